@@ -1,0 +1,131 @@
+// The one place that knows both torch and the native core: thin wrappers
+// that check tensors, release the GIL and forward raw pointers.
+#include <torch/extension.h>
+
+#include <system_error>
+
+#include "graph/pagerank.h"
+#include "storage/row_reader.h"
+
+namespace py = pybind11;
+
+namespace {
+
+void check_cpu_contiguous(const torch::Tensor& t, const char* name, torch::ScalarType dtype) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), name, " must be a CPU tensor, got ", t.device());
+  TORCH_CHECK_VALUE(t.scalar_type() == dtype, name, " must have dtype ", dtype, ", got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
+}
+
+class PyRowReader {
+ public:
+  PyRowReader(const std::string& backend, const std::string& path, uint64_t num_rows, uint64_t row_bytes,
+              uint64_t row_stride, uint64_t data_offset, int queue_depth, bool direct, uint64_t max_request_bytes) {
+    lsm::FileLayout layout;
+    layout.num_rows = num_rows;
+    layout.row_bytes = row_bytes;
+    layout.row_stride = row_stride;
+    layout.data_offset = data_offset;
+    lsm::ReaderOptions options;
+    options.queue_depth = queue_depth;
+    options.direct = direct;
+    options.max_request_bytes = max_request_bytes;
+    reader_ = lsm::make_row_reader(backend, path, layout, options);
+  }
+
+  void read(const torch::Tensor& ids, torch::Tensor& out) {
+    check_cpu_contiguous(ids, "ids", torch::kInt64);
+    check_cpu_contiguous(out, "out", torch::kUInt8);
+    TORCH_CHECK_VALUE(ids.dim() == 1, "ids must be one-dimensional, got shape ", ids.sizes());
+    const auto row_bytes = static_cast<int64_t>(reader_->layout().row_bytes);
+    TORCH_CHECK_VALUE(out.numel() == ids.numel() * row_bytes, "out must hold ", ids.numel(), " rows of ", row_bytes,
+                      " bytes (", ids.numel() * row_bytes, " bytes), got ", out.numel());
+    const int64_t* id_ptr = ids.data_ptr<int64_t>();
+    uint8_t* out_ptr = out.data_ptr<uint8_t>();
+    const size_t n = static_cast<size_t>(ids.numel());
+    py::gil_scoped_release release;
+    reader_->read(id_ptr, n, out_ptr);
+  }
+
+  py::dict counters() const {
+    const auto& c = reader_->counters();
+    py::dict d;
+    d["batches"] = c.batches.load();
+    d["rows"] = c.rows.load();
+    d["unique_rows"] = c.unique_rows.load();
+    d["requests"] = c.requests.load();
+    d["bytes_read"] = c.bytes_read.load();
+    d["bytes_useful"] = c.bytes_useful.load();
+    d["total_ns"] = c.total_ns.load();
+    d["last_batch_ns"] = c.last_batch_ns.load();
+    d["max_batch_ns"] = c.max_batch_ns.load();
+    return d;
+  }
+
+  void reset_counters() { reader_->reset_counters(); }
+  std::string backend() const { return reader_->backend(); }
+  bool direct() const { return reader_->direct(); }
+  uint64_t alignment() const { return reader_->alignment(); }
+  uint64_t file_bytes() const { return reader_->layout().file_bytes; }
+
+ private:
+  std::unique_ptr<lsm::RowReader> reader_;
+};
+
+py::tuple reverse_pagerank(const torch::Tensor& indptr, const torch::Tensor& indices, double damping,
+                           int max_iterations, double tolerance, int num_threads) {
+  check_cpu_contiguous(indptr, "indptr", torch::kInt64);
+  TORCH_CHECK_VALUE(indices.device().is_cpu() && indices.is_contiguous(), "indices must be a contiguous CPU tensor");
+  TORCH_CHECK_VALUE(indptr.dim() == 1 && indptr.numel() >= 2, "indptr must be 1-D with at least two entries");
+  const int64_t n = indptr.numel() - 1;
+  lsm::PageRankResult result;
+  {
+    py::gil_scoped_release release;
+    if (indices.scalar_type() == torch::kInt32) {
+      result = lsm::reverse_pagerank<int32_t>(indptr.data_ptr<int64_t>(), indices.data_ptr<int32_t>(), n, damping,
+                                              max_iterations, tolerance, num_threads);
+    } else if (indices.scalar_type() == torch::kInt64) {
+      result = lsm::reverse_pagerank<int64_t>(indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), n, damping,
+                                              max_iterations, tolerance, num_threads);
+    } else {
+      throw std::invalid_argument("indices must be int32 or int64");
+    }
+  }
+  auto scores = torch::from_blob(result.scores.data(), {n}, torch::kFloat32).clone();
+  return py::make_tuple(scores, result.iterations, result.residual);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "lsm-gnn native core";
+
+  // Keep errno: a failed syscall becomes OSError(errno, message).
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const std::system_error& e) {
+      py::object err = py::reinterpret_steal<py::object>(PyObject_CallFunction(
+          PyExc_OSError, "is", e.code().value(), e.what()));
+      PyErr_SetObject(PyExc_OSError, err.ptr());
+    }
+  });
+
+  py::class_<PyRowReader>(m, "RowReader")
+      .def(py::init<const std::string&, const std::string&, uint64_t, uint64_t, uint64_t, uint64_t, int, bool,
+                    uint64_t>(),
+           py::arg("backend"), py::arg("path"), py::arg("num_rows"), py::arg("row_bytes"), py::arg("row_stride"),
+           py::arg("data_offset") = 0, py::arg("queue_depth") = 64, py::arg("direct") = true,
+           py::arg("max_request_bytes") = 128 * 1024)
+      .def("read", &PyRowReader::read, py::arg("ids"), py::arg("out"))
+      .def("counters", &PyRowReader::counters)
+      .def("reset_counters", &PyRowReader::reset_counters)
+      .def_property_readonly("backend", &PyRowReader::backend)
+      .def_property_readonly("direct", &PyRowReader::direct)
+      .def_property_readonly("alignment", &PyRowReader::alignment)
+      .def_property_readonly("file_bytes", &PyRowReader::file_bytes);
+
+  m.def("io_uring_available", &lsm::io_uring_available, "Whether the kernel allows io_uring for this process");
+  m.def("reverse_pagerank", &reverse_pagerank, py::arg("indptr"), py::arg("indices"), py::arg("damping") = 0.85,
+        py::arg("max_iterations") = 100, py::arg("tolerance") = 1e-7, py::arg("num_threads") = 0);
+}

@@ -1,0 +1,5 @@
+"""Datasets on disk: the format, the atomic writer, converters, the synthetic generator, static scores."""
+from lsm_gnn.data.format import Dataset, DatasetError, open_dataset
+from lsm_gnn.data.writer import DatasetWriter
+
+__all__ = ["Dataset", "DatasetError", "DatasetWriter", "open_dataset"]

@@ -1,0 +1,51 @@
+"""Static per-node scores for the cache's static policy, computed by the native core."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+
+from lsm_gnn.data.writer import EDGE_CHUNK
+
+SCORE_NAMES = ("reverse_pagerank", "degree")
+
+
+def reverse_pagerank(indptr: np.ndarray, indices: np.ndarray, damping: float = 0.85, max_iterations: int = 100,
+                     tolerance: float = 1e-7, num_threads: int = 0) -> np.ndarray:
+    """PageRank of the walk that steps from a node to a uniform member of its
+    CSR row, the direction neighbor sampling moves; a node's score estimates
+    how often sampling reaches it. Returns float32 scores summing to 1."""
+    from lsm_gnn import _C
+
+    indices = np.ascontiguousarray(indices)
+    if indices.dtype not in (np.int32, np.int64):
+        indices = indices.astype(np.int64)
+    with warnings.catch_warnings():
+        # Memory-mapped arrays are read-only; the native core only reads them,
+        # so wrap them without the copy torch suggests (it would double memory).
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        indptr_t = torch.from_numpy(np.ascontiguousarray(indptr, dtype=np.int64))
+        indices_t = torch.from_numpy(indices)
+    scores, _, _ = _C.reverse_pagerank(indptr_t, indices_t, damping, max_iterations, tolerance, num_threads)
+    return scores.numpy()
+
+
+def sampled_degree(indices: np.ndarray, num_nodes: int) -> np.ndarray:
+    """How many CSR rows list each node: the number of nodes whose sampling can reach it."""
+    counts = np.zeros(num_nodes, dtype=np.int64)
+    for start in range(0, indices.shape[0], EDGE_CHUNK):
+        counts += np.bincount(np.asarray(indices[start:start + EDGE_CHUNK]), minlength=num_nodes)
+    return counts.astype(np.float32)
+
+
+def compute_scores(indptr: np.ndarray, indices: np.ndarray, names=SCORE_NAMES) -> dict[str, np.ndarray]:
+    """Computes the named scores; unknown names raise ValueError listing the valid ones."""
+    unknown = sorted(set(names) - set(SCORE_NAMES))
+    if unknown:
+        raise ValueError(f"unknown score(s) {unknown}; valid names are {', '.join(SCORE_NAMES)}")
+    num_nodes = indptr.shape[0] - 1
+    out = {}
+    for name in names:
+        out[name] = reverse_pagerank(indptr, indices) if name == "reverse_pagerank" else sampled_degree(indices, num_nodes)
+    return out

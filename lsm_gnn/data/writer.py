@@ -1,0 +1,352 @@
+"""Writes datasets atomically and in bounded memory.
+
+Everything is written into a hidden temporary directory beside the target;
+:meth:`DatasetWriter.commit` fsyncs every file, writes ``meta.json`` last and
+renames the directory into place, so a reader sees either the old dataset,
+or the complete new one, never a half-written one. An exception inside a
+``with DatasetWriter(...)`` block removes the temporary directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import zlib
+from typing import Iterable
+
+import numpy as np
+
+from lsm_gnn.data.format import (
+    FEATURE_DTYPES, FORMAT_NAME, META_FILE, PAGE_SIZE, ROW_ALIGNMENT, SCHEMA_VERSION, SPLITS, Dataset, DatasetError,
+    crc32_file, feature_file_bytes, open_dataset, row_stride_for,
+)
+
+EDGE_CHUNK = 1 << 22  # edges per chunk when building CSR; bounds memory to ~100 MB
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def index_dtype_for(num_nodes: int) -> np.dtype:
+    """int32 neighbor ids while they fit (halves the topology), else int64."""
+    return np.dtype(np.int32) if num_nodes < 2**31 else np.dtype(np.int64)
+
+
+class DatasetWriter:
+    """Builds one dataset directory.
+
+    Call :meth:`write_features` with consecutive row chunks, one of
+    :meth:`write_edges` / :meth:`write_csr`, optionally :meth:`write_labels`,
+    :meth:`write_split` and :meth:`write_score`, then :meth:`commit`.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, num_nodes: int, feature_dim: int, feature_dtype: str = "float32",
+                 name: str | None = None, overwrite: bool = False, row_alignment: int = ROW_ALIGNMENT,
+                 extra_meta: dict | None = None):
+        self.path = os.path.abspath(os.fspath(path))
+        if num_nodes <= 0:
+            raise ValueError(f"num_nodes must be positive, got {num_nodes}")
+        if feature_dim <= 0:
+            raise ValueError(f"feature_dim must be positive, got {feature_dim}")
+        dtype = np.dtype(feature_dtype)
+        if dtype.name not in FEATURE_DTYPES:
+            raise ValueError(f"feature dtype {dtype} is not supported; use one of {', '.join(FEATURE_DTYPES)}")
+        if os.path.exists(self.path) and not overwrite:
+            raise FileExistsError(f"{self.path} already exists; pass overwrite=True (CLI: --overwrite) to replace it")
+        parent = os.path.dirname(self.path)
+        os.makedirs(parent, exist_ok=True)
+        self.num_nodes = int(num_nodes)
+        self.feature_dim = int(feature_dim)
+        self.dtype = dtype
+        self.overwrite = overwrite
+        self.row_bytes = self.feature_dim * dtype.itemsize
+        self.row_stride = row_stride_for(self.row_bytes, row_alignment)
+        self.tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(self.path)}.tmp-", dir=parent)
+        self.meta: dict = {
+            "format": FORMAT_NAME, "version": SCHEMA_VERSION, "name": name or os.path.basename(self.path),
+            "num_nodes": self.num_nodes, "num_edges": None, "num_classes": None,
+            "features": {"file": "features.bin", "dtype": dtype.name, "dim": self.feature_dim,
+                         "row_bytes": self.row_bytes, "row_stride": self.row_stride, "page_size": PAGE_SIZE,
+                         "file_bytes": feature_file_bytes(self.num_nodes, self.row_stride)},
+            "graph": None, "labels": None, "splits": {}, "scores": {}, "checksums": {},
+            "created_by": "lsm-gnn " + _version(),
+            **(extra_meta or {}),
+        }
+        self._feature_file = open(os.path.join(self.tmp, "features.bin"), "wb")
+        self._feature_crc = 0
+        self._rows_written = 0
+        self._done = False
+
+    # -- context manager: abort on error -----------------------------------
+    def __enter__(self) -> "DatasetWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None or not self._done:
+            self.abort()
+
+    def abort(self) -> None:
+        """Removes everything written so far; the target is untouched."""
+        if not self._feature_file.closed:
+            self._feature_file.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self._done = True
+
+    # -- features ----------------------------------------------------------
+    @property
+    def rows_written(self) -> int:
+        return self._rows_written
+
+    def write_features(self, rows: np.ndarray) -> None:
+        """Appends the next ``len(rows)`` feature rows (shape ``[k, feature_dim]``)."""
+        rows = np.asarray(rows)
+        if rows.ndim != 2 or rows.shape[1] != self.feature_dim:
+            raise ValueError(f"feature rows must have shape [k, {self.feature_dim}], got {rows.shape}")
+        if self._rows_written + rows.shape[0] > self.num_nodes:
+            raise ValueError(f"too many feature rows: {self._rows_written} written + {rows.shape[0]} new > "
+                             f"num_nodes={self.num_nodes}")
+        if rows.dtype != self.dtype:
+            if np.issubdtype(rows.dtype, np.floating) != np.issubdtype(self.dtype, np.floating):
+                raise ValueError(f"feature rows have dtype {rows.dtype} but the dataset stores {self.dtype}; "
+                                 "convert them explicitly")
+            rows = rows.astype(self.dtype)
+        if self.row_stride == self.row_bytes:
+            block = np.ascontiguousarray(rows).view(np.uint8).reshape(-1)
+        else:
+            block = np.zeros((rows.shape[0], self.row_stride), dtype=np.uint8)
+            block[:, :self.row_bytes] = np.ascontiguousarray(rows).view(np.uint8).reshape(rows.shape[0], -1)
+            block = block.reshape(-1)
+        self._feature_file.write(block.data)
+        self._feature_crc = zlib.crc32(block.data, self._feature_crc)
+        self._rows_written += rows.shape[0]
+
+    def _finish_features(self) -> None:
+        if self._rows_written != self.num_nodes:
+            raise DatasetError(f"{self.path}: only {self._rows_written} of {self.num_nodes} feature rows were "
+                               "written; write every row before commit()")
+        pad = self.meta["features"]["file_bytes"] - self.num_nodes * self.row_stride
+        if pad:
+            zeros = bytes(pad)
+            self._feature_file.write(zeros)
+            self._feature_crc = zlib.crc32(zeros, self._feature_crc)
+        self._feature_file.flush()
+        os.fsync(self._feature_file.fileno())
+        self._feature_file.close()
+        self.meta["checksums"]["features.bin"] = f"crc32:{self._feature_crc:08x}"
+
+    # -- topology ----------------------------------------------------------
+    def write_csr(self, indptr: np.ndarray, indices: np.ndarray) -> None:
+        """Stores CSR topology as given (row v lists the nodes v aggregates from)."""
+        indptr = np.asarray(indptr)
+        if indptr.shape != (self.num_nodes + 1,):
+            raise ValueError(f"indptr must have {self.num_nodes + 1} entries, got shape {indptr.shape}")
+        num_edges = int(indptr[-1])
+        if indices.shape != (num_edges,):
+            raise ValueError(f"indices must have indptr[-1]={num_edges} entries, got shape {indices.shape}")
+        ip = np.lib.format.open_memmap(os.path.join(self.tmp, "indptr.npy"), "w+", np.int64, indptr.shape)
+        ip[:] = indptr
+        ip.flush()
+        del ip
+        out = np.lib.format.open_memmap(os.path.join(self.tmp, "indices.npy"), "w+", index_dtype_for(self.num_nodes),
+                                        (num_edges,))
+        for start in range(0, num_edges, EDGE_CHUNK):
+            block = np.asarray(indices[start:start + EDGE_CHUNK])
+            if block.size and (block.min() < 0 or block.max() >= self.num_nodes):
+                raise ValueError(f"indices contain ids outside [0, {self.num_nodes})")
+            out[start:start + EDGE_CHUNK] = block
+        out.flush()
+        del out
+        self._set_graph(num_edges)
+
+    def write_edges(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]], *, undirected: bool = False,
+                    dedup: bool = True, self_loops: bool = True) -> None:
+        """Builds CSR from (src, dst) edge chunks in bounded memory.
+
+        Messages flow src -> dst, so dst's row lists src. ``undirected`` adds
+        the reverse of every edge; ``dedup`` removes parallel edges;
+        ``self_loops=False`` drops edges v -> v. Chunks are spilled to a
+        temporary file, then counted and placed in two passes.
+        """
+        spill_path = os.path.join(self.tmp, "edges.spill")
+        n = self.num_nodes
+        counts = np.zeros(n, dtype=np.int64)
+        with open(spill_path, "wb") as spill:
+            for src, dst in chunks:
+                src = np.asarray(src, dtype=np.int64).reshape(-1)
+                dst = np.asarray(dst, dtype=np.int64).reshape(-1)
+                if src.shape != dst.shape:
+                    raise ValueError(f"edge chunk has {src.size} sources but {dst.size} destinations")
+                if src.size == 0:
+                    continue
+                lo, hi = min(src.min(), dst.min()), max(src.max(), dst.max())
+                if lo < 0 or hi >= n:
+                    raise ValueError(f"edge endpoint {lo if lo < 0 else hi} is outside [0, {n}); "
+                                     "check num_nodes or the edge list")
+                if not self_loops:
+                    keep = src != dst
+                    src, dst = src[keep], dst[keep]
+                if undirected:
+                    src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+                rows, cols = dst, src
+                np.stack([rows, cols], axis=1).tofile(spill)
+                uniq, cnt = np.unique(rows, return_counts=True)
+                counts[uniq] += cnt
+        indptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        num_edges = int(indptr[-1])
+        indices_path = os.path.join(self.tmp, "indices.npy")
+        index_dtype = index_dtype_for(n)
+        indices = np.lib.format.open_memmap(indices_path, "w+", index_dtype, (num_edges,))
+        cursor = indptr[:-1].copy()
+        spill_edges = np.memmap(spill_path, dtype=np.int64, mode="r", shape=(num_edges, 2)) if num_edges else None
+        for start in range(0, num_edges, EDGE_CHUNK):
+            block = np.asarray(spill_edges[start:start + EDGE_CHUNK])
+            order = np.argsort(block[:, 0], kind="stable")
+            rows, cols = block[order, 0], block[order, 1]
+            uniq, first, cnt = np.unique(rows, return_index=True, return_counts=True)
+            rank = np.arange(rows.size, dtype=np.int64) - np.repeat(first, cnt)
+            indices[cursor[rows] + rank] = cols
+            cursor[uniq] += cnt
+        del spill_edges
+        os.remove(spill_path)
+        if dedup and num_edges:
+            indptr, num_edges = self._dedup_rows(indices, indptr)
+        indices.flush()
+        del indices
+        if dedup:
+            # Compaction left the tail of the file unused: rewrite at the final size.
+            tmp_path = indices_path + ".dedup.npy"
+            old = np.load(indices_path, mmap_mode="r")
+            new = np.lib.format.open_memmap(tmp_path, "w+", index_dtype, (num_edges,))
+            for start in range(0, num_edges, EDGE_CHUNK):
+                stop = min(start + EDGE_CHUNK, num_edges)
+                new[start:stop] = old[start:stop]
+            new.flush()
+            del new, old
+            os.replace(tmp_path, indices_path)
+        np.save(os.path.join(self.tmp, "indptr.npy"), indptr)
+        self._set_graph(num_edges)
+
+    @staticmethod
+    def _dedup_rows(indices: np.ndarray, indptr: np.ndarray) -> tuple[np.ndarray, int]:
+        """Sorts each row and drops repeated neighbors, compacting in place, row block by row block."""
+        n = indptr.shape[0] - 1
+        new_indptr = np.zeros_like(indptr)
+        write = 0
+        row = 0
+        while row < n:
+            # A block of whole rows holding about EDGE_CHUNK edges (at least one row).
+            end_row = int(np.searchsorted(indptr, indptr[row] + EDGE_CHUNK, side="right")) - 1
+            end_row = min(max(end_row, row + 1), n)
+            lo, hi = int(indptr[row]), int(indptr[end_row])
+            cols = np.asarray(indices[lo:hi]).astype(np.int64)
+            row_ids = np.repeat(np.arange(row, end_row, dtype=np.int64), np.diff(indptr[row:end_row + 1]))
+            order = np.lexsort((cols, row_ids))
+            cols, row_ids = cols[order], row_ids[order]
+            keep = np.ones(cols.size, dtype=bool)
+            keep[1:] = (cols[1:] != cols[:-1]) | (row_ids[1:] != row_ids[:-1])
+            cols, row_ids = cols[keep], row_ids[keep]
+            indices[write:write + cols.size] = cols
+            per_row = np.bincount(row_ids - row, minlength=end_row - row)
+            new_indptr[row + 1:end_row + 1] = write + np.cumsum(per_row)
+            write += cols.size
+            row = end_row
+        return new_indptr, write
+
+    def _set_graph(self, num_edges: int) -> None:
+        self.meta["num_edges"] = num_edges
+        self.meta["graph"] = {"indptr": "indptr.npy", "indices": "indices.npy", "orientation": "in"}
+
+    # -- labels, splits, scores --------------------------------------------
+    def write_labels(self, labels: np.ndarray, num_classes: int | None = None) -> None:
+        """Class per node (int), -1 for unlabeled nodes."""
+        labels = np.asarray(labels)
+        if labels.shape != (self.num_nodes,):
+            raise ValueError(f"labels must have shape ({self.num_nodes},), got {labels.shape}")
+        if not np.issubdtype(labels.dtype, np.integer):
+            raise ValueError(f"labels must be integers (class ids), got dtype {labels.dtype}")
+        labels = labels.astype(np.int64)
+        if num_classes is None:
+            num_classes = int(labels.max()) + 1 if labels.size else 0
+        if labels.size and (labels.min() < -1 or labels.max() >= num_classes):
+            raise ValueError(f"labels must lie in [-1, {num_classes}), got [{labels.min()}, {labels.max()}]")
+        np.save(os.path.join(self.tmp, "labels.npy"), labels)
+        self.meta["labels"] = "labels.npy"
+        self.meta["num_classes"] = int(num_classes)
+
+    def write_split(self, name: str, ids: np.ndarray) -> None:
+        if name not in SPLITS:
+            raise ValueError(f"unknown split {name!r}; splits are {', '.join(SPLITS)}")
+        ids = np.asarray(ids)
+        if ids.dtype == bool:
+            if ids.shape != (self.num_nodes,):
+                raise ValueError(f"a boolean {name} mask must have shape ({self.num_nodes},), got {ids.shape}")
+            ids = np.flatnonzero(ids)
+        ids = ids.astype(np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_nodes):
+            raise ValueError(f"{name} split has node ids outside [0, {self.num_nodes})")
+        file_name = f"{name}_idx.npy"
+        np.save(os.path.join(self.tmp, file_name), ids)
+        self.meta["splits"][name] = file_name
+
+    def write_score(self, name: str, scores: np.ndarray) -> None:
+        scores = np.asarray(scores, dtype=np.float32)
+        if scores.shape != (self.num_nodes,):
+            raise ValueError(f"score {name!r} must have shape ({self.num_nodes},), got {scores.shape}")
+        os.makedirs(os.path.join(self.tmp, "scores"), exist_ok=True)
+        file_name = f"scores/{name}.npy"
+        np.save(os.path.join(self.tmp, file_name), scores)
+        self.meta["scores"][name] = file_name
+
+    def csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """The topology written so far (memory-mapped), e.g. to compute scores before commit."""
+        if self.meta["graph"] is None:
+            raise RuntimeError("write the topology (write_edges or write_csr) first")
+        return (np.load(os.path.join(self.tmp, "indptr.npy"), mmap_mode="r"),
+                np.load(os.path.join(self.tmp, "indices.npy"), mmap_mode="r"))
+
+    # -- commit --------------------------------------------------------------
+    def commit(self) -> Dataset:
+        """Makes the dataset visible atomically and returns it opened."""
+        if self._done:
+            raise RuntimeError("this writer has already committed or aborted")
+        if self.meta["graph"] is None:
+            raise DatasetError(f"{self.path}: no topology was written; call write_edges() or write_csr()")
+        self._finish_features()
+        for root, _, files in os.walk(self.tmp):
+            for file_name in files:
+                full = os.path.join(root, file_name)
+                rel = os.path.relpath(full, self.tmp)
+                if rel != "features.bin":
+                    self.meta["checksums"][rel] = crc32_file(full)
+                _fsync_path(full)
+        with open(os.path.join(self.tmp, META_FILE), "w") as f:
+            json.dump(self.meta, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_path(self.tmp)
+        old = None
+        if os.path.exists(self.path):
+            if not self.overwrite:
+                self.abort()
+                raise FileExistsError(f"{self.path} appeared while writing; pass overwrite=True to replace it")
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(self.path)}.old-", dir=os.path.dirname(self.path))
+            os.rmdir(old)
+            os.rename(self.path, old)
+        os.rename(self.tmp, self.path)
+        _fsync_path(os.path.dirname(self.path))
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        self._done = True
+        return open_dataset(self.path)
+
+
+def _version() -> str:
+    from lsm_gnn import __version__
+    return __version__

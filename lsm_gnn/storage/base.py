@@ -1,0 +1,140 @@
+"""The storage interface every backend implements.
+
+A storage serves feature rows of one dataset by node id, in request order:
+``read(ids)[i]`` equals the feature row of ``ids[i]`` on disk, for every i,
+whatever the order, duplicates or backend. It knows nothing of caches.
+"""
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "int8": torch.int8, "uint8": torch.uint8}
+
+
+@dataclass
+class StorageStats:
+    """Counters since open (or the last reset).
+
+    ``bytes_read`` is what crossed from the file (aligned reads, whole runs);
+    ``bytes_useful`` is distinct rows x row bytes; their ratio is the I/O
+    amplification. Latencies are per ``read`` call.
+    """
+
+    backend: str
+    batches: int = 0
+    rows: int = 0
+    unique_rows: int = 0
+    requests: int = 0
+    bytes_read: int = 0
+    bytes_useful: int = 0
+    total_seconds: float = 0.0
+    last_batch_seconds: float = 0.0
+    max_batch_seconds: float = 0.0
+
+    @property
+    def amplification(self) -> float:
+        """bytes_read / bytes_useful (1.0 is ideal; 0.0 before any read)."""
+        return self.bytes_read / self.bytes_useful if self.bytes_useful else 0.0
+
+    @property
+    def mean_batch_seconds(self) -> float:
+        return self.total_seconds / self.batches if self.batches else 0.0
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["amplification"] = self.amplification
+        d["mean_batch_seconds"] = self.mean_batch_seconds
+        return d
+
+
+def as_id_tensor(ids) -> torch.Tensor:
+    """ids as a contiguous 1-D int64 CPU tensor (from a tensor, array or list)."""
+    if isinstance(ids, torch.Tensor):
+        t = ids
+    else:
+        t = torch.from_numpy(np.ascontiguousarray(np.asarray(ids)))
+    if t.dim() != 1:
+        t = t.reshape(-1)
+    if t.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
+        raise TypeError(f"node ids must be integers, got dtype {t.dtype}")
+    return t.to(device="cpu", dtype=torch.int64).contiguous()
+
+
+class FeatureStorage(ABC):
+    """Base class: the public ``read`` validates, the backend's ``_read`` works."""
+
+    backend = "abstract"
+
+    def __init__(self, num_rows: int, dim: int, dtype: str):
+        self.num_rows = int(num_rows)
+        self.dim = int(dim)
+        self.dtype_name = dtype
+        self.dtype = TORCH_DTYPES[dtype]
+        self.row_bytes = self.dim * torch.empty((), dtype=self.dtype).element_size()
+        self._executor: ThreadPoolExecutor | None = None
+        self._executor_lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def read(self, ids, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Returns the feature rows of ``ids`` as a ``[len(ids), dim]`` tensor, in request order.
+
+        ``out``, if given, must be a contiguous tensor of that shape, dtype and
+        device; it is filled and returned. Out-of-range ids raise IndexError.
+        """
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} is closed")
+        ids = as_id_tensor(ids)
+        n = ids.numel()
+        if out is None:
+            out = torch.empty((n, self.dim), dtype=self.dtype, device=self.device)
+        elif out.shape != (n, self.dim) or out.dtype != self.dtype or not out.is_contiguous() \
+                or out.device != self.device:
+            raise ValueError(f"out must be a contiguous {self.dtype} tensor of shape ({n}, {self.dim}) on "
+                             f"{self.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+        if n:
+            self._read(ids, out)
+        return out
+
+    def read_async(self, ids, out: torch.Tensor | None = None) -> Future:
+        """Like :meth:`read`, on a background thread; ``.result()`` gives the rows."""
+        with self._executor_lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lsm-{self.backend}")
+        return self._executor.submit(self.read, ids, out)
+
+    @abstractmethod
+    def _read(self, ids: torch.Tensor, out: torch.Tensor) -> None:
+        """Fills ``out`` with the rows of ``ids`` (already a CPU int64 tensor, non-empty)."""
+
+    @abstractmethod
+    def stats(self) -> StorageStats:
+        """Counters since open or the last :meth:`reset_stats`."""
+
+    @abstractmethod
+    def reset_stats(self) -> None:
+        """Zeroes the counters."""
+
+    def close(self) -> None:
+        self._closed = True
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(backend={self.backend!r}, rows={self.num_rows}, dim={self.dim}, dtype={self.dtype_name})"

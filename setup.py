@@ -1,0 +1,74 @@
+"""Builds lsm_gnn._C: the native core (C++17 + OpenMP always; CUDA sources too
+when the installed torch has CUDA and nvcc is found).
+
+Install with ``pip install --no-build-isolation -e .`` so the build uses the
+torch that is already installed (an isolated build would download another).
+"""
+import glob
+import os
+
+from setuptools import find_packages, setup
+
+try:
+    import torch
+    from torch.utils import cpp_extension
+except ImportError as exc:  # pragma: no cover - guidance for a wrong install command
+    raise SystemExit(
+        "lsm-gnn builds against the installed torch: install torch first "
+        "(pip install torch==2.13.0) and then run "
+        "'pip install --no-build-isolation -e .'"
+    ) from exc
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _sources(pattern):
+    return sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, "csrc", "**", pattern), recursive=True))
+
+
+def _extension():
+    # C++20 because the torch headers of 2.13 use C++20 features; the core itself is C++17.
+    cxx_flags = ["-O3", "-std=c++20", "-fopenmp", "-Wall", "-Wno-unused-function"]
+    link_flags = ["-fopenmp"]
+    sources = _sources("*.cpp")
+    cu_sources = _sources("*.cu")
+    with_cuda = (
+        torch.version.cuda is not None
+        and cpp_extension.CUDA_HOME is not None
+        and os.environ.get("LSM_GNN_NO_CUDA", "0") != "1"
+    )
+    if with_cuda and cu_sources:
+        return cpp_extension.CUDAExtension(
+            "lsm_gnn._C",
+            sources + cu_sources,
+            include_dirs=[os.path.join(HERE, "csrc")],
+            define_macros=[("LSM_GNN_WITH_CUDA", "1")],
+            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++20", "--expt-relaxed-constexpr"]},
+            extra_link_args=link_flags,
+        )
+    return cpp_extension.CppExtension(
+        "lsm_gnn._C",
+        sources,
+        include_dirs=[os.path.join(HERE, "csrc")],
+        extra_compile_args=cxx_flags,
+        extra_link_args=link_flags,
+    )
+
+
+setup(
+    name="lsm-gnn",
+    version="0.1.0",
+    description="Storage-based multi-GPU GNN training with a shared software cache",
+    long_description=open(os.path.join(HERE, "README.md")).read() if os.path.exists(os.path.join(HERE, "README.md")) else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["lsm_gnn", "lsm_gnn.*"]),
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    install_requires=["numpy>=1.23", "pyyaml>=6", "tqdm>=4.60"],
+    extras_require={
+        "pyg": ["torch_geometric>=2.4"],
+        "test": ["pytest>=7", "hypothesis>=6"],
+    },
+    entry_points={"console_scripts": ["lsm-gnn=lsm_gnn.cli:main"]},
+)
