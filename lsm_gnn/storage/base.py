@@ -58,7 +58,10 @@ def as_id_tensor(ids) -> torch.Tensor:
     if isinstance(ids, torch.Tensor):
         t = ids
     else:
-        t = torch.from_numpy(np.ascontiguousarray(np.asarray(ids)))
+        array = np.asarray(ids)
+        if array.size == 0:
+            array = array.astype(np.int64)  # [] would otherwise be float64
+        t = torch.from_numpy(np.ascontiguousarray(array))
     if t.dim() != 1:
         t = t.reshape(-1)
     if t.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):

@@ -1,0 +1,42 @@
+"""Helpers for tests of lsm-gnn and of code built on it (shipped in the package, as PyG does)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from lsm_gnn.data.format import Dataset
+from lsm_gnn.data.writer import DatasetWriter
+
+
+def id_features(num_nodes: int, dim: int, dtype: str = "float32") -> np.ndarray:
+    """Features from which a row's node id can be read back: row i starts with i
+    (exact in float32 below 2**24) and continues with a per-row pattern."""
+    rows = np.arange(num_nodes, dtype=np.int64)[:, None]
+    cols = np.arange(dim, dtype=np.int64)[None, :]
+    values = np.where(cols == 0, rows, (rows * 31 + cols * 7) % 251)
+    if np.dtype(dtype) == np.float16:
+        values = np.where(cols == 0, rows % 2048, values)  # float16 is exact only up to 2048
+    return values.astype(dtype)
+
+
+def write_tiny_dataset(path: str | os.PathLike, num_nodes: int = 1000, dim: int = 16, dtype: str = "float32",
+                       avg_degree: int = 4, num_classes: int = 4, seed: int = 0, features: np.ndarray | None = None,
+                       chunk: int = 257) -> tuple[Dataset, np.ndarray]:
+    """Writes a small random dataset and returns it opened, with the feature array it holds."""
+    rng = np.random.default_rng(seed)
+    if features is None:
+        features = id_features(num_nodes, dim, dtype)
+    with DatasetWriter(path, num_nodes=num_nodes, feature_dim=dim, feature_dtype=dtype) as writer:
+        for start in range(0, num_nodes, chunk):
+            writer.write_features(features[start:start + chunk])
+        num_edges = num_nodes * avg_degree
+        writer.write_edges([(rng.integers(0, num_nodes, num_edges), rng.integers(0, num_nodes, num_edges))])
+        writer.write_labels(rng.integers(0, num_classes, num_nodes), num_classes)
+        order = rng.permutation(num_nodes)
+        cut1, cut2 = int(0.6 * num_nodes), int(0.8 * num_nodes)
+        writer.write_split("train", order[:cut1])
+        writer.write_split("val", order[cut1:cut2])
+        writer.write_split("test", order[cut2:])
+        dataset = writer.commit()
+    return dataset, features
