@@ -9,6 +9,8 @@
 
 namespace py = pybind11;
 
+void bind_cache(py::module& m);  // cache/cache_bindings.cpp
+
 namespace {
 
 void check_cpu_contiguous(const torch::Tensor& t, const char* name, torch::ScalarType dtype) {
@@ -128,4 +130,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("io_uring_available", &lsm::io_uring_available, "Whether the kernel allows io_uring for this process");
   m.def("reverse_pagerank", &reverse_pagerank, py::arg("indptr"), py::arg("indices"), py::arg("damping") = 0.85,
         py::arg("max_iterations") = 100, py::arg("tolerance") = 1e-7, py::arg("num_threads") = 0);
+  bind_cache(m);
 }

@@ -1,0 +1,122 @@
+// Torch bindings of the cache ops: check tensors, release the GIL, forward pointers.
+#include <torch/extension.h>
+
+#include "cache/cpu_cache.h"
+#include "cache/window_index.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using lsm::cache::CacheView;
+
+void check(const torch::Tensor& t, const char* name, torch::ScalarType dtype, int64_t numel) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), name, " must be a CPU tensor");
+  TORCH_CHECK_VALUE(t.scalar_type() == dtype, name, " must have dtype ", dtype, ", got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK_VALUE(numel < 0 || t.numel() == numel, name, " must have ", numel, " elements, got ", t.numel());
+}
+
+// Cache state tensors, as created by lsm_gnn/cache/software_cache.py.
+CacheView view_of(const torch::Tensor& tags, const torch::Tensor& records, const torch::Tensor& flags,
+                  const torch::Tensor& static_score, const torch::Tensor& last_use, const torch::Tensor& rr_pointer,
+                  int ways) {
+  TORCH_CHECK_VALUE(ways >= 1, "ways must be >= 1");
+  const int64_t lines = tags.numel();
+  TORCH_CHECK_VALUE(lines % ways == 0 && lines > 0, "tags must hold num_sets * ways entries");
+  check(tags, "tags", torch::kInt64, lines);
+  check(records, "records", torch::kInt64, lines);
+  check(flags, "flags", torch::kUInt8, lines);
+  check(static_score, "static_score", torch::kInt16, lines);
+  check(last_use, "last_use", torch::kInt64, lines);
+  check(rr_pointer, "rr_pointer", torch::kInt32, lines / ways);
+  CacheView v;
+  v.num_sets = lines / ways;
+  v.ways = ways;
+  v.tags = tags.data_ptr<int64_t>();
+  v.records = reinterpret_cast<uint64_t*>(records.data_ptr<int64_t>());
+  v.flags = flags.data_ptr<uint8_t>();
+  v.static_score = reinterpret_cast<uint16_t*>(static_score.data_ptr<int16_t>());
+  v.last_use = last_use.data_ptr<int64_t>();
+  v.rr_pointer = rr_pointer.data_ptr<int32_t>();
+  return v;
+}
+
+py::tuple assign(const torch::Tensor& tags, const torch::Tensor& records, const torch::Tensor& flags,
+                 const torch::Tensor& static_score, const torch::Tensor& last_use, const torch::Tensor& rr_pointer,
+                 int ways, const torch::Tensor& unique, const std::optional<torch::Tensor>& node_static, int policy,
+                 int64_t iteration, int64_t scan_base, int64_t threshold, std::vector<int> level_rank,
+                 int num_threads) {
+  CacheView v = view_of(tags, records, flags, static_score, last_use, rr_pointer, ways);
+  check(unique, "unique", torch::kInt64, -1);
+  TORCH_CHECK_VALUE(level_rank.size() == 4, "level_rank must have 4 entries");
+  const uint16_t* node_static_ptr = nullptr;
+  if (node_static.has_value()) {
+    check(*node_static, "node_static", torch::kInt16, -1);
+    node_static_ptr = reinterpret_cast<const uint16_t*>(node_static->data_ptr<int16_t>());
+  }
+  lsm::cache::PolicyParams p;
+  p.policy = policy;
+  p.iteration = iteration;
+  p.scan_base = scan_base;
+  p.threshold = threshold;
+  for (int k = 0; k < 4; ++k) p.level_rank[k] = level_rank[k];
+  const int64_t n = unique.numel();
+  auto line = torch::empty({n}, torch::kInt64);
+  auto hit = torch::empty({n}, torch::kBool);
+  auto evicted_tag = torch::empty({n}, torch::kInt64);
+  auto evicted_record = torch::empty({n}, torch::kInt64);
+  lsm::cache::AssignOutput out;
+  out.line = line.data_ptr<int64_t>();
+  out.hit = reinterpret_cast<uint8_t*>(hit.data_ptr<bool>());
+  out.evicted_tag = evicted_tag.data_ptr<int64_t>();
+  out.evicted_record = reinterpret_cast<uint64_t*>(evicted_record.data_ptr<int64_t>());
+  {
+    py::gil_scoped_release release;
+    lsm::cache::assign(v, unique.data_ptr<int64_t>(), n, node_static_ptr, p, out, num_threads);
+  }
+  return py::make_tuple(line, hit, evicted_tag, evicted_record, out.evictions, out.bypassed);
+}
+
+void scan(const torch::Tensor& tags, const torch::Tensor& records, const torch::Tensor& flags,
+          const torch::Tensor& static_score, const torch::Tensor& last_use, const torch::Tensor& rr_pointer, int ways,
+          const lsm::cache::WindowIndex& window, int64_t limit, int num_threads) {
+  CacheView v = view_of(tags, records, flags, static_score, last_use, rr_pointer, ways);
+  py::gil_scoped_release release;
+  lsm::cache::scan(v, window, limit, num_threads);
+}
+
+}  // namespace
+
+void bind_cache(py::module& m) {
+  using lsm::cache::WindowIndex;
+  py::class_<WindowIndex>(m, "WindowIndex")
+      .def(py::init<int64_t>(), py::arg("num_nodes"))
+      .def("push",
+           [](WindowIndex& w, const torch::Tensor& ids, int rank) {
+             check(ids, "ids", torch::kInt64, -1);
+             TORCH_CHECK_VALUE(rank >= 0 && rank < 256, "rank must be in 0..255, got ", rank);
+             w.push(ids.data_ptr<int64_t>(), ids.numel(), rank);
+           },
+           py::arg("ids"), py::arg("rank") = 0)
+      .def("pop", &WindowIndex::pop)
+      .def("__len__", &WindowIndex::size)
+      .def_property_readonly("front_iteration", &WindowIndex::front_iteration)
+      .def("next_records",
+           [](const WindowIndex& w, const torch::Tensor& ids, int64_t limit) {
+             check(ids, "ids", torch::kInt64, -1);
+             auto out = torch::empty({ids.numel()}, torch::kInt64);
+             const int64_t* in = ids.data_ptr<int64_t>();
+             int64_t* o = out.data_ptr<int64_t>();
+             for (int64_t k = 0; k < ids.numel(); ++k) o[k] = static_cast<int64_t>(w.next_record(in[k], limit));
+             return out;
+           },
+           py::arg("ids"), py::arg("limit"));
+  m.def("cache_assign", &assign, py::arg("tags"), py::arg("records"), py::arg("flags"), py::arg("static_score"),
+        py::arg("last_use"), py::arg("rr_pointer"), py::arg("ways"), py::arg("unique"), py::arg("node_static"),
+        py::arg("policy"), py::arg("iteration"), py::arg("scan_base"), py::arg("threshold"), py::arg("level_rank"),
+        py::arg("num_threads") = 0);
+  m.def("cache_scan", &scan, py::arg("tags"), py::arg("records"), py::arg("flags"), py::arg("static_score"),
+        py::arg("last_use"), py::arg("rr_pointer"), py::arg("ways"), py::arg("window"), py::arg("limit"),
+        py::arg("num_threads") = 0);
+}

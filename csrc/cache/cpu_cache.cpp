@@ -1,0 +1,129 @@
+#include "cache/cpu_cache.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+namespace lsm::cache {
+
+namespace {
+
+// The way of `set` to fill at this iteration, or -1 when every line is in use.
+int choose_victim(const CacheView& c, int64_t set, const PolicyParams& p) {
+  const int64_t base = set * c.ways;
+  for (int w = 0; w < c.ways; ++w) {
+    if (c.tags[base + w] == kInvalidTag) return w;
+  }
+  if (p.policy == kRoundRobin) {
+    const int start = c.rr_pointer[set];
+    for (int k = 0; k < c.ways; ++k) {
+      const int w = (start + k) % c.ways;
+      if (c.last_use[base + w] != p.iteration) {
+        c.rr_pointer[set] = (w + 1) % c.ways;
+        return w;
+      }
+    }
+    return -1;
+  }
+  int best = -1;
+  uint64_t best_key = std::numeric_limits<uint64_t>::max();
+  for (int w = 0; w < c.ways; ++w) {
+    const int64_t i = base + w;
+    if (c.last_use[i] == p.iteration) continue;  // used by this batch: keep
+    const uint64_t key = victim_key(c.records[i], c.flags[i], c.static_score[i], c.last_use[i], p);
+    if (best < 0 || key < best_key) {
+      best = w;
+      best_key = key;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t* node_static,
+            const PolicyParams& p, AssignOutput& out, int num_threads) {
+  if (num_threads <= 0) num_threads = omp_get_max_threads();
+  // Phase 1: hits. Distinct ids map to distinct lines, so writes never collide.
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (n > 4096)
+  for (int64_t u = 0; u < n; ++u) {
+    const int64_t base = set_of(unique[u], c.num_sets) * c.ways;
+    out.line[u] = -1;
+    out.hit[u] = 0;
+    out.evicted_tag[u] = kInvalidTag;
+    out.evicted_record[u] = kNoReuseRecord;
+    for (int w = 0; w < c.ways; ++w) {
+      const int64_t i = base + w;
+      if (c.tags[i] == unique[u]) {
+        out.line[u] = i;
+        out.hit[u] = 1;
+        c.last_use[i] = p.iteration;
+        if (p.iteration > p.scan_base) c.flags[i] |= kFresh;  // the predicted reuse is being consumed
+        break;
+      }
+    }
+  }
+  // Phase 2: misses sorted by set (ids are already ascending, the sort is stable).
+  std::vector<std::pair<int64_t, int64_t>> misses;  // (set, u)
+  for (int64_t u = 0; u < n; ++u) {
+    if (!out.hit[u]) misses.emplace_back(set_of(unique[u], c.num_sets), u);
+  }
+  std::stable_sort(misses.begin(), misses.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<int64_t> segment_start;
+  for (size_t k = 0; k < misses.size(); ++k) {
+    if (k == 0 || misses[k].first != misses[k - 1].first) segment_start.push_back(static_cast<int64_t>(k));
+  }
+  segment_start.push_back(static_cast<int64_t>(misses.size()));
+  const int64_t num_segments = static_cast<int64_t>(segment_start.size()) - 1;
+  int64_t evictions = 0, bypassed = 0;
+  // One thread owns a whole set: installing needs no atomics.
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 64) reduction(+ : evictions, bypassed) \
+    if (num_segments > 256)
+  for (int64_t s = 0; s < num_segments; ++s) {
+    for (int64_t k = segment_start[s]; k < segment_start[s + 1]; ++k) {
+      const int64_t set = misses[k].first, u = misses[k].second;
+      const int w = choose_victim(c, set, p);
+      if (w < 0) {
+        ++bypassed;
+        continue;
+      }
+      const int64_t i = set * c.ways + w;
+      if (c.tags[i] != kInvalidTag) {
+        out.evicted_tag[u] = c.tags[i];
+        out.evicted_record[u] = c.records[i];
+        ++evictions;
+      }
+      c.tags[i] = unique[u];
+      c.static_score[i] = node_static ? node_static[unique[u]] : 0;
+      c.records[i] = kNoReuseRecord;
+      c.flags[i] = kFresh;
+      c.last_use[i] = p.iteration;
+      out.line[u] = i;
+    }
+  }
+  out.evictions = evictions;
+  out.bypassed = bypassed;
+}
+
+void scan(const CacheView& c, const WindowIndex& window, int64_t limit, int num_threads) {
+  if (num_threads <= 0) num_threads = omp_get_max_threads();
+  const int64_t lines = c.num_sets * c.ways;
+  const int64_t* first_iteration = window.first_iteration();
+  const int64_t* first_position = window.first_position();
+  const uint8_t* first_rank = window.first_rank();
+  const int64_t front = window.front_iteration();
+  const int64_t num_nodes = window.num_nodes();
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (lines > 16384)
+  for (int64_t i = 0; i < lines; ++i) {
+    const int64_t tag = c.tags[i];
+    if (tag == kInvalidTag) continue;
+    c.records[i] = (tag < num_nodes) ? first_record(first_iteration, first_position, first_rank, front, limit, tag)
+                                     : kNoReuseRecord;
+    c.flags[i] &= static_cast<uint8_t>(~kFresh);
+  }
+}
+
+}  // namespace lsm::cache

@@ -1,0 +1,112 @@
+// Cache line metadata shared by the CPU and CUDA implementations, and the
+// victim ordering that defines each policy (lsm_gnn/cache/reference.py is the
+// oracle these must match). Plain C++ with LSM_HD so nvcc and g++ both
+// compile it; no torch, no STL containers.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define LSM_HD __host__ __device__ __forceinline__
+#else
+#define LSM_HD inline
+#endif
+
+namespace lsm::cache {
+
+constexpr int64_t kInvalidTag = -1;
+
+// The 8-byte PVP record of the paper: next reuse (16 bits, most significant,
+// so an atomic min on the whole record keeps the nearest reuse), requesting
+// rank (8 bits), index in that rank's mini-batch (40 bits).
+constexpr int kReuseShift = 48;
+constexpr int kRankShift = 40;
+constexpr uint64_t kIndexMask = (uint64_t{1} << kRankShift) - 1;
+constexpr uint64_t kNoReuse = 0xFFFF;              // reuse value meaning "not in the window"
+constexpr uint64_t kNoReuseRecord = kNoReuse << kReuseShift;
+static_assert(kReuseShift + 16 == 64, "reuse must occupy the top 16 bits of the record");
+static_assert(kRankShift + 8 == kReuseShift, "rank sits between index and reuse");
+static_assert(kIndexMask == 0xFFFFFFFFFFull, "the mini-batch index has 40 bits (5 bytes)");
+
+LSM_HD uint64_t pack_record(uint64_t reuse, uint64_t rank, uint64_t index) {
+  return (reuse << kReuseShift) | ((rank & 0xFF) << kRankShift) | (index & kIndexMask);
+}
+LSM_HD uint64_t record_reuse(uint64_t record) { return record >> kReuseShift; }
+
+// Line flags.
+constexpr uint8_t kFresh = 1;  // no dynamic information: inserted or its predicted reuse consumed since the last scan
+
+// Policy and level codes; the order matches lsm_gnn/cache/policies.py (POLICIES, LEVELS).
+enum Policy : int { kRoundRobin = 0, kLru = 1, kStatic = 2, kDynamic = 3, kHybrid = 4, kHybridPvp = 5 };
+enum Level : int { kLevelNone = 0, kLevelFar = 1, kLevelFresh = 2, kLevelNear = 3 };
+
+// splitmix64 finalizer: spreads strided ids (owner = id % world_size) over all sets.
+LSM_HD uint64_t mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+LSM_HD int64_t set_of(int64_t id, int64_t num_sets) {
+  return static_cast<int64_t>(mix64(static_cast<uint64_t>(id)) % static_cast<uint64_t>(num_sets));
+}
+
+// The PVP record of node `id` from a window's per-node first occurrences
+// (see WindowIndex): reuse counts from 1 for the batch of iteration `front`;
+// occurrences beyond `limit` batches count as no reuse.
+LSM_HD uint64_t first_record(const int64_t* first_iteration, const int64_t* first_position, const uint8_t* first_rank,
+                             int64_t front, int64_t limit, int64_t id) {
+  const int64_t it = first_iteration[id];
+  if (it < 0) return kNoReuseRecord;
+  const int64_t reuse = it - front + 1;
+  if (reuse > limit) return kNoReuseRecord;
+  return pack_record(static_cast<uint64_t>(reuse), first_rank[id], static_cast<uint64_t>(first_position[id]));
+}
+
+struct PolicyParams {
+  int policy = kHybrid;
+  int64_t iteration = 0;   // the iteration being served
+  int64_t scan_base = 0;   // iteration of the last window scan
+  int64_t threshold = 32;  // "near" reuse distance
+  int level_rank[4] = {0, 1, 2, 3};  // eviction position of each Level (hybrid policies)
+};
+
+// Dynamic level of a valid line (see reference.py).
+LSM_HD int line_level(uint64_t record, uint8_t flags, const PolicyParams& p, int64_t* distance) {
+  *distance = 0;
+  if (flags & kFresh) return kLevelFresh;
+  const uint64_t reuse = record_reuse(record);
+  if (reuse == kNoReuse) return kLevelNone;
+  const int64_t d = p.scan_base + static_cast<int64_t>(reuse) - p.iteration;
+  *distance = d;
+  if (d <= 0) return kLevelFresh;  // predicted reuse already past: an inexact window
+  return d <= p.threshold ? kLevelNear : kLevelFar;
+}
+
+// Eviction key of a valid line not in use this iteration: the smallest key is
+// evicted. Keys pack (primary, secondary) into one ordered 64-bit value; the
+// way index breaks the remaining ties by the caller scanning ways in order.
+LSM_HD uint64_t victim_key(uint64_t record, uint8_t flags, uint16_t static_score, int64_t last_use,
+                           const PolicyParams& p) {
+  switch (p.policy) {
+    case kLru:
+      return static_cast<uint64_t>(last_use + 1);  // last_use >= -1
+    case kStatic:
+      return static_score;
+    case kDynamic: {
+      int64_t d;
+      const int level = line_level(record, flags, p, &d);
+      if (level == kLevelNone) return 0;
+      if (level == kLevelFresh) return 1;
+      // Farther reuse is evicted first: invert the distance (1 <= d < 2^17).
+      return (uint64_t{2} << 32) | static_cast<uint64_t>((uint64_t{1} << 32) - 1 - static_cast<uint64_t>(d));
+    }
+    default: {  // hybrid, hybrid_pvp
+      int64_t d;
+      const int level = line_level(record, flags, p, &d);
+      return (static_cast<uint64_t>(p.level_rank[level]) << 16) | static_score;
+    }
+  }
+}
+
+}  // namespace lsm::cache

@@ -1,0 +1,77 @@
+"""The one table of eviction policies and the hybrid policy's levels.
+
+Every implementation (reference model, C++, CUDA) reads policy names and
+level orders from here, so a policy is added in one place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Dynamic-information classes of a valid cache line at eviction time.
+LEVEL_NONE = "none"    # scanned: no reuse within the window
+LEVEL_FAR = "far"      # next reuse beyond the threshold
+LEVEL_FRESH = "fresh"  # no dynamic information yet: inserted (or its predicted reuse consumed) since the last scan
+LEVEL_NEAR = "near"    # next reuse within the threshold
+LEVELS = (LEVEL_NONE, LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR)
+LEVEL_CODE = {name: code for code, name in enumerate(LEVELS)}
+
+POLICIES = {
+    "rr": "round-robin within the set (the M-GIDS baseline)",
+    "lru": "least recently used (comparison)",
+    "static": "lowest static score (quantized reverse PageRank) first",
+    "dynamic": "no reuse in the window first, then lines without information, then farthest next reuse",
+    "hybrid": "the paper's four levels, evicted first to last: none, far, fresh, near; ties on lowest static score",
+    "hybrid_pvp": "hybrid with the two lowest levels swapped (far before none), for the victim-buffer prefetcher",
+}
+POLICY_CODE = {name: code for code, name in enumerate(POLICIES)}
+
+DEFAULT_LEVEL_ORDER = {
+    "hybrid": (LEVEL_NONE, LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR),
+    "hybrid_pvp": (LEVEL_FAR, LEVEL_NONE, LEVEL_FRESH, LEVEL_NEAR),
+}
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """A policy name plus the knobs of the window-based policies."""
+
+    name: str = "hybrid"
+    window: int = 256            # future mini-batches the window buffer holds
+    period: int = 4              # scan the window every `period` iterations
+    threshold: int | None = None  # "near" reuse distance; default window // 8
+    levels: tuple[str, ...] | None = None  # hybrid eviction order; default per policy
+
+    def __post_init__(self):
+        if self.name not in POLICIES:
+            raise ValueError(f"unknown cache policy {self.name!r}; valid names are {', '.join(POLICIES)}")
+        if not 1 <= self.window <= 65534 - self.period:
+            raise ValueError(f"window must be in 1..{65534 - self.period} (next reuse is stored in 16 bits), "
+                             f"got {self.window}")
+        if not 1 <= self.period <= self.window:
+            raise ValueError(f"period must be in 1..window ({self.window}), got {self.period}")
+        if self.threshold is not None and not 0 <= self.threshold <= self.window:
+            raise ValueError(f"threshold must be in 0..window ({self.window}), got {self.threshold}")
+        if self.levels is not None:
+            if sorted(self.levels) != sorted(LEVELS):
+                raise ValueError(f"levels must order all of {', '.join(LEVELS)} exactly once, got {self.levels}")
+            if self.name not in DEFAULT_LEVEL_ORDER:
+                raise ValueError(f"levels only apply to the hybrid policies, not {self.name!r}")
+
+    @property
+    def near_threshold(self) -> int:
+        return self.window // 8 if self.threshold is None else self.threshold
+
+    @property
+    def level_order(self) -> tuple[str, ...]:
+        """Levels from evicted first to evicted last (hybrid policies)."""
+        return self.levels or DEFAULT_LEVEL_ORDER.get(self.name, DEFAULT_LEVEL_ORDER["hybrid"])
+
+    @property
+    def level_rank(self) -> tuple[int, ...]:
+        """level_rank[LEVEL_CODE[level]] = position of that level in the eviction order."""
+        order = self.level_order
+        return tuple(order.index(level) for level in LEVELS)
+
+    @property
+    def uses_window(self) -> bool:
+        return self.name in ("dynamic", "hybrid", "hybrid_pvp")

@@ -1,0 +1,265 @@
+"""The reference model of the software cache: slow, simple, the oracle.
+
+It defines the semantics every implementation (C++, CUDA) must reproduce:
+
+Geometry. ``num_sets * ways`` lines; node ``v`` lives only in set
+``set_of(v) = splitmix64(v) % num_sets``; a line holds one feature row.
+
+Iterations. Each ``lookup`` is one iteration ``t`` (0, 1, 2, ...). When a
+window-based policy is used and ``t % period == 0``, the cache first *scans*
+the window: ``future[k]`` is the batch of iteration ``t + 1 + k``. For every
+valid line it records the first ``k`` whose batch holds its node (reuse =
+k + 1, with the node's index in that batch, the PVP record) or NONE, and
+clears every line's ``fresh`` mark. ``scan_base = t``.
+
+Serving a batch. Distinct ids are served once. Hits: the line is marked used
+at ``t`` (so it cannot be evicted during this batch) and, when
+``t > scan_base``, marked ``fresh``: the reuse the scan predicted has been
+consumed. Misses are grouped by set and handled in ascending id order: the
+victim is the first invalid way if any, else the way chosen by the policy
+among lines not used at ``t``; a set whose lines are all in use bypasses the
+miss (served from storage, not cached). A new line is ``fresh``, has reuse
+NONE and the node's static score. All misses are read from storage in one
+batched read. A batch with more distinct ids than lines is an error.
+
+Dynamic level of a valid line at iteration ``t``: ``fresh`` if marked fresh
+(or its predicted reuse lies in the past: an inexact window); else ``none``
+if the scan found no reuse; else its distance ``d = scan_base + reuse - t``
+is ``near`` when ``d <= threshold``, ``far`` otherwise.
+
+Victim order (smallest key evicted), ``w`` the way index:
+  rr       ways from the set's pointer onward; the pointer moves past each valid victim
+  lru      (last use, w)
+  static   (static score, w)
+  dynamic  (class, -d, w) with class none=0, fresh=1, near/far=2
+  hybrid*  (rank of the level in the policy's level order, static score, w)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from lsm_gnn.cache.policies import LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR, LEVEL_NONE, PolicyConfig
+from lsm_gnn.storage.base import as_id_tensor
+
+NO_REUSE = 0xFFFF
+INVALID_TAG = -1
+_MASK64 = (1 << 64) - 1
+
+
+def splitmix64(ids: np.ndarray) -> np.ndarray:
+    """The splitmix64 finalizer (a bijection on 64-bit integers), vectorized."""
+    z = np.asarray(ids).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def set_of(ids, num_sets: int) -> np.ndarray:
+    return (splitmix64(np.asarray(ids, dtype=np.int64)) % np.uint64(num_sets)).astype(np.int64)
+
+
+def quantize_scores(scores: np.ndarray) -> np.ndarray:
+    """Static scores to uint16 by dense rank (order-preserving, robust to heavy tails):
+    the highest score maps to 65535, equal scores to equal values."""
+    scores = np.asarray(scores, dtype=np.float64)
+    uniq, inverse = np.unique(scores, return_inverse=True)
+    if uniq.size <= 1:
+        return np.zeros(scores.shape, dtype=np.uint16)
+    return np.round(inverse.reshape(scores.shape) * (65535.0 / (uniq.size - 1))).astype(np.uint16)
+
+
+@dataclass
+class CacheStats:
+    """Counters over distinct ids per batch (duplicates in a batch count once)."""
+
+    iterations: int = 0
+    requests: int = 0      # ids asked for, with duplicates
+    unique: int = 0        # distinct ids per batch, summed
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0     # valid lines replaced
+    bypassed: int = 0      # misses not cached because their set was fully in use
+    scans: int = 0
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hits / self.unique if self.unique else 0.0
+
+    def as_dict(self) -> dict:
+        d = dict(vars(self))
+        d["hit_ratio"] = self.hit_ratio
+        return d
+
+
+@dataclass
+class _Lines:
+    tags: np.ndarray
+    static: np.ndarray
+    reuse: np.ndarray
+    fresh: np.ndarray
+    last_use: np.ndarray
+    pvp_index: np.ndarray
+    pvp_rank: np.ndarray
+    rr_pointer: np.ndarray = field(default=None)
+
+
+class ReferenceCache:
+    """The semantics in plain Python loops. Use on small inputs only."""
+
+    def __init__(self, storage, num_sets: int, ways: int = 32, policy: PolicyConfig | str = "hybrid",
+                 static_scores: np.ndarray | None = None):
+        if num_sets < 1 or ways < 1:
+            raise ValueError(f"a cache needs at least one set and one way, got {num_sets} sets x {ways} ways")
+        self.storage = storage
+        self.num_sets, self.ways = int(num_sets), int(ways)
+        self.policy = PolicyConfig(policy) if isinstance(policy, str) else policy
+        n = self.num_sets * self.ways
+        self.lines = _Lines(
+            tags=np.full(n, INVALID_TAG, np.int64), static=np.zeros(n, np.uint16), reuse=np.full(n, NO_REUSE, np.uint16),
+            fresh=np.zeros(n, bool), last_use=np.full(n, -1, np.int64), pvp_index=np.zeros(n, np.int64),
+            pvp_rank=np.zeros(n, np.uint8), rr_pointer=np.zeros(self.num_sets, np.int64),
+        )
+        self.data = torch.zeros((n, storage.dim), dtype=storage.dtype)
+        self.static_scores = None if static_scores is None else np.asarray(static_scores, dtype=np.uint16)
+        self.iteration = 0
+        self.scan_base = 0
+        self.stats = CacheStats()
+
+    @property
+    def num_lines(self) -> int:
+        return self.num_sets * self.ways
+
+    # -- the window scan -----------------------------------------------------
+    def scan(self, future, rank: int = 0) -> None:
+        """Records each valid line's next reuse within ``future`` (future[0] = next iteration)."""
+        first: dict[int, tuple[int, int]] = {}
+        for k in range(min(len(future), self.policy.window) - 1, -1, -1):
+            batch = as_id_tensor(future[k]).numpy()
+            for pos in range(batch.size - 1, -1, -1):  # first occurrence in the batch wins
+                first[int(batch[pos])] = (k + 1, pos)
+        L = self.lines
+        for i in range(self.num_lines):
+            if L.tags[i] == INVALID_TAG:
+                continue
+            hit = first.get(int(L.tags[i]))
+            L.fresh[i] = False
+            if hit is None:
+                L.reuse[i], L.pvp_index[i], L.pvp_rank[i] = NO_REUSE, 0, 0
+            else:
+                L.reuse[i], L.pvp_index[i], L.pvp_rank[i] = hit[0], hit[1], rank
+        self.scan_base = self.iteration
+        self.stats.scans += 1
+
+    # -- victim choice ---------------------------------------------------------
+    def level(self, i: int) -> str:
+        L = self.lines
+        if L.fresh[i]:
+            return LEVEL_FRESH
+        if L.reuse[i] == NO_REUSE:
+            return LEVEL_NONE
+        d = self.scan_base + int(L.reuse[i]) - self.iteration
+        if d <= 0:
+            return LEVEL_FRESH
+        return LEVEL_NEAR if d <= self.policy.near_threshold else LEVEL_FAR
+
+    def _key(self, i: int, way: int):
+        name, L = self.policy.name, self.lines
+        if name == "lru":
+            return (int(L.last_use[i]), way)
+        if name == "static":
+            return (int(L.static[i]), way)
+        level = self.level(i)
+        if name == "dynamic":
+            if level == LEVEL_NONE:
+                return (0, 0, way)
+            if level == LEVEL_FRESH:
+                return (1, 0, way)
+            return (2, -(self.scan_base + int(L.reuse[i]) - self.iteration), way)
+        rank = self.policy.level_order.index(level)
+        return (rank, int(L.static[i]), way)
+
+    def choose_victim(self, set_index: int) -> int | None:
+        """The way to fill in ``set_index`` at this iteration, or None (all in use)."""
+        base, L, t = set_index * self.ways, self.lines, self.iteration
+        for way in range(self.ways):
+            if L.tags[base + way] == INVALID_TAG:
+                return way
+        free = [w for w in range(self.ways) if L.last_use[base + w] != t]
+        if not free:
+            return None
+        if self.policy.name == "rr":
+            start = int(L.rr_pointer[set_index])
+            way = min(free, key=lambda w: (w - start) % self.ways)
+            L.rr_pointer[set_index] = (way + 1) % self.ways
+            return way
+        return min(free, key=lambda w: self._key(base + w, w))
+
+    # -- the batch API ----------------------------------------------------------
+    def lookup(self, ids, future=None, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Serves one iteration: returns (rows in request order, hit mask)."""
+        ids = as_id_tensor(ids)
+        ids_np = ids.numpy()
+        unique, inverse = np.unique(ids_np, return_inverse=True)
+        if unique.size and (unique[0] < 0 or unique[-1] >= self.storage.num_rows):
+            bad = unique[0] if unique[0] < 0 else unique[-1]
+            raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
+        if unique.size > self.num_lines:
+            raise ValueError(f"this batch has {unique.size} distinct ids but the cache holds {self.num_lines} lines; "
+                             f"raise the cache capacity to at least {unique.size} rows")
+        if self.policy.uses_window and future is not None and self.iteration % self.policy.period == 0:
+            self.scan(future, rank)
+        L, t = self.lines, self.iteration
+        sets = set_of(unique, self.num_sets)
+        where = np.full(unique.size, -1, np.int64)  # line index serving each unique id, -1 = bypass
+        hit = np.zeros(unique.size, bool)
+        for u in range(unique.size):
+            base = sets[u] * self.ways
+            for way in range(self.ways):
+                if L.tags[base + way] == unique[u]:
+                    i = base + way
+                    hit[u], where[u] = True, i
+                    L.last_use[i] = t
+                    if t > self.scan_base:
+                        L.fresh[i] = True
+                    break
+        miss_order = sorted(np.flatnonzero(~hit), key=lambda u: (sets[u], unique[u]))
+        for u in miss_order:
+            way = self.choose_victim(int(sets[u]))
+            if way is None:
+                self.stats.bypassed += 1
+                continue
+            i = sets[u] * self.ways + way
+            if L.tags[i] != INVALID_TAG:
+                self.stats.evictions += 1
+            L.tags[i] = unique[u]
+            L.static[i] = 0 if self.static_scores is None else self.static_scores[unique[u]]
+            L.reuse[i], L.fresh[i], L.last_use[i] = NO_REUSE, True, t
+            L.pvp_index[i], L.pvp_rank[i] = 0, 0
+            where[u] = i
+        miss = np.flatnonzero(~hit)
+        unique_rows = torch.empty((unique.size, self.storage.dim), dtype=self.storage.dtype)
+        if miss.size:
+            fetched = self.storage.read(torch.from_numpy(unique[miss]))
+            unique_rows[torch.from_numpy(miss)] = fetched
+            cached = where[miss] >= 0
+            self.data[torch.from_numpy(where[miss][cached])] = fetched[torch.from_numpy(cached)]
+        hits = np.flatnonzero(hit)
+        if hits.size:
+            unique_rows[torch.from_numpy(hits)] = self.data[torch.from_numpy(where[hits])]
+        inv = torch.from_numpy(inverse.reshape(-1))
+        self.stats.iterations += 1
+        self.stats.requests += ids.numel()
+        self.stats.unique += unique.size
+        self.stats.hits += int(hit.sum())
+        self.stats.misses += int(miss.size)
+        self.iteration += 1
+        return unique_rows[inv], torch.from_numpy(hit)[inv]
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """Line metadata, for comparing implementations decision by decision."""
+        L = self.lines
+        return {"tags": L.tags.copy(), "reuse": L.reuse.copy(), "fresh": L.fresh.copy(),
+                "static": L.static.copy(), "pvp_index": L.pvp_index.copy(), "rr_pointer": L.rr_pointer.copy()}

@@ -1,0 +1,259 @@
+"""The software cache returns exactly the bytes on disk and makes the reference model's decisions."""
+import threading
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lsm_gnn import open_storage
+from lsm_gnn.cache import (
+    POLICIES, PolicyConfig, ReferenceCache, SoftwareCache, WindowBuffer, belady_reference, cache_geometry,
+    quantize_scores, replay,
+)
+from lsm_gnn.cache.reference import set_of
+from lsm_gnn.testing import write_tiny_dataset
+
+N = 600
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    dataset, features = write_tiny_dataset(tmp_path_factory.mktemp("cache") / "ds", num_nodes=N, dim=6)
+    storage = open_storage(dataset, "memory")
+    static = quantize_scores(np.diff(np.asarray(dataset.indptr)).astype(np.float64))
+    return storage, torch.from_numpy(features), static
+
+
+def power_law_trace(seed, iterations, batch, n=N, skew=0.9):
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, n + 1) ** skew
+    p /= p.sum()
+    perm = rng.permutation(n)
+    return [perm[rng.choice(n, batch, p=p)] for _ in range(iterations)]
+
+
+def run_both(storage, static, trace, policy, num_sets, ways, window=8, period=2):
+    """Drives the reference and native caches side by side, checking rows and metadata each iteration."""
+    features = storage._rows
+    config = PolicyConfig(policy, window=window, period=period)
+    ref = ReferenceCache(storage, num_sets, ways, config, static_scores=static)
+    nat = SoftwareCache(storage, num_sets=num_sets, ways=ways, policy=config, static_scores=static)
+    for current, future in replay(trace, window, num_nodes=storage.num_rows):
+        rows_ref, hit_ref = ref.lookup(current, future=future)
+        rows_nat, hit_nat = nat.lookup(current, future=future)
+        expected = features[current]
+        assert torch.equal(rows_ref, expected)
+        assert torch.equal(rows_nat, expected)
+        assert torch.equal(hit_ref, hit_nat), f"iteration {ref.iteration - 1}: different hits"
+        a, b = ref.snapshot(), nat.snapshot()
+        for key in a:
+            assert np.array_equal(a[key], b[key]), f"iteration {ref.iteration - 1}: {key} differs"
+    assert ref.stats.as_dict() == nat.stats.as_dict()
+    return nat
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_native_cache_makes_the_reference_decisions(tiny, policy):
+    storage, _, static = tiny
+    nat = run_both(storage, static, power_law_trace(0, 60, 40), policy, num_sets=4, ways=16)
+    assert nat.stats.evictions > 0 and nat.stats.hits > 0  # the trace really exercises eviction
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10**6), policy=st.sampled_from(list(POLICIES)), num_sets=st.integers(1, 5),
+       ways=st.sampled_from([1, 2, 4, 32]), batch=st.integers(1, 40), window=st.integers(1, 10),
+       period=st.integers(1, 4), skew=st.floats(0.0, 1.5))
+def test_property_native_equals_reference(tiny, seed, policy, num_sets, ways, batch, window, period, skew):
+    storage, _, static = tiny
+    batch = min(batch, num_sets * ways)
+    run_both(storage, static, power_law_trace(seed, 15, batch, skew=skew), policy, num_sets, ways,
+             window=window, period=min(period, window))
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_adversarial_batches(tiny, policy):
+    storage, features, static = tiny
+    same_set = [v for v in range(N) if set_of([v], 8)[0] == 3][:40]  # every id in one set
+    trace = [
+        list(range(64)),            # all misses, exactly the capacity
+        list(range(64)),            # all hits
+        same_set,                   # one set, more ids than ways: bypasses
+        [5] * 50 + [7] * 3,         # duplicates
+        list(range(N - 64, N)),     # all misses again, evicting everything
+        [],                         # an empty batch
+        list(range(63, -1, -1)),    # reversed
+    ]
+    nat = run_both(storage, static, trace, policy, num_sets=8, ways=8, window=3, period=1)
+    assert nat.stats.bypassed > 0
+
+
+def test_capacity_smaller_than_a_batch_is_an_error(tiny):
+    storage = tiny[0]
+    cache = SoftwareCache(storage, num_sets=2, ways=4)
+    with pytest.raises(ValueError, match="9 distinct ids but the cache holds 8 lines"):
+        cache.lookup(list(range(9)))
+    rows, hit = cache.lookup(list(range(8)) * 3)  # 8 distinct ids fit, however repeated
+    assert torch.equal(rows, tiny[1][list(range(8)) * 3]) and not hit.any()
+
+
+def test_capacity_in_bytes_and_strings(tiny):
+    storage = tiny[0]
+    assert cache_geometry("2K", storage.row_bytes, 4) == (2048 // storage.row_bytes // 4, 4)
+    cache = SoftwareCache(storage, capacity=storage.row_bytes * 64, ways=32)
+    assert (cache.num_sets, cache.ways, cache.num_lines) == (2, 32, 64)
+    with pytest.raises(ValueError, match="fewer than one set"):
+        SoftwareCache(storage, capacity=storage.row_bytes * 31, ways=32)
+    with pytest.raises(ValueError, match="byte size"):
+        SoftwareCache(storage, capacity="lots")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"policy": "fifo"}, "unknown cache policy.*hybrid"),
+    ({"window": 0}, "window"),
+    ({"window": 70000}, "window"),
+    ({"period": 0}, "period"),
+    ({"threshold": 999}, "threshold"),
+    ({"policy": "hybrid", "levels": ("none", "far", "near")}, "levels"),
+    ({"policy": "static", "levels": ("none", "far", "fresh", "near")}, "only apply"),
+])
+def test_bad_policy_configs_name_the_problem(tiny, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SoftwareCache(tiny[0], num_sets=2, ways=4, **kwargs)
+
+
+def test_out_of_range_and_float_ids(tiny):
+    cache = SoftwareCache(tiny[0], num_sets=2, ways=4)
+    with pytest.raises(IndexError, match=str(N)):
+        cache.lookup([1, N])
+    with pytest.raises(IndexError, match="-3"):
+        cache.lookup([-3])
+    with pytest.raises(TypeError, match="integers"):
+        cache.lookup(torch.tensor([1.5]))
+
+
+def test_static_scores_must_cover_every_node(tiny):
+    with pytest.raises(ValueError, match="static_scores"):
+        SoftwareCache(tiny[0], num_sets=2, ways=4, static_scores=np.zeros(10, np.float32))
+
+
+def test_custom_levels_change_the_order(tiny):
+    storage, _, static = tiny
+    trace = power_law_trace(3, 40, 30)
+    a = run_both(storage, static, trace, "hybrid", 4, 8)
+    config = PolicyConfig("hybrid", window=8, period=2, levels=("fresh", "none", "far", "near"))
+    b = SoftwareCache(storage, num_sets=4, ways=8, policy=config, static_scores=static)
+    ref = ReferenceCache(storage, 4, 8, config, static_scores=static)
+    for current, future in replay(trace, 8, num_nodes=N):
+        b.lookup(current, future)
+        ref.lookup(current, future)
+    assert b.stats.as_dict() == ref.stats.as_dict()
+    assert b.stats.hits != a.stats.hits  # the order matters on this trace
+
+
+def test_window_index_matches_a_scan_of_the_batches():
+    from lsm_gnn import _C
+
+    rng = np.random.default_rng(5)
+    window = WindowBuffer(10, num_nodes=50)
+    for _ in range(10):
+        window.push(rng.integers(0, 50, 12))
+    for step in range(30):
+        ids = torch.arange(50)
+        records = window.index.next_records(ids, 6).numpy().view(np.uint64)
+        for v in range(50):
+            expect = next(((k + 1, int(np.flatnonzero(window[k].numpy() == v)[0]))
+                           for k in range(min(6, len(window))) if (window[k] == v).any()), None)
+            reuse = int(records[v] >> np.uint64(48))
+            if expect is None:
+                assert reuse == 0xFFFF
+            else:
+                assert (reuse, int(records[v] & np.uint64((1 << 40) - 1))) == expect
+        window.pop()
+        window.push(rng.integers(0, 50, rng.integers(0, 20)))
+    with pytest.raises(IndexError):
+        _C.WindowIndex(5).push(torch.tensor([5]), 0)
+
+
+def test_plain_list_future_equals_window_buffer(tiny):
+    storage, _, static = tiny
+    trace = power_law_trace(9, 30, 30)
+    a = SoftwareCache(storage, num_sets=4, ways=8, policy="hybrid", window=8, period=2, static_scores=static)
+    b = SoftwareCache(storage, num_sets=4, ways=8, policy="hybrid", window=8, period=2, static_scores=static)
+    for current, future in replay(trace, 8, num_nodes=N):
+        a.lookup(current, future)
+        b.lookup(current, list(future))
+    assert a.stats.as_dict() == b.stats.as_dict()
+
+
+def test_concurrent_lookups_never_return_a_wrong_row(tiny):
+    storage, features, static = tiny
+    cache = SoftwareCache(storage, num_sets=4, ways=16, policy="hybrid", static_scores=static)
+    errors = []
+
+    def worker(seed):
+        for ids in power_law_trace(seed, 40, 50):
+            rows, _ = cache.lookup(ids)
+            if not torch.equal(rows, features[ids]):
+                errors.append(seed)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and cache.stats.iterations == 240
+
+
+@pytest.mark.parametrize("backend", ["io_uring", "pread"])
+def test_cache_over_the_ssd_backends(tiny, tmp_path, backend):
+    dataset, features = write_tiny_dataset(tmp_path / "ds", num_nodes=300, dim=130)
+    with open_storage(dataset, backend) as storage:
+        cache = SoftwareCache(storage, num_sets=2, ways=32, policy="lru")
+        for ids in power_law_trace(1, 20, 50, n=300):
+            rows, _ = cache.lookup(ids)
+            assert np.array_equal(rows.numpy(), features[ids])
+        assert storage.stats().unique_rows == cache.stats.misses
+
+
+# -- Belady ----------------------------------------------------------------------
+
+def brute_force_min(trace, capacity):
+    """Exhaustive optimum over every keep-set choice: tiny inputs only."""
+    from functools import lru_cache
+    from itertools import combinations
+
+    batches = [tuple(sorted(set(b))) for b in trace]
+
+    @lru_cache(maxsize=None)
+    def best(t, cached):
+        if t == len(batches):
+            return 0
+        hits = sum(1 for v in batches[t] if v in cached)
+        pool = sorted(set(cached) | set(batches[t]))
+        keep_size = min(capacity, len(pool))
+        return hits + max(best(t + 1, frozenset(keep)) for keep in combinations(pool, keep_size))
+
+    return best(0, frozenset())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_belady_is_optimal_on_tiny_traces(seed):
+    rng = np.random.default_rng(seed)
+    trace = [rng.integers(0, 6, rng.integers(1, 4)) for _ in range(6)]
+    for capacity in (1, 2, 3):
+        hits, _ = belady_reference(trace, capacity)
+        assert hits == brute_force_min(trace, capacity)
+
+
+def test_belady_bounds_every_policy(tiny):
+    storage, _, static = tiny
+    trace = power_law_trace(11, 80, 40)
+    optimum, total = belady_reference(trace, 64)
+    for policy in POLICIES:
+        cache = SoftwareCache(storage, num_sets=2, ways=32, policy=policy, window=16, period=1, static_scores=static)
+        for current, future in replay(trace, 16, num_nodes=N):
+            cache.lookup(current, future)
+        assert cache.stats.unique == total
+        assert cache.stats.hits <= optimum, policy
