@@ -1,6 +1,7 @@
 // Torch bindings of the cache ops: check tensors, release the GIL, forward pointers.
 #include <torch/extension.h>
 
+#include "cache/belady.h"
 #include "cache/cpu_cache.h"
 #include "cache/window_index.h"
 
@@ -75,7 +76,7 @@ py::tuple assign(const torch::Tensor& tags, const torch::Tensor& records, const 
     py::gil_scoped_release release;
     lsm::cache::assign(v, unique.data_ptr<int64_t>(), n, node_static_ptr, p, out, num_threads);
   }
-  return py::make_tuple(line, hit, evicted_tag, evicted_record, out.evictions, out.bypassed);
+  return py::make_tuple(line, hit, evicted_tag, evicted_record, out.evictions, out.evicted_in_use);
 }
 
 void scan(const torch::Tensor& tags, const torch::Tensor& records, const torch::Tensor& flags,
@@ -112,6 +113,21 @@ void bind_cache(py::module& m) {
              return out;
            },
            py::arg("ids"), py::arg("limit"));
+  m.def(
+      "belady_min",
+      [](const std::vector<torch::Tensor>& batches, int64_t num_nodes, int64_t capacity, int64_t count_from) {
+        std::vector<std::vector<int64_t>> trace;
+        trace.reserve(batches.size());
+        for (const auto& b : batches) {
+          check(b, "batch", torch::kInt64, -1);
+          trace.emplace_back(b.data_ptr<int64_t>(), b.data_ptr<int64_t>() + b.numel());
+        }
+        py::gil_scoped_release release;
+        const auto r = lsm::cache::belady_min(trace, num_nodes, capacity, count_from);
+        return std::make_pair(r.hits, r.requests);
+      },
+      py::arg("batches"), py::arg("num_nodes"), py::arg("capacity"), py::arg("count_from") = 0,
+      "Belady's MIN: (hits, requests) for batches of distinct ids, counted from iteration count_from");
   m.def("cache_assign", &assign, py::arg("tags"), py::arg("records"), py::arg("flags"), py::arg("static_score"),
         py::arg("last_use"), py::arg("rr_pointer"), py::arg("ways"), py::arg("unique"), py::arg("node_static"),
         py::arg("policy"), py::arg("iteration"), py::arg("scan_base"), py::arg("threshold"), py::arg("level_rank"),

@@ -10,35 +10,40 @@ namespace lsm::cache {
 
 namespace {
 
-// The way of `set` to fill at this iteration, or -1 when every line is in use.
+// The way of `set` to fill at this iteration: an invalid way, else the
+// policy's pick among lines not used at this iteration, else among all.
 int choose_victim(const CacheView& c, int64_t set, const PolicyParams& p) {
   const int64_t base = set * c.ways;
   for (int w = 0; w < c.ways; ++w) {
     if (c.tags[base + w] == kInvalidTag) return w;
   }
-  if (p.policy == kRoundRobin) {
-    const int start = c.rr_pointer[set];
-    for (int k = 0; k < c.ways; ++k) {
-      const int w = (start + k) % c.ways;
-      if (c.last_use[base + w] != p.iteration) {
-        c.rr_pointer[set] = (w + 1) % c.ways;
-        return w;
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool any_line = pass == 1;  // second pass: every line was used this iteration
+    if (p.policy == kRoundRobin) {
+      const int start = c.rr_pointer[set];
+      for (int k = 0; k < c.ways; ++k) {
+        const int w = (start + k) % c.ways;
+        if (any_line || c.last_use[base + w] != p.iteration) {
+          c.rr_pointer[set] = (w + 1) % c.ways;
+          return w;
+        }
+      }
+      continue;
+    }
+    int best = -1;
+    uint64_t best_key = std::numeric_limits<uint64_t>::max();
+    for (int w = 0; w < c.ways; ++w) {
+      const int64_t i = base + w;
+      if (!any_line && c.last_use[i] == p.iteration) continue;
+      const uint64_t key = victim_key(c.records[i], c.flags[i], c.static_score[i], c.last_use[i], p);
+      if (best < 0 || key < best_key) {
+        best = w;
+        best_key = key;
       }
     }
-    return -1;
+    if (best >= 0) return best;
   }
-  int best = -1;
-  uint64_t best_key = std::numeric_limits<uint64_t>::max();
-  for (int w = 0; w < c.ways; ++w) {
-    const int64_t i = base + w;
-    if (c.last_use[i] == p.iteration) continue;  // used by this batch: keep
-    const uint64_t key = victim_key(c.records[i], c.flags[i], c.static_score[i], c.last_use[i], p);
-    if (best < 0 || key < best_key) {
-      best = w;
-      best_key = key;
-    }
-  }
-  return best;
+  return 0;  // unreachable: the second pass always finds a way
 }
 
 }  // namespace
@@ -78,34 +83,38 @@ void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t
   }
   segment_start.push_back(static_cast<int64_t>(misses.size()));
   const int64_t num_segments = static_cast<int64_t>(segment_start.size()) - 1;
-  int64_t evictions = 0, bypassed = 0;
+  int64_t evictions = 0, evicted_in_use = 0;
   // One thread owns a whole set: installing needs no atomics.
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 64) reduction(+ : evictions, bypassed) \
-    if (num_segments > 256)
-  for (int64_t s = 0; s < num_segments; ++s) {
-    for (int64_t k = segment_start[s]; k < segment_start[s + 1]; ++k) {
-      const int64_t set = misses[k].first, u = misses[k].second;
-      const int w = choose_victim(c, set, p);
-      if (w < 0) {
-        ++bypassed;
-        continue;
+#pragma omp parallel num_threads(num_threads) if (num_segments > 256)
+  {
+    std::vector<int64_t> installed_by(c.ways);  // way -> unique index installed there by this batch
+#pragma omp for schedule(dynamic, 64) reduction(+ : evictions, evicted_in_use)
+    for (int64_t s = 0; s < num_segments; ++s) {
+      std::fill(installed_by.begin(), installed_by.end(), -1);
+      for (int64_t k = segment_start[s]; k < segment_start[s + 1]; ++k) {
+        const int64_t set = misses[k].first, u = misses[k].second;
+        const int w = choose_victim(c, set, p);
+        const int64_t i = set * c.ways + w;
+        if (c.tags[i] != kInvalidTag) {
+          out.evicted_tag[u] = c.tags[i];
+          out.evicted_record[u] = c.records[i];
+          ++evictions;
+          if (c.last_use[i] == p.iteration) ++evicted_in_use;
+        }
+        // A line taken twice by this batch caches only the later id.
+        if (installed_by[w] >= 0) out.line[installed_by[w]] = -1;
+        installed_by[w] = u;
+        c.tags[i] = unique[u];
+        c.static_score[i] = node_static ? node_static[unique[u]] : 0;
+        c.records[i] = kNoReuseRecord;
+        c.flags[i] = kFresh;
+        c.last_use[i] = p.iteration;
+        out.line[u] = i;
       }
-      const int64_t i = set * c.ways + w;
-      if (c.tags[i] != kInvalidTag) {
-        out.evicted_tag[u] = c.tags[i];
-        out.evicted_record[u] = c.records[i];
-        ++evictions;
-      }
-      c.tags[i] = unique[u];
-      c.static_score[i] = node_static ? node_static[unique[u]] : 0;
-      c.records[i] = kNoReuseRecord;
-      c.flags[i] = kFresh;
-      c.last_use[i] = p.iteration;
-      out.line[u] = i;
     }
   }
   out.evictions = evictions;
-  out.bypassed = bypassed;
+  out.evicted_in_use = evicted_in_use;
 }
 
 void scan(const CacheView& c, const WindowIndex& window, int64_t limit, int num_threads) {

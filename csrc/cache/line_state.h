@@ -37,7 +37,7 @@ LSM_HD uint64_t record_reuse(uint64_t record) { return record >> kReuseShift; }
 constexpr uint8_t kFresh = 1;  // no dynamic information: inserted or its predicted reuse consumed since the last scan
 
 // Policy and level codes; the order matches lsm_gnn/cache/policies.py (POLICIES, LEVELS).
-enum Policy : int { kRoundRobin = 0, kLru = 1, kStatic = 2, kDynamic = 3, kHybrid = 4, kHybridPvp = 5 };
+enum Policy : int { kRoundRobin = 0, kLru = 1, kStatic = 2, kDynamic = 3, kHybrid = 4, kHybridPvp = 5, kHybridFar = 6 };
 enum Level : int { kLevelNone = 0, kLevelFar = 1, kLevelFresh = 2, kLevelNear = 3 };
 
 // splitmix64 finalizer: spreads strided ids (owner = id % world_size) over all sets.
@@ -101,10 +101,13 @@ LSM_HD uint64_t victim_key(uint64_t record, uint8_t flags, uint16_t static_score
       // Farther reuse is evicted first: invert the distance (1 <= d < 2^17).
       return (uint64_t{2} << 32) | static_cast<uint64_t>((uint64_t{1} << 32) - 1 - static_cast<uint64_t>(d));
     }
-    default: {  // hybrid, hybrid_pvp
+    default: {  // hybrid, hybrid_pvp, hybrid_far
       int64_t d;
       const int level = line_level(record, flags, p, &d);
-      return (static_cast<uint64_t>(p.level_rank[level]) << 16) | static_score;
+      // hybrid_far: within the far level, farther reuse first (d < 2^16 since window + period < 65535).
+      const uint64_t far_term =
+          (p.policy == kHybridFar && level == kLevelFar) ? static_cast<uint64_t>(65535 - d) : 0;
+      return (static_cast<uint64_t>(p.level_rank[level]) << 32) | (far_term << 16) | static_score;
     }
   }
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 
 import numpy as np
+import torch
 
 from lsm_gnn.storage.base import as_id_tensor
 
@@ -61,3 +62,12 @@ def belady_reference(trace, capacity: int) -> tuple[int, int]:
                 cached[v] = n
                 heapq.heappush(heap, (-n, v))
     return hits, total
+
+
+def belady_min(trace, capacity: int, num_nodes: int, count_from: int = 0) -> tuple[int, int]:
+    """(hits, distinct requests) of MIN, computed by the native core (same definition);
+    iterations before ``count_from`` warm the cache but are not counted."""
+    from lsm_gnn import _C
+
+    batches = [torch.unique(as_id_tensor(b)) for b in trace]
+    return _C.belady_min(batches, int(num_nodes), int(capacity), int(count_from))

@@ -22,12 +22,14 @@ POLICIES = {
     "dynamic": "no reuse in the window first, then lines without information, then farthest next reuse",
     "hybrid": "the paper's four levels, evicted first to last: none, far, fresh, near; ties on lowest static score",
     "hybrid_pvp": "hybrid with the two lowest levels swapped (far before none), for the victim-buffer prefetcher",
+    "hybrid_far": "hybrid, but lines in the 'far' level go farthest reuse first, then lowest static score",
 }
 POLICY_CODE = {name: code for code, name in enumerate(POLICIES)}
 
 DEFAULT_LEVEL_ORDER = {
     "hybrid": (LEVEL_NONE, LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR),
     "hybrid_pvp": (LEVEL_FAR, LEVEL_NONE, LEVEL_FRESH, LEVEL_NEAR),
+    "hybrid_far": (LEVEL_NONE, LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR),
 }
 
 
@@ -74,4 +76,4 @@ class PolicyConfig:
 
     @property
     def uses_window(self) -> bool:
-        return self.name in ("dynamic", "hybrid", "hybrid_pvp")
+        return self.name in ("dynamic",) + tuple(DEFAULT_LEVEL_ORDER)

@@ -13,14 +13,17 @@ k + 1, with the node's index in that batch, the PVP record) or NONE, and
 clears every line's ``fresh`` mark. ``scan_base = t``.
 
 Serving a batch. Distinct ids are served once. Hits: the line is marked used
-at ``t`` (so it cannot be evicted during this batch) and, when
-``t > scan_base``, marked ``fresh``: the reuse the scan predicted has been
-consumed. Misses are grouped by set and handled in ascending id order: the
-victim is the first invalid way if any, else the way chosen by the policy
-among lines not used at ``t``; a set whose lines are all in use bypasses the
-miss (served from storage, not cached). A new line is ``fresh``, has reuse
-NONE and the node's static score. All misses are read from storage in one
-batched read. A batch with more distinct ids than lines is an error.
+at ``t`` and, when ``t > scan_base``, marked ``fresh``: the reuse the scan
+predicted has been consumed; hit rows are copied out before anything is
+installed. Misses are grouped by set and handled in ascending id order: the
+victim is the first invalid way if any, else the way the policy picks among
+lines not used at ``t``, else (every line of the set was used at ``t``) the
+way the policy picks among all of them: lines of the current batch are
+evicted last, never skipped. A new line is ``fresh``, has reuse NONE and the
+node's static score. All misses are read from storage in one batched read
+and served from it; a miss whose line was taken again by a later miss of
+the same batch is not cached. A batch with more distinct ids than lines is
+an error unless the cache was built with ``oversubscribe=True``.
 
 Dynamic level of a valid line at iteration ``t``: ``fresh`` if marked fresh
 (or its predicted reuse lies in the past: an inexact window); else ``none``
@@ -33,6 +36,7 @@ Victim order (smallest key evicted), ``w`` the way index:
   static   (static score, w)
   dynamic  (class, -d, w) with class none=0, fresh=1, near/far=2
   hybrid*  (rank of the level in the policy's level order, static score, w)
+  hybrid_far  (rank of the level, 65535 - d if the level is far else 0, static score, w)
 """
 from __future__ import annotations
 
@@ -81,7 +85,7 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     evictions: int = 0     # valid lines replaced
-    bypassed: int = 0      # misses not cached because their set was fully in use
+    evicted_in_use: int = 0  # lines evicted by the iteration that used them (cache smaller than a batch)
     scans: int = 0
 
     @property
@@ -110,7 +114,7 @@ class ReferenceCache:
     """The semantics in plain Python loops. Use on small inputs only."""
 
     def __init__(self, storage, num_sets: int, ways: int = 32, policy: PolicyConfig | str = "hybrid",
-                 static_scores: np.ndarray | None = None):
+                 static_scores: np.ndarray | None = None, oversubscribe: bool = False):
         if num_sets < 1 or ways < 1:
             raise ValueError(f"a cache needs at least one set and one way, got {num_sets} sets x {ways} ways")
         self.storage = storage
@@ -124,6 +128,7 @@ class ReferenceCache:
         )
         self.data = torch.zeros((n, storage.dim), dtype=storage.dtype)
         self.static_scores = None if static_scores is None else np.asarray(static_scores, dtype=np.uint16)
+        self.oversubscribe = oversubscribe
         self.iteration = 0
         self.scan_base = 0
         self.stats = CacheStats()
@@ -179,17 +184,18 @@ class ReferenceCache:
                 return (1, 0, way)
             return (2, -(self.scan_base + int(L.reuse[i]) - self.iteration), way)
         rank = self.policy.level_order.index(level)
-        return (rank, int(L.static[i]), way)
+        far_term = 0
+        if name == "hybrid_far" and level == LEVEL_FAR:
+            far_term = 65535 - (self.scan_base + int(L.reuse[i]) - self.iteration)
+        return (rank, far_term, int(L.static[i]), way)
 
-    def choose_victim(self, set_index: int) -> int | None:
-        """The way to fill in ``set_index`` at this iteration, or None (all in use)."""
+    def choose_victim(self, set_index: int) -> int:
+        """The way to fill in ``set_index`` at this iteration."""
         base, L, t = set_index * self.ways, self.lines, self.iteration
         for way in range(self.ways):
             if L.tags[base + way] == INVALID_TAG:
                 return way
-        free = [w for w in range(self.ways) if L.last_use[base + w] != t]
-        if not free:
-            return None
+        free = [w for w in range(self.ways) if L.last_use[base + w] != t] or list(range(self.ways))
         if self.policy.name == "rr":
             start = int(L.rr_pointer[set_index])
             way = min(free, key=lambda w: (w - start) % self.ways)
@@ -206,14 +212,14 @@ class ReferenceCache:
         if unique.size and (unique[0] < 0 or unique[-1] >= self.storage.num_rows):
             bad = unique[0] if unique[0] < 0 else unique[-1]
             raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
-        if unique.size > self.num_lines:
+        if unique.size > self.num_lines and not self.oversubscribe:
             raise ValueError(f"this batch has {unique.size} distinct ids but the cache holds {self.num_lines} lines; "
-                             f"raise the cache capacity to at least {unique.size} rows")
+                             f"raise the cache capacity to at least {unique.size} rows (or pass oversubscribe=True)")
         if self.policy.uses_window and future is not None and self.iteration % self.policy.period == 0:
             self.scan(future, rank)
         L, t = self.lines, self.iteration
         sets = set_of(unique, self.num_sets)
-        where = np.full(unique.size, -1, np.int64)  # line index serving each unique id, -1 = bypass
+        where = np.full(unique.size, -1, np.int64)  # line caching each unique id at the end, -1 = not cached
         hit = np.zeros(unique.size, bool)
         for u in range(unique.size):
             base = sets[u] * self.ways
@@ -225,30 +231,31 @@ class ReferenceCache:
                     if t > self.scan_base:
                         L.fresh[i] = True
                     break
-        miss_order = sorted(np.flatnonzero(~hit), key=lambda u: (sets[u], unique[u]))
-        for u in miss_order:
-            way = self.choose_victim(int(sets[u]))
-            if way is None:
-                self.stats.bypassed += 1
-                continue
-            i = sets[u] * self.ways + way
+        unique_rows = torch.empty((unique.size, self.storage.dim), dtype=self.storage.dtype)
+        hits = np.flatnonzero(hit)
+        if hits.size:  # copied out before any install can overwrite them
+            unique_rows[torch.from_numpy(hits)] = self.data[torch.from_numpy(where[hits])]
+        installed_by: dict[int, int] = {}  # line -> unique index installed there this batch
+        for u in sorted(np.flatnonzero(~hit), key=lambda u: (sets[u], unique[u])):
+            i = int(sets[u] * self.ways + self.choose_victim(int(sets[u])))
             if L.tags[i] != INVALID_TAG:
                 self.stats.evictions += 1
+                if L.last_use[i] == t:
+                    self.stats.evicted_in_use += 1
+            if i in installed_by:
+                where[installed_by[i]] = -1
+            installed_by[i] = u
             L.tags[i] = unique[u]
             L.static[i] = 0 if self.static_scores is None else self.static_scores[unique[u]]
             L.reuse[i], L.fresh[i], L.last_use[i] = NO_REUSE, True, t
             L.pvp_index[i], L.pvp_rank[i] = 0, 0
             where[u] = i
         miss = np.flatnonzero(~hit)
-        unique_rows = torch.empty((unique.size, self.storage.dim), dtype=self.storage.dtype)
         if miss.size:
             fetched = self.storage.read(torch.from_numpy(unique[miss]))
             unique_rows[torch.from_numpy(miss)] = fetched
             cached = where[miss] >= 0
             self.data[torch.from_numpy(where[miss][cached])] = fetched[torch.from_numpy(cached)]
-        hits = np.flatnonzero(hit)
-        if hits.size:
-            unique_rows[torch.from_numpy(hits)] = self.data[torch.from_numpy(where[hits])]
         inv = torch.from_numpy(inverse.reshape(-1))
         self.stats.iterations += 1
         self.stats.requests += ids.numel()

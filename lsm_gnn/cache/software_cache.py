@@ -51,11 +51,17 @@ class SoftwareCache:
     :class:`WindowBuffer`, ideally built with ``num_nodes`` for its native
     index, or a list of id tensors); it feeds the dynamic policies.
     Concurrent lookups are serialized batch by batch; each batch runs in parallel.
+
+    A batch with more distinct ids than the cache has lines raises
+    ValueError, since such a cache thrashes; ``oversubscribe=True`` allows it
+    (lines of the current batch are then evicted last), for studies that
+    scale caches below one batch.
     """
 
     def __init__(self, storage, capacity=None, *, ways: int = 32, policy: str | PolicyConfig = "hybrid",
                  window: int = 256, period: int = 4, threshold: int | None = None, levels=None,
-                 static_scores=None, num_sets: int | None = None, num_threads: int = 0):
+                 static_scores=None, num_sets: int | None = None, oversubscribe: bool = False,
+                 device: str | torch.device = "cpu", num_threads: int = 0):
         self.storage = storage
         if isinstance(policy, PolicyConfig):
             self.policy = policy
@@ -69,19 +75,32 @@ class SoftwareCache:
         elif num_sets < 1 or ways < 1:
             raise ValueError(f"a cache needs at least one set and one way, got {num_sets} x {ways}")
         self.num_sets, self.ways = int(num_sets), int(ways)
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            from lsm_gnn import _C
+
+            if not _C.with_cuda:
+                raise RuntimeError("this lsm-gnn build has no CUDA ops: reinstall with a CUDA build of torch "
+                                   "(pip install --no-build-isolation -e .) or use device='cpu'")
+        elif self.device.type != "cpu":
+            raise ValueError(f"device must be 'cpu' or a CUDA device, got {device!r}")
         n = self.num_sets * self.ways
-        self.tags = torch.full((n,), INVALID_TAG, dtype=torch.int64)
-        self.records = torch.full((n,), NO_REUSE_RECORD, dtype=torch.int64)
-        self.flags = torch.zeros(n, dtype=torch.uint8)
-        self.static_score = torch.zeros(n, dtype=torch.int16)
-        self.last_use = torch.full((n,), -1, dtype=torch.int64)
-        self.rr_pointer = torch.zeros(self.num_sets, dtype=torch.int32)
-        self.data = torch.zeros((n, storage.dim), dtype=storage.dtype)
+        on = {"device": self.device}
+        self.tags = torch.full((n,), INVALID_TAG, dtype=torch.int64, **on)
+        self.records = torch.full((n,), NO_REUSE_RECORD, dtype=torch.int64, **on)
+        self.flags = torch.zeros(n, dtype=torch.uint8, **on)
+        self.static_score = torch.zeros(n, dtype=torch.int16, **on)
+        self.last_use = torch.full((n,), -1, dtype=torch.int64, **on)
+        self.rr_pointer = torch.zeros(self.num_sets, dtype=torch.int32, **on)
+        self.data = torch.zeros((n, storage.dim), dtype=storage.dtype, **on)
         self.node_static = static_ranks(static_scores)
+        if self.node_static is not None:
+            self.node_static = self.node_static.to(self.device)
         if self.node_static is not None and self.node_static.numel() != storage.num_rows:
             raise ValueError(f"static_scores has {self.node_static.numel()} entries; the storage has "
                              f"{storage.num_rows} nodes")
         self.num_threads = num_threads
+        self.oversubscribe = oversubscribe
         self.iteration = 0
         self.scan_base = 0
         self.stats = CacheStats()
@@ -109,7 +128,10 @@ class SoftwareCache:
                 if k >= self.policy.window:
                     break
                 index.push(as_id_tensor(batch), 0)
-        _C.cache_scan(*self._state(), index, self.policy.window, self.num_threads)
+        if self.device.type == "cuda":
+            _C.cache_scan_cuda(*self._state(), index, self.policy.window)  # untested: no GPU run yet
+        else:
+            _C.cache_scan(*self._state(), index, self.policy.window, self.num_threads)
         self.scan_base = self.iteration
         self.stats.scans += 1
 
@@ -117,40 +139,41 @@ class SoftwareCache:
         """Serves one iteration; returns (rows [len(ids), dim] in request order, hit mask [len(ids)])."""
         from lsm_gnn import _C
 
-        ids = as_id_tensor(ids)
+        ids = as_id_tensor(ids).to(self.device)
         with self._lock:
             unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
             if unique.numel() and (int(unique[0]) < 0 or int(unique[-1]) >= self.storage.num_rows):
                 bad = int(unique[0]) if int(unique[0]) < 0 else int(unique[-1])
                 raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
-            if unique.numel() > self.num_lines:
+            if unique.numel() > self.num_lines and not self.oversubscribe:
                 raise ValueError(
                     f"this batch has {unique.numel()} distinct ids but the cache holds {self.num_lines} lines "
                     f"({self.capacity_bytes} bytes); raise the capacity to at least "
-                    f"{unique.numel() * self.storage.row_bytes} bytes")
+                    f"{unique.numel() * self.storage.row_bytes} bytes (or pass oversubscribe=True)")
             if self.policy.uses_window and future is not None and self.iteration % self.policy.period == 0:
                 self.scan(future)
             p = self.policy
-            line, hit, _, _, evictions, bypassed = _C.cache_assign(
-                *self._state(), unique, self.node_static, POLICY_CODE[p.name], self.iteration, self.scan_base,
-                p.near_threshold, list(p.level_rank), self.num_threads)
+            args = (*self._state(), unique, self.node_static, POLICY_CODE[p.name], self.iteration, self.scan_base,
+                    p.near_threshold, list(p.level_rank))
+            if self.device.type == "cuda":  # untested: no GPU run yet
+                line, hit, _, _, evictions, evicted_in_use = _C.cache_assign_cuda(*args)
+            else:
+                line, hit, _, _, evictions, evicted_in_use = _C.cache_assign(*args, self.num_threads)
+            # Hit rows first, straight into request order, before any fill
+            # overwrites a line (a hit line may have been evicted by a later miss).
+            request_line = line[inverse]
+            request_hit = hit[inverse]
+            rows = self.data.index_select(0, request_line.clamp_min(0))
             miss = torch.nonzero(~hit).reshape(-1)
-            fetched = None
             if miss.numel():
-                fetched = self.storage.read(unique[miss])
+                fetched = self.storage.read(unique[miss].cpu()).to(self.device)
                 miss_lines = line[miss]
                 cached = miss_lines >= 0
                 self.data.index_copy_(0, miss_lines[cached], fetched[cached])
-            # Every id now has a line except bypassed misses: one gather serves
-            # hits and fills alike; bypassed rows are patched from `fetched`.
-            request_line = line[inverse]
-            bypass = request_line < 0
-            rows = self.data.index_select(0, request_line.clamp_min(0))
-            if bypassed:
-                where = torch.full((unique.numel(),), -1, dtype=torch.int64)
-                where[miss] = torch.arange(miss.numel())
-                positions = torch.nonzero(bypass).reshape(-1)
-                rows[positions] = fetched[where[inverse[positions]]]
+                slot = torch.full((unique.numel(),), -1, dtype=torch.int64, device=self.device)
+                slot[miss] = torch.arange(miss.numel(), device=self.device)
+                positions = torch.nonzero(~request_hit).reshape(-1)
+                rows[positions] = fetched[slot[inverse[positions]]]
             s = self.stats
             s.iterations += 1
             s.requests += ids.numel()
@@ -158,14 +181,15 @@ class SoftwareCache:
             s.misses += miss.numel()
             s.hits += unique.numel() - miss.numel()
             s.evictions += evictions
-            s.bypassed += bypassed
+            s.evicted_in_use += evicted_in_use
             self.iteration += 1
-            return rows, hit[inverse]
+            return rows, request_hit
 
     def snapshot(self) -> dict[str, np.ndarray]:
         """Line metadata in the reference model's terms, for decision-by-decision comparison."""
-        records = self.records.numpy().view(np.uint64)
-        return {"tags": self.tags.numpy().copy(), "reuse": (records >> np.uint64(48)).astype(np.uint16),
-                "fresh": (self.flags.numpy() & 1).astype(bool), "static": self.static_score.numpy().view(np.uint16).copy(),
+        records = self.records.cpu().numpy().view(np.uint64)
+        return {"tags": self.tags.cpu().numpy().copy(), "reuse": (records >> np.uint64(48)).astype(np.uint16),
+                "fresh": (self.flags.cpu().numpy() & 1).astype(bool),
+                "static": self.static_score.cpu().numpy().view(np.uint16).copy(),
                 "pvp_index": (records & np.uint64((1 << 40) - 1)).astype(np.int64),
-                "rr_pointer": self.rr_pointer.numpy().astype(np.int64)}
+                "rr_pointer": self.rr_pointer.cpu().numpy().astype(np.int64)}

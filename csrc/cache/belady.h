@@ -1,0 +1,21 @@
+// Belady's MIN over a recorded trace (see lsm_gnn/cache/belady.py for the
+// definition and the pure Python version it must agree with).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace lsm::cache {
+
+struct BeladyResult {
+  int64_t hits = 0;
+  int64_t requests = 0;  // distinct ids per batch, summed
+};
+
+// batches[t] holds the distinct ids of iteration t (any order), all in
+// [0, num_nodes). capacity is in lines. Hits and requests are counted from
+// iteration count_from on (earlier iterations only warm the cache).
+BeladyResult belady_min(const std::vector<std::vector<int64_t>>& batches, int64_t num_nodes, int64_t capacity,
+                        int64_t count_from = 0);
+
+}  // namespace lsm::cache
