@@ -1,0 +1,101 @@
+#include "sampler/neighbor_sampler.h"
+
+#include <omp.h>
+
+#include <stdexcept>
+#include <unordered_map>
+
+#include "cache/line_state.h"  // mix64
+#include "common/errors.h"
+
+namespace lsm::sampler {
+
+namespace {
+
+using lsm::cache::mix64;
+
+// A splitmix64 stream; `bounded` uses Lemire's multiply-shift (bias < 2^-32 for our sizes).
+struct Stream {
+  uint64_t state;
+  uint64_t next() { return mix64(state += 0x9E3779B97F4A7C15ull); }
+  uint64_t bounded(uint64_t n) { return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64); }
+};
+
+// Writes min(k, degree) distinct neighbor positions of one node (Floyd's algorithm).
+inline int64_t choose(Stream& rng, int64_t degree, int64_t k, int64_t* out) {
+  if (k < 0 || degree <= k) {
+    for (int64_t j = 0; j < degree; ++j) out[j] = j;
+    return degree;
+  }
+  int64_t count = 0;
+  for (int64_t j = degree - k; j < degree; ++j) {
+    const int64_t r = static_cast<int64_t>(rng.bounded(static_cast<uint64_t>(j) + 1));
+    bool taken = false;
+    for (int64_t c = 0; c < count; ++c) taken |= (out[c] == r);
+    out[count++] = taken ? j : r;
+  }
+  return count;
+}
+
+}  // namespace
+
+template <typename Index>
+std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_t num_nodes, const int64_t* seeds,
+                             int64_t num_seeds, const std::vector<int64_t>& fanouts, uint64_t seed, int64_t iteration,
+                             int num_threads) {
+  if (num_threads <= 0) num_threads = omp_get_max_threads();
+  std::vector<int64_t> frontier(seeds, seeds + num_seeds);
+  std::unordered_map<int64_t, int64_t> local;  // global id -> index in the current node list
+  local.reserve(static_cast<size_t>(num_seeds) * 8);
+  for (int64_t i = 0; i < num_seeds; ++i) {
+    if (seeds[i] < 0 || seeds[i] >= num_nodes) {
+      throw std::out_of_range(cat("seed node ", seeds[i], " at position ", i, " is outside [0, ", num_nodes, ")"));
+    }
+    if (!local.emplace(seeds[i], i).second) {
+      throw std::invalid_argument(cat("seed node ", seeds[i], " appears twice in the batch; seeds must be distinct"));
+    }
+  }
+  const uint64_t base = mix64(seed ^ mix64(static_cast<uint64_t>(iteration)));
+  std::vector<Hop> hops;
+  for (size_t h = 0; h < fanouts.size(); ++h) {
+    const int64_t k = fanouts[h];
+    const int64_t n = static_cast<int64_t>(frontier.size());
+    std::vector<int64_t> offset(n + 1, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t degree = indptr[frontier[i] + 1] - indptr[frontier[i]];
+      offset[i + 1] = offset[i] + ((k < 0 || degree <= k) ? degree : k);
+    }
+    Hop hop;
+    hop.num_dst = n;
+    hop.src.resize(offset[n]);
+    hop.dst.resize(offset[n]);
+    const uint64_t hop_key = mix64(base + h);
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 256) if (n > 2048)
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t v = frontier[i];
+      Stream rng{hop_key ^ mix64(static_cast<uint64_t>(v))};
+      int64_t* out = hop.src.data() + offset[i];
+      const int64_t got = choose(rng, indptr[v + 1] - indptr[v], k, out);
+      for (int64_t j = 0; j < got; ++j) {
+        out[j] = static_cast<int64_t>(indices[indptr[v] + out[j]]);  // position -> global neighbor id
+        hop.dst[offset[i] + j] = i;
+      }
+    }
+    // Number newly reached nodes in edge order (serial: the order defines local ids).
+    for (auto& s : hop.src) {
+      auto [it, inserted] = local.emplace(s, static_cast<int64_t>(frontier.size()));
+      if (inserted) frontier.push_back(s);
+      s = it->second;
+    }
+    hop.nodes = frontier;
+    hops.push_back(std::move(hop));
+  }
+  return hops;
+}
+
+template std::vector<Hop> sample_hops<int32_t>(const int64_t*, const int32_t*, int64_t, const int64_t*, int64_t,
+                                               const std::vector<int64_t>&, uint64_t, int64_t, int);
+template std::vector<Hop> sample_hops<int64_t>(const int64_t*, const int64_t*, int64_t, const int64_t*, int64_t,
+                                               const std::vector<int64_t>&, uint64_t, int64_t, int);
+
+}  // namespace lsm::sampler

@@ -1,0 +1,78 @@
+"""Neighbor sampling: real edges, fanouts respected, no repeats, deterministic."""
+import numpy as np
+import pytest
+import torch
+
+from lsm_gnn.sampling import NeighborSampler
+from lsm_gnn.testing import write_tiny_dataset
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    dataset, _ = write_tiny_dataset(tmp_path_factory.mktemp("g") / "ds", num_nodes=3000, dim=2, avg_degree=6)
+    return dataset
+
+
+def neighbors(dataset, v):
+    return dataset.indices[dataset.indptr[v]:dataset.indptr[v + 1]]
+
+
+@pytest.mark.parametrize("fanouts", [[5, 2, 2, 2], [3], [-1, 2], [0, 4]])
+def test_every_edge_exists_and_fanouts_hold(graph, fanouts):
+    sampler = NeighborSampler(graph, fanouts, seed=7)
+    seeds = np.random.default_rng(0).choice(graph.num_nodes, 64, replace=False)
+    hops = sampler.sample(seeds, iteration=3)
+    assert len(hops) == len(fanouts)
+    previous = torch.from_numpy(seeds)
+    for hop, k in zip(hops, fanouts):
+        assert torch.equal(hop.nodes[:hop.num_dst], previous)  # dst nodes are the previous hop's nodes
+        assert hop.nodes.unique().numel() == hop.num_src       # every node once
+        src, dst = hop.edge_index
+        assert dst.numel() == 0 or int(dst.max()) < hop.num_dst
+        per_dst = torch.bincount(dst, minlength=hop.num_dst)
+        for i in range(hop.num_dst):
+            v = int(hop.nodes[i])
+            chosen = hop.nodes[src[dst == i]].numpy()
+            expected = len(neighbors(graph, v)) if k < 0 else min(k, len(neighbors(graph, v)))
+            assert per_dst[i] == expected
+            assert len(set(chosen.tolist())) == len(chosen)            # no duplicate neighbors
+            assert set(chosen.tolist()) <= set(neighbors(graph, v).tolist())  # every edge exists
+        previous = hop.nodes
+
+
+def test_deterministic_in_seed_and_iteration(graph):
+    seeds = np.arange(100)
+    a = NeighborSampler(graph, [5, 2], seed=1).sample(seeds, 4)
+    b = NeighborSampler(graph, [5, 2], seed=1, num_threads=1).sample(seeds, 4)
+    c = NeighborSampler(graph, [5, 2], seed=1).sample(seeds, 5)
+    d = NeighborSampler(graph, [5, 2], seed=2).sample(seeds, 4)
+    same = lambda x, y: all(torch.equal(p.nodes, q.nodes) and torch.equal(p.edge_index, q.edge_index)
+                            for p, q in zip(x, y))
+    assert same(a, b)
+    assert not same(a, c) and not same(a, d)
+
+
+def test_samples_are_uniform(graph):
+    v = int(np.argmax(np.diff(np.asarray(graph.indptr))))
+    nbrs = neighbors(graph, v)
+    counts = {int(u): 0 for u in nbrs}
+    sampler = NeighborSampler(graph, [2], seed=3)
+    trials = 3000
+    for it in range(trials):
+        hop = sampler.sample([v], it)[0]
+        for u in hop.nodes[hop.edge_index[0]].tolist():
+            counts[u] += 1
+    expected = trials * 2 / len(nbrs)
+    assert all(abs(c - expected) < 6 * np.sqrt(expected) for c in counts.values())
+
+
+def test_bad_input_is_refused(graph):
+    sampler = NeighborSampler(graph, [2])
+    with pytest.raises(IndexError, match="outside"):
+        sampler.sample([graph.num_nodes])
+    with pytest.raises(ValueError, match="twice"):
+        sampler.sample([3, 3])
+    with pytest.raises(ValueError, match="fanouts"):
+        NeighborSampler(graph, [])
+    with pytest.raises(ValueError, match="fanouts"):
+        NeighborSampler(graph, [2, -3])
