@@ -94,6 +94,8 @@ def test_commit_requires_every_row_and_a_topology(tmp_path):
     (lambda w: w.write_edges([(np.array([0, 1]), np.array([1]))]), "sources"),
     (lambda w: w.write_edges([(np.array([0]), np.array([10]))]), "outside"),
     (lambda w: w.write_csr(np.zeros(5, np.int64), np.zeros(0, np.int64)), "indptr"),
+    (lambda w: w.write_csr(np.array([0, 2, 1] + [2] * 8), np.zeros(2, np.int64)), "never decrease"),
+    (lambda w: w.write_split("train", np.array([0.7, 1.9])), "integer node ids"),
     (lambda w: w.write_labels(np.zeros(9, np.int64)), "shape"),
     (lambda w: w.write_labels(np.zeros(10, np.float32)), "integers"),
     (lambda w: w.write_labels(np.full(10, 5), num_classes=3), "labels must lie"),
@@ -246,3 +248,18 @@ def test_missing_split_and_score_names_list_what_exists(tiny):
     edit_meta(tiny[0], lambda m: m["splits"].pop("test"))
     with pytest.raises(KeyError, match="train, val|'train', 'val'"):
         open_dataset(tiny[0].path).split("test")
+
+
+def test_integer_features_that_do_not_fit_are_refused(tmp_path):
+    with DatasetWriter(tmp_path / "ds", num_nodes=1, feature_dim=2, feature_dtype="int8") as w:
+        with pytest.raises(ValueError, match="do not fit int8"):
+            w.write_features(np.array([[300, -200]]))
+
+
+def test_an_invalid_new_dataset_never_replaces_a_good_one(tiny):
+    dataset, _ = tiny
+    with DatasetWriter(dataset.path, num_nodes=3, feature_dim=1, overwrite=True) as w:
+        w.write_features(np.zeros((3, 1), np.float32))
+        with pytest.raises(ValueError, match="outside"):
+            w.write_csr(np.array([0, 1, 1, 1]), np.array([7]))  # neighbor id 7 does not exist
+    assert open_dataset(dataset.path).num_nodes == 100

@@ -115,6 +115,11 @@ class DatasetWriter:
             if np.issubdtype(rows.dtype, np.floating) != np.issubdtype(self.dtype, np.floating):
                 raise ValueError(f"feature rows have dtype {rows.dtype} but the dataset stores {self.dtype}; "
                                  "convert them explicitly")
+            if np.issubdtype(self.dtype, np.integer) and rows.size:
+                info = np.iinfo(self.dtype)
+                if rows.min() < info.min or rows.max() > info.max:
+                    raise ValueError(f"feature values [{rows.min()}, {rows.max()}] do not fit {self.dtype} "
+                                     f"[{info.min}, {info.max}]; rescale them or store a wider dtype")
             rows = rows.astype(self.dtype)
         if self.row_stride == self.row_bytes:
             block = np.ascontiguousarray(rows).view(np.uint8).reshape(-1)
@@ -147,6 +152,8 @@ class DatasetWriter:
         if indptr.shape != (self.num_nodes + 1,):
             raise ValueError(f"indptr must have {self.num_nodes + 1} entries, got shape {indptr.shape}")
         num_edges = int(indptr[-1])
+        if int(indptr[0]) != 0 or np.any(np.diff(indptr) < 0):
+            raise ValueError("indptr must start at 0 and never decrease (row v spans indptr[v]:indptr[v+1])")
         if indices.shape != (num_edges,):
             raise ValueError(f"indices must have indptr[-1]={num_edges} entries, got shape {indices.shape}")
         ip = np.lib.format.open_memmap(os.path.join(self.tmp, "indptr.npy"), "w+", np.int64, indptr.shape)
@@ -288,6 +295,8 @@ class DatasetWriter:
             if ids.shape != (self.num_nodes,):
                 raise ValueError(f"a boolean {name} mask must have shape ({self.num_nodes},), got {ids.shape}")
             ids = np.flatnonzero(ids)
+        if ids.size and not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"{name} split must hold integer node ids or a boolean mask, got dtype {ids.dtype}")
         ids = ids.astype(np.int64).reshape(-1)
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_nodes):
             raise ValueError(f"{name} split has node ids outside [0, {self.num_nodes})")
@@ -331,20 +340,44 @@ class DatasetWriter:
             f.flush()
             os.fsync(f.fileno())
         _fsync_path(self.tmp)
-        old = None
+        try:
+            open_dataset(self.tmp)  # full validation before anything becomes visible
+        except DatasetError as exc:
+            self.abort()
+            raise DatasetError(f"{self.path}: the dataset being written is invalid, nothing was replaced: {exc}") \
+                from exc
         if os.path.exists(self.path):
             if not self.overwrite:
                 self.abort()
                 raise FileExistsError(f"{self.path} appeared while writing; pass overwrite=True to replace it")
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(self.path)}.old-", dir=os.path.dirname(self.path))
-            os.rmdir(old)
-            os.rename(self.path, old)
-        os.rename(self.tmp, self.path)
-        _fsync_path(os.path.dirname(self.path))
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            if not _exchange(self.tmp, self.path):
+                # No atomic exchange (old kernel or file system): move the old one aside first.
+                old = tempfile.mkdtemp(prefix=f".{os.path.basename(self.path)}.old-", dir=os.path.dirname(self.path))
+                os.rmdir(old)
+                os.rename(self.path, old)
+                os.rename(self.tmp, self.path)
+                self.tmp = old
+            _fsync_path(os.path.dirname(self.path))
+            shutil.rmtree(self.tmp, ignore_errors=True)  # after an exchange, tmp holds the old dataset
+        else:
+            os.rename(self.tmp, self.path)
+            _fsync_path(os.path.dirname(self.path))
         self._done = True
         return open_dataset(self.path)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Atomically swaps two paths with renameat2(RENAME_EXCHANGE); False where unsupported."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    rc = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
+    return rc == 0
 
 
 def _version() -> str:
