@@ -1,0 +1,234 @@
+"""``lsm-gnn prepare``: make datasets (synthetic, from .npy files, from a folder) and recompute scores.
+
+:func:`add_prepare_parser` plugs the command into the main program's
+sub-parsers; every sub-command sets ``func`` to a handler that takes the
+parsed arguments, prints a one-line summary and returns an exit code.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+
+import numpy as np
+
+from lsm_gnn.data.format import META_FILE, Dataset, crc32_file, open_dataset
+from lsm_gnn.data.scores import SCORE_NAMES, compute_scores
+
+
+# -- argument types --------------------------------------------------------------
+
+def parse_count(text: str) -> int:
+    """A non-negative count from ``"1000000"``, ``"1_000_000"`` or ``"1e6"``."""
+    cleaned = str(text).strip().replace("_", "")
+    try:
+        value = int(cleaned)
+    except ValueError:
+        try:
+            number = float(cleaned)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"cannot read {text!r} as a count; use an integer such as 1000000 "
+                                             "or a power of ten such as 1e6") from None
+        if not number.is_integer():
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        value = int(number)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a count cannot be negative, got {text!r}")
+    return value
+
+
+def parse_names(text: str) -> tuple[str, ...]:
+    """Comma-separated static score names; ``none`` or an empty string for none."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip() and n.strip().lower() != "none")
+    unknown = sorted(set(names) - set(SCORE_NAMES))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown score(s) {', '.join(unknown)}; valid: {', '.join(SCORE_NAMES)}")
+    return names
+
+
+def parse_fractions(text: str) -> tuple[float, float, float]:
+    """``"0.6,0.2,0.2"`` -> train, val, test fractions."""
+    try:
+        parts = tuple(float(p) for p in text.split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) != 3 or min(parts) < 0 or sum(parts) > 1 + 1e-9:
+        raise argparse.ArgumentTypeError(f"expected train,val,test fractions summing to at most 1, got {text!r}")
+    return parts
+
+
+def summarize(ds: Dataset) -> str:
+    """One line describing a dataset."""
+    splits = "/".join(f"{len(ds.split(s)):,}" if s in ds.meta.get("splits", {}) else "-"
+                      for s in ("train", "val", "test"))
+    return (f"{ds.path}: {ds.num_nodes:,} nodes, {ds.num_edges:,} edges, features {ds.feature_dim} x "
+            f"{ds.feature_dtype.name}, {ds.num_classes if ds.num_classes is not None else 'no'} classes, "
+            f"train/val/test {splits}, scores: {', '.join(ds.score_names) or 'none'}")
+
+
+# -- scores in place ----------------------------------------------------------------
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def recompute_scores(path, names=SCORE_NAMES) -> Dataset:
+    """Recomputes static scores of an existing dataset, atomically.
+
+    New scores go to fresh file names; ``meta.json`` (with their checksums) is
+    then replaced by rename, so a reader sees the old description with the
+    old files or the new one with the new files. Old score files are removed
+    only after the switch, so a ``Dataset`` opened before that has not yet
+    read a replaced score must be reopened.
+    """
+    ds = open_dataset(path, check="shape")
+    names = tuple(names)
+    values = compute_scores(ds.indptr, ds.indices, names)
+    with open(ds.file_path(META_FILE)) as f:
+        meta = json.load(f)
+    token = secrets.token_hex(4)
+    os.makedirs(ds.file_path("scores"), exist_ok=True)
+    replaced = []
+    for name, array in values.items():
+        rel = f"scores/{name}.{token}.npy"
+        np.save(ds.file_path(rel), np.asarray(array, dtype=np.float32))
+        _fsync(ds.file_path(rel))
+        old = meta.setdefault("scores", {}).get(name)
+        if old is not None:
+            replaced.append(old)
+            meta.setdefault("checksums", {}).pop(old, None)
+        meta["scores"][name] = rel
+        meta.setdefault("checksums", {})[rel] = crc32_file(ds.file_path(rel))
+    _fsync(ds.file_path("scores"))
+    tmp_meta = ds.file_path(f".{META_FILE}.{token}.tmp")
+    with open(tmp_meta, "w") as f:
+        json.dump(meta, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp_meta, ds.file_path(META_FILE))
+    _fsync(ds.path)
+    for rel in replaced:
+        if rel not in meta["scores"].values():
+            try:
+                os.remove(ds.file_path(rel))
+            except FileNotFoundError:
+                pass
+    return open_dataset(ds.path, check="shape")
+
+
+# -- handlers ---------------------------------------------------------------------------
+
+def _run_synthetic(args: argparse.Namespace) -> int:
+    from lsm_gnn.data.synthetic import generate_synthetic
+
+    ds = generate_synthetic(args.out, num_nodes=args.num_nodes, avg_degree=args.avg_degree,
+                            feature_dim=args.feature_dim, feature_dtype=args.dtype, num_classes=args.classes,
+                            seed=args.seed, homophily=args.homophily, split=args.split, scores=args.scores,
+                            overwrite=args.overwrite, progress=not args.no_progress)
+    print(summarize(ds))
+    return 0
+
+
+def _common_convert_kwargs(args: argparse.Namespace) -> dict:
+    return {"undirected": args.undirected, "feature_dtype": args.dtype, "random_split_fractions": args.random_split,
+            "scores": args.scores, "overwrite": args.overwrite, "progress": not args.no_progress}
+
+
+def _run_npy(args: argparse.Namespace) -> int:
+    from lsm_gnn.data.convert import from_npy_files
+
+    ds = from_npy_files(args.out, features=args.features, edge_index=args.edge_index, indptr=args.indptr,
+                        indices=args.indices, labels=args.labels, train_idx=args.train_idx, val_idx=args.val_idx,
+                        test_idx=args.test_idx, **_common_convert_kwargs(args))
+    print(summarize(ds))
+    return 0
+
+
+def _run_folder(args: argparse.Namespace) -> int:
+    from lsm_gnn.data.convert import from_folder
+
+    ds = from_folder(args.out, args.src, features=args.features, edge_index=args.edge_index, labels=args.labels,
+                     **_common_convert_kwargs(args))
+    print(summarize(ds))
+    return 0
+
+
+def _run_scores(args: argparse.Namespace) -> int:
+    print(summarize(recompute_scores(args.dataset, args.names)))
+    return 0
+
+
+# -- the parser ---------------------------------------------------------------------------
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="dataset directory to write (created atomically)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--scores", type=parse_names, default=SCORE_NAMES, metavar="NAMES",
+                   help=f"static scores to compute, comma-separated or 'none' (default: {','.join(SCORE_NAMES)})")
+
+
+def _add_convert_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--undirected", action="store_true", help="add the reverse of every edge")
+    p.add_argument("--dtype", default=None, help="stored feature dtype (default: the input's, float32 for float64)")
+    p.add_argument("--random-split", type=parse_fractions, default=None, metavar="TRAIN,VAL,TEST",
+                   help="when the input has no split, draw a seeded one over labeled nodes, e.g. 0.6,0.2,0.2")
+
+
+def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
+    """Adds ``prepare`` (with ``synthetic``, ``npy``, ``folder``, ``scores``) to ``subparsers``."""
+    parser = subparsers.add_parser("prepare", help="create a dataset or recompute its static scores",
+                                   description="Create datasets in the lsm-gnn format.")
+    sub = parser.add_subparsers(dest="prepare_command", metavar="{synthetic,npy,folder,scores}")
+    sub.required = True
+
+    p = sub.add_parser("synthetic", help="R-MAT power-law graph with learnable communities",
+                       description="Generate a synthetic dataset straight to disk (scales to 10^8 nodes).")
+    _add_output_flags(p)
+    p.add_argument("--num-nodes", type=parse_count, required=True, help="number of nodes, e.g. 1e6")
+    p.add_argument("--avg-degree", type=float, default=10.0, help="CSR entries per node before dedup (default 10)")
+    p.add_argument("--feature-dim", type=parse_count, default=128, help="feature columns (default 128)")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="feature dtype")
+    p.add_argument("--classes", type=parse_count, default=8, help="number of classes / communities (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
+    p.add_argument("--homophily", type=float, default=0.75, help="fraction of edges drawn inside a class")
+    p.add_argument("--split", type=parse_fractions, default=(0.6, 0.2, 0.2), metavar="TRAIN,VAL,TEST",
+                   help="split fractions (default 0.6,0.2,0.2)")
+    p.set_defaults(func=_run_synthetic)
+
+    p = sub.add_parser("npy", help="convert .npy arrays (features, edge index or CSR, labels, splits)",
+                       description="Convert .npy files, read memory-mapped in bounded memory.")
+    _add_output_flags(p)
+    p.add_argument("--features", required=True, help="[num_nodes, dim] feature array")
+    p.add_argument("--edge-index", help="(2, E) or (E, 2) edges, source first")
+    p.add_argument("--indptr", help="CSR indptr (instead of --edge-index)")
+    p.add_argument("--indices", help="CSR indices (instead of --edge-index)")
+    p.add_argument("--labels", help="per-node class ids (-1 or NaN for unlabeled)")
+    p.add_argument("--train-idx", help="train node ids or boolean mask")
+    p.add_argument("--val-idx", help="validation node ids or boolean mask")
+    p.add_argument("--test-idx", help="test node ids or boolean mask")
+    _add_convert_flags(p)
+    p.set_defaults(func=_run_npy)
+
+    p = sub.add_parser("folder", help="convert an OGB/IGB-style folder of .npy files",
+                       description="Find node_feat.npy, edge_index.npy, node_label*.npy, *_idx.npy (recursively) "
+                                   "and convert them.")
+    p.add_argument("--src", required=True, help="the folder to convert")
+    _add_output_flags(p)
+    p.add_argument("--features", help="feature file inside --src when the search finds several")
+    p.add_argument("--edge-index", help="edge file inside --src when the search finds several")
+    p.add_argument("--labels", help="label file inside --src, e.g. processed/paper/node_label_19.npy")
+    _add_convert_flags(p)
+    p.set_defaults(func=_run_folder)
+
+    p = sub.add_parser("scores", help="recompute static scores of a dataset in place (atomic)")
+    p.add_argument("dataset", help="dataset directory")
+    p.add_argument("--names", type=parse_names, default=SCORE_NAMES, metavar="NAMES",
+                   help=f"comma-separated score names (default: {','.join(SCORE_NAMES)})")
+    p.set_defaults(func=_run_scores)
+    return parser

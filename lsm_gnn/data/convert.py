@@ -1,0 +1,480 @@
+"""Converters into the dataset format: numpy arrays, .npy files, PyG, DGL, OGB/IGB folders.
+
+Every converter ends in :func:`from_numpy`, which validates all inputs
+before writing, then streams them through :class:`DatasetWriter`: features
+chunk by chunk, edges in chunks of ``EDGE_CHUNK``, so inputs opened with
+``np.load(mmap_mode="r")`` convert in bounded memory whatever their size.
+Only per-node vectors (labels, CSR ``indptr``) are held whole, as the
+writer needs them.
+
+Edge direction follows PyG and DGL: an edge ``src -> dst`` sends a message
+from ``src`` to ``dst``, so ``dst``'s CSR row lists ``src``.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+from typing import Any, Iterator
+
+import numpy as np
+
+from lsm_gnn.data.format import FEATURE_DTYPES, SPLITS, Dataset
+from lsm_gnn.data.scores import SCORE_NAMES, compute_scores
+from lsm_gnn.data.writer import EDGE_CHUNK, DatasetWriter
+
+FEATURE_CHUNK_BYTES = 32 << 20  # bytes of source features read per write
+VECTOR_CHUNK = 1 << 22          # entries per chunk when scanning per-node vectors
+
+# Names recognised by from_folder, searched recursively (OGB dumps, IGB's processed/ tree).
+FOLDER_PATTERNS: dict[str, tuple[str, ...]] = {
+    "features": ("node_feat.npy", "node-feat.npy", "node_features.npy", "features.npy", "feat.npy", "feats.npy"),
+    "edge_index": ("edge_index.npy", "edge-index.npy", "edges.npy"),
+    "labels": ("node_label*.npy", "node-label*.npy", "labels.npy", "label.npy"),
+    "train_idx": ("train_idx.npy", "train.npy"),
+    "val_idx": ("val_idx.npy", "valid_idx.npy", "val.npy", "valid.npy"),
+    "test_idx": ("test_idx.npy", "test.npy"),
+}
+_REQUIRED_IN_FOLDER = ("features", "edge_index")
+
+
+# -- small helpers -------------------------------------------------------------
+
+def _is_tensor(x: Any) -> bool:
+    return hasattr(x, "detach") and hasattr(x, "cpu") and hasattr(x, "numpy")
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    """A numpy view of an array-like block (numpy, memmap, CPU or GPU torch tensor, list)."""
+    if _is_tensor(x):
+        x = x.detach().cpu()
+        if str(x.dtype) == "torch.bfloat16":  # numpy has no bfloat16
+            x = x.float()
+        return x.numpy()
+    return np.asarray(x)
+
+
+def _array_like(x: Any) -> Any:
+    """Keeps anything sliceable with a shape (memmap, tensor, h5py); wraps the rest with numpy."""
+    return x if hasattr(x, "shape") and hasattr(x, "__getitem__") else np.asarray(x)
+
+
+def _dtype_of(x: Any) -> np.dtype:
+    return _to_numpy(x[:0]).dtype
+
+
+def _check_ids(block: np.ndarray, num_nodes: int, what: str, offset: int, hint: str) -> None:
+    if block.size and (block.min() < 0 or block.max() >= num_nodes):
+        bad = int(np.flatnonzero((block < 0) | (block >= num_nodes))[0])
+        raise ValueError(f"{what} has node id {int(block[bad])} at position {offset + bad}, outside [0, {num_nodes}); "
+                         f"{hint}")
+
+
+def _require_integer(dtype: np.dtype, what: str) -> None:
+    if not np.issubdtype(dtype, np.integer):
+        raise ValueError(f"{what} must hold integer node ids, got dtype {dtype}; convert it with .astype(np.int64)")
+
+
+def _range_hint(num_nodes: int) -> str:
+    return (f"num_nodes={num_nodes} is taken from features.shape[0]; pass features for every node "
+            "or remap the ids to 0..num_nodes-1")
+
+
+def _progress(enabled: bool, **kw):
+    from tqdm.auto import tqdm
+
+    return tqdm(disable=not enabled, dynamic_ncols=True, unit_scale=True, **kw)
+
+
+# -- validation of each input -----------------------------------------------------
+
+def _feature_dtype(source: np.dtype, requested: Any) -> np.dtype:
+    """The stored dtype: ``requested`` if given, else the source's if storable, float32 for other floats."""
+    if requested is not None:
+        target = np.dtype(requested)
+        if target.name not in FEATURE_DTYPES:
+            raise ValueError(f"feature_dtype={target} is not supported; use one of {', '.join(FEATURE_DTYPES)}")
+        if np.issubdtype(target, np.integer) and not np.issubdtype(source, np.integer) and source != np.bool_:
+            raise ValueError(f"features are {source} but feature_dtype={target}: quantize the features yourself "
+                             f"(e.g. np.round(x * scale).astype(np.{target})) and pass the integer array")
+        return target
+    if source.name in FEATURE_DTYPES:
+        return source
+    if source == np.bool_:
+        return np.dtype(np.uint8)
+    if np.issubdtype(source, np.floating):
+        return np.dtype(np.float32)
+    raise ValueError(f"features have dtype {source}, which is not stored as is; pass feature_dtype= one of "
+                     f"{', '.join(FEATURE_DTYPES)}")
+
+
+def _cast_rows(rows: np.ndarray, target: np.dtype, start: int) -> np.ndarray:
+    if rows.dtype == target:
+        return rows
+    if np.issubdtype(target, np.integer) and rows.size:
+        info = np.iinfo(target)
+        if rows.min() < info.min or rows.max() > info.max:
+            raise ValueError(f"features in rows {start}..{start + rows.shape[0] - 1} do not fit in {target} "
+                             f"([{info.min}, {info.max}]); choose a wider feature_dtype")
+    return rows.astype(target)
+
+
+def _check_features(features: Any) -> tuple[Any, int, int]:
+    features = _array_like(features)
+    shape = tuple(features.shape)
+    if len(shape) != 2:
+        raise ValueError(f"features must be a 2-D array [num_nodes, feature_dim], got shape {shape}; "
+                         "reshape it, e.g. features.reshape(num_nodes, -1)")
+    if shape[0] == 0 or shape[1] == 0:
+        raise ValueError(f"features must have at least one node and one column, got shape {shape}")
+    return features, int(shape[0]), int(shape[1])
+
+
+def _check_edge_index(edge_index: Any, num_nodes: int) -> Any:
+    edge_index = _array_like(edge_index)
+    shape = tuple(edge_index.shape)
+    if len(shape) != 2 or shape[0] != 2:
+        hint = "; it looks like (num_edges, 2): pass edge_index.T" if len(shape) == 2 and shape[1] == 2 else ""
+        raise ValueError(f"edge_index must have shape (2, num_edges), sources in row 0 and destinations in row 1 "
+                         f"(the PyG layout), got shape {shape}{hint}")
+    _require_integer(_dtype_of(edge_index), "edge_index")
+    return edge_index
+
+
+def _edge_index_chunks(edge_index: Any, num_nodes: int, bar) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    num_edges = int(edge_index.shape[1])
+    for start in range(0, num_edges, EDGE_CHUNK):
+        src = _to_numpy(edge_index[0, start:start + EDGE_CHUNK])
+        dst = _to_numpy(edge_index[1, start:start + EDGE_CHUNK])
+        _check_ids(src, num_nodes, "edge_index[0] (sources)", start, _range_hint(num_nodes))
+        _check_ids(dst, num_nodes, "edge_index[1] (destinations)", start, _range_hint(num_nodes))
+        yield src, dst
+        bar.update(src.size)
+
+
+def _check_csr(indptr: Any, indices: Any, num_nodes: int) -> tuple[np.ndarray, Any]:
+    if indptr is None or indices is None:
+        raise ValueError("CSR topology needs both indptr and indices")
+    indptr = _to_numpy(indptr)
+    if indptr.shape != (num_nodes + 1,):
+        raise ValueError(f"indptr must have num_nodes + 1 = {num_nodes + 1} entries (num_nodes from "
+                         f"features.shape[0]), got shape {indptr.shape}")
+    _require_integer(indptr.dtype, "indptr")
+    indices = _to_numpy(indices) if _is_tensor(indices) else _array_like(indices)  # the writer slices numpy
+    _require_integer(_dtype_of(indices), "indices")
+    if len(indices.shape) != 1 or int(indptr[0]) != 0 or int(indptr[-1]) != int(indices.shape[0]):
+        raise ValueError(f"indptr must start at 0 and end at len(indices); got indptr[0]={int(indptr[0])}, "
+                         f"indptr[-1]={int(indptr[-1])}, indices shape {tuple(indices.shape)}")
+    for start in range(0, num_nodes, VECTOR_CHUNK):
+        if np.any(np.diff(indptr[start:start + VECTOR_CHUNK + 1]) < 0):
+            raise ValueError("indptr must be non-decreasing (row v spans indices[indptr[v]:indptr[v+1]])")
+    for start in range(0, int(indices.shape[0]), EDGE_CHUNK):
+        _check_ids(_to_numpy(indices[start:start + EDGE_CHUNK]), num_nodes, "indices", start, _range_hint(num_nodes))
+    return indptr.astype(np.int64, copy=False), indices
+
+
+def _csr_edge_chunks(indptr: np.ndarray, indices: Any, bar) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """CSR as (src, dst) chunks: row v lists the sources of edges into v."""
+    num_edges = int(indptr[-1])
+    for start in range(0, num_edges, EDGE_CHUNK):
+        stop = min(start + EDGE_CHUNK, num_edges)
+        rows = np.searchsorted(indptr, np.arange(start, stop), side="right") - 1
+        yield _to_numpy(indices[start:stop]), rows
+        bar.update(stop - start)
+
+
+def _check_labels(labels: Any, num_nodes: int, num_classes: int | None) -> tuple[np.ndarray, int]:
+    """int64 labels, -1 for unlabeled. Floats (IGB stores them) must be integral; NaN means unlabeled (OGB)."""
+    labels = _array_like(labels)
+    shape = tuple(labels.shape)
+    if shape not in ((num_nodes,), (num_nodes, 1)):
+        raise ValueError(f"labels must have one class id per node, shape ({num_nodes},) with num_nodes from "
+                         f"features.shape[0], got shape {shape}")
+    out = np.empty(num_nodes, dtype=np.int64)
+    for start in range(0, num_nodes, VECTOR_CHUNK):
+        block = _to_numpy(labels[start:start + VECTOR_CHUNK]).reshape(-1)
+        if np.issubdtype(block.dtype, np.floating):
+            missing = np.isnan(block)
+            finite = np.where(missing, -1, block)
+            if not np.all(np.isfinite(finite)) or np.any(finite != np.floor(finite)):
+                bad = int(np.flatnonzero(~np.isfinite(finite) | (finite != np.floor(finite)))[0])
+                raise ValueError(f"labels must be integral class ids; got {block[bad]} at position {start + bad} "
+                                 "(float labels are accepted only when every value is a whole number or NaN)")
+            block = finite
+        elif not (np.issubdtype(block.dtype, np.integer) or block.dtype == np.bool_):
+            raise ValueError(f"labels must be integer class ids, got dtype {block.dtype}")
+        out[start:start + block.size] = block
+    low = int(out.min())
+    if low < -1:
+        raise ValueError(f"labels must be class ids >= 0, or -1 for unlabeled nodes; got {low}")
+    needed = int(out.max()) + 1
+    if num_classes is None:
+        num_classes = max(needed, 1)
+    elif num_classes < needed:
+        raise ValueError(f"num_classes={num_classes} but labels go up to {needed - 1}; pass num_classes >= {needed} "
+                         "or leave it out to infer it")
+    return out, int(num_classes)
+
+
+def _check_split(name: str, ids: Any, num_nodes: int) -> np.ndarray:
+    """int64 ids from an id array or a boolean mask."""
+    what = f"{name}_idx"
+    array = _to_numpy(ids)
+    if array.dtype == np.bool_:
+        if array.shape != (num_nodes,):
+            raise ValueError(f"{what} is a boolean mask of shape {array.shape}; a mask must have shape ({num_nodes},)")
+        return np.flatnonzero(array).astype(np.int64)
+    if array.ndim == 2 and array.shape[1] == 1:
+        array = array.reshape(-1)
+    if array.ndim != 1:
+        raise ValueError(f"{what} must be a 1-D array of node ids or a boolean mask, got shape {array.shape}")
+    _require_integer(array.dtype, what)
+    _check_ids(array, num_nodes, what, 0, _range_hint(num_nodes))
+    return array.astype(np.int64, copy=False)
+
+
+def check_split_fractions(fractions) -> tuple[float, float, float]:
+    """``(train, val, test)`` as floats, each >= 0 and summing to at most 1."""
+    fractions = tuple(float(f) for f in fractions)
+    if len(fractions) != 3 or min(fractions) < 0 or sum(fractions) > 1 + 1e-9:
+        raise ValueError(f"split fractions must be three numbers >= 0 (train, val, test) summing to at most 1, "
+                         f"got {fractions}")
+    return fractions
+
+
+def random_split(num_nodes: int, fractions, *, seed: Any = 0, candidates: np.ndarray | None = None
+                 ) -> dict[str, np.ndarray]:
+    """Seeded random train/val/test split of ``candidates`` (default: all nodes).
+
+    Returns sorted int64 ids per split; fractions may sum to less than 1
+    (the rest is in no split). ``seed`` is an int or a tuple of ints.
+    """
+    fractions = check_split_fractions(fractions)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(num_nodes) if candidates is None else rng.permutation(np.asarray(candidates, np.int64))
+    total = order.size
+    sizes = [int(round(f * total)) for f in fractions]
+    sizes[2] = min(sizes[2], total - sizes[0] - sizes[1])
+    out, start = {}, 0
+    for name, size in zip(SPLITS, sizes):
+        if fractions[SPLITS.index(name)] > 0:
+            out[name] = np.sort(order[start:start + size]).astype(np.int64)
+        start += size
+    return out
+
+
+# -- the core converter --------------------------------------------------------------
+
+def from_numpy(path, *, features, edge_index=None, indptr=None, indices=None, labels=None,
+               num_classes: int | None = None, train_idx=None, val_idx=None, test_idx=None, undirected: bool = False,
+               dedup: bool = True, feature_dtype=None, random_split_fractions=None, seed: int = 0,
+               scores=SCORE_NAMES, name: str | None = None, overwrite: bool = False, progress: bool = True,
+               extra_meta: dict | None = None) -> Dataset:
+    """Writes a dataset from array-likes (numpy, ``np.memmap``, torch tensors) and returns it opened.
+
+    Topology is either ``edge_index`` of shape ``(2, E)`` (row 0 sources, row
+    1 destinations, as in PyG) or CSR ``indptr``/``indices`` in the dataset's
+    orientation (row v lists the nodes v aggregates from). ``undirected`` adds
+    every reverse edge; ``dedup`` drops parallel edges from edge lists (CSR
+    without ``undirected`` is stored exactly as given). Splits take id arrays
+    or boolean masks; with none given, ``random_split_fractions=(train, val,
+    test)`` draws a seeded split of the labeled nodes. ``scores`` names the
+    static scores to compute (``()`` for none).
+    """
+    features, num_nodes, dim = _check_features(features)
+    target = _feature_dtype(_dtype_of(features), feature_dtype)
+    if (edge_index is None) == (indptr is None and indices is None):
+        raise ValueError("pass the topology once: either edge_index=(2, E) or indptr= and indices= (CSR)")
+    if edge_index is not None:
+        edge_index = _check_edge_index(edge_index, num_nodes)
+    else:
+        indptr, indices = _check_csr(indptr, indices, num_nodes)
+    label_array = None
+    if labels is not None:
+        label_array, num_classes = _check_labels(labels, num_nodes, num_classes)
+    elif num_classes is not None:
+        raise ValueError("num_classes was given without labels; pass labels= too")
+    splits = {name_: _check_split(name_, ids, num_nodes)
+              for name_, ids in zip(SPLITS, (train_idx, val_idx, test_idx)) if ids is not None}
+    if not splits and random_split_fractions is not None:
+        labeled = None if label_array is None else np.flatnonzero(label_array >= 0)
+        splits = random_split(num_nodes, random_split_fractions, seed=seed, candidates=labeled)
+    scores = tuple(scores or ())
+    unknown = sorted(set(scores) - set(SCORE_NAMES))
+    if unknown:
+        raise ValueError(f"unknown score(s) {unknown}; valid names are {', '.join(SCORE_NAMES)}")
+
+    meta = dict(extra_meta or {})
+    meta["converted"] = {"undirected": bool(undirected), "dedup": bool(dedup),
+                         "source_feature_dtype": _dtype_of(features).name, **meta.get("converted", {})}
+    with DatasetWriter(path, num_nodes=num_nodes, feature_dim=dim, feature_dtype=target.name, name=name,
+                       overwrite=overwrite, extra_meta=meta) as writer:
+        rows_per_chunk = max(1, FEATURE_CHUNK_BYTES // (dim * max(target.itemsize, _dtype_of(features).itemsize)))
+        with _progress(progress, total=num_nodes, desc="features", unit="node") as bar:
+            for start in range(0, num_nodes, rows_per_chunk):
+                rows = _to_numpy(features[start:start + rows_per_chunk])
+                writer.write_features(_cast_rows(rows, target, start))
+                bar.update(rows.shape[0])
+        if edge_index is not None:
+            with _progress(progress, total=int(edge_index.shape[1]), desc="edges", unit="edge") as bar:
+                writer.write_edges(_edge_index_chunks(edge_index, num_nodes, bar), undirected=undirected, dedup=dedup)
+        elif undirected:
+            with _progress(progress, total=int(indptr[-1]), desc="edges", unit="edge") as bar:
+                writer.write_edges(_csr_edge_chunks(indptr, indices, bar), undirected=True, dedup=dedup)
+        else:
+            writer.write_csr(indptr, indices)
+        if label_array is not None:
+            writer.write_labels(label_array, num_classes)
+            del label_array
+        for split_name, ids in splits.items():
+            writer.write_split(split_name, ids)
+        if scores:
+            for score_name, values in compute_scores(*writer.csr(), names=scores).items():
+                writer.write_score(score_name, values)
+        return writer.commit()
+
+
+# -- files and folders ------------------------------------------------------------------
+
+def _is_path(value: Any) -> bool:
+    return isinstance(value, (str, bytes, os.PathLike))
+
+
+def _open_npy(file_path: Any, what: str) -> Any:
+    """A .npy file opened memory-mapped; an array-like given instead of a path passes through."""
+    if not _is_path(file_path):
+        return file_path
+    file_path = os.fsdecode(file_path)
+    if not os.path.isfile(file_path):
+        raise FileNotFoundError(f"{what}: no such file {file_path}")
+    if not file_path.endswith(".npy"):
+        raise ValueError(f"{what}: {file_path} is not a .npy file; save the array with np.save(path, array)")
+    return np.load(file_path, mmap_mode="r")
+
+
+def _edge_index_any_layout(array: np.ndarray) -> np.ndarray:
+    """(2, E) as is; (E, 2), the layout IGB and many dumps use, as a transposed view."""
+    if array.ndim == 2 and array.shape[1] == 2 and array.shape[0] != 2:
+        return array.T
+    return array
+
+
+def from_npy_files(path, *, features: str, edge_index: str | None = None, indptr: str | None = None,
+                   indices: str | None = None, labels: str | None = None, train_idx: str | None = None,
+                   val_idx: str | None = None, test_idx: str | None = None, **kw) -> Dataset:
+    """:func:`from_numpy` over ``.npy`` files, opened memory-mapped (an array may stand in for
+    any file). A file's ``edge_index`` may be (2, E) or (E, 2)."""
+    files = {"features": features, "edge_index": edge_index, "indptr": indptr, "indices": indices,
+             "labels": labels, "train_idx": train_idx, "val_idx": val_idx, "test_idx": test_idx}
+    arrays = {key: _open_npy(value, key) for key, value in files.items() if value is not None}
+    if _is_path(edge_index):
+        arrays["edge_index"] = _edge_index_any_layout(arrays["edge_index"])
+    extra = kw.pop("extra_meta", None) or {}
+    extra.setdefault("converted", {})["files"] = {k: os.path.abspath(os.fsdecode(v)) for k, v in files.items()
+                                                  if _is_path(v)}
+    return from_numpy(path, **arrays, extra_meta=extra, **kw)
+
+
+def find_folder_files(folder: str) -> dict[str, list[str]]:
+    """Every file under ``folder`` (recursively, hidden folders skipped) matching a role in
+    :data:`FOLDER_PATTERNS`; paths relative to ``folder``, sorted."""
+    found: dict[str, list[str]] = {role: [] for role in FOLDER_PATTERNS}
+    for root, dirs, files in os.walk(folder, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for file_name in sorted(files):
+            for role, patterns in FOLDER_PATTERNS.items():
+                if any(fnmatch.fnmatch(file_name.lower(), p) for p in patterns):
+                    found[role].append(os.path.relpath(os.path.join(root, file_name), folder))
+                    break
+    return found
+
+
+def from_folder(path, folder, *, features: str | None = None, edge_index: str | None = None,
+                labels: str | None = None, train_idx: str | None = None, val_idx: str | None = None,
+                test_idx: str | None = None, **kw) -> Dataset:
+    """Converts an OGB/IGB-style folder of ``.npy`` files (see :data:`FOLDER_PATTERNS`).
+
+    Files are found recursively (IGB keeps them in ``processed/paper/`` and
+    ``processed/paper__cites__paper/``). A role given explicitly (a path
+    relative to ``folder``, or an array) overrides the search; a role matched by several
+    files must be given explicitly. Other keywords go to :func:`from_numpy`.
+    """
+    folder = os.fspath(folder)
+    if not os.path.isdir(folder):
+        raise ValueError(f"{folder} is not a directory; pass the folder that holds the dataset's .npy files")
+    explicit = {"features": features, "edge_index": edge_index, "labels": labels, "train_idx": train_idx,
+                "val_idx": val_idx, "test_idx": test_idx}
+    found = find_folder_files(folder)
+    chosen: dict[str, str] = {}
+    for role, patterns in FOLDER_PATTERNS.items():
+        if explicit[role] is not None:  # a path inside folder, or an array (e.g. splits IGB does not ship)
+            chosen[role] = os.path.join(folder, explicit[role]) if _is_path(explicit[role]) else explicit[role]
+        elif len(found[role]) == 1:
+            chosen[role] = os.path.join(folder, found[role][0])
+        elif len(found[role]) > 1:
+            raise ValueError(f"{folder}: several files could be the {role}: {', '.join(found[role])}; "
+                             f"pass {role}='<one of them>' (CLI: --{role.replace('_', '-')}) to choose")
+        elif role in _REQUIRED_IN_FOLDER:
+            all_npy = sorted(p for files in found.values() for p in files)
+            raise ValueError(f"{folder}: unknown layout, found no {role} file; looked recursively for "
+                             f"{', '.join(patterns)} (recognised files found: {', '.join(all_npy) or 'none'}). "
+                             f"Rename the file or pass {role}='relative/path.npy'")
+    extra = kw.pop("extra_meta", None) or {}
+    extra.setdefault("converted", {})["folder"] = os.path.abspath(folder)
+    return from_npy_files(path, **chosen, extra_meta=extra, **kw)
+
+
+# -- graph libraries -------------------------------------------------------------------
+
+def _attr(obj: Any, *names: str) -> Any:
+    for attr in names:
+        value = getattr(obj, attr, None)
+        if value is not None:
+            return value
+    return None
+
+
+def from_pyg(path, data, **kw) -> Dataset:
+    """Converts a homogeneous torch_geometric ``Data``: ``x``, ``edge_index``, ``y`` and
+    ``train_mask``/``val_mask``/``test_mask`` (or ``*_idx``). Keywords override what ``data`` holds."""
+    try:
+        from torch_geometric.data import HeteroData
+    except ImportError:  # a Data-like object without PyG installed still converts
+        HeteroData = ()
+    if HeteroData and isinstance(data, HeteroData):
+        raise ValueError("from_pyg needs a homogeneous Data; convert with data.to_homogeneous() first")
+    args: dict[str, Any] = {"features": _attr(data, "x"), "edge_index": _attr(data, "edge_index"),
+                            "labels": _attr(data, "y")}
+    if args["features"] is None:
+        raise ValueError("data.x is missing: from_pyg needs node features [num_nodes, feature_dim] in data.x")
+    if args["edge_index"] is None:
+        raise ValueError("data.edge_index is missing: from_pyg needs the edges as data.edge_index (2, E)")
+    prefixes = {"train": ("train",), "val": ("val", "valid"), "test": ("test",)}
+    for split, names in prefixes.items():
+        args[f"{split}_idx"] = _attr(data, *[f"{p}_mask" for p in names], *[f"{p}_idx" for p in names])
+    args.update(kw)
+    extra = args.pop("extra_meta", None) or {}
+    extra.setdefault("converted", {})["from"] = "pyg"
+    return from_numpy(path, extra_meta=extra, **args)
+
+
+def from_dgl(path, graph, feat_key: str = "feat", label_key: str = "label", **kw) -> Dataset:
+    """Converts a homogeneous DGL graph: ``ndata[feat_key]``, ``ndata[label_key]``, edges
+    (src -> dst) and ``ndata['train_mask'|'val_mask'|'test_mask']``. Keywords override these."""
+    if len(graph.ntypes) != 1 or len(graph.canonical_etypes) != 1:
+        raise ValueError(f"from_dgl needs a homogeneous graph, got node types {graph.ntypes} and edge types "
+                         f"{graph.canonical_etypes}; convert with dgl.to_homogeneous(graph) first")
+    ndata = graph.ndata
+    if feat_key not in ndata:
+        raise ValueError(f"graph.ndata has no {feat_key!r}; its keys are {sorted(ndata.keys())}: pass feat_key=")
+    src, dst = graph.edges(order="eid")
+    args: dict[str, Any] = {
+        "features": ndata[feat_key],
+        "edge_index": np.stack([_to_numpy(src).astype(np.int64), _to_numpy(dst).astype(np.int64)]),
+        "labels": ndata[label_key] if label_key in ndata else None,
+    }
+    for split, names in {"train": ("train_mask",), "val": ("val_mask", "valid_mask"), "test": ("test_mask",)}.items():
+        args[f"{split}_idx"] = next((ndata[n] for n in names if n in ndata), None)
+    args.update(kw)
+    extra = args.pop("extra_meta", None) or {}
+    extra.setdefault("converted", {})["from"] = "dgl"
+    return from_numpy(path, extra_meta=extra, **args)

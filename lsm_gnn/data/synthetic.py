@@ -1,0 +1,309 @@
+"""Synthetic power-law graphs whose labels a GNN can really learn.
+
+:func:`generate_synthetic` streams a dataset to disk in bounded memory:
+
+* **Topology**: R-MAT (Kronecker) edges, generated in fixed blocks of
+  ``EDGE_BLOCK`` edges, each from its own RNG seeded by ``(seed, block)``, so
+  the graph depends only on the parameters, never on chunk sizes. Node ids of
+  ``num_nodes`` that is not a power of two come from rejection: R-MAT runs at
+  the next power of two and edges with an endpoint past ``num_nodes`` are
+  drawn again, which keeps the R-MAT distribution exactly (conditioned on the
+  range). R-MAT puts its hubs at ids with many zero bits (0, 1, 2, 4, ...); a
+  seeded affine bijection then scatters them over the id space.
+* **Communities**: node ``v`` belongs to class ``mix(v) % num_classes`` (a
+  seeded integer hash, so balanced and free to evaluate). With probability
+  ``homophily`` an edge's destination is redrawn from the block's own
+  destination samples of the source's class: the rewired endpoint keeps the
+  R-MAT degree bias, so the power law survives.
+* **Features**: class centroid plus Gaussian noise, in fixed blocks of
+  ``FEATURE_BLOCK`` rows, each with its own RNG. Centroids have norm about
+  ``class_separation``, noise has unit variance per dimension: features alone
+  classify poorly, averaging a node's (mostly same-class) neighbors helps a
+  lot, which is what a GNN does.
+
+Labels are the communities; splits come from a seeded permutation; static
+scores are computed on the written CSR before the atomic commit.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from typing import Iterator
+
+import numpy as np
+
+from lsm_gnn.data.format import Dataset
+from lsm_gnn.data.scores import SCORE_NAMES, compute_scores
+from lsm_gnn.data.writer import DatasetWriter
+
+EDGE_BLOCK = 1 << 21     # edges per RNG block (~100 MB of temporaries)
+FEATURE_BLOCK = 1 << 12  # feature rows per RNG block; chunks are whole blocks
+GENERATOR_VERSION = 1    # bump when the output for given parameters changes
+
+# Independent RNG streams, one per part, so changing one part never shifts another.
+_STREAM_PERMUTATION, _STREAM_CENTROIDS, _STREAM_FEATURES, _STREAM_EDGES, _STREAM_SPLIT, _STREAM_ANCHORS = range(6)
+_MASK64 = (1 << 64) - 1
+
+
+def _rng(seed: int, stream: int, block: int = 0) -> np.random.Generator:
+    return np.random.default_rng([seed, stream, block])
+
+
+# -- node ids ------------------------------------------------------------------
+
+class AffineBijection:
+    """``v = (mult * r + shift) mod n`` with ``gcd(mult, n) = 1``.
+
+    It is a bijection on ``[0, n)``: if ``mult*r1 + shift = mult*r2 + shift
+    (mod n)`` then ``n`` divides ``mult*(r1 - r2)``, and since ``mult`` and
+    ``n`` share no factor, ``n`` divides ``r1 - r2``, so ``r1 = r2``; an
+    injective map of a finite set onto itself is onto. Costs no memory, so it
+    works for any ``n``; products are split into 16-bit limbs so that nothing
+    overflows int64 for ``n < 2**46``.
+    """
+
+    def __init__(self, n: int, seed: int):
+        if not 0 < n < 1 << 46:
+            raise ValueError(f"num_nodes must be in [1, 2**46), got {n}")
+        self.n = n
+        rng = _rng(seed, _STREAM_PERMUTATION)
+        # Start near n / golden ratio (Fibonacci hashing spreads consecutive ids
+        # furthest apart), jittered by the seed, then step to a unit mod n.
+        mult = (int(n * 0.6180339887) + int(rng.integers(0, max(1, n // 64) + 1))) % n if n > 1 else 0
+        while math.gcd(mult, n) != 1:
+            mult = (mult + 1) % n
+        self.mult = mult
+        self.shift = int(rng.integers(0, n))
+
+    def __call__(self, r: np.ndarray) -> np.ndarray:
+        r = np.asarray(r, dtype=np.int64)
+        n, mult = self.n, self.mult
+        if mult * (n - 1) + n < 1 << 63:
+            return (r * mult + self.shift) % n
+        # Horner over 16-bit limbs of mult: acc < n, so acc << 16 + limb * r < 2**63.
+        acc = np.zeros_like(r)
+        for shift in range((mult.bit_length() + 15) // 16 * 16 - 16, -16, -16):
+            acc = ((acc << 16) + ((mult >> shift) & 0xFFFF) * r) % n
+        return (acc + self.shift) % n
+
+
+def community(ids: np.ndarray, seed: int, num_classes: int) -> np.ndarray:
+    """Class of each node id: a seeded splitmix64 hash mod ``num_classes`` (int64)."""
+    key = np.uint64((seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & _MASK64)
+    x = np.asarray(ids, dtype=np.int64).astype(np.uint64) ^ key
+    # Arrays wrap silently on uint64 overflow, which is what the hash wants.
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    x = x ^ (x >> np.uint64(31))
+    return (x % np.uint64(num_classes)).astype(np.int64)
+
+
+# -- edges -----------------------------------------------------------------------
+
+def _rmat_pairs(rng: np.random.Generator, count: int, n: int, probs: tuple[float, float, float, float]
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` R-MAT (src, dst) pairs with both ends in ``[0, n)`` (rejection sampling)."""
+    a, b, c, _ = probs
+    scale = max(1, (n - 1).bit_length())
+    src_parts, dst_parts = [], []
+    have = 0
+    accept = 1.0 if n == 1 << scale else 0.5  # refined from what each round keeps
+    while have < count:
+        k = int((count - have) / accept * 1.05) + 64
+        src = np.zeros(k, dtype=np.int64)
+        dst = np.zeros(k, dtype=np.int64)
+        for level in range(scale):
+            u = rng.random(k, dtype=np.float32)
+            # Quadrants a | b / c | d: src takes the lower half in a and b, dst in a and c.
+            src |= (u >= a + b).astype(np.int64) << level
+            dst |= (((u >= a) & (u < a + b)) | (u >= a + b + c)).astype(np.int64) << level
+        keep = (src < n) & (dst < n)
+        kept = int(keep.sum())
+        accept = max(kept / k, 0.01)
+        take = min(kept, count - have)
+        src_parts.append(src[keep][:take])
+        dst_parts.append(dst[keep][:take])
+        have += take
+    return np.concatenate(src_parts), np.concatenate(dst_parts)
+
+
+def _rmat_nodes(rng: np.random.Generator, count: int, n: int, p_one: float) -> np.ndarray:
+    """``count`` ids from one R-MAT marginal (each bit is 1 with probability ``p_one``), in ``[0, n)``."""
+    scale = max(1, (n - 1).bit_length())
+    parts, have = [], 0
+    accept = 1.0 if n == 1 << scale else 0.5
+    while have < count:
+        k = int((count - have) / accept * 1.05) + 64
+        ids = np.zeros(k, dtype=np.int64)
+        for level in range(scale):
+            ids |= (rng.random(k, dtype=np.float32) < p_one).astype(np.int64) << level
+        ids = ids[ids < n]
+        accept = max(ids.size / k, 0.01)
+        parts.append(ids[:count - have])
+        have += parts[-1].size
+    return np.concatenate(parts)
+
+
+def _rewire(rng: np.random.Generator, src: np.ndarray, dst: np.ndarray, classes_src: np.ndarray,
+            classes_dst: np.ndarray, num_classes: int, homophily: float) -> np.ndarray:
+    """Redraws each destination with probability ``homophily`` from the block's
+    destinations of the source's class (a degree-biased draw within the class)."""
+    order = np.argsort(classes_dst, kind="stable")
+    pool, pool_class = dst[order], classes_dst[order]
+    starts = np.searchsorted(pool_class, np.arange(num_classes), side="left")
+    sizes = np.searchsorted(pool_class, np.arange(num_classes), side="right") - starts
+    u_move = rng.random(src.size)
+    u_pick = rng.random(src.size)
+    size = sizes[classes_src]
+    move = (u_move < homophily) & (size > 0)  # an empty class in a tiny block keeps the R-MAT edge
+    pick = starts[classes_src] + np.minimum((u_pick * size).astype(np.int64), np.maximum(size - 1, 0))
+    return np.where(move, pool[np.minimum(pick, pool.size - 1)], dst)
+
+
+def synthetic_edges(num_nodes: int, num_edges: int, *, seed: int, num_classes: int, homophily: float,
+                    rmat: tuple[float, float, float, float], block: int = EDGE_BLOCK
+                    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Yields (src, dst) chunks of the generated edge list, block by block.
+
+    The first ``min(num_nodes, num_edges)`` edges are anchors, one from every
+    node to a degree-biased partner, so that no node is isolated (plain R-MAT
+    leaves a third of them so, and a GNN cannot help a node without
+    neighbors); the rest are R-MAT edges.
+    """
+    perm = AffineBijection(num_nodes, seed)
+    num_anchors = min(num_nodes, num_edges)
+    dst_bit = rmat[1] + rmat[3]  # R-MAT's destination marginal: each bit is 1 with probability b + d
+    for index, start in enumerate(range(0, num_anchors, block)):
+        rng = _rng(seed, _STREAM_ANCHORS, index)
+        src = np.arange(start, min(start + block, num_anchors), dtype=np.int64)
+        dst = perm(_rmat_nodes(rng, src.size, num_nodes, dst_bit))
+        yield src, _maybe_rewire(rng, src, dst, seed, num_classes, homophily)
+    for index, start in enumerate(range(0, num_edges - num_anchors, block)):
+        rng = _rng(seed, _STREAM_EDGES, index)
+        r_src, r_dst = _rmat_pairs(rng, min(block, num_edges - num_anchors - start), num_nodes, rmat)
+        src, dst = perm(r_src), perm(r_dst)
+        yield src, _maybe_rewire(rng, src, dst, seed, num_classes, homophily)
+
+
+def _maybe_rewire(rng, src, dst, seed: int, num_classes: int, homophily: float) -> np.ndarray:
+    if homophily <= 0 or num_classes < 2:
+        return dst
+    return _rewire(rng, src, dst, community(src, seed, num_classes), community(dst, seed, num_classes),
+                   num_classes, homophily)
+
+
+# -- features ----------------------------------------------------------------------
+
+def class_centroids(seed: int, num_classes: int, feature_dim: int, separation: float) -> np.ndarray:
+    """Random class centroids of norm about ``separation`` (float32, ``[num_classes, feature_dim]``)."""
+    rng = _rng(seed, _STREAM_CENTROIDS)
+    return (rng.standard_normal((num_classes, feature_dim)) * (separation / math.sqrt(feature_dim))).astype(np.float32)
+
+
+def synthetic_feature_block(block: int, num_nodes: int, *, seed: int, centroids: np.ndarray) -> np.ndarray:
+    """Feature rows ``[block * FEATURE_BLOCK, ...)``: centroid of the node's class plus unit Gaussian noise."""
+    start = block * FEATURE_BLOCK
+    stop = min(start + FEATURE_BLOCK, num_nodes)
+    labels = community(np.arange(start, stop), seed, centroids.shape[0])
+    rows = _rng(seed, _STREAM_FEATURES, block).standard_normal((stop - start, centroids.shape[1]), dtype=np.float32)
+    rows += centroids[labels]
+    return rows
+
+
+# -- the generator -------------------------------------------------------------------
+
+def _progress(enabled: bool, **kw):
+    from tqdm.auto import tqdm
+
+    return tqdm(disable=not enabled, dynamic_ncols=True, **kw)
+
+
+def _note(enabled: bool, message: str) -> None:
+    if enabled:
+        print(message, file=sys.stderr, flush=True)
+
+
+def generate_synthetic(path, *, num_nodes: int, avg_degree: float = 10, feature_dim: int = 128,
+                       feature_dtype: str = "float32", num_classes: int = 8, seed: int = 0,
+                       rmat: tuple[float, float, float, float] = (0.57, 0.19, 0.19, 0.05),
+                       split: tuple[float, float, float] = (0.6, 0.2, 0.2), scores=SCORE_NAMES,
+                       homophily: float = 0.75, class_separation: float = 2.0, overwrite: bool = False,
+                       progress: bool = True, chunk_nodes: int = 1 << 16, name: str | None = None) -> Dataset:
+    """Writes a synthetic dataset to ``path`` and returns it opened.
+
+    ``avg_degree`` counts CSR entries per node before duplicate edges and
+    self loops are removed (the stored graph is undirected, so every generated
+    edge appears in two rows; ``meta.json`` has the exact ``num_edges``).
+    ``homophily`` is the fraction of edges redrawn into the source's class;
+    ``class_separation`` the centroid norm against unit per-dimension noise.
+    The output depends only on the parameters (not on ``chunk_nodes``, which
+    bounds memory: rows generated per write).
+    """
+    from lsm_gnn.data.convert import check_split_fractions, random_split  # convert owns the split helpers
+
+    num_nodes = _positive_int(num_nodes, "num_nodes")
+    feature_dim = _positive_int(feature_dim, "feature_dim")
+    num_classes = _positive_int(num_classes, "num_classes")
+    if not avg_degree >= 0:
+        raise ValueError(f"avg_degree must be >= 0, got {avg_degree}")
+    dtype = np.dtype(feature_dtype)
+    if dtype.name not in ("float32", "float16"):
+        raise ValueError(f"feature_dtype must be float32 or float16 for synthetic features, got {feature_dtype!r}")
+    rmat = tuple(float(p) for p in rmat)
+    if len(rmat) != 4 or min(rmat) < 0 or abs(sum(rmat) - 1) > 1e-6:
+        raise ValueError(f"rmat must be four probabilities (a, b, c, d) summing to 1, got {rmat}")
+    if not 0 <= homophily <= 1:
+        raise ValueError(f"homophily must be in [0, 1], got {homophily}")
+    split = check_split_fractions(split)
+    scores = tuple(scores or ())
+    if set(scores) - set(SCORE_NAMES):  # checked now, not after hours of writing
+        raise ValueError(f"unknown score(s) {sorted(set(scores) - set(SCORE_NAMES))}; valid: {', '.join(SCORE_NAMES)}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = int(seed)
+    chunk_blocks = max(1, -(-int(chunk_nodes) // FEATURE_BLOCK))
+    num_generated = int(round(num_nodes * avg_degree / 2))  # each becomes two CSR entries
+    params = {
+        "kind": "rmat-communities", "version": GENERATOR_VERSION, "num_nodes": num_nodes, "avg_degree": avg_degree,
+        "edges_generated": num_generated, "feature_dim": feature_dim, "feature_dtype": dtype.name,
+        "num_classes": num_classes, "seed": seed, "rmat": list(rmat), "homophily": homophily,
+        "class_separation": class_separation, "feature_noise": 1.0, "split": list(split),
+    }
+    centroids = class_centroids(seed, num_classes, feature_dim, class_separation)
+    with DatasetWriter(path, num_nodes=num_nodes, feature_dim=feature_dim, feature_dtype=dtype.name,
+                       name=name, overwrite=overwrite, extra_meta={"generator": params}) as writer:
+        num_blocks = -(-num_nodes // FEATURE_BLOCK)
+        with _progress(progress, total=num_nodes, desc="features", unit="node", unit_scale=True) as bar:
+            for first in range(0, num_blocks, chunk_blocks):
+                rows = np.concatenate([synthetic_feature_block(b, num_nodes, seed=seed, centroids=centroids)
+                                       for b in range(first, min(first + chunk_blocks, num_blocks))])
+                writer.write_features(rows.astype(dtype, copy=False))
+                bar.update(rows.shape[0])
+        with _progress(progress, total=num_generated, desc="edges", unit="edge", unit_scale=True) as bar:
+            def chunks():
+                for src, dst in synthetic_edges(num_nodes, num_generated, seed=seed, num_classes=num_classes,
+                                                homophily=homophily, rmat=rmat):
+                    yield src, dst
+                    bar.update(src.size)
+            writer.write_edges(chunks(), undirected=True, dedup=True, self_loops=False)
+        labels = np.empty(num_nodes, dtype=np.int64)
+        for start in range(0, num_nodes, 1 << 22):
+            stop = min(start + (1 << 22), num_nodes)
+            labels[start:stop] = community(np.arange(start, stop), seed, num_classes)
+        writer.write_labels(labels, num_classes)
+        del labels
+        # Drawn only now, so the permutation (8 bytes a node) is not held while the CSR is built.
+        for split_name, ids in random_split(num_nodes, split, seed=(seed, _STREAM_SPLIT)).items():
+            writer.write_split(split_name, ids)
+        if scores:
+            _note(progress, f"computing scores: {', '.join(scores)}")
+            for score_name, values in compute_scores(*writer.csr(), names=scores).items():
+                writer.write_score(score_name, values)
+        _note(progress, "committing (checksums, fsync)")
+        return writer.commit()
+
+
+def _positive_int(value, what: str) -> int:
+    if isinstance(value, bool) or int(value) != value or value <= 0:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
