@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs everything lsm-gnn needs on a fresh Debian/Ubuntu machine with
+# Python 3.10+: system packages (apt), torch, the Python dependencies and the
+# package itself with its native extension. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(fio)            # fio: the physical-limit baseline of the storage benchmark
+PYTHON=${PYTHON:-python3}
+
+if command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  missing=()
+  for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 \
+      || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${missing[@]}"; }
+  fi
+else
+  echo "install.sh: no apt-get; install ${APT_PACKAGES[*]} yourself (only the benchmarks need them)" >&2
+fi
+
+# Keep an existing torch (a CUDA build on GPU machines); otherwise pin the
+# CPU build. Never let pip resolve torch on its own: it would fetch GBs of CUDA wheels.
+if ! $PYTHON -c "import torch" >/dev/null 2>&1; then
+  $PYTHON -m pip install -q torch==2.13.0
+fi
+$PYTHON -m pip install -q ninja "numpy>=1.23" "pyyaml>=6" "tqdm>=4.60" "pytest>=7" "hypothesis>=6" scipy torch_geometric libcachesim
+# --no-build-isolation: build against the torch installed above.
+MAX_JOBS=${MAX_JOBS:-2} $PYTHON -m pip install -q --no-build-isolation --no-deps -e .
+# pyenv only sees new console scripts (lsm-gnn) after a rehash.
+if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi
+$PYTHON -c "import lsm_gnn, lsm_gnn._C; print('lsm-gnn', lsm_gnn.__version__, 'installed')"
