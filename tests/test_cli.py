@@ -1,0 +1,45 @@
+"""lsm-gnn inspect and bench: output, JSON, and one clear line on bad input."""
+import json
+
+import pytest
+
+from lsm_gnn.cli import main
+from lsm_gnn.testing import write_tiny_dataset
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_tiny_dataset(tmp_path_factory.mktemp("cli") / "ds", num_nodes=300, dim=8)[0]
+
+
+def test_inspect_text_and_verify(dataset, capsys):
+    assert main(["inspect", dataset.path, "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "nodes     300" in out and "dim 8 float32" in out and "checksums ok" in out
+
+
+def test_inspect_json(dataset, capsys):
+    assert main(["inspect", dataset.path, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["num_nodes"] == 300 and summary["features"]["row_stride"] == 512
+    assert summary["splits"] == {"train": 180, "val": 60, "test": 60}
+
+
+def test_bench_storage(dataset, capsys, tmp_path):
+    out_json = tmp_path / "bench.json"
+    assert main(["bench", "storage", dataset.path, "--backends", "io_uring,pread,memory", "--seconds", "0.05",
+                 "--batch-size", "64", "--json", str(out_json)]) == 0
+    results = json.loads(out_json.read_text())
+    assert [r["backend"] for r in results] == ["io_uring", "pread", "memory"]
+    assert all(r["rows_per_s"] > 0 for r in results)
+
+
+def test_errors_are_one_clear_line(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path / "missing")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("lsm-gnn: error:") and "no such dataset directory" in err and "Traceback" not in err
+
+
+def test_no_command_prints_help(capsys):
+    assert main([]) == 2
+    assert "prepare" in capsys.readouterr().out
