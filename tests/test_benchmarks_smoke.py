@@ -1,0 +1,85 @@
+"""The benchmarks run end to end at tiny size, so they never rot."""
+import importlib.util
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+def load_benchmark(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCH_DIR, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def storage_bench():
+    return load_benchmark("storage_bench")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(storage_bench, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("storage_bench")
+    argv = ["--quick", "--file-gib", str(2 / 1024), "--row-sizes", "1024,4096", "--queue-depths", "1,8",
+            "--seconds", "0.05", "--batch-rows", "256", "--fio-engines", "io_uring",
+            "--data-dir", str(tmp / "data"), "--json", str(tmp / "out.json"), "--quiet"]
+    return storage_bench.main(argv), tmp / "out.json", tmp / "data"
+
+
+def test_storage_bench_writes_the_json_it_returns(tiny_run):
+    results, json_path, _ = tiny_run
+    with open(json_path) as f:
+        written = json.load(f)
+    assert written["summary"] == json.loads(json.dumps(results["summary"]))
+    for key in ("command", "config", "machine", "datasets", "correctness", "measurements", "summary", "targets"):
+        assert key in written
+
+
+def test_storage_bench_measures_every_method_with_positive_throughput(tiny_run):
+    results = tiny_run[0]
+    config = results["config"]
+    backends = config["backends"]  # io_uring is dropped where the kernel disables it
+    assert {"pread", "mmap"} <= set(backends)
+    fio = bool(config["fio_engines"])  # dropped where fio is missing or O_DIRECT is refused
+    assert not fio or shutil.which("fio") is not None
+    expected = set(backends) | {"np_memmap", "np_memmap_random"} | ({"fio_io_uring"} if fio else set())
+    assert len(results["summary"]) == 4  # 2 row sizes x 2 queue depths
+    for row in results["summary"]:
+        assert set(row["methods"]) == expected
+        for method, entry in row["methods"].items():
+            assert entry["rows_per_s"] > 0 and entry["gb_per_s"] > 0, method
+        for backend in backends:
+            entry = row["methods"][backend]
+            assert entry["amplification"] >= 1.0
+            assert 0 < entry["requests_per_row"] <= 1.0
+            assert entry["ratio_to"]["np_memmap"] > 0
+            if fio:
+                assert entry["ratio_to"]["fio_io_uring"] > 0
+
+
+def test_storage_bench_reuses_datasets_of_the_right_size(storage_bench, tiny_run):
+    data_dir = tiny_run[2]
+    before = {p: os.stat(os.path.join(data_dir, p, "features.bin")).st_mtime_ns for p in os.listdir(data_dir)}
+    ds = storage_bench.ensure_dataset(str(data_dir), 1024, 2 << 20, log=lambda *a: None)
+    assert os.stat(ds.feature_path).st_mtime_ns == before[os.path.basename(ds.path)]
+
+
+def test_pattern_rows_match_their_oracle(storage_bench):
+    ids = np.array([0, 1, 5, 77, 1023])
+    block = storage_bench.pattern_rows(0, 1024, 64)
+    np.testing.assert_array_equal(block[ids], storage_bench.expected_rows(ids, 64))
+    assert len({row.tobytes() for row in block}) == 1024  # every row is distinct
+
+
+def test_correctness_check_catches_a_corrupt_row(storage_bench, tmp_path):
+    ds = storage_bench.ensure_dataset(str(tmp_path), 1024, 256 << 10, log=lambda *a: None)
+    storage_bench.check_correctness(ds, ["io_uring", "pread"], seed=0)
+    with open(ds.feature_path, "r+b") as f:  # row 0 is always checked
+        f.write(b"\xff" * 16)
+    with pytest.raises(AssertionError, match="wrong data for row 0"):
+        storage_bench.check_correctness(ds, ["pread"], seed=0)
