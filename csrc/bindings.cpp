@@ -71,6 +71,7 @@ class PyRowReader {
   void reset_counters() { reader_->reset_counters(); }
   std::string backend() const { return reader_->backend(); }
   bool direct() const { return reader_->direct(); }
+  bool registered_buffers() const { return reader_->registered_buffers(); }
   uint64_t alignment() const { return reader_->alignment(); }
   uint64_t file_bytes() const { return reader_->layout().file_bytes; }
 
@@ -128,6 +129,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("reset_counters", &PyRowReader::reset_counters)
       .def_property_readonly("backend", &PyRowReader::backend)
       .def_property_readonly("direct", &PyRowReader::direct)
+      .def_property_readonly("registered_buffers", &PyRowReader::registered_buffers)
       .def_property_readonly("alignment", &PyRowReader::alignment)
       .def_property_readonly("file_bytes", &PyRowReader::file_bytes);
 

@@ -26,6 +26,8 @@ if ! $PYTHON -c "import torch" >/dev/null 2>&1; then
   $PYTHON -m pip install -q torch==2.13.0
 fi
 $PYTHON -m pip install -q ninja "numpy>=1.23" "pyyaml>=6" "tqdm>=4.60" "pytest>=7" "hypothesis>=6" scipy torch_geometric libcachesim
+# Optional: DGL 1.1.3 (the release that works with torch 2.13) for the from_dgl converter and its test.
+$PYTHON -m pip install -q dgl==1.1.3 >/dev/null 2>&1 || echo "install.sh: dgl 1.1.3 unavailable; DGL tests will be skipped" >&2
 # --no-build-isolation: build against the torch installed above.
 MAX_JOBS=${MAX_JOBS:-2} $PYTHON -m pip install -q --no-build-isolation --no-deps -e .
 # pyenv only sees new console scripts (lsm-gnn) after a rehash.

@@ -215,3 +215,9 @@ def test_gds_backend_needs_a_gpu(tiny):
         pytest.skip("this machine has a GPU; the gds path is exercised by the GPU tests")
     with pytest.raises(RuntimeError, match="gds"):
         open_storage(tiny[0], "gds")
+
+
+def test_io_uring_reports_whether_buffers_are_registered(tiny):
+    with open_storage(tiny[0], "io_uring", queue_depth=2, max_request_bytes=4096) as s:
+        # 2 slots of a few KiB fit any locked-memory limit, so registration succeeds.
+        assert s.registered_buffers

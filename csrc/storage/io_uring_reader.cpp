@@ -82,6 +82,8 @@ class Ring {
   Ring(const Ring&) = delete;
   Ring& operator=(const Ring&) = delete;
 
+  bool fixed_buffers() const { return fixed_buffers_; }
+
   // Reads every run of the plan, keeping up to depth_ reads in flight.
   // Returns the number of read requests issued (more than runs on short reads).
   uint64_t execute(const ReadPlan& plan, const FileLayout& layout, uint8_t* out) {
@@ -229,9 +231,11 @@ class IoUringReader final : public RowReader {
     slot_bytes_ = max_run_bytes(layout_, std::max<uint64_t>(alignment_, 4096), options_.max_request_bytes);
     // Create the first ring now so an io_uring refusal surfaces at open time.
     idle_.push_back(std::make_unique<Ring>(fd_, options_.queue_depth, slot_bytes_, 4096));
+    registered_ = idle_.back()->fixed_buffers();
   }
 
   std::string backend() const override { return "io_uring"; }
+  bool registered_buffers() const override { return registered_; }
 
  protected:
   void execute(const ReadPlan& plan, uint8_t* out) override {
@@ -267,6 +271,7 @@ class IoUringReader final : public RowReader {
 
  private:
   uint64_t slot_bytes_ = 0;
+  bool registered_ = false;
   std::mutex mutex_;
   std::vector<std::unique_ptr<Ring>> idle_;
 };

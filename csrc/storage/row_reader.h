@@ -48,6 +48,9 @@ class RowReader {
   bool direct() const { return direct_; }
   uint64_t alignment() const { return alignment_; }
   virtual std::string backend() const = 0;
+  // io_uring: whether staging buffers are registered with the ring (a low
+  // RLIMIT_MEMLOCK refuses them and reads fall back to plain IORING_OP_READ).
+  virtual bool registered_buffers() const { return false; }
   const ReaderCounters& counters() const { return counters_; }
   void reset_counters();
 

@@ -1,6 +1,8 @@
 """Backends of the native storage engine: io_uring, pread, mmap."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from lsm_gnn.storage.base import FeatureStorage, StorageStats
@@ -24,6 +26,18 @@ class NativeStorage(FeatureStorage):
         self.queue_depth = int(queue_depth)
         self._reader = _C.RowReader(backend, self.path, dataset.num_nodes, layout.row_bytes, layout.row_stride, 0,
                                     self.queue_depth, bool(direct), parse_bytes(max_request_bytes))
+        if backend == "io_uring" and not self._reader.registered_buffers:
+            # Pinning queue_depth x max_request_bytes of staging memory failed (RLIMIT_MEMLOCK):
+            # reads still work, a few percent slower.
+            warnings.warn(
+                f"io_uring could not register its {self.queue_depth} staging buffers (locked-memory limit, "
+                f"see 'ulimit -l'); reading without them. Raise the limit or lower queue_depth/max_request_bytes.",
+                RuntimeWarning, stacklevel=3)
+
+    @property
+    def registered_buffers(self) -> bool:
+        """io_uring only: whether the staging buffers are registered with the ring (faster)."""
+        return self._reader.registered_buffers
 
     @property
     def direct(self) -> bool:
