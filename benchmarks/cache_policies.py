@@ -1,0 +1,248 @@
+"""Hit ratio of every cache policy on a recorded GNN sampling trace, beside Belady's MIN,
+LRU, S3-FIFO and SIEVE (libCacheSim) on the same trace.
+
+Setup (the paper's, scaled by node count): a power-law graph, GAT-style
+sampling (fanouts 5,2,2,2) of shuffled training seeds, a window of 256
+future batches scanned every 4 iterations, 32-way caches holding 0.4%,
+0.75% and 1.5% of the nodes (the paper's 4/8/16 GB over IGB-Full). Hit
+ratios count distinct ids per batch, after a warm-up.
+
+Two runs (``--batch-size``): the paper's 2048 seeds, and ``--batch-size
+scaled``: seeds scaled so one iteration touches the same fraction of the
+graph as 2048 seeds do on IGB-Full's 269M nodes.
+
+    python benchmarks/cache_policies.py                        # paper batch
+    python benchmarks/cache_policies.py --batch-size scaled    # scaled batch
+    python benchmarks/cache_policies.py --quick                # seconds, for CI
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from lsm_gnn.cache import POLICIES, SoftwareCache, belady_min, replay
+from lsm_gnn.data import open_dataset
+from lsm_gnn.data.format import DatasetError
+from lsm_gnn.sampling import NeighborSampler
+from lsm_gnn.storage.base import FeatureStorage, StorageStats
+
+IGB_FULL_NODES = 269_346_174
+PAPER_BATCH = 2048
+PEERS = ("libcachesim:lru", "libcachesim:s3fifo", "libcachesim:sieve")
+
+
+class NullStorage(FeatureStorage):
+    """Rows of zeros: the policy benchmark measures hit ratios, not bytes."""
+
+    backend = "null"
+
+    def __init__(self, num_rows: int):
+        super().__init__(num_rows, 1, "float32")
+
+    def _read(self, ids, out):
+        out.zero_()
+
+    def stats(self):
+        return StorageStats(backend=self.backend)
+
+    def reset_stats(self):
+        pass
+
+
+def load_or_generate(path: str, num_nodes: int, avg_degree: float, seed: int):
+    from lsm_gnn.data.synthetic import generate_synthetic
+
+    try:
+        ds = open_dataset(path, check="shape")
+        gen = ds.meta.get("generator") or {}
+        if ds.num_nodes == num_nodes and gen.get("avg_degree") == avg_degree and gen.get("seed") == seed:
+            return ds
+    except DatasetError:
+        pass
+    print(f"generating {num_nodes:,}-node R-MAT graph at {path} ...", file=sys.stderr)
+    return generate_synthetic(path, num_nodes=num_nodes, avg_degree=avg_degree, feature_dim=1, seed=seed,
+                              overwrite=True, progress=True)
+
+
+def record_trace(ds, fanouts, batch_size: int, iterations: int, seed: int) -> list[torch.Tensor]:
+    """Input nodes of `iterations` mini-batches of shuffled training seeds (epochs reshuffle)."""
+    sampler = NeighborSampler(ds, fanouts, seed=seed)
+    train = np.asarray(ds.split("train"))
+    rng = np.random.default_rng(seed)
+    trace, order, cursor = [], rng.permutation(train), 0
+    for it in range(iterations):
+        if cursor + batch_size > order.size:
+            order, cursor = rng.permutation(train), 0
+        seeds = order[cursor:cursor + batch_size]
+        cursor += batch_size
+        trace.append(sampler.input_nodes(seeds, it))
+    return trace
+
+
+def run_policy(trace, num_nodes, policy, num_sets, window, period, warmup, static):
+    # Caches of 0.4-1.5% of a 2M-node graph are smaller than one 2048-seed batch: allow it.
+    cache = SoftwareCache(NullStorage(num_nodes), num_sets=num_sets, ways=32, policy=policy, window=window,
+                          period=period, static_scores=static, oversubscribe=True)
+    hits0 = unique0 = 0
+    start = time.perf_counter()
+    for t, (current, future) in enumerate(replay(trace, window, num_nodes=num_nodes)):
+        if t == warmup:
+            hits0, unique0 = cache.stats.hits, cache.stats.unique
+        cache.lookup(current, future)
+    hits, unique = cache.stats.hits - hits0, cache.stats.unique - unique0
+    return {"hit_ratio": hits / unique, "hits": hits, "requests": unique, "evicted_in_use": cache.stats.evicted_in_use,
+            "seconds": time.perf_counter() - start}
+
+
+def run_peers(trace, lines: int, warmup: int, work_dir: str) -> dict:
+    """LRU / S3-FIFO / SIEVE from libCacheSim on the same trace (each batch's distinct ids, ascending)."""
+    try:
+        import libcachesim as lcs
+    except ImportError:
+        print("libcachesim is not installed (pip install libcachesim): peers skipped", file=sys.stderr)
+        return {}
+    record = np.dtype([("time", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")])
+    path = os.path.join(work_dir, "trace.oracleGeneral")
+    warm_requests = 0
+    with open(path, "wb") as f:
+        for t, batch in enumerate(trace):
+            ids = torch.unique(batch).numpy()
+            rows = np.zeros(ids.size, record)
+            rows["time"], rows["id"], rows["size"], rows["next"] = t, ids, 1, -1
+            rows.tofile(f)
+            if t < warmup:
+                warm_requests += ids.size
+    classes = {"libcachesim:lru": lcs.LRU, "libcachesim:s3fifo": lcs.S3FIFO, "libcachesim:sieve": lcs.Sieve}
+    out = {}
+    for name, cls in classes.items():
+        # Miss counts of the warm-up prefix and of the whole trace; the difference is the measured part.
+        reader = lcs.TraceReader(path, lcs.TraceType.ORACLE_GENERAL_TRACE)
+        total_ratio, _ = cls(cache_size=lines).process_trace(reader)
+        reader = lcs.TraceReader(path, lcs.TraceType.ORACLE_GENERAL_TRACE)
+        warm_ratio, _ = cls(cache_size=lines).process_trace(reader, max_req=warm_requests) if warm_requests else (0, 0)
+        total_requests = os.path.getsize(path) // record.itemsize
+        misses = total_ratio * total_requests - warm_ratio * warm_requests
+        measured = total_requests - warm_requests
+        out[name] = {"hit_ratio": 1.0 - misses / measured, "requests": measured}
+    os.remove(path)
+    return out
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-nodes", type=float, default=2e6)
+    parser.add_argument("--avg-degree", type=float, default=15)
+    parser.add_argument("--fanouts", default="5,2,2,2")
+    parser.add_argument("--batch-size", default=str(PAPER_BATCH), help="seeds per batch, or 'scaled'")
+    parser.add_argument("--iterations", type=int, default=None,
+                        help="measured iterations (default 1000; 20000 for the scaled batch)")
+    parser.add_argument("--warmup", type=int, default=256)
+    parser.add_argument("--window", type=int, default=256)
+    parser.add_argument("--period", type=int, default=4)
+    parser.add_argument("--sizes", default="0.004,0.0075,0.015", help="cache sizes as fractions of the nodes")
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-dir", default=os.environ.get("LSM_GNN_BENCH_DATA", "/work/bench-data"))
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--plot", default=None, help="write a PNG bar chart here (needs matplotlib)")
+    parser.add_argument("--quick", action="store_true", help="tiny run (seconds) to check the script works")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.num_nodes, args.window, args.warmup, args.sizes = 20000, 16, 8, "0.02,0.05"
+        args.iterations = args.iterations or 40
+        if args.batch_size != "scaled":
+            args.batch_size = "64"
+    num_nodes = int(args.num_nodes)
+    batch = (max(1, round(PAPER_BATCH * num_nodes / IGB_FULL_NODES)) if args.batch_size == "scaled"
+             else int(args.batch_size))
+    iterations = args.iterations or (20000 if args.batch_size == "scaled" else 1000)
+    fanouts = [int(k) for k in args.fanouts.split(",")]
+    policies = args.policies.split(",")
+    os.makedirs(args.data_dir, exist_ok=True)
+    ds = load_or_generate(os.path.join(args.data_dir, f"rmat-{num_nodes}-d{args.avg_degree:g}-s{args.seed}"),
+                          num_nodes, args.avg_degree, args.seed)
+    static = np.asarray(ds.score("reverse_pagerank"))
+
+    total_iterations = args.warmup + iterations + args.window
+    t0 = time.perf_counter()
+    trace = record_trace(ds, fanouts, batch, total_iterations, args.seed)
+    # The last `window` batches only feed the window of the measured ones.
+    measured_trace_end = args.warmup + iterations
+    per_iter = float(np.mean([b.numel() for b in trace[:measured_trace_end]]))
+    print(f"trace: {total_iterations} batches of {batch} seeds, {per_iter:,.0f} distinct nodes per batch "
+          f"({per_iter / num_nodes:.3%} of the graph), sampled in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+    results = {"config": {"num_nodes": num_nodes, "num_edges": ds.num_edges, "fanouts": fanouts, "batch_size": batch,
+                          "iterations": iterations, "warmup": args.warmup, "window": args.window,
+                          "period": args.period, "ways": 32, "nodes_per_batch": per_iter},
+               "sizes": {}}
+    with tempfile.TemporaryDirectory() as work_dir:
+        for frac in (float(s) for s in args.sizes.split(",")):
+            num_sets = max(1, int(frac * num_nodes) // 32)
+            lines = num_sets * 32
+            row = {"lines": lines}
+            cut = trace[:measured_trace_end + args.window]
+            for policy in policies:
+                row[policy] = run_policy(cut, num_nodes, policy, num_sets, args.window, args.period, args.warmup,
+                                         static)
+                print(f"size {frac:.2%} {policy:<11} hit ratio {row[policy]['hit_ratio']:.4f} "
+                      f"({row[policy]['seconds']:.0f} s)", file=sys.stderr)
+            measured = trace[:measured_trace_end]
+            hits, requests = belady_min(measured, lines, num_nodes, count_from=args.warmup)
+            row["belady"] = {"hit_ratio": hits / requests, "hits": hits, "requests": requests}
+            row.update(run_peers(measured, lines, args.warmup, work_dir))
+            results["sizes"][f"{frac:g}"] = row
+
+    names = policies + [p for p in ("belady",) + PEERS if p in next(iter(results["sizes"].values()))]
+    print(f"\nhit ratio, {batch} seeds/batch, fanouts {args.fanouts}, {num_nodes:,} nodes, window {args.window}, "
+          f"{iterations} iterations after {args.warmup} warm-up")
+    sizes = list(results["sizes"])
+    print(f"{'policy':<20}" + "".join(f"{float(s):>10.2%}" for s in sizes) + "   (gap to Belady)")
+    for name in names:
+        cells = [results["sizes"][s][name]["hit_ratio"] for s in sizes]
+        gaps = [results["sizes"][s]["belady"]["hit_ratio"] - c for s, c in zip(sizes, cells)]
+        gap_text = "" if name == "belady" else "   " + " ".join(f"{g:+.3f}" for g in gaps)
+        print(f"{name:<20}" + "".join(f"{c:>10.4f}" for c in cells) + gap_text)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    if args.plot:
+        plot(results, names, args.plot)
+    return results
+
+
+def plot(results: dict, names: list[str], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = list(results["sizes"])
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for k, name in enumerate(names):
+        values = [results["sizes"][s][name]["hit_ratio"] for s in sizes]
+        ax.bar([i + k * width for i in range(len(sizes))], values, width, label=name,
+               color="black" if name == "belady" else None)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(sizes))])
+    ax.set_xticklabels([f"{float(s):.2%} of nodes" for s in sizes])
+    ax.set_ylabel("hit ratio")
+    cfg = results["config"]
+    ax.set_title(f"{cfg['num_nodes']:,} nodes, batch {cfg['batch_size']}, fanouts {cfg['fanouts']}, "
+                 f"window {cfg['window']}")
+    ax.legend(ncol=4, fontsize=7)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
