@@ -51,6 +51,7 @@ except ImportError:  # run from a source checkout that is not installed
     sys.path.insert(0, REPO_ROOT)
     import lsm_gnn
 from lsm_gnn import DatasetWriter, _C, open_dataset, open_storage
+from lsm_gnn.storage.probe import evict_page_cache
 
 DEFAULT_JSON = os.path.join(REPO_ROOT, "bench-results", "storage_bench.json")
 FIO_METHOD = "fio_{}"           # fio_io_uring, fio_libaio
@@ -100,16 +101,6 @@ def ensure_dataset(data_dir: str, row_bytes: int, file_bytes: int, log) -> lsm_g
 
 
 # -- page cache and device counters -------------------------------------------
-
-def evict(path: str) -> None:
-    """Drops the file's pages from the page cache (pages still mapped somewhere stay)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
 
 def resident_fraction(path: str) -> float:
     """Fraction of the file's pages in the page cache (mincore)."""
@@ -206,7 +197,7 @@ def run_ours(ds, backend: str, qd: int, seconds: float, batch_rows: int, seed: i
                 if storage is not None:
                     _add_stats(totals, storage)
                     storage.close()
-                evict(ds.feature_path)
+                evict_page_cache(ds.feature_path)
                 storage = open_storage(ds, backend, queue_depth=qd)
             with meter.timed():
                 storage.read(ids, out=out)
@@ -246,7 +237,7 @@ def run_memmap(ds, advice: str | None, seconds: float, batch_rows: int, seed: in
     while batches < 2 or meter.seconds < seconds:
         ids = batch_ids(num_rows, batch_rows, seed + batches)
         mm._mmap.madvise(mmap.MADV_DONTNEED)  # unmap our pages, else the eviction keeps them
-        evict(ds.feature_path)
+        evict_page_cache(ds.feature_path)
         if resident is None:
             resident = resident_fraction(ds.feature_path)
         with meter.timed():
@@ -509,7 +500,7 @@ def main(argv=None) -> dict:
     for repeat in range(args.repeats):
         for rb in row_sizes:
             ds = datasets[rb]
-            evict(ds.feature_path)
+            evict_page_cache(ds.feature_path)
             seed = (args.seed * 1_000_003 + repeat * 100_003 + rb) * 1_000  # fresh ids per repeat, method, batch
             for i, (name, advice) in enumerate(memmaps.items()):
                 add(name, rb, None, repeat,

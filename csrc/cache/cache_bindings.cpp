@@ -3,6 +3,7 @@
 
 #include "cache/belady.h"
 #include "cache/cpu_cache.h"
+#include "cache/state_tensors.h"
 #include "cache/window_index.h"
 
 namespace py = pybind11;
@@ -13,34 +14,14 @@ using lsm::cache::CacheView;
 
 void check(const torch::Tensor& t, const char* name, torch::ScalarType dtype, int64_t numel) {
   TORCH_CHECK_VALUE(t.device().is_cpu(), name, " must be a CPU tensor");
-  TORCH_CHECK_VALUE(t.scalar_type() == dtype, name, " must have dtype ", dtype, ", got ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK_VALUE(numel < 0 || t.numel() == numel, name, " must have ", numel, " elements, got ", t.numel());
+  lsm::cache::check_tensor(t, name, dtype, numel);
 }
 
-// Cache state tensors, as created by lsm_gnn/cache/software_cache.py.
 CacheView view_of(const torch::Tensor& tags, const torch::Tensor& records, const torch::Tensor& flags,
                   const torch::Tensor& static_score, const torch::Tensor& last_use, const torch::Tensor& rr_pointer,
                   int ways) {
-  TORCH_CHECK_VALUE(ways >= 1, "ways must be >= 1");
-  const int64_t lines = tags.numel();
-  TORCH_CHECK_VALUE(lines % ways == 0 && lines > 0, "tags must hold num_sets * ways entries");
-  check(tags, "tags", torch::kInt64, lines);
-  check(records, "records", torch::kInt64, lines);
-  check(flags, "flags", torch::kUInt8, lines);
-  check(static_score, "static_score", torch::kInt16, lines);
-  check(last_use, "last_use", torch::kInt64, lines);
-  check(rr_pointer, "rr_pointer", torch::kInt32, lines / ways);
-  CacheView v;
-  v.num_sets = lines / ways;
-  v.ways = ways;
-  v.tags = tags.data_ptr<int64_t>();
-  v.records = reinterpret_cast<uint64_t*>(records.data_ptr<int64_t>());
-  v.flags = flags.data_ptr<uint8_t>();
-  v.static_score = reinterpret_cast<uint16_t*>(static_score.data_ptr<int16_t>());
-  v.last_use = last_use.data_ptr<int64_t>();
-  v.rr_pointer = rr_pointer.data_ptr<int32_t>();
-  return v;
+  TORCH_CHECK_VALUE(tags.device().is_cpu(), "the CPU cache ops need CPU state tensors");
+  return lsm::cache::state_view(tags, records, flags, static_score, last_use, rr_pointer, ways);
 }
 
 py::tuple assign(const torch::Tensor& tags, const torch::Tensor& records, const torch::Tensor& flags,

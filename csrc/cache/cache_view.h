@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "cache/line_state.h"
+
 namespace lsm::cache {
 
 struct CacheView {
@@ -24,5 +26,14 @@ struct AssignOutput {
   int64_t evictions = 0;
   int64_t evicted_in_use = 0;        // evictions of lines this batch had used
 };
+
+// Metadata of a line just filled with node `id`: fresh, no known reuse yet.
+LSM_HD void install_line(const CacheView& c, int64_t i, int64_t id, const uint16_t* node_static, int64_t iteration) {
+  c.tags[i] = id;
+  c.static_score[i] = node_static ? node_static[id] : 0;
+  c.records[i] = kNoReuseRecord;
+  c.flags[i] = kFresh;
+  c.last_use[i] = iteration;
+}
 
 }  // namespace lsm::cache

@@ -104,11 +104,7 @@ void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t
         // A line taken twice by this batch caches only the later id.
         if (installed_by[w] >= 0) out.line[installed_by[w]] = -1;
         installed_by[w] = u;
-        c.tags[i] = unique[u];
-        c.static_score[i] = node_static ? node_static[unique[u]] : 0;
-        c.records[i] = kNoReuseRecord;
-        c.flags[i] = kFresh;
-        c.last_use[i] = p.iteration;
+        install_line(c, i, unique[u], node_static, p.iteration);
         out.line[u] = i;
       }
     }

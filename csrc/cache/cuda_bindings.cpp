@@ -8,6 +8,7 @@
 #include <torch/extension.h>
 
 #include "cache/cuda_cache.h"
+#include "cache/state_tensors.h"
 #include "cache/window_index.h"
 
 namespace py = pybind11;
@@ -24,20 +25,8 @@ void check_cuda(cudaError_t err, const char* what) {
 CacheView device_view(const torch::Tensor& tags, const torch::Tensor& records, const torch::Tensor& flags,
                       const torch::Tensor& static_score, const torch::Tensor& last_use,
                       const torch::Tensor& rr_pointer, int ways) {
-  for (const auto* t : {&tags, &records, &flags, &static_score, &last_use, &rr_pointer}) {
-    TORCH_CHECK_VALUE(t->is_cuda() && t->is_contiguous(), "cache state must be contiguous CUDA tensors");
-    TORCH_CHECK_VALUE(t->device() == tags.device(), "cache state tensors must share one device");
-  }
-  CacheView v;
-  v.num_sets = tags.numel() / ways;
-  v.ways = ways;
-  v.tags = tags.data_ptr<int64_t>();
-  v.records = reinterpret_cast<uint64_t*>(records.data_ptr<int64_t>());
-  v.flags = flags.data_ptr<uint8_t>();
-  v.static_score = reinterpret_cast<uint16_t*>(static_score.data_ptr<int16_t>());
-  v.last_use = last_use.data_ptr<int64_t>();
-  v.rr_pointer = rr_pointer.data_ptr<int32_t>();
-  return v;
+  TORCH_CHECK_VALUE(tags.is_cuda(), "the CUDA cache ops need CUDA state tensors");
+  return lsm::cache::state_view(tags, records, flags, static_score, last_use, rr_pointer, ways);
 }
 
 py::tuple assign_cuda(const torch::Tensor& tags, const torch::Tensor& records, const torch::Tensor& flags,

@@ -109,11 +109,7 @@ __global__ void install_misses_kernel(CacheView c, const int64_t* __restrict__ u
       // A line taken twice by this batch caches only the later id.
       if (installed_by[w / kWarp] >= 0) out.line[installed_by[w / kWarp]] = -1;
       installed_by[w / kWarp] = u;
-      c.tags[i] = unique[u];
-      c.static_score[i] = node_static ? node_static[unique[u]] : 0;
-      c.records[i] = kNoReuseRecord;
-      c.flags[i] = kFresh;
-      c.last_use[i] = p.iteration;
+      install_line(c, i, unique[u], node_static, p.iteration);
       out.line[u] = i;
     }
     __syncwarp();  // the next miss must see this install
