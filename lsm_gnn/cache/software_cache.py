@@ -141,7 +141,12 @@ class SoftwareCache:
 
         ids = as_id_tensor(ids).to(self.device)
         with self._lock:
-            unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
+            if self.device.type == "cpu":
+                # np.unique: torch.unique (a parallel sort) took 50x longer on a loaded 2-core machine.
+                unique_np, inverse_np = np.unique(ids.numpy(), return_inverse=True)
+                unique, inverse = torch.from_numpy(unique_np), torch.from_numpy(inverse_np.reshape(-1))
+            else:
+                unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
             if unique.numel() and (int(unique[0]) < 0 or int(unique[-1]) >= self.storage.num_rows):
                 bad = int(unique[0]) if int(unique[0]) < 0 else int(unique[-1])
                 raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
