@@ -113,7 +113,7 @@ def run_peers(trace, lines: int, warmup: int, work_dir: str) -> dict:
     warm_requests = 0
     with open(path, "wb") as f:
         for t, batch in enumerate(trace):
-            ids = torch.unique(batch).numpy()
+            ids = np.unique(batch.numpy())
             rows = np.zeros(ids.size, record)
             rows["time"], rows["id"], rows["size"], rows["next"] = t, ids, 1, -1
             rows.tofile(f)

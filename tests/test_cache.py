@@ -280,3 +280,15 @@ def test_belady_bounds_every_policy(tiny):
             cache.lookup(current, future)
         assert cache.stats.unique == total
         assert cache.stats.hits <= optimum, policy
+
+
+def test_lookup_fills_a_given_out_tensor(tiny):
+    storage, features, _ = tiny
+    cache = SoftwareCache(storage, num_sets=4, ways=16)
+    ids = torch.tensor([5, 9, 5, 300])
+    out = torch.empty((4, storage.dim), dtype=storage.dtype)
+    for _ in range(2):  # a miss pass, then a hit pass
+        rows, _ = cache.lookup(ids, out=out)
+        assert rows is out and torch.equal(out, features[ids])
+    with pytest.raises(ValueError, match="shape"):
+        cache.lookup(ids, out=torch.empty((3, storage.dim), dtype=storage.dtype))

@@ -69,5 +69,5 @@ def belady_min(trace, capacity: int, num_nodes: int, count_from: int = 0) -> tup
     iterations before ``count_from`` warm the cache but are not counted."""
     from lsm_gnn import _C
 
-    batches = [torch.unique(as_id_tensor(b)) for b in trace]
+    batches = [torch.from_numpy(np.unique(as_id_tensor(b).numpy())) for b in trace]
     return _C.belady_min(batches, int(num_nodes), int(capacity), int(count_from))

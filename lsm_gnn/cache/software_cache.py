@@ -135,11 +135,21 @@ class SoftwareCache:
         self.scan_base = self.iteration
         self.stats.scans += 1
 
-    def lookup(self, ids, future=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Serves one iteration; returns (rows [len(ids), dim] in request order, hit mask [len(ids)])."""
+    def lookup(self, ids, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Serves one iteration; returns (rows [len(ids), dim] in request order, hit mask [len(ids)]).
+
+        ``out``, a contiguous ``[len(ids), dim]`` tensor of the cache's dtype
+        and device, receives the rows: reusing one avoids faulting in fresh
+        memory on every batch (which costs more than the copy itself).
+        """
         from lsm_gnn import _C
 
         ids = as_id_tensor(ids).to(self.device)
+        shape = (ids.numel(), self.storage.dim)
+        if out is not None and (tuple(out.shape) != shape or out.dtype != self.data.dtype
+                                or out.device != self.device or not out.is_contiguous()):
+            raise ValueError(f"out must be a contiguous {self.data.dtype} tensor of shape {shape} on {self.device}, "
+                             f"got {out.dtype} {tuple(out.shape)} on {out.device}")
         with self._lock:
             if self.device.type == "cpu":
                 # np.unique: torch.unique (a parallel sort) took 50x longer on a loaded 2-core machine.
@@ -168,7 +178,8 @@ class SoftwareCache:
             # overwrites a line (a hit line may have been evicted by a later miss).
             request_line = line[inverse]
             request_hit = hit[inverse]
-            rows = self.data.index_select(0, request_line.clamp_min(0))
+            rows = torch.empty(shape, dtype=self.data.dtype, device=self.device) if out is None else out
+            torch.index_select(self.data, 0, request_line.clamp_min(0), out=rows)
             miss = torch.nonzero(~hit).reshape(-1)
             if miss.numel():
                 fetched = self.storage.read(unique[miss].cpu()).to(self.device)
