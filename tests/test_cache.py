@@ -231,6 +231,7 @@ def test_cache_over_the_ssd_backends(tiny, tmp_path, backend):
             rows, _ = cache.lookup(ids)
             assert np.array_equal(rows.numpy(), features[ids])
         assert storage.stats().unique_rows == cache.stats.misses
+        assert storage.stats().bytes_useful == cache.stats.bytes_read
 
 
 # -- Belady ----------------------------------------------------------------------

@@ -86,6 +86,7 @@ class CacheStats:
     misses: int = 0
     evictions: int = 0     # valid lines replaced
     evicted_in_use: int = 0  # lines evicted by the iteration that used them (cache smaller than a batch)
+    bytes_read: int = 0      # feature bytes fetched from storage (misses x row bytes)
     scans: int = 0
 
     @property
@@ -253,6 +254,7 @@ class ReferenceCache:
         miss = np.flatnonzero(~hit)
         if miss.size:
             fetched = self.storage.read(torch.from_numpy(unique[miss]))
+            self.stats.bytes_read += miss.size * self.storage.row_bytes
             unique_rows[torch.from_numpy(miss)] = fetched
             cached = where[miss] >= 0
             self.data[torch.from_numpy(where[miss][cached])] = fetched[torch.from_numpy(cached)]

@@ -183,6 +183,7 @@ class SoftwareCache:
             miss = torch.nonzero(~hit).reshape(-1)
             if miss.numel():
                 fetched = self.storage.read(unique[miss].cpu()).to(self.device)
+                self.stats.bytes_read += miss.numel() * self.storage.row_bytes
                 miss_lines = line[miss]
                 cached = miss_lines >= 0
                 self.data.index_copy_(0, miss_lines[cached], fetched[cached])
