@@ -1,0 +1,121 @@
+"""The loader: every batch's features equal the file, deterministic, and no thread left behind."""
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from lsm_gnn import open_storage
+from lsm_gnn.cache import SoftwareCache
+from lsm_gnn.loader import NodeLoader
+from lsm_gnn.testing import write_tiny_dataset
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    dataset, features = write_tiny_dataset(tmp_path_factory.mktemp("loader") / "ds", num_nodes=2000, dim=8,
+                                           avg_degree=5)
+    return dataset, torch.from_numpy(features)
+
+
+def loader_threads():
+    return [t for t in threading.enumerate() if t.name == "lsm-gnn-loader"]
+
+
+@pytest.mark.parametrize("policy", ["rr", "hybrid"])
+def test_features_equal_the_file_for_every_batch(data, policy):
+    dataset, features = data
+    with open_storage(dataset, "io_uring") as storage:
+        cache = SoftwareCache(storage, num_sets=8, ways=32, policy=policy, window=16, oversubscribe=True)
+        loader = NodeLoader(dataset, cache, [4, 2], batch_size=64, window=16)
+        seen = []
+        for epoch in range(2):
+            for batch in loader:
+                assert torch.equal(batch.x, features[batch.input_nodes])
+                assert torch.equal(batch.hops[0].nodes[:batch.seeds.numel()], batch.seeds)
+                assert torch.equal(batch.y, torch.from_numpy(np.asarray(dataset.labels))[batch.seeds])
+                seen.append(batch.iteration)
+        assert seen == list(range(2 * len(loader)))
+        assert cache.stats.hits > 0
+    assert loader_threads() == []
+
+
+def test_an_epoch_covers_every_seed_once(data):
+    dataset, _ = data
+    loader = NodeLoader(dataset, open_storage(dataset, "memory"), [2], batch_size=50, window=4)
+    seeds = torch.cat([b.seeds for b in loader])
+    assert sorted(seeds.tolist()) == sorted(np.asarray(dataset.split("train")).tolist())
+    dropped = NodeLoader(dataset, open_storage(dataset, "memory"), [2], batch_size=50, drop_last=True)
+    assert len(dropped) == len(np.asarray(dataset.split("train"))) // 50
+    assert all(b.seeds.numel() == 50 for b in dropped)
+
+
+def test_same_seed_same_batches(data):
+    dataset, _ = data
+    a = [b.input_nodes for b in NodeLoader(dataset, open_storage(dataset, "memory"), [3, 2], 100, seed=4)]
+    b = [b.input_nodes for b in NodeLoader(dataset, open_storage(dataset, "memory"), [3, 2], 100, seed=4)]
+    c = [b.input_nodes for b in NodeLoader(dataset, open_storage(dataset, "memory"), [3, 2], 100, seed=5)]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c))
+
+
+def test_no_thread_left_after_an_exception_or_break(data):
+    dataset, _ = data
+    loader = NodeLoader(dataset, open_storage(dataset, "memory"), [2], batch_size=10, prefetch=1)
+    with pytest.raises(RuntimeError, match="boom"):
+        for batch in loader:
+            raise RuntimeError("boom")
+    assert loader_threads() == []
+    for batch in loader:
+        break
+    loader.close()
+    assert loader_threads() == []
+
+
+def test_errors_in_the_background_reach_the_caller(data):
+    dataset, _ = data
+    cache = SoftwareCache(open_storage(dataset, "memory"), num_sets=1, ways=4)  # smaller than a batch
+    with pytest.raises(ValueError, match="distinct ids"):
+        for _ in NodeLoader(dataset, cache, [2], batch_size=64):
+            pass
+    assert loader_threads() == []
+
+
+def test_bad_arguments(data):
+    dataset, _ = data
+    storage = open_storage(dataset, "memory")
+    with pytest.raises(ValueError, match="batch_size"):
+        NodeLoader(dataset, storage, [2], batch_size=0)
+    with pytest.raises(ValueError, match="distinct"):
+        NodeLoader(dataset, storage, [2], 4, seeds=[1, 1])
+    with pytest.raises(ValueError, match="no seed"):
+        NodeLoader(dataset, storage, [2], 4, seeds=[])
+
+
+@pytest.mark.parametrize("kind", ["sage", "gat"])
+def test_a_gnn_learns_through_the_cached_loader(tmp_path, kind):
+    pytest.importorskip("torch_geometric")
+    from lsm_gnn.data.synthetic import generate_synthetic
+    from lsm_gnn.models import HopGNN
+
+    torch.manual_seed(0)
+    ds = generate_synthetic(tmp_path / "g", num_nodes=3000, avg_degree=8, feature_dim=16, num_classes=4, seed=1,
+                            progress=False)
+    cache = SoftwareCache(open_storage(ds, "io_uring"), capacity=1500 * 64, policy="hybrid", window=8,
+                          static_scores=ds.score("reverse_pagerank"), oversubscribe=True)
+    model = HopGNN(kind, 16, 32, 4, num_layers=2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    loader = NodeLoader(ds, cache, [10, 5], batch_size=128, window=8)
+    for _ in range(4):
+        for batch in loader:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(batch), batch.y)
+            loss.backward()
+            optimizer.step()
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for batch in NodeLoader(ds, cache, [10, 5], batch_size=256, seeds=ds.split("test"), shuffle=False, window=8):
+            correct += int((model(batch).argmax(1) == batch.y).sum())
+            total += batch.y.numel()
+    assert correct / total > 0.6  # chance is 0.25
