@@ -4,13 +4,21 @@ A background thread samples batches ``window`` iterations ahead into a
 :class:`~lsm_gnn.cache.WindowBuffer` (so the cache's dynamic policies see
 the future) and gathers the features of the next batch while the caller
 trains on the current one. Sampling is deterministic in (seed, iteration),
-so the same seed gives the same batches in the same order.
+so the same seed gives the same batches in the same order, and
+:meth:`NodeLoader.state_dict` / :meth:`NodeLoader.load_state_dict` resume an
+interrupted epoch at the exact batch where it stopped.
+
+Subclasses change what a batch is (link prediction samples around edges)
+by overriding three hooks: ``_epoch_plans`` (the epoch's batches, as any
+objects), ``_plan_nodes`` (the distinct nodes to sample around) and
+``_make_batch``.
 """
 from __future__ import annotations
 
 import queue
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -32,6 +40,15 @@ class Batch:
     x: torch.Tensor
     y: torch.Tensor | None
     hit_mask: torch.Tensor
+    #: seconds spent in the background on this batch: "sample" and "gather" (feature lookup)
+    timings: dict = field(default_factory=dict)
+    #: what gathering this batch read from storage: "bytes_read" (from the file) and "bytes_useful"
+    io: dict = field(default_factory=dict)
+
+    @property
+    def hit_ratio(self) -> float:
+        """Share of the input nodes served by the cache (they are distinct, so this is the cache's ratio)."""
+        return float(self.hit_mask.float().mean()) if self.hit_mask.numel() else 0.0
 
     @property
     def input_nodes(self) -> torch.Tensor:
@@ -43,11 +60,13 @@ class NodeLoader:
 
     ``features`` is a :class:`SoftwareCache` (the cached SSD path) or any
     object with ``read(ids)`` (a storage backend). Each epoch reshuffles
-    with ``seed + epoch``; iteration numbers continue across epochs.
+    with ``(seed, epoch)``; iteration numbers continue across epochs. With
+    ``world_size > 1`` each rank iterates its own equal share of the seeds.
     """
 
     def __init__(self, dataset, features, fanouts, batch_size: int, seeds=None, *, shuffle: bool = True,
-                 drop_last: bool = False, window: int = 256, prefetch: int = 2, seed: int = 0):
+                 drop_last: bool = False, window: int = 256, prefetch: int = 2, seed: int = 0,
+                 rank: int = 0, world_size: int = 1, num_threads: int = 0):
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
         if batch_size < 1:
@@ -56,38 +75,100 @@ class NodeLoader:
             raise ValueError(f"window must be >= 0 and prefetch >= 1, got window={window}, prefetch={prefetch}")
         self.dataset = dataset
         self.features = features
-        self.sampler = NeighborSampler(dataset, fanouts, seed=seed)
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        self.rank, self.world_size = rank, world_size
+        self.sampler = NeighborSampler(dataset, fanouts, seed=seed, num_threads=num_threads)
         self.seeds = np.asarray(dataset.split("train") if seeds is None else seeds, dtype=np.int64)
         if self.seeds.size == 0:
             raise ValueError("there are no seed nodes to iterate over")
         if np.unique(self.seeds).size != self.seeds.size:
             raise ValueError("seed nodes must be distinct")
+        if self.seeds.size < world_size:
+            raise ValueError(f"{self.seeds.size} seed nodes cannot be shared among {world_size} ranks")
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.window, self.prefetch, self.seed = window, prefetch, seed
         self.labels = None if dataset.labels is None else torch.from_numpy(np.asarray(dataset.labels))
-        self.epoch = 0
-        self.iteration = 0
+        self.epoch = 0  # the epoch the next iter() runs
+        self.iteration = 0  # the iteration number of that epoch's first batch
+        self._resume_position = 0
+        self._running_epoch: int | None = None
+        self._epoch_length = self._epoch_first = self._position = 0
+
+    @property
+    def seeds_per_rank(self) -> int:
+        """Every rank gets the same number of seeds (the remainder of each
+        epoch's shuffle is left out), so all ranks run the same number of
+        batches and collective calls never wait on a rank that has finished."""
+        return self.seeds.size // self.world_size
 
     def __len__(self) -> int:
-        full, rest = divmod(self.seeds.size, self.batch_size)
+        full, rest = divmod(self.seeds_per_rank, self.batch_size)
         return full if self.drop_last or rest == 0 else full + 1
 
-    def _epoch_batches(self, epoch: int) -> list[np.ndarray]:
+    # -- hooks (override to change what a batch is) -------------------------------------------------------------
+
+    def _epoch_plans(self, epoch: int) -> list:
+        """The epoch's batches, in order; here the seed nodes of each."""
         order = (np.random.default_rng([self.seed, epoch]).permutation(self.seeds) if self.shuffle
                  else self.seeds)
+        if self.world_size > 1:  # the same permutation on every rank, dealt out in turn
+            order = order[:self.seeds_per_rank * self.world_size][self.rank::self.world_size]
         return [order[i * self.batch_size:(i + 1) * self.batch_size] for i in range(len(self))]
+
+    def _plan_nodes(self, plan) -> np.ndarray:
+        """The distinct nodes the sampler expands from."""
+        return plan
+
+    def _make_batch(self, iteration: int, plan, hops: list[Hop], x: torch.Tensor, hit: torch.Tensor):
+        seeds = torch.from_numpy(plan)
+        y = None if self.labels is None else self.labels[seeds]
+        return Batch(iteration, seeds, hops, x, y, hit)
+
+    # -- resumable position --------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Where the loader stands: the next ``iter()`` after :meth:`load_state_dict` continues from here.
+
+        Counts batches already handed to the caller, so a checkpoint taken
+        after training on a batch resumes with the batch after it.
+        """
+        epoch, position = self._running_epoch, self._position
+        if epoch is None:  # between epochs
+            epoch, position = self.epoch, 0
+        elif position >= self._epoch_length:  # finished: resume at the next epoch
+            epoch, position = epoch + 1, 0
+        return {"epoch": epoch, "position": position, "iteration": self._epoch_first + position,
+                "seed": self.seed, "batch_size": self.batch_size, "num_seeds": int(self.seeds.size)}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, have in (("seed", self.seed), ("batch_size", self.batch_size), ("num_seeds", int(self.seeds.size))):
+            if state.get(key, have) != have:
+                raise ValueError(f"the saved loader state has {key}={state[key]} but this loader has {key}={have}; "
+                                 "resume with the same loader settings")
+        if not 0 <= state["position"] <= len(self):
+            raise ValueError(f"saved position {state['position']} is outside the epoch of {len(self)} batches")
+        self.close()
+        self.epoch, self._resume_position = int(state["epoch"]), int(state["position"])
+        self.iteration = int(state["iteration"]) - self._resume_position
+        self._running_epoch = None
+
+    # -- iteration -----------------------------------------------------------------------------------------------
 
     def __iter__(self):
         self.close()  # a new epoch ends any epoch still running
         self._stop = threading.Event()
         ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        batches = self._epoch_batches(self.epoch)
-        first = self.iteration
-        self._worker = threading.Thread(target=self._produce, args=(batches, first, ready, self._stop),
+        plans = self._epoch_plans(self.epoch)
+        skip, self._resume_position = self._resume_position, 0
+        self._running_epoch, self._epoch_length = self.epoch, len(plans)
+        self._epoch_first, self._position = self.iteration, skip
+        self._worker = threading.Thread(target=self._produce, args=(plans[skip:], self.iteration + skip, ready,
+                                                                    self._stop),
                                         name="lsm-gnn-loader", daemon=True)
         self._worker.start()
         self.epoch += 1
-        self.iteration += len(batches)
+        self.iteration += len(plans)
         return self._consume(ready)
 
     def _consume(self, ready: queue.Queue):
@@ -95,14 +176,16 @@ class NodeLoader:
             while True:
                 item = ready.get()
                 if item is _DONE:
+                    self._running_epoch = None
                     return
                 if isinstance(item, BaseException):
                     raise item
+                self._position += 1
                 yield item
         finally:
             self.close()  # also runs when the caller breaks out or raises: no thread left behind
 
-    def _produce(self, batches, first: int, ready: queue.Queue, stop: threading.Event) -> None:
+    def _produce(self, plans, first: int, ready: queue.Queue, stop: threading.Event) -> None:
         def put(item) -> bool:
             # Never block forever: the consumer may have stopped listening.
             while not stop.is_set():
@@ -114,34 +197,42 @@ class NodeLoader:
             return False
 
         try:
+            storage = getattr(self.features, "storage", self.features)
             window = WindowBuffer(self.window + 1, self.dataset.num_nodes) if self.window else None
-            sampled: dict[int, list[Hop]] = {}
+            sampled: dict[int, tuple[list[Hop], float]] = {}
             ahead = 0  # batches sampled so far
 
             def sample_next():
                 nonlocal ahead
-                hops = self.sampler.sample(batches[ahead], first + ahead)
-                sampled[ahead] = hops
+                start = time.perf_counter()
+                hops = self.sampler.sample(self._plan_nodes(plans[ahead]), first + ahead)
+                sampled[ahead] = hops, time.perf_counter() - start
                 if window is not None:
                     window.push(hops[-1].nodes)
                 ahead += 1
 
-            for k in range(len(batches)):
+            for k in range(len(plans)):
                 if stop.is_set():
                     return
-                while ahead < len(batches) and ahead <= k + self.window:
+                while ahead < len(plans) and ahead <= k + self.window:
                     sample_next()
-                hops = sampled.pop(k)
+                hops, sample_s = sampled.pop(k)
                 if window is not None:
                     window.pop()
                 nodes = hops[-1].nodes
+                before = storage.stats()  # this thread is the storage's only reader while the epoch runs
+                start = time.perf_counter()
                 if isinstance(self.features, SoftwareCache):
                     x, hit = self.features.lookup(nodes, future=window)
                 else:
                     x, hit = self.features.read(nodes), torch.zeros(nodes.numel(), dtype=torch.bool)
-                seeds = torch.from_numpy(batches[k])
-                y = None if self.labels is None else self.labels[seeds]
-                if not put(Batch(first + k, seeds, hops, x, y, hit)):
+                gather_s = time.perf_counter() - start
+                after = storage.stats()
+                batch = self._make_batch(first + k, plans[k], hops, x, hit)
+                batch.timings = {"sample": sample_s, "gather": gather_s}
+                batch.io = {"bytes_read": after.bytes_read - before.bytes_read,
+                            "bytes_useful": after.bytes_useful - before.bytes_useful}
+                if not put(batch):
                     return
             put(_DONE)
         except BaseException as exc:  # handed to the consumer, which raises it in the caller's thread
