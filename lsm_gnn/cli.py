@@ -1,8 +1,9 @@
-"""The `lsm-gnn` command: prepare | inspect | bench."""
+"""The `lsm-gnn` command: prepare | train | inspect | bench."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import numpy as np
@@ -11,6 +12,8 @@ from lsm_gnn.units import format_bytes
 
 
 def _inspect(args) -> int:
+    if os.path.isfile(args.path):
+        return _inspect_checkpoint(args)
     from lsm_gnn.data import open_dataset
 
     ds = open_dataset(args.path, check="full" if args.verify else "shape")
@@ -46,6 +49,69 @@ def _inspect(args) -> int:
     return 0
 
 
+def _inspect_checkpoint(args) -> int:
+    from lsm_gnn.trainer import load_checkpoint
+
+    ckpt = load_checkpoint(args.path)
+    cfg, loader = ckpt["config"], ckpt["loader"]
+    params = sum(int(np.prod(t.shape)) for t in ckpt["model"].values())
+    last = ckpt["history"][-1] if ckpt["history"] else {}
+    summary = {"path": args.path, "version": ckpt["version"], "dataset": cfg["dataset"], "task": cfg["train"]["task"],
+               "model": cfg["model"], "fanouts": cfg["sampler"]["fanouts"], "batch_size": cfg["sampler"]["batch_size"],
+               "parameters": params, "world_size": ckpt["world_size"], "iterations_done": ckpt["iterations_done"],
+               "next_epoch": loader["epoch"], "next_position": loader["position"],
+               "last_epoch": {k: v for k, v in last.items() if k != "stages_s"}}
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+        return 0
+    m = cfg["model"]
+    print(f"checkpoint {args.path} (version {ckpt['version']})")
+    print(f"dataset    {cfg['dataset']}   task {cfg['train']['task']}")
+    print(f"model      {m['kind']} hidden {m['hidden']}, {len(cfg['sampler']['fanouts'])} layers, {params:,} parameters")
+    print(f"sampler    fanouts {cfg['sampler']['fanouts']}, batch {cfg['sampler']['batch_size']}")
+    print(f"progress   {ckpt['iterations_done']} iterations on {ckpt['world_size']} rank(s); resumes at epoch "
+          f"{loader['epoch']}, batch {loader['position']}")
+    if last:
+        evals = ", ".join(f"{s} {next(iter(last[s].items()))[0]} {next(iter(last[s].items()))[1]:.4f}"
+                          for s in ("val", "test") if s in last)
+        print(f"last epoch {last['epoch']}: loss {last['loss']:.4f}" + (f", {evals}" if evals else ""))
+    return 0
+
+
+def _train(args) -> int:
+    from lsm_gnn.config import load_config, load_grid
+    from lsm_gnn.trainer import train
+
+    overrides = list(args.overrides)
+    if args.config and "=" in args.config and not os.path.exists(args.config):
+        overrides.insert(0, args.config)  # no config file, only overrides
+        args.config = None
+    if args.grid:
+        runs = load_grid(args.config, overrides)
+        results = []
+        for i, (assignment, cfg) in enumerate(runs):
+            print(f"\n== run {i + 1}/{len(runs)}: " + ", ".join(f"{k}={v}" for k, v in assignment.items()))
+            result = train(cfg)
+            last = result["history"][-1] if result["history"] else {}
+            results.append({"settings": assignment, "wall_s": result["wall_s"], "stages_s": result["stages_s"],
+                            "hit_ratio": last.get("hit_ratio"), "bytes_read": last.get("bytes_read"),
+                            "eval": result["eval"]})
+        print(f"\n{'run':<50}{'hit ratio':>10}{'wall s':>9}")
+        for r in results:
+            name = ", ".join(f"{k}={v}" for k, v in r["settings"].items())
+            hit = "-" if r["hit_ratio"] is None else f"{r['hit_ratio']:.3f}"
+            print(f"{name:<50}{hit:>10}{r['wall_s']:>9.1f}")
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump(results, out, indent=2)
+        return 0
+    result = train(load_config(args.config, overrides))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(result, out, indent=2, default=str)
+    return 0
+
+
 def _bench_storage(args) -> int:
     from lsm_gnn.data import open_dataset
     from lsm_gnn.storage.probe import probe_backend
@@ -71,11 +137,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="lsm-gnn", description="GNN training with node features on SSD")
     parser.add_argument("--version", action="version", version=f"lsm-gnn {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{prepare,inspect,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{prepare,train,inspect,bench}")
     add_prepare_parser(sub)
 
-    inspect = sub.add_parser("inspect", help="print a dataset's summary")
-    inspect.add_argument("path", help="dataset directory")
+    train = sub.add_parser("train", help="train a GNN from a YAML config",
+                           description="Train from a config file (see configs/) with key=value overrides, "
+                                       "e.g. lsm-gnn train configs/demo.yaml dataset=data/g cache.policy=rr")
+    train.add_argument("config", nargs="?", help="YAML config (defaults apply to keys it leaves out)")
+    train.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config keys, e.g. train.epochs=2")
+    train.add_argument("--grid", action="store_true", help="run every combination of the config's grid section")
+    train.add_argument("--json", help="also write the result summary to this file")
+    train.set_defaults(func=_train)
+
+    inspect = sub.add_parser("inspect", help="print a dataset's or a checkpoint's summary")
+    inspect.add_argument("path", help="dataset directory or checkpoint file")
     inspect.add_argument("--verify", action="store_true", help="scan values and verify checksums (reads every file)")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of text")
     inspect.set_defaults(func=_inspect)

@@ -11,7 +11,41 @@ import torch
 from torch import nn
 
 
+class BlockGCNConv(nn.Module):
+    """GCN over a sampled bipartite hop (PyG's GCNConv takes no bipartite input).
+
+    Each destination node also aggregates itself (it is source ``i`` of the
+    hop); messages are scaled by 1/sqrt(deg_src * deg_dst), the degrees
+    counted inside the hop, as DGL's GraphConv(norm="both") does on blocks.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.lin = nn.Linear(in_dim, out_dim, bias=False)
+        self.bias = nn.Parameter(torch.zeros(out_dim))
+
+    def forward(self, x, edge_index, size):
+        x_src = x[0] if isinstance(x, tuple) else x
+        num_src, num_dst = size
+        loops = torch.arange(num_dst, device=edge_index.device)
+        src = torch.cat([edge_index[0], loops])
+        dst = torch.cat([edge_index[1], loops])
+        ones = torch.ones(src.numel(), device=x_src.device)
+        deg_src = torch.zeros(num_src, device=x_src.device).index_add_(0, src, ones)
+        deg_dst = torch.zeros(num_dst, device=x_src.device).index_add_(0, dst, ones)
+        norm = (deg_src[src] * deg_dst[dst]).rsqrt()
+        h = self.lin(x_src)
+        out = torch.zeros(num_dst, h.shape[1], dtype=h.dtype, device=h.device)
+        out.index_add_(0, dst, h[src] * norm.unsqueeze(1).to(h.dtype))
+        return out + self.bias
+
+
+MODEL_KINDS = ("gat", "sage", "gcn")
+
+
 def _conv(kind: str, in_dim: int, out_dim: int, heads: int, last: bool):
+    if kind == "gcn":
+        return BlockGCNConv(in_dim, out_dim)
     import torch_geometric.nn as pyg
 
     if kind == "sage":
@@ -23,7 +57,7 @@ def _conv(kind: str, in_dim: int, out_dim: int, heads: int, last: bool):
         if out_dim % heads:
             raise ValueError(f"GAT hidden size {out_dim} must be divisible by heads={heads}")
         return pyg.GATConv(in_dim, out_dim // heads, heads=heads, add_self_loops=False)
-    raise ValueError(f"unknown model {kind!r}; valid names are 'sage', 'gat'")
+    raise ValueError(f"unknown model {kind!r}; valid names are {', '.join(MODEL_KINDS)}")
 
 
 class HopGNN(nn.Module):

@@ -1,0 +1,270 @@
+"""Run configuration: a typed schema, YAML files and ``key=value`` overrides.
+
+A config is nested dataclasses, so the valid keys, their types and their
+defaults live in one place; an unknown key or a value of the wrong kind
+raises :class:`ConfigError` naming the key and listing what is valid.
+
+    cfg = load_config("configs/demo.yaml", ["cache.policy=rr", "train.epochs=2"])
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import os
+import typing
+from dataclasses import dataclass, field
+
+import yaml
+
+from lsm_gnn.cache.policies import POLICIES
+from lsm_gnn.storage import BACKENDS
+from lsm_gnn.units import parse_bytes
+
+
+class ConfigError(ValueError):
+    """A config key or value is invalid; the message names it and the valid choices."""
+
+
+@dataclass
+class ModelConfig:
+    kind: str = "gat"          # gat | sage | gcn
+    hidden: int = 512
+    heads: int = 4             # GAT only
+    dropout: float = 0.0
+
+
+@dataclass
+class SamplerConfig:
+    fanouts: list = field(default_factory=lambda: [5, 2, 2, 2])  # one per layer, outermost last; -1 = all
+    batch_size: int = 2048
+    num_threads: int = 0       # 0: OpenMP's default
+
+
+@dataclass
+class CacheConfig:
+    features: str = "cache"    # cache | storage (no cache) | memory (whole file in RAM: the ceiling)
+    capacity: str = "1.5%"     # bytes ("4G", "512M") or a share of the nodes ("1.5%")
+    ways: int = 32
+    policy: str = "hybrid"
+    window: int = 256          # future mini-batches sampled ahead
+    period: int = 4            # window scan every `period` iterations
+    backend: str = "auto"      # storage backend of the miss path
+    static_score: str = "reverse_pagerank"  # a score stored in the dataset, or "none"
+    oversubscribe: bool = False  # allow a batch larger than the cache (hit ratio studies)
+
+
+@dataclass
+class TrainConfig:
+    task: str = "node"         # node (classification) | link (prediction, BPR)
+    epochs: int = 1
+    lr: float = 0.001
+    weight_decay: float = 0.0
+    seed: int = 0
+    max_iterations: int = 0    # stop after this many iterations in all (0: no limit)
+    eval_batch_size: int = 0   # 0: sampler.batch_size (a larger one must still fit the cache)
+    eval_splits: list = field(default_factory=lambda: ["val", "test"])
+    device: str = "auto"       # auto | cpu | cuda
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str = ""              # "" disables checkpoints
+    every: int = 0             # also every N iterations (0: at the end of each epoch only)
+    resume: bool = True        # continue from dir/last.pt when it exists
+
+
+@dataclass
+class LogConfig:
+    dir: str = ""              # JSON-lines metrics go to dir/metrics.jsonl ("" disables)
+    progress: bool = True      # a tqdm progress bar
+    tensorboard: bool = False  # also write TensorBoard scalars to dir/tensorboard
+    every: int = 1             # log one JSON line every N iterations
+
+
+@dataclass
+class Config:
+    dataset: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# Closed sets of values, checked after loading.
+CHOICES = {
+    "model.kind": ("gat", "sage", "gcn"),
+    "cache.features": ("cache", "storage", "memory"),
+    "cache.policy": tuple(POLICIES),
+    "cache.backend": ("auto", *BACKENDS),
+    "train.task": ("node", "link"),
+    "train.device": ("auto", "cpu", "cuda"),
+}
+
+
+def _sections(cls) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _coerce(key: str, value, kind):
+    """``value`` as ``kind`` (str values come from the command line and are parsed as YAML)."""
+    if isinstance(value, str) and kind is not str:
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{key}: cannot parse {value!r}: {exc}") from None
+    if kind is float and isinstance(value, str):
+        try:
+            value = float(value)  # YAML 1.1 reads "1e-2" as a string
+        except ValueError:
+            pass
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if kind is list and isinstance(value, (int, str)) and not isinstance(value, bool):
+        value = [value]  # fanouts=5 means [5]
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if not ok:
+        article = "an" if kind.__name__[0] in "aeiou" else "a"
+        raise ConfigError(f"{key} must be {article} {kind.__name__}, got {value!r}")
+    return value
+
+
+def _apply(obj, key_prefix: str, values: dict) -> None:
+    fields = _sections(type(obj))
+    hints = typing.get_type_hints(type(obj))
+    for name, value in values.items():
+        key = f"{key_prefix}{name}"
+        if name not in fields:
+            valid = ", ".join(f"{key_prefix}{n}" for n in fields)
+            raise ConfigError(f"unknown config key {key!r}; valid keys here are: {valid}")
+        kind = hints[name]
+        if dataclasses.is_dataclass(kind):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key} is a section; give it keys like {key}.{next(iter(_sections(kind)))}")
+            _apply(getattr(obj, name), f"{key}.", value)
+        else:
+            setattr(obj, name, _coerce(key, value, kind))
+
+
+def _nest(dotted: str, value) -> dict:
+    out = value
+    for part in reversed(dotted.split(".")):
+        out = {part: out}
+    return out
+
+
+def parse_overrides(items) -> list[dict]:
+    """``["cache.policy=rr", ...]`` as nested dicts, in order."""
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not key=value (for example cache.policy=rr)")
+        out.append(_nest(key.strip(), value))
+    return out
+
+
+def validate(cfg: Config) -> Config:
+    for key, valid in CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value not in valid:
+            raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(valid)}")
+    f = cfg.sampler.fanouts
+    if not f or not all(isinstance(k, int) and not isinstance(k, bool) and k >= -1 for k in f):
+        raise ConfigError(f"sampler.fanouts must be a non-empty list of ints >= -1, got {f!r}")
+    positive = {"sampler.batch_size": cfg.sampler.batch_size, "cache.ways": cfg.cache.ways,
+                "model.hidden": cfg.model.hidden, "model.heads": cfg.model.heads, "train.epochs": cfg.train.epochs,
+                "log.every": cfg.log.every,
+                "cache.window": cfg.cache.window, "cache.period": cfg.cache.period}
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key} must be >= 1, got {value}")
+    for key, value in {"train.max_iterations": cfg.train.max_iterations,
+                       "train.eval_batch_size": cfg.train.eval_batch_size, "checkpoint.every": cfg.checkpoint.every,
+                       "train.lr": cfg.train.lr, "train.weight_decay": cfg.train.weight_decay}.items():
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value}")
+    if not 0.0 <= cfg.model.dropout < 1.0:
+        raise ConfigError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")
+    if cfg.model.kind == "gat" and len(f) > 1 and cfg.model.hidden % cfg.model.heads:
+        raise ConfigError(f"model.hidden ({cfg.model.hidden}) must be divisible by model.heads ({cfg.model.heads})")
+    bad_splits = [s for s in cfg.train.eval_splits if s not in ("train", "val", "test")]
+    if bad_splits:
+        raise ConfigError(f"train.eval_splits has {bad_splits}; valid splits are train, val, test")
+    try:
+        capacity_spec(cfg.cache.capacity)
+    except ValueError as exc:
+        raise ConfigError(f"cache.capacity: {exc}") from None
+    return cfg
+
+
+def capacity_spec(text: str) -> tuple[str, float]:
+    """("share", 0.015) for "1.5%", ("bytes", n) for "4G"."""
+    text = str(text).strip()
+    if text.endswith("%"):
+        share = float(text[:-1]) / 100
+        if not 0 < share <= 1:
+            raise ValueError(f"a share of the nodes must be in (0%, 100%], got {text}")
+        return "share", share
+    return "bytes", float(parse_bytes(text))
+
+
+def cache_capacity_bytes(text: str, num_nodes: int, row_bytes: int) -> int:
+    kind, value = capacity_spec(text)
+    return int(value) if kind == "bytes" else max(1, round(value * num_nodes)) * row_bytes
+
+
+def _read_yaml(path) -> dict:
+    if not os.path.exists(path):
+        raise ConfigError(f"config file {path} does not exist; the shipped configs are in configs/")
+    with open(path) as fh:
+        try:
+            data = yaml.safe_load(fh) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of config keys, got {type(data).__name__}")
+    return data
+
+
+def build_config(*layers: dict) -> Config:
+    cfg = Config()
+    for layer in layers:
+        _apply(cfg, "", layer)
+    return validate(cfg)
+
+
+def load_config(path=None, overrides=()) -> Config:
+    """The defaults, then the YAML file (if any), then ``key=value`` overrides."""
+    base = _read_yaml(path) if path else {}
+    base.pop("grid", None)
+    return build_config(base, *parse_overrides(overrides))
+
+
+def load_grid(path, overrides=()) -> list[tuple[dict, Config]]:
+    """Every run of a config with a ``grid:`` section (``key: [values]``, the Cartesian product).
+
+    Returns ``(assignment, config)`` pairs; overrides apply to every run.
+    """
+    data = _read_yaml(path)
+    grid = data.pop("grid", None)
+    if not isinstance(grid, dict) or not grid:
+        raise ConfigError(f"{path} has no grid section (grid: {{cache.policy: [rr, hybrid], ...}})")
+    keys = list(grid)
+    for key in keys:
+        if not isinstance(grid[key], list) or not grid[key]:
+            raise ConfigError(f"grid key {key!r} must map to a non-empty list of values")
+    runs = []
+    for values in itertools.product(*(grid[k] for k in keys)):
+        assignment = dict(zip(keys, values))
+        layers = [copy.deepcopy(data)] + [_nest(k, v) for k, v in assignment.items()] + parse_overrides(overrides)
+        runs.append((assignment, build_config(*layers)))
+    return runs
