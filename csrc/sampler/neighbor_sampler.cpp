@@ -5,39 +5,10 @@
 #include <stdexcept>
 #include <unordered_map>
 
-#include "cache/line_state.h"  // mix64
 #include "common/errors.h"
+#include "sampler/sampler_rng.h"  // shared with the CUDA sampler, which must draw the same positions
 
 namespace lsm::sampler {
-
-namespace {
-
-using lsm::cache::mix64;
-
-// A splitmix64 stream; `bounded` uses Lemire's multiply-shift (bias < 2^-32 for our sizes).
-struct Stream {
-  uint64_t state;
-  uint64_t next() { return mix64(state += 0x9E3779B97F4A7C15ull); }
-  uint64_t bounded(uint64_t n) { return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64); }
-};
-
-// Writes min(k, degree) distinct neighbor positions of one node (Floyd's algorithm).
-inline int64_t choose(Stream& rng, int64_t degree, int64_t k, int64_t* out) {
-  if (k < 0 || degree <= k) {
-    for (int64_t j = 0; j < degree; ++j) out[j] = j;
-    return degree;
-  }
-  int64_t count = 0;
-  for (int64_t j = degree - k; j < degree; ++j) {
-    const int64_t r = static_cast<int64_t>(rng.bounded(static_cast<uint64_t>(j) + 1));
-    bool taken = false;
-    for (int64_t c = 0; c < count; ++c) taken |= (out[c] == r);
-    out[count++] = taken ? j : r;
-  }
-  return count;
-}
-
-}  // namespace
 
 template <typename Index>
 std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_t num_nodes, const int64_t* seeds,
@@ -55,7 +26,7 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
       throw std::invalid_argument(cat("seed node ", seeds[i], " appears twice in the batch; seeds must be distinct"));
     }
   }
-  const uint64_t base = mix64(seed ^ mix64(static_cast<uint64_t>(iteration)));
+  const uint64_t base = batch_key(seed, iteration);
   std::vector<Hop> hops;
   for (size_t h = 0; h < fanouts.size(); ++h) {
     const int64_t k = fanouts[h];
@@ -63,19 +34,25 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
     std::vector<int64_t> offset(n + 1, 0);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t degree = indptr[frontier[i] + 1] - indptr[frontier[i]];
-      offset[i + 1] = offset[i] + ((k < 0 || degree <= k) ? degree : k);
+      offset[i + 1] = offset[i] + sample_count(degree, k);
     }
     Hop hop;
     hop.num_dst = n;
     hop.src.resize(offset[n]);
     hop.dst.resize(offset[n]);
-    const uint64_t hop_key = mix64(base + h);
+    const uint64_t key = hop_key(base, h);
 #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 256) if (n > 2048)
     for (int64_t i = 0; i < n; ++i) {
       const int64_t v = frontier[i];
-      Stream rng{hop_key ^ mix64(static_cast<uint64_t>(v))};
+      Stream rng = Stream::for_node(key, v);
       int64_t* out = hop.src.data() + offset[i];
-      const int64_t got = choose(rng, indptr[v + 1] - indptr[v], k, out);
+      const int64_t degree = indptr[v + 1] - indptr[v];
+      const int64_t got = sample_count(degree, k);
+      if (got == degree) {
+        for (int64_t j = 0; j < degree; ++j) out[j] = j;
+      } else {
+        floyd_sample(rng, degree, k, out);
+      }
       for (int64_t j = 0; j < got; ++j) {
         out[j] = static_cast<int64_t>(indices[indptr[v] + out[j]]);  // position -> global neighbor id
         hop.dst[offset[i] + j] = i;

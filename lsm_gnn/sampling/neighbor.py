@@ -3,6 +3,11 @@
 ``NeighborSampler(dataset, fanouts, seed).sample(seeds, iteration)`` is
 deterministic in (seed, iteration, seeds): a window buffer can sample batch
 t + 256 now and the trainer gets the very same batch at iteration t + 256.
+
+On a CUDA build the sampler can also run on a GPU (``device="cuda"``, or
+seeds given as a CUDA tensor) and returns the same hops as the CPU, on the
+device. UNTESTED: the CUDA sampler is compile-checked but has not yet run on
+a GPU (tests/test_sampler_cuda.py compares it with the CPU where one exists).
 """
 from __future__ import annotations
 
@@ -37,14 +42,29 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array)
 
 
+def _require_cuda() -> None:
+    from lsm_gnn import _C
+
+    if not getattr(_C, "with_cuda", False):
+        raise RuntimeError("CUDA sampling needs lsm_gnn._C built with CUDA (a CUDA torch and nvcc at build time); "
+                           "this build is CPU-only: sample on the CPU (device='cpu' and CPU seeds)")
+    if not torch.cuda.is_available():
+        raise RuntimeError("CUDA sampling was requested but torch sees no CUDA device")
+
+
 class NeighborSampler:
     """Samples hops outward from seed nodes over a dataset's CSR topology.
 
     ``fanouts[h]`` neighbors per node at hop h (-1: all). Hop 0 samples the
     seeds' neighbors; each later hop samples for every node reached so far.
+
+    ``device``: None samples where the seeds are (CUDA seeds: on their GPU;
+    anything else: on the CPU); "cpu" or "cuda[:i]" forces one. The GPU path
+    reads a pinned copy of the CSR through UVA (made on first use, as large as
+    the topology) and needs ``lsm_gnn._C`` built with CUDA (untested).
     """
 
-    def __init__(self, dataset, fanouts, seed: int = 0, num_threads: int = 0):
+    def __init__(self, dataset, fanouts, seed: int = 0, num_threads: int = 0, device=None):
         self.fanouts = [int(k) for k in fanouts]
         if not self.fanouts or any(k < -1 for k in self.fanouts):
             raise ValueError(f"fanouts must be a non-empty list of ints >= 0 (or -1 for all), got {fanouts}")
@@ -56,14 +76,31 @@ class NeighborSampler:
             indices = indices.astype(np.int64)
         self.indices = _tensor(indices)
         self.num_nodes = self.indptr.numel() - 1
+        self.device = None if device is None else torch.device(device)
+        if self.device is not None and self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be None, 'cpu' or 'cuda[:i]', got {device!r}")
+        if self.device is not None and self.device.type == "cuda":
+            _require_cuda()  # fail at construction, not at the first batch
+        self._pinned_csr = None  # (indptr, indices) in pinned memory, for the GPU path
 
     def sample(self, seeds, iteration: int = 0) -> list[Hop]:
-        """The hops for one mini-batch of distinct seed nodes."""
+        """The hops for one mini-batch of distinct seed nodes, on the sampling device."""
         from lsm_gnn import _C
 
-        seeds = as_id_tensor(seeds)
-        raw = _C.sample_hops(self.indptr, self.indices, seeds, self.fanouts, self.seed, int(iteration),
-                             self.num_threads)
+        device = self.device
+        if device is None:
+            device = seeds.device if isinstance(seeds, torch.Tensor) and seeds.is_cuda else torch.device("cpu")
+        if device.type == "cuda":
+            _require_cuda()
+            if device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+            if self._pinned_csr is None:
+                self._pinned_csr = (self.indptr.pin_memory(), self.indices.pin_memory())
+            raw = _C.sample_hops_cuda(*self._pinned_csr, as_id_tensor(seeds, device), self.fanouts, self.seed,
+                                      int(iteration))
+        else:
+            raw = _C.sample_hops(self.indptr, self.indices, as_id_tensor(seeds), self.fanouts, self.seed,
+                                 int(iteration), self.num_threads)
         return [Hop(nodes, num_dst, torch.stack([src, dst])) for nodes, num_dst, src, dst in raw]
 
     def input_nodes(self, seeds, iteration: int = 0) -> torch.Tensor:

@@ -53,8 +53,8 @@ class StorageStats:
         return d
 
 
-def as_id_tensor(ids) -> torch.Tensor:
-    """ids as a contiguous 1-D int64 CPU tensor (from a tensor, array or list)."""
+def as_id_tensor(ids, device="cpu") -> torch.Tensor:
+    """ids as a contiguous 1-D int64 tensor on ``device`` (from a tensor, array or list)."""
     if isinstance(ids, torch.Tensor):
         t = ids
     else:
@@ -66,7 +66,7 @@ def as_id_tensor(ids) -> torch.Tensor:
         t = t.reshape(-1)
     if t.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
         raise TypeError(f"node ids must be integers, got dtype {t.dtype}")
-    return t.to(device="cpu", dtype=torch.int64).contiguous()
+    return t.to(device=device, dtype=torch.int64).contiguous()
 
 
 class FeatureStorage(ABC):

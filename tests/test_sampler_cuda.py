@@ -1,0 +1,109 @@
+"""The CUDA neighbor sampler returns exactly the CPU sampler's hops.
+
+Needs a CUDA GPU and lsm_gnn._C built with CUDA; skipped otherwise (the
+kernels are compile-checked by test_cuda_sources.py). Only the refusal of a
+CUDA request by a CPU-only setup runs everywhere else.
+"""
+import numpy as np
+import pytest
+import torch
+
+from lsm_gnn import _C
+from lsm_gnn.sampling import NeighborSampler
+
+HAVE_CUDA = bool(getattr(_C, "with_cuda", False)) and torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU and lsm_gnn._C built with CUDA")
+
+
+class Graph:
+    """The two CSR arrays NeighborSampler reads from a dataset."""
+
+    def __init__(self, indptr, indices):
+        self.indptr, self.indices = indptr, indices
+
+
+def random_graph(rng, num_nodes, index_dtype, max_degree=60):
+    degree = rng.integers(0, max_degree, num_nodes)
+    degree[rng.random(num_nodes) < 0.2] = 0                  # isolated nodes
+    degree[rng.choice(num_nodes, 3, replace=False)] = 300    # hubs: more neighbors than a warp has lanes
+    indptr = np.concatenate([[0], np.cumsum(degree)]).astype(np.int64)
+    indices = rng.integers(0, num_nodes, int(indptr[-1])).astype(index_dtype)
+    return Graph(indptr, indices)
+
+
+def assert_same_hops(cpu, gpu):
+    assert len(cpu) == len(gpu)
+    for h, (c, g) in enumerate(zip(cpu, gpu)):
+        assert g.nodes.is_cuda and g.edge_index.is_cuda
+        assert c.num_dst == g.num_dst, f"hop {h}"
+        assert torch.equal(c.nodes, g.nodes.cpu()), f"hop {h}: nodes differ"
+        assert torch.equal(c.edge_index, g.edge_index.cpu()), f"hop {h}: edges differ"
+
+
+@needs_cuda
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("fanouts", [[5, 2, 2], [-1, 3], [0, 4], [40, -1], [3, 0, -1], [1]])
+def test_cuda_matches_cpu(index_dtype, fanouts):
+    rng = np.random.default_rng(len(fanouts) * 10 + fanouts[0] + 2)
+    for trial in range(3):
+        graph = random_graph(rng, int(rng.integers(200, 4000)), index_dtype)
+        isolated = np.flatnonzero(np.diff(graph.indptr) == 0)[:4]  # isolated seeds too
+        others = np.setdiff1d(np.arange(graph.indptr.size - 1), isolated)
+        seeds = np.concatenate([isolated, rng.permutation(others)[:124]])
+        cpu = NeighborSampler(graph, fanouts, seed=trial + 11)
+        gpu = NeighborSampler(graph, fanouts, seed=trial + 11, device="cuda")
+        for iteration in (0, 1, 977):
+            assert_same_hops(cpu.sample(seeds, iteration), gpu.sample(seeds, iteration))
+
+
+@needs_cuda
+def test_cuda_seeds_select_the_gpu_and_csr_may_live_on_the_device():
+    rng = np.random.default_rng(5)
+    graph = random_graph(rng, 1000, np.int64)
+    seeds = torch.from_numpy(rng.choice(1000, 64, replace=False))
+    cpu = NeighborSampler(graph, [4, 3], seed=2).sample(seeds, 8)
+    auto = NeighborSampler(graph, [4, 3], seed=2).sample(seeds.cuda(), 8)  # device=None follows the seeds
+    assert_same_hops(cpu, auto)
+    # The binding also takes a CSR already in device memory.
+    raw = _C.sample_hops_cuda(torch.from_numpy(graph.indptr).cuda(), torch.from_numpy(graph.indices).cuda(),
+                              seeds.cuda(), [4, 3], 2, 8)
+    for c, (nodes, num_dst, src, dst) in zip(cpu, raw):
+        assert num_dst == c.num_dst and torch.equal(nodes.cpu(), c.nodes)
+        assert torch.equal(torch.stack([src, dst]).cpu(), c.edge_index)
+
+
+@needs_cuda
+def test_cuda_empty_batch_matches_cpu():
+    graph = random_graph(np.random.default_rng(1), 100, np.int32)
+    empty = torch.empty(0, dtype=torch.int64)
+    cpu = NeighborSampler(graph, [3, 2]).sample(empty)
+    assert_same_hops(cpu, NeighborSampler(graph, [3, 2], device="cuda").sample(empty))
+
+
+@needs_cuda
+def test_cuda_bad_input_is_refused():
+    graph = random_graph(np.random.default_rng(2), 100, np.int64)
+    sampler = NeighborSampler(graph, [2], device="cuda")
+    with pytest.raises(IndexError, match="outside"):
+        sampler.sample([100])
+    with pytest.raises(IndexError, match="outside"):
+        sampler.sample([4, -1])
+    with pytest.raises(ValueError, match="twice"):
+        sampler.sample([3, 7, 3])
+    seeds = torch.tensor([1, 2], device="cuda")
+    with pytest.raises(ValueError, match="pinned"):  # a pageable CPU CSR cannot be read by the GPU
+        _C.sample_hops_cuda(torch.from_numpy(graph.indptr), torch.from_numpy(graph.indices), seeds, [2], 0, 0)
+    with pytest.raises(ValueError, match="fanouts"):
+        _C.sample_hops_cuda(torch.from_numpy(graph.indptr).cuda(), torch.from_numpy(graph.indices).cuda(), seeds,
+                            [-2], 0, 0)
+
+
+@pytest.mark.skipif(HAVE_CUDA, reason="checks the refusal on a setup without CUDA")
+def test_cuda_request_without_cuda_is_refused():
+    graph = random_graph(np.random.default_rng(3), 50, np.int64)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        NeighborSampler(graph, [2], device="cuda")
+    with pytest.raises(ValueError, match="device"):
+        NeighborSampler(graph, [2], device="meta")
+    hops = NeighborSampler(graph, [2], device="cpu").sample([1, 2])  # the CPU path is unaffected
+    assert hops[0].nodes[:2].tolist() == [1, 2]
