@@ -274,9 +274,13 @@ def _lookup(d: dict, dotted: str):
 # -- the trainer -------------------------------------------------------------------------------------------------
 
 class Trainer:
-    """Trains ``cfg`` end to end: ``Trainer(cfg).fit()`` returns a summary dict."""
+    """Trains ``cfg`` end to end: ``Trainer(cfg).fit()`` returns a summary dict.
 
-    def __init__(self, cfg: Config, out=None):
+    ``features`` replaces the feature path the config describes: any object
+    with ``read(ids)`` and ``stats()`` (a storage) or a SoftwareCache.
+    """
+
+    def __init__(self, cfg: Config, out=None, features=None):
         from lsm_gnn.data import open_dataset
         from lsm_gnn.models import HopGNN
 
@@ -288,7 +292,7 @@ class Trainer:
         self.device = self._device(cfg.train.device)
         self.rank, self.world_size = distributed_context(self.device)
         self.task = make_task(cfg, self.dataset)
-        self.features = build_features(cfg, self.dataset, self.device)
+        self.features = build_features(cfg, self.dataset, self.device) if features is None else features
         torch.manual_seed(cfg.train.seed)
         self.module = HopGNN(cfg.model.kind, self.dataset.feature_dim, cfg.model.hidden, self.task.out_dim,
                              num_layers=len(cfg.sampler.fanouts), heads=cfg.model.heads,

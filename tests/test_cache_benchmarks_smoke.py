@@ -28,3 +28,24 @@ def test_cache_throughput_quick(tmp_path):
     results = load("cache_throughput").main(["--quick", "--data-dir", str(tmp_path)])
     for key in ("memcpy_gbps", "hit_gbps", "miss_memory_gbps", "miss_io_uring_gbps"):
         assert results[key] > 0
+
+
+def test_end_to_end_quick(tmp_path):
+    pytest.importorskip("torch_geometric")
+    out = tmp_path / "e2e.json"
+    results = load("end_to_end").main(["--quick", "--data", str(tmp_path / "g"), "--json", str(out),
+                                       "--methods", "hybrid,memmap-bound,memory"])
+    assert out.exists()
+    summary = results["summary"]
+    assert set(summary) == {"hybrid", "memmap-bound", "memory"}
+    assert 0.0 < summary["hybrid"]["hit_ratio"] <= 1.0 and summary["memory"]["hit_ratio"] is None
+    assert all(s["ms_per_iter_wall"] > 0 for s in summary.values())
+    assert results["ratios"]["hybrid_speedup_vs_memmap_bound"] > 0
+
+
+def test_sampler_throughput_quick(tmp_path):
+    results = load("sampler_throughput").main(["--quick", "--json", str(tmp_path / "s.json"), "--threads", "1"])
+    row = results["rows"][0]
+    assert row["ours_1t_edges_per_s"] > 0 and row["numpy_edges_per_s"] > 0
+    # Both sample min(fanout, degree) neighbors per node, so their edge counts are close.
+    assert abs(row["edges_per_batch"] - row["numpy_edges_per_batch"]) < 0.2 * row["edges_per_batch"]

@@ -94,3 +94,20 @@ def test_shipped_configs_are_valid(path):
         assert len(load_grid(path)) > 1
     else:
         load_config(path)
+
+
+def test_every_key_is_documented():
+    import dataclasses
+
+    from lsm_gnn.config import Config
+
+    with open(os.path.join(ROOT, "docs", "training.md")) as fh:
+        doc = fh.read()
+    keys = []
+    for f in dataclasses.fields(Config):
+        if dataclasses.is_dataclass(f.default_factory) if f.default_factory is not dataclasses.MISSING else False:
+            keys += [f"{f.name}.{g.name}" for g in dataclasses.fields(f.default_factory)]
+        else:
+            keys.append(f.name)
+    missing = [k for k in keys if f"`{k}`" not in doc]
+    assert not missing, f"docs/training.md does not describe {missing}"

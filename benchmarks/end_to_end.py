@@ -1,0 +1,244 @@
+"""End to end: training time per stage with features from SSD, four ways, side by side.
+
+On a generated graph whose feature file is larger than the cache, the same
+trainer (same sampler, model, batches and loader thread) runs the same
+iterations with only the feature path changed:
+
+  hybrid         this loader with the hybrid cache (io_uring misses)
+  rr             the same with round-robin eviction (the M-GIDS baseline)
+  memmap         a plain ``np.memmap`` gather, page cache evicted before the run
+                 (what a plain out-of-core PyG user writes)
+  memmap-bound   the same, page cache evicted before every batch: the regime
+                 of a feature file far larger than RAM, where the page cache
+                 cannot hold what the run touches (eviction time excluded)
+  memmap-random-bound  the same with madvise(MADV_RANDOM), which a careful
+                 user adds to stop read-around
+  memory         the whole feature file in RAM (the ceiling)
+
+Here RAM (24 GiB) holds the whole feature file, so the plain memmap's page
+cache warms up during the run and becomes an unbounded cache; the bound
+variants show the regime this project is for. Times are compared per
+iteration, since the bound variants run fewer iterations.
+
+Every method starts cold (page cache evicted, fresh cache). Repeats rotate
+the method order; figures are medians. Ratios print last.
+
+    python benchmarks/end_to_end.py                   # ~20 min on 2 cores
+    python benchmarks/end_to_end.py --quick           # a smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import mmap
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+
+import numpy as np
+import torch
+
+from lsm_gnn.config import load_config
+from lsm_gnn.data import open_dataset
+from lsm_gnn.data.format import DatasetError
+from lsm_gnn.storage.base import FeatureStorage, StorageStats
+from lsm_gnn.storage.probe import evict_page_cache
+from lsm_gnn.trainer import STAGES, Trainer
+
+METHODS = ("hybrid", "rr", "memmap", "memmap-bound", "memmap-random-bound", "memory")
+BOUND = ("memmap-bound", "memmap-random-bound")  # seconds per batch: they run --bound-iterations only
+
+
+class MemmapStorage(FeatureStorage):
+    """``np.memmap`` fancy indexing, as a user's out-of-core loader does it.
+
+    ``evict_each_batch`` drops the file from the page cache before every read
+    and keeps the time that took apart (``evict_seconds``), so it can be left
+    out of the comparison.
+    """
+
+    backend = "np.memmap"
+
+    def __init__(self, dataset, evict_each_batch: bool = False, random_advice: bool = False):
+        layout = dataset.features
+        super().__init__(dataset.num_nodes, layout.dim, layout.dtype)
+        self.path = dataset.feature_path
+        self.row_bytes_on_disk = layout.row_bytes
+        self._mm = np.memmap(self.path, dtype=np.uint8, mode="r", shape=(dataset.num_nodes, layout.row_stride))
+        if random_advice:
+            self._mm._mmap.madvise(mmap.MADV_RANDOM)
+        self.evict_each_batch = evict_each_batch
+        self.evict_seconds = 0.0
+        self._stats = StorageStats(backend=self.backend)
+        self._lock = threading.Lock()
+
+    def _read(self, ids: torch.Tensor, out: torch.Tensor) -> None:
+        if self.evict_each_batch:
+            t = time.perf_counter()
+            self._mm._mmap.madvise(mmap.MADV_DONTNEED)  # our mapping would otherwise keep the pages
+            evict_page_cache(self.path)
+            self.evict_seconds += time.perf_counter() - t
+        start = time.perf_counter()
+        rows = self._mm[ids.numpy()][:, :self.row_bytes_on_disk]
+        out.copy_(torch.from_numpy(np.ascontiguousarray(rows)).view(self.dtype))
+        with self._lock:
+            s = self._stats
+            s.batches += 1
+            s.rows += ids.numel()
+            s.total_seconds += time.perf_counter() - start
+
+    def stats(self) -> StorageStats:
+        with self._lock:
+            return StorageStats(**vars(self._stats))
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            self._stats = StorageStats(backend=self.backend)
+
+
+def ensure_graph(path: str, num_nodes: int, dim: int):
+    from lsm_gnn.data.synthetic import generate_synthetic
+
+    try:
+        ds = open_dataset(path, check="shape")
+        if ds.num_nodes == num_nodes and ds.feature_dim == dim:
+            return ds
+    except DatasetError:
+        pass
+    print(f"generating {num_nodes:,} nodes x {dim} features at {path} ...", file=sys.stderr)
+    return generate_synthetic(path, num_nodes=num_nodes, avg_degree=10, feature_dim=dim, num_classes=8, seed=0,
+                              overwrite=True)
+
+
+def run_once(args, ds, method: str) -> dict:
+    overrides = [f"dataset={ds.path}", f"model.kind={args.model}", f"model.hidden={args.hidden}",
+                 f"sampler.fanouts={args.fanouts}", f"sampler.batch_size={args.batch_size}",
+                 f"cache.capacity={args.capacity}", f"cache.window={args.window}",
+                 f"train.max_iterations={args.bound_iterations if method in BOUND else args.iterations}",
+                 "train.eval_splits=[]", "log.progress=false",
+                 "train.lr=0.003"]
+    features = None
+    if method in ("hybrid", "rr"):
+        overrides += ["cache.features=cache", f"cache.policy={method}", "cache.backend=io_uring"]
+    elif method == "memory":
+        overrides += ["cache.features=memory"]
+    else:
+        features = MemmapStorage(ds, evict_each_batch=method in BOUND, random_advice=method == "memmap-random-bound")
+    evict_page_cache(ds.feature_path)
+    trainer = Trainer(load_config(None, overrides), out=io.StringIO(), features=features)
+    result = trainer.fit()
+    last = result["history"][-1]
+    evict_s = features.evict_seconds if isinstance(features, MemmapStorage) else 0.0
+    # Eviction ran inside gather (in the loader thread); leave it out of the stall it caused, at most.
+    wall = result["wall_s"] - min(evict_s, result["stages_s"]["wait"])
+    return {"method": method, "iterations": result["iterations"], "wall_s": wall, "evict_s": evict_s,
+            "stages_s": result["stages_s"], "hit_ratio": last["hit_ratio"], "bytes_read": last["bytes_read"],
+            "loss": last["loss"]}
+
+
+def summarize(runs: list[dict]) -> dict:
+    out = {}
+    for method in METHODS:
+        mine = [r for r in runs if r["method"] == method]
+        if not mine:
+            continue
+        n = mine[0]["iterations"]
+        out[method] = {
+            "wall_s": statistics.median(r["wall_s"] for r in mine),
+            "ms_per_iter_wall": 1e3 * statistics.median(r["wall_s"] for r in mine) / n,
+            "ms_per_iter": {k: 1e3 * statistics.median(r["stages_s"][k] for r in mine) / n for k in STAGES},
+            "hit_ratio": None if mine[0]["hit_ratio"] is None else statistics.median(r["hit_ratio"] for r in mine),
+            "bytes_read": statistics.median(r["bytes_read"] for r in mine),
+            "repeats": len(mine), "iterations": n,
+        }
+    return out
+
+
+def table(summary: dict) -> str:
+    lines = [f"{'method':<20}{'iters':>6}{'wall s':>8}{'ms/it':>8}" + "".join(f"{k:>9}" for k in STAGES) +
+             f"{'hit':>7}{'read MiB':>10}"]
+    for method, s in summary.items():
+        hit = "-" if s["hit_ratio"] is None else f"{s['hit_ratio']:.3f}"
+        lines.append(f"{method:<20}{s['iterations']:>6}{s['wall_s']:>8.2f}{s['ms_per_iter_wall']:>8.1f}" +
+                     "".join(f"{s['ms_per_iter'][k]:>9.1f}" for k in STAGES) +
+                     f"{hit:>7}{s['bytes_read'] / 2**20:>10.1f}")
+    lines.append("(stage columns are ms per iteration; sample and gather overlap train, wait is the stall)")
+    return "\n".join(lines)
+
+
+def ratios(summary: dict) -> dict:
+    """Time per iteration of ``b`` over that of ``a``: how many times faster ``a`` is."""
+    def r(a, b):
+        if a not in summary or b not in summary:
+            return None
+        return summary[b]["ms_per_iter_wall"] / summary[a]["ms_per_iter_wall"]
+
+    memory = r("memory", "hybrid")
+    return {"hybrid_speedup_vs_memmap": r("hybrid", "memmap"),
+            "hybrid_speedup_vs_memmap_bound": r("hybrid", "memmap-bound"),
+            "hybrid_speedup_vs_memmap_random_bound": r("hybrid", "memmap-random-bound"),
+            "hybrid_speedup_vs_rr": r("hybrid", "rr"),
+            "hybrid_slowdown_vs_memory": memory}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default="/tmp/lsm-gnn-bench/e2e", help="generated graph directory (reused)")
+    p.add_argument("--num-nodes", type=int, default=500_000)
+    p.add_argument("--feature-dim", type=int, default=256, help="float32 features: 1 KiB rows by default")
+    p.add_argument("--capacity", default="10%", help="cache capacity (bytes or share of nodes)")
+    p.add_argument("--model", default="sage")
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--fanouts", default="[10,5]")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--window", type=int, default=32)
+    p.add_argument("--iterations", type=int, default=200)
+    p.add_argument("--bound-iterations", type=int, default=10, help="iterations of the memmap-*-bound methods")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--json", default="docs/results/end_to_end.json")
+    p.add_argument("--quick", action="store_true", help="small graph, few iterations, one repeat")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.num_nodes, args.iterations, args.repeats, args.capacity = 20_000, 10, 1, "40%"
+        args.bound_iterations = 3
+        args.data = args.data + "-quick"
+    args.methods = [m for m in args.methods.split(",") if m]
+    bad = [m for m in args.methods if m not in METHODS]
+    if bad:
+        p.error(f"unknown methods {bad}; valid: {', '.join(METHODS)}")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    ds = ensure_graph(args.data, args.num_nodes, args.feature_dim)
+    runs = []
+    for rep in range(args.repeats):
+        order = args.methods[rep % len(args.methods):] + args.methods[:rep % len(args.methods)]
+        for method in order:
+            r = run_once(args, ds, method)
+            r["repeat"] = rep
+            runs.append(r)
+            print(f"repeat {rep} {method:<13} wall {r['wall_s']:.2f}s  hit "
+                  f"{'-' if r['hit_ratio'] is None else format(r['hit_ratio'], '.3f')}", file=sys.stderr)
+    summary = summarize(runs)
+    result = {"settings": {k: v for k, v in vars(args).items() if k != "json"},
+              "dataset": {"path": ds.path, "num_nodes": ds.num_nodes, "feature_file_bytes": ds.features.file_bytes},
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+              "runs": runs, "summary": summary, "ratios": ratios(summary)}
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+    print(table(summary))
+    print(json.dumps(result["ratios"], indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Neighbor sampler throughput (sampled edges/s) beside a vectorized numpy reference.
+
+Both sample uniformly without replacement, hop by hop, and relabel the
+reached nodes into local ids. The numpy reference is the vectorized way
+(one random key per candidate edge, a segmented sort, the first k of each
+segment, np.unique for the relabelling), not a Python loop, so the ratio is
+against a fair baseline. Ours: medians over --repeats; the reference, seconds per batch on a
+power-law graph, is timed once over --numpy-batches. Ratios print last.
+
+    python benchmarks/sampler_throughput.py --data /work/bench-data/rmat-2000000-d15-s0
+    python benchmarks/sampler_throughput.py --quick
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from lsm_gnn.data import open_dataset
+from lsm_gnn.sampling import NeighborSampler
+
+
+def numpy_sample(indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray, fanouts, rng) -> int:
+    """The reference: returns the number of sampled edges."""
+    nodes = seeds
+    known = seeds
+    edges = 0
+    for k in fanouts:
+        start, end = indptr[nodes], indptr[nodes + 1]
+        degree = end - start
+        total = int(degree.sum())
+        segment = np.repeat(np.arange(nodes.size), degree)
+        position = np.arange(total) - np.repeat(np.cumsum(degree) - degree, degree)
+        candidates = indices[np.repeat(start, degree) + position]
+        if k >= 0:
+            order = np.lexsort((rng.random(total), segment))  # random order within each node's neighbors
+            rank = np.empty(total, np.int64)
+            rank[order] = position  # the sorted order keeps segments contiguous, so position is the rank
+            chosen = candidates[rank < k]
+        else:
+            chosen = candidates
+        edges += chosen.size
+        new = np.setdiff1d(np.unique(chosen), known, assume_unique=True)
+        known = np.union1d(known, new)
+        nodes = np.concatenate([nodes, new])
+    return edges
+
+
+def measure(fn, repeats: int, warmup: bool = True) -> float:
+    if warmup:
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default="/work/bench-data/rmat-2000000-d15-s0")
+    p.add_argument("--setups", default="5,2,2,2@2048;10,5@512;15,10,5@1024",
+                   help="fanouts@batch_size, separated by ';'")
+    p.add_argument("--batches", type=int, default=8, help="batches per measurement")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--numpy-batches", type=int, default=2, help="batches the numpy reference is timed on (once)")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--json", default="docs/results/sampler_throughput.json")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        from lsm_gnn.testing import write_tiny_dataset
+
+        path = "/tmp/lsm-gnn-bench/sampler-quick"
+        if not os.path.exists(path):
+            write_tiny_dataset(path, num_nodes=5000, dim=4, avg_degree=8)
+        args.data, args.setups, args.batches, args.repeats = path, "5,2@256", 2, 1
+    ds = open_dataset(args.data, check="shape")
+    indptr = np.asarray(ds.indptr, dtype=np.int64)
+    indices = np.asarray(ds.indices)
+    train = np.asarray(ds.split("train")) if "train" in ds.meta.get("splits", {}) else np.arange(ds.num_nodes)
+    rows = []
+    for setup in args.setups.split(";"):
+        fanout_text, batch_text = setup.split("@")
+        fanouts, batch_size = [int(x) for x in fanout_text.split(",")], int(batch_text)
+        batches = [np.random.default_rng(b).choice(train, batch_size, replace=False) for b in range(args.batches)]
+        sampler = NeighborSampler(ds, fanouts, seed=0)
+        edges = sum(sum(h.edge_index.shape[1] for h in sampler.sample(b, i)) for i, b in enumerate(batches))
+        # The reference takes seconds per batch on a power-law graph: time it once over a few batches.
+        ref_batches = batches[:args.numpy_batches]
+        rng = np.random.default_rng(0)
+        ref_edges = 0
+
+        def reference():
+            nonlocal ref_edges
+            ref_edges = sum(numpy_sample(indptr, indices, b, fanouts, rng) for b in ref_batches)
+
+        ref_seconds = measure(reference, 1, warmup=False)
+        row = {"fanouts": fanouts, "batch_size": batch_size, "edges_per_batch": edges / len(batches),
+               "numpy_edges_per_batch": ref_edges / len(ref_batches), "numpy_edges_per_s": ref_edges / ref_seconds}
+        for t in [int(x) for x in args.threads.split(",")]:
+            s = NeighborSampler(ds, fanouts, seed=0, num_threads=t)
+            row[f"ours_{t}t_edges_per_s"] = edges / measure(
+                lambda: [s.sample(b, i) for i, b in enumerate(batches)], args.repeats)
+            row[f"ours_{t}t_vs_numpy"] = row[f"ours_{t}t_edges_per_s"] / row["numpy_edges_per_s"]
+        rows.append(row)
+        print(f"{setup}: {row}", file=sys.stderr)
+    threads = [int(x) for x in args.threads.split(",")]
+    header = f"{'fanouts':<12}{'batch':>7}{'edges/batch':>13}{'numpy e/s':>12}" + "".join(
+        f"{f'ours {t}t e/s':>14}{f'x numpy':>9}" for t in threads)
+    print(header)
+    for r in rows:
+        print(f"{','.join(map(str, r['fanouts'])):<12}{r['batch_size']:>7}{r['edges_per_batch']:>13,.0f}"
+              f"{r['numpy_edges_per_s']:>12,.0f}" + "".join(
+                  f"{r[f'ours_{t}t_edges_per_s']:>14,.0f}{r[f'ours_{t}t_vs_numpy']:>9.1f}" for t in threads))
+    result = {"dataset": ds.path, "num_nodes": ds.num_nodes, "num_edges": ds.num_edges, "rows": rows,
+              "cpus": os.cpu_count()}
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    main()
