@@ -23,6 +23,7 @@ import torch
 from lsm_gnn.cache import SoftwareCache
 from lsm_gnn.config import Config, ConfigError, cache_capacity_bytes
 from lsm_gnn.loader import NodeLoader
+from lsm_gnn.parallel import all_reduce_sum, batch_to
 
 CHECKPOINT_FORMAT = "lsm-gnn-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -56,16 +57,6 @@ def distributed_context(device: torch.device) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def _all_reduce_sum(values: list[float]) -> list[float]:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return values
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t)
-    return t.tolist()
-
-
 # -- features ----------------------------------------------------------------------------------------------------
 
 def build_features(cfg: Config, dataset, device: torch.device):
@@ -97,18 +88,6 @@ def _storage_of(features):
 
 # -- tasks -------------------------------------------------------------------------------------------------------
 
-def batch_to(batch, device: torch.device):
-    """The batch's tensors on ``device`` (a no-op on CPU)."""
-    if device.type == "cpu":
-        return batch
-    for hop in batch.hops:
-        hop.edge_index = hop.edge_index.to(device, non_blocking=True)
-    batch.x = batch.x.to(device, non_blocking=True)
-    if batch.y is not None:
-        batch.y = batch.y.to(device, non_blocking=True)
-    return batch
-
-
 class NodeClassification:
     """Cross-entropy on the train split; accuracy on the evaluation splits."""
 
@@ -120,6 +99,7 @@ class NodeClassification:
                               "(or set train.task=link for a user-item dataset)")
         self.cfg, self.dataset = cfg, dataset
         self.out_dim = int(dataset.num_classes)
+        self.splits = sorted(dataset.meta.get("splits", {}))
 
     def train_loader(self, features, rank: int, world_size: int) -> NodeLoader:
         c = self.cfg
@@ -144,7 +124,7 @@ class NodeClassification:
                 batch = batch_to(batch, device)
                 correct += int((model(batch).argmax(1) == batch.y).sum())
                 total += batch.y.numel()
-        correct, total = _all_reduce_sum([correct, total])
+        correct, total = all_reduce_sum([correct, total])
         return {"accuracy": correct / total if total else float("nan"), "count": int(total)}
 
 
@@ -292,6 +272,10 @@ class Trainer:
         self.device = self._device(cfg.train.device)
         self.rank, self.world_size = distributed_context(self.device)
         self.task = make_task(cfg, self.dataset)
+        missing = [s for s in cfg.train.eval_splits if s not in self.task.splits]
+        if missing:  # fail now, not after the first epoch
+            raise ConfigError(f"train.eval_splits has {missing}, which dataset {self.dataset.path} lacks; it has "
+                              f"{self.task.splits or 'none'}: set train.eval_splits={self.task.splits}")
         self.features = build_features(cfg, self.dataset, self.device) if features is None else features
         torch.manual_seed(cfg.train.seed)
         self.module = HopGNN(cfg.model.kind, self.dataset.feature_dim, cfg.model.hidden, self.task.out_dim,

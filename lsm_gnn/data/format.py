@@ -10,6 +10,12 @@ Layout (every name is recorded in ``meta.json``; these are the defaults)::
     labels.npy             int64 class per node, -1 where unlabeled (optional)
     train_idx.npy, val_idx.npy, test_idx.npy   int64 node ids (optional)
     scores/<name>.npy      float32 per node static scores (optional)
+    val_edges.npy, test_edges.npy   int64 ``(E, 2)`` held-out node pairs for
+                           link prediction, absent from the CSR (optional)
+
+A user-item (bipartite) dataset also records ``num_users`` and
+``num_items``: nodes ``[0, num_users)`` are users, the rest items, and every
+held-out pair is ``(user, item)``.
 
 One node's feature row is one cache line and one aligned read: the stride is
 a multiple of 512 bytes so every row starts on an ``O_DIRECT`` boundary.
@@ -35,6 +41,7 @@ ROW_ALIGNMENT = 512
 FEATURE_DTYPES = ("float32", "float16", "int8", "uint8")
 INDEX_DTYPES = ("int32", "int64")
 SPLITS = ("train", "val", "test")
+EDGE_SPLITS = ("val", "test")  # training edges are the CSR itself
 CHECKSUM_CHUNK = 64 << 20
 
 
@@ -158,6 +165,29 @@ class Dataset:
                            "Compute it with 'lsm-gnn prepare scores <dataset>'")
         return self._array(scores[name])
 
+    @property
+    def num_users(self) -> int | None:
+        """Users are nodes ``[0, num_users)`` of a user-item dataset; None for other graphs."""
+        return self.meta.get("num_users")
+
+    @property
+    def num_items(self) -> int | None:
+        """Items are nodes ``[num_users, num_nodes)`` of a user-item dataset; None for other graphs."""
+        return self.meta.get("num_items")
+
+    @property
+    def edge_split_names(self) -> list[str]:
+        return sorted(self.meta.get("edge_splits", {}))
+
+    def edge_split(self, name: str) -> np.ndarray:
+        """Held-out node pairs of split ``name`` (val or test): int64, shape ``(E, 2)``, not in the CSR."""
+        edge_splits = self.meta.get("edge_splits", {})
+        if name not in edge_splits:
+            raise KeyError(f"dataset {self.path} has no '{name}' edge split; it has: {sorted(edge_splits) or 'none'}. "
+                           "Generate a user-item dataset with lsm_gnn.data.bipartite.generate_bipartite, or write "
+                           "held-out pairs with DatasetWriter.write_edge_split")
+        return self._array(edge_splits[name])
+
     def read_features_direct(self, ids: np.ndarray) -> np.ndarray:
         """Reads feature rows with plain buffered file reads: slow, simple,
         the ground truth that tests compare every storage and cache path to."""
@@ -196,7 +226,9 @@ def _require(meta: dict, key: str, kind: type | tuple, where: str) -> Any:
     return value
 
 
-def _load_npy(ds_path: str, name: str, dtype_choices: tuple[str, ...], length: int | None, what: str) -> np.ndarray:
+def _load_npy(ds_path: str, name: str, dtype_choices: tuple[str, ...], length: int | None, what: str,
+              width: int | None = None) -> np.ndarray:
+    """A .npy of ``length`` entries (any if None), one-dimensional or, with ``width``, of shape (length, width)."""
     path = os.path.join(ds_path, name)
     if not os.path.isfile(path):
         raise _fail(path, f"the {what} file is missing", "Re-create the dataset with 'lsm-gnn prepare'")
@@ -205,9 +237,9 @@ def _load_npy(ds_path: str, name: str, dtype_choices: tuple[str, ...], length: i
     except Exception as exc:  # numpy raises ValueError/OSError/EOFError for bad headers and short files
         raise _fail(path, f"cannot read the {what} array ({exc})",
                     "The file is truncated or not a .npy file; re-create the dataset") from exc
-    if array.ndim != 1:
-        raise _fail(path, f"the {what} array has shape {array.shape}, expected one dimension",
-                    "Re-create the dataset")
+    expected = "one dimension" if width is None else f"shape (n, {width})"
+    if array.ndim != (1 if width is None else 2) or width is not None and array.shape[1] != width:
+        raise _fail(path, f"the {what} array has shape {array.shape}, expected {expected}", "Re-create the dataset")
     if array.dtype.name not in dtype_choices:
         raise _fail(path, f"the {what} array has dtype {array.dtype}, expected one of {', '.join(dtype_choices)}",
                     "Convert it to a supported dtype and re-create the dataset")
@@ -228,6 +260,18 @@ def _check_range(path: str, array: np.ndarray, low: int, high: int, what: str, c
             bad = start + int(np.flatnonzero((block < low) | (block >= high))[0])
             raise _fail(path, f"{what} at position {bad} is {int(array[bad])}, outside [{low}, {high})",
                         "The ids do not match this dataset's node count; re-create the dataset")
+
+
+def _check_bipartite(meta: dict, meta_path: str, num_nodes: int) -> int | None:
+    """``num_users`` of a user-item dataset (users first, then items), None for other graphs."""
+    if "num_users" not in meta and "num_items" not in meta:
+        return None
+    num_users = _require(meta, "num_users", int, meta_path)
+    num_items = _require(meta, "num_items", int, meta_path)
+    if num_users <= 0 or num_items <= 0 or num_users + num_items != num_nodes:
+        raise _fail(meta_path, f"num_users={num_users} and num_items={num_items} must be positive and sum to "
+                    f"num_nodes={num_nodes}", "Users are nodes [0, num_users), items the rest; re-create the dataset")
+    return num_users
 
 
 def open_dataset(path: str | os.PathLike, check: str = "full") -> Dataset:
@@ -319,6 +363,16 @@ def open_dataset(path: str | os.PathLike, check: str = "full") -> Dataset:
         split_arrays[split_name] = _load_npy(path, file_name, ("int64",), None, f"{split_name} split")
     for score_name, file_name in meta.get("scores", {}).items():
         _load_npy(path, file_name, ("float32",), num_nodes, f"'{score_name}' score")
+    num_users = _check_bipartite(meta, meta_path, num_nodes)
+    edge_splits = meta.get("edge_splits", {})
+    if not isinstance(edge_splits, dict):
+        raise _fail(meta_path, "key 'edge_splits' has the wrong type", "The file is damaged; re-create the dataset")
+    edge_arrays = {}
+    for split_name, file_name in edge_splits.items():
+        if split_name not in EDGE_SPLITS:
+            raise _fail(meta_path, f"unknown edge split '{split_name}'",
+                        f"Edge splits are {', '.join(EDGE_SPLITS)} (training edges are the CSR)")
+        edge_arrays[split_name] = _load_npy(path, file_name, ("int64",), None, f"{split_name} edge split", width=2)
 
     if check == "full":
         for start in range(0, num_nodes, 1 << 24):
@@ -331,4 +385,10 @@ def open_dataset(path: str | os.PathLike, check: str = "full") -> Dataset:
             _check_range(os.path.join(path, labels_name), labels, -1, int(meta["num_classes"]), "label")
         for split_name, array in split_arrays.items():
             _check_range(os.path.join(path, splits[split_name]), array, 0, num_nodes, f"{split_name} node id")
+        for split_name, array in edge_arrays.items():
+            # Pairs are (user, item) in a user-item dataset, any two nodes otherwise.
+            first_end, second_start = (num_nodes, 0) if num_users is None else (num_users, num_users)
+            edge_path = os.path.join(path, edge_splits[split_name])
+            _check_range(edge_path, array[:, 0], 0, first_end, f"{split_name} pair's first node")
+            _check_range(edge_path, array[:, 1], second_start, num_nodes, f"{split_name} pair's second node")
     return Dataset(path, meta)

@@ -18,8 +18,8 @@ from typing import Iterable
 import numpy as np
 
 from lsm_gnn.data.format import (
-    FEATURE_DTYPES, FORMAT_NAME, META_FILE, PAGE_SIZE, ROW_ALIGNMENT, SCHEMA_VERSION, SPLITS, Dataset, DatasetError,
-    crc32_file, feature_file_bytes, open_dataset, row_stride_for,
+    EDGE_SPLITS, FEATURE_DTYPES, FORMAT_NAME, META_FILE, PAGE_SIZE, ROW_ALIGNMENT, SCHEMA_VERSION, SPLITS, Dataset,
+    DatasetError, crc32_file, feature_file_bytes, open_dataset, row_stride_for,
 )
 
 EDGE_CHUNK = 1 << 22  # edges per chunk when building CSR; bounds memory to ~100 MB
@@ -43,7 +43,9 @@ class DatasetWriter:
 
     Call :meth:`write_features` with consecutive row chunks, one of
     :meth:`write_edges` / :meth:`write_csr`, optionally :meth:`write_labels`,
-    :meth:`write_split` and :meth:`write_score`, then :meth:`commit`.
+    :meth:`write_split` and :meth:`write_score`, then :meth:`commit`. A
+    user-item dataset also calls :meth:`set_bipartite` and
+    :meth:`write_edge_split` for its held-out interactions.
     """
 
     def __init__(self, path: str | os.PathLike, *, num_nodes: int, feature_dim: int, feature_dtype: str = "float32",
@@ -312,6 +314,54 @@ class DatasetWriter:
         file_name = f"scores/{name}.npy"
         np.save(os.path.join(self.tmp, file_name), scores)
         self.meta["scores"][name] = file_name
+
+    # -- user-item datasets (link prediction) --------------------------------
+    def set_bipartite(self, num_users: int, num_items: int) -> None:
+        """Marks nodes ``[0, num_users)`` as users and the remaining ``num_items`` as items."""
+        if num_users <= 0 or num_items <= 0 or num_users + num_items != self.num_nodes:
+            raise ValueError(f"num_users={num_users} and num_items={num_items} must be positive and sum to "
+                             f"num_nodes={self.num_nodes}")
+        self.meta["num_users"], self.meta["num_items"] = int(num_users), int(num_items)
+
+    def write_edge_split(self, name: str, edges) -> None:
+        """Stores held-out node pairs (``(user, item)`` in a user-item dataset) as ``<name>_edges.npy``.
+
+        ``edges`` is an ``(E, 2)`` integer array (a memory map is read in
+        chunks) or an iterable of ``(k, 2)`` chunks. The pairs must not be
+        in the CSR: they are what link prediction is evaluated on.
+        """
+        if name not in EDGE_SPLITS:
+            raise ValueError(f"unknown edge split {name!r}; edge splits are {', '.join(EDGE_SPLITS)} "
+                             "(training edges are the CSR)")
+        if hasattr(edges, "shape"):
+            array = edges
+            edges = (array[start:start + EDGE_CHUNK] for start in range(0, max(len(array), 1), EDGE_CHUNK))
+        users = self.meta.get("num_users")
+        first_end, second_start = (self.num_nodes, 0) if users is None else (users, users)
+        spill_path = os.path.join(self.tmp, f"{name}_edges.spill")
+        count = 0
+        with open(spill_path, "wb") as spill:
+            for chunk in edges:
+                chunk = np.asarray(chunk)
+                if chunk.ndim != 2 or chunk.shape[1] != 2 or chunk.size and not np.issubdtype(chunk.dtype, np.integer):
+                    raise ValueError(f"{name} edges must be integer node pairs of shape (E, 2), got {chunk.dtype} "
+                                     f"{chunk.shape}")
+                chunk = chunk.astype(np.int64)
+                if chunk.size and (chunk[:, 0].min() < 0 or chunk[:, 0].max() >= first_end
+                                   or chunk[:, 1].min() < second_start or chunk[:, 1].max() >= self.num_nodes):
+                    raise ValueError(f"{name} edges must pair a node in [0, {first_end}) with one in "
+                                     f"[{second_start}, {self.num_nodes}); call set_bipartite() first for users "
+                                     "and items")
+                chunk.tofile(spill)
+                count += chunk.shape[0]
+        file_name = f"{name}_edges.npy"
+        out = np.lib.format.open_memmap(os.path.join(self.tmp, file_name), "w+", np.int64, (count, 2))
+        if count:
+            out[:] = np.memmap(spill_path, dtype=np.int64, mode="r", shape=(count, 2))
+        out.flush()
+        del out
+        os.remove(spill_path)
+        self.meta.setdefault("edge_splits", {})[name] = file_name
 
     def csr(self) -> tuple[np.ndarray, np.ndarray]:
         """The topology written so far (memory-mapped), e.g. to compute scores before commit."""

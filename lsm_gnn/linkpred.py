@@ -1,0 +1,350 @@
+"""Link prediction for recommendation: user-item edge batches, BPR loss, recall@k.
+
+A user-item dataset (see ``docs/dataset_format.md``) has users at nodes
+``[0, num_users)`` and items after them; its CSR holds the training
+interactions in both directions and ``dataset.edge_split("test")`` the
+held-out ``(user, item)`` pairs. :class:`LinkLoader` walks the training
+edges in shuffled batches, each with uniformly drawn negative items, and
+samples hops around the batch's distinct nodes through the same cache as
+node classification; a model embeds those nodes and :func:`bpr_loss` ranks
+each positive above its negatives. :func:`recall_at_k` embeds users and
+items through the same sampled-hop path and ranks every item for each user.
+See ``docs/link_prediction.md``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lsm_gnn.data.format import DatasetError
+from lsm_gnn.loader import Batch, NodeLoader
+from lsm_gnn.parallel import all_reduce_sum, batch_to
+from lsm_gnn.sampling import Hop
+
+SCORE_CHUNK = 1 << 24  # user x item scores held at once in recall_at_k (64 MiB of float32)
+
+
+def user_item_sizes(dataset) -> tuple[int, int]:
+    """``(num_users, num_items)`` of a user-item dataset; a clear error for any other."""
+    if dataset.num_users is None:
+        raise DatasetError(f"{dataset.path}: not a user-item dataset (meta.json has no num_users / num_items). "
+                           "Link prediction needs users at nodes [0, num_users) and items after them: generate one "
+                           "with lsm_gnn.data.bipartite.generate_bipartite, or write one with "
+                           "DatasetWriter.set_bipartite() and write_edge_split()")
+    return int(dataset.num_users), int(dataset.num_items)
+
+
+@dataclass(kw_only=True)
+class LinkBatch(Batch):
+    """A batch of training edges (a :class:`~lsm_gnn.loader.Batch` without labels, ``y`` is None).
+    ``model(batch)`` embeds ``seeds`` (= ``hops[0].nodes[:len(seeds)]``, sorted, distinct); edge
+    ``j`` is ``(seeds[user[j]], seeds[pos[j]])`` and its negatives are ``seeds[neg[j]]``."""
+
+    user: torch.Tensor  # (B,) int64 index into seeds
+    pos: torch.Tensor   # (B,) int64 index into seeds
+    neg: torch.Tensor   # (B, num_negatives) int64 index into seeds
+
+
+@dataclass
+class _Plan:
+    """A batch before sampling: CSR positions of its training edges (user rows come first, so
+    position p is the edge (user owning p, indices[p])); resolved lazily in the loader's thread."""
+
+    epoch: int
+    index: int
+    positions: np.ndarray
+    resolved: tuple | None = None
+
+
+class LinkLoader(NodeLoader):
+    """Iterates batches of ``batch_size`` training (user, item) edges with ``num_negatives`` negative items each.
+
+    One epoch visits every training edge once (the user rows of the CSR),
+    in an order shuffled with ``(seed, epoch)``; negatives are uniform over
+    all items, drawn with ``(seed, epoch, batch)``, so a batch is the same
+    on resume (:meth:`state_dict`). A negative may, rarely, be one of the
+    user's training items (probability ``degree / num_items``), as in most
+    BPR implementations. ``options`` are :class:`NodeLoader`'s (``shuffle``,
+    ``drop_last``, ``window``, ``prefetch``, ``seed``, ``rank``,
+    ``world_size``, ``num_threads``); with ``world_size > 1`` each rank gets
+    an equal share of the edges.
+
+    ``exclude_positives`` (default) removes each batch's own training edges,
+    both directions, from its sampled hops. Otherwise a model learns to find
+    the positive among the user's neighbours (matching its exact features),
+    which scores training edges well and held-out ones, never neighbours,
+    badly: DGL's ``exclude="reverse_id"`` guards against the same leak.
+    """
+
+    def __init__(self, dataset, features, fanouts, batch_size: int, *, num_negatives: int = 1,
+                 exclude_positives: bool = True, **options):
+        num_users, num_items = user_item_sizes(dataset)
+        if num_negatives < 1:
+            raise ValueError(f"num_negatives must be >= 1, got {num_negatives}")
+        user_indptr = np.array(dataset.indptr[:num_users + 1], dtype=np.int64)
+        num_train = int(user_indptr[-1])
+        if num_train == 0:
+            raise DatasetError(f"{dataset.path}: the CSR holds no training interactions")
+        chunk = 1 << 24  # scanned in chunks: the topology may be far larger than memory
+        lowest = min(int(np.min(dataset.indices[s:min(s + chunk, num_train)])) for s in range(0, num_train, chunk))
+        if lowest < num_users:
+            raise DatasetError(f"{dataset.path}: a user's CSR row lists user {lowest}; a user-item dataset's user "
+                               "rows must list only items (its training interactions). Re-create the dataset")
+        self.num_users, self.num_items, self.num_negatives = num_users, num_items, int(num_negatives)
+        self.exclude_positives = exclude_positives
+        self.num_train_edges, self._user_indptr = num_train, user_indptr
+        # NodeLoader's seeds: the users that have training edges (only its sharing checks use them).
+        super().__init__(dataset, features, fanouts, batch_size, np.flatnonzero(np.diff(user_indptr)), **options)
+
+    def __del__(self):
+        if hasattr(self, "_stop"):  # a constructor that failed before NodeLoader.__init__ started nothing
+            super().__del__()
+
+    @property
+    def edges_per_rank(self) -> int:
+        """Every rank gets the same number of edges (the remainder of each epoch's shuffle is left out)."""
+        return self.num_train_edges // self.world_size
+
+    def __len__(self) -> int:
+        full, rest = divmod(self.edges_per_rank, self.batch_size)
+        return full if self.drop_last or rest == 0 else full + 1
+
+    # -- NodeLoader hooks ------------------------------------------------------------------------------------------
+
+    def _epoch_plans(self, epoch: int) -> list:
+        order = (np.random.default_rng([self.seed, epoch]).permutation(self.num_train_edges) if self.shuffle
+                 else np.arange(self.num_train_edges))
+        if self.world_size > 1:  # the same permutation on every rank, dealt out in turn
+            order = order[:self.edges_per_rank * self.world_size][self.rank::self.world_size]
+        return [_Plan(epoch, i, order[i * self.batch_size:(i + 1) * self.batch_size]) for i in range(len(self))]
+
+    def _resolve(self, plan: _Plan) -> tuple:
+        if plan.resolved is None:
+            users = np.searchsorted(self._user_indptr, plan.positions, side="right") - 1
+            items = np.asarray(self.dataset.indices[plan.positions], dtype=np.int64)
+            rng = np.random.default_rng([self.seed, plan.epoch, plan.index])
+            neg = rng.integers(self.num_users, self.num_users + self.num_items, (users.size, self.num_negatives))
+            nodes, local = np.unique(np.concatenate([users, items, neg.reshape(-1)]), return_inverse=True)
+            b = users.size
+            plan.resolved = nodes, local[:b], local[b:2 * b], local[2 * b:].reshape(b, self.num_negatives)
+        return plan.resolved
+
+    def _plan_nodes(self, plan: _Plan) -> np.ndarray:
+        return self._resolve(plan)[0]
+
+    def _make_batch(self, iteration: int, plan: _Plan, hops: list[Hop], x: torch.Tensor, hit: torch.Tensor):
+        nodes, user, pos, neg = (torch.from_numpy(a) for a in self._resolve(plan))
+        plan.resolved = None  # the batch owns the arrays now
+        if self.exclude_positives:
+            _drop_pairs(hops, nodes.numel(), user, pos)
+        return LinkBatch(iteration, nodes, hops, x, None, hit, user=user, pos=pos, neg=neg)
+
+    # -- resumable position ------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "num_train_edges": self.num_train_edges, "num_negatives": self.num_negatives}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, have in (("num_train_edges", self.num_train_edges), ("num_negatives", self.num_negatives)):
+            if state.get(key, have) != have:
+                raise ValueError(f"the saved loader state has {key}={state[key]} but this loader has {key}={have}; "
+                                 "resume with the same dataset and loader settings")
+        super().load_state_dict(state)
+
+
+def _drop_pairs(hops: list[Hop], num_seeds: int, a: torch.Tensor, b: torch.Tensor) -> None:
+    """Removes the edges between seeds ``a[j]`` and ``b[j]``, both directions, from every hop.
+
+    Seeds keep their index in every hop (a hop's destinations are the
+    previous hop's nodes), so one set of keys serves all hops.
+    """
+    keys = torch.cat([a * num_seeds + b, b * num_seeds + a])
+    for hop in hops:
+        src, dst = hop.edge_index
+        drop = (src < num_seeds) & (dst < num_seeds) & torch.isin(src * num_seeds + dst, keys)
+        hop.edge_index = hop.edge_index[:, ~drop]
+
+
+def bpr_loss(user_emb: torch.Tensor, pos_emb: torch.Tensor, neg_emb: torch.Tensor) -> torch.Tensor:
+    """Bayesian personalized ranking: ``mean(softplus(<u, n> - <u, p>))`` (= ``-log sigmoid`` of the margin).
+
+    ``user_emb`` and ``pos_emb`` are ``(B, D)``; ``neg_emb`` is ``(B, D)`` or
+    ``(B, K, D)`` (K negatives per edge, each compared with the positive).
+    """
+    if pos_emb.shape != user_emb.shape or user_emb.dim() != 2:
+        raise ValueError(f"user and positive embeddings must both be (B, D), got {tuple(user_emb.shape)} and "
+                         f"{tuple(pos_emb.shape)}")
+    if neg_emb.dim() == 2:
+        neg_emb = neg_emb.unsqueeze(1)
+    if neg_emb.dim() != 3 or neg_emb.shape[0] != user_emb.shape[0] or neg_emb.shape[2] != user_emb.shape[1]:
+        raise ValueError(f"negative embeddings must be (B, D) or (B, K, D) with B, D = {tuple(user_emb.shape)}, "
+                         f"got {tuple(neg_emb.shape)}")
+    pos_score = (user_emb * pos_emb).sum(-1, keepdim=True)     # (B, 1)
+    neg_score = (user_emb.unsqueeze(1) * neg_emb).sum(-1)      # (B, K)
+    return torch.nn.functional.softplus(neg_score - pos_score).mean()
+
+
+# -- evaluation ----------------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def embed_nodes(model, dataset, features, fanouts, nodes, *, batch_size: int = 1024, device=None,
+                **options) -> torch.Tensor:
+    """``model``'s output for each of the distinct ``nodes``, in order, sampled as in training.
+
+    Uses a :class:`NodeLoader` with ``shuffle=False``; sampling is
+    deterministic in ``options["seed"]`` (default 0), so two calls agree.
+    The model is put in eval mode and restored.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        loader = NodeLoader(dataset, features, fanouts, batch_size, seeds=nodes, shuffle=False, **options)
+        return torch.cat([model(batch_to(batch, device)) for batch in loader])
+    finally:
+        model.train(was_training)
+
+
+def _row_entries(indptr, indices, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(j, v)`` for every entry ``v`` of CSR row ``rows[j]``."""
+    starts = np.asarray(indptr[rows], dtype=np.int64)
+    lengths = np.asarray(indptr[rows + 1], dtype=np.int64) - starts
+    local = np.repeat(np.arange(rows.size), lengths)
+    positions = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths - starts, lengths)
+    return local, np.asarray(indices[positions], dtype=np.int64)
+
+
+def _pairs_of(sorted_pairs: np.ndarray, users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(j, item)`` for every pair ``(users[j], item)``; pairs sorted by user, ``users`` sorted."""
+    lo = np.searchsorted(sorted_pairs[:, 0], users[0], side="left")
+    hi = np.searchsorted(sorted_pairs[:, 0], users[-1], side="right")
+    block = sorted_pairs[lo:hi]
+    local = np.minimum(np.searchsorted(users, block[:, 0]), users.size - 1)
+    keep = users[local] == block[:, 0]
+    return local[keep], block[keep, 1]
+
+
+def ranking_sums(model, dataset, features, fanouts, *, k: int = 20, split: str = "test", batch_size: int = 1024,
+                 device=None, rank: int = 0, world_size: int = 1, **options) -> tuple[float, float, int]:
+    """``(sum of recall@k, sum of the random ranking's expected recall@k, users)`` over
+    this rank's share of the evaluated users (every ``world_size``-th); see :func:`recall_at_k`.
+    Sums, so that ranks can add theirs up before dividing."""
+    num_users, num_items = user_item_sizes(dataset)
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    sorted_pairs = {}
+    for name in {split, *dataset.edge_split_names}:
+        pairs = np.asarray(dataset.edge_split(name))  # names the fix when the split is missing
+        sorted_pairs[name] = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
+    users = np.unique(sorted_pairs[split][:, 0])[rank::world_size]
+    if users.size == 0:
+        return 0.0, 0.0, 0
+    nodes = np.concatenate([users, np.arange(num_users, dataset.num_nodes)])  # this rank's users, every item
+    emb = embed_nodes(model, dataset, features, fanouts, nodes, batch_size=batch_size, device=device, **options)
+    user_emb, item_emb = emb[:users.size], emb[users.size:]
+    recall_sum = random_sum = 0.0
+    count = 0
+    chunk = max(1, SCORE_CHUNK // num_items)
+    for start in range(0, users.size, chunk):
+        block = users[start:start + chunk]
+        # Known items (training and the other held-out splits) are neither ranked nor counted.
+        known = np.zeros((block.size, num_items), dtype=bool)
+        local, items = _row_entries(dataset.indptr, dataset.indices, block)
+        keep = items >= num_users
+        known[local[keep], items[keep] - num_users] = True
+        for name, pairs in sorted_pairs.items():
+            if name != split:
+                local, items = _pairs_of(pairs, block)
+                known[local, items - num_users] = True
+        target = np.zeros_like(known)
+        local, items = _pairs_of(sorted_pairs[split], block)
+        target[local, items - num_users] = True
+        target &= ~known
+        known_t, target_t = torch.from_numpy(known), torch.from_numpy(target)
+        scores = (user_emb[start:start + block.size] @ item_emb.T).float().cpu().masked_fill_(known_t, float("-inf"))
+        top = scores.topk(min(k, num_items), dim=1).indices
+        hits = target_t.gather(1, top).sum(1).double()
+        held = target_t.sum(1).double()
+        candidates = num_items - known_t.sum(1).double()
+        valid = held > 0
+        denominator = held.clamp(max=k)
+        # A uniformly random ranking of the candidates puts min(k, C) of them in the top k, each held out
+        # with probability held / C (the mean of a hypergeometric draw).
+        expected = candidates.clamp(max=k) * held / candidates.clamp(min=1)
+        recall_sum += float((hits / denominator)[valid].sum())
+        random_sum += float((expected / denominator)[valid].sum())
+        count += int(valid.sum())
+    return recall_sum, random_sum, count
+
+
+def recall_at_k(model, dataset, features, fanouts, *, k: int = 20, split: str = "test", batch_size: int = 1024,
+                device=None, **options) -> dict:
+    """Recall@k of ``model`` on the held-out pairs of ``split``, beside a random ranking's.
+
+    Users with held-out items and all items are embedded by
+    :func:`embed_nodes` (``options`` go to its loader: ``seed``, ``window``,
+    ...). For each user u, every item is scored ``<emb(u), emb(i)>``; the
+    user's known items (its training items and its pairs in the other edge
+    splits) are removed; ``H(u)`` is u's held-out items of ``split`` that
+    are not known, and users with empty ``H(u)`` are skipped. Then::
+
+        recall@k = mean over users of |top_k(u) & H(u)| / min(k, |H(u)|)
+
+    ``random_recall`` is the exact expectation of the same quantity under a
+    uniformly random ranking of the ``C(u)`` unknown items:
+    ``min(k, C(u)) * |H(u)| / C(u) / min(k, |H(u)|)``, averaged alike.
+    Returns ``{"recall", "random_recall", "users", "k", "split"}``.
+    """
+    recall_sum, random_sum, count = ranking_sums(model, dataset, features, fanouts, k=k, split=split,
+                                                 batch_size=batch_size, device=device, **options)
+    nan = float("nan")
+    return {"recall": recall_sum / count if count else nan, "random_recall": random_sum / count if count else nan,
+            "users": count, "k": k, "split": split}
+
+
+# -- the trainer's task ---------------------------------------------------------------------------------------------
+
+class LinkPrediction:
+    """``train.task=link``: BPR on the training edges; recall@20 on the held-out edge splits."""
+
+    name = "link"
+    k = 20
+
+    def __init__(self, cfg, dataset):
+        from lsm_gnn.config import ConfigError
+
+        try:
+            user_item_sizes(dataset)
+        except DatasetError as exc:
+            raise ConfigError(f"train.task=link: {exc}") from exc
+        self.cfg, self.dataset = cfg, dataset
+        self.out_dim = int(cfg.model.hidden)  # the embedding size
+        self.splits = list(dataset.edge_split_names)  # the held-out edges recall is measured on
+
+    def train_loader(self, features, rank: int, world_size: int) -> LinkLoader:
+        c = self.cfg
+        return LinkLoader(self.dataset, features, c.sampler.fanouts, c.sampler.batch_size, shuffle=True,
+                          window=c.cache.window, seed=c.train.seed, rank=rank, world_size=world_size,
+                          num_threads=c.sampler.num_threads)
+
+    def loss(self, model, batch: LinkBatch) -> torch.Tensor:
+        emb = model(batch)
+        user, pos, neg = (t.to(emb.device) for t in (batch.user, batch.pos, batch.neg))
+        return bpr_loss(emb[user], emb[pos], emb[neg])
+
+    def evaluate(self, model, features, split: str, device, rank: int, world_size: int) -> dict:
+        from lsm_gnn.config import ConfigError
+
+        if split not in self.dataset.edge_split_names:
+            raise ConfigError(f"dataset {self.dataset.path} has no '{split}' edge split (it has "
+                              f"{self.dataset.edge_split_names or 'none'}); set train.eval_splits to those")
+        c = self.cfg
+        sums = ranking_sums(model, self.dataset, features, c.sampler.fanouts, k=self.k, split=split,
+                            batch_size=c.train.eval_batch_size or c.sampler.batch_size, device=device, rank=rank,
+                            world_size=world_size, window=c.cache.window, seed=c.train.seed + 1,
+                            num_threads=c.sampler.num_threads)
+        recall_sum, random_sum, count = all_reduce_sum(list(sums))
+        nan = float("nan")
+        return {f"recall@{self.k}": recall_sum / count if count else nan,
+                f"random_recall@{self.k}": random_sum / count if count else nan, "count": int(count)}

@@ -1,0 +1,286 @@
+"""Link prediction: the user-item format and generator, LinkLoader, BPR and recall@k."""
+import json
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from lsm_gnn import DatasetError, DatasetWriter, open_dataset, open_storage
+from lsm_gnn.cache import SoftwareCache
+from lsm_gnn.data.bipartite import generate_bipartite
+from lsm_gnn.linkpred import LinkLoader, bpr_loss, recall_at_k
+from lsm_gnn.testing import write_tiny_dataset
+
+U, I, DIM = 1000, 1000, 16
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    # On a shared 2-core machine, two busy-waiting torch threads run tiny models 10-40x slower.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    return generate_bipartite(tmp_path_factory.mktemp("lp") / "g", num_users=U, num_items=I, avg_interactions=20,
+                              feature_dim=DIM, seed=0, val_fraction=0.1, progress=False)
+
+
+def train_pairs(ds):
+    """The training (user, item) pairs: the user rows of the CSR."""
+    indptr, indices = np.asarray(ds.indptr), np.asarray(ds.indices)
+    return np.stack([np.repeat(np.arange(U), np.diff(indptr[:U + 1])), indices[:indptr[U]]], axis=1)
+
+
+def keys(pairs):
+    return np.asarray(pairs[:, 0], dtype=np.int64) * (U + I) + pairs[:, 1]
+
+
+# -- the data ------------------------------------------------------------------------------------------------------
+
+def test_the_generated_dataset_validates_and_reopens(ds, tmp_path):
+    again = open_dataset(ds.path)  # full validation, edge splits included
+    again.verify_checksums()
+    assert (again.num_users, again.num_items, again.num_nodes) == (U, I, U + I)
+    assert again.edge_split_names == ["test", "val"]
+    assert {"test_edges.npy", "val_edges.npy"} <= set(again.meta["checksums"])
+    for name in ("test", "val"):
+        pairs = again.edge_split(name)
+        assert pairs.dtype == np.int64 and pairs.ndim == 2 and pairs.shape[1] == 2 and len(pairs) > 100
+        assert pairs[:, 0].max() < U <= pairs[:, 1].min()
+    # Deterministic in its parameters.
+    same = generate_bipartite(tmp_path / "same", num_users=U, num_items=I, avg_interactions=20, feature_dim=DIM,
+                              seed=0, val_fraction=0.1, progress=False, scores=())
+    for name in ("features.bin", "indices.npy", "test_edges.npy", "val_edges.npy"):
+        with open(ds.file_path(name), "rb") as a, open(same.file_path(name), "rb") as b:
+            assert a.read() == b.read(), name
+
+
+def test_held_out_edges_are_absent_from_the_symmetric_csr(ds):
+    train = train_pairs(ds)
+    assert train[:, 1].min() >= U  # user rows list items only
+    indptr, indices = np.asarray(ds.indptr), np.asarray(ds.indices)
+    item_rows = np.stack([indices[indptr[U]:], np.repeat(np.arange(U, U + I), np.diff(indptr[U:]))], axis=1)
+    assert np.array_equal(np.sort(keys(train)), np.sort(keys(item_rows)))  # both directions
+    seen = set(keys(train).tolist())
+    test, val = keys(ds.edge_split("test")), keys(ds.edge_split("val"))
+    assert not seen & set(test.tolist()) and not seen & set(val.tolist()) and not set(test.tolist()) & set(val.tolist())
+    assert np.unique(test).size == test.size
+    degree = np.diff(indptr[U:])
+    assert degree.max() > 3 * degree.mean()  # popular items
+
+
+def test_the_format_rejects_bad_user_item_data(ds, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(ds.path, bad)
+    meta = json.loads((bad / "meta.json").read_text())
+    meta["num_items"] = I - 1
+    (bad / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DatasetError, match="sum to num_nodes"):
+        open_dataset(bad)
+    meta["num_items"] = I
+    (bad / "meta.json").write_text(json.dumps(meta))
+    pairs = np.array(ds.edge_split("test"))
+    pairs[3, 1] = 5  # a user where an item belongs
+    np.save(bad / "test_edges.npy", pairs)
+    with pytest.raises(DatasetError, match="test_edges.npy.*second node at position 3"):
+        open_dataset(bad)
+    np.save(bad / "test_edges.npy", pairs[:, 0])
+    with pytest.raises(DatasetError, match=r"expected shape \(n, 2\)"):
+        open_dataset(bad)
+
+    with DatasetWriter(tmp_path / "w", num_nodes=10, feature_dim=2) as writer:
+        with pytest.raises(ValueError, match="sum to num_nodes"):
+            writer.set_bipartite(4, 5)
+        writer.set_bipartite(4, 6)
+        with pytest.raises(ValueError, match="unknown edge split"):
+            writer.write_edge_split("train", np.zeros((1, 2), dtype=np.int64))
+        with pytest.raises(ValueError, match=r"\[0, 4\) with one in \[4, 10\)"):
+            writer.write_edge_split("test", np.array([[5, 6]]))
+        with pytest.raises(ValueError, match="shape"):
+            writer.write_edge_split("test", np.array([1, 2, 3]))
+
+
+# -- the loader ----------------------------------------------------------------------------------------------------
+
+def test_every_batch_reads_the_file_and_an_epoch_visits_every_training_edge_once(ds):
+    with open_storage(ds, "io_uring") as storage:
+        cache = SoftwareCache(storage, num_sets=16, ways=32, policy="hybrid", window=8, oversubscribe=True)
+        loader = LinkLoader(ds, cache, [4, 2], batch_size=700, num_negatives=3, window=8)
+        for epoch in range(2):
+            edges = []
+            for batch in loader:
+                assert np.array_equal(batch.x.numpy(), ds.read_features_direct(batch.input_nodes.numpy()))
+                assert torch.equal(batch.hops[0].nodes[:batch.seeds.numel()], batch.seeds)
+                assert torch.equal(batch.seeds.unique(), batch.seeds)  # distinct, sorted
+                user, pos, neg = batch.seeds[batch.user], batch.seeds[batch.pos], batch.seeds[batch.neg]
+                assert neg.shape == (user.numel(), 3) and (user < U).all()
+                assert ((neg >= U) & (neg < U + I)).all() and (pos >= U).all()
+                assert set(batch.seeds.tolist()) == set(torch.cat([user, pos, neg.reshape(-1)]).tolist())
+                edges.append(torch.stack([user, pos], 1).numpy())
+            assert np.array_equal(np.sort(keys(np.concatenate(edges))), np.sort(keys(train_pairs(ds))))
+        assert cache.stats.hits > 0
+    assert not [t for t in threading.enumerate() if t.name == "lsm-gnn-loader"]
+
+
+def _positive_edges_in_hops(batch):
+    """How many hop edges join a batch's user to its positive item (either direction)."""
+    n = batch.seeds.numel()
+    keys = set((batch.user * n + batch.pos).tolist()) | set((batch.pos * n + batch.user).tolist())
+    return sum(sum(int(s) * n + int(d) in keys for s, d in hop.edge_index.t() if s < n and d < n)
+               for hop in batch.hops)
+
+
+def test_a_batch_never_sees_its_own_positive_edges(ds):
+    storage = open_storage(ds, "memory")
+    kept = next(iter(LinkLoader(ds, storage, [20, 5], 200, exclude_positives=False)))
+    dropped = next(iter(LinkLoader(ds, storage, [20, 5], 200)))
+    assert _positive_edges_in_hops(kept) > 200  # users have about 14 items, so most positives get sampled
+    assert _positive_edges_in_hops(dropped) == 0
+    assert torch.equal(kept.seeds, dropped.seeds) and torch.equal(kept.neg, dropped.neg)
+    negatives = dropped.seeds[dropped.neg]
+    assert ((negatives >= U) & (negatives < U + I)).all()
+
+
+def _batches(loader):
+    return [(b.iteration, b.seeds, b.user, b.pos, b.neg, b.input_nodes) for b in loader]
+
+
+def test_same_seed_same_batches_and_exact_resume(ds):
+    storage = open_storage(ds, "memory")
+    first = _batches(LinkLoader(ds, storage, [3], 1000, seed=3))
+    assert all(all(torch.equal(x, y) for x, y in zip(a[1:], b[1:]))
+               for a, b in zip(first, _batches(LinkLoader(ds, storage, [3], 1000, seed=3))))
+    other = _batches(LinkLoader(ds, storage, [3], 1000, seed=4))
+    assert not torch.equal(first[0][1], other[0][1])
+
+    loader = LinkLoader(ds, storage, [3], 1000, seed=3)
+    _batches(loader)  # epoch 0
+    it = iter(loader)
+    taken = [next(it) for _ in range(2)]
+    state = loader.state_dict()
+    loader.close()
+    rest = [(b.iteration, b.seeds, b.neg) for b in taken]
+    resumed = LinkLoader(ds, storage, [3], 1000, seed=3)
+    resumed.load_state_dict(state)
+    rest += [(b.iteration, b.seeds, b.neg) for b in resumed]
+    again = LinkLoader(ds, storage, [3], 1000, seed=3)
+    _batches(again)
+    full = [(b.iteration, b.seeds, b.neg) for b in again]  # epoch 1, uninterrupted
+    assert [r[0] for r in rest] == [f[0] for f in full]
+    assert all(torch.equal(r[1], f[1]) and torch.equal(r[2], f[2]) for r, f in zip(rest, full))
+    with pytest.raises(ValueError, match="num_negatives"):
+        LinkLoader(ds, storage, [3], 1000, seed=3, num_negatives=2).load_state_dict(state)
+
+
+def test_ranks_share_the_edges(ds):
+    storage = open_storage(ds, "memory")
+    parts = [LinkLoader(ds, storage, [2], 500, rank=r, world_size=2) for r in range(2)]
+    assert len(parts[0]) == len(parts[1])
+    edges = [np.concatenate([torch.stack([b.seeds[b.user], b.seeds[b.pos]], 1).numpy() for b in p]) for p in parts]
+    assert not set(keys(edges[0]).tolist()) & set(keys(edges[1]).tolist())
+    assert len(edges[0]) + len(edges[1]) >= len(train_pairs(ds)) - 1
+
+
+# -- loss and metric -----------------------------------------------------------------------------------------------
+
+def test_bpr_loss():
+    g = torch.Generator().manual_seed(0)
+    u, p, n = (torch.randn(5, 4, generator=g) for _ in range(3))
+    expected = -torch.nn.functional.logsigmoid((u * p).sum(1) - (u * n).sum(1)).mean()
+    assert torch.allclose(bpr_loss(u, p, n), expected)
+    assert torch.allclose(bpr_loss(u, p, n.unsqueeze(1)), expected)
+    many = torch.randn(5, 3, 4, generator=g)
+    assert torch.allclose(bpr_loss(u, p, many), torch.stack([bpr_loss(u, p, many[:, j]) for j in range(3)]).mean())
+    with pytest.raises(ValueError, match="negative embeddings"):
+        bpr_loss(u, p, torch.randn(4, 4))
+
+
+class TableModel(torch.nn.Module):
+    """Embeddings looked up by node id: an oracle or a random scorer."""
+
+    def __init__(self, table):
+        super().__init__()
+        self.table = table
+
+    def forward(self, batch):
+        return self.table[batch.seeds]
+
+
+def test_recall_is_one_for_an_oracle_and_matches_the_analytic_random_baseline(ds):
+    features = open_storage(ds, "memory")
+    test = np.asarray(ds.edge_split("test"))
+    # <user u, item i> = 1 exactly when (u, i) is held out.
+    oracle = torch.zeros(U + I, U, dtype=torch.float64)
+    oracle[torch.arange(U), torch.arange(U)] = 1
+    oracle[torch.from_numpy(test[:, 1]), torch.from_numpy(test[:, 0])] = 1
+    result = recall_at_k(TableModel(oracle), ds, features, [2], k=20)
+    assert result["recall"] == pytest.approx(1.0)
+    assert result["users"] == np.unique(test[:, 0]).size
+    # Random embeddings rank items in a uniformly random order.
+    g = torch.Generator().manual_seed(0)
+    scores = [recall_at_k(TableModel(torch.randn(U + I, 8, generator=g)), ds, features, [2], k=20)
+              for _ in range(4)]
+    measured = np.mean([s["recall"] for s in scores])
+    assert measured == pytest.approx(result["random_recall"], rel=0.25)
+    assert 0.015 < result["random_recall"] < 0.03  # about k / num_items
+
+
+def test_a_gnn_beats_random_ranking(ds):
+    pytest.importorskip("torch_geometric")
+    from lsm_gnn.models import HopGNN
+
+    torch.manual_seed(0)
+    features = open_storage(ds, "memory")
+    model = HopGNN("sage", DIM, 32, 32, num_layers=2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    loader = LinkLoader(ds, features, [10, 5], batch_size=1024, window=4)
+    for _ in range(3):
+        for batch in loader:
+            emb = model(batch)
+            loss = bpr_loss(emb[batch.user], emb[batch.pos], emb[batch.neg])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    result = recall_at_k(model, ds, features, [10, 5], k=20)
+    assert result["recall"] > 3 * result["random_recall"]  # measured: about 6x
+
+
+def test_clear_errors(ds, tmp_path):
+    plain, _ = write_tiny_dataset(tmp_path / "plain", num_nodes=50)
+    with pytest.raises(DatasetError, match="not a user-item dataset.*generate_bipartite"):
+        LinkLoader(plain, open_storage(plain, "memory"), [2], 10)
+    with DatasetWriter(tmp_path / "no_splits", num_nodes=6, feature_dim=2) as writer:
+        writer.write_features(np.zeros((6, 2), dtype=np.float32))
+        writer.set_bipartite(3, 3)
+        writer.write_edges([(np.array([3, 4, 5]), np.array([0, 1, 2]))], undirected=True)
+        no_splits = writer.commit()
+    with pytest.raises(KeyError, match="no 'test' edge split.*write_edge_split"):
+        recall_at_k(TableModel(torch.zeros(6, 2)), no_splits, open_storage(no_splits, "memory"), [2])
+    with pytest.raises(ValueError, match="num_negatives"):
+        LinkLoader(ds, open_storage(ds, "memory"), [2], 10, num_negatives=0)
+    with pytest.raises(ValueError, match="community"):
+        generate_bipartite(tmp_path / "tiny", num_users=5, num_items=3, progress=False)
+
+
+def test_the_trainer_runs_link_prediction_through_the_cache(ds, tmp_path):
+    pytest.importorskip("torch_geometric")
+    from lsm_gnn.config import ConfigError, load_config
+    from lsm_gnn.trainer import Trainer
+
+    overrides = [f"dataset={ds.path}", "train.task=link", "model.kind=sage", "model.hidden=32",
+                 "sampler.fanouts=[10, 5]", "sampler.batch_size=256", "cache.capacity=100%", "cache.window=4",
+                 "train.epochs=3", "train.lr=0.01", "log.progress=false"]
+    result = Trainer(load_config(None, overrides)).fit()
+    test = result["eval"]["test"]
+    assert test["recall@20"] > 2 * test["random_recall@20"]
+    assert result["history"][-1]["hit_ratio"] > 0
+    plain, _ = write_tiny_dataset(tmp_path / "plain", num_nodes=50)
+    with pytest.raises(ConfigError, match="train.task=link"):
+        Trainer(load_config(None, [f"dataset={plain.path}", "train.task=link"]))
