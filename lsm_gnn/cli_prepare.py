@@ -134,6 +134,18 @@ def _run_synthetic(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_bipartite(args: argparse.Namespace) -> int:
+    from lsm_gnn.data.bipartite import generate_bipartite
+
+    ds = generate_bipartite(args.out, num_users=args.num_users, num_items=args.num_items,
+                            avg_interactions=args.avg_interactions, feature_dim=args.feature_dim, seed=args.seed,
+                            num_communities=args.communities, test_fraction=args.test_fraction,
+                            val_fraction=args.val_fraction, scores=args.scores, overwrite=args.overwrite,
+                            progress=not args.no_progress)
+    print(summarize(ds))
+    return 0
+
+
 def _common_convert_kwargs(args: argparse.Namespace) -> dict:
     return {"undirected": args.undirected, "feature_dtype": args.dtype, "random_split_fractions": args.random_split,
             "scores": args.scores, "overwrite": args.overwrite, "progress": not args.no_progress}
@@ -184,7 +196,7 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     """Adds ``prepare`` (with ``synthetic``, ``npy``, ``folder``, ``scores``) to ``subparsers``."""
     parser = subparsers.add_parser("prepare", help="create a dataset or recompute its static scores",
                                    description="Create datasets in the lsm-gnn format.")
-    sub = parser.add_subparsers(dest="prepare_command", metavar="{synthetic,npy,folder,scores}")
+    sub = parser.add_subparsers(dest="prepare_command", metavar="{synthetic,bipartite,npy,folder,scores}")
     sub.required = True
 
     p = sub.add_parser("synthetic", help="R-MAT power-law graph with learnable communities",
@@ -200,6 +212,20 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--split", type=parse_fractions, default=(0.6, 0.2, 0.2), metavar="TRAIN,VAL,TEST",
                    help="split fractions (default 0.6,0.2,0.2)")
     p.set_defaults(func=_run_synthetic)
+
+    p = sub.add_parser("bipartite", help="user-item interaction graph for link prediction",
+                       description="Generate a synthetic user-item dataset with held-out interactions "
+                                   "(train with train.task=link; see docs/link_prediction.md).")
+    _add_output_flags(p)
+    p.add_argument("--num-users", type=parse_count, required=True, help="number of users, e.g. 1e5")
+    p.add_argument("--num-items", type=parse_count, required=True, help="number of items")
+    p.add_argument("--avg-interactions", type=float, default=20.0, help="interactions per user (default 20)")
+    p.add_argument("--feature-dim", type=parse_count, default=64, help="feature columns (default 64)")
+    p.add_argument("--communities", type=parse_count, default=8, help="latent user/item communities (default 8)")
+    p.add_argument("--test-fraction", type=float, default=0.2, help="held-out share of each user's items")
+    p.add_argument("--val-fraction", type=float, default=0.0, help="validation share of each user's items")
+    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
+    p.set_defaults(func=_run_bipartite)
 
     p = sub.add_parser("npy", help="convert .npy arrays (features, edge index or CSR, labels, splits)",
                        description="Convert .npy files, read memory-mapped in bounded memory.")

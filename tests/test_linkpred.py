@@ -284,3 +284,14 @@ def test_the_trainer_runs_link_prediction_through_the_cache(ds, tmp_path):
     plain, _ = write_tiny_dataset(tmp_path / "plain", num_nodes=50)
     with pytest.raises(ConfigError, match="train.task=link"):
         Trainer(load_config(None, [f"dataset={plain.path}", "train.task=link"]))
+
+
+def test_cli_prepares_a_user_item_dataset(tmp_path, capsys):
+    from lsm_gnn.cli import main
+
+    out = tmp_path / "recsys"
+    assert main(["prepare", "bipartite", "--out", str(out), "--num-users", "300", "--num-items", "200",
+                 "--feature-dim", "8", "--val-fraction", "0.1", "--no-progress"]) == 0
+    ds = open_dataset(out)
+    assert (ds.num_users, ds.num_items, ds.num_nodes) == (300, 200, 500)
+    assert sorted(ds.edge_split_names) == ["test", "val"]
