@@ -159,3 +159,14 @@ def test_feature_paths_agree(graph, tmp_path):
         train(config(graph, out, f"cache.features={features}", "train.max_iterations=4", "train.eval_splits=[]"))
         runs[features] = losses(out)
     assert runs["cache"] == runs["storage"] == runs["memory"]
+
+
+def test_tensorboard_is_optional(graph, tmp_path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match="pip install tensorboard"):
+            Trainer(config(graph, tmp_path, "log.tensorboard=true"))
+        return
+    train(config(graph, tmp_path, "log.tensorboard=true", "train.max_iterations=3", "train.eval_splits=[]"))
+    assert os.listdir(tmp_path / "log" / "tensorboard")
