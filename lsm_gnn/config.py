@@ -52,6 +52,8 @@ class CacheConfig:
     backend: str = "auto"      # storage backend of the miss path
     static_score: str = "reverse_pagerank"  # a score stored in the dataset, or "none"
     oversubscribe: bool = False  # allow a batch larger than the cache (hit ratio studies)
+    mode: str = "shared"       # with several ranks: shared (one cache over all ranks) | isolated (one per rank)
+    owner: str = "modulo"      # who owns a node in shared mode: modulo | hotness | path/to/partition.npy
 
 
 @dataclass
@@ -102,6 +104,7 @@ CHOICES = {
     "cache.features": ("cache", "storage", "memory"),
     "cache.policy": tuple(POLICIES),
     "cache.backend": ("auto", *BACKENDS),
+    "cache.mode": ("shared", "isolated"),
     "train.task": ("node", "link"),
     "train.device": ("auto", "cpu", "cuda"),
 }
@@ -199,6 +202,9 @@ def validate(cfg: Config) -> Config:
     bad_splits = [s for s in cfg.train.eval_splits if s not in ("train", "val", "test")]
     if bad_splits:
         raise ConfigError(f"train.eval_splits has {bad_splits}; valid splits are train, val, test")
+    if cfg.cache.owner not in ("modulo", "hotness") and not cfg.cache.owner.endswith(".npy"):
+        raise ConfigError(f"cache.owner={cfg.cache.owner!r} is not valid; choose modulo, hotness or a path to a "
+                          ".npy partition map")
     try:
         capacity_spec(cfg.cache.capacity)
     except ValueError as exc:

@@ -228,7 +228,7 @@ def _pairs_of(sorted_pairs: np.ndarray, users: np.ndarray) -> tuple[np.ndarray, 
 def ranking_sums(model, dataset, features, fanouts, *, k: int = 20, split: str = "test", batch_size: int = 1024,
                  device=None, rank: int = 0, world_size: int = 1, **options) -> tuple[float, float, int]:
     """``(sum of recall@k, sum of the random ranking's expected recall@k, users)`` over
-    this rank's share of the evaluated users (every ``world_size``-th); see :func:`recall_at_k`.
+    this rank's share of the evaluated users (every ``world_size``-th, equal shares); see :func:`recall_at_k`.
     Sums, so that ranks can add theirs up before dividing."""
     num_users, num_items = user_item_sizes(dataset)
     if k < 1:
@@ -237,7 +237,10 @@ def ranking_sums(model, dataset, features, fanouts, *, k: int = 20, split: str =
     for name in {split, *dataset.edge_split_names}:
         pairs = np.asarray(dataset.edge_split(name))  # names the fix when the split is missing
         sorted_pairs[name] = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
-    users = np.unique(sorted_pairs[split][:, 0])[rank::world_size]
+    users = np.unique(sorted_pairs[split][:, 0])
+    # Equal shares (fewer than world_size users left out), so every rank runs as many batches: the
+    # shared cache's exchange is collective.
+    users = users[:users.size // world_size * world_size][rank::world_size]
     if users.size == 0:
         return 0.0, 0.0, 0
     nodes = np.concatenate([users, np.arange(num_users, dataset.num_nodes)])  # this rank's users, every item

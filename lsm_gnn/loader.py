@@ -222,14 +222,15 @@ class NodeLoader:
                 nodes = hops[-1].nodes
                 before = storage.stats()  # this thread is the storage's only reader while the epoch runs
                 start = time.perf_counter()
-                if isinstance(self.features, SoftwareCache):
+                if hasattr(self.features, "lookup"):  # a SoftwareCache, or a SharedCache over ranks
                     x, hit = self.features.lookup(nodes, future=window)
                 else:
                     x, hit = self.features.read(nodes), torch.zeros(nodes.numel(), dtype=torch.bool)
                 gather_s = time.perf_counter() - start
                 after = storage.stats()
                 batch = self._make_batch(first + k, plans[k], hops, x, hit)
-                batch.timings = {"sample": sample_s, "gather": gather_s}
+                batch.timings = {"sample": sample_s, "gather": gather_s,
+                                 **getattr(self.features, "last_timings", {})}  # "exchange" over ranks
                 batch.io = {"bytes_read": after.bytes_read - before.bytes_read,
                             "bytes_useful": after.bytes_useful - before.bytes_useful}
                 if not put(batch):

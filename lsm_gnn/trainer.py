@@ -27,7 +27,7 @@ from lsm_gnn.parallel import all_reduce_sum, batch_to
 
 CHECKPOINT_FORMAT = "lsm-gnn-checkpoint"
 CHECKPOINT_VERSION = 1
-STAGES = ("sample", "gather", "wait", "train")
+STAGES = ("sample", "gather", "exchange", "wait", "train")  # exchange: the part of gather spent between ranks
 # Settings a resumed run must share with the checkpoint, or its losses would differ.
 RESUME_KEYS = ("dataset", "model", "sampler", "train.task", "train.seed", "train.lr", "train.weight_decay")
 
@@ -59,8 +59,9 @@ def distributed_context(device: torch.device) -> tuple[int, int]:
 
 # -- features ----------------------------------------------------------------------------------------------------
 
-def build_features(cfg: Config, dataset, device: torch.device):
-    """The feature path a config asks for: the cache over storage, storage alone, or RAM."""
+def build_features(cfg: Config, dataset, device: torch.device, world_size: int = 1):
+    """The feature path a config asks for: the cache over storage (shared by the ranks or one per rank),
+    storage alone, or RAM."""
     from lsm_gnn.storage import open_storage
 
     c = cfg.cache
@@ -69,6 +70,18 @@ def build_features(cfg: Config, dataset, device: torch.device):
     storage = open_storage(dataset, c.backend)
     if c.features == "storage":
         return storage
+    cache = _build_cache(cfg, dataset, storage, device)
+    if world_size > 1 and c.mode == "shared":
+        from lsm_gnn.comm import SharedCache, make_owner
+
+        owner = make_owner(c.owner, dataset, world_size, fanouts=cfg.sampler.fanouts,
+                           batch_size=cfg.sampler.batch_size, seed=cfg.train.seed)
+        return SharedCache(cache, owner)
+    return cache
+
+
+def _build_cache(cfg: Config, dataset, storage, device):
+    c = cfg.cache
     static = None
     if c.static_score != "none":
         if c.static_score not in dataset.score_names:
@@ -112,14 +125,14 @@ class NodeClassification:
 
     @torch.no_grad()
     def evaluate(self, model, features, split: str, device, rank: int, world_size: int) -> dict:
-        seeds = np.asarray(self.dataset.split(split))[rank::world_size]
+        seeds = np.asarray(self.dataset.split(split))
         correct = total = 0
-        if seeds.size:
+        if seeds.size >= world_size:
             c = self.cfg
+            # Equal shares per rank (fewer than world_size nodes left out): the exchange is collective.
             loader = NodeLoader(self.dataset, features, c.sampler.fanouts, c.train.eval_batch_size or c.sampler.batch_size,
-                                seeds=seeds,
-                                shuffle=False, window=c.cache.window, seed=c.train.seed + 1,
-                                num_threads=c.sampler.num_threads)
+                                seeds=seeds, shuffle=False, window=c.cache.window, seed=c.train.seed + 1,
+                                rank=rank, world_size=world_size, num_threads=c.sampler.num_threads)
             for batch in loader:
                 batch = batch_to(batch, device)
                 correct += int((model(batch).argmax(1) == batch.y).sum())
@@ -270,13 +283,19 @@ class Trainer:
         self.out = sys.stdout if out is None else out
         self.dataset = open_dataset(cfg.dataset, check="shape")
         self.device = self._device(cfg.train.device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # One GPU per rank on a node: the launcher's local rank picks it.
+            local = os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
+            self.device = torch.device("cuda", int(local) % torch.cuda.device_count())
+            torch.cuda.set_device(self.device)
         self.rank, self.world_size = distributed_context(self.device)
         self.task = make_task(cfg, self.dataset)
         missing = [s for s in cfg.train.eval_splits if s not in self.task.splits]
         if missing:  # fail now, not after the first epoch
             raise ConfigError(f"train.eval_splits has {missing}, which dataset {self.dataset.path} lacks; it has "
                               f"{self.task.splits or 'none'}: set train.eval_splits={self.task.splits}")
-        self.features = build_features(cfg, self.dataset, self.device) if features is None else features
+        self.features = (build_features(cfg, self.dataset, self.device, self.world_size) if features is None
+                         else features)
         torch.manual_seed(cfg.train.seed)
         self.module = HopGNN(cfg.model.kind, self.dataset.feature_dim, cfg.model.hidden, self.task.out_dim,
                              num_layers=len(cfg.sampler.fanouts), heads=cfg.model.heads,
@@ -374,7 +393,7 @@ class Trainer:
         bar = tqdm(total=len(self.loader), initial=self.loader.state_dict()["position"], unit="batch",
                    desc=f"epoch {epoch}", disable=not progress or self.rank != 0, file=sys.stderr, leave=False,
                    mininterval=0.2 if sys.stderr.isatty() else 10.0)  # keep logs of non-interactive runs short
-        cached = isinstance(self.features, SoftwareCache)
+        cached = hasattr(self.features, "lookup")
         epoch_start = time.perf_counter()
         batches = iter(self.loader)
         try:
@@ -434,7 +453,7 @@ class Trainer:
         try:
             while self.loader.state_dict()["epoch"] < cfg.train.epochs and not self._limit_reached():
                 epoch = self.loader.state_dict()["epoch"]
-                cached = isinstance(self.features, SoftwareCache)
+                cached = hasattr(self.features, "lookup")
                 times, mean_loss, delta = self.train_epoch(cfg.log.progress)
                 finished = self.loader.state_dict()["epoch"] > epoch
                 for k in STAGES:
@@ -467,11 +486,17 @@ class Trainer:
 
     def _describe_features(self) -> str:
         f = self.features
+        shared = hasattr(f, "owner") and isinstance(getattr(f, "cache", None), SoftwareCache)
+        if shared:
+            f = f.cache
         if isinstance(f, SoftwareCache):
             from lsm_gnn.units import format_bytes
 
+            scope = (f"per rank, shared by {self.world_size} ranks ({self.features.owner.name} ownership)" if shared
+                     else "per rank, isolated" if self.world_size > 1 else "")
             return (f"a {format_bytes(f.capacity_bytes)} {f.policy.name} cache ({f.num_lines:,} lines, "
-                    f"{f.num_lines / self.dataset.num_nodes:.2%} of nodes) over {f.storage.backend} storage")
+                    f"{f.num_lines / self.dataset.num_nodes:.2%} of nodes){' ' + scope if scope else ''} over "
+                    f"{f.storage.backend} storage")
         return f"{_storage_of(f).backend} storage, no cache"
 
     @staticmethod

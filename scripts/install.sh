@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(fio)            # fio: the physical-limit baseline of the storage benchmark
+APT_PACKAGES=(fio openmpi-bin)  # fio: the storage benchmark's physical limit; openmpi-bin: launch/mpirun.sh
 PYTHON=${PYTHON:-python3}
 
 if command -v apt-get >/dev/null 2>&1; then

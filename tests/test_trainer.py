@@ -48,7 +48,8 @@ def test_metrics_log_every_stage_and_the_cache(graph, tmp_path):
         records = [json.loads(line) for line in fh]
     steps = [r for r in records if "iteration" in r]
     assert [r["iteration"] for r in steps] == list(range(result["iterations"]))
-    assert all(set(r["time"]) == {"sample", "gather", "wait", "train"} for r in steps)
+    assert all(set(r["time"]) == {"sample", "gather", "exchange", "wait", "train"} for r in steps)
+    assert all(r["time"]["exchange"] == 0 for r in steps)  # one process: nothing to exchange
     assert all(r["time"]["gather"] > 0 and r["time"]["train"] > 0 for r in steps)
     assert steps[0]["hit_ratio"] == 0.0 and steps[0]["bytes_read"] > 0  # cold cache
     assert max(r["hit_ratio"] for r in steps) > 0.2

@@ -1,0 +1,92 @@
+"""Who owns a node: the rank whose cache slice holds its line and serves its requests.
+
+An owner function maps an int64 id array to an int64 rank array and must
+give the same answer on every rank (it is computed locally, never sent).
+
+- ``modulo``: ``id % world_size``, the paper's striding.
+- ``hotness``: nodes ranked by how often pre-sampled mini-batches touch
+  them, dealt to ranks in snake order (0..N-1, N-1..0, ...) so each rank's
+  expected traffic is even; untouched nodes fall back to modulo.
+- a ``.npy`` partition map (for example from METIS): ``map[id]`` is the owner.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+
+class ModuloOwner:
+    name = "modulo"
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        return np.asarray(ids, dtype=np.int64) % self.world_size
+
+
+class MapOwner:
+    """Owners read from a per-node array."""
+
+    def __init__(self, owners: np.ndarray, world_size: int, name: str):
+        owners = np.asarray(owners)
+        if owners.ndim != 1 or owners.dtype.kind not in "iu":
+            raise ValueError(f"{name}: an owner map must be a 1-D integer array, got {owners.dtype} {owners.shape}")
+        if owners.size and (int(owners.min()) < 0 or int(owners.max()) >= world_size):
+            raise ValueError(f"{name}: owner ranks must be in [0, {world_size}), found "
+                             f"{int(owners.min())}..{int(owners.max())}; was it made for another world size?")
+        self.owners, self.world_size, self.name = owners, world_size, name
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        return self.owners[np.asarray(ids, dtype=np.int64)].astype(np.int64)
+
+    def loads(self, counts: np.ndarray) -> np.ndarray:
+        """Expected requests per rank for per-node access ``counts``."""
+        return np.bincount(self.owners, weights=counts, minlength=self.world_size)
+
+
+def hotness_owner(counts: np.ndarray, world_size: int) -> MapOwner:
+    """Owners that balance ``counts`` (per-node expected accesses) across ranks."""
+    counts = np.asarray(counts)
+    owners = (np.arange(counts.size, dtype=np.int64) % world_size).astype(np.int32)
+    hot = np.flatnonzero(counts > 0)
+    hot = hot[np.argsort(-counts[hot], kind="stable")]
+    position = np.arange(hot.size) % (2 * world_size)
+    owners[hot] = np.where(position < world_size, position, 2 * world_size - 1 - position)
+    return MapOwner(owners, world_size, "hotness")
+
+
+def sampled_access_counts(dataset, fanouts, batch_size: int, num_batches: int = 64, seed: int = 0) -> np.ndarray:
+    """How often ``num_batches`` sampled mini-batches of training seeds touch each node (same on every rank)."""
+    from lsm_gnn.sampling import NeighborSampler
+
+    sampler = NeighborSampler(dataset, fanouts, seed=seed)
+    seeds = np.asarray(dataset.split("train"), dtype=np.int64)
+    rng = np.random.default_rng([seed, 7])
+    counts = np.zeros(dataset.num_nodes, dtype=np.int64)
+    for b in range(num_batches):
+        batch = rng.choice(seeds, min(batch_size, seeds.size), replace=False)
+        counts += np.bincount(sampler.input_nodes(batch, -1 - b).numpy(), minlength=dataset.num_nodes)
+    return counts
+
+
+def make_owner(spec: str, dataset, world_size: int, *, fanouts=None, batch_size: int = 1024, seed: int = 0):
+    """The owner function a config names: ``modulo``, ``hotness`` or a path to a ``.npy`` map."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if spec == "modulo":
+        return ModuloOwner(world_size)
+    if spec == "hotness":
+        if fanouts is None:
+            raise ValueError("hotness ownership needs the sampler's fanouts to pre-sample accesses")
+        return hotness_owner(sampled_access_counts(dataset, fanouts, batch_size, seed=seed), world_size)
+    if spec.endswith(".npy"):
+        if not os.path.exists(spec):
+            raise FileNotFoundError(f"partition map {spec} does not exist (an int array of length num_nodes)")
+        owners = np.load(spec, mmap_mode="r")
+        if owners.shape != (dataset.num_nodes,):
+            raise ValueError(f"partition map {spec} has shape {owners.shape}; the dataset has "
+                             f"{dataset.num_nodes} nodes, so it must be ({dataset.num_nodes},)")
+        return MapOwner(owners, world_size, spec)
+    raise ValueError(f"unknown ownership {spec!r}; use 'modulo', 'hotness' or a path to a .npy partition map")

@@ -1,0 +1,147 @@
+"""The communication layer over 2 and 4 CPU processes (gloo): exact bytes, one owner, shared beats isolated."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from lsm_gnn.cache import SoftwareCache, replay
+from lsm_gnn.comm import hotness_owner, make_owner
+from lsm_gnn.loader import NodeLoader
+from lsm_gnn.testing import write_tiny_dataset
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WORKER = os.path.join(HERE, "comm_worker.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(scenario, dataset, out, world, timeout=240):
+    """Starts ``world`` worker processes as torchrun would; returns their exit codes and the seconds taken."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep +
+                   os.environ.get("PYTHONPATH", ""))
+        procs.append(subprocess.Popen([sys.executable, WORKER, scenario, dataset.path, str(out)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    start = time.monotonic()
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            p.kill()
+    return [p.returncode for p in procs], logs, time.monotonic() - start
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    ds, _ = write_tiny_dataset(tmp_path_factory.mktemp("comm") / "ds", num_nodes=3000, dim=8, avg_degree=5)
+    return ds
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_rank_gets_the_file_bytes_and_each_id_is_served_once_by_its_owner(dataset, tmp_path, world):
+    codes, logs, _ = run_ranks("correctness", dataset, tmp_path, world)
+    assert codes == [0] * world, "\n".join(logs)
+    ranks = [np.load(tmp_path / f"rank{r}.npz", allow_pickle=True) for r in range(world)]
+    iterations = len(ranks[0]["requested"])
+    assert iterations > 0 and all(len(r["requested"]) == iterations for r in ranks)
+    for t in range(iterations):
+        wanted = np.unique(np.concatenate([r["requested"][t] for r in ranks]))
+        served = np.concatenate([r["served"][t] for r in ranks])
+        assert served.size == np.unique(served).size, f"iteration {t}: an id was served twice"
+        assert np.array_equal(np.sort(served), wanted), f"iteration {t}: served ids differ from requested ones"
+        for owner, r in enumerate(ranks):
+            assert (r["served"][t] % world == owner).all(), f"iteration {t}: rank {owner} served ids it does not own"
+
+
+def single_cache_hit_ratio(dataset, world, lines):
+    """One cache of ``lines`` lines fed every rank's batches of each iteration at once (same trace)."""
+    from lsm_gnn import open_storage
+
+    loaders = [NodeLoader(dataset, None, [4, 3], 64, window=8, rank=r, world_size=world, seed=0)
+               for r in range(world)]
+    plans = [ld._epoch_plans(0) for ld in loaders]
+    per_rank = [[np.unique(ld.sampler.input_nodes(p[k], k).numpy()) for k in range(len(p))]
+                for ld, p in zip(loaders, plans)]
+    union = [np.unique(np.concatenate([r[k] for r in per_rank])) for k in range(len(per_rank[0]))]
+    cache = SoftwareCache(open_storage(dataset, "memory"), num_sets=lines // 32, ways=32, policy="hybrid",
+                          window=8, oversubscribe=True)
+    hits = total = 0
+    for k, (ids, window) in enumerate(replay(union, 8, dataset.num_nodes)):
+        _, hit = cache.lookup(ids, future=window)
+        hit_ids = set(ids[hit.numpy()].tolist())
+        for r in per_rank:
+            hits += sum(i in hit_ids for i in r[k].tolist())
+            total += r[k].size
+    return hits / total
+
+
+def test_a_shared_cache_beats_isolated_ones_and_matches_one_big_cache(dataset, tmp_path):
+    world = 2
+    codes, logs, _ = run_ranks("hit_ratios", dataset, tmp_path, world)
+    assert codes == [0] * world, "\n".join(logs)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    ratio = {mode: sum(r[mode][0] for r in results) / sum(r[mode][1] for r in results)
+             for mode in ("shared", "isolated")}
+    single = single_cache_hit_ratio(dataset, world, lines=world * 32 * 32)
+    assert ratio["shared"] >= ratio["isolated"], ratio
+    assert abs(ratio["shared"] - single) < 0.05, (ratio, single)
+
+
+def test_a_dead_rank_makes_the_others_fail_fast(dataset, tmp_path):
+    codes, logs, seconds = run_ranks("killed", dataset, tmp_path, 2, timeout=120)
+    assert codes[1] == 3
+    assert codes[0] == 0, logs[0]
+    message = (tmp_path / "rank0.txt").read_text()
+    assert "rank 0" in message and "failed" in message and "Another rank" in message
+    assert seconds < 60
+
+
+def test_ownership_functions(dataset, tmp_path):
+    ids = np.arange(dataset.num_nodes)
+    assert np.array_equal(make_owner("modulo", dataset, 3)(ids), ids % 3)
+    counts = (np.random.default_rng(0).pareto(1.5, dataset.num_nodes) * 100).astype(np.int64)
+    balanced = hotness_owner(counts, 4)
+    loads = balanced.loads(counts)
+    modulo_loads = np.bincount(ids % 4, weights=counts, minlength=4)
+    assert loads.max() - loads.mean() <= min(counts.max(), modulo_loads.max() - modulo_loads.mean())
+    hot = make_owner("hotness", dataset, 2, fanouts=[4, 3], batch_size=64)
+    assert set(np.unique(hot(ids))) == {0, 1}
+    path = tmp_path / "parts.npy"
+    np.save(path, (ids // 1000).astype(np.int32))
+    assert np.array_equal(make_owner(str(path), dataset, 3)(ids[:5]), [0, 0, 0, 0, 0])
+    with pytest.raises(ValueError, match="another world size"):
+        make_owner(str(path), dataset, 2)
+    np.save(path, np.zeros(5, np.int32))
+    with pytest.raises(ValueError, match="must be"):
+        make_owner(str(path), dataset, 2)
+    with pytest.raises(FileNotFoundError):
+        make_owner(str(tmp_path / "missing.npy"), dataset, 2)
+    with pytest.raises(ValueError, match="unknown ownership"):
+        make_owner("metis", dataset, 2)
+
+
+def test_shared_cache_needs_torch_distributed(dataset):
+    from lsm_gnn import open_storage
+    from lsm_gnn.comm import ModuloOwner, SharedCache
+
+    if torch.distributed.is_initialized():
+        pytest.skip("a process group is already up")
+    cache = SoftwareCache(open_storage(dataset, "memory"), num_sets=4, ways=32)
+    with pytest.raises(RuntimeError, match="torch.distributed"):
+        SharedCache(cache, ModuloOwner(2))
