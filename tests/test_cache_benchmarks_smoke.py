@@ -49,3 +49,11 @@ def test_sampler_throughput_quick(tmp_path):
     assert row["ours_1t_edges_per_s"] > 0 and row["numpy_edges_per_s"] > 0
     # Both sample min(fanout, degree) neighbors per node, so their edge counts are close.
     assert abs(row["edges_per_batch"] - row["numpy_edges_per_batch"]) < 0.2 * row["edges_per_batch"]
+
+
+def test_comm_layer_quick(tmp_path):
+    results = load("comm_layer").main(["--quick", "--out", str(tmp_path), "--json", str(tmp_path / "comm.json")])
+    row = results["table"][0]
+    assert row["world"] == 2
+    assert 0.0 <= row["hit_isolated"] <= row["hit_shared"] <= 1.0
+    assert 0.0 <= row["exchange_share"] < 1.0

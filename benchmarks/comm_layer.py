@@ -1,0 +1,177 @@
+"""The communication layer: a shared cache over ranks vs private (isolated) caches.
+
+For 2 and 4 ranks (CPU processes over gloo) and three per-rank cache sizes,
+every rank iterates the same sampled mini-batches through (a) a shared
+cache of C per rank, (b) isolated caches of C per rank (the M-GIDS
+baseline) and (c) isolated caches of N x C per rank (the paper's Figure 9
+question: does sharing match a private cache N times larger?). Reported:
+global hit ratio (over every rank's distinct requests), bytes read from
+storage by all ranks, the exchange's share of the gather time (the paper:
+under 5%), and aggregate gather throughput (input rows per second of
+gather time, all ranks).
+
+    python benchmarks/comm_layer.py                    # ~10 min on 2 cores
+    python benchmarks/comm_layer.py --quick
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def worker(args) -> None:
+    """One rank: iterate the loader, write counters to OUT/rank<r>.json."""
+    from datetime import timedelta
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from lsm_gnn import open_dataset, open_storage
+    from lsm_gnn.cache import SoftwareCache
+    from lsm_gnn.comm import SharedCache, make_owner
+    from lsm_gnn.config import cache_capacity_bytes
+    from lsm_gnn.loader import NodeLoader
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ds = open_dataset(args.data, check="shape")
+    storage = open_storage(ds, "io_uring")
+    capacity = cache_capacity_bytes(args.capacity, ds.num_nodes, storage.row_bytes)
+    cache = SoftwareCache(storage, capacity, policy=args.policy, window=args.window,
+                          static_scores=ds.score("reverse_pagerank"), oversubscribe=True)
+    features = SharedCache(cache, make_owner(args.owner, ds, world)) if args.mode == "shared" else cache
+    loader = NodeLoader(ds, features, [int(f) for f in args.fanouts.split(",")], args.batch_size,
+                        window=args.window, rank=rank, world_size=world, seed=0)
+    hits = requests = 0
+    gather = exchange = 0.0
+    dist.barrier()
+    start = time.perf_counter()
+    for batch in loader:
+        hits += int(batch.hit_mask.sum())
+        requests += batch.hit_mask.numel()
+        gather += batch.timings["gather"]
+        exchange += batch.timings.get("exchange", 0.0)
+        if batch.iteration + 1 >= args.iterations:
+            break
+    wall = time.perf_counter() - start
+    loader.close()
+    result = {"rank": rank, "hits": hits, "requests": requests, "gather_s": gather, "exchange_s": exchange,
+              "wall_s": wall, "bytes_read": storage.stats().bytes_read}
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as fh:
+        json.dump(result, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+    del np
+
+
+def run(args, world: int, mode: str, capacity: str, out: str) -> dict:
+    os.makedirs(out, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        cmd = [sys.executable, __file__, "--worker", "--data", args.data, "--out", out, "--mode", mode,
+               "--capacity", capacity, "--policy", args.policy, "--window", str(args.window), "--owner", args.owner,
+               "--fanouts", args.fanouts, "--batch-size", str(args.batch_size), "--iterations", str(args.iterations)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=3600)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"a rank failed ({world} ranks, {mode}, {capacity}):\n" + "\n".join(logs)[-4000:])
+    ranks = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(world)]
+    gather = sum(r["gather_s"] for r in ranks)
+    return {"world": world, "mode": mode, "capacity_per_rank": capacity,
+            "hit_ratio": sum(r["hits"] for r in ranks) / sum(r["requests"] for r in ranks),
+            "bytes_read": sum(r["bytes_read"] for r in ranks),
+            "exchange_share_of_gather": sum(r["exchange_s"] for r in ranks) / gather if gather else 0.0,
+            "rows_per_gather_s": sum(r["requests"] for r in ranks) / max(r["gather_s"] for r in ranks),
+            "wall_s": max(r["wall_s"] for r in ranks)}
+
+
+def scaled(capacity: str, factor: int) -> str:
+    return f"{float(capacity.rstrip('%')) * factor:g}%"
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", default="/tmp/lsm-gnn-bench/comm")
+    p.add_argument("--mode", default="shared")
+    p.add_argument("--capacity", default="1.5%")
+    p.add_argument("--data", default="/work/bench-data/rmat-2000000-d15-s0")
+    p.add_argument("--worlds", default="2,4")
+    p.add_argument("--capacities", default="0.4%,0.75%,1.5%", help="cache size per rank, share of the nodes")
+    p.add_argument("--policy", default="hybrid")
+    p.add_argument("--owner", default="modulo")
+    p.add_argument("--window", type=int, default=256)
+    p.add_argument("--fanouts", default="5,2,2,2")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--iterations", type=int, default=150)
+    p.add_argument("--json", default="docs/results/comm_layer.json")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return {}
+    if args.quick:
+        from lsm_gnn.testing import write_tiny_dataset
+
+        args.data = os.path.join(args.out, "quick-data")
+        if not os.path.exists(args.data):
+            ds, _ = write_tiny_dataset(args.data, num_nodes=4000, dim=8, avg_degree=5)
+            from lsm_gnn.cli_prepare import recompute_scores
+
+            recompute_scores(ds.path)
+        args.worlds, args.capacities, args.iterations, args.window = "2", "10%", 8, 8
+        args.fanouts, args.batch_size = "4,3", 32
+    rows = []
+    for world in [int(w) for w in args.worlds.split(",")]:
+        for capacity in args.capacities.split(","):
+            for mode, cap in (("shared", capacity), ("isolated", capacity), ("isolated", scaled(capacity, world))):
+                r = run(args, world, mode, cap, os.path.join(args.out, f"{world}-{mode}-{cap}"))
+                r["capacity_per_rank_base"] = capacity
+                rows.append(r)
+                print(f"{world} ranks {mode:<9} {cap:>6}/rank: hit {r['hit_ratio']:.3f}  read "
+                      f"{r['bytes_read'] / 2**20:.1f} MiB  exchange {r['exchange_share_of_gather']:.1%} of gather",
+                      file=sys.stderr)
+    print(f"{'ranks':>5} {'C/rank':>7} {'shared':>8} {'isolated':>9} {'isol. NxC':>10} {'read shared/isol.':>18} "
+          f"{'exchange/gather':>16} {'rows/s shared':>14} {'rows/s isol.':>13}")
+    table = []
+    for world in sorted({r["world"] for r in rows}):
+        for capacity in args.capacities.split(","):
+            group = [r for r in rows if r["world"] == world and r["capacity_per_rank_base"] == capacity]
+            shared, isolated, big = group
+            row = {"world": world, "capacity_per_rank": capacity, "hit_shared": shared["hit_ratio"],
+                   "hit_isolated": isolated["hit_ratio"], "hit_isolated_NxC": big["hit_ratio"],
+                   "read_ratio_shared_vs_isolated": shared["bytes_read"] / max(isolated["bytes_read"], 1),
+                   "exchange_share": shared["exchange_share_of_gather"],
+                   "rows_per_s_shared": shared["rows_per_gather_s"],
+                   "rows_per_s_isolated": isolated["rows_per_gather_s"]}
+            table.append(row)
+            print(f"{world:>5} {capacity:>7} {row['hit_shared']:>8.3f} {row['hit_isolated']:>9.3f} "
+                  f"{row['hit_isolated_NxC']:>10.3f} {row['read_ratio_shared_vs_isolated']:>18.2f} "
+                  f"{row['exchange_share']:>16.1%} {row['rows_per_s_shared']:>14,.0f} "
+                  f"{row['rows_per_s_isolated']:>13,.0f}")
+    result = {"settings": {k: v for k, v in vars(args).items() if k not in ("worker", "json")}, "runs": rows,
+              "table": table, "cpus": os.cpu_count()}
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    main()
