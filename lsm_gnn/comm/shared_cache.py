@@ -149,6 +149,7 @@ class SharedCache:
             t = time.perf_counter()
             served, back = np.unique(requested.numpy(), return_inverse=True)
             rows, hit = self.cache.lookup(served, future=self.owner_window)
+            rows, hit = rows.cpu(), hit.cpu()  # gloo moves host memory; a CUDA cache stages its rows here
             payload = torch.cat([rows.contiguous().view(torch.uint8).reshape(served.size, self.row_bytes),
                                  hit.to(torch.uint8).reshape(-1, 1)], dim=1)[torch.from_numpy(back.reshape(-1))]
             serve = time.perf_counter() - t
