@@ -18,7 +18,6 @@ graph as 2048 seeds do on IGB-Full's 269M nodes.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import time
 import numpy as np
 import torch
 
+from lsm_gnn.benchmarking import write_json
 from lsm_gnn.cache import POLICIES, SoftwareCache, belady_min, replay
 from lsm_gnn.data import open_dataset
 from lsm_gnn.data.format import DatasetError
@@ -211,9 +211,7 @@ def main(argv=None) -> dict:
         gap_text = "" if name == "belady" else "   " + " ".join(f"{g:+.3f}" for g in gaps)
         print(f"{name:<20}" + "".join(f"{c:>10.4f}" for c in cells) + gap_text)
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        write_json(args.json, results)
     if args.plot:
         plot(results, names, args.plot)
     return results

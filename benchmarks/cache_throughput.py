@@ -14,15 +14,13 @@ cache itself) and over io_uring (the real miss path). Medians of
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 import torch
 
+from lsm_gnn.benchmarking import median_seconds, write_json
 from lsm_gnn import open_storage
 from lsm_gnn.cache import SoftwareCache
 from lsm_gnn.data import DatasetWriter, open_dataset
@@ -45,17 +43,6 @@ def make_dataset(path: str, num_nodes: int, dim: int):
             w.write_features(rows)
         w.write_csr(np.zeros(num_nodes + 1, np.int64), np.zeros(0, np.int64))
         return w.commit()
-
-
-def timed(fn, repeats: int) -> float:
-    """Median seconds of fn() over repeats (after one warm-up call)."""
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def main(argv=None) -> dict:
@@ -83,7 +70,7 @@ def main(argv=None) -> dict:
     # Physical limit: one contiguous copy of the same number of bytes.
     src = torch.randn(args.batch, dim)
     dst = torch.empty_like(src)
-    results["memcpy_gbps"] = batch_bytes / timed(lambda: dst.copy_(src), args.repeats) / 1e9
+    results["memcpy_gbps"] = batch_bytes / median_seconds(lambda: dst.copy_(src), args.repeats) / 1e9
 
     memory = open_storage(ds, "memory")
     cache = SoftwareCache(memory, capacity=args.cache_rows * args.row_bytes, policy=args.policy)
@@ -97,14 +84,14 @@ def main(argv=None) -> dict:
         print(f"note: {int((~hit).sum())} of {hit.numel()} hot ids are not resident", file=sys.stderr)
     hit_before = cache.stats.hits
     rows_out = torch.empty(args.batch, dim)  # reused, like the memcpy destination
-    hit_seconds = timed(lambda: cache.lookup(order, out=rows_out), args.repeats)
+    hit_seconds = median_seconds(lambda: cache.lookup(order, out=rows_out), args.repeats)
     results["hit_fraction_timed"] = (cache.stats.hits - hit_before) / ((args.repeats + 1) * args.batch)
     results["hit_lookups_per_s"] = args.batch / hit_seconds
     results["hit_gbps"] = batch_bytes / hit_seconds / 1e9
 
     table = memory._rows
     out = torch.empty(args.batch, dim)
-    results["gather_gbps"] = batch_bytes / timed(lambda: torch.index_select(table, 0, order, out=out),
+    results["gather_gbps"] = batch_bytes / median_seconds(lambda: torch.index_select(table, 0, order, out=out),
                                                  args.repeats) / 1e9
 
     def miss_run(storage):
@@ -117,7 +104,7 @@ def main(argv=None) -> dict:
             if ids is None or ids.numel() < args.batch:
                 raise RuntimeError("not enough distinct nodes for all-miss batches; raise --num-nodes")
             c.lookup(ids, out=rows_out)
-        seconds = timed(once, args.repeats)
+        seconds = median_seconds(once, args.repeats)
         assert c.stats.hits == 0
         return seconds
 
@@ -139,9 +126,7 @@ def main(argv=None) -> dict:
         gbps = results[f"{key}_gbps"]
         print(f"{name:<26}{results[f'{key}_lookups_per_s']:>14,.0f}{gbps:>9.2f}{gbps / results['memcpy_gbps']:>10.2f}")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        write_json(args.json, results)
     return results
 
 

@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from lsm_gnn.benchmarking import write_json
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -167,9 +169,7 @@ def main(argv=None) -> dict:
     result = {"settings": {k: v for k, v in vars(args).items() if k not in ("worker", "json")}, "runs": rows,
               "table": table, "cpus": os.cpu_count()}
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
+        write_json(args.json, result)
     return result
 
 

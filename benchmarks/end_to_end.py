@@ -42,6 +42,7 @@ import time
 import numpy as np
 import torch
 
+from lsm_gnn.benchmarking import write_json
 from lsm_gnn.config import load_config
 from lsm_gnn.data import open_dataset
 from lsm_gnn.data.format import DatasetError
@@ -232,9 +233,7 @@ def main(argv=None) -> dict:
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
               "runs": runs, "summary": summary, "ratios": ratios(summary)}
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
+        write_json(args.json, result)
     print(table(summary))
     print(json.dumps(result["ratios"], indent=2))
     return result

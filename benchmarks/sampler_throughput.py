@@ -14,14 +14,12 @@ power-law graph, is timed once over --numpy-batches. Ratios print last.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
+from lsm_gnn.benchmarking import median_seconds, write_json
 from lsm_gnn.data import open_dataset
 from lsm_gnn.sampling import NeighborSampler
 
@@ -74,17 +72,6 @@ def numpy_sample(indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray, fan
     return edges
 
 
-def measure(fn, repeats: int, warmup: bool = True) -> float:
-    if warmup:
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="/work/bench-data/rmat-2000000-d15-s0")
@@ -124,12 +111,12 @@ def main(argv=None) -> dict:
             nonlocal ref_edges
             ref_edges = sum(numpy_sample(indptr, indices, b, fanouts, rng) for b in ref_batches)
 
-        ref_seconds = measure(reference, 1, warmup=False)
+        ref_seconds = median_seconds(reference, 1, warmup=False)
         row = {"fanouts": fanouts, "batch_size": batch_size, "edges_per_batch": edges / len(batches),
                "numpy_edges_per_batch": ref_edges / len(ref_batches), "numpy_edges_per_s": ref_edges / ref_seconds}
         for t in [int(x) for x in args.threads.split(",")]:
             s = NeighborSampler(ds, fanouts, seed=0, num_threads=t)
-            row[f"ours_{t}t_edges_per_s"] = edges / measure(
+            row[f"ours_{t}t_edges_per_s"] = edges / median_seconds(
                 lambda: [s.sample(b, i) for i, b in enumerate(batches)], args.repeats)
             row[f"ours_{t}t_vs_numpy"] = row[f"ours_{t}t_edges_per_s"] / row["numpy_edges_per_s"]
         rows.append(row)
@@ -145,9 +132,7 @@ def main(argv=None) -> dict:
     result = {"dataset": ds.path, "num_nodes": ds.num_nodes, "num_edges": ds.num_edges, "rows": rows,
               "cpus": os.cpu_count()}
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
+        write_json(args.json, result)
     return result
 
 

@@ -50,6 +50,7 @@ try:
 except ImportError:  # run from a source checkout that is not installed
     sys.path.insert(0, REPO_ROOT)
     import lsm_gnn
+from lsm_gnn.benchmarking import write_json
 from lsm_gnn import DatasetWriter, _C, open_dataset, open_storage
 from lsm_gnn.storage.probe import evict_page_cache
 
@@ -536,9 +537,7 @@ def main(argv=None) -> dict:
         "targets": targets(summary, fio_ref),
     }
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+        write_json(args.json, results, indent=1)
     print(f"\nrandom-row reads, medians of {args.repeats} repeat(s); ratios are per-repeat medians, "
           f"ratio = ours / reference")
     print(format_table(summary, backends, fio_engines))
