@@ -42,12 +42,14 @@ class Batch:
     hit_mask: torch.Tensor
     #: seconds spent in the background on this batch: "sample" and "gather" (feature lookup)
     timings: dict = field(default_factory=dict)
-    #: what gathering this batch read from storage: "bytes_read" (from the file) and "bytes_useful"
+    #: what gathering this batch read from storage: "bytes_read" (from the file) and "bytes_useful";
+    #: with a victim-buffer prefetcher also "pvp_hits" (rows it served) and "bytes_saved"
     io: dict = field(default_factory=dict)
 
     @property
     def hit_ratio(self) -> float:
-        """Share of the input nodes served by the cache (they are distinct, so this is the cache's ratio)."""
+        """Share of the input nodes served without reading storage: by the cache or, with PVP, its
+        victim buffer (the nodes are distinct, so this is the cache's combined ratio)."""
         return float(self.hit_mask.float().mean()) if self.hit_mask.numel() else 0.0
 
     @property
@@ -62,11 +64,18 @@ class NodeLoader:
     object with ``read(ids)`` (a storage backend). Each epoch reshuffles
     with ``(seed, epoch)``; iteration numbers continue across epochs. With
     ``world_size > 1`` each rank iterates its own equal share of the seeds.
+
+    ``pvp``: with a cache built with ``pvp=True`` (``features`` itself, or
+    the rank's slice under a ``SharedCache``), right after serving a batch
+    the loader starts moving the victim queue of the cache's next iteration
+    into the prefetch buffer on a background thread, while the batch
+    trains. ``None`` (default) does so when the cache has a victim buffer;
+    ``True`` requires one; ``False`` leaves the move to the cache's lookup.
     """
 
     def __init__(self, dataset, features, fanouts, batch_size: int, seeds=None, *, shuffle: bool = True,
                  drop_last: bool = False, window: int = 256, prefetch: int = 2, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, num_threads: int = 0):
+                 rank: int = 0, world_size: int = 1, num_threads: int = 0, pvp: bool | None = None):
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
         if batch_size < 1:
@@ -75,6 +84,17 @@ class NodeLoader:
             raise ValueError(f"window must be >= 0 and prefetch >= 1, got window={window}, prefetch={prefetch}")
         self.dataset = dataset
         self.features = features
+        # The cache whose victim buffer the loader drives: features, or the local slice of a shared cache.
+        cache = features if isinstance(features, SoftwareCache) else getattr(features, "cache", None)
+        self._pvp_cache = cache if isinstance(cache, SoftwareCache) and cache.pvp is not None else None
+        if pvp and self._pvp_cache is None:
+            raise ValueError("pvp=True needs a SoftwareCache with a victim buffer: build it with "
+                             "SoftwareCache(storage, capacity, policy='hybrid_pvp_room', pvp=True, "
+                             "pvp_queue_capacity=16384)")
+        if pvp is False:
+            self._pvp_cache = None
+        #: the cache's victim buffer whose prefetch this loader runs in the background, or None
+        self.pvp = self._pvp_cache.pvp if self._pvp_cache is not None else None
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.rank, self.world_size = rank, world_size
@@ -222,17 +242,23 @@ class NodeLoader:
                 nodes = hops[-1].nodes
                 before = storage.stats()  # this thread is the storage's only reader while the epoch runs
                 start = time.perf_counter()
+                pvp_before = self._pvp_cache.stats.pvp_hits if self.pvp is not None else 0
                 if hasattr(self.features, "lookup"):  # a SoftwareCache, or a SharedCache over ranks
                     x, hit = self.features.lookup(nodes, future=window)
                 else:
                     x, hit = self.features.read(nodes), torch.zeros(nodes.numel(), dtype=torch.bool)
                 gather_s = time.perf_counter() - start
+                if self.pvp is not None:  # the next iteration's victims move while this batch trains
+                    self.pvp.prefetch_async(self._pvp_cache.iteration)
                 after = storage.stats()
                 batch = self._make_batch(first + k, plans[k], hops, x, hit)
                 batch.timings = {"sample": sample_s, "gather": gather_s,
                                  **getattr(self.features, "last_timings", {})}  # "exchange" over ranks
                 batch.io = {"bytes_read": after.bytes_read - before.bytes_read,
                             "bytes_useful": after.bytes_useful - before.bytes_useful}
+                if self.pvp is not None:  # under a SharedCache: what this rank's slice served, for every rank
+                    pvp_hits = self._pvp_cache.stats.pvp_hits - pvp_before
+                    batch.io.update(pvp_hits=pvp_hits, bytes_saved=pvp_hits * self.pvp.row_bytes)
                 if not put(batch):
                     return
             put(_DONE)
@@ -245,6 +271,9 @@ class NodeLoader:
         worker, self._worker = self._worker, None
         if worker is not None and worker is not threading.current_thread():
             worker.join()
+        pvp = getattr(self, "pvp", None)  # absent when __init__ failed early
+        if pvp is not None:
+            pvp.close()  # joins a prefetch in flight; the next lookup still finds its rows
 
     def __del__(self):
         self.close()

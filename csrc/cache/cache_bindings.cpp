@@ -4,6 +4,7 @@
 #include "cache/belady.h"
 #include "cache/cpu_cache.h"
 #include "cache/state_tensors.h"
+#include "cache/victim_buffer.h"
 #include "cache/window_index.h"
 
 namespace py = pybind11;
@@ -28,7 +29,7 @@ py::tuple assign(const torch::Tensor& tags, const torch::Tensor& records, const 
                  const torch::Tensor& static_score, const torch::Tensor& last_use, const torch::Tensor& rr_pointer,
                  int ways, const torch::Tensor& unique, const std::optional<torch::Tensor>& node_static, int policy,
                  int64_t iteration, int64_t scan_base, int64_t threshold, std::vector<int> level_rank,
-                 int num_threads) {
+                 const std::optional<torch::Tensor>& queue_room, int num_threads) {
   CacheView v = view_of(tags, records, flags, static_score, last_use, rr_pointer, ways);
   check(unique, "unique", torch::kInt64, -1);
   TORCH_CHECK_VALUE(level_rank.size() == 4, "level_rank must have 4 entries");
@@ -43,21 +44,58 @@ py::tuple assign(const torch::Tensor& tags, const torch::Tensor& records, const 
   p.scan_base = scan_base;
   p.threshold = threshold;
   for (int k = 0; k < 4; ++k) p.level_rank[k] = level_rank[k];
+  if (queue_room.has_value()) {
+    check(*queue_room, "queue_room", torch::kUInt8, -1);
+    TORCH_CHECK_VALUE(queue_room->numel() > 0, "queue_room must have one entry per victim queue");
+    p.queue_room = queue_room->data_ptr<uint8_t>();
+    p.num_queues = queue_room->numel();
+  }
   const int64_t n = unique.numel();
   auto line = torch::empty({n}, torch::kInt64);
   auto hit = torch::empty({n}, torch::kBool);
   auto evicted_tag = torch::empty({n}, torch::kInt64);
   auto evicted_record = torch::empty({n}, torch::kInt64);
+  auto evicted_line = torch::empty({n}, torch::kInt64);
   lsm::cache::AssignOutput out;
   out.line = line.data_ptr<int64_t>();
   out.hit = reinterpret_cast<uint8_t*>(hit.data_ptr<bool>());
   out.evicted_tag = evicted_tag.data_ptr<int64_t>();
   out.evicted_record = reinterpret_cast<uint64_t*>(evicted_record.data_ptr<int64_t>());
+  out.evicted_line = evicted_line.data_ptr<int64_t>();
   {
     py::gil_scoped_release release;
     lsm::cache::assign(v, unique.data_ptr<int64_t>(), n, node_static_ptr, p, out, num_threads);
   }
-  return py::make_tuple(line, hit, evicted_tag, evicted_record, out.evictions, out.evicted_in_use);
+  return py::make_tuple(line, hit, evicted_tag, evicted_record, evicted_line, out.evictions, out.evicted_in_use);
+}
+
+py::tuple victim_enqueue(const torch::Tensor& count, const torch::Tensor& queue_iteration, const torch::Tensor& node,
+                         const torch::Tensor& record, const torch::Tensor& data, const torch::Tensor& evicted_tag,
+                         const torch::Tensor& evicted_record, const torch::Tensor& evicted_line,
+                         const torch::Tensor& cache_data, int64_t iteration, int64_t scan_base, int num_threads) {
+  for (const auto* t : {&count, &queue_iteration, &node, &record, &data, &cache_data}) {
+    TORCH_CHECK_VALUE(t->device().is_cpu(), "victim_enqueue needs CPU tensors (use victim_enqueue_cuda)");
+  }
+  auto q = lsm::cache::victim_queues_view(count, queue_iteration, node, record, data, cache_data);
+  const int64_t n = evicted_tag.numel();
+  check(evicted_tag, "evicted_tag", torch::kInt64, n);
+  check(evicted_record, "evicted_record", torch::kInt64, n);
+  check(evicted_line, "evicted_line", torch::kInt64, n);
+  const int64_t lines = cache_data.size(0);
+  const int64_t* tag = evicted_tag.data_ptr<int64_t>();
+  const int64_t* line = evicted_line.data_ptr<int64_t>();
+  for (int64_t u = 0; u < n; ++u) {
+    TORCH_CHECK_VALUE(tag[u] == lsm::cache::kInvalidTag || (line[u] >= 0 && line[u] < lines),
+                      "evicted_line[", u, "] = ", line[u], " is not a line of the cache");
+  }
+  lsm::cache::EnqueueCounts c;
+  {
+    py::gil_scoped_release release;
+    c = lsm::cache::enqueue_victims(q, tag, reinterpret_cast<const uint64_t*>(evicted_record.data_ptr<int64_t>()),
+                                    line, n, static_cast<const uint8_t*>(cache_data.data_ptr()), iteration,
+                                    scan_base, num_threads);
+  }
+  return py::make_tuple(c.enqueued, c.dropped_no_reuse, c.dropped_full);
 }
 
 void scan(const torch::Tensor& tags, const torch::Tensor& records, const torch::Tensor& flags,
@@ -112,7 +150,11 @@ void bind_cache(py::module& m) {
   m.def("cache_assign", &assign, py::arg("tags"), py::arg("records"), py::arg("flags"), py::arg("static_score"),
         py::arg("last_use"), py::arg("rr_pointer"), py::arg("ways"), py::arg("unique"), py::arg("node_static"),
         py::arg("policy"), py::arg("iteration"), py::arg("scan_base"), py::arg("threshold"), py::arg("level_rank"),
-        py::arg("num_threads") = 0);
+        py::arg("queue_room") = py::none(), py::arg("num_threads") = 0);
+  m.def("victim_enqueue", &victim_enqueue, py::arg("count"), py::arg("queue_iteration"), py::arg("node"),
+        py::arg("record"), py::arg("data"), py::arg("evicted_tag"), py::arg("evicted_record"), py::arg("evicted_line"),
+        py::arg("cache_data"), py::arg("iteration"), py::arg("scan_base"), py::arg("num_threads") = 0,
+        "PVP: offers one batch's victims to their iteration's queue; returns (enqueued, dropped_no_reuse, dropped_full)");
   m.def("cache_scan", &scan, py::arg("tags"), py::arg("records"), py::arg("flags"), py::arg("static_score"),
         py::arg("last_use"), py::arg("rr_pointer"), py::arg("ways"), py::arg("window"), py::arg("limit"),
         py::arg("num_threads") = 0);

@@ -23,6 +23,7 @@ struct AssignOutput {
   uint8_t* hit = nullptr;             // [n] 1 if unique[u] was cached
   int64_t* evicted_tag = nullptr;     // [n] node evicted to make room for unique[u], or -1
   uint64_t* evicted_record = nullptr; // [n] that node's PVP record
+  int64_t* evicted_line = nullptr;    // [n] the line it was evicted from (its row is still there until the fill), or -1
   int64_t evictions = 0;
   int64_t evicted_in_use = 0;        // evictions of lines this batch had used
 };

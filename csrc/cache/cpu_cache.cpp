@@ -59,6 +59,7 @@ void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t
     out.hit[u] = 0;
     out.evicted_tag[u] = kInvalidTag;
     out.evicted_record[u] = kNoReuseRecord;
+    out.evicted_line[u] = -1;
     for (int w = 0; w < c.ways; ++w) {
       const int64_t i = base + w;
       if (c.tags[i] == unique[u]) {
@@ -98,6 +99,7 @@ void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t
         if (c.tags[i] != kInvalidTag) {
           out.evicted_tag[u] = c.tags[i];
           out.evicted_record[u] = c.records[i];
+          out.evicted_line[u] = i;
           ++evictions;
           if (c.last_use[i] == p.iteration) ++evicted_in_use;
         }

@@ -42,6 +42,7 @@ __global__ void find_hits_kernel(CacheView c, const int64_t* __restrict__ unique
   out.hit[u] = found >= 0;
   out.evicted_tag[u] = kInvalidTag;
   out.evicted_record[u] = kNoReuseRecord;
+  out.evicted_line[u] = -1;
   if (found >= 0) {
     // Distinct ids map to distinct lines: plain stores, no other warp touches this line.
     c.last_use[base + found] = p.iteration;
@@ -65,7 +66,7 @@ __device__ __forceinline__ unsigned long long candidate(const CacheView& c, int6
   } else {
     key = victim_key(c.records[i], c.flags[i], c.static_score[i], c.last_use[i], p);
   }
-  // victim_key uses at most 34 bits; ways fit in 8.
+  // victim_key uses at most 35 bits; ways fit in 8.
   return (pass << 62) | (key << 8) | static_cast<unsigned long long>(order);
 }
 
@@ -102,6 +103,7 @@ __global__ void install_misses_kernel(CacheView c, const int64_t* __restrict__ u
       if (c.tags[i] != kInvalidTag) {
         out.evicted_tag[u] = c.tags[i];
         out.evicted_record[u] = c.records[i];
+        out.evicted_line[u] = i;
         ++evictions;
         if (c.last_use[i] == p.iteration) ++evicted_in_use;
         if (p.policy == kRoundRobin) c.rr_pointer[set] = (w + 1) % c.ways;

@@ -14,7 +14,7 @@
 namespace lsm::cache {
 
 // Phase 1 of assign: hits (one warp per distinct id). Fills line/hit and
-// resets evicted_tag/evicted_record for every id.
+// resets evicted_tag/evicted_record/evicted_line for every id.
 cudaError_t find_hits_cuda(const CacheView& c, const int64_t* unique, int64_t n, const PolicyParams& p,
                            AssignOutput out, cudaStream_t stream);
 

@@ -37,7 +37,9 @@ LSM_HD uint64_t record_reuse(uint64_t record) { return record >> kReuseShift; }
 constexpr uint8_t kFresh = 1;  // no dynamic information: inserted or its predicted reuse consumed since the last scan
 
 // Policy and level codes; the order matches lsm_gnn/cache/policies.py (POLICIES, LEVELS).
-enum Policy : int { kRoundRobin = 0, kLru = 1, kStatic = 2, kDynamic = 3, kHybrid = 4, kHybridPvp = 5, kHybridFar = 6 };
+enum Policy : int {
+  kRoundRobin = 0, kLru = 1, kStatic = 2, kDynamic = 3, kHybrid = 4, kHybridPvp = 5, kHybridFar = 6, kHybridPvpRoom = 7
+};
 enum Level : int { kLevelNone = 0, kLevelFar = 1, kLevelFresh = 2, kLevelNear = 3 };
 
 // splitmix64 finalizer: spreads strided ids (owner = id % world_size) over all sets.
@@ -69,6 +71,12 @@ struct PolicyParams {
   int64_t scan_base = 0;   // iteration of the last window scan
   int64_t threshold = 32;  // "near" reuse distance
   int level_rank[4] = {0, 1, 2, 3};  // eviction position of each Level (hybrid policies)
+  // Victim-buffer room, one flag per queue (queue of iteration T = T % num_queues), read
+  // only by hybrid_pvp_room: a far line is evicted first only when the queue of its next
+  // reuse has room, else it keeps hybrid's place (right after "none"); null: no victim
+  // buffer, so no room anywhere. A pointer on the device of the op that reads it.
+  const uint8_t* queue_room = nullptr;
+  int64_t num_queues = 0;
 };
 
 // Dynamic level of a valid line (see reference.py).
@@ -101,13 +109,20 @@ LSM_HD uint64_t victim_key(uint64_t record, uint8_t flags, uint16_t static_score
       // Farther reuse is evicted first: invert the distance (1 <= d < 2^17).
       return (uint64_t{2} << 32) | static_cast<uint64_t>((uint64_t{1} << 32) - 1 - static_cast<uint64_t>(d));
     }
-    default: {  // hybrid, hybrid_pvp, hybrid_far
+    default: {  // hybrid, hybrid_pvp, hybrid_far, hybrid_pvp_room
       int64_t d;
       const int level = line_level(record, flags, p, &d);
       // hybrid_far: within the far level, farther reuse first (d < 2^16 since window + period < 65535).
       const uint64_t far_term =
           (p.policy == kHybridFar && level == kLevelFar) ? static_cast<uint64_t>(65535 - d) : 0;
-      return (static_cast<uint64_t>(p.level_rank[level]) << 32) | (far_term << 16) | static_score;
+      // Levels take even positions; an odd one holds the far lines of hybrid_pvp_room whose
+      // victim queue is full (or absent), right after "none" as in hybrid.
+      uint64_t position = 2 * static_cast<uint64_t>(p.level_rank[level]);
+      if (p.policy == kHybridPvpRoom && level == kLevelFar &&
+          !(p.queue_room != nullptr && p.queue_room[(p.iteration + d) % p.num_queues])) {
+        position = 2 * static_cast<uint64_t>(p.level_rank[kLevelNone]) + 1;
+      }
+      return (position << 32) | (far_term << 16) | static_score;  // at most 35 bits
     }
   }
 }

@@ -23,6 +23,8 @@ POLICIES = {
     "hybrid": "the paper's four levels, evicted first to last: none, far, fresh, near; ties on lowest static score",
     "hybrid_pvp": "hybrid with the two lowest levels swapped (far before none), for the victim-buffer prefetcher",
     "hybrid_far": "hybrid, but lines in the 'far' level go farthest reuse first, then lowest static score",
+    "hybrid_pvp_room": "hybrid_pvp, but a far line goes first only while the victim queue of its next use has room "
+                       "(else it keeps hybrid's place); without a victim buffer it is hybrid",
 }
 POLICY_CODE = {name: code for code, name in enumerate(POLICIES)}
 
@@ -30,6 +32,7 @@ DEFAULT_LEVEL_ORDER = {
     "hybrid": (LEVEL_NONE, LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR),
     "hybrid_pvp": (LEVEL_FAR, LEVEL_NONE, LEVEL_FRESH, LEVEL_NEAR),
     "hybrid_far": (LEVEL_NONE, LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR),
+    "hybrid_pvp_room": (LEVEL_FAR, LEVEL_NONE, LEVEL_FRESH, LEVEL_NEAR),
 }
 
 

@@ -37,6 +37,17 @@ Victim order (smallest key evicted), ``w`` the way index:
   dynamic  (class, -d, w) with class none=0, fresh=1, near/far=2
   hybrid*  (rank of the level in the policy's level order, static score, w)
   hybrid_far  (rank of the level, 65535 - d if the level is far else 0, static score, w)
+  hybrid_pvp_room  as hybrid_pvp, but a far line whose victim queue (that of
+           iteration t + d) is full at the start of the batch, or with no
+           victim buffer, ranks just after the level none
+
+The victim buffer (PVP, ``pvp_queue_capacity`` set): see
+:mod:`lsm_gnn.cache.pvp` for the queues, the eviction and the prefetch. In
+this model, before the cache serves iteration ``t`` the queue of ``t`` is
+taken and matched to the batch; with PVP on, the window is scanned every
+``period`` iterations for every policy; victims of the batch are offered to
+their queues in ascending order of the id that evicted them, before any row
+is installed.
 """
 from __future__ import annotations
 
@@ -46,6 +57,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.cache.policies import LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR, LEVEL_NONE, PolicyConfig
+from lsm_gnn.cache.pvp import INDEX_MASK, PVPStats
 from lsm_gnn.storage.base import as_id_tensor
 
 NO_REUSE = 0xFFFF
@@ -81,21 +93,29 @@ class CacheStats:
 
     iterations: int = 0
     requests: int = 0      # ids asked for, with duplicates
-    unique: int = 0        # distinct ids per batch, summed
-    hits: int = 0
-    misses: int = 0
+    unique: int = 0        # distinct ids per batch, summed (= hits + pvp_hits + misses)
+    hits: int = 0          # served by the cache
+    misses: int = 0        # read from storage
     evictions: int = 0     # valid lines replaced
     evicted_in_use: int = 0  # lines evicted by the iteration that used them (cache smaller than a batch)
     bytes_read: int = 0      # feature bytes fetched from storage (misses x row bytes)
     scans: int = 0
+    pvp_hits: int = 0        # served by the victim buffer (PVP), never reaching storage
 
     @property
     def hit_ratio(self) -> float:
+        """The cache's own hits over distinct ids."""
         return self.hits / self.unique if self.unique else 0.0
+
+    @property
+    def combined_hit_ratio(self) -> float:
+        """Cache and victim-buffer hits over distinct ids: the share not read from storage."""
+        return (self.hits + self.pvp_hits) / self.unique if self.unique else 0.0
 
     def as_dict(self) -> dict:
         d = dict(vars(self))
         d["hit_ratio"] = self.hit_ratio
+        d["combined_hit_ratio"] = self.combined_hit_ratio
         return d
 
 
@@ -115,7 +135,8 @@ class ReferenceCache:
     """The semantics in plain Python loops. Use on small inputs only."""
 
     def __init__(self, storage, num_sets: int, ways: int = 32, policy: PolicyConfig | str = "hybrid",
-                 static_scores: np.ndarray | None = None, oversubscribe: bool = False):
+                 static_scores: np.ndarray | None = None, oversubscribe: bool = False,
+                 pvp_queue_capacity: int | None = None, pvp_reinstall: bool = False):
         if num_sets < 1 or ways < 1:
             raise ValueError(f"a cache needs at least one set and one way, got {num_sets} sets x {ways} ways")
         self.storage = storage
@@ -133,10 +154,20 @@ class ReferenceCache:
         self.iteration = 0
         self.scan_base = 0
         self.stats = CacheStats()
+        # PVP: target iteration -> queued lines [(node, record, row)], in slot order.
+        self.pvp_capacity = pvp_queue_capacity
+        self.pvp_reinstall = pvp_reinstall
+        self.queues: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
+        self.pvp_stats = PVPStats()
+        self._room: dict[int, bool] = {}
 
     @property
     def num_lines(self) -> int:
         return self.num_sets * self.ways
+
+    @property
+    def pvp(self) -> bool:
+        return self.pvp_capacity is not None
 
     # -- the window scan -----------------------------------------------------
     def scan(self, future, rank: int = 0) -> None:
@@ -184,11 +215,14 @@ class ReferenceCache:
             if level == LEVEL_FRESH:
                 return (1, 0, way)
             return (2, -(self.scan_base + int(L.reuse[i]) - self.iteration), way)
-        rank = self.policy.level_order.index(level)
+        order = self.policy.level_order
+        position = 2 * order.index(level)
         far_term = 0
         if name == "hybrid_far" and level == LEVEL_FAR:
             far_term = 65535 - (self.scan_base + int(L.reuse[i]) - self.iteration)
-        return (rank, far_term, int(L.static[i]), way)
+        if name == "hybrid_pvp_room" and level == LEVEL_FAR and not self._room.get(self.scan_base + int(L.reuse[i])):
+            position = 2 * order.index(LEVEL_NONE) + 1
+        return (position, far_term, int(L.static[i]), way)
 
     def choose_victim(self, set_index: int) -> int:
         """The way to fill in ``set_index`` at this iteration."""
@@ -210,19 +244,33 @@ class ReferenceCache:
         ids = as_id_tensor(ids)
         ids_np = ids.numpy()
         unique, inverse = np.unique(ids_np, return_inverse=True)
+        inverse = inverse.reshape(-1)
         if unique.size and (unique[0] < 0 or unique[-1] >= self.storage.num_rows):
             bad = unique[0] if unique[0] < 0 else unique[-1]
             raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
-        if unique.size > self.num_lines and not self.oversubscribe:
-            raise ValueError(f"this batch has {unique.size} distinct ids but the cache holds {self.num_lines} lines; "
-                             f"raise the cache capacity to at least {unique.size} rows (or pass oversubscribe=True)")
-        if self.policy.uses_window and future is not None and self.iteration % self.policy.period == 0:
-            self.scan(future, rank)
         L, t = self.lines, self.iteration
+        served: dict[int, tuple[torch.Tensor, int]] = {}  # unique index -> (row, stored index) from the queue of t
+        if self.pvp:
+            for target in [T for T in self.queues if T < t]:  # never served from a queue whose iteration passed
+                self.pvp_stats.unused += len(self.queues.pop(target))
+            taken = self.queues.get(t, [])  # removed once the batch is served (a failed lookup may retry)
+            for node, record, row in taken:
+                p = record & INDEX_MASK
+                if p < ids_np.size and ids_np[p] == node and int(inverse[p]) not in served:
+                    served[int(inverse[p])] = (row, p)
+        bypass = self.pvp and not self.pvp_reinstall
+        cache_u = [u for u in range(unique.size) if not (bypass and u in served)]  # what the cache sees
+        if len(cache_u) > self.num_lines and not self.oversubscribe:
+            raise ValueError(f"this batch has {len(cache_u)} distinct ids but the cache holds {self.num_lines} lines; "
+                             f"raise the cache capacity to at least {len(cache_u)} rows (or pass oversubscribe=True)")
+        if (self.policy.uses_window or self.pvp) and future is not None and self.iteration % self.policy.period == 0:
+            self.scan(future, rank)
+        self._room = {T: len(self.queues.get(T, ())) < self.pvp_capacity
+                      for T in range(t + 1, t + self.policy.window + 1)} if self.pvp else {}
         sets = set_of(unique, self.num_sets)
         where = np.full(unique.size, -1, np.int64)  # line caching each unique id at the end, -1 = not cached
         hit = np.zeros(unique.size, bool)
-        for u in range(unique.size):
+        for u in cache_u:
             base = sets[u] * self.ways
             for way in range(self.ways):
                 if L.tags[base + way] == unique[u]:
@@ -237,12 +285,14 @@ class ReferenceCache:
         if hits.size:  # copied out before any install can overwrite them
             unique_rows[torch.from_numpy(hits)] = self.data[torch.from_numpy(where[hits])]
         installed_by: dict[int, int] = {}  # line -> unique index installed there this batch
-        for u in sorted(np.flatnonzero(~hit), key=lambda u: (sets[u], unique[u])):
+        victims: dict[int, tuple] = {}  # unique index -> (evicted node, reuse, line, index, rank)
+        for u in sorted((u for u in cache_u if not hit[u]), key=lambda u: (sets[u], unique[u])):
             i = int(sets[u] * self.ways + self.choose_victim(int(sets[u])))
             if L.tags[i] != INVALID_TAG:
                 self.stats.evictions += 1
                 if L.last_use[i] == t:
                     self.stats.evicted_in_use += 1
+                victims[u] = (int(L.tags[i]), int(L.reuse[i]), i, int(L.pvp_index[i]), int(L.pvp_rank[i]))
             if i in installed_by:
                 where[installed_by[i]] = -1
             installed_by[i] = u
@@ -251,21 +301,56 @@ class ReferenceCache:
             L.reuse[i], L.fresh[i], L.last_use[i] = NO_REUSE, True, t
             L.pvp_index[i], L.pvp_rank[i] = 0, 0
             where[u] = i
-        miss = np.flatnonzero(~hit)
+        if self.pvp:
+            self._enqueue(victims)
+        from_pvp = np.zeros(unique.size, bool)  # a cache hit wins over a queued copy
+        for u, (row, _) in served.items():
+            if not hit[u]:
+                from_pvp[u] = True
+                unique_rows[u] = row
+                if where[u] >= 0:  # reinstalled: its line gets the queued row, not a storage read
+                    self.data[int(where[u])] = row
+        miss = np.flatnonzero(~hit & ~from_pvp)
         if miss.size:
             fetched = self.storage.read(torch.from_numpy(unique[miss]))
             self.stats.bytes_read += miss.size * self.storage.row_bytes
             unique_rows[torch.from_numpy(miss)] = fetched
             cached = where[miss] >= 0
             self.data[torch.from_numpy(where[miss][cached])] = fetched[torch.from_numpy(cached)]
-        inv = torch.from_numpy(inverse.reshape(-1))
+        if self.pvp:
+            self.queues.pop(t, None)
+            self.pvp_stats.prefetched += len(taken)
+            self.pvp_stats.hits += int(from_pvp.sum())
+            self.pvp_stats.unused += len(taken) - int(from_pvp.sum())
+            self.pvp_stats.bytes_saved += int(from_pvp.sum()) * self.storage.row_bytes
+        inv = torch.from_numpy(inverse)
         self.stats.iterations += 1
         self.stats.requests += ids.numel()
         self.stats.unique += unique.size
         self.stats.hits += int(hit.sum())
+        self.stats.pvp_hits += int(from_pvp.sum())
         self.stats.misses += int(miss.size)
         self.iteration += 1
-        return unique_rows[inv], torch.from_numpy(hit)[inv]
+        return unique_rows[inv], torch.from_numpy(hit | from_pvp)[inv]
+
+    def _enqueue(self, victims: dict[int, tuple]) -> None:
+        """Offers the batch's victims to their queues, in ascending order of the id that evicted them."""
+        t, window = self.iteration, self.policy.window
+        for u in sorted(victims):
+            node, reuse, line, index, rank = victims[u]
+            target = self.scan_base + reuse
+            if reuse == NO_REUSE or not t < target <= t + window:
+                self.pvp_stats.dropped_no_reuse += 1
+            elif len(self.queues.setdefault(target, [])) >= self.pvp_capacity:
+                self.pvp_stats.dropped_full += 1
+            else:
+                record = (reuse << 48) | (rank << 40) | index
+                self.queues[target].append((node, record, self.data[line].clone()))
+                self.pvp_stats.enqueued += 1
+
+    def pvp_snapshot(self) -> dict[int, list[tuple[int, int]]]:
+        """Queued lines per target iteration, as sorted (node, record) pairs."""
+        return {T: sorted((node, record) for node, record, _ in lines) for T, lines in self.queues.items() if lines}
 
     def snapshot(self) -> dict[str, np.ndarray]:
         """Line metadata, for comparing implementations decision by decision."""

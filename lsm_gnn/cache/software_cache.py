@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.cache.policies import POLICY_CODE, PolicyConfig
+from lsm_gnn.cache.pvp import DEFAULT_QUEUE_CAPACITY, VictimBuffer, match_prefetched
 from lsm_gnn.cache.reference import CacheStats, quantize_scores
 from lsm_gnn.cache.window import WindowBuffer
 from lsm_gnn.storage.base import as_id_tensor
@@ -56,12 +57,23 @@ class SoftwareCache:
     ValueError, since such a cache thrashes; ``oversubscribe=True`` allows it
     (lines of the current batch are then evicted last), for studies that
     scale caches below one batch.
+
+    ``pvp=True`` adds the Preemptive Victim-buffer Prefetcher
+    (:mod:`lsm_gnn.cache.pvp`): evicted lines with a known next use wait in
+    one queue per future iteration (``pvp_queue_capacity`` lines each) and
+    serve that iteration's batch without touching the cache or storage
+    (``pvp_reinstall=True``: they are installed in the cache as misses read
+    from the queue instead of storage). ``self.pvp`` is then the
+    :class:`~lsm_gnn.cache.pvp.VictimBuffer` (counters in ``self.pvp.stats``);
+    ``hit_mask`` and ``stats.combined_hit_ratio`` count its hits, while
+    ``stats.hit_ratio`` counts the cache's own.
     """
 
     def __init__(self, storage, capacity=None, *, ways: int = 32, policy: str | PolicyConfig = "hybrid",
                  window: int = 256, period: int = 4, threshold: int | None = None, levels=None,
                  static_scores=None, num_sets: int | None = None, oversubscribe: bool = False,
-                 device: str | torch.device = "cpu", num_threads: int = 0):
+                 device: str | torch.device = "cpu", num_threads: int = 0, pvp: bool = False,
+                 pvp_queue_capacity: int = DEFAULT_QUEUE_CAPACITY, pvp_reinstall: bool = False):
         self.storage = storage
         if isinstance(policy, PolicyConfig):
             self.policy = policy
@@ -105,6 +117,13 @@ class SoftwareCache:
         self.scan_base = 0
         self.stats = CacheStats()
         self._lock = threading.Lock()
+        self.pvp: VictimBuffer | None = None
+        self.pvp_reinstall = bool(pvp_reinstall)
+        if pvp:
+            self.pvp = VictimBuffer(self.policy.window, pvp_queue_capacity, storage.dim, storage.dtype, self.device,
+                                    first_iteration=self.iteration, num_threads=num_threads)
+        elif pvp_reinstall:
+            raise ValueError("pvp_reinstall=True needs pvp=True")
 
     @property
     def num_lines(self) -> int:
@@ -138,9 +157,11 @@ class SoftwareCache:
     def lookup(self, ids, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Serves one iteration; returns (rows [len(ids), dim] in request order, hit mask [len(ids)]).
 
-        ``out``, a contiguous ``[len(ids), dim]`` tensor of the cache's dtype
-        and device, receives the rows: reusing one avoids faulting in fresh
-        memory on every batch (which costs more than the copy itself).
+        The hit mask marks ids served without reading storage: cache hits and,
+        with PVP, victim-buffer hits. ``out``, a contiguous ``[len(ids), dim]``
+        tensor of the cache's dtype and device, receives the rows: reusing one
+        avoids faulting in fresh memory on every batch (which costs more than
+        the copy itself).
         """
         from lsm_gnn import _C
 
@@ -151,6 +172,7 @@ class SoftwareCache:
             raise ValueError(f"out must be a contiguous {self.data.dtype} tensor of shape {shape} on {self.device}, "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
         with self._lock:
+            t = self.iteration
             if self.device.type == "cpu":
                 # np.unique: torch.unique (a parallel sort) took 50x longer on a loaded 2-core machine.
                 unique_np, inverse_np = np.unique(ids.numpy(), return_inverse=True)
@@ -160,27 +182,50 @@ class SoftwareCache:
             if unique.numel() and (int(unique[0]) < 0 or int(unique[-1]) >= self.storage.num_rows):
                 bad = int(unique[0]) if int(unique[0]) < 0 else int(unique[-1])
                 raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
-            if unique.numel() > self.num_lines and not self.oversubscribe:
+            pvp = self.pvp
+            # PVP: the lines prefetched for this iteration, matched to the batch by their stored index.
+            served = None
+            if pvp is not None:
+                pf_node, pf_record, pf_rows = pvp.take(t)
+                served, entry, position = match_prefetched(ids, inverse, unique.numel(), pf_node, pf_record)
+            bypass = served is not None and not self.pvp_reinstall and bool(served.any())
+            keep = torch.nonzero(~served).reshape(-1) if bypass else None  # the ids the cache sees
+            cache_ids = unique[keep] if bypass else unique
+            if cache_ids.numel() > self.num_lines and not self.oversubscribe:
                 raise ValueError(
-                    f"this batch has {unique.numel()} distinct ids but the cache holds {self.num_lines} lines "
+                    f"this batch has {cache_ids.numel()} distinct ids but the cache holds {self.num_lines} lines "
                     f"({self.capacity_bytes} bytes); raise the capacity to at least "
-                    f"{unique.numel() * self.storage.row_bytes} bytes (or pass oversubscribe=True)")
-            if self.policy.uses_window and future is not None and self.iteration % self.policy.period == 0:
+                    f"{cache_ids.numel() * self.storage.row_bytes} bytes (or pass oversubscribe=True)")
+            # PVP needs next-use records for every policy, not only the window-based ones.
+            if ((self.policy.uses_window or pvp is not None) and future is not None
+                    and t % self.policy.period == 0):
                 self.scan(future)
             p = self.policy
-            args = (*self._state(), unique, self.node_static, POLICY_CODE[p.name], self.iteration, self.scan_base,
-                    p.near_threshold, list(p.level_rank))
+            room = pvp.room() if pvp is not None and p.name == "hybrid_pvp_room" else None
+            args = (*self._state(), cache_ids, self.node_static, POLICY_CODE[p.name], t, self.scan_base,
+                    p.near_threshold, list(p.level_rank), room)
             if self.device.type == "cuda":  # untested: no GPU run yet
-                line, hit, _, _, evictions, evicted_in_use = _C.cache_assign_cuda(*args)
+                line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use = \
+                    _C.cache_assign_cuda(*args)
             else:
-                line, hit, _, _, evictions, evicted_in_use = _C.cache_assign(*args, self.num_threads)
+                line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use = \
+                    _C.cache_assign(*args, self.num_threads)
+            if pvp is not None:  # victims leave for their queue before the fill overwrites their line
+                pvp.enqueue(evicted_tag, evicted_record, evicted_line, self.data, t, self.scan_base)
+            if bypass:  # back to every distinct id of the batch; PVP-served ids have no line
+                full_line = torch.full((unique.numel(),), -1, dtype=torch.int64, device=self.device)
+                full_hit = torch.zeros(unique.numel(), dtype=torch.bool, device=self.device)
+                full_line[keep], full_hit[keep] = line, hit
+                line, hit = full_line, full_hit
+            from_pvp = served & ~hit if served is not None else None  # a cache hit wins over a queued copy
             # Hit rows first, straight into request order, before any fill
             # overwrites a line (a hit line may have been evicted by a later miss).
             request_line = line[inverse]
             request_hit = hit[inverse]
             rows = torch.empty(shape, dtype=self.data.dtype, device=self.device) if out is None else out
             torch.index_select(self.data, 0, request_line.clamp_min(0), out=rows)
-            miss = torch.nonzero(~hit).reshape(-1)
+            need = ~hit if from_pvp is None else ~hit & ~from_pvp  # read from storage
+            miss = torch.nonzero(need).reshape(-1)
             if miss.numel():
                 fetched = self.storage.read(unique[miss].cpu()).to(self.device)
                 self.stats.bytes_read += miss.numel() * self.storage.row_bytes
@@ -189,18 +234,40 @@ class SoftwareCache:
                 self.data.index_copy_(0, miss_lines[cached], fetched[cached])
                 slot = torch.full((unique.numel(),), -1, dtype=torch.int64, device=self.device)
                 slot[miss] = torch.arange(miss.numel(), device=self.device)
-                positions = torch.nonzero(~request_hit).reshape(-1)
+                positions = torch.nonzero(need[inverse]).reshape(-1)
                 rows[positions] = fetched[slot[inverse[positions]]]
+            pvp_hits = 0
+            if from_pvp is not None:
+                pvp_u = torch.nonzero(from_pvp).reshape(-1)
+                pvp_hits = pvp_u.numel()
+                if pvp_hits:
+                    self._serve_prefetched(rows, inverse, from_pvp, pvp_u, entry, position, pf_rows, line)
+                pvp.consumed(t, pvp_hits)
             s = self.stats
             s.iterations += 1
             s.requests += ids.numel()
             s.unique += unique.numel()
             s.misses += miss.numel()
-            s.hits += unique.numel() - miss.numel()
+            s.pvp_hits += pvp_hits
+            s.hits += unique.numel() - miss.numel() - pvp_hits
             s.evictions += evictions
             s.evicted_in_use += evicted_in_use
             self.iteration += 1
+            if from_pvp is not None:
+                request_hit = request_hit | from_pvp[inverse]
             return rows, request_hit
+
+    def _serve_prefetched(self, rows, inverse, from_pvp, pvp_u, entry, position, pf_rows, line) -> None:
+        """Writes the victim-buffer rows into the batch (and, reinstalling, into their new lines)."""
+        lines = entry[pvp_u]
+        # The paper's scatter: each prefetched row to its stored index in the mini-batch.
+        rows[position[pvp_u]] = pf_rows[lines]
+        positions = torch.nonzero(from_pvp[inverse]).reshape(-1)
+        if positions.numel() > pvp_u.numel():  # an id repeated in the batch: its other positions too
+            rows[positions] = pf_rows[entry[inverse[positions]]]
+        if self.pvp_reinstall:
+            cached = line[pvp_u] >= 0
+            self.data.index_copy_(0, line[pvp_u][cached], pf_rows[lines[cached]])
 
     def snapshot(self) -> dict[str, np.ndarray]:
         """Line metadata in the reference model's terms, for decision-by-decision comparison."""

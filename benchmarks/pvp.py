@@ -1,0 +1,210 @@
+"""Combined hit ratio and storage reads with and without the victim-buffer prefetcher (PVP),
+for every cache policy, on the recorded sampling trace of benchmarks/cache_policies.py.
+
+Setup (the paper's, scaled by node count, as in cache_policies.py): a 2M-node
+R-MAT graph, GAT-style sampling (fanouts 5,2,2,2) of shuffled training
+seeds, a window of 256 future batches scanned every 4 iterations, 32-way
+caches of 0.4%, 0.75% and 1.5% of the nodes. Victim queues are scaled like
+the paper's: 16K lines per queue against about 140K distinct nodes per
+iteration on IGB-Full (DESIGN.md 3.3), so a queue holds 11.7% of one
+iteration's distinct nodes (``--queue-capacity scaled``; or a number of
+lines). Each policy runs without PVP (``off``), with the paper's PVP
+(``bypass``: PVP-served ids skip the cache) and with ``reinstall``
+(PVP-served ids are installed in the cache as misses read from the queue,
+so the cache evolves exactly as without PVP).
+
+    python benchmarks/pvp.py --batch-size scaled     # the paper's regime (cache holds many batches)
+    python benchmarks/pvp.py                         # 2048 seeds (cache smaller than one batch)
+    python benchmarks/pvp.py --quick                 # seconds, for CI
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from lsm_gnn.cache import SoftwareCache, belady_min, replay
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PAPER_QUEUE_CAPACITY = 16384
+PAPER_NODES_PER_BATCH = 140_000  # distinct nodes of one 2048-seed batch on IGB-Full (DESIGN.md 3.3)
+FEATURE_ROW_BYTES = 4096         # bytes read are reported for the paper's 1024 float32 features
+POLICIES = ("rr", "static", "dynamic", "hybrid", "hybrid_far", "hybrid_pvp", "hybrid_pvp_room")
+MODES = ("off", "bypass", "reinstall")
+
+
+def _cache_policies():
+    spec = importlib.util.spec_from_file_location("cache_policies", os.path.join(HERE, "cache_policies.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(trace, num_nodes, policy, mode, num_sets, window, period, warmup, static, capacity) -> dict:
+    cp = _cache_policies()
+    cache = SoftwareCache(cp.NullStorage(num_nodes), num_sets=num_sets, ways=32, policy=policy, window=window,
+                          period=period, static_scores=static, oversubscribe=True, pvp=mode != "off",
+                          pvp_queue_capacity=capacity, pvp_reinstall=mode == "reinstall")
+    start = time.perf_counter()
+    base = pvp_base = None
+    for t, (current, future) in enumerate(replay(trace, window, num_nodes=num_nodes)):
+        if t == warmup:
+            base = dict(vars(cache.stats))
+            pvp_base = dict(vars(cache.pvp.stats)) if cache.pvp is not None else None
+        cache.lookup(current, future)
+    s = {k: v - base[k] for k, v in vars(cache.stats).items()}
+    out = {"combined_hit_ratio": (s["hits"] + s["pvp_hits"]) / s["unique"], "cache_hit_ratio": s["hits"] / s["unique"],
+           "pvp_hit_ratio": s["pvp_hits"] / s["unique"], "requests": s["unique"], "hits": s["hits"],
+           "pvp_hits": s["pvp_hits"], "rows_read": s["misses"], "bytes_read": s["misses"] * FEATURE_ROW_BYTES,
+           "evictions": s["evictions"], "lookups": s["iterations"], "seconds": time.perf_counter() - start}
+    if pvp_base is not None:
+        v = {k: val - pvp_base[k] for k, val in vars(cache.pvp.stats).items()}
+        out.update(enqueued=v["enqueued"], dropped_no_reuse=v["dropped_no_reuse"], dropped_full=v["dropped_full"],
+                   unused=v["unused"], bytes_saved=v["hits"] * FEATURE_ROW_BYTES,
+                   victim_buffer_lines=cache.pvp.num_queues * cache.pvp.capacity)
+    return out
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-nodes", type=float, default=2e6)
+    parser.add_argument("--avg-degree", type=float, default=15)
+    parser.add_argument("--fanouts", default="5,2,2,2")
+    parser.add_argument("--batch-size", default="2048", help="seeds per batch, or 'scaled'")
+    parser.add_argument("--iterations", type=int, default=None,
+                        help="measured iterations (default 1000; 20000 for the scaled batch)")
+    parser.add_argument("--warmup", type=int, default=256)
+    parser.add_argument("--window", type=int, default=256)
+    parser.add_argument("--period", type=int, default=4)
+    parser.add_argument("--sizes", default="0.004,0.0075,0.015", help="cache sizes as fractions of the nodes")
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--modes", default=",".join(MODES), help="off (no PVP), bypass (the paper's), reinstall")
+    parser.add_argument("--queue-capacity", default="scaled",
+                        help="lines per victim queue, or 'scaled' (16K x nodes per batch / 140K)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-dir", default=os.environ.get("LSM_GNN_BENCH_DATA", "/work/bench-data"))
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--plot", default=None, help="write a PNG bar chart here (needs matplotlib)")
+    parser.add_argument("--quick", action="store_true", help="tiny run (seconds) to check the script works")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.num_nodes, args.window, args.warmup, args.sizes = 20000, 16, 8, "0.02,0.05"
+        args.iterations = args.iterations or 40
+        if args.batch_size != "scaled":
+            args.batch_size = "64"
+    cp = _cache_policies()
+    num_nodes = int(args.num_nodes)
+    batch = (max(1, round(cp.PAPER_BATCH * num_nodes / cp.IGB_FULL_NODES)) if args.batch_size == "scaled"
+             else int(args.batch_size))
+    iterations = args.iterations or (20000 if args.batch_size == "scaled" else 1000)
+    fanouts = [int(k) for k in args.fanouts.split(",")]
+    policies, modes = args.policies.split(","), args.modes.split(",")
+    os.makedirs(args.data_dir, exist_ok=True)
+    ds = cp.load_or_generate(os.path.join(args.data_dir, f"rmat-{num_nodes}-d{args.avg_degree:g}-s{args.seed}"),
+                             num_nodes, args.avg_degree, args.seed)
+    static = np.asarray(ds.score("reverse_pagerank"))
+    total = args.warmup + iterations + args.window
+    t0 = time.perf_counter()
+    trace = cp.record_trace(ds, fanouts, batch, total, args.seed)
+    measured_end = args.warmup + iterations
+    per_iter = float(np.mean([b.numel() for b in trace[:measured_end]]))
+    capacity = (max(1, round(PAPER_QUEUE_CAPACITY * per_iter / PAPER_NODES_PER_BATCH))
+                if args.queue_capacity == "scaled" else int(args.queue_capacity))
+    print(f"trace: {total} batches of {batch} seeds, {per_iter:,.0f} distinct nodes per batch, sampled in "
+          f"{time.perf_counter() - t0:.0f} s; {capacity} lines per victim queue ({capacity / per_iter:.1%} of a "
+          f"batch)", file=sys.stderr)
+    results = {"config": {"num_nodes": num_nodes, "num_edges": ds.num_edges, "fanouts": fanouts, "batch_size": batch,
+                          "iterations": iterations, "warmup": args.warmup, "window": args.window,
+                          "period": args.period, "ways": 32, "nodes_per_batch": per_iter,
+                          "queue_capacity": capacity, "feature_row_bytes": FEATURE_ROW_BYTES},
+               "sizes": {}}
+    for frac in (float(s) for s in args.sizes.split(",")):
+        num_sets = max(1, int(frac * num_nodes) // 32)
+        row = {"lines": num_sets * 32}
+        for policy in policies:
+            row[policy] = {}
+            for mode in modes:
+                if mode == "off" and policy == "hybrid_pvp_room" and "hybrid" in policies:
+                    row[policy][mode] = dict(row["hybrid"]["off"], same_as="hybrid")  # identical without PVP
+                    continue
+                r = run(trace[:measured_end + args.window], num_nodes, policy, mode, num_sets, args.window,
+                        args.period, args.warmup, static, capacity)
+                row[policy][mode] = r
+                print(f"size {frac:.2%} {policy:<16} {mode:<9} combined {r['combined_hit_ratio']:.4f} "
+                      f"(cache {r['cache_hit_ratio']:.4f} + pvp {r['pvp_hit_ratio']:.4f}) {r['seconds']:.0f} s",
+                      file=sys.stderr)
+        hits, requests = belady_min(trace[:measured_end], row["lines"], num_nodes, count_from=args.warmup)
+        row["belady"] = {"hit_ratio": hits / requests}
+        results["sizes"][f"{frac:g}"] = row
+    print_table(results, policies, modes)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    if args.plot:
+        plot(results, policies, modes, args.plot)
+    return results
+
+
+def print_table(results: dict, policies, modes) -> None:
+    cfg = results["config"]
+    sizes = list(results["sizes"])
+    print(f"\ncombined hit ratio (cache + PVP), {cfg['batch_size']} seeds/batch, {cfg['num_nodes']:,} nodes, "
+          f"window {cfg['window']}, {cfg['queue_capacity']} lines per victim queue, {cfg['iterations']} iterations")
+    print(f"{'policy':<17}{'mode':<10}" + "".join(f"{float(s):>10.2%}" for s in sizes)
+          + "   (PVP hit ratio; GB read per 1000 iterations at 4 KiB rows)")
+    for policy in policies:
+        for mode in modes:
+            cells = [results["sizes"][s][policy][mode] for s in sizes]
+            # Measured lookups: the iterations plus the trailing window of batches (as in cache_policies.py).
+            extra = " ".join(f"{c['pvp_hit_ratio']:.3f}/"
+                             f"{c['bytes_read'] / c.get('lookups', cfg['iterations'] + cfg['window']) / 1e6:.2f}"
+                             for c in cells)
+            print(f"{policy:<17}{mode:<10}" + "".join(f"{c['combined_hit_ratio']:>10.4f}" for c in cells)
+                  + "   " + extra)
+    print(f"{'belady (cache only)':<27}" + "".join(f"{results['sizes'][s]['belady']['hit_ratio']:>10.4f}"
+                                                   for s in sizes))
+
+
+def plot(results: dict, policies, modes, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = list(results["sizes"])
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 4), sharey=True)
+    axes = np.atleast_1d(axes)
+    width = 0.8 / len(modes)
+    for ax, s in zip(axes, sizes):
+        row = results["sizes"][s]
+        for k, mode in enumerate(modes):
+            x = [i + k * width for i in range(len(policies))]
+            ax.bar(x, [row[p][mode]["cache_hit_ratio"] for p in policies], width,
+                   label=f"{mode}: cache" if s == sizes[0] else None, color=f"C{k}")
+            if mode != "off":
+                ax.bar(x, [row[p][mode]["pvp_hit_ratio"] for p in policies], width,
+                       bottom=[row[p][mode]["cache_hit_ratio"] for p in policies], color=f"C{k}", alpha=0.45,
+                       hatch="//", label=f"{mode}: PVP" if s == sizes[0] else None)
+        ax.axhline(row["belady"]["hit_ratio"], color="black", lw=1, ls="--",
+                   label="Belady (cache only)" if s == sizes[0] else None)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(policies))])
+        ax.set_xticklabels(policies, rotation=35, ha="right", fontsize=8)
+        ax.set_title(f"cache {float(s):.2%} of nodes")
+    axes[0].set_ylabel("hit ratio (solid: cache, hatched: PVP)")
+    cfg = results["config"]
+    fig.suptitle(f"PVP: {cfg['num_nodes']:,} nodes, batch {cfg['batch_size']}, window {cfg['window']}, "
+                 f"{cfg['queue_capacity']} lines per queue", fontsize=10)
+    fig.legend(loc="lower center", ncol=len(modes) * 2 + 1, fontsize=7)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

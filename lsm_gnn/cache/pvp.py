@@ -1,0 +1,313 @@
+"""The Preemptive Victim-buffer Prefetcher (PVP): paper section 4.3, DESIGN.md 3.5.
+
+Evicted cache lines whose next use is known are parked in host memory and
+handed back to the batch that needs them, so they are never read from
+storage again. :class:`VictimBuffer` holds the state; the cache drives it
+(``SoftwareCache(..., pvp=True)``). The reference model
+(:mod:`lsm_gnn.cache.reference`) defines the semantics:
+
+Queues. One queue per future iteration of the window: ``window + 1`` queues
+in a ring (the queue of iteration ``T`` is ``T % (window + 1)``), each of
+up to ``queue_capacity`` lines, with the rows (data) apart from the node ids
+and PVP records (metadata), as in the paper's Figure 7.
+
+Eviction. When serving iteration ``t`` evicts a valid line, its PVP record
+(set by the last window scan, at ``scan_base``) names its next use
+``T = scan_base + reuse``. If ``t < T <= t + window`` the line takes the
+next slot of queue ``T`` (slots are claimed in ascending order of the ids
+that evicted the lines) and its row is copied there before the line is refilled; if queue
+``T`` is full it is dropped (*dropped_full*); without a known next use (no
+reuse in the window, or a reuse already consumed by a hit since the scan)
+it is dropped (*dropped_no_reuse*). With PVP on, the cache scans the window
+for every policy (the records are PVP's input), not only the dynamic ones.
+
+Prefetch. Before iteration ``t`` is served, queue ``t`` is moved into the
+prefetch buffer (on the cache's device) and recycled as the queue of
+``t + window + 1``; queues of iterations before ``t`` that were never
+moved expire (their lines count as *unused*). Nothing is ever served from
+a queue of another iteration. :meth:`VictimBuffer.prefetch_async` does the
+move on a background thread (the loader starts it right after serving
+``t - 1``, while that batch trains); otherwise serving ``t`` moves it.
+
+Serving. A prefetched line of node ``v`` with index ``p`` (the record's
+position of ``v``'s first occurrence in batch ``T``) is *valid* if
+``ids[p] == v``; its row is scattered to ``rows[p]`` (and to any repeat of
+``v`` in the batch). Those ids skip the cache and storage: the cache looks
+up only the other ids. (``SoftwareCache(..., pvp_reinstall=True)`` instead
+passes them through the cache as misses whose rows come from the prefetch
+buffer rather than storage, so the cache evolves exactly as without PVP.)
+Invalid lines (an inexact window), repeats of an id, and (reinstalling)
+lines whose id the cache holds anyway are *unused*.
+
+Counts: ``enqueued = hits + unused + pending`` (pending: lines still in
+queues or in an unserved prefetch buffer), ``offered = enqueued +
+dropped_no_reuse + dropped_full`` is the number of evictions.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+DEFAULT_QUEUE_CAPACITY = 16384
+INDEX_MASK = (1 << 40) - 1  # the mini-batch index in a PVP record (low 40 bits)
+
+
+@dataclass
+class PVPStats:
+    """Victim-buffer counters (lines, except bytes_saved)."""
+
+    enqueued: int = 0          # victims copied into a queue
+    dropped_no_reuse: int = 0  # victims without a known next use
+    dropped_full: int = 0      # victims whose queue was full
+    hits: int = 0              # distinct ids served from the prefetch buffer
+    unused: int = 0            # queued lines never served (inexact window, repeats, expired queues)
+    prefetched: int = 0        # lines moved from a queue to the prefetch buffer
+    bytes_saved: int = 0       # hits x row bytes: not read from storage
+
+    @property
+    def offered(self) -> int:
+        return self.enqueued + self.dropped_no_reuse + self.dropped_full
+
+    def as_dict(self) -> dict:
+        d = dict(vars(self))
+        d["offered"] = self.offered
+        return d
+
+
+class VictimBuffer:
+    """The victim queues and the prefetch buffer of one cache.
+
+    Queues live in host memory: plain on a CPU cache, pinned for a CUDA
+    cache (the GPU writes victims into them through UVA and the prefetch is
+    an asynchronous host-to-device copy on a side stream; the CUDA path is
+    UNTESTED). The queue counters live on the cache's device. Rows take
+    ``(window + 1) * queue_capacity * row_bytes`` bytes of address space;
+    on CPU only the pages victims touch become resident, pinned memory is
+    committed whole.
+    """
+
+    def __init__(self, window: int, queue_capacity: int, dim: int, dtype: torch.dtype,
+                 device: str | torch.device = "cpu", first_iteration: int = 0, num_threads: int = 0):
+        if not isinstance(queue_capacity, (int, np.integer)) or isinstance(queue_capacity, bool) \
+                or queue_capacity < 1:
+            raise ValueError(f"pvp_queue_capacity must be a positive number of lines, got {queue_capacity!r}")
+        if window < 1:
+            raise ValueError(f"the victim buffer needs a window of at least 1 iteration, got {window}")
+        self.window = int(window)
+        self.num_queues = self.window + 1
+        self.capacity = int(queue_capacity)
+        self.device = torch.device(device)
+        self.num_threads = num_threads
+        cuda = self.device.type == "cuda"
+        host = {"pin_memory": True} if cuda else {}
+        q, cap = self.num_queues, self.capacity
+        self.count = torch.zeros(q, dtype=torch.int64, device=self.device)
+        slots = torch.arange(q, dtype=torch.int64)
+        self.queue_iteration = (first_iteration + (slots - first_iteration) % q).to(self.device)
+        self.node = torch.empty((q, cap), dtype=torch.int64, **host)
+        self.record = torch.empty((q, cap), dtype=torch.int64, **host)
+        self.data = torch.empty((q, cap, dim), dtype=dtype, **host)
+        self.prefetch_node = torch.empty(cap, dtype=torch.int64, device=self.device)
+        self.prefetch_record = torch.empty(cap, dtype=torch.int64, device=self.device)
+        self.prefetch_data = torch.empty((cap, dim), dtype=dtype, device=self.device)
+        self.row_bytes = dim * self.data.element_size()
+        self.stats = PVPStats()
+        self._prefetched_iteration: int | None = None  # the iteration the prefetch buffer holds
+        self._prefetched_count = 0
+        self._frontier = int(first_iteration)  # iterations before it have been moved or expired
+        self._pending: tuple[int, threading.Thread, list] | None = None
+        self._pending_lock = threading.Lock()
+        self._state_lock = threading.Lock()  # queues and prefetch buffer: one writer at a time
+        self._stream = torch.cuda.Stream(self.device) if cuda else None
+        self._released = None  # CUDA: recorded when the serving stream is done reading the prefetch buffer
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of host memory reserved for the queues (rows and metadata)."""
+        return self.data.numel() * self.data.element_size() + 2 * self.node.numel() * 8
+
+    # -- eviction -----------------------------------------------------------------------------------------------
+
+    def room(self) -> torch.Tensor:
+        """uint8 per queue: 1 where the queue has a free slot (for the hybrid_pvp_room policy)."""
+        return (self.count < self.capacity).to(torch.uint8)
+
+    def enqueue(self, evicted_tag, evicted_record, evicted_line, cache_data, iteration: int, scan_base: int) -> None:
+        """Offers one batch's victims (the cache's assign outputs) to their queues, copying
+        their rows out of ``cache_data`` (call before the batch's fill overwrites them)."""
+        from lsm_gnn import _C
+
+        args = (self.count, self.queue_iteration, self.node, self.record, self.data, evicted_tag, evicted_record,
+                evicted_line, cache_data, int(iteration), int(scan_base))
+        with self._state_lock:
+            if self.device.type == "cuda":  # untested: no GPU run yet
+                enqueued, no_reuse, full = _C.victim_enqueue_cuda(*args)
+            else:
+                enqueued, no_reuse, full = _C.victim_enqueue(*args, self.num_threads)
+        self.stats.enqueued += enqueued
+        self.stats.dropped_no_reuse += no_reuse
+        self.stats.dropped_full += full
+
+    # -- prefetch -----------------------------------------------------------------------------------------------
+
+    def prefetch(self, iteration: int) -> None:
+        """Moves the queue of ``iteration`` into the prefetch buffer (synchronously) and
+        recycles it; queues of earlier iterations expire."""
+        self.wait()
+        self._move(int(iteration))
+
+    def prefetch_async(self, iteration: int) -> None:
+        """:meth:`prefetch` on a background thread; :meth:`take` waits for it."""
+        self.wait()
+        error: list = []
+
+        def run():
+            try:
+                self._move(int(iteration))
+            except BaseException as exc:  # re-raised by wait() in the thread that serves the batch
+                error.append(exc)
+
+        thread = threading.Thread(target=run, name="lsm-gnn-pvp", daemon=True)
+        with self._pending_lock:
+            self._pending = (int(iteration), thread, error)
+        thread.start()
+
+    def wait(self) -> None:
+        """Waits for a background prefetch; re-raises its error."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            pending[1].join()
+            if pending[2]:
+                raise pending[2][0]
+
+    def close(self) -> None:
+        """Joins the background prefetch, if any (idempotent); a later :meth:`take` still finds its rows
+        and a later :meth:`wait` raises its error."""
+        with self._pending_lock:
+            pending = self._pending
+        if pending is not None:
+            pending[1].join()
+
+    def _move(self, t: int) -> None:
+        with self._state_lock:
+            if self._prefetched_iteration == t or t < self._frontier:
+                return  # already moved (a retried lookup finds the same lines), or passed
+            if self._prefetched_iteration is not None:
+                self.stats.unused += self._prefetched_count  # moved but never served
+                self._prefetched_iteration, self._prefetched_count = None, 0
+            q, cap = self.num_queues, self.capacity
+            labels = self.queue_iteration
+            stale = labels < t
+            if bool(stale.any()):  # never served: their iteration passed (a skipped iteration)
+                self.stats.unused += int(self.count[stale].clamp(max=cap).sum())
+                self.count[stale] = 0
+                slots = torch.arange(q, dtype=torch.int64, device=labels.device)
+                labels[stale] = t + (slots[stale] - t) % q
+            slot = t % q  # after the expiry above, it collects for iteration t
+            n = min(int(self.count[slot]), cap)
+            if n:
+                if self._stream is not None:  # untested: no GPU run yet
+                    # cudaMemcpyAsync on a side stream, after the last batch's scatter read the buffer.
+                    if self._released is not None:
+                        self._stream.wait_event(self._released)
+                    with torch.cuda.stream(self._stream):
+                        self.prefetch_node[:n].copy_(self.node[slot, :n], non_blocking=True)
+                        self.prefetch_record[:n].copy_(self.record[slot, :n], non_blocking=True)
+                        self.prefetch_data[:n].copy_(self.data[slot, :n], non_blocking=True)
+                    # This (background) thread waits, not the serving one: the queue may be
+                    # refilled, and the rows read, only once the copy is complete.
+                    self._stream.synchronize()
+                else:
+                    self.prefetch_node[:n].copy_(self.node[slot, :n])
+                    self.prefetch_record[:n].copy_(self.record[slot, :n])
+                    self.prefetch_data[:n].copy_(self.data[slot, :n])
+            self.count[slot] = 0
+            labels[slot] = t + q
+            self._prefetched_iteration, self._prefetched_count = t, n
+            self._frontier = t + 1
+            self.stats.prefetched += n
+
+    # -- serving ------------------------------------------------------------------------------------------------
+
+    def take(self, iteration: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(node ids, records, rows) prefetched for ``iteration`` (moved now if no prefetch ran).
+        The lines stay until :meth:`consumed`, so a lookup that fails can be retried."""
+        self.wait()
+        t = int(iteration)
+        if self._prefetched_iteration != t:
+            self._move(t)
+        n = self._prefetched_count if self._prefetched_iteration == t else 0  # 0: a passed iteration
+        return self.prefetch_node[:n], self.prefetch_record[:n], self.prefetch_data[:n]
+
+    def consumed(self, iteration: int, served: int) -> None:
+        """Iteration ``iteration`` served ``served`` of the lines :meth:`take` returned."""
+        if self._prefetched_iteration != int(iteration):
+            raise RuntimeError(f"the prefetch buffer holds iteration {self._prefetched_iteration}, not {iteration}")
+        self.stats.hits += served
+        self.stats.unused += self._prefetched_count - served
+        self.stats.bytes_saved += served * self.row_bytes
+        self._prefetched_iteration, self._prefetched_count = None, 0
+        if self._stream is not None:  # untested: no GPU run yet
+            self._released = torch.cuda.Event()
+            self._released.record(torch.cuda.current_stream(self.device))
+
+    @property
+    def pending(self) -> int:
+        """Lines queued or prefetched and not yet served or expired."""
+        held = int(self.count.clamp(max=self.capacity).sum())
+        return held + (self._prefetched_count if self._prefetched_iteration is not None else 0)
+
+    def snapshot(self) -> dict[int, list[tuple[int, int]]]:
+        """Queued lines per target iteration, as sorted (node, record) pairs (for comparing with the reference)."""
+        out = {}
+        counts = self.count.clamp(max=self.capacity).cpu().tolist()
+        labels = self.queue_iteration.cpu().tolist()
+        for slot, (n, it) in enumerate(zip(counts, labels)):
+            if n:
+                records = [r & 0xFFFFFFFFFFFFFFFF for r in self.record[slot, :n].tolist()]  # as unsigned
+                out[it] = sorted(zip(self.node[slot, :n].tolist(), records))
+        return out
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def match_prefetched(ids: torch.Tensor, inverse: torch.Tensor, num_unique: int, node: torch.Tensor,
+                     record: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Which prefetched lines serve this batch.
+
+    Returns (served [num_unique] bool, entry [num_unique] int64, position [num_unique] int64):
+    for a served distinct id ``u``, ``entry[u]`` is its line in the prefetch buffer and
+    ``position[u]`` the stored index it is scattered to, where ``ids[position[u]]`` is
+    that node. A line is valid if its stored index holds its node; of several valid
+    lines for one node, the first serves.
+    """
+    device = ids.device
+    served = torch.zeros(num_unique, dtype=torch.bool, device=device)
+    entry = torch.full((num_unique,), -1, dtype=torch.int64, device=device)
+    position = torch.full((num_unique,), -1, dtype=torch.int64, device=device)
+    if node.numel() == 0 or ids.numel() == 0:
+        return served, entry, position
+    index = record & INDEX_MASK
+    in_range = torch.nonzero(index < ids.numel()).reshape(-1)
+    pos = index[in_range]
+    ok = ids[pos] == node[in_range]
+    lines, pos = in_range[ok], pos[ok]
+    if lines.numel() == 0:
+        return served, entry, position
+    u = inverse[pos]
+    order = torch.argsort(u, stable=True)  # the first line per distinct id serves
+    first = torch.ones(order.numel(), dtype=torch.bool, device=device)
+    first[1:] = u[order[1:]] != u[order[:-1]]
+    keep = order[first]
+    entry[u[keep]] = lines[keep]
+    position[u[keep]] = pos[keep]
+    served[u[keep]] = True
+    return served, entry, position
