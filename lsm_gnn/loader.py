@@ -89,8 +89,7 @@ class NodeLoader:
         self._pvp_cache = cache if isinstance(cache, SoftwareCache) and cache.pvp is not None else None
         if pvp and self._pvp_cache is None:
             raise ValueError("pvp=True needs a SoftwareCache with a victim buffer: build it with "
-                             "SoftwareCache(storage, capacity, policy='hybrid_pvp_room', pvp=True, "
-                             "pvp_queue_capacity=16384)")
+                             "SoftwareCache(storage, capacity, pvp=True)")
         if pvp is False:
             self._pvp_cache = None
         #: the cache's victim buffer whose prefetch this loader runs in the background, or None

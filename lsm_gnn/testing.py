@@ -40,3 +40,25 @@ def write_tiny_dataset(path: str | os.PathLike, num_nodes: int = 1000, dim: int 
         writer.write_split("test", order[cut2:])
         dataset = writer.commit()
     return dataset, features
+
+
+def power_law_trace(seed: int, iterations: int, batch: int, num_nodes: int, skew: float = 0.9) -> list[np.ndarray]:
+    """Batches of ids drawn from a Zipf-like popularity over a random permutation of the nodes
+    (a cache trace with hot and cold ids, for the cache tests)."""
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, num_nodes + 1) ** skew
+    p /= p.sum()
+    perm = rng.permutation(num_nodes)
+    return [perm[rng.choice(num_nodes, batch, p=p)] for _ in range(iterations)]
+
+
+def tiny_cache_setup(path: str | os.PathLike, num_nodes: int, dim: int = 6):
+    """(memory storage, features tensor, quantized degree scores) of a tiny dataset, for the cache tests."""
+    import torch
+
+    from lsm_gnn.cache import quantize_scores
+    from lsm_gnn.storage import open_storage
+
+    dataset, features = write_tiny_dataset(path, num_nodes=num_nodes, dim=dim)
+    static = quantize_scores(np.diff(np.asarray(dataset.indptr)).astype(np.float64))
+    return open_storage(dataset, "memory"), torch.from_numpy(features), static

@@ -7,31 +7,24 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lsm_gnn import open_storage
+from lsm_gnn import open_storage, testing
 from lsm_gnn.cache import (
     POLICIES, PolicyConfig, ReferenceCache, SoftwareCache, WindowBuffer, belady_min, belady_reference, cache_geometry,
-    quantize_scores, replay,
+    replay,
 )
 from lsm_gnn.cache.reference import set_of
-from lsm_gnn.testing import write_tiny_dataset
+from lsm_gnn.testing import tiny_cache_setup, write_tiny_dataset
 
 N = 600
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    dataset, features = write_tiny_dataset(tmp_path_factory.mktemp("cache") / "ds", num_nodes=N, dim=6)
-    storage = open_storage(dataset, "memory")
-    static = quantize_scores(np.diff(np.asarray(dataset.indptr)).astype(np.float64))
-    return storage, torch.from_numpy(features), static
+    return tiny_cache_setup(tmp_path_factory.mktemp("cache") / "ds", num_nodes=N)
 
 
 def power_law_trace(seed, iterations, batch, n=N, skew=0.9):
-    rng = np.random.default_rng(seed)
-    p = 1.0 / np.arange(1, n + 1) ** skew
-    p /= p.sum()
-    perm = rng.permutation(n)
-    return [perm[rng.choice(n, batch, p=p)] for _ in range(iterations)]
+    return testing.power_law_trace(seed, iterations, batch, n, skew)
 
 
 def run_both(storage, static, trace, policy, num_sets, ways, window=8, period=2):
@@ -293,3 +286,35 @@ def test_lookup_fills_a_given_out_tensor(tiny):
         assert rows is out and torch.equal(out, features[ids])
     with pytest.raises(ValueError, match="shape"):
         cache.lookup(ids, out=torch.empty((3, storage.dim), dtype=storage.dtype))
+
+
+class FlakyStorage:
+    """Storage whose reads fail when ``fail`` is set (a disk error in the middle of a lookup)."""
+
+    def __init__(self, storage):
+        self._inner, self.fail = storage, False
+        self.num_rows, self.dim, self.dtype = storage.num_rows, storage.dim, storage.dtype
+        self.row_bytes, self.backend = storage.row_bytes, storage.backend
+
+    def read(self, ids):
+        if self.fail:
+            raise OSError("injected read error")
+        return self._inner.read(ids)
+
+
+@pytest.mark.parametrize("pvp", [False, True])
+def test_a_failed_read_leaves_no_line_with_stale_bytes(tiny, pvp):
+    storage, features, static = tiny
+    flaky = FlakyStorage(storage)
+    trace = power_law_trace(3, 40, 40)
+    cache = SoftwareCache(flaky, num_sets=4, ways=16, window=4, period=1, static_scores=static, pvp=pvp,
+                          pvp_queue_capacity=8)
+    for k, (current, future) in enumerate(replay(trace, 4, num_nodes=storage.num_rows)):
+        if k % 3 == 1:  # this iteration's read fails once; the retry must still get the file's bytes
+            flaky.fail = True
+            with pytest.raises(OSError, match="injected"):
+                cache.lookup(current, future=future)
+            flaky.fail = False
+        rows, _ = cache.lookup(current, future=future)
+        assert torch.equal(rows, features[current]), f"iteration {k}"
+    assert cache.stats.iterations == len(trace)

@@ -13,28 +13,21 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lsm_gnn import open_storage
-from lsm_gnn.cache import POLICIES, PolicyConfig, ReferenceCache, SoftwareCache, VictimBuffer, quantize_scores, replay
+from lsm_gnn import open_storage, testing
+from lsm_gnn.cache import POLICIES, PolicyConfig, ReferenceCache, SoftwareCache, VictimBuffer, replay
 from lsm_gnn.loader import NodeLoader
-from lsm_gnn.testing import write_tiny_dataset
+from lsm_gnn.testing import tiny_cache_setup, write_tiny_dataset
 
 N = 600
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    dataset, features = write_tiny_dataset(tmp_path_factory.mktemp("pvp") / "ds", num_nodes=N, dim=6)
-    storage = open_storage(dataset, "memory")
-    static = quantize_scores(np.diff(np.asarray(dataset.indptr)).astype(np.float64))
-    return storage, torch.from_numpy(features), static
+    return tiny_cache_setup(tmp_path_factory.mktemp("pvp") / "ds", num_nodes=N)
 
 
 def power_law_trace(seed, iterations, batch, n=N, skew=0.9):
-    rng = np.random.default_rng(seed)
-    p = 1.0 / np.arange(1, n + 1) ** skew
-    p /= p.sum()
-    perm = rng.permutation(n)
-    return [perm[rng.choice(n, batch, p=p)] for _ in range(iterations)]
+    return testing.power_law_trace(seed, iterations, batch, n, skew)
 
 
 def check_counts(cache: SoftwareCache):

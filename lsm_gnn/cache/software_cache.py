@@ -67,14 +67,23 @@ class SoftwareCache:
     :class:`~lsm_gnn.cache.pvp.VictimBuffer` (counters in ``self.pvp.stats``);
     ``hit_mask`` and ``stats.combined_hit_ratio`` count its hits, while
     ``stats.hit_ratio`` counts the cache's own.
+
+    Defaults: ``policy=None`` is ``"hybrid"``, or ``"hybrid_pvp_room"``
+    with PVP; ``pvp_reinstall=None`` is on with PVP. Both were the best
+    measured settings (``docs/benchmarks.md``); ``policy="hybrid_pvp",
+    pvp_reinstall=False`` is the paper's design as published.
     """
 
-    def __init__(self, storage, capacity=None, *, ways: int = 32, policy: str | PolicyConfig = "hybrid",
+    def __init__(self, storage, capacity=None, *, ways: int = 32, policy: str | PolicyConfig | None = None,
                  window: int = 256, period: int = 4, threshold: int | None = None, levels=None,
                  static_scores=None, num_sets: int | None = None, oversubscribe: bool = False,
                  device: str | torch.device = "cpu", num_threads: int = 0, pvp: bool = False,
-                 pvp_queue_capacity: int = DEFAULT_QUEUE_CAPACITY, pvp_reinstall: bool = False):
+                 pvp_queue_capacity: int = DEFAULT_QUEUE_CAPACITY, pvp_reinstall: bool | None = None):
         self.storage = storage
+        if policy is None:  # the best measured default (docs/benchmarks.md, PVP section)
+            policy = "hybrid_pvp_room" if pvp else "hybrid"
+        if pvp_reinstall is None:
+            pvp_reinstall = bool(pvp)
         if isinstance(policy, PolicyConfig):
             self.policy = policy
         else:
@@ -210,39 +219,45 @@ class SoftwareCache:
             else:
                 line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use = \
                     _C.cache_assign(*args, self.num_threads)
-            if pvp is not None:  # victims leave for their queue before the fill overwrites their line
-                pvp.enqueue(evicted_tag, evicted_record, evicted_line, self.data, t, self.scan_base)
-            if bypass:  # back to every distinct id of the batch; PVP-served ids have no line
-                full_line = torch.full((unique.numel(),), -1, dtype=torch.int64, device=self.device)
-                full_hit = torch.zeros(unique.numel(), dtype=torch.bool, device=self.device)
-                full_line[keep], full_hit[keep] = line, hit
-                line, hit = full_line, full_hit
-            from_pvp = served & ~hit if served is not None else None  # a cache hit wins over a queued copy
-            # Hit rows first, straight into request order, before any fill
-            # overwrites a line (a hit line may have been evicted by a later miss).
-            request_line = line[inverse]
-            request_hit = hit[inverse]
-            rows = torch.empty(shape, dtype=self.data.dtype, device=self.device) if out is None else out
-            torch.index_select(self.data, 0, request_line.clamp_min(0), out=rows)
-            need = ~hit if from_pvp is None else ~hit & ~from_pvp  # read from storage
-            miss = torch.nonzero(need).reshape(-1)
-            if miss.numel():
-                fetched = self.storage.read(unique[miss].cpu()).to(self.device)
-                self.stats.bytes_read += miss.numel() * self.storage.row_bytes
-                miss_lines = line[miss]
-                cached = miss_lines >= 0
-                self.data.index_copy_(0, miss_lines[cached], fetched[cached])
-                slot = torch.full((unique.numel(),), -1, dtype=torch.int64, device=self.device)
-                slot[miss] = torch.arange(miss.numel(), device=self.device)
-                positions = torch.nonzero(need[inverse]).reshape(-1)
-                rows[positions] = fetched[slot[inverse[positions]]]
-            pvp_hits = 0
-            if from_pvp is not None:
-                pvp_u = torch.nonzero(from_pvp).reshape(-1)
-                pvp_hits = pvp_u.numel()
-                if pvp_hits:
-                    self._serve_prefetched(rows, inverse, from_pvp, pvp_u, entry, position, pf_rows, line)
-                pvp.consumed(t, pvp_hits)
+            try:
+                if pvp is not None:  # victims leave for their queue before the fill overwrites their line
+                    pvp.enqueue(evicted_tag, evicted_record, evicted_line, self.data, t, self.scan_base)
+                if bypass:  # back to every distinct id of the batch; PVP-served ids have no line
+                    full_line = torch.full((unique.numel(),), -1, dtype=torch.int64, device=self.device)
+                    full_hit = torch.zeros(unique.numel(), dtype=torch.bool, device=self.device)
+                    full_line[keep], full_hit[keep] = line, hit
+                    line, hit = full_line, full_hit
+                from_pvp = served & ~hit if served is not None else None  # a cache hit wins over a queued copy
+                # Hit rows first, straight into request order, before any fill
+                # overwrites a line (a hit line may have been evicted by a later miss).
+                request_line = line[inverse]
+                request_hit = hit[inverse]
+                rows = torch.empty(shape, dtype=self.data.dtype, device=self.device) if out is None else out
+                torch.index_select(self.data, 0, request_line.clamp_min(0), out=rows)
+                need = ~hit if from_pvp is None else ~hit & ~from_pvp  # read from storage
+                miss = torch.nonzero(need).reshape(-1)
+                if miss.numel():
+                    fetched = self.storage.read(unique[miss].cpu()).to(self.device)
+                    self.stats.bytes_read += miss.numel() * self.storage.row_bytes
+                    miss_lines = line[miss]
+                    cached = miss_lines >= 0
+                    self.data.index_copy_(0, miss_lines[cached], fetched[cached])
+                    slot = torch.full((unique.numel(),), -1, dtype=torch.int64, device=self.device)
+                    slot[miss] = torch.arange(miss.numel(), device=self.device)
+                    positions = torch.nonzero(need[inverse]).reshape(-1)
+                    rows[positions] = fetched[slot[inverse[positions]]]
+                pvp_hits = 0
+                if from_pvp is not None:
+                    pvp_u = torch.nonzero(from_pvp).reshape(-1)
+                    pvp_hits = pvp_u.numel()
+                    if pvp_hits:
+                        self._serve_prefetched(rows, inverse, from_pvp, pvp_u, entry, position, pf_rows, line)
+                    pvp.consumed(t, pvp_hits)
+            except BaseException:
+                # The new tags are installed but their rows may never have been written:
+                # forget those lines, so a later lookup cannot hit stale bytes.
+                self._forget_unfilled(line, hit)
+                raise
             s = self.stats
             s.iterations += 1
             s.requests += ids.numel()
@@ -256,6 +271,13 @@ class SoftwareCache:
             if from_pvp is not None:
                 request_hit = request_hit | from_pvp[inverse]
             return rows, request_hit
+
+    def _forget_unfilled(self, line: torch.Tensor, hit: torch.Tensor) -> None:
+        """Invalidates the lines this lookup assigned to ids it did not hit (after a failed fill)."""
+        assigned = line[~hit]
+        assigned = assigned[assigned >= 0]
+        self.tags[assigned] = INVALID_TAG
+        self.records[assigned] = NO_REUSE_RECORD
 
     def _serve_prefetched(self, rows, inverse, from_pvp, pvp_u, entry, position, pf_rows, line) -> None:
         """Writes the victim-buffer rows into the batch (and, reinstalling, into their new lines)."""
