@@ -46,7 +46,7 @@ class CacheConfig:
     features: str = "cache"    # cache | storage (no cache) | memory (whole file in RAM: the ceiling)
     capacity: str = "1.5%"     # bytes ("4G", "512M") or a share of the nodes ("1.5%")
     ways: int = 32
-    policy: str = "hybrid"
+    policy: str = "auto"       # auto: hybrid, or hybrid_pvp_room with pvp (docs/cache.md); or any policy
     window: int = 256          # future mini-batches sampled ahead
     period: int = 4            # window scan every `period` iterations
     backend: str = "auto"      # storage backend of the miss path
@@ -54,6 +54,9 @@ class CacheConfig:
     oversubscribe: bool = False  # allow a batch larger than the cache (hit ratio studies)
     mode: str = "shared"       # with several ranks: shared (one cache over all ranks) | isolated (one per rank)
     owner: str = "modulo"      # who owns a node in shared mode: modulo | hotness | path/to/partition.npy
+    pvp: bool = False          # the victim-buffer prefetcher (paper section 4.3)
+    pvp_queue_capacity: int = 16384  # lines per victim queue (one queue per future iteration)
+    pvp_reinstall: bool = True  # PVP-served lines go back into the cache (False: the paper's bypass)
 
 
 @dataclass
@@ -102,7 +105,7 @@ class Config:
 CHOICES = {
     "model.kind": ("gat", "sage", "gcn"),
     "cache.features": ("cache", "storage", "memory"),
-    "cache.policy": tuple(POLICIES),
+    "cache.policy": ("auto", *POLICIES),
     "cache.backend": ("auto", *BACKENDS),
     "cache.mode": ("shared", "isolated"),
     "train.task": ("node", "link"),
@@ -186,7 +189,8 @@ def validate(cfg: Config) -> Config:
     positive = {"sampler.batch_size": cfg.sampler.batch_size, "cache.ways": cfg.cache.ways,
                 "model.hidden": cfg.model.hidden, "model.heads": cfg.model.heads, "train.epochs": cfg.train.epochs,
                 "log.every": cfg.log.every,
-                "cache.window": cfg.cache.window, "cache.period": cfg.cache.period}
+                "cache.window": cfg.cache.window, "cache.period": cfg.cache.period,
+                "cache.pvp_queue_capacity": cfg.cache.pvp_queue_capacity}
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"{key} must be >= 1, got {value}")
@@ -205,6 +209,9 @@ def validate(cfg: Config) -> Config:
     if cfg.cache.owner not in ("modulo", "hotness") and not cfg.cache.owner.endswith(".npy"):
         raise ConfigError(f"cache.owner={cfg.cache.owner!r} is not valid; choose modulo, hotness or a path to a "
                           ".npy partition map")
+    if cfg.cache.pvp and cfg.cache.features != "cache":
+        raise ConfigError(f"cache.pvp=true needs cache.features=cache (the victim buffer holds lines the cache "
+                          f"evicts), got cache.features={cfg.cache.features}")
     try:
         capacity_spec(cfg.cache.capacity)
     except ValueError as exc:

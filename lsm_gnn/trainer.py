@@ -90,9 +90,11 @@ def _build_cache(cfg: Config, dataset, storage, device):
                               "cache.static_score=none")
         static = dataset.score(c.static_score)
     capacity = cache_capacity_bytes(c.capacity, dataset.num_nodes, storage.row_bytes)
-    return SoftwareCache(storage, capacity, ways=c.ways, policy=c.policy, window=c.window, period=c.period,
+    policy = None if c.policy == "auto" else c.policy  # None: the cache picks (hybrid, or hybrid_pvp_room with PVP)
+    return SoftwareCache(storage, capacity, ways=c.ways, policy=policy, window=c.window, period=c.period,
                          static_scores=static, oversubscribe=c.oversubscribe, device=device,
-                         num_threads=cfg.sampler.num_threads)
+                         num_threads=cfg.sampler.num_threads, pvp=c.pvp, pvp_queue_capacity=c.pvp_queue_capacity,
+                         pvp_reinstall=c.pvp and c.pvp_reinstall)
 
 
 def _storage_of(features):
@@ -387,7 +389,7 @@ class Trainer:
         cfg = self.cfg
         times = StageTimes()
         epoch = self.loader.state_dict()["epoch"]
-        totals = dict.fromkeys(("hits", "unique", "bytes_read", "bytes_useful"), 0)
+        totals = dict.fromkeys(("hits", "unique", "bytes_read", "bytes_useful", "pvp_hits", "bytes_saved"), 0)
         losses = []
         self.model.train()
         bar = tqdm(total=len(self.loader), initial=self.loader.state_dict()["position"], unit="batch",
@@ -419,10 +421,14 @@ class Trainer:
                 totals["unique"] += batch.hit_mask.numel()
                 totals["bytes_read"] += io["bytes_read"]
                 totals["bytes_useful"] += io["bytes_useful"]
+                for key in ("pvp_hits", "bytes_saved"):  # with the victim-buffer prefetcher on
+                    totals[key] += io.get(key, 0)
                 record = {"iteration": batch.iteration, "epoch": epoch, "loss": loss_value,
                           "time": {k: round(stage.get(k, 0.0), 6) for k in STAGES},
                           "hit_ratio": batch.hit_ratio if cached else None, "bytes_read": io["bytes_read"],
                           "amplification": io["bytes_read"] / io["bytes_useful"] if io["bytes_useful"] else None}
+                if "pvp_hits" in io:
+                    record.update(pvp_hits=io["pvp_hits"], bytes_saved=io["bytes_saved"])
                 if self.iterations_done % cfg.log.every == 0:
                     self.log.write(record)
                 bar.update(1)
@@ -466,6 +472,8 @@ class Trainer:
                            "bytes_read": delta["bytes_read"],
                            "amplification": delta["bytes_read"] / delta["bytes_useful"] if delta["bytes_useful"]
                            else None}
+                if self.loader.pvp is not None:
+                    summary.update(pvp_hits=delta["pvp_hits"], bytes_saved=delta["bytes_saved"])
                 if finished:
                     for split in cfg.train.eval_splits:
                         summary[split] = last_eval[split] = self.evaluate(split)
@@ -505,6 +513,8 @@ class Trainer:
                  f"loss {s['loss']:.4f}", f"{s['wall_s']:.1f}s"]
         if s["hit_ratio"] is not None:
             parts.append(f"hit {s['hit_ratio']:.3f}")
+        if "pvp_hits" in s:
+            parts.append(f"pvp hits {s['pvp_hits']:,} ({s['bytes_saved'] / 2**20:.1f} MiB saved)")
         if s["amplification"] is not None:
             parts.append(f"read {s['bytes_read'] / 2**20:.1f} MiB (ampl. {s['amplification']:.2f})")
         for split in ("val", "test", "train"):

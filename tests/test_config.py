@@ -19,7 +19,8 @@ def test_defaults_are_the_papers_run():
     cfg = load_config()
     assert (cfg.model.kind, cfg.model.hidden, cfg.model.heads) == ("gat", 512, 4)
     assert cfg.sampler.fanouts == [5, 2, 2, 2] and cfg.sampler.batch_size == 2048
-    assert (cfg.cache.policy, cfg.cache.window, cfg.cache.ways) == ("hybrid", 256, 32)
+    assert (cfg.cache.policy, cfg.cache.window, cfg.cache.ways) == ("auto", 256, 32)  # auto: hybrid without PVP
+    assert cfg.cache.pvp is False and cfg.cache.pvp_queue_capacity == 16384  # the paper's queue size
 
 
 def test_yaml_then_overrides_in_order(tmp_path):
@@ -37,7 +38,10 @@ def test_yaml_then_overrides_in_order(tmp_path):
 @pytest.mark.parametrize("override, message", [
     (["cache.polcy=rr"], "unknown config key 'cache.polcy'; valid keys here are: cache.features, cache.capacity"),
     (["nosuch=1"], "unknown config key 'nosuch'"),
-    (["cache.policy=foo"], "cache.policy='foo' is not valid; choose one of: rr, lru"),
+    (["cache.policy=foo"], "cache.policy='foo' is not valid; choose one of: auto, rr, lru"),
+    (["cache.pvp_queue_capacity=0"], "cache.pvp_queue_capacity must be >= 1"),
+    (["cache.pvp=true", "cache.features=storage"], "cache.pvp=true needs cache.features=cache"),
+    (["cache.pvp=maybe"], "cache.pvp must be a bool"),
     (["model.kind=gin"], "choose one of: gat, sage, gcn"),
     (["train.epochs=x"], "train.epochs must be an int"),
     (["train.epochs=0"], "train.epochs must be >= 1"),

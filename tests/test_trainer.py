@@ -162,6 +162,34 @@ def test_feature_paths_agree(graph, tmp_path):
     assert runs["cache"] == runs["storage"] == runs["memory"]
 
 
+def records(tmp_path):
+    with open(tmp_path / "log" / "metrics.jsonl") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def test_victim_buffer_adds_hits_and_changes_no_loss(graph, tmp_path):
+    common = ("cache.policy=hybrid", "train.max_iterations=12", "train.eval_splits=[]")
+    train(config(graph, tmp_path / "plain", *common))
+    trainer = Trainer(config(graph, tmp_path / "pvp", *common, "cache.pvp=true", "cache.pvp_queue_capacity=64"))
+    assert trainer.features.pvp is not None and trainer.features.pvp_reinstall  # reinstall: the config default
+    trainer.fit()
+    assert losses(tmp_path / "pvp") == losses(tmp_path / "plain")  # PVP rows are the file's bytes
+    plain, pvp = records(tmp_path / "plain"), records(tmp_path / "pvp")
+    steps = [r for r in pvp if "iteration" in r]
+    summary = [r["epoch_summary"] for r in pvp if "epoch_summary" in r][0]
+    assert summary["pvp_hits"] == sum(r["pvp_hits"] for r in steps) > 0
+    assert summary["bytes_saved"] == summary["pvp_hits"] * trainer.features.storage.row_bytes
+    # Reinstalling under plain hybrid, the cache decides as without PVP: PVP can only add hits.
+    plain_summary = [r["epoch_summary"] for r in plain if "epoch_summary" in r][0]
+    assert summary["hit_ratio"] > plain_summary["hit_ratio"]
+    assert summary["bytes_read"] < plain_summary["bytes_read"]
+
+
+def test_pvp_picks_its_policy_when_none_is_named(graph, tmp_path):
+    assert Trainer(config(graph, tmp_path / "a", "cache.pvp=true")).features.policy.name == "hybrid_pvp_room"
+    assert Trainer(config(graph, tmp_path / "b")).features.policy.name == "hybrid"
+
+
 def test_tensorboard_is_optional(graph, tmp_path):
     try:
         from torch.utils.tensorboard import SummaryWriter  # noqa: F401
