@@ -281,15 +281,16 @@ class SoftwareCache:
 
     def _serve_prefetched(self, rows, inverse, from_pvp, pvp_u, entry, position, pf_rows, line) -> None:
         """Writes the victim-buffer rows into the batch (and, reinstalling, into their new lines)."""
-        lines = entry[pvp_u]
+        served_rows = pf_rows.index_select(0, entry[pvp_u])
         # The paper's scatter: each prefetched row to its stored index in the mini-batch.
-        rows[position[pvp_u]] = pf_rows[lines]
+        rows.index_copy_(0, position[pvp_u], served_rows)
         positions = torch.nonzero(from_pvp[inverse]).reshape(-1)
         if positions.numel() > pvp_u.numel():  # an id repeated in the batch: its other positions too
             rows[positions] = pf_rows[entry[inverse[positions]]]
         if self.pvp_reinstall:
-            cached = line[pvp_u] >= 0
-            self.data.index_copy_(0, line[pvp_u][cached], pf_rows[lines[cached]])
+            new_line = line[pvp_u]
+            cached = new_line >= 0
+            self.data.index_copy_(0, new_line[cached], served_rows[cached])
 
     def snapshot(self) -> dict[str, np.ndarray]:
         """Line metadata in the reference model's terms, for decision-by-decision comparison."""
