@@ -13,14 +13,9 @@ from lsm_gnn.cache import (
     replay,
 )
 from lsm_gnn.cache.reference import set_of
-from lsm_gnn.testing import tiny_cache_setup, write_tiny_dataset
+from lsm_gnn.testing import write_tiny_dataset
 
-N = 600
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return tiny_cache_setup(tmp_path_factory.mktemp("cache") / "ds", num_nodes=N)
+N = 600  # nodes of the tiny_cache fixture (conftest.py)
 
 
 def power_law_trace(seed, iterations, batch, n=N, skew=0.9):
@@ -48,8 +43,8 @@ def run_both(storage, static, trace, policy, num_sets, ways, window=8, period=2)
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
-def test_native_cache_makes_the_reference_decisions(tiny, policy):
-    storage, _, static = tiny
+def test_native_cache_makes_the_reference_decisions(tiny_cache, policy):
+    storage, _, static = tiny_cache
     nat = run_both(storage, static, power_law_trace(0, 60, 40), policy, num_sets=4, ways=16)
     assert nat.stats.evictions > 0 and nat.stats.hits > 0  # the trace really exercises eviction
 
@@ -58,16 +53,16 @@ def test_native_cache_makes_the_reference_decisions(tiny, policy):
 @given(seed=st.integers(0, 10**6), policy=st.sampled_from(list(POLICIES)), num_sets=st.integers(1, 5),
        ways=st.sampled_from([1, 2, 4, 32]), batch=st.integers(1, 40), window=st.integers(1, 10),
        period=st.integers(1, 4), skew=st.floats(0.0, 1.5))
-def test_property_native_equals_reference(tiny, seed, policy, num_sets, ways, batch, window, period, skew):
-    storage, _, static = tiny
+def test_property_native_equals_reference(tiny_cache, seed, policy, num_sets, ways, batch, window, period, skew):
+    storage, _, static = tiny_cache
     batch = min(batch, num_sets * ways)
     run_both(storage, static, power_law_trace(seed, 15, batch, skew=skew), policy, num_sets, ways,
              window=window, period=min(period, window))
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
-def test_adversarial_batches(tiny, policy):
-    storage, features, static = tiny
+def test_adversarial_batches(tiny_cache, policy):
+    storage, features, static = tiny_cache
     same_set = [v for v in range(N) if set_of([v], 8)[0] == 3][:40]  # every id in one set
     trace = [
         list(range(64)),            # all misses, exactly the capacity
@@ -82,18 +77,18 @@ def test_adversarial_batches(tiny, policy):
     assert nat.stats.evicted_in_use > 0
 
 
-def test_capacity_smaller_than_a_batch_is_an_error(tiny):
-    storage = tiny[0]
+def test_capacity_smaller_than_a_batch_is_an_error(tiny_cache):
+    storage = tiny_cache[0]
     cache = SoftwareCache(storage, num_sets=2, ways=4)
     with pytest.raises(ValueError, match="9 distinct ids but the cache holds 8 lines.*oversubscribe"):
         cache.lookup(list(range(9)))
     rows, hit = cache.lookup(list(range(8)) * 3)  # 8 distinct ids fit, however repeated
-    assert torch.equal(rows, tiny[1][list(range(8)) * 3]) and not hit.any()
+    assert torch.equal(rows, tiny_cache[1][list(range(8)) * 3]) and not hit.any()
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
-def test_oversubscribed_cache_matches_the_reference(tiny, policy):
-    storage, _, static = tiny
+def test_oversubscribed_cache_matches_the_reference(tiny_cache, policy):
+    storage, _, static = tiny_cache
     config = PolicyConfig(policy, window=6, period=2)
     ref = ReferenceCache(storage, 2, 4, config, static_scores=static, oversubscribe=True)
     nat = SoftwareCache(storage, num_sets=2, ways=4, policy=config, static_scores=static, oversubscribe=True)
@@ -107,8 +102,8 @@ def test_oversubscribed_cache_matches_the_reference(tiny, policy):
     assert nat.stats.as_dict() == ref.stats.as_dict() and nat.stats.evicted_in_use > 0
 
 
-def test_capacity_in_bytes_and_strings(tiny):
-    storage = tiny[0]
+def test_capacity_in_bytes_and_strings(tiny_cache):
+    storage = tiny_cache[0]
     assert cache_geometry("2K", storage.row_bytes, 4) == (2048 // storage.row_bytes // 4, 4)
     cache = SoftwareCache(storage, capacity=storage.row_bytes * 64, ways=32)
     assert (cache.num_sets, cache.ways, cache.num_lines) == (2, 32, 64)
@@ -127,13 +122,13 @@ def test_capacity_in_bytes_and_strings(tiny):
     ({"policy": "hybrid", "levels": ("none", "far", "near")}, "levels"),
     ({"policy": "static", "levels": ("none", "far", "fresh", "near")}, "only apply"),
 ])
-def test_bad_policy_configs_name_the_problem(tiny, kwargs, match):
+def test_bad_policy_configs_name_the_problem(tiny_cache, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        SoftwareCache(tiny[0], num_sets=2, ways=4, **kwargs)
+        SoftwareCache(tiny_cache[0], num_sets=2, ways=4, **kwargs)
 
 
-def test_out_of_range_and_float_ids(tiny):
-    cache = SoftwareCache(tiny[0], num_sets=2, ways=4)
+def test_out_of_range_and_float_ids(tiny_cache):
+    cache = SoftwareCache(tiny_cache[0], num_sets=2, ways=4)
     with pytest.raises(IndexError, match=str(N)):
         cache.lookup([1, N])
     with pytest.raises(IndexError, match="-3"):
@@ -142,13 +137,13 @@ def test_out_of_range_and_float_ids(tiny):
         cache.lookup(torch.tensor([1.5]))
 
 
-def test_static_scores_must_cover_every_node(tiny):
+def test_static_scores_must_cover_every_node(tiny_cache):
     with pytest.raises(ValueError, match="static_scores"):
-        SoftwareCache(tiny[0], num_sets=2, ways=4, static_scores=np.zeros(10, np.float32))
+        SoftwareCache(tiny_cache[0], num_sets=2, ways=4, static_scores=np.zeros(10, np.float32))
 
 
-def test_custom_levels_change_the_order(tiny):
-    storage, _, static = tiny
+def test_custom_levels_change_the_order(tiny_cache):
+    storage, _, static = tiny_cache
     trace = power_law_trace(3, 40, 30)
     a = run_both(storage, static, trace, "hybrid", 4, 8)
     config = PolicyConfig("hybrid", window=8, period=2, levels=("fresh", "none", "far", "near"))
@@ -185,8 +180,8 @@ def test_window_index_matches_a_scan_of_the_batches():
         _C.WindowIndex(5).push(torch.tensor([5]), 0)
 
 
-def test_plain_list_future_equals_window_buffer(tiny):
-    storage, _, static = tiny
+def test_plain_list_future_equals_window_buffer(tiny_cache):
+    storage, _, static = tiny_cache
     trace = power_law_trace(9, 30, 30)
     a = SoftwareCache(storage, num_sets=4, ways=8, policy="hybrid", window=8, period=2, static_scores=static)
     b = SoftwareCache(storage, num_sets=4, ways=8, policy="hybrid", window=8, period=2, static_scores=static)
@@ -196,8 +191,8 @@ def test_plain_list_future_equals_window_buffer(tiny):
     assert a.stats.as_dict() == b.stats.as_dict()
 
 
-def test_concurrent_lookups_never_return_a_wrong_row(tiny):
-    storage, features, static = tiny
+def test_concurrent_lookups_never_return_a_wrong_row(tiny_cache):
+    storage, features, static = tiny_cache
     cache = SoftwareCache(storage, num_sets=4, ways=16, policy="hybrid", static_scores=static)
     errors = []
 
@@ -216,7 +211,7 @@ def test_concurrent_lookups_never_return_a_wrong_row(tiny):
 
 
 @pytest.mark.parametrize("backend", ["io_uring", "pread"])
-def test_cache_over_the_ssd_backends(tiny, tmp_path, backend):
+def test_cache_over_the_ssd_backends(tiny_cache, tmp_path, backend):
     dataset, features = write_tiny_dataset(tmp_path / "ds", num_nodes=300, dim=130)
     with open_storage(dataset, backend) as storage:
         cache = SoftwareCache(storage, num_sets=2, ways=32, policy="lru")
@@ -230,7 +225,7 @@ def test_cache_over_the_ssd_backends(tiny, tmp_path, backend):
 # -- Belady ----------------------------------------------------------------------
 
 def brute_force_min(trace, capacity):
-    """Exhaustive optimum over every keep-set choice: tiny inputs only."""
+    """Exhaustive optimum over every keep-set choice: tiny_cache inputs only."""
     from functools import lru_cache
     from itertools import combinations
 
@@ -264,8 +259,8 @@ def test_native_belady_equals_reference(capacity):
     assert belady_min(trace, capacity, num_nodes=N) == belady_reference(trace, capacity)
 
 
-def test_belady_bounds_every_policy(tiny):
-    storage, _, static = tiny
+def test_belady_bounds_every_policy(tiny_cache):
+    storage, _, static = tiny_cache
     trace = power_law_trace(11, 80, 40)
     optimum, total = belady_reference(trace, 64)
     for policy in POLICIES:
@@ -276,8 +271,8 @@ def test_belady_bounds_every_policy(tiny):
         assert cache.stats.hits <= optimum, policy
 
 
-def test_lookup_fills_a_given_out_tensor(tiny):
-    storage, features, _ = tiny
+def test_lookup_fills_a_given_out_tensor(tiny_cache):
+    storage, features, _ = tiny_cache
     cache = SoftwareCache(storage, num_sets=4, ways=16)
     ids = torch.tensor([5, 9, 5, 300])
     out = torch.empty((4, storage.dim), dtype=storage.dtype)
@@ -303,8 +298,8 @@ class FlakyStorage:
 
 
 @pytest.mark.parametrize("pvp", [False, True])
-def test_a_failed_read_leaves_no_line_with_stale_bytes(tiny, pvp):
-    storage, features, static = tiny
+def test_a_failed_read_leaves_no_line_with_stale_bytes(tiny_cache, pvp):
+    storage, features, static = tiny_cache
     flaky = FlakyStorage(storage)
     trace = power_law_trace(3, 40, 40)
     cache = SoftwareCache(flaky, num_sets=4, ways=16, window=4, period=1, static_scores=static, pvp=pvp,

@@ -8,14 +8,11 @@ import torch
 from lsm_gnn import open_storage
 from lsm_gnn.cache import SoftwareCache
 from lsm_gnn.loader import NodeLoader
-from lsm_gnn.testing import write_tiny_dataset
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    dataset, features = write_tiny_dataset(tmp_path_factory.mktemp("loader") / "ds", num_nodes=2000, dim=8,
-                                           avg_degree=5)
-    return dataset, torch.from_numpy(features)
+def data(loader_graph):
+    return loader_graph
 
 
 def loader_threads():

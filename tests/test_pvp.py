@@ -16,14 +16,8 @@ from hypothesis import strategies as st
 from lsm_gnn import open_storage, testing
 from lsm_gnn.cache import POLICIES, PolicyConfig, ReferenceCache, SoftwareCache, VictimBuffer, replay
 from lsm_gnn.loader import NodeLoader
-from lsm_gnn.testing import tiny_cache_setup, write_tiny_dataset
 
-N = 600
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return tiny_cache_setup(tmp_path_factory.mktemp("pvp") / "ds", num_nodes=N)
+N = 600  # nodes of the tiny_cache fixture (conftest.py)
 
 
 def power_law_trace(seed, iterations, batch, n=N, skew=0.9):
@@ -70,8 +64,8 @@ def run_both(storage, static, trace, policy, num_sets, ways, window=8, period=2,
 
 @pytest.mark.parametrize("reinstall", [False, True], ids=["bypass", "reinstall"])
 @pytest.mark.parametrize("policy", list(POLICIES))
-def test_native_pvp_makes_the_reference_decisions(tiny, policy, reinstall):
-    storage, _, static = tiny
+def test_native_pvp_makes_the_reference_decisions(tiny_cache, policy, reinstall):
+    storage, _, static = tiny_cache
     nat = run_both(storage, static, power_law_trace(0, 60, 40), policy, num_sets=4, ways=16, capacity=3,
                    reinstall=reinstall)
     v = nat.pvp.stats
@@ -83,19 +77,19 @@ def test_native_pvp_makes_the_reference_decisions(tiny, policy, reinstall):
 @given(seed=st.integers(0, 10**6), policy=st.sampled_from(list(POLICIES)), num_sets=st.integers(1, 5),
        ways=st.sampled_from([1, 2, 4, 32]), batch=st.integers(1, 40), window=st.integers(1, 10),
        period=st.integers(1, 4), skew=st.floats(0.0, 1.5), capacity=st.integers(1, 20), reinstall=st.booleans())
-def test_property_native_pvp_equals_reference(tiny, seed, policy, num_sets, ways, batch, window, period, skew,
+def test_property_native_pvp_equals_reference(tiny_cache, seed, policy, num_sets, ways, batch, window, period, skew,
                                               capacity, reinstall):
-    storage, _, static = tiny
+    storage, _, static = tiny_cache
     batch = min(batch, num_sets * ways)
     run_both(storage, static, power_law_trace(seed, 15, batch, skew=skew), policy, num_sets, ways,
              window=window, period=min(period, window), capacity=capacity, reinstall=reinstall)
 
 
 @pytest.mark.parametrize("policy", ["rr", "hybrid_pvp"])
-def test_inexact_windows_never_serve_a_wrong_or_stale_row(tiny, policy):
+def test_inexact_windows_never_serve_a_wrong_or_stale_row(tiny_cache, policy):
     """The window lies (it holds other batches): queued lines point at wrong positions and iterations;
     rows stay exact, invalid lines go unused, and the native cache still equals the reference."""
-    storage, _, static = tiny
+    storage, _, static = tiny_cache
     trace = power_law_trace(3, 50, 40)
     lies = power_law_trace(4, 60, 40)
     nat = run_both(storage, static, trace, policy, num_sets=4, ways=16, window=6, period=1, capacity=8,
@@ -103,8 +97,8 @@ def test_inexact_windows_never_serve_a_wrong_or_stale_row(tiny, policy):
     assert nat.pvp.stats.unused > 0
 
 
-def test_oversubscribed_cache_with_pvp_matches_the_reference(tiny):
-    storage, _, static = tiny
+def test_oversubscribed_cache_with_pvp_matches_the_reference(tiny_cache):
+    storage, _, static = tiny_cache
     for policy in ("rr", "hybrid", "hybrid_pvp_room"):
         run_both(storage, static, power_law_trace(2, 30, 40), policy, num_sets=2, ways=4, window=6, capacity=5,
                  oversubscribe=True)
@@ -146,8 +140,8 @@ def test_full_queues_drop_instead_of_overwriting():
     assert torch.equal(rows, cache_data[:2]) and (rec & ((1 << 40) - 1)).tolist() == [0, 1]
 
 
-def test_tiny_queues_drop_and_rows_stay_exact(tiny):
-    storage, features, static = tiny
+def test_tiny_queues_drop_and_rows_stay_exact(tiny_cache):
+    storage, features, static = tiny_cache
     nat = run_both(storage, static, power_law_trace(5, 60, 40), "hybrid_pvp", num_sets=4, ways=16, capacity=1)
     assert nat.pvp.stats.dropped_full > nat.pvp.stats.enqueued > 0
     for slot in range(nat.pvp.num_queues):  # every queued row is its node's row
@@ -156,10 +150,10 @@ def test_tiny_queues_drop_and_rows_stay_exact(tiny):
 
 
 @pytest.mark.parametrize("policy", [p for p in POLICIES if p != "hybrid_pvp_room"])  # it reads the queues
-def test_reinstalling_keeps_the_cache_as_without_pvp(tiny, policy):
+def test_reinstalling_keeps_the_cache_as_without_pvp(tiny_cache, policy):
     """With reinstall, PVP replaces storage reads only: the cache makes the decisions it makes without
     PVP, so PVP can only raise the combined hit ratio."""
-    storage, _, static = tiny
+    storage, _, static = tiny_cache
     config = PolicyConfig(policy, window=8, period=2)
     plain = SoftwareCache(storage, num_sets=4, ways=16, policy=config, static_scores=static)
     pvp = SoftwareCache(storage, num_sets=4, ways=16, policy=config, static_scores=static, pvp=True,
@@ -173,8 +167,8 @@ def test_reinstalling_keeps_the_cache_as_without_pvp(tiny, policy):
     assert pvp.stats.combined_hit_ratio > plain.stats.hit_ratio
 
 
-def test_duplicates_in_a_batch_are_served_everywhere(tiny):
-    storage, features, _ = tiny
+def test_duplicates_in_a_batch_are_served_everywhere(tiny_cache):
+    storage, features, _ = tiny_cache
     cache = SoftwareCache(storage, num_sets=1, ways=4, policy="rr", window=4, period=1, pvp=True)
     trace = [[1, 2, 3, 4], [5, 6, 7, 8], [1, 9, 1, 2, 1]]  # 1 and 2 are evicted in 1 and come back in 2
     for current, future in replay(trace, 4, num_nodes=N):
@@ -183,8 +177,8 @@ def test_duplicates_in_a_batch_are_served_everywhere(tiny):
     assert cache.stats.pvp_hits == 2 and hit.tolist() == [True, False, True, True, True]
 
 
-def test_hybrid_pvp_room_without_a_victim_buffer_is_hybrid(tiny):
-    storage, _, static = tiny
+def test_hybrid_pvp_room_without_a_victim_buffer_is_hybrid(tiny_cache):
+    storage, _, static = tiny_cache
     trace = power_law_trace(8, 40, 40)
     stats = []
     for policy in ("hybrid", "hybrid_pvp_room"):
@@ -195,16 +189,16 @@ def test_hybrid_pvp_room_without_a_victim_buffer_is_hybrid(tiny):
     assert stats[0] == stats[1]
 
 
-def test_bad_pvp_arguments(tiny):
-    storage = tiny[0]
+def test_bad_pvp_arguments(tiny_cache):
+    storage = tiny_cache[0]
     with pytest.raises(ValueError, match="pvp_queue_capacity"):
         SoftwareCache(storage, num_sets=2, ways=4, pvp=True, pvp_queue_capacity=0)
     with pytest.raises(ValueError, match="needs pvp=True"):
         SoftwareCache(storage, num_sets=2, ways=4, pvp_reinstall=True)
 
 
-def test_a_failed_lookup_keeps_the_prefetched_lines(tiny):
-    storage, features, _ = tiny
+def test_a_failed_lookup_keeps_the_prefetched_lines(tiny_cache):
+    storage, features, _ = tiny_cache
     cache = SoftwareCache(storage, num_sets=1, ways=4, policy="rr", window=4, period=1, pvp=True)
     trace = [[1, 2, 3, 4], [5, 6, 7, 8], [1, 2]]
     for k, (current, future) in enumerate(replay(trace, 4, num_nodes=N)):
@@ -218,10 +212,8 @@ def test_a_failed_lookup_keeps_the_prefetched_lines(tiny):
 # -- through the loader -----------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    dataset, features = write_tiny_dataset(tmp_path_factory.mktemp("pvp_loader") / "ds", num_nodes=2000, dim=8,
-                                           avg_degree=5)
-    return dataset, torch.from_numpy(features)
+def data(loader_graph):
+    return loader_graph
 
 
 def pvp_threads():
@@ -232,9 +224,9 @@ def pvp_threads():
 def test_loader_features_equal_the_file_with_pvp(data, policy):
     dataset, features = data
     with open_storage(dataset, "io_uring") as storage:
-        cache = SoftwareCache(storage, num_sets=8, ways=32, policy=policy, window=16, period=2,
-                              static_scores=np.diff(np.asarray(dataset.indptr)).astype(np.float64), oversubscribe=True, pvp=True,
-                              pvp_queue_capacity=32)
+        degree = np.diff(np.asarray(dataset.indptr)).astype(np.float64)
+        cache = SoftwareCache(storage, num_sets=8, ways=32, policy=policy, window=16, period=2, static_scores=degree,
+                              oversubscribe=True, pvp=True, pvp_queue_capacity=32)
         loader = NodeLoader(dataset, cache, [4, 2], batch_size=64, window=16)
         assert loader.pvp is cache.pvp
         served = 0
