@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -135,8 +136,8 @@ def run_peers(trace, lines: int, warmup: int, work_dir: str) -> dict:
     return out
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_trace_arguments(parser: argparse.ArgumentParser, policies) -> None:
+    """The trace setup's options, shared with benchmarks/pvp.py."""
     parser.add_argument("--num-nodes", type=float, default=2e6)
     parser.add_argument("--avg-degree", type=float, default=15)
     parser.add_argument("--fanouts", default="5,2,2,2")
@@ -147,13 +148,17 @@ def main(argv=None) -> dict:
     parser.add_argument("--window", type=int, default=256)
     parser.add_argument("--period", type=int, default=4)
     parser.add_argument("--sizes", default="0.004,0.0075,0.015", help="cache sizes as fractions of the nodes")
-    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--policies", default=",".join(policies))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", default=os.environ.get("LSM_GNN_BENCH_DATA", "/work/bench-data"))
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None, help="write a PNG bar chart here (needs matplotlib)")
     parser.add_argument("--quick", action="store_true", help="tiny run (seconds) to check the script works")
-    args = parser.parse_args(argv)
+
+
+def record_setup_trace(args) -> SimpleNamespace:
+    """The graph and the recorded trace the options name: warm-up, measured iterations, and a
+    trailing window of batches that only feeds the window of the measured ones."""
     if args.quick:
         args.num_nodes, args.window, args.warmup, args.sizes = 20000, 16, 8, "0.02,0.05"
         args.iterations = args.iterations or 40
@@ -164,24 +169,33 @@ def main(argv=None) -> dict:
              else int(args.batch_size))
     iterations = args.iterations or (20000 if args.batch_size == "scaled" else 1000)
     fanouts = [int(k) for k in args.fanouts.split(",")]
-    policies = args.policies.split(",")
     os.makedirs(args.data_dir, exist_ok=True)
     ds = load_or_generate(os.path.join(args.data_dir, f"rmat-{num_nodes}-d{args.avg_degree:g}-s{args.seed}"),
                           num_nodes, args.avg_degree, args.seed)
-    static = np.asarray(ds.score("reverse_pagerank"))
-
     total_iterations = args.warmup + iterations + args.window
     t0 = time.perf_counter()
     trace = record_trace(ds, fanouts, batch, total_iterations, args.seed)
-    # The last `window` batches only feed the window of the measured ones.
-    measured_trace_end = args.warmup + iterations
-    per_iter = float(np.mean([b.numel() for b in trace[:measured_trace_end]]))
+    measured_end = args.warmup + iterations
+    per_iter = float(np.mean([b.numel() for b in trace[:measured_end]]))
     print(f"trace: {total_iterations} batches of {batch} seeds, {per_iter:,.0f} distinct nodes per batch "
           f"({per_iter / num_nodes:.3%} of the graph), sampled in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return SimpleNamespace(num_nodes=num_nodes, batch=batch, iterations=iterations, fanouts=fanouts, dataset=ds,
+                           static=np.asarray(ds.score("reverse_pagerank")), trace=trace, measured_end=measured_end,
+                           nodes_per_batch=per_iter)
 
-    results = {"config": {"num_nodes": num_nodes, "num_edges": ds.num_edges, "fanouts": fanouts, "batch_size": batch,
-                          "iterations": iterations, "warmup": args.warmup, "window": args.window,
-                          "period": args.period, "ways": 32, "nodes_per_batch": per_iter},
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_trace_arguments(parser, POLICIES)
+    args = parser.parse_args(argv)
+    setup = record_setup_trace(args)
+    num_nodes, trace, measured_trace_end = setup.num_nodes, setup.trace, setup.measured_end
+    policies = args.policies.split(",")
+
+    results = {"config": {"num_nodes": num_nodes, "num_edges": setup.dataset.num_edges, "fanouts": setup.fanouts,
+                          "batch_size": setup.batch, "iterations": setup.iterations, "warmup": args.warmup,
+                          "window": args.window, "period": args.period, "ways": 32,
+                          "nodes_per_batch": setup.nodes_per_batch},
                "sizes": {}}
     with tempfile.TemporaryDirectory() as work_dir:
         for frac in (float(s) for s in args.sizes.split(",")):
@@ -191,7 +205,7 @@ def main(argv=None) -> dict:
             cut = trace[:measured_trace_end + args.window]
             for policy in policies:
                 row[policy] = run_policy(cut, num_nodes, policy, num_sets, args.window, args.period, args.warmup,
-                                         static)
+                                         setup.static)
                 print(f"size {frac:.2%} {policy:<11} hit ratio {row[policy]['hit_ratio']:.4f} "
                       f"({row[policy]['seconds']:.0f} s)", file=sys.stderr)
             measured = trace[:measured_trace_end]
@@ -201,8 +215,8 @@ def main(argv=None) -> dict:
             results["sizes"][f"{frac:g}"] = row
 
     names = policies + [p for p in ("belady",) + PEERS if p in next(iter(results["sizes"].values()))]
-    print(f"\nhit ratio, {batch} seeds/batch, fanouts {args.fanouts}, {num_nodes:,} nodes, window {args.window}, "
-          f"{iterations} iterations after {args.warmup} warm-up")
+    print(f"\nhit ratio, {setup.batch} seeds/batch, fanouts {args.fanouts}, {num_nodes:,} nodes, "
+          f"window {args.window}, {setup.iterations} iterations after {args.warmup} warm-up")
     sizes = list(results["sizes"])
     print(f"{'policy':<20}" + "".join(f"{float(s):>10.2%}" for s in sizes) + "   (gap to Belady)")
     for name in names:

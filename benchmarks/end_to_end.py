@@ -6,6 +6,8 @@ iterations with only the feature path changed:
 
   hybrid         this loader with the hybrid cache (io_uring misses)
   rr             the same with round-robin eviction (the M-GIDS baseline)
+  hybrid+pvp     the hybrid cache with the victim-buffer prefetcher (cache.pvp=true:
+                 policy hybrid_pvp_room, reinstall on; --pvp-queue-capacity lines per queue)
   memmap         a plain ``np.memmap`` gather, page cache evicted before the run
                  (what a plain out-of-core PyG user writes)
   memmap-bound   the same, page cache evicted before every batch: the regime
@@ -50,7 +52,7 @@ from lsm_gnn.storage.base import FeatureStorage, StorageStats
 from lsm_gnn.storage.probe import evict_page_cache
 from lsm_gnn.trainer import STAGES, Trainer
 
-METHODS = ("hybrid", "rr", "memmap", "memmap-bound", "memmap-random-bound", "memory")
+METHODS = ("hybrid", "rr", "hybrid+pvp", "memmap", "memmap-bound", "memmap-random-bound", "memory")
 BOUND = ("memmap-bound", "memmap-random-bound")  # seconds per batch: they run --bound-iterations only
 
 
@@ -125,6 +127,9 @@ def run_once(args, ds, method: str) -> dict:
     features = None
     if method in ("hybrid", "rr"):
         overrides += ["cache.features=cache", f"cache.policy={method}", "cache.backend=io_uring"]
+    elif method == "hybrid+pvp":
+        overrides += ["cache.features=cache", "cache.policy=auto", "cache.backend=io_uring", "cache.pvp=true",
+                      f"cache.pvp_queue_capacity={args.pvp_queue_capacity}"]
     elif method == "memory":
         overrides += ["cache.features=memory"]
     else:
@@ -138,7 +143,7 @@ def run_once(args, ds, method: str) -> dict:
     wall = result["wall_s"] - min(evict_s, result["stages_s"]["wait"])
     return {"method": method, "iterations": result["iterations"], "wall_s": wall, "evict_s": evict_s,
             "stages_s": result["stages_s"], "hit_ratio": last["hit_ratio"], "bytes_read": last["bytes_read"],
-            "loss": last["loss"]}
+            "pvp_hits": last.get("pvp_hits"), "loss": last["loss"]}
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -154,6 +159,7 @@ def summarize(runs: list[dict]) -> dict:
             "ms_per_iter": {k: 1e3 * statistics.median(r["stages_s"][k] for r in mine) / n for k in STAGES},
             "hit_ratio": None if mine[0]["hit_ratio"] is None else statistics.median(r["hit_ratio"] for r in mine),
             "bytes_read": statistics.median(r["bytes_read"] for r in mine),
+            "pvp_hits": None if mine[0]["pvp_hits"] is None else statistics.median(r["pvp_hits"] for r in mine),
             "repeats": len(mine), "iterations": n,
         }
     return out
@@ -183,7 +189,22 @@ def ratios(summary: dict) -> dict:
             "hybrid_speedup_vs_memmap_bound": r("hybrid", "memmap-bound"),
             "hybrid_speedup_vs_memmap_random_bound": r("hybrid", "memmap-random-bound"),
             "hybrid_speedup_vs_rr": r("hybrid", "rr"),
+            "pvp_speedup_vs_hybrid": r("hybrid+pvp", "hybrid"),
             "hybrid_slowdown_vs_memory": memory}
+
+
+def paired_ratios(runs: list[dict]) -> dict:
+    """hybrid's wall time over hybrid+pvp's, per repeat (the two ran back to back), and their median:
+    steadier than a ratio of medians when the machine's load drifts between repeats."""
+    by_repeat: dict = {}
+    for r in runs:
+        by_repeat.setdefault(r["repeat"], {})[r["method"]] = r["wall_s"]
+    per_repeat = [walls["hybrid"] / walls["hybrid+pvp"] for _, walls in sorted(by_repeat.items())
+                  if "hybrid" in walls and "hybrid+pvp" in walls]
+    if not per_repeat:
+        return {}
+    return {"pvp_speedup_vs_hybrid_per_repeat": per_repeat,
+            "pvp_speedup_vs_hybrid_median": statistics.median(per_repeat)}
 
 
 def parse_args(argv=None):
@@ -200,6 +221,9 @@ def parse_args(argv=None):
     p.add_argument("--iterations", type=int, default=200)
     p.add_argument("--bound-iterations", type=int, default=10, help="iterations of the memmap-*-bound methods")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--pvp-queue-capacity", type=int, default=512,
+                   help="lines per victim queue of hybrid+pvp (default: ~13%% of the ~4,000 distinct nodes of a "
+                        "default batch, near the paper's 16K of 140K)")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--json", default="docs/results/end_to_end.json")
     p.add_argument("--quick", action="store_true", help="small graph, few iterations, one repeat")
@@ -231,11 +255,13 @@ def main(argv=None) -> dict:
     result = {"settings": {k: v for k, v in vars(args).items() if k != "json"},
               "dataset": {"path": ds.path, "num_nodes": ds.num_nodes, "feature_file_bytes": ds.features.file_bytes},
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
-              "runs": runs, "summary": summary, "ratios": ratios(summary)}
+              "runs": runs, "summary": summary, "ratios": ratios(summary),
+              "paired_ratios": paired_ratios(runs)}
     if args.json:
         write_json(args.json, result)
     print(table(summary))
     print(json.dumps(result["ratios"], indent=2))
+    print("per-repeat ratios (hybrid+pvp runs back to back with hybrid):", json.dumps(result["paired_ratios"]))
     return result
 
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import time
 
 import numpy as np
 
+from lsm_gnn.benchmarking import write_json
 from lsm_gnn.cache import SoftwareCache, belady_min, replay
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,55 +72,21 @@ def run(trace, num_nodes, policy, mode, num_sets, window, period, warmup, static
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--num-nodes", type=float, default=2e6)
-    parser.add_argument("--avg-degree", type=float, default=15)
-    parser.add_argument("--fanouts", default="5,2,2,2")
-    parser.add_argument("--batch-size", default="2048", help="seeds per batch, or 'scaled'")
-    parser.add_argument("--iterations", type=int, default=None,
-                        help="measured iterations (default 1000; 20000 for the scaled batch)")
-    parser.add_argument("--warmup", type=int, default=256)
-    parser.add_argument("--window", type=int, default=256)
-    parser.add_argument("--period", type=int, default=4)
-    parser.add_argument("--sizes", default="0.004,0.0075,0.015", help="cache sizes as fractions of the nodes")
-    parser.add_argument("--policies", default=",".join(POLICIES))
+    cp = _cache_policies()
+    cp.add_trace_arguments(parser, POLICIES)
     parser.add_argument("--modes", default=",".join(MODES), help="off (no PVP), bypass (the paper's), reinstall")
     parser.add_argument("--queue-capacity", default="scaled",
                         help="lines per victim queue, or 'scaled' (16K x nodes per batch / 140K)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--data-dir", default=os.environ.get("LSM_GNN_BENCH_DATA", "/work/bench-data"))
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--plot", default=None, help="write a PNG bar chart here (needs matplotlib)")
-    parser.add_argument("--quick", action="store_true", help="tiny run (seconds) to check the script works")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.num_nodes, args.window, args.warmup, args.sizes = 20000, 16, 8, "0.02,0.05"
-        args.iterations = args.iterations or 40
-        if args.batch_size != "scaled":
-            args.batch_size = "64"
-    cp = _cache_policies()
-    num_nodes = int(args.num_nodes)
-    batch = (max(1, round(cp.PAPER_BATCH * num_nodes / cp.IGB_FULL_NODES)) if args.batch_size == "scaled"
-             else int(args.batch_size))
-    iterations = args.iterations or (20000 if args.batch_size == "scaled" else 1000)
-    fanouts = [int(k) for k in args.fanouts.split(",")]
+    setup = cp.record_setup_trace(args)
+    num_nodes, trace, measured_end, per_iter = setup.num_nodes, setup.trace, setup.measured_end, setup.nodes_per_batch
     policies, modes = args.policies.split(","), args.modes.split(",")
-    os.makedirs(args.data_dir, exist_ok=True)
-    ds = cp.load_or_generate(os.path.join(args.data_dir, f"rmat-{num_nodes}-d{args.avg_degree:g}-s{args.seed}"),
-                             num_nodes, args.avg_degree, args.seed)
-    static = np.asarray(ds.score("reverse_pagerank"))
-    total = args.warmup + iterations + args.window
-    t0 = time.perf_counter()
-    trace = cp.record_trace(ds, fanouts, batch, total, args.seed)
-    measured_end = args.warmup + iterations
-    per_iter = float(np.mean([b.numel() for b in trace[:measured_end]]))
     capacity = (max(1, round(PAPER_QUEUE_CAPACITY * per_iter / PAPER_NODES_PER_BATCH))
                 if args.queue_capacity == "scaled" else int(args.queue_capacity))
-    print(f"trace: {total} batches of {batch} seeds, {per_iter:,.0f} distinct nodes per batch, sampled in "
-          f"{time.perf_counter() - t0:.0f} s; {capacity} lines per victim queue ({capacity / per_iter:.1%} of a "
-          f"batch)", file=sys.stderr)
-    results = {"config": {"num_nodes": num_nodes, "num_edges": ds.num_edges, "fanouts": fanouts, "batch_size": batch,
-                          "iterations": iterations, "warmup": args.warmup, "window": args.window,
-                          "period": args.period, "ways": 32, "nodes_per_batch": per_iter,
+    print(f"{capacity} lines per victim queue ({capacity / per_iter:.1%} of a batch)", file=sys.stderr)
+    results = {"config": {"num_nodes": num_nodes, "num_edges": setup.dataset.num_edges, "fanouts": setup.fanouts,
+                          "batch_size": setup.batch, "iterations": setup.iterations, "warmup": args.warmup,
+                          "window": args.window, "period": args.period, "ways": 32, "nodes_per_batch": per_iter,
                           "queue_capacity": capacity, "feature_row_bytes": FEATURE_ROW_BYTES},
                "sizes": {}}
     for frac in (float(s) for s in args.sizes.split(",")):
@@ -133,7 +99,7 @@ def main(argv=None) -> dict:
                     row[policy][mode] = dict(row["hybrid"]["off"], same_as="hybrid")  # identical without PVP
                     continue
                 r = run(trace[:measured_end + args.window], num_nodes, policy, mode, num_sets, args.window,
-                        args.period, args.warmup, static, capacity)
+                        args.period, args.warmup, setup.static, capacity)
                 row[policy][mode] = r
                 print(f"size {frac:.2%} {policy:<16} {mode:<9} combined {r['combined_hit_ratio']:.4f} "
                       f"(cache {r['cache_hit_ratio']:.4f} + pvp {r['pvp_hit_ratio']:.4f}) {r['seconds']:.0f} s",
@@ -143,9 +109,7 @@ def main(argv=None) -> dict:
         results["sizes"][f"{frac:g}"] = row
     print_table(results, policies, modes)
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        write_json(args.json, results)
     if args.plot:
         plot(results, policies, modes, args.plot)
     return results
