@@ -32,10 +32,11 @@ move on a background thread (the loader starts it right after serving
 Serving. A prefetched line of node ``v`` with index ``p`` (the record's
 position of ``v``'s first occurrence in batch ``T``) is *valid* if
 ``ids[p] == v``; its row is scattered to ``rows[p]`` (and to any repeat of
-``v`` in the batch). Those ids skip the cache and storage: the cache looks
-up only the other ids. (``SoftwareCache(..., pvp_reinstall=True)`` instead
-passes them through the cache as misses whose rows come from the prefetch
-buffer rather than storage, so the cache evolves exactly as without PVP.)
+``v`` in the batch). Those ids never reach storage. With
+``SoftwareCache(..., pvp_reinstall=True)`` (the default with PVP) they pass
+through the cache as misses whose rows come from the prefetch buffer, so the
+cache evolves exactly as without PVP; with ``pvp_reinstall=False`` (the
+paper's design) they skip the cache too, which looks up only the other ids.
 Invalid lines (an inexact window), repeats of an id, and (reinstalling)
 lines whose id the cache holds anyway are *unused*.
 

@@ -61,9 +61,9 @@ class SoftwareCache:
     ``pvp=True`` adds the Preemptive Victim-buffer Prefetcher
     (:mod:`lsm_gnn.cache.pvp`): evicted lines with a known next use wait in
     one queue per future iteration (``pvp_queue_capacity`` lines each) and
-    serve that iteration's batch without touching the cache or storage
-    (``pvp_reinstall=True``: they are installed in the cache as misses read
-    from the queue instead of storage). ``self.pvp`` is then the
+    serve that iteration's batch without a storage read (``pvp_reinstall=True``:
+    they are installed in the cache as misses read from the queue; ``False``:
+    they bypass the cache, as in the paper). ``self.pvp`` is then the
     :class:`~lsm_gnn.cache.pvp.VictimBuffer` (counters in ``self.pvp.stats``);
     ``hit_mask`` and ``stats.combined_hit_ratio`` count its hits, while
     ``stats.hit_ratio`` counts the cache's own.
