@@ -1,4 +1,4 @@
-"""Both launchers start a 2-rank training run; shared and isolated caches train identically."""
+"""Both launchers start a 2-rank training run; shared and isolated caches, with or without PVP, train identically."""
 import json
 import os
 import shutil
@@ -44,6 +44,12 @@ def test_torchrun_two_ranks_shared_and_isolated_train_identically(graph, tmp_pat
                            "train.eval_splits=[val]")
     assert "isolated" in out
     assert len(shared) == 10 and shared == isolated  # the cache changes where bytes come from, never the bytes
+    _, with_pvp = launch("torchrun.sh", graph, tmp_path / "pvp", "cache.pvp=true", "cache.pvp_queue_capacity=64",
+                         "train.eval_splits=[]")
+    assert with_pvp == shared  # each owner's victim buffer serves the merged batch: still the file's bytes
+    with open(tmp_path / "pvp" / "metrics.jsonl") as fh:
+        steps = [json.loads(line) for line in fh if '"iteration"' in line]
+    assert sum(r["pvp_hits"] for r in steps) > 0  # rank 0's slice served rows from its victim buffer
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI is not installed (apt install openmpi-bin)")
