@@ -50,31 +50,38 @@ def _inspect(args) -> int:
 
 
 def _inspect_checkpoint(args) -> int:
-    from lsm_gnn.trainer import load_checkpoint
+    from lsm_gnn.checkpoint import CHECKPOINT_VERSION, CheckpointError, load_checkpoint
 
     ckpt = load_checkpoint(args.path)
-    cfg, loader = ckpt["config"], ckpt["loader"]
-    params = sum(int(np.prod(t.shape)) for t in ckpt["model"].values())
-    last = ckpt["history"][-1] if ckpt["history"] else {}
-    summary = {"path": args.path, "version": ckpt["version"], "dataset": cfg["dataset"], "task": cfg["train"]["task"],
-               "model": cfg["model"], "fanouts": cfg["sampler"]["fanouts"], "batch_size": cfg["sampler"]["batch_size"],
-               "parameters": params, "world_size": ckpt["world_size"], "iterations_done": ckpt["iterations_done"],
-               "next_epoch": loader["epoch"], "next_position": loader["position"],
-               "last_epoch": {k: v for k, v in last.items() if k != "stages_s"}}
+    try:
+        cfg, loader = ckpt["config"], ckpt["loader"]
+        params = sum(int(np.prod(t.shape)) for t in ckpt["model"].values())
+        last = ckpt["history"][-1] if ckpt["history"] else {}
+        summary = {"path": args.path, "version": ckpt.get("version", CHECKPOINT_VERSION), "dataset": cfg["dataset"],
+                   "task": cfg["train"]["task"], "model": cfg["model"], "fanouts": cfg["sampler"]["fanouts"],
+                   "batch_size": cfg["sampler"]["batch_size"], "parameters": params,
+                   "world_size": ckpt["world_size"], "iterations_done": ckpt["iterations_done"],
+                   "next_epoch": loader["epoch"], "next_position": loader["position"],
+                   "last_epoch": {k: v for k, v in last.items() if k != "stages_s"}}
+        m = cfg["model"]
+        lines = [f"checkpoint {args.path} (version {summary['version']}, checksum verified)",
+                 f"dataset    {cfg['dataset']}   task {cfg['train']['task']}",
+                 f"model      {m['kind']} hidden {m['hidden']}, {len(cfg['sampler']['fanouts'])} layers, "
+                 f"{params:,} parameters",
+                 f"sampler    fanouts {cfg['sampler']['fanouts']}, batch {cfg['sampler']['batch_size']}",
+                 f"progress   {ckpt['iterations_done']} iterations on {ckpt['world_size']} rank(s); resumes at "
+                 f"epoch {loader['epoch']}, batch {loader['position']}"]
+        if last:
+            evals = ", ".join(f"{s} {next(iter(last[s].items()))[0]} {next(iter(last[s].items()))[1]:.4f}"
+                              for s in ("val", "test") if s in last)
+            lines.append(f"last epoch {last['epoch']}: loss {last['loss']:.4f}" + (f", {evals}" if evals else ""))
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
+        raise CheckpointError(f"{args.path} is an lsm-gnn checkpoint without a trainer state ({exc!r} is missing "
+                              "or malformed); it was not written by 'lsm-gnn train'") from None
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
-        return 0
-    m = cfg["model"]
-    print(f"checkpoint {args.path} (version {ckpt['version']})")
-    print(f"dataset    {cfg['dataset']}   task {cfg['train']['task']}")
-    print(f"model      {m['kind']} hidden {m['hidden']}, {len(cfg['sampler']['fanouts'])} layers, {params:,} parameters")
-    print(f"sampler    fanouts {cfg['sampler']['fanouts']}, batch {cfg['sampler']['batch_size']}")
-    print(f"progress   {ckpt['iterations_done']} iterations on {ckpt['world_size']} rank(s); resumes at epoch "
-          f"{loader['epoch']}, batch {loader['position']}")
-    if last:
-        evals = ", ".join(f"{s} {next(iter(last[s].items()))[0]} {next(iter(last[s].items()))[1]:.4f}"
-                          for s in ("val", "test") if s in last)
-        print(f"last epoch {last['epoch']}: loss {last['loss']:.4f}" + (f", {evals}" if evals else ""))
+    else:
+        print("\n".join(lines))
     return 0
 
 
@@ -83,6 +90,8 @@ def _train(args) -> int:
     from lsm_gnn.trainer import train
 
     overrides = list(args.overrides)
+    if args.json:  # fail before training, not after it
+        _check_output_file(args.json, "--json")
     if args.config and "=" in args.config and not os.path.exists(args.config):
         overrides.insert(0, args.config)  # no config file, only overrides
         args.config = None
@@ -110,6 +119,14 @@ def _train(args) -> int:
         with open(args.json, "w") as out:
             json.dump(result, out, indent=2, default=str)
     return 0
+
+
+def _check_output_file(path: str, option: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"{option} {path} is a directory; give a file name")
+    if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+        raise ValueError(f"{option} {path}: directory {directory} does not exist or is not writable")
 
 
 def _bench_storage(args) -> int:
@@ -176,10 +193,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args) or 0
+    except KeyboardInterrupt:
+        print("lsm-gnn: interrupted; a training run continues from its last checkpoint when started again",
+              file=sys.stderr)
+        return 130
     except (ValueError, KeyError, OSError, RuntimeError) as exc:
-        # User-facing failures (bad dataset, bad option) print one clear line, not a traceback.
-        print(f"lsm-gnn: error: {exc}", file=sys.stderr)
+        # User-facing failures (bad dataset, bad option, a stopped rank) print one clear line, not a traceback.
+        print(f"lsm-gnn: error: {_one_line(exc)}", file=sys.stderr)
+        if os.environ.get("LSM_GNN_TRACEBACK"):
+            raise
         return 1
+    except Exception as exc:  # a bug: still one line, with the way to get the traceback for a report
+        if os.environ.get("LSM_GNN_TRACEBACK"):
+            raise
+        print(f"lsm-gnn: internal error: {type(exc).__name__}: {_one_line(exc)} (run again with "
+              "LSM_GNN_TRACEBACK=1 for the traceback, and please report it)", file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return " ".join(lines) if lines else type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -194,6 +195,10 @@ def validate(cfg: Config) -> Config:
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"{key} must be >= 1, got {value}")
+    for key, value in {"train.lr": cfg.train.lr, "train.weight_decay": cfg.train.weight_decay,
+                       "model.dropout": cfg.model.dropout}.items():
+        if not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value}")
     for key, value in {"train.max_iterations": cfg.train.max_iterations,
                        "train.eval_batch_size": cfg.train.eval_batch_size, "checkpoint.every": cfg.checkpoint.every,
                        "train.lr": cfg.train.lr, "train.weight_decay": cfg.train.weight_decay}.items():

@@ -152,12 +152,12 @@ class NodeLoader:
         Counts batches already handed to the caller, so a checkpoint taken
         after training on a batch resumes with the batch after it.
         """
-        epoch, position = self._running_epoch, self._position
-        if epoch is None:  # between epochs
-            epoch, position = self.epoch, 0
+        epoch, position, first = self._running_epoch, self._position, self._epoch_first
+        if epoch is None:  # between epochs: the next one starts at self.iteration
+            epoch, position, first = self.epoch, 0, self.iteration
         elif position >= self._epoch_length:  # finished: resume at the next epoch
-            epoch, position = epoch + 1, 0
-        return {"epoch": epoch, "position": position, "iteration": self._epoch_first + position,
+            epoch, position, first = epoch + 1, 0, self._epoch_first + self._epoch_length
+        return {"epoch": epoch, "position": position, "iteration": first + position,
                 "seed": self.seed, "batch_size": self.batch_size, "num_seeds": int(self.seeds.size)}
 
     def load_state_dict(self, state: dict) -> None:

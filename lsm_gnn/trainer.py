@@ -11,6 +11,7 @@ same losses as an uninterrupted one.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -21,15 +22,23 @@ import numpy as np
 import torch
 
 from lsm_gnn.cache import SoftwareCache
+from lsm_gnn.checkpoint import CheckpointError, atomic_torch_save, load_checkpoint, remove_stale_temporaries
+from lsm_gnn.comm.group import ProgressBoard, check_agreement, collective_timeout
 from lsm_gnn.config import Config, ConfigError, cache_capacity_bytes
 from lsm_gnn.loader import NodeLoader
 from lsm_gnn.parallel import all_reduce_sum, batch_to
 
-CHECKPOINT_FORMAT = "lsm-gnn-checkpoint"
-CHECKPOINT_VERSION = 1
+__all__ = ["CheckpointError", "Trainer", "TrainingDiverged", "atomic_torch_save", "load_checkpoint", "train"]
+
 STAGES = ("sample", "gather", "exchange", "wait", "train")  # exchange: the part of gather spent between ranks
 # Settings a resumed run must share with the checkpoint, or its losses would differ.
 RESUME_KEYS = ("dataset", "model", "sampler", "train.task", "train.seed", "train.lr", "train.weight_decay")
+# Counters summed over an epoch's iterations for its summary.
+TOTALS = ("hits", "unique", "bytes_read", "bytes_useful", "pvp_hits", "bytes_saved")
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradients became NaN or infinite."""
 
 
 # -- distributed -------------------------------------------------------------------------------------------------
@@ -48,18 +57,16 @@ def distributed_context(device: torch.device) -> tuple[int, int]:
     if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
         raise RuntimeError("a distributed launch needs MASTER_ADDR and MASTER_PORT in the environment "
                            "(torchrun sets them; with mpirun use launch/mpirun.sh)")
-    from datetime import timedelta
-
     backend = "nccl" if device.type == "cuda" else "gloo"
-    # A finite timeout: a rank that dies makes the others fail instead of hanging.
-    dist.init_process_group(backend, rank=int(rank), world_size=int(world),
-                            timeout=timedelta(seconds=float(env.get("LSM_GNN_TIMEOUT_S", 300))))
+    # A finite timeout, the same for every group: a rank that dies makes the others fail instead of hanging.
+    dist.init_process_group(backend, rank=int(rank), world_size=int(world), timeout=collective_timeout())
     return dist.get_rank(), dist.get_world_size()
 
 
 # -- features ----------------------------------------------------------------------------------------------------
 
-def build_features(cfg: Config, dataset, device: torch.device, world_size: int = 1):
+def build_features(cfg: Config, dataset, device: torch.device, world_size: int = 1,
+                   progress: ProgressBoard | None = None):
     """The feature path a config asks for: the cache over storage (shared by the ranks or one per rank),
     storage alone, or RAM."""
     from lsm_gnn.storage import open_storage
@@ -76,7 +83,7 @@ def build_features(cfg: Config, dataset, device: torch.device, world_size: int =
 
         owner = make_owner(c.owner, dataset, world_size, fanouts=cfg.sampler.fanouts,
                            batch_size=cfg.sampler.batch_size, seed=cfg.train.seed)
-        return SharedCache(cache, owner)
+        return SharedCache(cache, owner, progress=progress)
     return cache
 
 
@@ -104,7 +111,11 @@ def _storage_of(features):
 # -- tasks -------------------------------------------------------------------------------------------------------
 
 class NodeClassification:
-    """Cross-entropy on the train split; accuracy on the evaluation splits."""
+    """Cross-entropy on the train split; accuracy on the evaluation splits.
+
+    Nodes labeled -1 (unlabeled) are left out of every split before
+    batching, so they count in neither the loss nor the metrics.
+    """
 
     name = "node"
 
@@ -115,19 +126,31 @@ class NodeClassification:
         self.cfg, self.dataset = cfg, dataset
         self.out_dim = int(dataset.num_classes)
         self.splits = sorted(dataset.meta.get("splits", {}))
+        if "train" not in self.splits:
+            raise ConfigError(f"dataset {dataset.path} has no train split; node classification trains on it "
+                              "(re-create the dataset with splits)")
+        if self.labeled("train").size == 0:
+            raise ConfigError(f"every node of the train split of {dataset.path} is unlabeled (-1); label some, "
+                              "or pick another dataset")
+
+    def labeled(self, split: str) -> np.ndarray:
+        """The split's nodes that carry a label (label >= 0)."""
+        seeds = np.asarray(self.dataset.split(split), dtype=np.int64)
+        return seeds[np.asarray(self.dataset.labels)[seeds] >= 0]
 
     def train_loader(self, features, rank: int, world_size: int) -> NodeLoader:
         c = self.cfg
-        return NodeLoader(self.dataset, features, c.sampler.fanouts, c.sampler.batch_size, shuffle=True,
-                          window=c.cache.window, seed=c.train.seed, rank=rank, world_size=world_size,
-                          num_threads=c.sampler.num_threads)
+        return NodeLoader(self.dataset, features, c.sampler.fanouts, c.sampler.batch_size,
+                          seeds=self.labeled("train"), shuffle=True, window=c.cache.window, seed=c.train.seed,
+                          rank=rank, world_size=world_size, num_threads=c.sampler.num_threads)
 
     def loss(self, model, batch) -> torch.Tensor:
-        return torch.nn.functional.cross_entropy(model(batch), batch.y)
+        # ignore_index guards loaders given unlabeled seeds by a caller
+        return torch.nn.functional.cross_entropy(model(batch), batch.y, ignore_index=-1)
 
     @torch.no_grad()
     def evaluate(self, model, features, split: str, device, rank: int, world_size: int) -> dict:
-        seeds = np.asarray(self.dataset.split(split))
+        seeds = self.labeled(split)
         correct = total = 0
         if seeds.size >= world_size:
             c = self.cfg
@@ -205,6 +228,16 @@ class MetricsLog:
                 if isinstance(value, (int, float)) and key not in ("iteration", "epoch"):
                     self.board.add_scalar(key, value, record["iteration"])
 
+    def offset(self) -> int | None:
+        """Bytes of the JSON-lines file written so far (None without one)."""
+        return None if self.file is None else self.file.tell()
+
+    def rewind(self, offset: int | None) -> None:
+        """Drops what was logged after ``offset``: a resumed run logs those iterations again."""
+        if self.file is not None and offset is not None and self.file.tell() > offset:
+            self.file.truncate(offset)
+            self.file.seek(offset)
+
     def close(self) -> None:
         for h in (self.file, self.board):
             if h is not None:
@@ -222,43 +255,6 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 # -- checkpoints -------------------------------------------------------------------------------------------------
-
-def atomic_torch_save(obj, path: str) -> None:
-    """Writes ``path`` so that readers see the old file or the whole new one, never a torn one."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself survives a crash
-    finally:
-        os.close(dir_fd)
-
-
-def load_checkpoint(path: str) -> dict:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:
-        raise ValueError(f"{path} is not a readable lsm-gnn checkpoint: {exc}") from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} is not an lsm-gnn checkpoint")
-    if ckpt.get("version") != CHECKPOINT_VERSION:
-        raise ValueError(f"{path} has checkpoint version {ckpt.get('version')}; this lsm-gnn reads version "
-                         f"{CHECKPOINT_VERSION}")
-    return ckpt
-
 
 def _lookup(d: dict, dotted: str):
     for part in dotted.split("."):
@@ -291,13 +287,20 @@ class Trainer:
             self.device = torch.device("cuda", int(local) % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         self.rank, self.world_size = distributed_context(self.device)
+        self.progress = ProgressBoard.for_default_group() if self._distributed() else None
+        if self._distributed():  # before any collective whose shape depends on the settings
+            check_agreement(self._agreed_settings())
+        if self.rank == 0:  # the only writer: fail now, not after an epoch of training
+            for key, directory in (("checkpoint.dir", cfg.checkpoint.dir), ("log.dir", cfg.log.dir)):
+                if directory:
+                    _check_writable_dir(directory, key)
         self.task = make_task(cfg, self.dataset)
         missing = [s for s in cfg.train.eval_splits if s not in self.task.splits]
         if missing:  # fail now, not after the first epoch
             raise ConfigError(f"train.eval_splits has {missing}, which dataset {self.dataset.path} lacks; it has "
                               f"{self.task.splits or 'none'}: set train.eval_splits={self.task.splits}")
-        self.features = (build_features(cfg, self.dataset, self.device, self.world_size) if features is None
-                         else features)
+        self.features = (build_features(cfg, self.dataset, self.device, self.world_size, self.progress)
+                         if features is None else features)
         torch.manual_seed(cfg.train.seed)
         self.module = HopGNN(cfg.model.kind, self.dataset.feature_dim, cfg.model.hidden, self.task.out_dim,
                              num_layers=len(cfg.sampler.fanouts), heads=cfg.model.heads,
@@ -312,9 +315,14 @@ class Trainer:
         self.loader = self.task.train_loader(self.features, self.rank, self.world_size)
         self.iterations_done = 0
         self.history: list[dict] = []
+        #: the accumulators of the epoch in progress (None between epochs); checkpointed, so a resumed
+        #: epoch's summary covers all of its iterations
+        self.epoch_state: dict | None = None
         self.log = MetricsLog(cfg, self.rank)
         self.checkpoint_path = os.path.join(cfg.checkpoint.dir, "last.pt") if cfg.checkpoint.dir else None
         self.resumed_from = None
+        if self.checkpoint_path and self.rank == 0:
+            remove_stale_temporaries(cfg.checkpoint.dir)
         if self.checkpoint_path and cfg.checkpoint.resume and os.path.exists(self.checkpoint_path):
             self.resume(self.checkpoint_path)
 
@@ -331,6 +339,17 @@ class Trainer:
 
         return dist.is_available() and dist.is_initialized()
 
+    def _agreed_settings(self) -> dict:
+        """What every rank must share: the config (less logging and thread counts, which are local) and
+        the dataset's identity (its path may differ between hosts, its contents may not)."""
+        settings = self.cfg.to_dict()
+        settings.pop("log")
+        settings["sampler"].pop("num_threads")
+        meta = self.dataset.meta
+        settings["dataset"] = {"num_nodes": self.dataset.num_nodes, "num_edges": self.dataset.num_edges,
+                               "feature_dim": self.dataset.feature_dim, "checksums": meta.get("checksums", {})}
+        return settings
+
     def _print(self, *args) -> None:
         if self.rank == 0:
             print(*args, file=self.out, flush=True)
@@ -341,10 +360,10 @@ class Trainer:
         rng = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
-        return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "config": self.cfg.to_dict(),
-                "model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "loader": self.loader.state_dict(), "iterations_done": self.iterations_done,
-                "history": self.history, "rng": rng, "world_size": self.world_size, "time": time.time()}
+        return {"config": self.cfg.to_dict(), "model": self.module.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "loader": self.loader.state_dict(),
+                "iterations_done": self.iterations_done, "history": self.history, "epoch_state": self.epoch_state,
+                "log_offset": self.log.offset(), "rng": rng, "world_size": self.world_size, "time": time.time()}
 
     def save_checkpoint(self, path: str | None = None) -> str | None:
         path = path or self.checkpoint_path
@@ -356,22 +375,33 @@ class Trainer:
 
     def resume(self, path: str) -> None:
         ckpt = load_checkpoint(path)
-        saved, now = ckpt["config"], self.cfg.to_dict()
-        differ = [k for k in RESUME_KEYS if _lookup(saved, k) != _lookup(now, k)]
+        try:
+            saved, now = ckpt["config"], self.cfg.to_dict()
+            differ = [k for k in RESUME_KEYS if _lookup(saved, k) != _lookup(now, k)]
+            world_size = ckpt["world_size"]
+        except (KeyError, TypeError) as exc:
+            raise CheckpointError(f"{path} lacks the trainer state ({exc!r} is missing); it was not written by "
+                                  "the lsm-gnn trainer") from None
         if differ:
             detail = "; ".join(f"{k}: saved {_lookup(saved, k)!r}, now {_lookup(now, k)!r}" for k in differ)
             raise ConfigError(f"cannot resume from {path}: the run's settings changed ({detail}). Use the saved "
                               "settings, or start fresh with checkpoint.resume=false or another checkpoint.dir")
-        if ckpt["world_size"] != self.world_size:
-            raise ConfigError(f"{path} was written by {ckpt['world_size']} ranks; this run has {self.world_size}")
-        self.module.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.loader.load_state_dict(ckpt["loader"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        if "cuda" in ckpt["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
-        self.iterations_done = ckpt["iterations_done"]
-        self.history = list(ckpt["history"])
+        if world_size != self.world_size:
+            raise ConfigError(f"{path} was written by {world_size} ranks; this run has {self.world_size}")
+        try:
+            self.module.load_state_dict(ckpt["model"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+            self.loader.load_state_dict(ckpt["loader"])
+            torch.set_rng_state(ckpt["rng"]["torch"])
+            if "cuda" in ckpt["rng"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+            self.iterations_done = int(ckpt["iterations_done"])
+            self.history = list(ckpt["history"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"cannot resume from {path}: its state does not fit this run ({exc}); start "
+                                  "fresh with checkpoint.resume=false or another checkpoint.dir") from None
+        self.epoch_state = ckpt.get("epoch_state")
+        self.log.rewind(ckpt.get("log_offset"))  # what was logged after the checkpoint is redone
         self.resumed_from = path
         self._print(f"resumed from {path}: epoch {ckpt['loader']['epoch']}, "
                     f"{ckpt['loader']['position']} batches into it, iteration {self.iterations_done}")
@@ -382,15 +412,39 @@ class Trainer:
         limit = self.cfg.train.max_iterations
         return bool(limit) and self.iterations_done >= limit
 
-    def train_epoch(self, progress: bool) -> tuple[StageTimes, float, dict]:
-        """One epoch (or what is left of it); returns (stage times, mean loss, counter deltas)."""
+    def _grads_finite(self) -> bool:
+        # After DDP's all-reduce every rank holds the same gradients, so every rank stops at once.
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        return not grads or bool(torch.isfinite(torch.stack([g.detach().float().sum() for g in grads])).all())
+
+    def _step(self, batch) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.task.loss(self.model, batch)
+        loss.backward()
+        loss_value = float(loss.detach())  # syncs the device, so the train time is complete
+        if not math.isfinite(loss_value) or not self._grads_finite():
+            raise TrainingDiverged(
+                f"the loss or its gradients became {loss_value if not math.isfinite(loss_value) else 'non-finite'} "
+                f"at iteration {self.iterations_done}; the weights were not updated. Lower train.lr (now "
+                f"{self.cfg.train.lr:g}), check the features for NaN/inf, and resume from the last checkpoint")
+        self.optimizer.step()
+        return loss_value
+
+    def _new_epoch_state(self, epoch: int) -> dict:
+        return {"epoch": epoch, "losses": [], "stages": dict.fromkeys(STAGES, 0.0), "wall": 0.0,
+                "totals": dict.fromkeys(TOTALS, 0)}
+
+    def train_epoch(self, progress: bool) -> StageTimes:
+        """Trains the rest of the loader's current epoch (or up to the iteration limit), adding to
+        ``epoch_state``; returns this call's stage times."""
         from tqdm import tqdm
 
         cfg = self.cfg
         times = StageTimes()
         epoch = self.loader.state_dict()["epoch"]
-        totals = dict.fromkeys(("hits", "unique", "bytes_read", "bytes_useful", "pvp_hits", "bytes_saved"), 0)
-        losses = []
+        if self.epoch_state is None or self.epoch_state["epoch"] != epoch:
+            self.epoch_state = self._new_epoch_state(epoch)
+        state, totals = self.epoch_state, self.epoch_state["totals"]
         self.model.train()
         bar = tqdm(total=len(self.loader), initial=self.loader.state_dict()["position"], unit="batch",
                    desc=f"epoch {epoch}", disable=not progress or self.rank != 0, file=sys.stderr, leave=False,
@@ -400,21 +454,20 @@ class Trainer:
         batches = iter(self.loader)
         try:
             while not self._limit_reached():
+                if self.progress is not None:
+                    self.progress.mark(self.iterations_done)
                 t0 = time.perf_counter()
                 batch = next(batches, None)
                 if batch is None:
                     break
                 wait = time.perf_counter() - t0
                 t1 = time.perf_counter()
-                batch = batch_to(batch, self.device)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss = self.task.loss(self.model, batch)
-                loss.backward()
-                self.optimizer.step()
-                loss_value = float(loss.detach())  # syncs the device, so the train time is complete
+                loss_value = self._step(batch_to(batch, self.device))
                 stage = {**batch.timings, "wait": wait, "train": time.perf_counter() - t1}
                 times.add(stage)
-                losses.append(loss_value)
+                for k in STAGES:
+                    state["stages"][k] += stage.get(k, 0.0)
+                state["losses"].append(loss_value)
                 self.iterations_done += 1
                 io = batch.io
                 totals["hits"] += int(batch.hit_mask.sum())
@@ -435,13 +488,38 @@ class Trainer:
                 bar.set_postfix(loss=f"{loss_value:.4f}",
                                 hit="-" if record["hit_ratio"] is None else f"{record['hit_ratio']:.2f}")
                 if cfg.checkpoint.every and self.iterations_done % cfg.checkpoint.every == 0:
+                    state["wall"] += time.perf_counter() - epoch_start
+                    epoch_start = time.perf_counter()
                     self.save_checkpoint()
         finally:
             bar.close()
             if hasattr(batches, "close"):
                 batches.close()
         times.wall = time.perf_counter() - epoch_start
-        return times, (float(np.mean(losses)) if losses else float("nan")), totals
+        state["wall"] += times.wall
+        return times
+
+    def _summarize_epoch(self, complete: bool) -> dict:
+        """The epoch's summary from ``epoch_state``; a complete epoch is also evaluated."""
+        state = self.epoch_state
+        totals, losses = state["totals"], state["losses"]
+        cached = hasattr(self.features, "lookup")
+        summary = {"epoch": state["epoch"], "complete": complete, "iterations": len(losses),
+                   "loss": float(np.mean(losses)) if losses else float("nan"), "wall_s": state["wall"],
+                   "stages_s": dict(state["stages"]),
+                   "hit_ratio": totals["hits"] / totals["unique"] if totals["unique"] and cached else None,
+                   "bytes_read": totals["bytes_read"],
+                   "amplification": totals["bytes_read"] / totals["bytes_useful"] if totals["bytes_useful"] else None}
+        if self.loader.pvp is not None:
+            summary.update(pvp_hits=totals["pvp_hits"], bytes_saved=totals["bytes_saved"])
+        if complete:
+            for split in self.cfg.train.eval_splits:
+                summary[split] = self.evaluate(split)
+        if self.history and self.history[-1]["epoch"] == summary["epoch"] and not self.history[-1]["complete"]:
+            self.history[-1] = summary  # a stopped epoch went on: its summary now covers all of it
+        else:
+            self.history.append(summary)
+        return summary
 
     def evaluate(self, split: str) -> dict:
         self.model.eval()
@@ -455,42 +533,42 @@ class Trainer:
                     f"with features from {self._describe_features()}; {self.world_size} rank(s), "
                     f"device {self.device}")
         total = StageTimes()
-        last_eval: dict = {}
         try:
-            while self.loader.state_dict()["epoch"] < cfg.train.epochs and not self._limit_reached():
-                epoch = self.loader.state_dict()["epoch"]
-                cached = hasattr(self.features, "lookup")
-                times, mean_loss, delta = self.train_epoch(cfg.log.progress)
-                finished = self.loader.state_dict()["epoch"] > epoch
+            while True:
+                if self.epoch_state is not None and self.loader.state_dict()["epoch"] > self.epoch_state["epoch"]:
+                    # Every batch of the epoch has trained (perhaps before a restart): evaluate and summarize.
+                    self._end_epoch(complete=True)
+                    continue
+                if self.loader.state_dict()["epoch"] >= cfg.train.epochs or self._limit_reached():
+                    break
+                times = self.train_epoch(cfg.log.progress)
                 for k in STAGES:
                     total.seconds[k] += times.seconds[k]
                 total.iterations += times.iterations
                 total.wall += times.wall
-                summary = {"epoch": epoch, "complete": finished, "iterations": times.iterations,
-                           "loss": mean_loss, "wall_s": times.wall, "stages_s": times.seconds,
-                           "hit_ratio": delta["hits"] / delta["unique"] if delta["unique"] and cached else None,
-                           "bytes_read": delta["bytes_read"],
-                           "amplification": delta["bytes_read"] / delta["bytes_useful"] if delta["bytes_useful"]
-                           else None}
-                if self.loader.pvp is not None:
-                    summary.update(pvp_hits=delta["pvp_hits"], bytes_saved=delta["bytes_saved"])
-                if finished:
-                    for split in cfg.train.eval_splits:
-                        summary[split] = last_eval[split] = self.evaluate(split)
-                self.history.append(summary)
-                self.log.write({"epoch_summary": summary})
-                self._print(self._epoch_line(summary))
-                self.save_checkpoint()
+                if self._limit_reached() and self.loader.state_dict()["epoch"] == self.epoch_state["epoch"]:
+                    self._end_epoch(complete=False)  # stopped inside the epoch: a partial summary
         finally:
             self.loader.close()
             self.log.close()
         self._print("\nper-stage time (this run)\n" + total.table())
+        last_eval = {}
+        for summary in self.history:
+            last_eval.update({s: summary[s] for s in cfg.train.eval_splits if s in summary})
         result = {"iterations": self.iterations_done, "history": self.history, "stages_s": total.seconds,
                   "wall_s": total.wall, "eval": last_eval, "checkpoint": self.checkpoint_path}
         for split, metrics in last_eval.items():
             self._print(f"{split}: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                                                  for k, v in metrics.items()))
         return result
+
+    def _end_epoch(self, complete: bool) -> None:
+        summary = self._summarize_epoch(complete)
+        if complete:
+            self.epoch_state = None  # kept after a partial summary: a resumed run continues the epoch
+        self.log.write({"epoch_summary": summary})
+        self._print(self._epoch_line(summary))
+        self.save_checkpoint()
 
     def _describe_features(self) -> str:
         f = self.features
@@ -522,6 +600,19 @@ class Trainer:
                 metric = next(iter(s[split].items()))
                 parts.append(f"{split} {metric[0]} {metric[1]:.4f}")
         return "  ".join(parts)
+
+
+def _check_writable_dir(directory: str, key: str) -> None:
+    """Creates ``directory`` and proves it writable, or raises a ConfigError naming ``key``."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ConfigError(f"{key}={directory} is a file, not a directory; point {key} at a directory")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{key}={directory} is not writable ({exc.strerror or exc}); point {key} at a "
+                          "writable directory") from None
 
 
 def train(cfg: Config, out=None) -> dict:

@@ -121,8 +121,9 @@ def test_checkpoint_writes_are_atomic(tmp_path):
 
     with pytest.raises(RuntimeError, match="cannot pickle"):
         atomic_torch_save({"n": 2, "bad": Unpicklable()}, path)
-    assert torch.load(path)["n"] == 1  # the old checkpoint survives a failed write
+    assert load_checkpoint(path)["n"] == 1  # the old checkpoint survives a failed write
     assert os.listdir(tmp_path) == ["last.pt"]  # and no temporary file is left behind
+    torch.save({"n": 1}, path)
     with pytest.raises(ValueError, match="not an lsm-gnn checkpoint"):
         load_checkpoint(path)
     (tmp_path / "junk.pt").write_bytes(b"junk")

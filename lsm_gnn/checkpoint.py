@@ -1,0 +1,156 @@
+"""Checkpoint files: written atomically, loaded without running code, checked by SHA-256.
+
+A checkpoint is a ``torch.save`` file holding a small envelope::
+
+    {"format": "lsm-gnn-checkpoint", "version": 2, "sha256": <hex>, "payload": <uint8 tensor>}
+
+where ``payload`` is the ``torch.save`` bytes of the trainer's state and
+``sha256`` their digest. Both levels are read with ``weights_only=True``, so
+a crafted file cannot run code (the state holds only tensors, numbers,
+strings, lists and dicts), and a flipped byte anywhere is refused: in the
+payload the digest no longer matches, in the envelope the zip or pickle no
+longer parses or a field no longer reads as written.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import io
+import os
+import socket
+import tempfile
+import time
+import warnings
+
+import torch
+
+CHECKPOINT_FORMAT = "lsm-gnn-checkpoint"
+CHECKPOINT_VERSION = 2
+_TMP_PREFIX = ".tmp-"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, damaged, crafted or from an incompatible version."""
+
+
+def _tmp_prefix() -> str:
+    # Host and pid in the name: a later run removes only leftovers of writers that are gone.
+    return f"{_TMP_PREFIX}{socket.gethostname()}-{os.getpid()}-"
+
+
+def _fsync_dir(directory: str) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a crash
+    finally:
+        os.close(dir_fd)
+
+
+def atomic_write_bytes(data: bytes | memoryview, path: str) -> None:
+    """Writes ``path`` so that readers see the old file or the whole new one, never a torn one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(), suffix=".pt", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.errno in (28, 122):  # ENOSPC, EDQUOT
+            raise OSError(exc.errno, f"cannot write checkpoint {path}: the disk is full ({len(data):,} bytes "
+                                     "needed); free space or set checkpoint.dir to another disk") from None
+        raise
+    _fsync_dir(directory)
+
+
+def _serialize(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def atomic_torch_save(state: dict, path: str) -> None:
+    """Saves ``state`` as a checksummed checkpoint, atomically (see the module docstring)."""
+    payload = _serialize(state)
+    envelope = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION,
+                "sha256": hashlib.sha256(payload).hexdigest(),
+                "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8)}
+    atomic_write_bytes(_serialize(envelope), path)
+
+
+def _safe_load(source, what: str):
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about untyped storages of old files
+            return torch.load(source, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{what} is not a readable lsm-gnn checkpoint ({first_line}); it is damaged, "
+                              "was not written by lsm-gnn, or holds objects other than tensors and plain "
+                              "values - use another checkpoint or start fresh with checkpoint.resume=false") from None
+
+
+def load_checkpoint(path: str) -> dict:
+    """The trainer state saved in ``path``, verified; raises :class:`CheckpointError` on any problem."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"no checkpoint at {path}")
+    envelope = _safe_load(path, path)
+    if not isinstance(envelope, dict) or envelope.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} is not an lsm-gnn checkpoint (no '{CHECKPOINT_FORMAT}' format field)")
+    version = envelope.get("version")
+    if version == 1:  # written before checksums: readable, but nothing guards its bytes
+        warnings.warn(f"{path} is a version-1 checkpoint without a checksum; a damaged byte would go unnoticed. "
+                      "The next checkpoint is written as version 2", stacklevel=2)
+        return envelope
+    if version != CHECKPOINT_VERSION:
+        raise CheckpointError(f"{path} has checkpoint version {version!r}; this lsm-gnn reads versions 1 and "
+                              f"{CHECKPOINT_VERSION}")
+    payload, digest = envelope.get("payload"), envelope.get("sha256")
+    if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8 or not isinstance(digest, str):
+        raise CheckpointError(f"{path} is damaged: its payload or checksum field is missing")
+    data = payload.numpy().tobytes()
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise CheckpointError(f"{path} is damaged: its SHA-256 does not match the one recorded when it was "
+                              "written (a flipped or truncated byte); use an earlier checkpoint or start fresh "
+                              "with checkpoint.resume=false")
+    state = _safe_load(io.BytesIO(data), path)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} is damaged: its payload is not a trainer state")
+    return state
+
+
+def remove_stale_temporaries(directory: str) -> list[str]:
+    """Deletes temporary checkpoint files in ``directory`` left by writers of this host that are gone.
+
+    Returns the removed paths. Files of live processes and of other hosts
+    (a shared file system) are kept, as is anything not named like ours.
+    """
+    removed = []
+    host = socket.gethostname()
+    for path in glob.glob(os.path.join(glob.escape(directory), f"{_TMP_PREFIX}*.pt")):
+        parts = os.path.basename(path)[len(_TMP_PREFIX):-len(".pt")].rsplit("-", 2)  # host, pid, random
+        if len(parts) == 3 and parts[1].isdigit():
+            stale = parts[0] == host and not _pid_alive(int(parts[1]))
+        else:  # written by an older lsm-gnn, with no host or pid in the name: stale once an hour old
+            stale = len(parts) == 1 and time.time() - os.path.getmtime(path) > 3600
+        if stale:
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

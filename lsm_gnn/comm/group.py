@@ -1,0 +1,125 @@
+"""What every rank must share: one collective timeout, the same settings, and a trace of progress.
+
+- :func:`collective_timeout` reads ``LSM_GNN_TIMEOUT_S`` once for every
+  process group (the default one and the exchange's), so a stopped rank
+  makes the others fail after that many seconds, not after gloo's default.
+- :func:`check_agreement` compares a dict of settings across ranks at start
+  and names the rank and key that differ, instead of letting gloo abort on
+  mismatched tensor sizes or ranks train on inconsistent shards.
+- :class:`ProgressBoard` records each rank's last iteration in the
+  process group's key-value store, so a rank whose collective failed can
+  say which rank stopped answering and where it was.
+"""
+from __future__ import annotations
+
+import math
+import os
+from datetime import timedelta
+
+TIMEOUT_ENV = "LSM_GNN_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 300.0
+
+
+class RankMismatchError(ValueError):
+    """Ranks were started with settings that must agree but do not."""
+
+
+def collective_timeout() -> timedelta:
+    """The timeout of every collective, from ``LSM_GNN_TIMEOUT_S`` (seconds, default 300)."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return timedelta(seconds=DEFAULT_TIMEOUT_S)
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{TIMEOUT_ENV}={text!r} is not a positive number of seconds; set it to e.g. 300, or "
+                         "unset it for the default")
+    return timedelta(seconds=seconds)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_agreement(settings: dict, group=None) -> None:
+    """Raises :class:`RankMismatchError` on every rank unless all ranks pass equal ``settings``.
+
+    The message names the first rank that differs from rank 0 and each key
+    that differs, with both values. Collective: every rank must call it.
+    """
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    if world == 1:
+        return
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, _flatten(settings), group=group)
+    reference = gathered[0]
+    for rank, other in enumerate(gathered[1:], start=1):
+        keys = sorted(set(reference) | set(other))
+        differ = [k for k in keys if reference.get(k) != other.get(k)]
+        if differ:
+            detail = "; ".join(f"{k} is {other.get(k)!r} on rank {rank} but {reference.get(k)!r} on rank 0"
+                               for k in differ[:5])
+            more = f" (and {len(differ) - 5} more)" if len(differ) > 5 else ""
+            raise RankMismatchError(f"rank {rank} was started with other settings than rank 0: {detail}{more}. "
+                                    "Start every rank with the same config file, overrides and dataset")
+
+
+class ProgressBoard:
+    """Each rank's last reached step, kept in the default process group's store (``None`` store: a no-op)."""
+
+    def __init__(self, rank: int, world_size: int, store=None):
+        self.rank, self.world_size = rank, world_size
+        self.store = store
+        self.step = -1
+
+    @classmethod
+    def for_default_group(cls) -> ProgressBoard:
+        import torch.distributed as dist
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        try:
+            # The store rendezvous made; its accessor is private API, so a missing one only costs detail.
+            from torch.distributed.distributed_c10d import _get_default_store
+
+            store = dist.PrefixStore("lsm_gnn/progress/", _get_default_store())
+        except Exception:
+            store = None
+        return cls(rank, world, store)
+
+    def mark(self, step: int) -> None:
+        """Records that this rank has reached ``step``."""
+        self.step = step
+        if self.store is not None:
+            try:
+                self.store.set(str(self.rank), str(step))
+            except Exception:
+                self.store = None  # the store's host is gone; the failure that follows says so
+
+    def laggards(self) -> str:
+        """A sentence naming the ranks behind this one (for an error message), or "" if unknown."""
+        if self.store is None:
+            return ""
+        behind = []
+        try:
+            self.store.set_timeout(timedelta(seconds=5))
+            for rank in range(self.world_size):
+                if rank == self.rank:
+                    continue
+                step = int(self.store.get(str(rank))) if self.store.check([str(rank)]) else -1
+                if step < self.step:
+                    behind.append(f"rank {rank} (last at step {step})" if step >= 0 else f"rank {rank} (never started)")
+        except Exception:
+            return "the rendezvous store is unreachable too, so rank 0 (its host) has probably died"
+        if not behind:
+            return ""
+        return f"{', '.join(behind)} did not reach step {self.step}: it has stopped, crashed or is stuck"

@@ -1,0 +1,160 @@
+"""A run stopped at any point and resumed gives the history, metrics and summaries of an uninterrupted one."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torch_geometric")
+
+from lsm_gnn import checkpoint as checkpoint_module  # noqa: E402
+from lsm_gnn.config import load_config  # noqa: E402
+from lsm_gnn.trainer import Trainer  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Measured, not decided: what the cache read and how long it took depend on what was cached before a restart.
+VOLATILE = {"wall_s", "stages_s", "hit_ratio", "bytes_read", "amplification", "time"}
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    from lsm_gnn.data.synthetic import generate_synthetic
+
+    path = tmp_path_factory.mktemp("resume") / "g"
+    generate_synthetic(path, num_nodes=1500, avg_degree=6, feature_dim=8, num_classes=3, seed=2, progress=False)
+    return str(path)
+
+
+def overrides(graph, out, *more):
+    # 1200 train nodes in batches of 200: 6 iterations per epoch.
+    return [f"dataset={graph}", "model.kind=sage", "model.hidden=16", "sampler.fanouts=[3,2]",
+            "sampler.batch_size=200", "cache.capacity=60%", "cache.window=4", "train.lr=0.01", "train.epochs=2",
+            "model.dropout=0.3", "checkpoint.every=2", "log.progress=false", f"log.dir={out / 'log'}",
+            f"checkpoint.dir={out / 'ckpt'}", *more]
+
+
+def config(graph, out, *more):
+    return load_config(None, overrides(graph, out, *more))
+
+
+def stable(value):
+    """``value`` without the measured fields."""
+    if isinstance(value, dict):
+        return {k: stable(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [stable(v) for v in value]
+    return value
+
+
+def log_records(out):
+    with open(out / "log" / "metrics.jsonl") as fh:
+        return [stable(json.loads(line)) for line in fh]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(graph, tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole")
+    result = Trainer(config(graph, out)).fit()
+    assert [s["complete"] for s in result["history"]] == [True, True] and "test" in result["eval"]
+    return stable(result["history"]), log_records(out), stable(result["eval"])
+
+
+class Crash(Exception):
+    """Stands in for a kill: nothing after it runs."""
+
+
+def run_until_crash(trainer, where, monkeypatch, after_calls):
+    calls = {"n": 0}
+
+    def crash_after(original):
+        def wrapped(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] > after_calls:
+                raise Crash(where)
+            return original(*args, **kwargs)
+        return wrapped
+
+    if where == "train step":
+        monkeypatch.setattr(trainer, "_step", crash_after(trainer._step))
+    elif where == "evaluation":
+        monkeypatch.setattr(trainer, "evaluate", crash_after(trainer.evaluate))
+    elif where == "checkpoint write":  # the rename never happens: the previous checkpoint stays
+        monkeypatch.setattr(checkpoint_module, "atomic_write_bytes", crash_after(checkpoint_module.atomic_write_bytes))
+    with pytest.raises(Crash):
+        trainer.fit()
+    monkeypatch.undo()
+
+
+@pytest.mark.parametrize("where,after_calls", [
+    ("train step", 3),        # mid-epoch, one iteration past the last checkpoint: it is trained again
+    ("train step", 6),        # at the start of epoch 1, after epoch 0's summary
+    ("evaluation", 0),        # after the epoch's last batch was checkpointed, before its evaluation
+    ("evaluation", 3),        # in the last epoch's evaluation: the run looked finished
+    ("checkpoint write", 2),  # inside a checkpoint write
+    ("checkpoint write", 3),  # the write of the end-of-epoch checkpoint
+])
+def test_a_resumed_run_matches_an_uninterrupted_one(graph, tmp_path, monkeypatch, uninterrupted, where, after_calls):
+    history, records, final_eval = uninterrupted
+    run_until_crash(Trainer(config(graph, tmp_path)), where, monkeypatch, after_calls)
+    resumed = Trainer(config(graph, tmp_path))
+    result = resumed.fit()
+    assert stable(result["history"]) == history
+    assert stable(result["eval"]) == final_eval
+    assert log_records(tmp_path) == records  # nothing logged twice, nothing missing
+    assert not [n for n in os.listdir(tmp_path / "ckpt") if n != "last.pt"]
+
+
+def test_a_finished_run_resumes_to_nothing_and_says_so(graph, tmp_path, uninterrupted):
+    Trainer(config(graph, tmp_path)).fit()
+    again = Trainer(config(graph, tmp_path)).fit()
+    assert stable(again["history"]) == uninterrupted[0] and again["eval"]
+
+
+def test_a_stopped_epoch_resumed_has_one_summary_over_all_its_iterations(graph, tmp_path, uninterrupted):
+    first = Trainer(config(graph, tmp_path, "train.max_iterations=4")).fit()
+    assert [(s["epoch"], s["complete"], s["iterations"]) for s in first["history"]] == [(0, False, 4)]
+    result = Trainer(config(graph, tmp_path)).fit()
+    assert stable(result["history"]) == uninterrupted[0]
+
+
+def test_stale_temporary_checkpoints_of_dead_writers_are_removed(graph, tmp_path):
+    import socket
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = socket.gethostname()
+    stale = ckpt / f".tmp-{host}-{dead.stdout.strip()}-abc123.pt"
+    live = ckpt / f".tmp-{host}-{os.getpid()}-def456.pt"
+    other_host = ckpt / f".tmp-elsewhere-{dead.stdout.strip()}-ghi789.pt"
+    legacy_old, legacy_new = ckpt / ".tmp-oldone.pt", ckpt / ".tmp-newone.pt"
+    mine = ckpt / "notes.pt"
+    for path in (stale, live, other_host, legacy_old, legacy_new, mine):
+        path.write_bytes(b"x")
+    os.utime(legacy_old, (time.time() - 7200, time.time() - 7200))
+    Trainer(config(graph, tmp_path, "train.max_iterations=1")).loader.close()
+    assert sorted(os.listdir(ckpt)) == sorted(p.name for p in (live, other_host, legacy_new, mine))
+
+
+def test_sigkill_mid_epoch_then_resume_from_the_cli(graph, tmp_path, uninterrupted):
+    """A real kill: the process gets SIGKILL while training; the CLI run started again completes the run."""
+    args = [sys.executable, "-m", "lsm_gnn", "train", *overrides(graph, tmp_path)]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "log" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and sum(1 for line in open(metrics) if '"iteration"' in line) >= 3:
+            break
+        time.sleep(0.02)
+    if proc.poll() is not None:
+        pytest.skip("the run finished before it could be killed")  # a very fast machine; the in-process cases cover it
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resumed from" in done.stdout
+    assert log_records(tmp_path) == uninterrupted[1]
