@@ -23,10 +23,11 @@ import torch
 
 from lsm_gnn.cache import SoftwareCache
 from lsm_gnn.checkpoint import CheckpointError, atomic_torch_save, load_checkpoint, remove_stale_temporaries
-from lsm_gnn.comm.group import ProgressBoard, check_agreement, collective_timeout
+from lsm_gnn.comm.group import (TIMEOUT_ENV, CollectiveError, ProgressBoard, check_agreement, collective_timeout,
+                                first_line, is_collective_failure)
 from lsm_gnn.config import Config, ConfigError, cache_capacity_bytes
-from lsm_gnn.loader import NodeLoader
-from lsm_gnn.parallel import all_reduce_sum, batch_to
+from lsm_gnn.parallel import batch_to
+from lsm_gnn.tasks import make_task
 
 __all__ = ["CheckpointError", "Trainer", "TrainingDiverged", "atomic_torch_save", "load_checkpoint", "train"]
 
@@ -65,8 +66,7 @@ def distributed_context(device: torch.device) -> tuple[int, int]:
 
 # -- features ----------------------------------------------------------------------------------------------------
 
-def build_features(cfg: Config, dataset, device: torch.device, world_size: int = 1,
-                   progress: ProgressBoard | None = None):
+def build_features(cfg: Config, dataset, device: torch.device, world_size: int = 1):
     """The feature path a config asks for: the cache over storage (shared by the ranks or one per rank),
     storage alone, or RAM."""
     from lsm_gnn.storage import open_storage
@@ -83,7 +83,7 @@ def build_features(cfg: Config, dataset, device: torch.device, world_size: int =
 
         owner = make_owner(c.owner, dataset, world_size, fanouts=cfg.sampler.fanouts,
                            batch_size=cfg.sampler.batch_size, seed=cfg.train.seed)
-        return SharedCache(cache, owner, progress=progress)
+        return SharedCache(cache, owner)
     return cache
 
 
@@ -106,72 +106,6 @@ def _build_cache(cfg: Config, dataset, storage, device):
 
 def _storage_of(features):
     return getattr(features, "storage", features)
-
-
-# -- tasks -------------------------------------------------------------------------------------------------------
-
-class NodeClassification:
-    """Cross-entropy on the train split; accuracy on the evaluation splits.
-
-    Nodes labeled -1 (unlabeled) are left out of every split before
-    batching, so they count in neither the loss nor the metrics.
-    """
-
-    name = "node"
-
-    def __init__(self, cfg: Config, dataset):
-        if dataset.labels is None or dataset.num_classes is None:
-            raise ConfigError(f"dataset {dataset.path} has no labels; node classification needs them "
-                              "(or set train.task=link for a user-item dataset)")
-        self.cfg, self.dataset = cfg, dataset
-        self.out_dim = int(dataset.num_classes)
-        self.splits = sorted(dataset.meta.get("splits", {}))
-        if "train" not in self.splits:
-            raise ConfigError(f"dataset {dataset.path} has no train split; node classification trains on it "
-                              "(re-create the dataset with splits)")
-        if self.labeled("train").size == 0:
-            raise ConfigError(f"every node of the train split of {dataset.path} is unlabeled (-1); label some, "
-                              "or pick another dataset")
-
-    def labeled(self, split: str) -> np.ndarray:
-        """The split's nodes that carry a label (label >= 0)."""
-        seeds = np.asarray(self.dataset.split(split), dtype=np.int64)
-        return seeds[np.asarray(self.dataset.labels)[seeds] >= 0]
-
-    def train_loader(self, features, rank: int, world_size: int) -> NodeLoader:
-        c = self.cfg
-        return NodeLoader(self.dataset, features, c.sampler.fanouts, c.sampler.batch_size,
-                          seeds=self.labeled("train"), shuffle=True, window=c.cache.window, seed=c.train.seed,
-                          rank=rank, world_size=world_size, num_threads=c.sampler.num_threads)
-
-    def loss(self, model, batch) -> torch.Tensor:
-        # ignore_index guards loaders given unlabeled seeds by a caller
-        return torch.nn.functional.cross_entropy(model(batch), batch.y, ignore_index=-1)
-
-    @torch.no_grad()
-    def evaluate(self, model, features, split: str, device, rank: int, world_size: int) -> dict:
-        seeds = self.labeled(split)
-        correct = total = 0
-        if seeds.size >= world_size:
-            c = self.cfg
-            # Equal shares per rank (fewer than world_size nodes left out): the exchange is collective.
-            loader = NodeLoader(self.dataset, features, c.sampler.fanouts, c.train.eval_batch_size or c.sampler.batch_size,
-                                seeds=seeds, shuffle=False, window=c.cache.window, seed=c.train.seed + 1,
-                                rank=rank, world_size=world_size, num_threads=c.sampler.num_threads)
-            for batch in loader:
-                batch = batch_to(batch, device)
-                correct += int((model(batch).argmax(1) == batch.y).sum())
-                total += batch.y.numel()
-        correct, total = all_reduce_sum([correct, total])
-        return {"accuracy": correct / total if total else float("nan"), "count": int(total)}
-
-
-def make_task(cfg: Config, dataset):
-    if cfg.train.task == "node":
-        return NodeClassification(cfg, dataset)
-    from lsm_gnn.linkpred import LinkPrediction
-
-    return LinkPrediction(cfg, dataset)
 
 
 # -- metrics -----------------------------------------------------------------------------------------------------
@@ -287,7 +221,7 @@ class Trainer:
             self.device = torch.device("cuda", int(local) % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         self.rank, self.world_size = distributed_context(self.device)
-        self.progress = ProgressBoard.for_default_group() if self._distributed() else None
+        self.progress = ProgressBoard.for_default_group("train") if self._distributed() else None
         if self._distributed():  # before any collective whose shape depends on the settings
             check_agreement(self._agreed_settings())
         if self.rank == 0:  # the only writer: fail now, not after an epoch of training
@@ -299,7 +233,7 @@ class Trainer:
         if missing:  # fail now, not after the first epoch
             raise ConfigError(f"train.eval_splits has {missing}, which dataset {self.dataset.path} lacks; it has "
                               f"{self.task.splits or 'none'}: set train.eval_splits={self.task.splits}")
-        self.features = (build_features(cfg, self.dataset, self.device, self.world_size, self.progress)
+        self.features = (build_features(cfg, self.dataset, self.device, self.world_size)
                          if features is None else features)
         torch.manual_seed(cfg.train.seed)
         self.module = HopGNN(cfg.model.kind, self.dataset.feature_dim, cfg.model.hidden, self.task.out_dim,
@@ -420,7 +354,15 @@ class Trainer:
     def _step(self, batch) -> float:
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.task.loss(self.model, batch)
-        loss.backward()
+        try:
+            loss.backward()  # with several ranks, DDP all-reduces the gradients here
+        except RuntimeError as exc:
+            if self.progress is None or not is_collective_failure(exc):
+                raise
+            raise CollectiveError(
+                f"rank {self.rank}: the gradient all-reduce of iteration {self.iterations_done} failed after at "
+                f"most {collective_timeout().total_seconds():g} s ({TIMEOUT_ENV}): {self.progress.laggards()}; "
+                f"check its log. ({first_line(exc)})") from None
         loss_value = float(loss.detach())  # syncs the device, so the train time is complete
         if not math.isfinite(loss_value) or not self._grads_finite():
             raise TrainingDiverged(

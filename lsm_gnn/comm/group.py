@@ -24,6 +24,20 @@ class RankMismatchError(ValueError):
     """Ranks were started with settings that must agree but do not."""
 
 
+class CollectiveError(RuntimeError):
+    """A collective failed or timed out: another rank died, stopped or is stuck."""
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` came from a process group's backend (a timeout or a closed connection)."""
+    import torch.distributed as dist
+
+    dist_error = getattr(dist, "DistError", ())
+    text = str(exc)
+    return isinstance(exc, dist_error) or isinstance(exc, RuntimeError) and any(
+        marker in text for marker in ("gloo", "Gloo", "NCCL", "Connection closed by peer", "Timed out waiting"))
+
+
 def collective_timeout() -> timedelta:
     """The timeout of every collective, from ``LSM_GNN_TIMEOUT_S`` (seconds, default 300)."""
     text = os.environ.get(TIMEOUT_ENV, "").strip()
@@ -37,6 +51,13 @@ def collective_timeout() -> timedelta:
         raise ValueError(f"{TIMEOUT_ENV}={text!r} is not a positive number of seconds; set it to e.g. 300, or "
                          "unset it for the default")
     return timedelta(seconds=seconds)
+
+
+def first_line(exc: BaseException, limit: int = 160) -> str:
+    """The start of a backend's error message: gloo's run to several lines of advice."""
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else repr(exc)
+    return line if len(line) <= limit else line[:limit] + "..."
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -75,7 +96,11 @@ def check_agreement(settings: dict, group=None) -> None:
 
 
 class ProgressBoard:
-    """Each rank's last reached step, kept in the default process group's store (``None`` store: a no-op)."""
+    """Each rank's last reached step of one activity (``name``), kept in the default process group's store.
+
+    With no store (``store=None``) marks are kept locally only, and
+    :meth:`laggards` can name the peer only when there is one.
+    """
 
     def __init__(self, rank: int, world_size: int, store=None):
         self.rank, self.world_size = rank, world_size
@@ -83,7 +108,7 @@ class ProgressBoard:
         self.step = -1
 
     @classmethod
-    def for_default_group(cls) -> ProgressBoard:
+    def for_default_group(cls, name: str) -> ProgressBoard:
         import torch.distributed as dist
 
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -91,7 +116,7 @@ class ProgressBoard:
             # The store rendezvous made; its accessor is private API, so a missing one only costs detail.
             from torch.distributed.distributed_c10d import _get_default_store
 
-            store = dist.PrefixStore("lsm_gnn/progress/", _get_default_store())
+            store = dist.PrefixStore(f"lsm_gnn/progress/{name}/", _get_default_store())
         except Exception:
             store = None
         return cls(rank, world, store)
@@ -106,20 +131,21 @@ class ProgressBoard:
                 self.store = None  # the store's host is gone; the failure that follows says so
 
     def laggards(self) -> str:
-        """A sentence naming the ranks behind this one (for an error message), or "" if unknown."""
-        if self.store is None:
-            return ""
+        """Which rank this one is probably waiting for, as a phrase for an error message."""
+        others = [r for r in range(self.world_size) if r != self.rank]
         behind = []
-        try:
-            self.store.set_timeout(timedelta(seconds=5))
-            for rank in range(self.world_size):
-                if rank == self.rank:
-                    continue
-                step = int(self.store.get(str(rank))) if self.store.check([str(rank)]) else -1
-                if step < self.step:
-                    behind.append(f"rank {rank} (last at step {step})" if step >= 0 else f"rank {rank} (never started)")
-        except Exception:
-            return "the rendezvous store is unreachable too, so rank 0 (its host) has probably died"
-        if not behind:
-            return ""
-        return f"{', '.join(behind)} did not reach step {self.step}: it has stopped, crashed or is stuck"
+        if self.store is not None:
+            try:
+                self.store.set_timeout(timedelta(seconds=5))
+                for rank in others:
+                    step = int(self.store.get(str(rank))) if self.store.check([str(rank)]) else -1
+                    if step < self.step:
+                        behind.append(f"rank {rank} (last at step {step})" if step >= 0 else
+                                      f"rank {rank} (never started)")
+            except Exception:
+                return "rank 0, the host of the rendezvous store, is unreachable: it has probably died"
+        if behind:
+            return f"{', '.join(behind)} did not reach step {self.step}: it stopped, crashed or is stuck"
+        if len(others) == 1:
+            return f"rank {others[0]} did not answer: it stopped, crashed or is stuck"
+        return f"one of ranks {others} did not answer: it stopped, crashed or is stuck"

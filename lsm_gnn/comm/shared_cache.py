@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from lsm_gnn.cache import SoftwareCache, WindowBuffer
-from lsm_gnn.comm.group import TIMEOUT_ENV, ProgressBoard, collective_timeout
+from lsm_gnn.comm.group import TIMEOUT_ENV, ProgressBoard, collective_timeout, first_line
 from lsm_gnn.storage.base import as_id_tensor
 
 
@@ -64,8 +64,7 @@ class SharedCache:
     timeout is ``timeout_s``, by default ``LSM_GNN_TIMEOUT_S`` (300 s).
     """
 
-    def __init__(self, cache: SoftwareCache, owner, group=None, timeout_s: float | None = None,
-                 progress: ProgressBoard | None = None):
+    def __init__(self, cache: SoftwareCache, owner, group=None, timeout_s: float | None = None):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("SharedCache needs torch.distributed initialised (torchrun, launch/mpirun.sh, or "
                                "dist.init_process_group); with one process use the SoftwareCache directly")
@@ -75,8 +74,8 @@ class SharedCache:
         timeout = collective_timeout() if timeout_s is None else timedelta(seconds=timeout_s)
         self.group = group if group is not None else dist.new_group(backend="gloo", timeout=timeout)
         self.timeout_s = timeout.total_seconds()
-        #: where the trainer records each rank's step, to name the rank a failed exchange waited for
-        self.progress = progress
+        # Each rank's last lookup, so a failed exchange can name the rank it waited for.
+        self.progress = ProgressBoard.for_default_group("exchange")
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)
         self.row_bytes = self.storage.row_bytes
@@ -95,12 +94,10 @@ class SharedCache:
         try:
             dist.all_to_all_single(recv, send.contiguous(), recv_counts, send_counts, group=self.group)
         except Exception as exc:  # gloo raises RuntimeError / DistBackendError with a terse message
-            who = self.progress.laggards() if self.progress is not None else ""
             raise ExchangeError(
                 f"rank {self.rank}: exchanging {what} at iteration {self.stats.iterations} failed after at most "
-                f"{self.timeout_s:g} s ({TIMEOUT_ENV}): {who or 'another rank has probably died or is stuck'}; "
-                f"check its log. (gloo: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r})"
-            ) from None
+                f"{self.timeout_s:g} s ({TIMEOUT_ENV}): {self.progress.laggards()}; check its log. "
+                f"(gloo: {first_line(exc)})") from None
         return recv
 
     def _exchange(self, send: torch.Tensor, send_counts: np.ndarray, what: str) -> tuple[torch.Tensor, list[int]]:
@@ -146,6 +143,7 @@ class SharedCache:
         with self._lock:
             start = time.perf_counter()
             serve = 0.0
+            self.progress.mark(self.stats.iterations)
             ids = as_id_tensor(ids)
             if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.storage.num_rows):
                 bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())

@@ -1,0 +1,79 @@
+"""Training tasks: what a batch's loss is and how a split is evaluated.
+
+The trainer asks a task for its loader (``train_loader``), its loss on a
+batch and its metrics on a split; ``make_task`` picks the task a config
+names (``train.task``: node classification here, link prediction in
+:mod:`lsm_gnn.linkpred`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from lsm_gnn.config import Config, ConfigError
+from lsm_gnn.loader import NodeLoader
+from lsm_gnn.parallel import all_reduce_sum, batch_to
+
+
+class NodeClassification:
+    """Cross-entropy on the train split; accuracy on the evaluation splits.
+
+    Nodes labeled -1 (unlabeled) are left out of every split before
+    batching, so they count in neither the loss nor the metrics.
+    """
+
+    name = "node"
+
+    def __init__(self, cfg: Config, dataset):
+        if dataset.labels is None or dataset.num_classes is None:
+            raise ConfigError(f"dataset {dataset.path} has no labels; node classification needs them "
+                              "(or set train.task=link for a user-item dataset)")
+        self.cfg, self.dataset = cfg, dataset
+        self.out_dim = int(dataset.num_classes)
+        self.splits = sorted(dataset.meta.get("splits", {}))
+        if "train" not in self.splits:
+            raise ConfigError(f"dataset {dataset.path} has no train split; node classification trains on it "
+                              "(re-create the dataset with splits)")
+        if self.labeled("train").size == 0:
+            raise ConfigError(f"every node of the train split of {dataset.path} is unlabeled (-1); label some, "
+                              "or pick another dataset")
+
+    def labeled(self, split: str) -> np.ndarray:
+        """The split's nodes that carry a label (label >= 0)."""
+        seeds = np.asarray(self.dataset.split(split), dtype=np.int64)
+        return seeds[np.asarray(self.dataset.labels)[seeds] >= 0]
+
+    def train_loader(self, features, rank: int, world_size: int) -> NodeLoader:
+        c = self.cfg
+        return NodeLoader(self.dataset, features, c.sampler.fanouts, c.sampler.batch_size,
+                          seeds=self.labeled("train"), shuffle=True, window=c.cache.window, seed=c.train.seed,
+                          rank=rank, world_size=world_size, num_threads=c.sampler.num_threads)
+
+    def loss(self, model, batch) -> torch.Tensor:
+        # ignore_index guards loaders given unlabeled seeds by a caller
+        return torch.nn.functional.cross_entropy(model(batch), batch.y, ignore_index=-1)
+
+    @torch.no_grad()
+    def evaluate(self, model, features, split: str, device, rank: int, world_size: int) -> dict:
+        seeds = self.labeled(split)
+        correct = total = 0
+        if seeds.size >= world_size:
+            c = self.cfg
+            # Equal shares per rank (fewer than world_size nodes left out): the exchange is collective.
+            loader = NodeLoader(self.dataset, features, c.sampler.fanouts, c.train.eval_batch_size or c.sampler.batch_size,
+                                seeds=seeds, shuffle=False, window=c.cache.window, seed=c.train.seed + 1,
+                                rank=rank, world_size=world_size, num_threads=c.sampler.num_threads)
+            for batch in loader:
+                batch = batch_to(batch, device)
+                correct += int((model(batch).argmax(1) == batch.y).sum())
+                total += batch.y.numel()
+        correct, total = all_reduce_sum([correct, total])
+        return {"accuracy": correct / total if total else float("nan"), "count": int(total)}
+
+
+def make_task(cfg: Config, dataset):
+    if cfg.train.task == "node":
+        return NodeClassification(cfg, dataset)
+    from lsm_gnn.linkpred import LinkPrediction
+
+    return LinkPrediction(cfg, dataset)

@@ -1,0 +1,123 @@
+"""Two ranks: mismatched settings are named at start; a stopped rank makes the other fail within the timeout."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torch_geometric")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    from lsm_gnn.data.synthetic import generate_synthetic
+
+    path = tmp_path_factory.mktemp("faults") / "g"
+    generate_synthetic(path, num_nodes=2000, avg_degree=6, feature_dim=8, num_classes=3, seed=4, progress=False)
+    return str(path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ranks(graph, tmp_path, per_rank=(), timeout_s="60", common=()):
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", LSM_GNN_TIMEOUT_S=timeout_s,
+                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        args = [f"dataset={graph}", "model.kind=sage", "model.hidden=16", "sampler.fanouts=[4,3]",
+                "sampler.batch_size=64", "cache.capacity=50%", "cache.window=4", "log.progress=false",
+                f"log.dir={tmp_path / 'log'}", *common, *(per_rank[rank] if per_rank else ())]
+        procs.append(subprocess.Popen([sys.executable, "-m", "lsm_gnn", "train", *args], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def finish(proc, timeout=120):
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("key,values", [
+    ("train.seed", ("0", "1")),
+    ("sampler.batch_size", ("64", "32")),
+    ("cache.policy", ("hybrid", "rr")),
+    ("model.hidden", ("16", "32")),
+])
+def test_ranks_with_different_settings_fail_at_start_naming_the_rank_and_key(graph, tmp_path, key, values):
+    procs = start_ranks(graph, tmp_path, per_rank=[[f"{key}={values[0]}"], [f"{key}={values[1]}"]])
+    for proc in procs:
+        code, _, err = finish(proc)
+        assert code == 1, err[-2000:]
+        assert "Traceback" not in err
+        lines = [line for line in err.splitlines() if line.startswith("lsm-gnn")]
+        assert len(lines) == 1 and "rank 1" in lines[0] and key in lines[0], err[-2000:]
+
+
+def test_a_different_dataset_on_one_rank_is_named(graph, tmp_path):
+    from lsm_gnn.data.synthetic import generate_synthetic
+
+    other = tmp_path / "other"
+    generate_synthetic(other, num_nodes=2000, avg_degree=6, feature_dim=8, num_classes=3, seed=5, progress=False)
+    procs = start_ranks(graph, tmp_path, per_rank=[[], [f"dataset={other}"]])
+    for proc in procs:
+        code, _, err = finish(proc)
+        assert code == 1 and "dataset.checksums" in err and "rank 1" in err, err[-2000:]
+
+
+def test_a_stopped_rank_makes_the_other_fail_within_the_timeout_naming_it(graph, tmp_path):
+    timeout_s = 4
+    procs = start_ranks(graph, tmp_path, timeout_s=str(timeout_s), common=["train.epochs=200"])
+    metrics = tmp_path / "log" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size > 2000):
+        assert procs[0].poll() is None, procs[0].communicate()[1][-2000:]
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGSTOP)
+    stopped = time.time()
+    try:
+        code, _, err = finish(procs[0], timeout=timeout_s * 6 + 30)
+        waited = time.time() - stopped
+    finally:
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait()
+    assert code == 1 and "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("lsm-gnn")]
+    assert len(lines) == 1 and "rank 1" in lines[0] and "LSM_GNN_TIMEOUT_S" in lines[0], err[-3000:]
+    assert waited < timeout_s * 4 + 10  # a few collectives may each wait out the timeout, never gloo's 30 min
+
+
+def test_a_bad_timeout_setting_is_refused(graph, tmp_path):
+    procs = start_ranks(graph, tmp_path, timeout_s="soon")
+    for proc in procs:
+        code, _, err = finish(proc)
+        assert code == 1 and "LSM_GNN_TIMEOUT_S='soon'" in err, err[-2000:]
+
+
+def test_a_stopped_rank_with_isolated_caches_fails_the_gradient_all_reduce_naming_it(graph, tmp_path):
+    timeout_s = 4
+    procs = start_ranks(graph, tmp_path, timeout_s=str(timeout_s), common=["train.epochs=200", "cache.mode=isolated"])
+    metrics = tmp_path / "log" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size > 2000):
+        assert procs[0].poll() is None, procs[0].communicate()[1][-2000:]
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGSTOP)
+    try:
+        code, _, err = finish(procs[0], timeout=timeout_s * 6 + 30)
+    finally:
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait()
+    assert code == 1 and "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("lsm-gnn")]
+    assert len(lines) == 1 and "rank 1" in lines[0] and "LSM_GNN_TIMEOUT_S" in lines[0], err[-3000:]

@@ -1,0 +1,160 @@
+"""The trainer fails before work starts on what can be checked, and never trains on to a wrong answer."""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch_geometric")
+
+from lsm_gnn.cli import main as cli  # noqa: E402
+from lsm_gnn.config import ConfigError, load_config  # noqa: E402
+from lsm_gnn.trainer import Trainer, TrainingDiverged  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    from lsm_gnn.data.synthetic import generate_synthetic
+
+    path = tmp_path_factory.mktemp("guards") / "g"
+    generate_synthetic(path, num_nodes=1200, avg_degree=6, feature_dim=8, num_classes=3, seed=3, progress=False)
+    return str(path)
+
+
+def overrides(graph, *more):
+    return [f"dataset={graph}", "model.kind=sage", "model.hidden=16", "sampler.fanouts=[3,2]",
+            "sampler.batch_size=200", "cache.capacity=60%", "cache.window=4", "log.progress=false", *more]
+
+
+def config(graph, *more):
+    return load_config(None, overrides(graph, *more))
+
+
+@pytest.fixture
+def partly_unlabeled(graph, tmp_path):
+    """The graph with a third of its nodes (in every split) unlabeled."""
+    path = tmp_path / "unlabeled"
+    shutil.copytree(graph, path)
+    labels = np.load(path / "labels.npy")
+    labels[::3] = -1
+    np.save(path / "labels.npy", labels)
+    return str(path), labels
+
+
+def test_unlabeled_nodes_are_left_out_of_the_loss_and_the_metrics(partly_unlabeled):
+    path, labels = partly_unlabeled
+    trainer = Trainer(config(path, "train.epochs=1"))
+    seeds = trainer.loader.seeds
+    assert seeds.size and (labels[seeds] >= 0).all()
+    result = trainer.fit()
+    from lsm_gnn.data import open_dataset
+
+    ds = open_dataset(path)
+    for split in ("val", "test"):
+        assert result["eval"][split]["count"] == int((labels[ds.split(split)] >= 0).sum())
+    assert np.isfinite(result["history"][0]["loss"])
+
+
+def test_a_train_split_without_labels_is_refused(partly_unlabeled, tmp_path):
+    path, labels = partly_unlabeled
+    labels[:] = -1
+    np.save(os.path.join(path, "labels.npy"), labels)
+    with pytest.raises(ConfigError, match="every node of the train split.*unlabeled"):
+        Trainer(config(path))
+
+
+@pytest.mark.parametrize("key", ["checkpoint.dir", "log.dir"])
+@pytest.mark.parametrize("problem", ["a file", "read-only", "under a file"])
+def test_unwritable_output_directories_fail_before_training(graph, tmp_path, key, problem):
+    target = tmp_path / "out"
+    if problem == "a file":
+        target.write_text("occupied")
+    elif problem == "read-only":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into read-only directories; the other cases cover the check")
+        target.mkdir()
+        target.chmod(0o500)
+    else:
+        (tmp_path / "file").write_text("x")
+        target = tmp_path / "file" / "sub"
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        Trainer(config(graph, f"{key}={target}"))
+
+
+def test_a_read_only_mount_fails_before_training(graph, tmp_path):
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a read-only tmpfs")
+    target = tmp_path / "ro"
+    target.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1M", "tmpfs", str(target)]).returncode:
+        pytest.skip("cannot mount tmpfs here")
+    try:
+        with pytest.raises(ConfigError, match=r"checkpoint\.dir=.*not writable"):
+            Trainer(config(graph, f"checkpoint.dir={target}"))
+    finally:
+        subprocess.run(["umount", str(target)])
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("key", ["train.lr", "train.weight_decay", "model.dropout"])
+def test_non_finite_numbers_are_refused(graph, key, value):
+    with pytest.raises(ConfigError, match="finite"):
+        config(graph, f"{key}={value}")
+
+
+def test_a_diverging_run_stops_with_an_error_and_keeps_the_last_good_weights(graph, tmp_path):
+    trainer = Trainer(config(graph, "train.lr=1e30", f"checkpoint.dir={tmp_path}"))
+    with pytest.raises(TrainingDiverged, match="Lower train.lr"):
+        trainer.fit()
+    import torch
+
+    assert all(torch.isfinite(p).all() for p in trainer.module.parameters())
+
+
+def test_a_json_output_that_cannot_be_written_fails_before_training(graph, tmp_path, capsys):
+    assert cli(["train", *overrides(graph), "--json", str(tmp_path / "missing" / "r.json")]) == 1
+    assert "--json" in capsys.readouterr().err
+    assert cli(["train", *overrides(graph), "--json", str(tmp_path)]) == 1
+    assert "is a directory" in capsys.readouterr().err
+
+
+def run_cli(*args, env=None):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "lsm_gnn", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_ctrl_c_prints_one_line(graph):
+    """SIGINT while training: one line and exit 130, no traceback."""
+    import signal
+    import time
+
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "lsm_gnn", "train", *overrides(graph, "train.epochs=1000")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 120
+    line = ""
+    while time.time() < deadline and "training" not in line:
+        line = proc.stdout.readline()
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert "Traceback" not in err and err.strip().startswith("lsm-gnn: interrupted")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_an_internal_error_is_one_line_with_a_way_to_the_traceback(graph, monkeypatch, capsys):
+    import lsm_gnn.trainer as trainer
+
+    def broken(cfg, out=None):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(trainer, "train", broken)
+    assert cli(["train", *overrides(graph)]) == 1
+    err = capsys.readouterr().err
+    assert "internal error: ZeroDivisionError" in err and "LSM_GNN_TRACEBACK=1" in err and err.count("\n") == 1
