@@ -105,6 +105,7 @@ class CheckedFile:
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
+        total = view.nbytes
         needed = self.size if self.size is not None else self.written + view.nbytes
         with reporting_disk_full(self.path, needed, exact=self.size is not None):
             while view.nbytes:
@@ -113,7 +114,7 @@ class CheckedFile:
                     raise OSError(errno.ENOSPC, "short write")
                 view = view[n:]
                 self.written += n
-        return len(data)
+        return total
 
     def close(self, sync: bool = False) -> None:
         if self._fd is None:
@@ -157,6 +158,8 @@ def create_npy(path: str, dtype, shape) -> np.memmap:
 
 def allocate(fd: int, path: str, size: int) -> None:
     """Reserves ``size`` bytes of the open file ``fd`` on disk, or raises :class:`DiskFullError`."""
+    if not hasattr(os, "posix_fallocate"):  # not on macOS: a full disk then shows on write
+        return
     try:
         with reporting_disk_full(path, size):
             os.posix_fallocate(fd, 0, size)
