@@ -7,6 +7,7 @@ parsed arguments, prints a one-line summary and returns an exit code.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -15,6 +16,7 @@ import numpy as np
 
 from lsm_gnn.data.format import META_FILE, Dataset, crc32_file, open_dataset
 from lsm_gnn.data.scores import SCORE_NAMES, compute_scores
+from lsm_gnn.data.writer import CheckedFile, save_npy
 
 
 # -- argument types --------------------------------------------------------------
@@ -84,7 +86,9 @@ def recompute_scores(path, names=SCORE_NAMES) -> Dataset:
     then replaced by rename, so a reader sees the old description with the
     old files or the new one with the new files. Old score files are removed
     only after the switch, so a ``Dataset`` opened before that has not yet
-    read a replaced score must be reopened.
+    read a replaced score must be reopened. A failure (a full disk raises
+    :class:`~lsm_gnn.data.writer.DiskFullError`) removes the new files and
+    leaves the dataset as it was.
     """
     ds = open_dataset(path, check="shape")
     names = tuple(names)
@@ -93,24 +97,31 @@ def recompute_scores(path, names=SCORE_NAMES) -> Dataset:
         meta = json.load(f)
     token = secrets.token_hex(4)
     os.makedirs(ds.file_path("scores"), exist_ok=True)
-    replaced = []
-    for name, array in values.items():
-        rel = f"scores/{name}.{token}.npy"
-        np.save(ds.file_path(rel), np.asarray(array, dtype=np.float32))
-        _fsync(ds.file_path(rel))
-        old = meta.setdefault("scores", {}).get(name)
-        if old is not None:
-            replaced.append(old)
-            meta.setdefault("checksums", {}).pop(old, None)
-        meta["scores"][name] = rel
-        meta.setdefault("checksums", {})[rel] = crc32_file(ds.file_path(rel))
-    _fsync(ds.file_path("scores"))
+    replaced, created = [], []
     tmp_meta = ds.file_path(f".{META_FILE}.{token}.tmp")
-    with open(tmp_meta, "w") as f:
-        json.dump(meta, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp_meta, ds.file_path(META_FILE))
+    try:
+        for name, array in values.items():
+            rel = f"scores/{name}.{token}.npy"
+            created.append(ds.file_path(rel))
+            save_npy(ds.file_path(rel), np.asarray(array, dtype=np.float32))
+            _fsync(ds.file_path(rel))
+            old = meta.setdefault("scores", {}).get(name)
+            if old is not None:
+                replaced.append(old)
+                meta.setdefault("checksums", {}).pop(old, None)
+            meta["scores"][name] = rel
+            meta.setdefault("checksums", {})[rel] = crc32_file(ds.file_path(rel))
+        _fsync(ds.file_path("scores"))
+        created.append(tmp_meta)
+        with CheckedFile(tmp_meta) as f:
+            f.write(json.dumps(meta, indent=2, sort_keys=True).encode())
+            f.close(sync=True)
+        os.replace(tmp_meta, ds.file_path(META_FILE))
+    except BaseException:
+        for file in created:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(file)
+        raise
     _fsync(ds.path)
     for rel in replaced:
         if rel not in meta["scores"].values():
@@ -178,8 +189,12 @@ def _run_scores(args: argparse.Namespace) -> int:
 # -- the parser ---------------------------------------------------------------------------
 
 def _add_output_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, help="dataset directory to write (created atomically)")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--out", required=True,
+                   help="dataset directory to write: new or empty (written atomically through a hidden "
+                        ".NAME.tmp-* directory beside it, which a killed run leaves and the next one removes)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out if it is an lsm-gnn dataset; the old one stays until the new one is "
+                        "complete. Anything else at --out is refused, never deleted")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--scores", type=parse_names, default=SCORE_NAMES, metavar="NAMES",
                    help=f"static scores to compute, comma-separated or 'none' (default: {','.join(SCORE_NAMES)})")
@@ -195,7 +210,8 @@ def _add_convert_flags(p: argparse.ArgumentParser) -> None:
 def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     """Adds ``prepare`` (with ``synthetic``, ``npy``, ``folder``, ``scores``) to ``subparsers``."""
     parser = subparsers.add_parser("prepare", help="create a dataset or recompute its static scores",
-                                   description="Create datasets in the lsm-gnn format.")
+                                   description="Create datasets in the lsm-gnn format. A full disk stops with an "
+                                               "error naming the file and leaves no partial dataset.")
     sub = parser.add_subparsers(dest="prepare_command", metavar="{synthetic,bipartite,npy,folder,scores}")
     sub.required = True
 

@@ -4,6 +4,15 @@
 the features of a hop's nodes to its destination nodes (the previous hop's
 nodes), ending at the seeds. PyG is imported lazily, so the rest of
 lsm-gnn works without it.
+
+Every layer keeps its PyG full-graph counterpart's self term, which a
+sampled hop does not hold as an edge: destination ``i`` of a hop is source
+``i`` (see :class:`~lsm_gnn.sampling.Hop`), so GAT attends to it through
+self-loops ``i -> i`` (as ``GATConv(add_self_loops=True)`` does over the full
+graph), SAGE adds it with its root weight, GCN aggregates it with the loop.
+Over a hop holding every in-edge of its destinations, GAT and SAGE equal the
+full-graph PyG layer; GCN does when the hop is the whole graph (it counts
+degrees inside the hop, as DGL's GraphConv does on blocks).
 """
 from __future__ import annotations
 
@@ -27,6 +36,8 @@ class BlockGCNConv(nn.Module):
     def forward(self, x, edge_index, size):
         x_src = x[0] if isinstance(x, tuple) else x
         num_src, num_dst = size
+        # Loops already in the data are replaced by ours, so none counts twice (PyG's add_remaining_self_loops).
+        edge_index = edge_index[:, edge_index[0] != edge_index[1]]
         loops = torch.arange(num_dst, device=edge_index.device)
         src = torch.cat([edge_index[0], loops])
         dst = torch.cat([edge_index[1], loops])
@@ -51,12 +62,13 @@ def _conv(kind: str, in_dim: int, out_dim: int, heads: int, last: bool):
     if kind == "sage":
         return pyg.SAGEConv(in_dim, out_dim)
     if kind == "gat":
-        # Hidden layers concatenate heads (out_dim = heads x per-head); the last averages them.
+        # Hidden layers concatenate heads (out_dim = heads x per-head); the last averages them. Self-loops
+        # i -> i over the (x_src, x_dst[:num_dst]) pair are each destination attending to itself.
         if last:
-            return pyg.GATConv(in_dim, out_dim, heads=heads, concat=False, add_self_loops=False)
+            return pyg.GATConv(in_dim, out_dim, heads=heads, concat=False, add_self_loops=True)
         if out_dim % heads:
             raise ValueError(f"GAT hidden size {out_dim} must be divisible by heads={heads}")
-        return pyg.GATConv(in_dim, out_dim // heads, heads=heads, add_self_loops=False)
+        return pyg.GATConv(in_dim, out_dim // heads, heads=heads, add_self_loops=True)
     raise ValueError(f"unknown model {kind!r}; valid names are {', '.join(MODEL_KINDS)}")
 
 

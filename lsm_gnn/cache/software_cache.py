@@ -22,12 +22,21 @@ INVALID_TAG = -1
 NO_REUSE_RECORD = (0xFFFF << 48) - (1 << 64)  # the no-reuse PVP record, as a signed int64
 
 
-def cache_geometry(capacity, row_bytes: int, ways: int) -> tuple[int, int]:
-    """(num_sets, ways) for a capacity in bytes (or "4G"); lines hold one row each."""
+def cache_geometry(capacity, row_bytes: int, ways: int, num_rows: int | None = None) -> tuple[int, int]:
+    """(num_sets, ways) for a capacity in bytes (or "4G"); lines hold one row each.
+
+    With ``num_rows`` (the rows the storage has), a capacity of more lines
+    than that is cut to ``num_rows`` rounded up to whole sets: lines beyond
+    it could never all be used, yet would be allocated. (Sets are chosen by
+    hash, so at that size, as at "100%", a few rows may still compete for a
+    set.)
+    """
     capacity = parse_bytes(capacity)
     if ways < 1:
         raise ValueError(f"ways must be >= 1, got {ways}")
     lines = capacity // row_bytes
+    if num_rows is not None and lines >= num_rows:
+        return max(1, -(-num_rows // ways)), ways
     if lines < ways:
         raise ValueError(f"a cache of {capacity} bytes holds {lines} rows of {row_bytes} bytes, fewer than one set "
                          f"of {ways} ways; give it at least {ways * row_bytes} bytes")
@@ -92,7 +101,7 @@ class SoftwareCache:
         if num_sets is None:
             if capacity is None:
                 raise ValueError("give the cache a capacity in bytes (e.g. '4G') or num_sets")
-            num_sets, ways = cache_geometry(capacity, storage.row_bytes, ways)
+            num_sets, ways = cache_geometry(capacity, storage.row_bytes, ways, storage.num_rows)
         elif num_sets < 1 or ways < 1:
             raise ValueError(f"a cache needs at least one set and one way, got {num_sets} x {ways}")
         self.num_sets, self.ways = int(num_sets), int(ways)

@@ -95,6 +95,7 @@ def generate_bipartite(path, *, num_users: int, num_items: int, avg_interactions
     (and ``"val"`` when ``val_fraction > 0``) the held-out ``(user, item)``
     pairs, none of which is in the CSR. ``avg_interactions`` counts draws per
     user before repeats are dropped.
+    ``overwrite`` replaces an lsm-gnn dataset at ``path``, never anything else (see :class:`DatasetWriter`).
     """
     num_users = _positive_int(num_users, "num_users")
     num_items = _positive_int(num_items, "num_items")

@@ -279,6 +279,7 @@ def from_numpy(path, *, features, edge_index=None, indptr=None, indices=None, la
     or boolean masks; with none given, ``random_split_fractions=(train, val,
     test)`` draws a seeded split of the labeled nodes. ``scores`` names the
     static scores to compute (``()`` for none).
+    ``overwrite`` replaces an lsm-gnn dataset at ``path``, never anything else (see :class:`DatasetWriter`).
     """
     features, num_nodes, dim = _check_features(features)
     target = _feature_dtype(_dtype_of(features), feature_dtype)

@@ -238,6 +238,7 @@ def generate_synthetic(path, *, num_nodes: int, avg_degree: float = 10, feature_
     ``class_separation`` the centroid norm against unit per-dimension noise.
     The output depends only on the parameters (not on ``chunk_nodes``, which
     bounds memory: rows generated per write).
+    ``overwrite`` replaces an lsm-gnn dataset at ``path``, never anything else (see :class:`DatasetWriter`).
     """
     from lsm_gnn.data.convert import check_split_fractions, random_split  # convert owns the split helpers
 

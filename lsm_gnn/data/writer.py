@@ -1,16 +1,27 @@
 """Writes datasets atomically and in bounded memory.
 
-Everything is written into a hidden temporary directory beside the target;
-:meth:`DatasetWriter.commit` fsyncs every file, writes ``meta.json`` last and
-renames the directory into place, so a reader sees either the old dataset,
-or the complete new one, never a half-written one. An exception inside a
-``with DatasetWriter(...)`` block removes the temporary directory.
+Everything is written into a hidden temporary directory beside the target,
+``.<name>.tmp-<host>-<pid>-<random>``; :meth:`DatasetWriter.commit` fsyncs
+every file, writes ``meta.json`` last and renames the directory into place,
+so a reader sees either the old dataset, or the complete new one, never a
+half-written one. An exception inside a ``with DatasetWriter(...)`` block
+(or in ``commit``) removes the temporary directory; one left by a killed
+writer is removed by the next writer of the same target, once no process
+of that pid runs on this host.
+
+Only an lsm-gnn dataset (with ``overwrite``) or an empty directory is ever
+replaced: any other existing path is refused, never deleted. A full disk
+(or quota) raises :class:`DiskFullError`, which names the file.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 import zlib
 from typing import Iterable
@@ -23,6 +34,140 @@ from lsm_gnn.data.format import (
 )
 
 EDGE_CHUNK = 1 << 22  # edges per chunk when building CSR; bounds memory to ~100 MB
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_TEMP_DIR = re.compile(r"/\.([^/]+)\.tmp-[A-Za-z0-9._]+-\d+-[a-z0-9_]+/")  # see _temp_prefix
+
+
+class DiskFullError(OSError):
+    """No space left on the disk (or the quota is used up) while writing ``filename``."""
+
+    def __init__(self, path: str, needed: int | None = None, exact: bool = True):
+        from lsm_gnn.units import format_bytes
+
+        need = "" if needed is None else \
+            f"it needs {'' if exact else 'at least '}{format_bytes(needed)} ({needed:,} bytes), "
+        free = _free_bytes(os.path.dirname(path))
+        have = "" if free is None else f"{format_bytes(free)} free; "
+        super().__init__(errno.ENOSPC, f"{_target_name(path)}: the disk is full: {need}{have}free some space or "
+                                       "write to another disk", path)
+
+    def __str__(self) -> str:  # the message alone, without OSError's "[Errno 28]" prefix
+        return self.strerror
+
+
+def _target_name(path: str) -> str:
+    """A file inside a writer's temporary directory, named as it will be in the dataset."""
+    return _TEMP_DIR.sub(r"/\1/", path)
+
+
+def _free_bytes(directory: str) -> int | None:
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+@contextlib.contextmanager
+def reporting_disk_full(path: str, needed: int | None = None, exact: bool = True):
+    """Turns ENOSPC / EDQUOT raised inside the block into a :class:`DiskFullError` naming ``path``."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except OSError as exc:
+        if exc.errno not in _DISK_FULL_ERRNOS:
+            raise
+        raise DiskFullError(path, needed, exact) from exc
+
+
+class CheckedFile:
+    """A write-only file whose every write completes or raises :class:`DiskFullError`.
+
+    numpy's ``tofile`` / ``np.save`` report a full disk as "N requested and M
+    written" with no file name; this writes with ``os.write`` until every
+    byte is out, so a short write ends in the ENOSPC of the next attempt (or
+    a zero-byte write, reported the same way). ``size`` is the file's final
+    size when known, for the message. Also usable as ``np.save``'s file.
+    """
+
+    def __init__(self, path: str, size: int | None = None):
+        self.path, self.size, self.written = path, size, 0
+        with reporting_disk_full(path, size):
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        total = view.nbytes
+        needed = self.size if self.size is not None else self.written + view.nbytes
+        with reporting_disk_full(self.path, needed, exact=self.size is not None):
+            while view.nbytes:
+                n = os.write(self._fd, view)
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, "short write")
+                view = view[n:]
+                self.written += n
+        return total
+
+    def close(self, sync: bool = False) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            if sync:
+                with reporting_disk_full(self.path, self.size):  # delayed allocation can fail only here
+                    os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> "CheckedFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def save_npy(path: str, array: np.ndarray) -> None:
+    """``np.save`` to ``path``, reporting a full disk by name."""
+    with CheckedFile(path) as f:
+        np.save(f, array)
+
+
+def create_npy(path: str, dtype, shape) -> np.memmap:
+    """A new ``.npy`` memory map with its blocks allocated now.
+
+    Stores into a sparse mapping on a full disk kill the process with SIGBUS;
+    allocating first turns that into a :class:`DiskFullError` here.
+    """
+    with reporting_disk_full(path):
+        array = np.lib.format.open_memmap(path, "w+", dtype, shape)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        allocate(fd, path, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+    return array
+
+
+def allocate(fd: int, path: str, size: int) -> None:
+    """Reserves ``size`` bytes of the open file ``fd`` on disk, or raises :class:`DiskFullError`."""
+    if not hasattr(os, "posix_fallocate"):  # not on macOS: a full disk then shows on write
+        return
+    try:
+        with reporting_disk_full(path, size):
+            os.posix_fallocate(fd, 0, size)
+    except DiskFullError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without it: learn on write
+            raise
 
 
 def _fsync_path(path: str) -> None:
@@ -59,17 +204,17 @@ class DatasetWriter:
         dtype = np.dtype(feature_dtype)
         if dtype.name not in FEATURE_DTYPES:
             raise ValueError(f"feature dtype {dtype} is not supported; use one of {', '.join(FEATURE_DTYPES)}")
-        if os.path.exists(self.path) and not overwrite:
-            raise FileExistsError(f"{self.path} already exists; pass overwrite=True (CLI: --overwrite) to replace it")
+        check_replaceable(self.path, overwrite)
         parent = os.path.dirname(self.path)
         os.makedirs(parent, exist_ok=True)
+        remove_stale_temporaries(self.path)
         self.num_nodes = int(num_nodes)
         self.feature_dim = int(feature_dim)
         self.dtype = dtype
         self.overwrite = overwrite
         self.row_bytes = self.feature_dim * dtype.itemsize
         self.row_stride = row_stride_for(self.row_bytes, row_alignment)
-        self.tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(self.path)}.tmp-", dir=parent)
+        self.tmp = tempfile.mkdtemp(prefix=_temp_prefix(self.path) + f"{os.getpid()}-", dir=parent)
         self.meta: dict = {
             "format": FORMAT_NAME, "version": SCHEMA_VERSION, "name": name or os.path.basename(self.path),
             "num_nodes": self.num_nodes, "num_edges": None, "num_classes": None,
@@ -80,7 +225,16 @@ class DatasetWriter:
             "created_by": "lsm-gnn " + _version(),
             **(extra_meta or {}),
         }
-        self._feature_file = open(os.path.join(self.tmp, "features.bin"), "wb")
+        try:
+            self._feature_file = CheckedFile(os.path.join(self.tmp, "features.bin"),
+                                             self.meta["features"]["file_bytes"])
+            # Reserved up front: a disk too small for the features fails now, not hours into the rows.
+            allocate(self._feature_file.fileno(), self._feature_file.path, self._feature_file.size)
+        except BaseException:
+            if hasattr(self, "_feature_file"):
+                self._feature_file.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
         self._feature_crc = 0
         self._rows_written = 0
         self._done = False
@@ -95,8 +249,7 @@ class DatasetWriter:
 
     def abort(self) -> None:
         """Removes everything written so far; the target is untouched."""
-        if not self._feature_file.closed:
-            self._feature_file.close()
+        self._feature_file.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
         self._done = True
 
@@ -142,9 +295,7 @@ class DatasetWriter:
             zeros = bytes(pad)
             self._feature_file.write(zeros)
             self._feature_crc = zlib.crc32(zeros, self._feature_crc)
-        self._feature_file.flush()
-        os.fsync(self._feature_file.fileno())
-        self._feature_file.close()
+        self._feature_file.close(sync=True)
         self.meta["checksums"]["features.bin"] = f"crc32:{self._feature_crc:08x}"
 
     # -- topology ----------------------------------------------------------
@@ -158,12 +309,11 @@ class DatasetWriter:
             raise ValueError("indptr must start at 0 and never decrease (row v spans indptr[v]:indptr[v+1])")
         if indices.shape != (num_edges,):
             raise ValueError(f"indices must have indptr[-1]={num_edges} entries, got shape {indices.shape}")
-        ip = np.lib.format.open_memmap(os.path.join(self.tmp, "indptr.npy"), "w+", np.int64, indptr.shape)
+        ip = create_npy(os.path.join(self.tmp, "indptr.npy"), np.int64, indptr.shape)
         ip[:] = indptr
         ip.flush()
         del ip
-        out = np.lib.format.open_memmap(os.path.join(self.tmp, "indices.npy"), "w+", index_dtype_for(self.num_nodes),
-                                        (num_edges,))
+        out = create_npy(os.path.join(self.tmp, "indices.npy"), index_dtype_for(self.num_nodes), (num_edges,))
         for start in range(0, num_edges, EDGE_CHUNK):
             block = np.asarray(indices[start:start + EDGE_CHUNK])
             if block.size and (block.min() < 0 or block.max() >= self.num_nodes):
@@ -185,7 +335,7 @@ class DatasetWriter:
         spill_path = os.path.join(self.tmp, "edges.spill")
         n = self.num_nodes
         counts = np.zeros(n, dtype=np.int64)
-        with open(spill_path, "wb") as spill:
+        with CheckedFile(spill_path) as spill:
             for src, dst in chunks:
                 src = np.asarray(src, dtype=np.int64).reshape(-1)
                 dst = np.asarray(dst, dtype=np.int64).reshape(-1)
@@ -203,7 +353,7 @@ class DatasetWriter:
                 if undirected:
                     src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
                 rows, cols = dst, src
-                np.stack([rows, cols], axis=1).tofile(spill)
+                spill.write(np.stack([rows, cols], axis=1))
                 uniq, cnt = np.unique(rows, return_counts=True)
                 counts[uniq] += cnt
         indptr = np.zeros(n + 1, dtype=np.int64)
@@ -211,7 +361,7 @@ class DatasetWriter:
         num_edges = int(indptr[-1])
         indices_path = os.path.join(self.tmp, "indices.npy")
         index_dtype = index_dtype_for(n)
-        indices = np.lib.format.open_memmap(indices_path, "w+", index_dtype, (num_edges,))
+        indices = create_npy(indices_path, index_dtype, (num_edges,))
         cursor = indptr[:-1].copy()
         spill_edges = np.memmap(spill_path, dtype=np.int64, mode="r", shape=(num_edges, 2)) if num_edges else None
         for start in range(0, num_edges, EDGE_CHUNK):
@@ -232,14 +382,14 @@ class DatasetWriter:
             # Compaction left the tail of the file unused: rewrite at the final size.
             tmp_path = indices_path + ".dedup.npy"
             old = np.load(indices_path, mmap_mode="r")
-            new = np.lib.format.open_memmap(tmp_path, "w+", index_dtype, (num_edges,))
+            new = create_npy(tmp_path, index_dtype, (num_edges,))
             for start in range(0, num_edges, EDGE_CHUNK):
                 stop = min(start + EDGE_CHUNK, num_edges)
                 new[start:stop] = old[start:stop]
             new.flush()
             del new, old
             os.replace(tmp_path, indices_path)
-        np.save(os.path.join(self.tmp, "indptr.npy"), indptr)
+        save_npy(os.path.join(self.tmp, "indptr.npy"), indptr)
         self._set_graph(num_edges)
 
     @staticmethod
@@ -285,7 +435,7 @@ class DatasetWriter:
             num_classes = int(labels.max()) + 1 if labels.size else 0
         if labels.size and (labels.min() < -1 or labels.max() >= num_classes):
             raise ValueError(f"labels must lie in [-1, {num_classes}), got [{labels.min()}, {labels.max()}]")
-        np.save(os.path.join(self.tmp, "labels.npy"), labels)
+        save_npy(os.path.join(self.tmp, "labels.npy"), labels)
         self.meta["labels"] = "labels.npy"
         self.meta["num_classes"] = int(num_classes)
 
@@ -303,7 +453,7 @@ class DatasetWriter:
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_nodes):
             raise ValueError(f"{name} split has node ids outside [0, {self.num_nodes})")
         file_name = f"{name}_idx.npy"
-        np.save(os.path.join(self.tmp, file_name), ids)
+        save_npy(os.path.join(self.tmp, file_name), ids)
         self.meta["splits"][name] = file_name
 
     def write_score(self, name: str, scores: np.ndarray) -> None:
@@ -312,7 +462,7 @@ class DatasetWriter:
             raise ValueError(f"score {name!r} must have shape ({self.num_nodes},), got {scores.shape}")
         os.makedirs(os.path.join(self.tmp, "scores"), exist_ok=True)
         file_name = f"scores/{name}.npy"
-        np.save(os.path.join(self.tmp, file_name), scores)
+        save_npy(os.path.join(self.tmp, file_name), scores)
         self.meta["scores"][name] = file_name
 
     # -- user-item datasets (link prediction) --------------------------------
@@ -340,7 +490,7 @@ class DatasetWriter:
         first_end, second_start = (self.num_nodes, 0) if users is None else (users, users)
         spill_path = os.path.join(self.tmp, f"{name}_edges.spill")
         count = 0
-        with open(spill_path, "wb") as spill:
+        with CheckedFile(spill_path) as spill:
             for chunk in edges:
                 chunk = np.asarray(chunk)
                 if chunk.ndim != 2 or chunk.shape[1] != 2 or chunk.size and not np.issubdtype(chunk.dtype, np.integer):
@@ -352,10 +502,10 @@ class DatasetWriter:
                     raise ValueError(f"{name} edges must pair a node in [0, {first_end}) with one in "
                                      f"[{second_start}, {self.num_nodes}); call set_bipartite() first for users "
                                      "and items")
-                chunk.tofile(spill)
+                spill.write(np.ascontiguousarray(chunk))
                 count += chunk.shape[0]
         file_name = f"{name}_edges.npy"
-        out = np.lib.format.open_memmap(os.path.join(self.tmp, file_name), "w+", np.int64, (count, 2))
+        out = create_npy(os.path.join(self.tmp, file_name), np.int64, (count, 2))
         if count:
             out[:] = np.memmap(spill_path, dtype=np.int64, mode="r", shape=(count, 2))
         out.flush()
@@ -372,34 +522,21 @@ class DatasetWriter:
 
     # -- commit --------------------------------------------------------------
     def commit(self) -> Dataset:
-        """Makes the dataset visible atomically and returns it opened."""
+        """Makes the dataset visible atomically and returns it opened.
+
+        Any failure before the switch (invalid data, a full disk, a path that
+        may not be replaced) removes the temporary directory and leaves the
+        target as it was.
+        """
         if self._done:
             raise RuntimeError("this writer has already committed or aborted")
-        if self.meta["graph"] is None:
-            raise DatasetError(f"{self.path}: no topology was written; call write_edges() or write_csr()")
-        self._finish_features()
-        for root, _, files in os.walk(self.tmp):
-            for file_name in files:
-                full = os.path.join(root, file_name)
-                rel = os.path.relpath(full, self.tmp)
-                if rel != "features.bin":
-                    self.meta["checksums"][rel] = crc32_file(full)
-                _fsync_path(full)
-        with open(os.path.join(self.tmp, META_FILE), "w") as f:
-            json.dump(self.meta, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_path(self.tmp)
         try:
-            open_dataset(self.tmp)  # full validation before anything becomes visible
-        except DatasetError as exc:
+            self._prepare_commit()
+            check_replaceable(self.path, self.overwrite)  # again: something may have appeared while writing
+        except BaseException:
             self.abort()
-            raise DatasetError(f"{self.path}: the dataset being written is invalid, nothing was replaced: {exc}") \
-                from exc
-        if os.path.exists(self.path):
-            if not self.overwrite:
-                self.abort()
-                raise FileExistsError(f"{self.path} appeared while writing; pass overwrite=True to replace it")
+            raise
+        if os.path.lexists(self.path):
             if not _exchange(self.tmp, self.path):
                 # No atomic exchange (old kernel or file system): move the old one aside first.
                 old = tempfile.mkdtemp(prefix=f".{os.path.basename(self.path)}.old-", dir=os.path.dirname(self.path))
@@ -414,6 +551,102 @@ class DatasetWriter:
             _fsync_path(os.path.dirname(self.path))
         self._done = True
         return open_dataset(self.path)
+
+    def _prepare_commit(self) -> None:
+        """Completes, checksums, fsyncs and validates the temporary directory."""
+        if self.meta["graph"] is None:
+            raise DatasetError(f"{self.path}: no topology was written; call write_edges() or write_csr()")
+        self._finish_features()
+        for root, _, files in os.walk(self.tmp):
+            for file_name in files:
+                full = os.path.join(root, file_name)
+                rel = os.path.relpath(full, self.tmp)
+                if rel != "features.bin":
+                    self.meta["checksums"][rel] = crc32_file(full)
+                with reporting_disk_full(full):
+                    _fsync_path(full)
+        with CheckedFile(os.path.join(self.tmp, META_FILE)) as meta:
+            meta.write(json.dumps(self.meta, indent=2, sort_keys=True).encode())
+            meta.close(sync=True)
+        _fsync_path(self.tmp)
+        try:
+            open_dataset(self.tmp)  # full validation before anything becomes visible
+        except DatasetError as exc:
+            raise DatasetError(f"{self.path}: the dataset being written is invalid, nothing was replaced: {exc}") \
+                from exc
+
+
+# -- what may be replaced, and stale temporaries --------------------------------
+
+def _is_dataset(path: str) -> bool:
+    try:
+        with open(os.path.join(path, META_FILE)) as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT_NAME
+
+
+def check_replaceable(path: str, overwrite: bool) -> None:
+    """Raises FileExistsError unless writing a dataset to ``path`` destroys nothing but an old dataset.
+
+    Nothing there or an empty directory is fine; an lsm-gnn dataset only
+    with ``overwrite``; anything else (a file, a link, a directory of other
+    things) never, since replacing it would delete data that is not ours.
+    """
+    if not os.path.lexists(path):
+        return
+    if os.path.isdir(path) and not os.path.islink(path):
+        if not os.listdir(path):
+            return
+        if _is_dataset(path):
+            if overwrite:
+                return
+            raise FileExistsError(f"{path} already exists; pass overwrite=True (CLI: --overwrite) to replace it")
+    raise FileExistsError(f"{path} exists and is not an lsm-gnn dataset (no {META_FILE} of format {FORMAT_NAME!r}); "
+                          "refusing to replace it: choose another output path (--out) or remove it yourself")
+
+
+def _temp_prefix(path: str) -> str:
+    """Temporaries of ``path`` are ``.<name>.tmp-<host>-<pid>-<random>``, so a later writer knows whose they are."""
+    host = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())
+    return f".{os.path.basename(path)}.tmp-{host}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: str) -> list[str]:
+    """Removes temporary directories of ``path`` left by writers that are gone; returns them.
+
+    Only directories named by :func:`_temp_prefix` for this host are
+    candidates, and only those whose pid no longer runs are removed: a
+    writer on another host sharing the folder, or one still running here,
+    keeps its directory.
+    """
+    parent = os.path.dirname(os.path.abspath(path))
+    pattern = re.compile(re.escape(_temp_prefix(path)) + r"(\d+)-[a-z0-9_]+")
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        match = pattern.fullmatch(name)
+        full = os.path.join(parent, name)
+        if not match or int(match.group(1)) == os.getpid() or _pid_alive(int(match.group(1))):
+            continue
+        if os.path.isdir(full) and not os.path.islink(full):
+            shutil.rmtree(full, ignore_errors=True)
+            removed.append(full)
+    return removed
 
 
 def _exchange(a: str, b: str) -> bool:
