@@ -13,29 +13,25 @@ longer parses or a field no longer reads as written.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import io
 import os
-import socket
 import tempfile
 import time
 import warnings
 
 import torch
 
+from lsm_gnn.fileio import CheckedFile, remove_stale_temporaries, temp_prefix
+
 CHECKPOINT_FORMAT = "lsm-gnn-checkpoint"
 CHECKPOINT_VERSION = 2
-_TMP_PREFIX = ".tmp-"
 
 
 class CheckpointError(ValueError):
     """A checkpoint file is missing, damaged, crafted or from an incompatible version."""
-
-
-def _tmp_prefix() -> str:
-    # Host and pid in the name: a later run removes only leftovers of writers that are gone.
-    return f"{_TMP_PREFIX}{socket.gethostname()}-{os.getpid()}-"
 
 
 def _fsync_dir(directory: str) -> None:
@@ -47,22 +43,22 @@ def _fsync_dir(directory: str) -> None:
 
 
 def atomic_write_bytes(data: bytes | memoryview, path: str) -> None:
-    """Writes ``path`` so that readers see the old file or the whole new one, never a torn one."""
+    """Writes ``path`` so that readers see the old file or the whole new one, never a torn one.
+
+    A full disk raises :class:`~lsm_gnn.fileio.DiskFullError` naming ``path``; the old file stays.
+    """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(), suffix=".pt", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), dir=directory)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with CheckedFile(tmp, size=len(data)) as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            fh.close(sync=True)
         os.replace(tmp, path)
-    except BaseException as exc:
-        if os.path.exists(tmp):
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        if isinstance(exc, OSError) and exc.errno in (28, 122):  # ENOSPC, EDQUOT
-            raise OSError(exc.errno, f"cannot write checkpoint {path}: the disk is full ({len(data):,} bytes "
-                                     "needed); free space or set checkpoint.dir to another disk") from None
         raise
     _fsync_dir(directory)
 
@@ -123,34 +119,14 @@ def load_checkpoint(path: str) -> dict:
     return state
 
 
-def remove_stale_temporaries(directory: str) -> list[str]:
-    """Deletes temporary checkpoint files in ``directory`` left by writers of this host that are gone.
-
-    Returns the removed paths. Files of live processes and of other hosts
-    (a shared file system) are kept, as is anything not named like ours.
-    """
-    removed = []
-    host = socket.gethostname()
-    for path in glob.glob(os.path.join(glob.escape(directory), f"{_TMP_PREFIX}*.pt")):
-        parts = os.path.basename(path)[len(_TMP_PREFIX):-len(".pt")].rsplit("-", 2)  # host, pid, random
-        if len(parts) == 3 and parts[1].isdigit():
-            stale = parts[0] == host and not _pid_alive(int(parts[1]))
-        else:  # written by an older lsm-gnn, with no host or pid in the name: stale once an hour old
-            stale = len(parts) == 1 and time.time() - os.path.getmtime(path) > 3600
-        if stale:
-            try:
-                os.unlink(path)
-                removed.append(path)
-            except FileNotFoundError:
-                pass
+def remove_stale_checkpoint_temporaries(path: str) -> list[str]:
+    """Deletes temporaries of checkpoint ``path`` left by writers that are gone (see
+    :func:`~lsm_gnn.fileio.remove_stale_temporaries`), and those of lsm-gnn before 0.2 (``.tmp-*.pt``,
+    which name no writer) once they are an hour old. Returns the removed paths."""
+    removed = remove_stale_temporaries(path, kind="file")
+    for old in glob.glob(os.path.join(glob.escape(os.path.dirname(os.path.abspath(path))), ".tmp-*.pt")):
+        if time.time() - os.path.getmtime(old) > 3600:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(old)
+                removed.append(old)
     return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -191,6 +191,31 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
+    joined_before = _in_process_group()
+    try:
+        return _run(args)
+    finally:
+        if not joined_before and _in_process_group():
+            _leave_process_group()
+
+
+def _in_process_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _leave_process_group() -> None:
+    # Left to interpreter exit, gloo's threads can abort the process (SIGABRT) after an error on one rank.
+    import torch.distributed as dist
+
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def _run(args) -> int:
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:

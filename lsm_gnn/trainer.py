@@ -10,6 +10,7 @@ same losses as an uninterrupted one.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -22,10 +23,12 @@ import numpy as np
 import torch
 
 from lsm_gnn.cache import SoftwareCache
-from lsm_gnn.checkpoint import CheckpointError, atomic_torch_save, load_checkpoint, remove_stale_temporaries
+from lsm_gnn.checkpoint import (CheckpointError, atomic_torch_save, load_checkpoint,
+                                remove_stale_checkpoint_temporaries)
 from lsm_gnn.comm.group import (TIMEOUT_ENV, CollectiveError, ProgressBoard, check_agreement, collective_timeout,
                                 first_line, is_collective_failure)
 from lsm_gnn.config import Config, ConfigError, cache_capacity_bytes
+from lsm_gnn.fileio import reporting_disk_full
 from lsm_gnn.parallel import batch_to
 from lsm_gnn.tasks import make_task
 
@@ -144,7 +147,8 @@ class MetricsLog:
         if rank != 0 or not cfg.log.dir:
             return
         os.makedirs(cfg.log.dir, exist_ok=True)
-        self.file = open(os.path.join(cfg.log.dir, "metrics.jsonl"), "a")
+        self.path = os.path.join(cfg.log.dir, "metrics.jsonl")
+        self.file = open(self.path, "a")
         if cfg.log.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -155,8 +159,9 @@ class MetricsLog:
 
     def write(self, record: dict) -> None:
         if self.file is not None:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
+            with reporting_disk_full(self.path):
+                self.file.write(json.dumps(record) + "\n")
+                self.file.flush()
         if self.board is not None and "iteration" in record:
             for key, value in _flatten(record).items():
                 if isinstance(value, (int, float)) and key not in ("iteration", "epoch"):
@@ -256,7 +261,7 @@ class Trainer:
         self.checkpoint_path = os.path.join(cfg.checkpoint.dir, "last.pt") if cfg.checkpoint.dir else None
         self.resumed_from = None
         if self.checkpoint_path and self.rank == 0:
-            remove_stale_temporaries(cfg.checkpoint.dir)
+            remove_stale_checkpoint_temporaries(self.checkpoint_path)
         if self.checkpoint_path and cfg.checkpoint.resume and os.path.exists(self.checkpoint_path):
             self.resume(self.checkpoint_path)
 
@@ -351,18 +356,28 @@ class Trainer:
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
         return not grads or bool(torch.isfinite(torch.stack([g.detach().float().sum() for g in grads])).all())
 
-    def _step(self, batch) -> float:
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.task.loss(self.model, batch)
+    @contextlib.contextmanager
+    def _collectives(self, what: str):
+        """Turns a failed or timed-out collective inside the block into one message naming the missing rank."""
         try:
-            loss.backward()  # with several ranks, DDP all-reduces the gradients here
+            yield
         except RuntimeError as exc:
             if self.progress is None or not is_collective_failure(exc):
                 raise
             raise CollectiveError(
-                f"rank {self.rank}: the gradient all-reduce of iteration {self.iterations_done} failed after at "
-                f"most {collective_timeout().total_seconds():g} s ({TIMEOUT_ENV}): {self.progress.laggards()}; "
-                f"check its log. ({first_line(exc)})") from None
+                f"rank {self.rank}: a collective of {what} failed after at most "
+                f"{collective_timeout().total_seconds():g} s ({TIMEOUT_ENV}): {self.progress.laggards()}; check "
+                f"its log. ({first_line(exc)})") from None
+
+    def _step(self, batch) -> float:
+        # DDP's collectives run in forward (bucket rebuilds) and backward (the gradient all-reduce).
+        with self._collectives(f"DDP in iteration {self.iterations_done}"):
+            return self._train_step(batch)
+
+    def _train_step(self, batch) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.task.loss(self.model, batch)
+        loss.backward()
         loss_value = float(loss.detach())  # syncs the device, so the train time is complete
         if not math.isfinite(loss_value) or not self._grads_finite():
             raise TrainingDiverged(
@@ -465,7 +480,10 @@ class Trainer:
 
     def evaluate(self, split: str) -> dict:
         self.model.eval()
-        result = self.task.evaluate(self.module, self.features, split, self.device, self.rank, self.world_size)
+        if self.progress is not None:
+            self.progress.mark(self.iterations_done)  # ranks that have not finished the epoch are behind
+        with self._collectives(f"the evaluation on {split} after iteration {self.iterations_done}"):
+            result = self.task.evaluate(self.module, self.features, split, self.device, self.rank, self.world_size)
         self.model.train()
         return result
 

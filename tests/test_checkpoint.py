@@ -156,15 +156,37 @@ def test_a_verified_checkpoint_without_trainer_state_gets_one_line_from_inspect(
     assert "without a trainer state" in err and err.count("\n") == 1
 
 
-def test_a_full_disk_names_the_checkpoint(tmp_path, monkeypatch):
+def test_a_full_disk_names_the_checkpoint_and_keeps_the_old_one(tmp_path, monkeypatch):
     import errno
 
-    from lsm_gnn import checkpoint
+    from lsm_gnn import fileio
 
-    def full(fd, mode="r", *args, **kwargs):
+    path = str(tmp_path / "last.pt")
+    atomic_torch_save(state(), path)
+
+    def full(fd, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(checkpoint.os, "fdopen", full)
-    with pytest.raises(OSError, match=r"last.pt: the disk is full"):
-        atomic_torch_save(state(), str(tmp_path / "last.pt"))
-    assert os.listdir(tmp_path) == []
+    monkeypatch.setattr(fileio.os, "write", full)
+    with pytest.raises(OSError, match=r"last.pt: the disk is full: it needs"):
+        atomic_torch_save({"other": 1}, path)
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["last.pt"] and same(load_checkpoint(path), state())
+
+
+def test_a_real_full_disk_gives_one_line_naming_the_checkpoint(tmp_path):
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    disk = tmp_path / "small"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)]).returncode:
+        pytest.skip("cannot mount tmpfs here")
+    try:
+        big = {"weights": torch.zeros(64 * 1024)}  # 256 KiB of payload
+        with pytest.raises(OSError, match=r"small/last\.pt: the disk is full") as info:
+            atomic_torch_save(big, str(disk / "last.pt"))
+        assert info.value.errno == 28 and os.listdir(disk) == []
+    finally:
+        subprocess.run(["umount", str(disk)])

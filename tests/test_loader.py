@@ -56,6 +56,32 @@ def test_same_seed_same_batches(data):
     assert not all(torch.equal(x, y) for x, y in zip(a, c))
 
 
+@pytest.mark.parametrize("stop", ["mid-epoch", "after the last batch", "between epochs"])
+def test_a_loader_restored_at_any_point_yields_the_same_batches(data, stop):
+    """Restored from ``state_dict`` wherever it was taken, a loader continues with the very batches (and
+    iteration numbers, which seed the sampler) of one that was never stopped."""
+    dataset, _ = data
+
+    def make():
+        return NodeLoader(dataset, open_storage(dataset, "memory"), [3, 2], 150, seed=1, window=2)
+
+    whole = make()
+    expected = [(b.iteration, b.input_nodes) for _ in range(2) for b in whole]
+    first = make()
+    batches = iter(first)
+    taken = [next(batches) for _ in range(2 if stop == "mid-epoch" else len(first))]
+    if stop == "between epochs":
+        assert next(batches, None) is None
+    state = first.state_dict()
+    first.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = [(b.iteration, b.input_nodes) for _ in range(2 - state["epoch"]) for b in resumed]
+    got = [(b.iteration, b.input_nodes) for b in taken] + rest
+    assert [i for i, _ in got] == [i for i, _ in expected]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(got, expected))
+
+
 def test_no_thread_left_after_an_exception_or_break(data):
     dataset, _ = data
     loader = NodeLoader(dataset, open_storage(dataset, "memory"), [2], batch_size=10, prefetch=1)

@@ -121,22 +121,23 @@ def test_a_stopped_epoch_resumed_has_one_summary_over_all_its_iterations(graph, 
 
 
 def test_stale_temporary_checkpoints_of_dead_writers_are_removed(graph, tmp_path):
-    import socket
+    from lsm_gnn.fileio import temp_prefix
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    host = socket.gethostname()
-    stale = ckpt / f".tmp-{host}-{dead.stdout.strip()}-abc123.pt"
-    live = ckpt / f".tmp-{host}-{os.getpid()}-def456.pt"
-    other_host = ckpt / f".tmp-elsewhere-{dead.stdout.strip()}-ghi789.pt"
-    legacy_old, legacy_new = ckpt / ".tmp-oldone.pt", ckpt / ".tmp-newone.pt"
-    mine = ckpt / "notes.pt"
-    for path in (stale, live, other_host, legacy_old, legacy_new, mine):
+    mine = temp_prefix(str(ckpt / "last.pt"))  # .last.pt.tmp-<host>-<this pid>-
+    host_part = mine[:mine.rindex("-", 0, -1) + 1]
+    stale = ckpt / f"{host_part}{dead.stdout.strip()}-abc123"
+    live = ckpt / f"{mine}def456"
+    other_host = ckpt / f".last.pt.tmp-elsewhere-{dead.stdout.strip()}-ghi789"
+    legacy_old, legacy_new = ckpt / ".tmp-oldone.pt", ckpt / ".tmp-newone.pt"  # lsm-gnn 0.1 names no writer
+    unrelated = ckpt / "notes.pt"
+    for path in (stale, live, other_host, legacy_old, legacy_new, unrelated):
         path.write_bytes(b"x")
     os.utime(legacy_old, (time.time() - 7200, time.time() - 7200))
     Trainer(config(graph, tmp_path, "train.max_iterations=1")).loader.close()
-    assert sorted(os.listdir(ckpt)) == sorted(p.name for p in (live, other_host, legacy_new, mine))
+    assert sorted(os.listdir(ckpt)) == sorted(p.name for p in (live, other_host, legacy_new, unrelated))
 
 
 def test_sigkill_mid_epoch_then_resume_from_the_cli(graph, tmp_path, uninterrupted):

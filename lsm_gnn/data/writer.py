@@ -15,13 +15,10 @@ replaced: any other existing path is refused, never deleted. A full disk
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
-import re
 import shutil
-import socket
 import tempfile
 import zlib
 from typing import Iterable
@@ -32,106 +29,12 @@ from lsm_gnn.data.format import (
     EDGE_SPLITS, FEATURE_DTYPES, FORMAT_NAME, META_FILE, PAGE_SIZE, ROW_ALIGNMENT, SCHEMA_VERSION, SPLITS, Dataset,
     DatasetError, crc32_file, feature_file_bytes, open_dataset, row_stride_for,
 )
+# DiskFullError and remove_stale_temporaries are re-exported: the writer's errors and clean-up.
+from lsm_gnn.fileio import (  # noqa: F401
+    CheckedFile, DiskFullError, remove_stale_temporaries, reporting_disk_full, temp_prefix,
+)
 
 EDGE_CHUNK = 1 << 22  # edges per chunk when building CSR; bounds memory to ~100 MB
-_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-_TEMP_DIR = re.compile(r"/\.([^/]+)\.tmp-[A-Za-z0-9._]+-\d+-[a-z0-9_]+/")  # see _temp_prefix
-
-
-class DiskFullError(OSError):
-    """No space left on the disk (or the quota is used up) while writing ``filename``."""
-
-    def __init__(self, path: str, needed: int | None = None, exact: bool = True):
-        from lsm_gnn.units import format_bytes
-
-        need = "" if needed is None else \
-            f"it needs {'' if exact else 'at least '}{format_bytes(needed)} ({needed:,} bytes), "
-        free = _free_bytes(os.path.dirname(path))
-        have = "" if free is None else f"{format_bytes(free)} free; "
-        super().__init__(errno.ENOSPC, f"{_target_name(path)}: the disk is full: {need}{have}free some space or "
-                                       "write to another disk", path)
-
-    def __str__(self) -> str:  # the message alone, without OSError's "[Errno 28]" prefix
-        return self.strerror
-
-
-def _target_name(path: str) -> str:
-    """A file inside a writer's temporary directory, named as it will be in the dataset."""
-    return _TEMP_DIR.sub(r"/\1/", path)
-
-
-def _free_bytes(directory: str) -> int | None:
-    try:
-        st = os.statvfs(directory)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-@contextlib.contextmanager
-def reporting_disk_full(path: str, needed: int | None = None, exact: bool = True):
-    """Turns ENOSPC / EDQUOT raised inside the block into a :class:`DiskFullError` naming ``path``."""
-    try:
-        yield
-    except DiskFullError:
-        raise
-    except OSError as exc:
-        if exc.errno not in _DISK_FULL_ERRNOS:
-            raise
-        raise DiskFullError(path, needed, exact) from exc
-
-
-class CheckedFile:
-    """A write-only file whose every write completes or raises :class:`DiskFullError`.
-
-    numpy's ``tofile`` / ``np.save`` report a full disk as "N requested and M
-    written" with no file name; this writes with ``os.write`` until every
-    byte is out, so a short write ends in the ENOSPC of the next attempt (or
-    a zero-byte write, reported the same way). ``size`` is the file's final
-    size when known, for the message. Also usable as ``np.save``'s file.
-    """
-
-    def __init__(self, path: str, size: int | None = None):
-        self.path, self.size, self.written = path, size, 0
-        with reporting_disk_full(path, size):
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-
-    @property
-    def closed(self) -> bool:
-        return self._fd is None
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def write(self, data) -> int:
-        view = memoryview(data).cast("B")
-        total = view.nbytes
-        needed = self.size if self.size is not None else self.written + view.nbytes
-        with reporting_disk_full(self.path, needed, exact=self.size is not None):
-            while view.nbytes:
-                n = os.write(self._fd, view)
-                if n <= 0:
-                    raise OSError(errno.ENOSPC, "short write")
-                view = view[n:]
-                self.written += n
-        return total
-
-    def close(self, sync: bool = False) -> None:
-        if self._fd is None:
-            return
-        fd, self._fd = self._fd, None
-        try:
-            if sync:
-                with reporting_disk_full(self.path, self.size):  # delayed allocation can fail only here
-                    os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def __enter__(self) -> "CheckedFile":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def save_npy(path: str, array: np.ndarray) -> None:
@@ -214,7 +117,7 @@ class DatasetWriter:
         self.overwrite = overwrite
         self.row_bytes = self.feature_dim * dtype.itemsize
         self.row_stride = row_stride_for(self.row_bytes, row_alignment)
-        self.tmp = tempfile.mkdtemp(prefix=_temp_prefix(self.path) + f"{os.getpid()}-", dir=parent)
+        self.tmp = tempfile.mkdtemp(prefix=temp_prefix(self.path), dir=parent)
         self.meta: dict = {
             "format": FORMAT_NAME, "version": SCHEMA_VERSION, "name": name or os.path.basename(self.path),
             "num_nodes": self.num_nodes, "num_edges": None, "num_classes": None,
@@ -605,48 +508,6 @@ def check_replaceable(path: str, overwrite: bool) -> None:
             raise FileExistsError(f"{path} already exists; pass overwrite=True (CLI: --overwrite) to replace it")
     raise FileExistsError(f"{path} exists and is not an lsm-gnn dataset (no {META_FILE} of format {FORMAT_NAME!r}); "
                           "refusing to replace it: choose another output path (--out) or remove it yourself")
-
-
-def _temp_prefix(path: str) -> str:
-    """Temporaries of ``path`` are ``.<name>.tmp-<host>-<pid>-<random>``, so a later writer knows whose they are."""
-    host = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())
-    return f".{os.path.basename(path)}.tmp-{host}-"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def remove_stale_temporaries(path: str) -> list[str]:
-    """Removes temporary directories of ``path`` left by writers that are gone; returns them.
-
-    Only directories named by :func:`_temp_prefix` for this host are
-    candidates, and only those whose pid no longer runs are removed: a
-    writer on another host sharing the folder, or one still running here,
-    keeps its directory.
-    """
-    parent = os.path.dirname(os.path.abspath(path))
-    pattern = re.compile(re.escape(_temp_prefix(path)) + r"(\d+)-[a-z0-9_]+")
-    removed = []
-    try:
-        names = os.listdir(parent)
-    except FileNotFoundError:
-        return removed
-    for name in names:
-        match = pattern.fullmatch(name)
-        full = os.path.join(parent, name)
-        if not match or int(match.group(1)) == os.getpid() or _pid_alive(int(match.group(1))):
-            continue
-        if os.path.isdir(full) and not os.path.islink(full):
-            shutil.rmtree(full, ignore_errors=True)
-            removed.append(full)
-    return removed
 
 
 def _exchange(a: str, b: str) -> bool:

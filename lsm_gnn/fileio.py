@@ -1,0 +1,176 @@
+"""Writing files safely: a full disk named by file, and temporaries whose writer is known.
+
+Shared by everything that writes (datasets, checkpoints, logs):
+
+- :class:`DiskFullError` (an ``OSError``, errno ENOSPC) names the file, the
+  bytes needed and the bytes free; :func:`reporting_disk_full` turns ENOSPC
+  and EDQUOT inside a block into one, and :class:`CheckedFile` writes until
+  every byte is out, so numpy's nameless "N requested and M written" never
+  reaches a user.
+- Temporaries of a target ``path`` are named ``.<name>.tmp-<host>-<pid>-<random>``
+  (:func:`temp_prefix`), so :func:`remove_stale_temporaries` removes only
+  those whose writer, on this host, is gone.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+import socket
+
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_TEMPORARY = re.compile(r"/\.([^/]+)\.tmp-[A-Za-z0-9._]+-\d+-[a-z0-9_]+(/|$)")  # see temp_prefix
+
+
+class DiskFullError(OSError):
+    """No space left on the disk (or the quota is used up) while writing ``filename``."""
+
+    def __init__(self, path: str, needed: int | None = None, exact: bool = True):
+        from lsm_gnn.units import format_bytes
+
+        need = "" if needed is None else \
+            f"it needs {'' if exact else 'at least '}{format_bytes(needed)} ({needed:,} bytes), "
+        free = _free_bytes(os.path.dirname(path))
+        have = "" if free is None else f"{format_bytes(free)} free; "
+        super().__init__(errno.ENOSPC, f"{_target_name(path)}: the disk is full: {need}{have}free some space or "
+                                       "write to another disk", path)
+
+    def __str__(self) -> str:  # the message alone, without OSError's "[Errno 28]" prefix
+        return self.strerror
+
+
+def _target_name(path: str) -> str:
+    """A temporary file, or a file inside a temporary directory, named as it will be once in place."""
+    return _TEMPORARY.sub(r"/\1\2", path)
+
+
+def _free_bytes(directory: str) -> int | None:
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+@contextlib.contextmanager
+def reporting_disk_full(path: str, needed: int | None = None, exact: bool = True):
+    """Turns ENOSPC / EDQUOT raised inside the block into a :class:`DiskFullError` naming ``path``."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except OSError as exc:
+        if exc.errno not in _DISK_FULL_ERRNOS:
+            raise
+        raise DiskFullError(path, needed, exact) from exc
+
+
+class CheckedFile:
+    """A write-only file whose every write completes or raises :class:`DiskFullError`.
+
+    numpy's ``tofile`` / ``np.save`` report a full disk as "N requested and M
+    written" with no file name; this writes with ``os.write`` until every
+    byte is out, so a short write ends in the ENOSPC of the next attempt (or
+    a zero-byte write, reported the same way). ``size`` is the file's final
+    size when known, for the message. Also usable as ``np.save``'s file.
+    """
+
+    def __init__(self, path: str, size: int | None = None):
+        self.path, self.size, self.written = path, size, 0
+        with reporting_disk_full(path, size):
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        total = view.nbytes
+        needed = self.size if self.size is not None else self.written + view.nbytes
+        with reporting_disk_full(self.path, needed, exact=self.size is not None):
+            while view.nbytes:
+                n = os.write(self._fd, view)
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, "short write")
+                view = view[n:]
+                self.written += n
+        return total
+
+    def close(self, sync: bool = False) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            if sync:
+                with reporting_disk_full(self.path, self.size):  # delayed allocation can fail only here
+                    os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> "CheckedFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _host_prefix(path: str) -> str:
+    host = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())
+    return f".{os.path.basename(path)}.tmp-{host}-"
+
+
+def temp_prefix(path: str) -> str:
+    """Temporaries of ``path`` start with ``.<name>.tmp-<host>-<pid>-``, so a later writer knows whose they are."""
+    return f"{_host_prefix(path)}{os.getpid()}-"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: str, kind: str = "directory") -> list[str]:
+    """Removes the temporaries of ``path`` left by writers that are gone; returns them.
+
+    Only names made by :func:`temp_prefix` on this host, of ``kind``
+    ("directory" for datasets, "file" for checkpoints; never a link), are
+    candidates, and only those whose pid no longer runs are removed: a
+    writer on another host sharing the folder, or one still running here,
+    keeps its temporary.
+    """
+    if kind not in ("directory", "file"):
+        raise ValueError(f"kind must be 'directory' or 'file', got {kind!r}")
+    parent = os.path.dirname(os.path.abspath(path))
+    pattern = re.compile(re.escape(_host_prefix(path)) + r"(\d+)-[a-z0-9_]+")
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        match = pattern.fullmatch(name)
+        if not match or int(match.group(1)) == os.getpid() or pid_alive(int(match.group(1))):
+            continue
+        full = os.path.join(parent, name)
+        if os.path.islink(full):
+            continue
+        if kind == "directory" and os.path.isdir(full):
+            shutil.rmtree(full, ignore_errors=True)
+        elif kind == "file" and os.path.isfile(full):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(full)
+        else:
+            continue
+        removed.append(full)
+    return removed
