@@ -13,7 +13,7 @@ import torch
 
 from lsm_gnn.cache.policies import POLICY_CODE, PolicyConfig
 from lsm_gnn.cache.pvp import DEFAULT_QUEUE_CAPACITY, VictimBuffer, match_prefetched
-from lsm_gnn.cache.reference import CacheStats, quantize_scores
+from lsm_gnn.cache.reference import CacheStats, quantize_scores, set_of
 from lsm_gnn.cache.window import WindowBuffer
 from lsm_gnn.storage.base import as_id_tensor
 from lsm_gnn.units import parse_bytes
@@ -26,21 +26,35 @@ def cache_geometry(capacity, row_bytes: int, ways: int, num_rows: int | None = N
     """(num_sets, ways) for a capacity in bytes (or "4G"); lines hold one row each.
 
     With ``num_rows`` (the rows the storage has), a capacity of more lines
-    than that is cut to ``num_rows`` rounded up to whole sets: lines beyond
-    it could never all be used, yet would be allocated. (Sets are chosen by
-    hash, so at that size, as at "100%", a few rows may still compete for a
-    set.)
+    than that is cut to the fewest sets in which every row has a way of its
+    own (sets are chosen by hash, so a little more than ``num_rows`` lines;
+    never more than asked): a cache larger than its file then holds all of it
+    without allocating lines that could never be used.
     """
     capacity = parse_bytes(capacity)
     if ways < 1:
         raise ValueError(f"ways must be >= 1, got {ways}")
     lines = capacity // row_bytes
     if num_rows is not None and lines >= num_rows:
-        return max(1, -(-num_rows // ways)), ways
+        return _sets_holding_every_row(num_rows, ways, max_sets=max(1, lines // ways)), ways
     if lines < ways:
         raise ValueError(f"a cache of {capacity} bytes holds {lines} rows of {row_bytes} bytes, fewer than one set "
                          f"of {ways} ways; give it at least {ways * row_bytes} bytes")
     return lines // ways, ways
+
+
+def _sets_holding_every_row(num_rows: int, ways: int, max_sets: int, chunk: int = 1 << 22) -> int:
+    """The fewest sets, from ceil(num_rows / ways) up to ``max_sets``, that no row overflows (or ``max_sets``)."""
+    num_sets = max(1, -(-num_rows // ways))
+    while num_sets < max_sets:
+        occupancy = np.zeros(num_sets, dtype=np.int64)
+        for start in range(0, num_rows, chunk):
+            occupancy += np.bincount(set_of(np.arange(start, min(start + chunk, num_rows)), num_sets),
+                                     minlength=num_sets)
+        if occupancy.max() <= ways:
+            break
+        num_sets = min(max_sets, num_sets + max(1, num_sets // 8))
+    return min(num_sets, max_sets)
 
 
 def static_ranks(scores) -> torch.Tensor | None:
