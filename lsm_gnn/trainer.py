@@ -183,11 +183,12 @@ class MetricsLog:
                 h.close()
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
+def _flatten(d: dict, sep: str = "/", prefix: str = "") -> dict:
+    """Nested dicts as one level, keys joined by ``sep`` ("a/b" for TensorBoard, "a.b" for config keys)."""
     out = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}/"))
+            out.update(_flatten(v, sep, f"{prefix}{k}{sep}"))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -228,7 +229,7 @@ class Trainer:
         self.rank, self.world_size = distributed_context(self.device)
         self.progress = ProgressBoard.for_default_group("train") if self._distributed() else None
         if self._distributed():  # before any collective whose shape depends on the settings
-            check_agreement(self._agreed_settings())
+            check_agreement(_flatten(self._agreed_settings(), sep="."))
         if self.rank == 0:  # the only writer: fail now, not after an epoch of training
             for key, directory in (("checkpoint.dir", cfg.checkpoint.dir), ("log.dir", cfg.log.dir)):
                 if directory:

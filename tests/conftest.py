@@ -1,4 +1,7 @@
 """Fixtures shared by several test modules."""
+import os
+import subprocess
+
 import pytest
 import torch
 
@@ -19,3 +22,26 @@ def loader_graph(tmp_path_factory):
     dataset, features = write_tiny_dataset(tmp_path_factory.mktemp("loader") / "ds", num_nodes=2000, dim=8,
                                            avg_degree=5)
     return dataset, torch.from_numpy(features)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """``mount(name, options)``: a fresh tmpfs at ``tmp_path / name`` (a full disk or a read-only one to
+    write into), unmounted after the test; skips the test where mounting needs root it does not have."""
+    mounted = []
+
+    def mount(name: str = "disk", options: str = "size=2M"):
+        point = tmp_path / name
+        point.mkdir()
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root")
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True,
+                                text=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip() or result.returncode}")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", str(point)], check=False)

@@ -174,19 +174,9 @@ def test_a_full_disk_names_the_checkpoint_and_keeps_the_old_one(tmp_path, monkey
     assert os.listdir(tmp_path) == ["last.pt"] and same(load_checkpoint(path), state())
 
 
-def test_a_real_full_disk_gives_one_line_naming_the_checkpoint(tmp_path):
-    import subprocess
-
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    disk = tmp_path / "small"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)]).returncode:
-        pytest.skip("cannot mount tmpfs here")
-    try:
-        big = {"weights": torch.zeros(64 * 1024)}  # 256 KiB of payload
-        with pytest.raises(OSError, match=r"small/last\.pt: the disk is full") as info:
-            atomic_torch_save(big, str(disk / "last.pt"))
-        assert info.value.errno == 28 and os.listdir(disk) == []
-    finally:
-        subprocess.run(["umount", str(disk)])
+def test_a_real_full_disk_names_the_checkpoint(tmpfs):
+    disk = tmpfs("small", "size=64k")
+    big = {"weights": torch.zeros(64 * 1024)}  # 256 KiB of payload
+    with pytest.raises(OSError, match=r"small/last\.pt: the disk is full") as info:
+        atomic_torch_save(big, str(disk / "last.pt"))
+    assert info.value.errno == 28 and os.listdir(disk) == []

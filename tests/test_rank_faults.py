@@ -75,9 +75,10 @@ def test_a_different_dataset_on_one_rank_is_named(graph, tmp_path):
         assert code == 1 and "dataset.checksums" in err and "rank 1" in err, err[-2000:]
 
 
-def test_a_stopped_rank_makes_the_other_fail_within_the_timeout_naming_it(graph, tmp_path):
-    timeout_s = 4
-    procs = start_ranks(graph, tmp_path, timeout_s=str(timeout_s), common=["train.epochs=200"])
+def stop_rank_1_mid_run(graph, tmp_path, timeout_s, *common):
+    """Starts two ranks, SIGSTOPs rank 1 once rank 0 has trained a while; returns (rank 0's exit code, its
+    stderr, seconds it ran on after the stop)."""
+    procs = start_ranks(graph, tmp_path, timeout_s=str(timeout_s), common=["train.epochs=200", *common])
     metrics = tmp_path / "log" / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size > 2000):
@@ -87,13 +88,23 @@ def test_a_stopped_rank_makes_the_other_fail_within_the_timeout_naming_it(graph,
     stopped = time.time()
     try:
         code, _, err = finish(procs[0], timeout=timeout_s * 6 + 30)
-        waited = time.time() - stopped
+        return code, err, time.time() - stopped
     finally:
         procs[1].send_signal(signal.SIGKILL)
         procs[1].wait()
+
+
+def assert_names_rank_1(code, err):
     assert code == 1 and "Traceback" not in err, err[-3000:]
     lines = [line for line in err.splitlines() if line.startswith("lsm-gnn")]
     assert len(lines) == 1 and "rank 1" in lines[0] and "LSM_GNN_TIMEOUT_S" in lines[0], err[-3000:]
+
+
+@pytest.mark.parametrize("mode,where", [("shared", "the exchange"), ("isolated", "DDP or the evaluation")])
+def test_a_stopped_rank_makes_the_other_fail_within_the_timeout_naming_it(graph, tmp_path, mode, where):
+    timeout_s = 4
+    code, err, waited = stop_rank_1_mid_run(graph, tmp_path, timeout_s, f"cache.mode={mode}")
+    assert_names_rank_1(code, err)
     assert waited < timeout_s * 4 + 10  # a few collectives may each wait out the timeout, never gloo's 30 min
 
 
@@ -102,22 +113,3 @@ def test_a_bad_timeout_setting_is_refused(graph, tmp_path):
     for proc in procs:
         code, _, err = finish(proc)
         assert code == 1 and "LSM_GNN_TIMEOUT_S='soon'" in err, err[-2000:]
-
-
-def test_a_stopped_rank_with_isolated_caches_fails_the_gradient_all_reduce_naming_it(graph, tmp_path):
-    timeout_s = 4
-    procs = start_ranks(graph, tmp_path, timeout_s=str(timeout_s), common=["train.epochs=200", "cache.mode=isolated"])
-    metrics = tmp_path / "log" / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size > 2000):
-        assert procs[0].poll() is None, procs[0].communicate()[1][-2000:]
-        time.sleep(0.05)
-    procs[1].send_signal(signal.SIGSTOP)
-    try:
-        code, _, err = finish(procs[0], timeout=timeout_s * 6 + 30)
-    finally:
-        procs[1].send_signal(signal.SIGKILL)
-        procs[1].wait()
-    assert code == 1 and "Traceback" not in err, err[-3000:]
-    lines = [line for line in err.splitlines() if line.startswith("lsm-gnn")]
-    assert len(lines) == 1 and "rank 1" in lines[0] and "LSM_GNN_TIMEOUT_S" in lines[0], err[-3000:]

@@ -210,20 +210,9 @@ class TestStaleTemporaries:
 # -- a full disk ----------------------------------------------------------------------------------
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(tmpfs):
     """A 2 MiB tmpfs (needs root); skipped where it cannot be mounted."""
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs to fill needs root")
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2M", "tmpfs", str(mount_point)],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip() or result.returncode}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=False)
+    return tmpfs("disk", "size=2M")
 
 
 class TestDiskFull:

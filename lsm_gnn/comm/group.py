@@ -60,18 +60,9 @@ def first_line(exc: BaseException, limit: int = 160) -> str:
     return line if len(line) <= limit else line[:limit] + "..."
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def check_agreement(settings: dict, group=None) -> None:
-    """Raises :class:`RankMismatchError` on every rank unless all ranks pass equal ``settings``.
+    """Raises :class:`RankMismatchError` on every rank unless all ranks pass equal ``settings``
+    (a flat mapping of dotted keys to plain values).
 
     The message names the first rank that differs from rank 0 and each key
     that differs, with both values. Collective: every rank must call it.
@@ -82,7 +73,7 @@ def check_agreement(settings: dict, group=None) -> None:
     if world == 1:
         return
     gathered: list = [None] * world
-    dist.all_gather_object(gathered, _flatten(settings), group=group)
+    dist.all_gather_object(gathered, dict(settings), group=group)
     reference = gathered[0]
     for rank, other in enumerate(gathered[1:], start=1):
         keys = sorted(set(reference) | set(other))
