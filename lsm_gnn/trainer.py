@@ -265,6 +265,9 @@ class Trainer:
             remove_stale_checkpoint_temporaries(self.checkpoint_path)
         if self.checkpoint_path and cfg.checkpoint.resume and os.path.exists(self.checkpoint_path):
             self.resume(self.checkpoint_path)
+        if self._distributed():  # a rank that cannot see the checkpoint (another host's disk) would start over
+            check_agreement({"resumed at iteration": self.iterations_done},
+                            fix="Put checkpoint.dir on a file system every rank sees")
 
     @staticmethod
     def _device(name: str) -> torch.device:

@@ -28,7 +28,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ranks(graph, tmp_path, per_rank=(), timeout_s="60", common=()):
+def start_ranks(graph, tmp_path, per_rank=(), timeout_s="60", common=(), cwds=(None, None)):
     port = free_port()
     procs = []
     for rank in range(2):
@@ -38,7 +38,7 @@ def start_ranks(graph, tmp_path, per_rank=(), timeout_s="60", common=()):
         args = [f"dataset={graph}", "model.kind=sage", "model.hidden=16", "sampler.fanouts=[4,3]",
                 "sampler.batch_size=64", "cache.capacity=50%", "cache.window=4", "log.progress=false",
                 f"log.dir={tmp_path / 'log'}", *common, *(per_rank[rank] if per_rank else ())]
-        procs.append(subprocess.Popen([sys.executable, "-m", "lsm_gnn", "train", *args], env=env,
+        procs.append(subprocess.Popen([sys.executable, "-m", "lsm_gnn", "train", *args], env=env, cwd=cwds[rank],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return procs
 
@@ -113,3 +113,18 @@ def test_a_bad_timeout_setting_is_refused(graph, tmp_path):
     for proc in procs:
         code, _, err = finish(proc)
         assert code == 1 and "LSM_GNN_TIMEOUT_S='soon'" in err, err[-2000:]
+
+
+def test_a_rank_that_cannot_see_the_checkpoint_is_named(graph, tmp_path):
+    """The same relative checkpoint.dir on two "hosts" (working directories): rank 0 finds a checkpoint
+    there, rank 1 does not and would start over."""
+    host0, host1 = tmp_path / "host0", tmp_path / "host1"
+    host0.mkdir()
+    host1.mkdir()
+    first = start_ranks(graph, tmp_path, common=["train.max_iterations=4", "checkpoint.dir=ck"], cwds=(host0, host0))
+    assert [finish(p)[0] for p in first] == [0, 0]
+    procs = start_ranks(graph, tmp_path, common=["checkpoint.dir=ck"], cwds=(host0, host1))
+    for proc in procs:
+        code, _, err = finish(proc)
+        assert code == 1 and "resumed at iteration is 0 on rank 1 but 4 on rank 0" in err, err[-2000:]
+        assert "checkpoint.dir on a file system every rank sees" in err

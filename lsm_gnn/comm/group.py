@@ -60,7 +60,8 @@ def first_line(exc: BaseException, limit: int = 160) -> str:
     return line if len(line) <= limit else line[:limit] + "..."
 
 
-def check_agreement(settings: dict, group=None) -> None:
+def check_agreement(settings: dict, group=None,
+                    fix: str = "Start every rank with the same config file, overrides and dataset") -> None:
     """Raises :class:`RankMismatchError` on every rank unless all ranks pass equal ``settings``
     (a flat mapping of dotted keys to plain values).
 
@@ -82,8 +83,7 @@ def check_agreement(settings: dict, group=None) -> None:
             detail = "; ".join(f"{k} is {other.get(k)!r} on rank {rank} but {reference.get(k)!r} on rank 0"
                                for k in differ[:5])
             more = f" (and {len(differ) - 5} more)" if len(differ) > 5 else ""
-            raise RankMismatchError(f"rank {rank} was started with other settings than rank 0: {detail}{more}. "
-                                    "Start every rank with the same config file, overrides and dataset")
+            raise RankMismatchError(f"rank {rank} disagrees with rank 0: {detail}{more}. {fix}")
 
 
 class ProgressBoard:
