@@ -193,10 +193,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     joined_before = _in_process_group()
     try:
-        return _run(args)
+        code = _run(args)
     finally:
         if not joined_before and _in_process_group():
             _leave_process_group()
+    if code == INTERRUPTED and argv is None:
+        # Everything worth keeping is written (checkpoints are atomic, logs flushed, the loader joined);
+        # the interpreter's own teardown after an interrupt can still abort in torch's static destructors.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 
 
 def _in_process_group() -> bool:
@@ -221,7 +231,7 @@ def _run(args) -> int:
     except KeyboardInterrupt:
         print("lsm-gnn: interrupted; a training run continues from its last checkpoint when started again",
               file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except (ValueError, KeyError, OSError, RuntimeError) as exc:
         # User-facing failures (bad dataset, bad option, a stopped rank) print one clear line, not a traceback.
         print(f"lsm-gnn: error: {_one_line(exc)}", file=sys.stderr)

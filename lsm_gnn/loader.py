@@ -267,9 +267,13 @@ class NodeLoader:
     def close(self) -> None:
         """Stops the background thread (idempotent)."""
         self._stop.set()
-        worker, self._worker = self._worker, None
-        if worker is not None and worker is not threading.current_thread():
+        worker = self._worker
+        # ident is None for a thread never started (an interrupt between its creation and start())
+        if worker is not None and worker.ident is not None and worker is not threading.current_thread():
             worker.join()
+        # Forgotten only once joined: a join cut short by Ctrl-C is redone by the next close(), or the thread
+        # would still run native code while the interpreter exits (std::terminate, SIGABRT).
+        self._worker = None
         pvp = getattr(self, "pvp", None)  # absent when __init__ failed early
         if pvp is not None:
             pvp.close()  # joins a prefetch in flight; the next lookup still finds its rows
