@@ -224,7 +224,7 @@ CHECK_ALIASES = {"shape": "fast"}  # the former name of "fast"
 MAX_CLASSES = 1 << 24  # an output layer this wide is already far beyond any real dataset
 MAX_COUNT = 1 << 62    # node and edge counts must fit int64 arithmetic with room to spare
 SCAN_CHUNK = 1 << 24
-VERIFY_FIX = "run 'lsm-gnn inspect {dir} --verify' to list every fault, and re-create the dataset"
+VERIFY_FIX = "run 'lsm-gnn inspect {dir} --verify' to check the whole dataset, and re-create the dataset"
 _REDO = "Fix the value or re-create the dataset with 'lsm-gnn prepare'"
 
 
@@ -240,10 +240,12 @@ def _show(value: Any) -> str:
 _KINDS = {int: "an integer", str: "a string", dict: "an object", bool: "true or false"}
 
 
-def _get(obj: dict, key: str, kind: type, meta_path: str, prefix: str = "", optional: bool = False) -> Any:
-    """``obj[key]`` of JSON type ``kind`` (bool is no integer); None when optional and absent or null."""
+def _get(obj: dict, key: str, kind: type, meta_path: str, prefix: str = "", optional: bool = False,
+         nullable: bool = False) -> Any:
+    """``obj[key]`` of JSON type ``kind`` (bool is no integer); None when optional and absent, or nullable and null.
+    Readers use ``meta.get(key, default)``, so null is refused unless the writer itself writes it."""
     if obj.get(key) is None:
-        if optional:
+        if optional and key not in obj or nullable:
             return None
         problem = f"missing key '{prefix}{key}'" if key not in obj else f"key '{prefix}{key}' is null"
         raise _fail(meta_path, problem, _REDO)
@@ -255,8 +257,8 @@ def _get(obj: dict, key: str, kind: type, meta_path: str, prefix: str = "", opti
 
 
 def _get_int(obj: dict, key: str, meta_path: str, low: int, high: int = MAX_COUNT, prefix: str = "",
-             optional: bool = False) -> int | None:
-    value = _get(obj, key, int, meta_path, prefix, optional)
+             nullable: bool = False) -> int | None:
+    value = _get(obj, key, int, meta_path, prefix, nullable=nullable)
     if value is not None and not low <= value <= high:
         raise _fail(meta_path, f"key '{prefix}{key}' is {value}, outside [{low}, {high}]", _REDO)
     return value
@@ -316,10 +318,10 @@ def _check_meta(meta: Any, meta_path: str) -> None:
         _check_file_name(_get(graph, key, str, meta_path, "graph."), f"graph.{key}", meta_path)
     _get(graph, "orientation", str, meta_path, "graph.", optional=True)
 
-    labels = _get(meta, "labels", str, meta_path, optional=True)
+    labels = _get(meta, "labels", str, meta_path, nullable=True)  # the writer records "no labels" as null
     if labels is not None:
         _check_file_name(labels, "labels", meta_path)
-    num_classes = _get_int(meta, "num_classes", meta_path, 1, MAX_CLASSES, optional=True)
+    num_classes = _get_int(meta, "num_classes", meta_path, 1, MAX_CLASSES, nullable=True)
     if labels is not None and num_classes is None:
         raise _fail(meta_path, "key 'labels' names a file but 'num_classes' is missing",
                     "Set num_classes to the number of classes (labels lie in [-1, num_classes)) or re-create the "
