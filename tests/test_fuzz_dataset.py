@@ -46,6 +46,8 @@ def test_the_reference_matches_the_native_sampler_on_a_valid_dataset(bases):
     [("meta", "graph.indices", "../base-int32/indices.npy")],
     [("meta", "scores", None)],  # found by the long run: readers do meta.get("scores", {})
     [("meta", "edge_splits", None)],
+    [("meta", "splits", {"\n": None})],  # messages stay one line whatever the keys hold
+    [("meta", "scores", {"degree": "x\n.npy"})],
 ])
 def test_known_corruptions(bases, case):
     """Cases the random search must never regress on; corrupt neighbor ids pass the fast open and are

@@ -232,6 +232,11 @@ def _fail(path: str, problem: str, fix: str) -> DatasetError:
     return DatasetError(f"{path}: {problem}. {fix}")
 
 
+def _name(key: str) -> str:
+    """A meta.json key as messages show it: escaped, so every error stays one line."""
+    return json.dumps(key)[1:-1]
+
+
 def _show(value: Any) -> str:
     text = json.dumps(value) if not isinstance(value, float) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -269,9 +274,10 @@ def _check_file_name(value: Any, key: str, meta_path: str) -> str:
     if not isinstance(value, str) or not value:
         raise _fail(meta_path, f"key '{key}' must be a file name, got {_show(value)}", _REDO)
     parts = value.replace("\\", "/").split("/")
-    if os.path.isabs(value) or ".." in parts or "\0" in value:
+    if os.path.isabs(value) or ".." in parts or any(c < " " for c in value):  # control characters: NUL, newline
         raise _fail(meta_path, f"key '{key}' is {_show(value)}, which is not a file inside the dataset directory",
-                    "File names in meta.json are relative to the directory, without '..'. " + _REDO)
+                    "File names in meta.json are relative to the directory, without '..' or control characters. "
+                    + _REDO)
     return value
 
 
@@ -281,9 +287,9 @@ def _get_files(meta: dict, key: str, meta_path: str, allowed: tuple[str, ...] | 
     files = _get(meta, key, dict, meta_path, optional=True) or {}
     for name, file_name in files.items():
         if allowed is not None and name not in allowed:
-            raise _fail(meta_path, f"unknown {what} '{name}' in key '{key}'",
+            raise _fail(meta_path, f"unknown {what} '{_name(name)}' in key '{key}'",
                         f"{what.capitalize()}s are {', '.join(allowed)}. " + _REDO)
-        _check_file_name(file_name, f"{key}.{name}", meta_path)
+        _check_file_name(file_name, f"{key}.{_name(name)}", meta_path)
     return files
 
 
@@ -331,9 +337,9 @@ def _check_meta(meta: Any, meta_path: str) -> None:
     _get_files(meta, "edge_splits", meta_path, EDGE_SPLITS, "edge split")
     checksums = _get(meta, "checksums", dict, meta_path, optional=True) or {}
     for file_name, value in checksums.items():
-        _check_file_name(file_name, f"checksums.{file_name}", meta_path)
+        _check_file_name(file_name, f"checksums.{_name(file_name)}", meta_path)
         if not isinstance(value, str) or not value.startswith("crc32:"):
-            raise _fail(meta_path, f"key 'checksums.{file_name}' must be a string 'crc32:<8 hex digits>', got "
+            raise _fail(meta_path, f"key 'checksums.{_name(file_name)}' must be a string 'crc32:<8 hex digits>', got "
                         f"{_show(value)}", _REDO)
     if "num_users" in meta or "num_items" in meta:
         num_users = _get_int(meta, "num_users", meta_path, 1)
