@@ -85,16 +85,16 @@ py::tuple reverse_pagerank(const torch::Tensor& indptr, const torch::Tensor& ind
   check_cpu_contiguous(indptr, "indptr", torch::kInt64);
   TORCH_CHECK_VALUE(indices.device().is_cpu() && indices.is_contiguous(), "indices must be a contiguous CPU tensor");
   TORCH_CHECK_VALUE(indptr.dim() == 1 && indptr.numel() >= 2, "indptr must be 1-D with at least two entries");
-  const int64_t n = indptr.numel() - 1;
+  const int64_t n = indptr.numel() - 1, num_edges = indices.numel();
   lsm::PageRankResult result;
   {
     py::gil_scoped_release release;
     if (indices.scalar_type() == torch::kInt32) {
-      result = lsm::reverse_pagerank<int32_t>(indptr.data_ptr<int64_t>(), indices.data_ptr<int32_t>(), n, damping,
-                                              max_iterations, tolerance, num_threads);
+      result = lsm::reverse_pagerank<int32_t>(indptr.data_ptr<int64_t>(), indices.data_ptr<int32_t>(), n, num_edges,
+                                              damping, max_iterations, tolerance, num_threads);
     } else if (indices.scalar_type() == torch::kInt64) {
-      result = lsm::reverse_pagerank<int64_t>(indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), n, damping,
-                                              max_iterations, tolerance, num_threads);
+      result = lsm::reverse_pagerank<int64_t>(indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), n, num_edges,
+                                              damping, max_iterations, tolerance, num_threads);
     } else {
       throw std::invalid_argument("indices must be int32 or int64");
     }

@@ -16,7 +16,7 @@ def _inspect(args) -> int:
         return _inspect_checkpoint(args)
     from lsm_gnn.data import open_dataset
 
-    ds = open_dataset(args.path, check="full" if args.verify else "shape")
+    ds = open_dataset(args.path, check="full" if args.verify else "fast")
     degrees = np.diff(np.asarray(ds.indptr))
     f = ds.features
     summary = {
@@ -133,7 +133,7 @@ def _bench_storage(args) -> int:
     from lsm_gnn.data import open_dataset
     from lsm_gnn.storage.probe import probe_backend
 
-    ds = open_dataset(args.path, check="shape")
+    ds = open_dataset(args.path, check="fast")
     results = []
     print(f"{'backend':<10}{'rows/s':>12}{'GB/s':>9}{'ampl.':>8}{'batch ms':>10}")
     for backend in args.backends.split(","):

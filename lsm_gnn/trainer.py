@@ -219,7 +219,7 @@ class Trainer:
             raise ConfigError("no dataset: set dataset=<directory> (make one with lsm-gnn prepare)")
         self.cfg = cfg
         self.out = sys.stdout if out is None else out
-        self.dataset = open_dataset(cfg.dataset, check="shape")
+        self.dataset = open_dataset(cfg.dataset, check="fast")
         self.device = self._device(cfg.train.device)
         if self.device.type == "cuda" and self.device.index is None:
             # One GPU per rank on a node: the launcher's local rank picks it.

@@ -16,8 +16,10 @@ struct PageRankResult {
 // chosen node of its CSR row (the direction neighbor sampling moves), so a
 // node's score estimates how often sampling reaches it. Dangling nodes (empty
 // rows) and teleports spread uniformly. Index type is int32 or int64.
+// `indices` holds `num_edges` entries; a CSR that points outside them or
+// names a node outside [0, num_nodes) throws lsm::graph::CorruptGraph.
 template <typename Index>
-PageRankResult reverse_pagerank(const int64_t* indptr, const Index* indices, int64_t num_nodes, double damping,
-                                int max_iterations, double tolerance, int num_threads);
+PageRankResult reverse_pagerank(const int64_t* indptr, const Index* indices, int64_t num_nodes, int64_t num_edges,
+                                double damping, int max_iterations, double tolerance, int num_threads);
 
 }  // namespace lsm

@@ -2,18 +2,20 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <unordered_map>
 
 #include "common/errors.h"
+#include "graph/csr_check.h"
 #include "sampler/sampler_rng.h"  // shared with the CUDA sampler, which must draw the same positions
 
 namespace lsm::sampler {
 
 template <typename Index>
-std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_t num_nodes, const int64_t* seeds,
-                             int64_t num_seeds, const std::vector<int64_t>& fanouts, uint64_t seed, int64_t iteration,
-                             int num_threads) {
+std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_t num_nodes, int64_t num_edges,
+                             const int64_t* seeds, int64_t num_seeds, const std::vector<int64_t>& fanouts,
+                             uint64_t seed, int64_t iteration, int num_threads) {
   if (num_threads <= 0) num_threads = omp_get_max_threads();
   std::vector<int64_t> frontier(seeds, seeds + num_seeds);
   std::unordered_map<int64_t, int64_t> local;  // global id -> index in the current node list
@@ -33,6 +35,7 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
     const int64_t n = static_cast<int64_t>(frontier.size());
     std::vector<int64_t> offset(n + 1, 0);
     for (int64_t i = 0; i < n; ++i) {
+      graph::check_row(indptr, frontier[i], num_edges);  // before any size is derived from it
       const int64_t degree = indptr[frontier[i] + 1] - indptr[frontier[i]];
       offset[i + 1] = offset[i] + sample_count(degree, k);
     }
@@ -41,6 +44,8 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
     hop.src.resize(offset[n]);
     hop.dst.resize(offset[n]);
     const uint64_t key = hop_key(base, h);
+    // An exception cannot leave the parallel loop: remember the first row with a bad neighbor id.
+    int64_t first_bad = n;
 #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 256) if (n > 2048)
     for (int64_t i = 0; i < n; ++i) {
       const int64_t v = frontier[i];
@@ -54,10 +59,16 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
         floyd_sample(rng, degree, k, out);
       }
       for (int64_t j = 0; j < got; ++j) {
-        out[j] = static_cast<int64_t>(indices[indptr[v] + out[j]]);  // position -> global neighbor id
+        const Index u = indices[indptr[v] + out[j]];  // position -> global neighbor id
+        if (!graph::neighbor_ok(u, num_nodes)) {
+#pragma omp critical(lsm_sampler_bad_row)
+          first_bad = std::min(first_bad, i);
+        }
+        out[j] = static_cast<int64_t>(u);
         hop.dst[offset[i] + j] = i;
       }
     }
+    if (first_bad < n) graph::check_neighbors(indptr, indices, frontier[first_bad], num_nodes);
     // Number newly reached nodes in edge order (serial: the order defines local ids).
     for (auto& s : hop.src) {
       auto [it, inserted] = local.emplace(s, static_cast<int64_t>(frontier.size()));
@@ -70,9 +81,9 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
   return hops;
 }
 
-template std::vector<Hop> sample_hops<int32_t>(const int64_t*, const int32_t*, int64_t, const int64_t*, int64_t,
-                                               const std::vector<int64_t>&, uint64_t, int64_t, int);
-template std::vector<Hop> sample_hops<int64_t>(const int64_t*, const int64_t*, int64_t, const int64_t*, int64_t,
-                                               const std::vector<int64_t>&, uint64_t, int64_t, int);
+template std::vector<Hop> sample_hops<int32_t>(const int64_t*, const int32_t*, int64_t, int64_t, const int64_t*,
+                                               int64_t, const std::vector<int64_t>&, uint64_t, int64_t, int);
+template std::vector<Hop> sample_hops<int64_t>(const int64_t*, const int64_t*, int64_t, int64_t, const int64_t*,
+                                               int64_t, const std::vector<int64_t>&, uint64_t, int64_t, int);
 
 }  // namespace lsm::sampler

@@ -20,8 +20,9 @@ held-out pair is ``(user, item)``.
 One node's feature row is one cache line and one aligned read: the stride is
 a multiple of 512 bytes so every row starts on an ``O_DIRECT`` boundary.
 
-Opening validates everything (see :func:`open_dataset`); a problem raises
-:class:`DatasetError` naming the file and the fix.
+Opening validates everything up to O(num_nodes) work (see :func:`open_dataset`;
+``check="full"`` adds the neighbor ids, which the native code also bounds-checks
+as it reads them); a problem raises :class:`DatasetError` naming the file and the fix.
 """
 from __future__ import annotations
 
@@ -211,19 +212,142 @@ class Dataset:
 
 
 # -- validation --------------------------------------------------------------
+#
+# Opening always runs the checks that cost O(num_nodes) or less: every key of
+# meta.json, file sizes, dtypes and shapes, indptr (endpoints and order),
+# labels, split ids, held-out pairs and scores. check="full" adds the
+# O(num_edges) scan of the neighbor ids; without it the native code bounds-
+# checks every neighbor id it reads (csrc/graph/csr_check.h).
+
+CHECKS = ("fast", "full")
+CHECK_ALIASES = {"shape": "fast"}  # the former name of "fast"
+MAX_CLASSES = 1 << 24  # an output layer this wide is already far beyond any real dataset
+MAX_COUNT = 1 << 62    # node and edge counts must fit int64 arithmetic with room to spare
+SCAN_CHUNK = 1 << 24
+VERIFY_FIX = "run 'lsm-gnn inspect {dir} --verify' to check the whole dataset, and re-create the dataset"
+_REDO = "Fix the value or re-create the dataset with 'lsm-gnn prepare'"
+
 
 def _fail(path: str, problem: str, fix: str) -> DatasetError:
     return DatasetError(f"{path}: {problem}. {fix}")
 
 
-def _require(meta: dict, key: str, kind: type | tuple, where: str) -> Any:
-    if key not in meta:
-        raise _fail(where, f"missing key '{key}'", "The file was not written by lsm-gnn or is damaged; re-create it")
-    value = meta[key]
+def _name(key: str) -> str:
+    """A meta.json key as messages show it: escaped, so every error stays one line."""
+    return json.dumps(key)[1:-1]
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+_KINDS = {int: "an integer", str: "a string", dict: "an object", bool: "true or false"}
+
+
+def _get(obj: dict, key: str, kind: type, meta_path: str, prefix: str = "", optional: bool = False,
+         nullable: bool = False) -> Any:
+    """``obj[key]`` of JSON type ``kind`` (bool is no integer); None when optional and absent, or nullable and null.
+    Readers use ``meta.get(key, default)``, so null is refused unless the writer itself writes it."""
+    if obj.get(key) is None:
+        if optional and key not in obj or nullable:
+            return None
+        problem = f"missing key '{prefix}{key}'" if key not in obj else f"key '{prefix}{key}' is null"
+        raise _fail(meta_path, problem, _REDO)
+    value = obj[key]
     if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise _fail(where, f"key '{key}' has the wrong type ({type(value).__name__})",
-                    "The file is damaged; re-create the dataset")
+        raise _fail(meta_path, f"key '{prefix}{key}' has the wrong type: it must be {_KINDS[kind]}, got "
+                    f"{_show(value)}", _REDO)
     return value
+
+
+def _get_int(obj: dict, key: str, meta_path: str, low: int, high: int = MAX_COUNT, prefix: str = "",
+             nullable: bool = False) -> int | None:
+    value = _get(obj, key, int, meta_path, prefix, nullable=nullable)
+    if value is not None and not low <= value <= high:
+        raise _fail(meta_path, f"key '{prefix}{key}' is {value}, outside [{low}, {high}]", _REDO)
+    return value
+
+
+def _check_file_name(value: Any, key: str, meta_path: str) -> str:
+    """A file name must stay inside the dataset directory: relative, without '..'."""
+    if not isinstance(value, str) or not value:
+        raise _fail(meta_path, f"key '{key}' must be a file name, got {_show(value)}", _REDO)
+    parts = value.replace("\\", "/").split("/")
+    if os.path.isabs(value) or ".." in parts or any(c < " " for c in value):  # control characters: NUL, newline
+        raise _fail(meta_path, f"key '{key}' is {_show(value)}, which is not a file inside the dataset directory",
+                    "File names in meta.json are relative to the directory, without '..' or control characters. "
+                    + _REDO)
+    return value
+
+
+def _get_files(meta: dict, key: str, meta_path: str, allowed: tuple[str, ...] | None = None,
+               what: str = "") -> dict[str, str]:
+    """An optional ``{name: file}`` object; names (of kind ``what``) limited to ``allowed`` unless None."""
+    files = _get(meta, key, dict, meta_path, optional=True) or {}
+    for name, file_name in files.items():
+        if allowed is not None and name not in allowed:
+            raise _fail(meta_path, f"unknown {what} '{_name(name)}' in key '{key}'",
+                        f"{what.capitalize()}s are {', '.join(allowed)}. " + _REDO)
+        _check_file_name(file_name, f"{key}.{_name(name)}", meta_path)
+    return files
+
+
+def _check_meta(meta: Any, meta_path: str) -> None:
+    """Every known key of meta.json: JSON type, range and file names. Unknown keys are free-form."""
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise _fail(meta_path, f"not an lsm-gnn dataset description (format is {_show(found)})",
+                    f"Expected format '{FORMAT_NAME}'; create the dataset with 'lsm-gnn prepare'")
+    version = _get(meta, "version", int, meta_path)
+    if version > SCHEMA_VERSION:
+        raise _fail(meta_path, f"schema version {version} is newer than this lsm-gnn understands ({SCHEMA_VERSION})",
+                    "Upgrade lsm-gnn (pip install -U lsm-gnn)")
+    if version < 1:
+        raise _fail(meta_path, f"unknown schema version {version}", "Re-create the dataset with 'lsm-gnn prepare'")
+    for key in ("name", "created_by"):
+        _get(meta, key, str, meta_path, optional=True)
+    _get(meta, "generator", dict, meta_path, optional=True)
+    num_nodes = _get_int(meta, "num_nodes", meta_path, 1)
+    _get_int(meta, "num_edges", meta_path, 0)
+
+    feats = _get(meta, "features", dict, meta_path)
+    _check_file_name(_get(feats, "file", str, meta_path, "features."), "features.file", meta_path)
+    if _get(feats, "dtype", str, meta_path, "features.") not in FEATURE_DTYPES:
+        raise _fail(meta_path, f"feature dtype '{feats['dtype']}' is not supported",
+                    f"Use one of {', '.join(FEATURE_DTYPES)}")
+    for key in ("dim", "row_bytes", "row_stride", "page_size", "file_bytes"):
+        _get_int(feats, key, meta_path, 1, prefix="features.")
+
+    graph = _get(meta, "graph", dict, meta_path)
+    for key in ("indptr", "indices"):
+        _check_file_name(_get(graph, key, str, meta_path, "graph."), f"graph.{key}", meta_path)
+    _get(graph, "orientation", str, meta_path, "graph.", optional=True)
+
+    labels = _get(meta, "labels", str, meta_path, nullable=True)  # the writer records "no labels" as null
+    if labels is not None:
+        _check_file_name(labels, "labels", meta_path)
+    num_classes = _get_int(meta, "num_classes", meta_path, 1, MAX_CLASSES, nullable=True)
+    if labels is not None and num_classes is None:
+        raise _fail(meta_path, "key 'labels' names a file but 'num_classes' is missing",
+                    "Set num_classes to the number of classes (labels lie in [-1, num_classes)) or re-create the "
+                    "dataset")
+    _get_files(meta, "splits", meta_path, SPLITS, "split")
+    _get_files(meta, "scores", meta_path)
+    _get_files(meta, "edge_splits", meta_path, EDGE_SPLITS, "edge split")
+    checksums = _get(meta, "checksums", dict, meta_path, optional=True) or {}
+    for file_name, value in checksums.items():
+        _check_file_name(file_name, f"checksums.{_name(file_name)}", meta_path)
+        if not isinstance(value, str) or not value.startswith("crc32:"):
+            raise _fail(meta_path, f"key 'checksums.{_name(file_name)}' must be a string 'crc32:<8 hex digits>', got "
+                        f"{_show(value)}", _REDO)
+    if "num_users" in meta or "num_items" in meta:
+        num_users = _get_int(meta, "num_users", meta_path, 1)
+        num_items = _get_int(meta, "num_items", meta_path, 1)
+        if num_users + num_items != num_nodes:
+            raise _fail(meta_path, f"num_users={num_users} and num_items={num_items} must be positive and sum to "
+                        f"num_nodes={num_nodes}",
+                        "Users are nodes [0, num_users), items the rest; re-create the dataset")
 
 
 def _load_npy(ds_path: str, name: str, dtype_choices: tuple[str, ...], length: int | None, what: str,
@@ -243,47 +367,74 @@ def _load_npy(ds_path: str, name: str, dtype_choices: tuple[str, ...], length: i
     if array.dtype.name not in dtype_choices:
         raise _fail(path, f"the {what} array has dtype {array.dtype}, expected one of {', '.join(dtype_choices)}",
                     "Convert it to a supported dtype and re-create the dataset")
+    if not array.dtype.isnative:
+        raise _fail(path, f"the {what} array is stored in non-native byte order ({array.dtype.str})",
+                    "Re-save it as a.astype(a.dtype.newbyteorder('=')) or re-create the dataset")
     if length is not None and array.shape[0] != length:
         raise _fail(path, f"the {what} array has {array.shape[0]} entries, expected {length}",
                     "The file does not belong to this dataset or is truncated; re-create the dataset")
     return array
 
 
-def _check_range(path: str, array: np.ndarray, low: int, high: int, what: str, chunk: int = 1 << 24) -> None:
-    """Every value in [low, high); scanned in chunks to keep memory bounded."""
-    for start in range(0, array.shape[0], chunk):
-        block = np.asarray(array[start:start + chunk])
-        if block.size == 0:
-            continue
-        lo, hi = int(block.min()), int(block.max())
-        if lo < low or hi >= high:
+def _chunks(array: np.ndarray, overlap: int = 0):
+    """(start, block) over the first axis, ``overlap`` extra entries per block; memory stays bounded."""
+    for start in range(0, array.shape[0], SCAN_CHUNK):
+        block = np.asarray(array[start:start + SCAN_CHUNK + overlap])
+        if block.size:
+            yield start, block
+
+
+def _check_range(path: str, array: np.ndarray, low: int, high: int, what: str, fix: str) -> None:
+    """Every value in [low, high)."""
+    for start, block in _chunks(array):
+        if int(block.min()) < low or int(block.max()) >= high:
             bad = start + int(np.flatnonzero((block < low) | (block >= high))[0])
-            raise _fail(path, f"{what} at position {bad} is {int(array[bad])}, outside [{low}, {high})",
-                        "The ids do not match this dataset's node count; re-create the dataset")
+            raise _fail(path, f"{what} at position {bad} is {int(array[bad])}, outside [{low}, {high})", fix)
 
 
-def _check_bipartite(meta: dict, meta_path: str, num_nodes: int) -> int | None:
-    """``num_users`` of a user-item dataset (users first, then items), None for other graphs."""
-    if "num_users" not in meta and "num_items" not in meta:
-        return None
-    num_users = _require(meta, "num_users", int, meta_path)
-    num_items = _require(meta, "num_items", int, meta_path)
-    if num_users <= 0 or num_items <= 0 or num_users + num_items != num_nodes:
-        raise _fail(meta_path, f"num_users={num_users} and num_items={num_items} must be positive and sum to "
-                    f"num_nodes={num_nodes}", "Users are nodes [0, num_users), items the rest; re-create the dataset")
-    return num_users
+def _check_indptr(path: str, indptr: np.ndarray, num_edges: int, fix: str) -> None:
+    """Starts at 0, ends at num_edges, never decreases: every row is an ordered range of positions."""
+    if int(indptr[0]) != 0 or int(indptr[-1]) != num_edges:
+        raise _fail(path, f"indptr starts at {int(indptr[0])} and ends at {int(indptr[-1])}; expected 0 and "
+                    f"num_edges={num_edges}", fix)
+    for start, block in _chunks(indptr, overlap=1):
+        drops = np.flatnonzero(np.diff(block) < 0)
+        if drops.size:
+            v = start + int(drops[0])
+            raise _fail(path, f"indptr decreases at node {v} (indptr[{v}]={int(block[drops[0]])} > "
+                        f"indptr[{v + 1}]={int(block[drops[0] + 1])}), so its row has a negative length", fix)
+
+
+def _check_finite(path: str, array: np.ndarray, what: str) -> None:
+    for start, block in _chunks(array):
+        bad = np.flatnonzero(~np.isfinite(block))
+        if bad.size:
+            raise _fail(path, f"{what} at position {start + int(bad[0])} is {block[bad[0]]}, not a finite number",
+                        "Recompute the scores with 'lsm-gnn prepare scores <dataset>'")
+
+
+def _read_meta(meta_path: str) -> Any:
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, absurd nesting
+        raise _fail(meta_path, f"not valid JSON ({str(exc)[:120]})",
+                    "The file is damaged; re-create the dataset") from exc
 
 
 def open_dataset(path: str | os.PathLike, check: str = "full") -> Dataset:
     """Opens and validates a dataset directory.
 
-    ``check="full"`` (default) also scans the topology, labels and splits for
-    out-of-range values (linear in their size); ``check="shape"`` only checks
-    files, sizes and dtypes, for very large graphs opened often. Checksums are
-    verified separately by :meth:`Dataset.verify_checksums`.
+    Every level checks meta.json key by key, files, sizes, dtypes, indptr
+    (endpoints and order), labels, split ids, held-out pairs and scores: at
+    most O(num_nodes) work. ``check="full"`` (default) also scans the neighbor
+    ids, O(num_edges); ``check="fast"`` (formerly "shape") leaves them to the
+    native sampler and PageRank, which bounds-check every id they read. The
+    file checksums are verified separately by :meth:`Dataset.verify_checksums`.
     """
-    if check not in ("full", "shape"):
-        raise ValueError(f"check must be 'full' or 'shape', got {check!r}")
+    check = CHECK_ALIASES.get(check, check)
+    if check not in CHECKS:
+        raise ValueError(f"check must be 'fast' or 'full' ('shape' is the former name of 'fast'), got {check!r}")
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise _fail(path, "no such dataset directory",
@@ -291,42 +442,21 @@ def open_dataset(path: str | os.PathLike, check: str = "full") -> Dataset:
     meta_path = os.path.join(path, META_FILE)
     if not os.path.isfile(meta_path):
         raise _fail(meta_path, "missing", "The directory is not an lsm-gnn dataset; create one with 'lsm-gnn prepare'")
-    try:
-        with open(meta_path) as f:
-            meta = json.load(f)
-    except json.JSONDecodeError as exc:
-        raise _fail(meta_path, f"not valid JSON ({exc})", "The file is damaged; re-create the dataset") from exc
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise _fail(meta_path, f"not an lsm-gnn dataset description (format is {meta.get('format') if isinstance(meta, dict) else None!r})",
-                    f"Expected format '{FORMAT_NAME}'; create the dataset with 'lsm-gnn prepare'")
-    version = _require(meta, "version", int, meta_path)
-    if version > SCHEMA_VERSION:
-        raise _fail(meta_path, f"schema version {version} is newer than this lsm-gnn understands ({SCHEMA_VERSION})",
-                    "Upgrade lsm-gnn (pip install -U lsm-gnn)")
-    if version < 1:
-        raise _fail(meta_path, f"unknown schema version {version}", "Re-create the dataset with 'lsm-gnn prepare'")
+    meta = _read_meta(meta_path)
+    _check_meta(meta, meta_path)
+    num_nodes, num_edges = meta["num_nodes"], meta["num_edges"]
+    verify_fix = VERIFY_FIX.format(dir=path)
 
-    num_nodes = _require(meta, "num_nodes", int, meta_path)
-    num_edges = _require(meta, "num_edges", int, meta_path)
-    if num_nodes <= 0 or num_edges < 0:
-        raise _fail(meta_path, f"num_nodes={num_nodes}, num_edges={num_edges}", "Counts must be positive")
-    feats = _require(meta, "features", dict, meta_path)
-    for key in ("file", "dtype"):
-        _require(feats, key, str, meta_path + " [features]")
-    for key in ("dim", "row_bytes", "row_stride", "page_size", "file_bytes"):
-        _require(feats, key, int, meta_path + " [features]")
-    if feats["dtype"] not in FEATURE_DTYPES:
-        raise _fail(meta_path, f"feature dtype '{feats['dtype']}' is not supported",
-                    f"Use one of {', '.join(FEATURE_DTYPES)}")
+    feats = meta["features"]
     itemsize = np.dtype(feats["dtype"]).itemsize
-    if feats["dim"] <= 0 or feats["row_bytes"] != feats["dim"] * itemsize:
+    if feats["row_bytes"] != feats["dim"] * itemsize:
         raise _fail(meta_path, f"feature row_bytes={feats['row_bytes']} does not equal dim ({feats['dim']}) x "
                     f"{feats['dtype']} size ({itemsize})", "The description is inconsistent; re-create the dataset")
     if feats["row_stride"] < feats["row_bytes"] or feats["row_stride"] % ROW_ALIGNMENT:
         raise _fail(meta_path, f"feature row_stride={feats['row_stride']} is not a multiple of {ROW_ALIGNMENT} "
                     f"at least row_bytes={feats['row_bytes']}",
                     "Rows must be O_DIRECT-aligned; re-create the dataset with lsm-gnn prepare")
-    if feats["page_size"] % ROW_ALIGNMENT or feats["page_size"] <= 0:
+    if feats["page_size"] % ROW_ALIGNMENT:
         raise _fail(meta_path, f"page_size={feats['page_size']} is not a multiple of {ROW_ALIGNMENT}",
                     "Re-create the dataset")
     expected_bytes = feature_file_bytes(num_nodes, feats["row_stride"], feats["page_size"])
@@ -344,51 +474,55 @@ def open_dataset(path: str | os.PathLike, check: str = "full") -> Dataset:
                     f"({num_nodes} rows x {feats['row_stride']} bytes, padded to {feats['page_size']})",
                     "Re-create the dataset; an interrupted copy is the usual cause")
 
-    graph = _require(meta, "graph", dict, meta_path)
-    indptr = _load_npy(path, _require(graph, "indptr", str, meta_path), ("int64",), num_nodes + 1, "CSR indptr")
-    indices = _load_npy(path, _require(graph, "indices", str, meta_path), INDEX_DTYPES, num_edges, "CSR indices")
-    indptr_path = os.path.join(path, graph["indptr"])
-    if int(indptr[0]) != 0 or int(indptr[-1]) != num_edges:
-        raise _fail(indptr_path, f"indptr starts at {int(indptr[0])} and ends at {int(indptr[-1])}; expected 0 and "
-                    f"num_edges={num_edges}", "The topology is inconsistent; re-create the dataset")
-    labels_name = meta.get("labels")
-    labels = None
-    if labels_name is not None:
-        labels = _load_npy(path, labels_name, ("int64",), num_nodes, "labels")
-    splits = meta.get("splits", {})
-    split_arrays = {}
-    for split_name, file_name in splits.items():
-        if split_name not in SPLITS:
-            raise _fail(meta_path, f"unknown split '{split_name}'", f"Splits are {', '.join(SPLITS)}")
-        split_arrays[split_name] = _load_npy(path, file_name, ("int64",), None, f"{split_name} split")
-    for score_name, file_name in meta.get("scores", {}).items():
-        _load_npy(path, file_name, ("float32",), num_nodes, f"'{score_name}' score")
-    num_users = _check_bipartite(meta, meta_path, num_nodes)
-    edge_splits = meta.get("edge_splits", {})
-    if not isinstance(edge_splits, dict):
-        raise _fail(meta_path, "key 'edge_splits' has the wrong type", "The file is damaged; re-create the dataset")
-    edge_arrays = {}
-    for split_name, file_name in edge_splits.items():
-        if split_name not in EDGE_SPLITS:
-            raise _fail(meta_path, f"unknown edge split '{split_name}'",
-                        f"Edge splits are {', '.join(EDGE_SPLITS)} (training edges are the CSR)")
-        edge_arrays[split_name] = _load_npy(path, file_name, ("int64",), None, f"{split_name} edge split", width=2)
-
+    graph = meta["graph"]
+    indptr = _load_npy(path, graph["indptr"], ("int64",), num_nodes + 1, "CSR indptr")
+    indices = _load_npy(path, graph["indices"], INDEX_DTYPES, num_edges, "CSR indices")
+    _check_indptr(os.path.join(path, graph["indptr"]), indptr, num_edges, "The topology is corrupt; " + verify_fix)
     if check == "full":
-        for start in range(0, num_nodes, 1 << 24):
-            block = np.asarray(indptr[start:start + (1 << 24) + 1])
-            if np.any(np.diff(block) < 0):
-                raise _fail(indptr_path, "indptr decreases, so some row has a negative length",
-                            "The topology is corrupt; re-create the dataset")
-        _check_range(os.path.join(path, graph["indices"]), indices, 0, num_nodes, "neighbor id")
-        if labels is not None and meta.get("num_classes") is not None:
-            _check_range(os.path.join(path, labels_name), labels, -1, int(meta["num_classes"]), "label")
-        for split_name, array in split_arrays.items():
-            _check_range(os.path.join(path, splits[split_name]), array, 0, num_nodes, f"{split_name} node id")
-        for split_name, array in edge_arrays.items():
-            # Pairs are (user, item) in a user-item dataset, any two nodes otherwise.
-            first_end, second_start = (num_nodes, 0) if num_users is None else (num_users, num_users)
-            edge_path = os.path.join(path, edge_splits[split_name])
-            _check_range(edge_path, array[:, 0], 0, first_end, f"{split_name} pair's first node")
-            _check_range(edge_path, array[:, 1], second_start, num_nodes, f"{split_name} pair's second node")
+        check_neighbor_ids(indices, num_nodes, os.path.join(path, graph["indices"]))
+
+    if meta.get("labels") is not None:
+        labels = _load_npy(path, meta["labels"], ("int64",), num_nodes, "labels")
+        _check_range(os.path.join(path, meta["labels"]), labels, -1, meta["num_classes"], "label",
+                     "Labels lie in [-1, num_classes) (-1: unlabeled); fix num_classes in meta.json or re-create "
+                     "the dataset")
+    id_fix = "The ids do not match this dataset's node count; re-create the dataset"
+    for split_name, file_name in (meta.get("splits") or {}).items():
+        ids = _load_npy(path, file_name, ("int64",), None, f"{split_name} split")
+        _check_range(os.path.join(path, file_name), ids, 0, num_nodes, f"{split_name} node id", id_fix)
+    for score_name, file_name in (meta.get("scores") or {}).items():
+        scores = _load_npy(path, file_name, ("float32",), num_nodes, f"'{score_name}' score")
+        _check_finite(os.path.join(path, file_name), scores, f"'{score_name}' score")
+    num_users = meta.get("num_users")
+    for split_name, file_name in (meta.get("edge_splits") or {}).items():
+        pairs = _load_npy(path, file_name, ("int64",), None, f"{split_name} edge split", width=2)
+        # Pairs are (user, item) in a user-item dataset, any two nodes otherwise.
+        first_end, second_start = (num_nodes, 0) if num_users is None else (num_users, num_users)
+        edge_path = os.path.join(path, file_name)
+        _check_range(edge_path, pairs[:, 0], 0, first_end, f"{split_name} pair's first node", id_fix)
+        _check_range(edge_path, pairs[:, 1], second_start, num_nodes, f"{split_name} pair's second node", id_fix)
     return Dataset(path, meta)
+
+
+def source_file(array: Any) -> str | None:
+    """The file an array was memory-mapped from (``np.load(..., mmap_mode="r")``), else None."""
+    path = getattr(array, "filename", None)
+    return None if path is None else os.fspath(path)
+
+
+def check_neighbor_ids(indices: np.ndarray, num_nodes: int, path: str | None = None) -> None:
+    """Every neighbor id in [0, num_nodes): the O(num_edges) scan that check="full" adds."""
+    path = path or source_file(indices)
+    directory = os.path.dirname(path) if path else "<dataset>"
+    _check_range(path or "the CSR indices array", indices, 0, num_nodes, "neighbor id",
+                 "The topology is corrupt; " + VERIFY_FIX.format(dir=directory))
+
+
+def topology_error(exc: Exception, indptr_file: str | None, indices_file: str | None) -> DatasetError:
+    """The DatasetError for a CSR fault found by the native code: ``exc`` is an
+    ``lsm_gnn._C.CorruptGraphError`` whose args are (message, "indptr" or "indices")."""
+    message, array = exc.args
+    path = indptr_file if array == "indptr" else indices_file
+    where = path or f"the CSR {array} array"
+    directory = os.path.dirname(path) if path else "<dataset>"
+    return _fail(where, message, "The topology is corrupt - " + VERIFY_FIX.format(dir=directory))

@@ -6,6 +6,7 @@ import warnings
 import numpy as np
 import torch
 
+from lsm_gnn.data.format import check_neighbor_ids, source_file, topology_error
 from lsm_gnn.data.writer import EDGE_CHUNK
 
 SCORE_NAMES = ("reverse_pagerank", "degree")
@@ -18,6 +19,7 @@ def reverse_pagerank(indptr: np.ndarray, indices: np.ndarray, damping: float = 0
     how often sampling reaches it. Returns float32 scores summing to 1."""
     from lsm_gnn import _C
 
+    files = source_file(indptr), source_file(indices)  # before the arrays are converted and lose their files
     indices = np.ascontiguousarray(indices)
     if indices.dtype not in (np.int32, np.int64):
         indices = indices.astype(np.int64)
@@ -27,12 +29,16 @@ def reverse_pagerank(indptr: np.ndarray, indices: np.ndarray, damping: float = 0
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         indptr_t = torch.from_numpy(np.ascontiguousarray(indptr, dtype=np.int64))
         indices_t = torch.from_numpy(indices)
-    scores, _, _ = _C.reverse_pagerank(indptr_t, indices_t, damping, max_iterations, tolerance, num_threads)
+    try:
+        scores, _, _ = _C.reverse_pagerank(indptr_t, indices_t, damping, max_iterations, tolerance, num_threads)
+    except _C.CorruptGraphError as exc:  # the native code bounds-checks the whole CSR first
+        raise topology_error(exc, *files) from None
     return scores.numpy()
 
 
 def sampled_degree(indices: np.ndarray, num_nodes: int) -> np.ndarray:
     """How many CSR rows list each node: the number of nodes whose sampling can reach it."""
+    check_neighbor_ids(indices, num_nodes)  # bincount would fail (negative) or grow (too large) with no clear error
     counts = np.zeros(num_nodes, dtype=np.int64)
     for start in range(0, indices.shape[0], EDGE_CHUNK):
         counts += np.bincount(np.asarray(indices[start:start + EDGE_CHUNK]), minlength=num_nodes)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lsm_gnn.data.format import source_file, topology_error
 from lsm_gnn.storage.base import as_id_tensor
 
 
@@ -70,6 +71,8 @@ class NeighborSampler:
             raise ValueError(f"fanouts must be a non-empty list of ints >= 0 (or -1 for all), got {fanouts}")
         self.seed = int(seed) & ((1 << 64) - 1)
         self.num_threads = num_threads
+        # The native sampler bounds-checks the CSR as it reads it; its errors name these files.
+        self._files = (source_file(dataset.indptr), source_file(dataset.indices))
         self.indptr = _tensor(np.ascontiguousarray(dataset.indptr, dtype=np.int64))
         indices = np.ascontiguousarray(dataset.indices)
         if indices.dtype not in (np.int32, np.int64):
@@ -99,8 +102,11 @@ class NeighborSampler:
             raw = _C.sample_hops_cuda(*self._pinned_csr, as_id_tensor(seeds, device), self.fanouts, self.seed,
                                       int(iteration))
         else:
-            raw = _C.sample_hops(self.indptr, self.indices, as_id_tensor(seeds), self.fanouts, self.seed,
-                                 int(iteration), self.num_threads)
+            try:
+                raw = _C.sample_hops(self.indptr, self.indices, as_id_tensor(seeds), self.fanouts, self.seed,
+                                     int(iteration), self.num_threads)
+            except _C.CorruptGraphError as exc:
+                raise topology_error(exc, *self._files) from None
         return [Hop(nodes, num_dst, torch.stack([src, dst])) for nodes, num_dst, src, dst in raw]
 
     def input_nodes(self, seeds, iteration: int = 0) -> torch.Tensor:
