@@ -16,7 +16,11 @@ def _inspect(args) -> int:
         return _inspect_checkpoint(args)
     from lsm_gnn.data import open_dataset
 
-    ds = open_dataset(args.path, check="full" if args.verify else "fast")
+    ds = open_dataset(args.path, check="fast")
+    if args.verify:
+        # Checksums first: a file changed since it was written is named as such before the value scan.
+        ds.verify_checksums()
+        ds = open_dataset(args.path, check="full")
     degrees = np.diff(np.asarray(ds.indptr))
     f = ds.features
     summary = {
@@ -31,7 +35,6 @@ def _inspect(args) -> int:
         "generator": ds.meta.get("generator"),
     }
     if args.verify:
-        ds.verify_checksums()
         summary["checksums"] = "ok"
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -232,8 +235,9 @@ def _run(args) -> int:
         print("lsm-gnn: interrupted; a training run continues from its last checkpoint when started again",
               file=sys.stderr)
         return INTERRUPTED
-    except (ValueError, KeyError, OSError, RuntimeError) as exc:
-        # User-facing failures (bad dataset, bad option, a stopped rank) print one clear line, not a traceback.
+    except (ValueError, KeyError, IndexError, OSError, RuntimeError) as exc:
+        # User-facing failures (bad dataset, bad option, an id out of range, a stopped rank) print one clear
+        # line, not a traceback.
         print(f"lsm-gnn: error: {_one_line(exc)}", file=sys.stderr)
         if os.environ.get("LSM_GNN_TRACEBACK"):
             raise
