@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from lsm_gnn.cache import SoftwareCache, WindowBuffer
+from lsm_gnn.cache import WindowBuffer
+from lsm_gnn.features import Features
 from lsm_gnn.sampling import Hop, NeighborSampler
 
 _DONE = object()
@@ -60,40 +61,33 @@ class Batch:
 class NodeLoader:
     """Iterates mini-batches of ``seeds`` (default: the train split), one epoch per ``iter()``.
 
-    ``features`` is a :class:`SoftwareCache` (the cached SSD path) or any
-    object with ``read(ids)`` (a storage backend). Each epoch reshuffles
-    with ``(seed, epoch)``; iteration numbers continue across epochs. With
+    ``features`` is any :class:`~lsm_gnn.features.Features`: a storage
+    backend, a :class:`~lsm_gnn.cache.SoftwareCache` (the cached SSD path)
+    or a :class:`~lsm_gnn.comm.SharedCache`. Each epoch reshuffles with
+    ``(seed, epoch)``; iteration numbers continue across epochs. With
     ``world_size > 1`` each rank iterates its own equal share of the seeds.
 
-    ``pvp``: with a cache built with ``pvp=True`` (``features`` itself, or
-    the rank's slice under a ``SharedCache``), right after serving a batch
-    the loader starts moving the victim queue of the cache's next iteration
-    into the prefetch buffer on a background thread, while the batch
-    trains. ``None`` (default) does so when the cache has a victim buffer;
-    ``True`` requires one; ``False`` leaves the move to the cache's lookup.
+    Right after gathering a batch the loader asks the features to
+    ``prefetch()`` for the next one (a cache with a victim buffer then moves
+    that iteration's queue on a background thread while the batch trains);
+    ``prefetch_features=False`` leaves every move to the gather itself.
     """
 
     def __init__(self, dataset, features, fanouts, batch_size: int, seeds=None, *, shuffle: bool = True,
                  drop_last: bool = False, window: int = 256, prefetch: int = 2, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, num_threads: int = 0, pvp: bool | None = None):
+                 rank: int = 0, world_size: int = 1, num_threads: int = 0, prefetch_features: bool = True):
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if window < 0 or prefetch < 1:
             raise ValueError(f"window must be >= 0 and prefetch >= 1, got window={window}, prefetch={prefetch}")
+        if not isinstance(features, Features):
+            raise TypeError(f"features must implement lsm_gnn.features.Features (gather, counters, ...): a "
+                            f"storage, a SoftwareCache or a SharedCache; got {type(features).__name__}")
         self.dataset = dataset
         self.features = features
-        # The cache whose victim buffer the loader drives: features, or the local slice of a shared cache.
-        cache = features if isinstance(features, SoftwareCache) else getattr(features, "cache", None)
-        self._pvp_cache = cache if isinstance(cache, SoftwareCache) and cache.pvp is not None else None
-        if pvp and self._pvp_cache is None:
-            raise ValueError("pvp=True needs a SoftwareCache with a victim buffer: build it with "
-                             "SoftwareCache(storage, capacity, pvp=True)")
-        if pvp is False:
-            self._pvp_cache = None
-        #: the cache's victim buffer whose prefetch this loader runs in the background, or None
-        self.pvp = self._pvp_cache.pvp if self._pvp_cache is not None else None
+        self.prefetch_features = bool(prefetch_features)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.rank, self.world_size = rank, world_size
@@ -216,7 +210,6 @@ class NodeLoader:
             return False
 
         try:
-            storage = getattr(self.features, "storage", self.features)
             window = WindowBuffer(self.window + 1, self.dataset.num_nodes) if self.window else None
             sampled: dict[int, tuple[list[Hop], float]] = {}
             ahead = 0  # batches sampled so far
@@ -239,25 +232,16 @@ class NodeLoader:
                 if window is not None:
                     window.pop()
                 nodes = hops[-1].nodes
-                before = storage.stats()  # this thread is the storage's only reader while the epoch runs
+                before = self.features.counters()  # this thread is the features' only reader while the epoch runs
                 start = time.perf_counter()
-                pvp_before = self._pvp_cache.stats.pvp_hits if self.pvp is not None else 0
-                if hasattr(self.features, "lookup"):  # a SoftwareCache, or a SharedCache over ranks
-                    x, hit = self.features.lookup(nodes, future=window)
-                else:
-                    x, hit = self.features.read(nodes), torch.zeros(nodes.numel(), dtype=torch.bool)
+                x, hit = self.features.gather(nodes, future=window)
                 gather_s = time.perf_counter() - start
-                if self.pvp is not None:  # the next iteration's victims move while this batch trains
-                    self.pvp.prefetch_async(self._pvp_cache.iteration)
-                after = storage.stats()
+                if self.prefetch_features:  # e.g. the next iteration's victims move while this batch trains
+                    self.features.prefetch()
+                after = self.features.counters()
                 batch = self._make_batch(first + k, plans[k], hops, x, hit)
-                batch.timings = {"sample": sample_s, "gather": gather_s,
-                                 **getattr(self.features, "last_timings", {})}  # "exchange" over ranks
-                batch.io = {"bytes_read": after.bytes_read - before.bytes_read,
-                            "bytes_useful": after.bytes_useful - before.bytes_useful}
-                if self.pvp is not None:  # under a SharedCache: what this rank's slice served, for every rank
-                    pvp_hits = self._pvp_cache.stats.pvp_hits - pvp_before
-                    batch.io.update(pvp_hits=pvp_hits, bytes_saved=pvp_hits * self.pvp.row_bytes)
+                batch.timings = {"sample": sample_s, "gather": gather_s, **self.features.last_timings}
+                batch.io = {key: after[key] - before[key] for key in after}
                 if not put(batch):
                     return
             put(_DONE)
@@ -274,9 +258,9 @@ class NodeLoader:
         # Forgotten only once joined: a join cut short by Ctrl-C is redone by the next close(), or the thread
         # would still run native code while the interpreter exits (std::terminate, SIGABRT).
         self._worker = None
-        pvp = getattr(self, "pvp", None)  # absent when __init__ failed early
-        if pvp is not None:
-            pvp.close()  # joins a prefetch in flight; the next lookup still finds its rows
+        features = getattr(self, "features", None)  # absent when __init__ failed early
+        if features is not None:
+            features.settle()  # joins a prefetch in flight; the next gather still finds its rows
 
     def __del__(self):
         self.close()

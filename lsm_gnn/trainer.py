@@ -107,10 +107,6 @@ def _build_cache(cfg: Config, dataset, storage, device):
                          pvp_reinstall=c.pvp and c.pvp_reinstall)
 
 
-def _storage_of(features):
-    return getattr(features, "storage", features)
-
-
 # -- metrics -----------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -208,7 +204,7 @@ class Trainer:
     """Trains ``cfg`` end to end: ``Trainer(cfg).fit()`` returns a summary dict.
 
     ``features`` replaces the feature path the config describes: any object
-    with ``read(ids)`` and ``stats()`` (a storage) or a SoftwareCache.
+    :class:`~lsm_gnn.features.Features` (a storage, a SoftwareCache, a SharedCache).
     """
 
     def __init__(self, cfg: Config, out=None, features=None):
@@ -410,7 +406,7 @@ class Trainer:
         bar = tqdm(total=len(self.loader), initial=self.loader.state_dict()["position"], unit="batch",
                    desc=f"epoch {epoch}", disable=not progress or self.rank != 0, file=sys.stderr, leave=False,
                    mininterval=0.2 if sys.stderr.isatty() else 10.0)  # keep logs of non-interactive runs short
-        cached = hasattr(self.features, "lookup")
+        cached = self.features.caches
         epoch_start = time.perf_counter()
         batches = iter(self.loader)
         try:
@@ -454,8 +450,7 @@ class Trainer:
                     self.save_checkpoint()
         finally:
             bar.close()
-            if hasattr(batches, "close"):
-                batches.close()
+            batches.close()
         times.wall = time.perf_counter() - epoch_start
         state["wall"] += times.wall
         return times
@@ -464,14 +459,14 @@ class Trainer:
         """The epoch's summary from ``epoch_state``; a complete epoch is also evaluated."""
         state = self.epoch_state
         totals, losses = state["totals"], state["losses"]
-        cached = hasattr(self.features, "lookup")
+        cached = self.features.caches
         summary = {"epoch": state["epoch"], "complete": complete, "iterations": len(losses),
                    "loss": float(np.mean(losses)) if losses else float("nan"), "wall_s": state["wall"],
                    "stages_s": dict(state["stages"]),
                    "hit_ratio": totals["hits"] / totals["unique"] if totals["unique"] and cached else None,
                    "bytes_read": totals["bytes_read"],
                    "amplification": totals["bytes_read"] / totals["bytes_useful"] if totals["bytes_useful"] else None}
-        if self.loader.pvp is not None:
+        if "pvp_hits" in self.features.counters():  # a cache with a victim buffer
             summary.update(pvp_hits=totals["pvp_hits"], bytes_saved=totals["bytes_saved"])
         if complete:
             for split in self.cfg.train.eval_splits:
@@ -535,19 +530,8 @@ class Trainer:
         self.save_checkpoint()
 
     def _describe_features(self) -> str:
-        f = self.features
-        shared = hasattr(f, "owner") and isinstance(getattr(f, "cache", None), SoftwareCache)
-        if shared:
-            f = f.cache
-        if isinstance(f, SoftwareCache):
-            from lsm_gnn.units import format_bytes
-
-            scope = (f"per rank, shared by {self.world_size} ranks ({self.features.owner.name} ownership)" if shared
-                     else "per rank, isolated" if self.world_size > 1 else "")
-            return (f"a {format_bytes(f.capacity_bytes)} {f.policy.name} cache ({f.num_lines:,} lines, "
-                    f"{f.num_lines / self.dataset.num_nodes:.2%} of nodes){' ' + scope if scope else ''} over "
-                    f"{f.storage.backend} storage")
-        return f"{_storage_of(f).backend} storage, no cache"
+        mode = f" (cache.mode={self.cfg.cache.mode})" if self.world_size > 1 and self.features.caches else ""
+        return self.features.describe() + mode
 
     @staticmethod
     def _epoch_line(s: dict) -> str:

@@ -73,8 +73,8 @@ def single_cache_hit_ratio(dataset, world, lines):
     """One cache of ``lines`` lines fed every rank's batches of each iteration at once (same trace)."""
     from lsm_gnn import open_storage
 
-    loaders = [NodeLoader(dataset, None, [4, 3], 64, window=8, rank=r, world_size=world, seed=0)
-               for r in range(world)]
+    loaders = [NodeLoader(dataset, open_storage(dataset, "memory"), [4, 3], 64, window=8, rank=r, world_size=world,
+                          seed=0) for r in range(world)]
     plans = [ld._epoch_plans(0) for ld in loaders]
     per_rank = [[np.unique(ld.sampler.input_nodes(p[k], k).numpy()) for k in range(len(p))]
                 for ld, p in zip(loaders, plans)]

@@ -228,13 +228,13 @@ def test_loader_features_equal_the_file_with_pvp(data, policy):
         cache = SoftwareCache(storage, num_sets=8, ways=32, policy=policy, window=16, period=2, static_scores=degree,
                               oversubscribe=True, pvp=True, pvp_queue_capacity=32)
         loader = NodeLoader(dataset, cache, [4, 2], batch_size=64, window=16)
-        assert loader.pvp is cache.pvp
         served = 0
         for epoch in range(2):
             for batch in loader:
                 assert torch.equal(batch.x, features[batch.input_nodes])
                 served += batch.io["pvp_hits"]
         assert served == cache.stats.pvp_hits > 0
+        assert cache.pvp.stats.prefetched > 0  # the loader asked the cache to prefetch
         assert storage.stats().unique_rows == cache.stats.misses  # PVP hits never reached storage
         check_counts(cache)
     assert pvp_threads() == []
@@ -258,14 +258,22 @@ def test_no_prefetch_thread_left_after_an_exception_or_break(data):
     assert cache.pvp.stats.prefetched > 0
 
 
-def test_loader_pvp_argument(data):
-    dataset, _ = data
-    storage = open_storage(dataset, "memory")
-    with pytest.raises(ValueError, match="pvp=True"):
-        NodeLoader(dataset, SoftwareCache(storage, num_sets=8, ways=32), [2], 32, pvp=True)
-    cache = SoftwareCache(storage, num_sets=8, ways=32, oversubscribe=True, pvp=True)
-    assert NodeLoader(dataset, cache, [2], 32, pvp=False).pvp is None
-    assert NodeLoader(dataset, storage, [2], 32).pvp is None
+@pytest.mark.parametrize("prefetch_features", [True, False])
+def test_the_loader_only_asks_the_features_to_prefetch(data, monkeypatch, prefetch_features):
+    """The loader knows no victim buffer: it calls features.prefetch() after each gather, or never."""
+    dataset, features = data
+    calls = []
+    cache = SoftwareCache(open_storage(dataset, "memory"), num_sets=8, ways=32, oversubscribe=True, pvp=True,
+                          pvp_queue_capacity=16, window=8)
+    monkeypatch.setattr(cache.pvp, "prefetch_async", lambda t, real=cache.pvp.prefetch_async: (calls.append(t),
+                                                                                                 real(t)))
+    loader = NodeLoader(dataset, cache, [2], 32, window=8, prefetch_features=prefetch_features)
+    for batch in loader:
+        assert torch.equal(batch.x, features[batch.input_nodes])
+    assert (len(calls) == len(loader)) if prefetch_features else calls == []
+    assert cache.stats.pvp_hits > 0  # without the loader's prefetch, the lookup moves the queue itself
+    plain = NodeLoader(dataset, open_storage(dataset, "memory"), [2], 500)
+    assert all("pvp_hits" not in b.io for b in plain)  # no victim buffer: no PVP counters
 
 
 def test_errors_in_the_prefetch_thread_reach_the_caller():

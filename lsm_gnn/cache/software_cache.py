@@ -295,6 +295,56 @@ class SoftwareCache:
                 request_hit = request_hit | from_pvp[inverse]
             return rows, request_hit
 
+    # -- the Features interface (lsm_gnn.features): a cache wraps a storage -------------------------------------
+
+    caches = True
+    last_timings: dict = {}
+
+    @property
+    def num_rows(self) -> int:
+        return self.storage.num_rows
+
+    @property
+    def dim(self) -> int:
+        return self.storage.dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.storage.dtype
+
+    @property
+    def row_bytes(self) -> int:
+        return self.storage.row_bytes
+
+    def gather(self, ids, *, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`lookup`: the rows and which of them were served without reading storage."""
+        return self.lookup(ids, future=future, out=out)
+
+    def counters(self) -> dict[str, int]:
+        """The storage's byte counters; with PVP also the victim buffer's hits and the bytes they saved."""
+        counters = self.storage.counters()
+        if self.pvp is not None:
+            counters.update(pvp_hits=self.stats.pvp_hits, bytes_saved=self.stats.pvp_hits * self.row_bytes)
+        return counters
+
+    def prefetch(self) -> None:
+        """With PVP: starts moving the victim queue of the next iteration into the prefetch buffer, on a
+        background thread, so the next lookup finds its rows there (the paper's side-stream copy)."""
+        if self.pvp is not None:
+            self.pvp.prefetch_async(self.iteration)
+
+    def settle(self) -> None:
+        """Joins a prefetch in flight; the next lookup still finds its rows."""
+        if self.pvp is not None:
+            self.pvp.close()
+
+    def describe(self) -> str:
+        from lsm_gnn.units import format_bytes
+
+        pvp = f" with a victim buffer ({self.pvp.capacity:,} lines per queue)" if self.pvp is not None else ""
+        return (f"a {format_bytes(self.capacity_bytes)} {self.policy.name} cache ({self.num_lines:,} lines, "
+                f"{self.num_lines / self.storage.num_rows:.2%} of nodes){pvp} over {self.storage.backend} storage")
+
     def _forget_unfilled(self, line: torch.Tensor, hit: torch.Tensor) -> None:
         """Invalidates the lines this lookup assigned to ids it did not hit (after a failed fill)."""
         assigned = line[~hit]

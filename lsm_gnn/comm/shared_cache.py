@@ -183,6 +183,41 @@ class SharedCache:
             self.last_served = served
             return result, hit_mask
 
+    # -- the Features interface (lsm_gnn.features): a shared cache wraps this rank's slice ----------------------
+
+    caches = True
+
+    @property
+    def num_rows(self) -> int:
+        return self.storage.num_rows
+
+    @property
+    def dim(self) -> int:
+        return self.storage.dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.storage.dtype
+
+    def gather(self, ids, *, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`lookup` (collective: every rank gathers its batch at the same time)."""
+        return self.lookup(ids, future=future, out=out)
+
+    def counters(self) -> dict[str, int]:
+        """This rank's slice: the bytes it read from storage and, with PVP, what its victim buffer served
+        (for every rank)."""
+        return self.cache.counters()
+
+    def prefetch(self) -> None:
+        self.cache.prefetch()
+
+    def settle(self) -> None:
+        self.cache.settle()
+
+    def describe(self) -> str:
+        return (f"{self.cache.describe()}, one slice of a cache shared by {self.world_size} ranks "
+                f"({self.owner.name} ownership)")
+
     @property
     def last_timings(self) -> dict:
         """Seconds of the last lookup spent exchanging with other ranks (the loader reports it as a stage)."""

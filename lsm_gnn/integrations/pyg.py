@@ -32,9 +32,9 @@ def _read_only(store) -> TypeError:
 class LsmFeatureStore(FeatureStore):
     """Node attributes of ``dataset`` by node id: ``x`` (features) and ``y`` (labels, if the dataset has them).
 
-    ``features`` is a :class:`~lsm_gnn.cache.SoftwareCache` (rows come
-    through the cache, one ``lookup`` per read, without a future window) or
-    a storage backend (``read(ids)``). Feature rows keep the file's dtype
+    ``features`` is any :class:`~lsm_gnn.features.Features` (a storage, a
+    :class:`~lsm_gnn.cache.SoftwareCache` whose rows come through the cache,
+    one ``gather`` per read without a future window, or a shared cache). Feature rows keep the file's dtype
     unless ``dtype`` is given (e.g. ``torch.float32`` for models).
 
     ``index`` may be node ids (a tensor or list: PyG's own key check fails
@@ -47,13 +47,12 @@ class LsmFeatureStore(FeatureStore):
     def __init__(self, dataset, features, *, group_name=None, dtype: torch.dtype | None = None,
                  max_read_bytes="1G"):
         super().__init__()
-        storage = getattr(features, "storage", features)  # a cache reads through its storage
-        if (storage.num_rows, storage.dim) != (dataset.num_nodes, dataset.feature_dim):
-            raise ValueError(f"features hold {storage.num_rows} rows of dim {storage.dim} but the dataset has "
+        if (features.num_rows, features.dim) != (dataset.num_nodes, dataset.feature_dim):
+            raise ValueError(f"features hold {features.num_rows} rows of dim {features.dim} but the dataset has "
                              f"{dataset.num_nodes} nodes of dim {dataset.feature_dim}; open them from the same dataset")
         self.dataset, self.features, self.group_name, self.dtype = dataset, features, group_name, dtype
         self.max_read_bytes = parse_bytes(max_read_bytes)
-        self._row_bytes = {"x": storage.row_bytes}
+        self._row_bytes = {"x": features.row_bytes}
         if dataset.labels is not None:
             self._row_bytes["y"] = LABEL_BYTES
 
@@ -90,8 +89,7 @@ class LsmFeatureStore(FeatureStore):
             # Fancy indexing a memory-mapped array reads only the rows asked for.
             out = torch.from_numpy(np.asarray(self.dataset.labels[ids.numpy()], dtype=np.int64))
         else:
-            lookup = getattr(self.features, "lookup", None)
-            out = lookup(ids)[0] if lookup is not None else self.features.read(ids)
+            out = self.features.gather(ids)[0]
             if self.dtype is not None:
                 out = out.to(self.dtype)
         return out[0] if single else out

@@ -128,6 +128,29 @@ class FeatureStorage(ABC):
             self._read(ids, out)
         return out
 
+    # -- the Features interface (lsm_gnn.features): storage is the source with no cache ---------------------
+
+    caches = False
+    last_timings: dict = {}
+
+    def gather(self, ids, *, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`read`, with an all-False hit mask (nothing is cached); ``future`` is ignored."""
+        rows = self.read(ids, out)
+        return rows, torch.zeros(rows.shape[0], dtype=torch.bool)
+
+    def counters(self) -> dict[str, int]:
+        s = self.stats()
+        return {"bytes_read": s.bytes_read, "bytes_useful": s.bytes_useful}
+
+    def prefetch(self) -> None:
+        """Nothing to prefetch without a cache."""
+
+    def settle(self) -> None:
+        """Nothing runs in the background."""
+
+    def describe(self) -> str:
+        return f"{self.backend} storage, no cache"
+
     def read_async(self, ids, out: torch.Tensor | None = None) -> Future:
         """Like :meth:`read`, on a background thread; ``.result()`` gives the rows."""
         with self._executor_lock:
