@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from lsm_gnn.cache.policies import POLICIES
+from lsm_gnn import defaults
+from lsm_gnn.cache.policies import POLICIES, PolicyConfig
 from lsm_gnn.storage import BACKENDS
 from lsm_gnn.units import parse_bytes
 
@@ -37,27 +38,27 @@ class ModelConfig:
 
 @dataclass
 class SamplerConfig:
-    fanouts: list = field(default_factory=lambda: [5, 2, 2, 2])  # one per layer, outermost last; -1 = all
-    batch_size: int = 2048
+    fanouts: list = field(default_factory=lambda: list(defaults.FANOUTS))  # one per layer, outermost last; -1 = all
+    batch_size: int = defaults.BATCH_SIZE
     num_threads: int = 0       # 0: OpenMP's default
 
 
 @dataclass
 class CacheConfig:
     features: str = "cache"    # cache | storage (no cache) | memory (whole file in RAM: the ceiling)
-    capacity: str = "1.5%"     # bytes ("4G", "512M") or a share of the nodes ("1.5%")
-    ways: int = 32
+    capacity: str = defaults.CAPACITY  # bytes ("4G", "512M") or a share of the nodes ("1.5%")
+    ways: int = defaults.WAYS
     policy: str = "auto"       # auto: hybrid, or hybrid_pvp_room with pvp (docs/cache.md); or any policy
-    window: int = 256          # future mini-batches sampled ahead
-    period: int = 4            # window scan every `period` iterations
+    window: int = defaults.WINDOW  # future mini-batches sampled ahead
+    period: int = defaults.PERIOD  # window scan every `period` iterations
     backend: str = "auto"      # storage backend of the miss path
     static_score: str = "reverse_pagerank"  # a score stored in the dataset, or "none"
     oversubscribe: bool = False  # allow a batch larger than the cache (hit ratio studies)
     mode: str = "shared"       # with several ranks: shared (one cache over all ranks) | isolated (one per rank)
     owner: str = "modulo"      # who owns a node in shared mode: modulo | hotness | path/to/partition.npy
     pvp: bool = False          # the victim-buffer prefetcher (paper section 4.3)
-    pvp_queue_capacity: int = 16384  # lines per victim queue (one queue per future iteration)
-    pvp_reinstall: bool = True  # PVP-served lines go back into the cache (False: the paper's bypass)
+    pvp_queue_capacity: int = defaults.PVP_QUEUE_CAPACITY  # lines per victim queue (one per future iteration)
+    pvp_reinstall: bool = True  # with pvp: served lines go back into the cache (False: the paper's bypass)
 
 
 @dataclass
@@ -189,9 +190,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"sampler.fanouts must be a non-empty list of ints >= -1, got {f!r}")
     positive = {"sampler.batch_size": cfg.sampler.batch_size, "cache.ways": cfg.cache.ways,
                 "model.hidden": cfg.model.hidden, "model.heads": cfg.model.heads, "train.epochs": cfg.train.epochs,
-                "log.every": cfg.log.every,
-                "cache.window": cfg.cache.window, "cache.period": cfg.cache.period,
-                "cache.pvp_queue_capacity": cfg.cache.pvp_queue_capacity}
+                "log.every": cfg.log.every, "cache.pvp_queue_capacity": cfg.cache.pvp_queue_capacity}
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"{key} must be >= 1, got {value}")
@@ -221,7 +220,21 @@ def validate(cfg: Config) -> Config:
         capacity_spec(cfg.cache.capacity)
     except ValueError as exc:
         raise ConfigError(f"cache.capacity: {exc}") from None
+    policy_config(cfg.cache)
     return cfg
+
+
+def policy_name(cache: CacheConfig) -> str:
+    """``cache.policy`` with ``auto`` resolved: the best measured policy with or without PVP."""
+    return defaults.policy_for(cache.pvp) if cache.policy == "auto" else cache.policy
+
+
+def policy_config(cache: CacheConfig) -> PolicyConfig:
+    """The cache section's policy, window and period, checked once (the window's range is PolicyConfig's)."""
+    try:
+        return PolicyConfig(policy_name(cache), window=cache.window, period=cache.period)
+    except ValueError as exc:  # "window must ...", "period must ...": name the key
+        raise ConfigError(f"cache.{exc}") from None
 
 
 def capacity_spec(text: str) -> tuple[str, float]:

@@ -327,9 +327,10 @@ class LinkPrediction:
 
     def train_loader(self, features, rank: int, world_size: int) -> LinkLoader:
         c = self.cfg
+        from lsm_gnn.tasks import loader_options
+
         return LinkLoader(self.dataset, features, c.sampler.fanouts, c.sampler.batch_size, shuffle=True,
-                          window=c.cache.window, seed=c.train.seed, rank=rank, world_size=world_size,
-                          num_threads=c.sampler.num_threads)
+                          **loader_options(c, rank, world_size))
 
     def loss(self, model, batch: LinkBatch) -> torch.Tensor:
         emb = model(batch)
@@ -342,11 +343,12 @@ class LinkPrediction:
         if split not in self.dataset.edge_split_names:
             raise ConfigError(f"dataset {self.dataset.path} has no '{split}' edge split (it has "
                               f"{self.dataset.edge_split_names or 'none'}); set train.eval_splits to those")
+        from lsm_gnn.tasks import eval_batch_size, loader_options
+
         c = self.cfg
         sums = ranking_sums(model, self.dataset, features, c.sampler.fanouts, k=self.k, split=split,
-                            batch_size=c.train.eval_batch_size or c.sampler.batch_size, device=device, rank=rank,
-                            world_size=world_size, window=c.cache.window, seed=c.train.seed + 1,
-                            num_threads=c.sampler.num_threads)
+                            batch_size=eval_batch_size(c), device=device,
+                            **loader_options(c, rank, world_size, evaluation=True))
         recall_sum, random_sum, count = all_reduce_sum(list(sums))
         nan = float("nan")
         return {f"recall@{self.k}": recall_sum / count if count else nan,

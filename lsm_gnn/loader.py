@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.cache import WindowBuffer
+from lsm_gnn.defaults import WINDOW
 from lsm_gnn.features import Features
 from lsm_gnn.sampling import Hop, NeighborSampler
 
@@ -74,7 +75,7 @@ class NodeLoader:
     """
 
     def __init__(self, dataset, features, fanouts, batch_size: int, seeds=None, *, shuffle: bool = True,
-                 drop_last: bool = False, window: int = 256, prefetch: int = 2, seed: int = 0,
+                 drop_last: bool = False, window: int = WINDOW, prefetch: int = 2, seed: int = 0,
                  rank: int = 0, world_size: int = 1, num_threads: int = 0, prefetch_features: bool = True):
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()

@@ -1,7 +1,32 @@
-"""Small helpers shared by the training tasks: moving batches to a device, summing across ranks."""
+"""Distributed set-up and the small helpers the training tasks share: joining the process group from a
+launcher's environment, moving batches to a device, summing across ranks."""
 from __future__ import annotations
 
+import os
+
 import torch
+
+from lsm_gnn.comm.group import collective_timeout
+
+
+def distributed_context(device: torch.device) -> tuple[int, int]:
+    """(rank, world size); initialises torch.distributed from torchrun's or MPI's environment if needed."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    env = os.environ
+    rank = env.get("RANK", env.get("OMPI_COMM_WORLD_RANK", env.get("PMI_RANK")))
+    world = env.get("WORLD_SIZE", env.get("OMPI_COMM_WORLD_SIZE", env.get("PMI_SIZE")))
+    if rank is None or world is None:
+        return 0, 1
+    if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+        raise RuntimeError("a distributed launch needs MASTER_ADDR and MASTER_PORT in the environment "
+                           "(torchrun sets them; with mpirun use launch/mpirun.sh)")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    # A finite timeout, the same for every group: a rank that dies makes the others fail instead of hanging.
+    dist.init_process_group(backend, rank=int(rank), world_size=int(world), timeout=collective_timeout())
+    return dist.get_rank(), dist.get_world_size()
 
 
 def batch_to(batch, device):

@@ -15,6 +15,16 @@ from lsm_gnn.loader import NodeLoader
 from lsm_gnn.parallel import all_reduce_sum, batch_to
 
 
+def loader_options(cfg: Config, rank: int, world_size: int, evaluation: bool = False) -> dict:
+    """The loader keywords every task takes from the config; evaluation draws its own sampling stream."""
+    return {"window": cfg.cache.window, "seed": cfg.train.seed + (1 if evaluation else 0), "rank": rank,
+            "world_size": world_size, "num_threads": cfg.sampler.num_threads}
+
+
+def eval_batch_size(cfg: Config) -> int:
+    return cfg.train.eval_batch_size or cfg.sampler.batch_size
+
+
 class NodeClassification:
     """Cross-entropy on the train split; accuracy on the evaluation splits.
 
@@ -46,8 +56,7 @@ class NodeClassification:
     def train_loader(self, features, rank: int, world_size: int) -> NodeLoader:
         c = self.cfg
         return NodeLoader(self.dataset, features, c.sampler.fanouts, c.sampler.batch_size,
-                          seeds=self.labeled("train"), shuffle=True, window=c.cache.window, seed=c.train.seed,
-                          rank=rank, world_size=world_size, num_threads=c.sampler.num_threads)
+                          seeds=self.labeled("train"), shuffle=True, **loader_options(c, rank, world_size))
 
     def loss(self, model, batch) -> torch.Tensor:
         # ignore_index guards loaders given unlabeled seeds by a caller
@@ -60,9 +69,8 @@ class NodeClassification:
         if seeds.size >= world_size:
             c = self.cfg
             # Equal shares per rank (fewer than world_size nodes left out): the exchange is collective.
-            loader = NodeLoader(self.dataset, features, c.sampler.fanouts, c.train.eval_batch_size or c.sampler.batch_size,
-                                seeds=seeds, shuffle=False, window=c.cache.window, seed=c.train.seed + 1,
-                                rank=rank, world_size=world_size, num_threads=c.sampler.num_threads)
+            loader = NodeLoader(self.dataset, features, c.sampler.fanouts, eval_batch_size(c), seeds=seeds,
+                                shuffle=False, **loader_options(c, rank, world_size, evaluation=True))
             for batch in loader:
                 batch = batch_to(batch, device)
                 correct += int((model(batch).argmax(1) == batch.y).sum())

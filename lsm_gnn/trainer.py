@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from lsm_gnn.cache import SoftwareCache
+from lsm_gnn.build import build_features, resolve
 from lsm_gnn.checkpoint import (CheckpointError, atomic_torch_save, load_checkpoint,
                                 remove_stale_checkpoint_temporaries)
 from lsm_gnn.comm.group import (TIMEOUT_ENV, CollectiveError, ProgressBoard, check_agreement, collective_timeout,
                                 first_line, is_collective_failure)
-from lsm_gnn.config import Config, ConfigError, cache_capacity_bytes
+from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.fileio import reporting_disk_full
-from lsm_gnn.parallel import batch_to
+from lsm_gnn.parallel import batch_to, distributed_context
 from lsm_gnn.tasks import make_task
 
 __all__ = ["CheckpointError", "Trainer", "TrainingDiverged", "atomic_torch_save", "load_checkpoint", "train"]
@@ -43,68 +43,6 @@ TOTALS = ("hits", "unique", "bytes_read", "bytes_useful", "pvp_hits", "bytes_sav
 
 class TrainingDiverged(RuntimeError):
     """The loss or the gradients became NaN or infinite."""
-
-
-# -- distributed -------------------------------------------------------------------------------------------------
-
-def distributed_context(device: torch.device) -> tuple[int, int]:
-    """(rank, world size); initialises torch.distributed from torchrun's or MPI's environment if needed."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    env = os.environ
-    rank = env.get("RANK", env.get("OMPI_COMM_WORLD_RANK", env.get("PMI_RANK")))
-    world = env.get("WORLD_SIZE", env.get("OMPI_COMM_WORLD_SIZE", env.get("PMI_SIZE")))
-    if rank is None or world is None:
-        return 0, 1
-    if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
-        raise RuntimeError("a distributed launch needs MASTER_ADDR and MASTER_PORT in the environment "
-                           "(torchrun sets them; with mpirun use launch/mpirun.sh)")
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    # A finite timeout, the same for every group: a rank that dies makes the others fail instead of hanging.
-    dist.init_process_group(backend, rank=int(rank), world_size=int(world), timeout=collective_timeout())
-    return dist.get_rank(), dist.get_world_size()
-
-
-# -- features ----------------------------------------------------------------------------------------------------
-
-def build_features(cfg: Config, dataset, device: torch.device, world_size: int = 1):
-    """The feature path a config asks for: the cache over storage (shared by the ranks or one per rank),
-    storage alone, or RAM."""
-    from lsm_gnn.storage import open_storage
-
-    c = cfg.cache
-    if c.features == "memory":
-        return open_storage(dataset, "memory")
-    storage = open_storage(dataset, c.backend)
-    if c.features == "storage":
-        return storage
-    cache = _build_cache(cfg, dataset, storage, device)
-    if world_size > 1 and c.mode == "shared":
-        from lsm_gnn.comm import SharedCache, make_owner
-
-        owner = make_owner(c.owner, dataset, world_size, fanouts=cfg.sampler.fanouts,
-                           batch_size=cfg.sampler.batch_size, seed=cfg.train.seed)
-        return SharedCache(cache, owner)
-    return cache
-
-
-def _build_cache(cfg: Config, dataset, storage, device):
-    c = cfg.cache
-    static = None
-    if c.static_score != "none":
-        if c.static_score not in dataset.score_names:
-            raise ConfigError(f"cache.static_score={c.static_score!r} is not in the dataset (it has "
-                              f"{dataset.score_names or 'no scores'}); prepare it with scores or set "
-                              "cache.static_score=none")
-        static = dataset.score(c.static_score)
-    capacity = cache_capacity_bytes(c.capacity, dataset.num_nodes, storage.row_bytes)
-    policy = None if c.policy == "auto" else c.policy  # None: the cache picks (hybrid, or hybrid_pvp_room with PVP)
-    return SoftwareCache(storage, capacity, ways=c.ways, policy=policy, window=c.window, period=c.period,
-                         static_scores=static, oversubscribe=c.oversubscribe, device=device,
-                         num_threads=cfg.sampler.num_threads, pvp=c.pvp, pvp_queue_capacity=c.pvp_queue_capacity,
-                         pvp_reinstall=c.pvp and c.pvp_reinstall)
 
 
 # -- metrics -----------------------------------------------------------------------------------------------------
@@ -235,8 +173,11 @@ class Trainer:
         if missing:  # fail now, not after the first epoch
             raise ConfigError(f"train.eval_splits has {missing}, which dataset {self.dataset.path} lacks; it has "
                               f"{self.task.splits or 'none'}: set train.eval_splits={self.task.splits}")
-        self.features = (build_features(cfg, self.dataset, self.device, self.world_size)
-                         if features is None else features)
+        #: the resolved feature path (capacity in bytes, policy, PVP, sharing), checked before any work
+        self.feature_spec = resolve(cfg, self.dataset, self.world_size)
+        self.features = features if features is not None else build_features(
+            self.feature_spec, self.dataset, self.device, world_size=self.world_size, fanouts=cfg.sampler.fanouts,
+            batch_size=cfg.sampler.batch_size, seed=cfg.train.seed, num_threads=cfg.sampler.num_threads)
         torch.manual_seed(cfg.train.seed)
         self.module = HopGNN(cfg.model.kind, self.dataset.feature_dim, cfg.model.hidden, self.task.out_dim,
                              num_layers=len(cfg.sampler.fanouts), heads=cfg.model.heads,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lsm_gnn.defaults import PERIOD, WINDOW
+
 # Dynamic-information classes of a valid cache line at eviction time.
 LEVEL_NONE = "none"    # scanned: no reuse within the window
 LEVEL_FAR = "far"      # next reuse beyond the threshold
@@ -41,8 +43,8 @@ class PolicyConfig:
     """A policy name plus the knobs of the window-based policies."""
 
     name: str = "hybrid"
-    window: int = 256            # future mini-batches the window buffer holds
-    period: int = 4              # scan the window every `period` iterations
+    window: int = WINDOW         # future mini-batches the window buffer holds
+    period: int = PERIOD         # scan the window every `period` iterations
     threshold: int | None = None  # "near" reuse distance; default window // 8
     levels: tuple[str, ...] | None = None  # hybrid eviction order; default per policy
 

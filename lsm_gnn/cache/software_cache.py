@@ -15,6 +15,7 @@ from lsm_gnn.cache.policies import POLICY_CODE, PolicyConfig
 from lsm_gnn.cache.pvp import DEFAULT_QUEUE_CAPACITY, VictimBuffer, match_prefetched
 from lsm_gnn.cache.reference import CacheStats, quantize_scores, set_of
 from lsm_gnn.cache.window import WindowBuffer
+from lsm_gnn.defaults import PERIOD, WAYS, WINDOW, policy_for
 from lsm_gnn.storage.base import as_id_tensor
 from lsm_gnn.units import parse_bytes
 
@@ -97,14 +98,14 @@ class SoftwareCache:
     pvp_reinstall=False`` is the paper's design as published.
     """
 
-    def __init__(self, storage, capacity=None, *, ways: int = 32, policy: str | PolicyConfig | None = None,
-                 window: int = 256, period: int = 4, threshold: int | None = None, levels=None,
+    def __init__(self, storage, capacity=None, *, ways: int = WAYS, policy: str | PolicyConfig | None = None,
+                 window: int = WINDOW, period: int = PERIOD, threshold: int | None = None, levels=None,
                  static_scores=None, num_sets: int | None = None, oversubscribe: bool = False,
                  device: str | torch.device = "cpu", num_threads: int = 0, pvp: bool = False,
                  pvp_queue_capacity: int = DEFAULT_QUEUE_CAPACITY, pvp_reinstall: bool | None = None):
         self.storage = storage
         if policy is None:  # the best measured default (docs/benchmarks.md, PVP section)
-            policy = "hybrid_pvp_room" if pvp else "hybrid"
+            policy = policy_for(pvp)
         if pvp_reinstall is None:
             pvp_reinstall = bool(pvp)
         if isinstance(policy, PolicyConfig):

@@ -11,6 +11,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from lsm_gnn.defaults import WINDOW
 from lsm_gnn.storage.base import as_id_tensor
 
 
@@ -22,7 +23,7 @@ class WindowBuffer:
     O(cache lines) rather than O(ids in the window).
     """
 
-    def __init__(self, size: int = 256, num_nodes: int | None = None):
+    def __init__(self, size: int = WINDOW, num_nodes: int | None = None):
         if not 1 <= size <= 65534:
             raise ValueError(f"window size must be in 1..65534, got {size}")
         self.size = size

@@ -1,0 +1,20 @@
+"""The one table of defaults shared by the layers and the config.
+
+Every layer's signature and the config schema (:mod:`lsm_gnn.config`) take
+their default from here, so a default changes in one place. Values are the
+paper's settings unless a measurement (``docs/benchmarks.md``) chose better.
+"""
+from __future__ import annotations
+
+WAYS = 32                    # lines per cache set (the paper's 32-way cache)
+WINDOW = 256                 # future mini-batches sampled ahead into the window buffer
+PERIOD = 4                   # the window is scanned every PERIOD iterations
+PVP_QUEUE_CAPACITY = 16384   # lines per victim queue (one queue per future iteration)
+CAPACITY = "1.5%"            # cache size: a share of the nodes, or bytes ("4G")
+FANOUTS = (5, 2, 2, 2)       # neighbors per hop, next to the seeds first
+BATCH_SIZE = 2048            # seed nodes per mini-batch
+
+
+def policy_for(pvp: bool) -> str:
+    """The eviction policy used when none is named: the best measured with and without PVP."""
+    return "hybrid_pvp_room" if pvp else "hybrid"
