@@ -18,8 +18,8 @@ import torch
 from lsm_gnn import DatasetError, open_dataset
 from lsm_gnn.data.format import META_FILE
 from lsm_gnn.data.scores import compute_scores, reverse_pagerank
+from lsm_gnn.ids import as_id_tensor
 from lsm_gnn.sampling import NeighborSampler
-from lsm_gnn.storage.base import as_id_tensor
 from lsm_gnn.testing import write_tiny_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

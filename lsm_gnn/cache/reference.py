@@ -58,7 +58,7 @@ import torch
 
 from lsm_gnn.cache.policies import LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR, LEVEL_NONE, PolicyConfig
 from lsm_gnn.cache.pvp import INDEX_MASK, PVPStats
-from lsm_gnn.storage.base import as_id_tensor
+from lsm_gnn.ids import as_id_tensor
 
 NO_REUSE = 0xFFFF
 INVALID_TAG = -1

@@ -11,7 +11,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from lsm_gnn.storage.base import as_id_tensor
+from lsm_gnn.ids import as_id_tensor
 
 
 class WindowBuffer:
