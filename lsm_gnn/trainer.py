@@ -83,9 +83,10 @@ def build_features(cfg: Config, dataset, device: torch.device, world_size: int =
     cache = _build_cache(cfg, dataset, storage, device)
     if world_size > 1 and c.mode == "shared":
         from lsm_gnn.comm import SharedCache, make_owner
+        from lsm_gnn.sampling import sampled_access_counts
 
-        owner = make_owner(c.owner, dataset, world_size, fanouts=cfg.sampler.fanouts,
-                           batch_size=cfg.sampler.batch_size, seed=cfg.train.seed)
+        owner = make_owner(c.owner, dataset, world_size, access_counts=lambda: sampled_access_counts(
+            dataset, cfg.sampler.fanouts, cfg.sampler.batch_size, seed=cfg.train.seed))
         return SharedCache(cache, owner)
     return cache
 

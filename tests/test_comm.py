@@ -13,6 +13,7 @@ import torch
 from lsm_gnn.cache import SoftwareCache, replay
 from lsm_gnn.comm import hotness_owner, make_owner
 from lsm_gnn.loader import NodeLoader
+from lsm_gnn.sampling import sampled_access_counts
 from lsm_gnn.testing import write_tiny_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -120,7 +121,7 @@ def test_ownership_functions(dataset, tmp_path):
     loads = balanced.loads(counts)
     modulo_loads = np.bincount(ids % 4, weights=counts, minlength=4)
     assert loads.max() - loads.mean() <= min(counts.max(), modulo_loads.max() - modulo_loads.mean())
-    hot = make_owner("hotness", dataset, 2, fanouts=[4, 3], batch_size=64)
+    hot = make_owner("hotness", dataset, 2, access_counts=lambda: sampled_access_counts(dataset, [4, 3], 64))
     assert set(np.unique(hot(ids))) == {0, 1}
     path = tmp_path / "parts.npy"
     np.save(path, (ids // 1000).astype(np.int32))
