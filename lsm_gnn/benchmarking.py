@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
 import time
+
+from lsm_gnn.fileio import atomic_write_bytes
 
 
 def median_seconds(fn, repeats: int, warmup: bool = True) -> float:
@@ -22,13 +22,4 @@ def median_seconds(fn, repeats: int, warmup: bool = True) -> float:
 
 def write_json(path: str, result, indent: int = 2) -> None:
     """Writes a result file atomically (a killed run never leaves half a JSON behind)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(result, fh, indent=indent)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    atomic_write_bytes(json.dumps(result, indent=indent).encode(), path)
