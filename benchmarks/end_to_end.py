@@ -44,10 +44,8 @@ import time
 import numpy as np
 import torch
 
-from lsm_gnn.benchmarking import write_json
+from lsm_gnn.benchmarking import reusable_dataset, write_json
 from lsm_gnn.config import load_config
-from lsm_gnn.data import open_dataset
-from lsm_gnn.data.format import DatasetError
 from lsm_gnn.storage.base import FeatureStorage, StorageStats
 from lsm_gnn.storage.probe import evict_page_cache
 from lsm_gnn.trainer import STAGES, Trainer
@@ -106,12 +104,9 @@ class MemmapStorage(FeatureStorage):
 def ensure_graph(path: str, num_nodes: int, dim: int):
     from lsm_gnn.data.synthetic import generate_synthetic
 
-    try:
-        ds = open_dataset(path, check="shape")
-        if ds.num_nodes == num_nodes and ds.feature_dim == dim:
-            return ds
-    except DatasetError:
-        pass
+    ds = reusable_dataset(path, num_nodes=num_nodes, feature_dim=dim)
+    if ds is not None:
+        return ds
     print(f"generating {num_nodes:,} nodes x {dim} features at {path} ...", file=sys.stderr)
     return generate_synthetic(path, num_nodes=num_nodes, avg_degree=10, feature_dim=dim, num_classes=8, seed=0,
                               overwrite=True)
