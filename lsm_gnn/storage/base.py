@@ -127,3 +127,39 @@ class FeatureStorage(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(backend={self.backend!r}, rows={self.num_rows}, dim={self.dim}, dtype={self.dtype_name})"
+
+
+class CountingStorage(FeatureStorage):
+    """A backend written in Python: its counters are kept here, behind a lock.
+
+    ``read_async`` reads on another thread while ``stats()`` may be called from the caller's,
+    so every update and snapshot holds the lock. (The native backends count in C++.)
+    """
+
+    def __init__(self, num_rows: int, dim: int, dtype: str):
+        super().__init__(num_rows, dim, dtype)
+        self._stats_lock = threading.Lock()
+        self._stats = StorageStats(backend=self.backend)
+
+    def _count(self, rows: int, seconds: float, *, unique_rows: int = 0, requests: int = 0, bytes_read: int = 0,
+               bytes_useful: int = 0) -> None:
+        """Adds one ``read`` of ``rows`` ids that took ``seconds``."""
+        with self._stats_lock:
+            s = self._stats
+            s.batches += 1
+            s.rows += rows
+            s.unique_rows += unique_rows
+            s.requests += requests
+            s.bytes_read += bytes_read
+            s.bytes_useful += bytes_useful
+            s.total_seconds += seconds
+            s.last_batch_seconds = seconds
+            s.max_batch_seconds = max(s.max_batch_seconds, seconds)
+
+    def stats(self) -> StorageStats:
+        with self._stats_lock:
+            return StorageStats(**vars(self._stats))
+
+    def reset_stats(self) -> None:
+        with self._stats_lock:
+            self._stats = StorageStats(backend=self.backend)
