@@ -1,7 +1,6 @@
 """The communication layer over 2 and 4 CPU processes (gloo): exact bytes, one owner, shared beats isolated."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,17 +13,11 @@ from lsm_gnn.cache import SoftwareCache, replay
 from lsm_gnn.comm import hotness_owner, make_owner
 from lsm_gnn.loader import NodeLoader
 from lsm_gnn.sampling import sampled_access_counts
-from lsm_gnn.testing import write_tiny_dataset
+from lsm_gnn.testing import free_port, write_tiny_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "comm_worker.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(scenario, dataset, out, world, timeout=240):

@@ -19,13 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOLATILE = {"wall_s", "stages_s", "hit_ratio", "bytes_read", "amplification", "time"}
 
 
-@pytest.fixture(scope="module")
-def graph(tmp_path_factory):
-    from lsm_gnn.data.synthetic import generate_synthetic
-
-    path = tmp_path_factory.mktemp("resume") / "g"
-    generate_synthetic(path, num_nodes=1500, avg_degree=6, feature_dim=8, num_classes=3, seed=2, progress=False)
-    return str(path)
+# The graph fixture (conftest.py) generates this once per module.
+GRAPH = dict(num_nodes=1500, avg_degree=6, feature_dim=8, num_classes=3, seed=2)
 
 
 def overrides(graph, out, *more):
