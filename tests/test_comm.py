@@ -48,6 +48,7 @@ def dataset(tmp_path_factory):
 
 
 @pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.slow
 def test_every_rank_gets_the_file_bytes_and_each_id_is_served_once_by_its_owner(dataset, tmp_path, world):
     codes, logs, _ = run_ranks("correctness", dataset, tmp_path, world)
     assert codes == [0] * world, "\n".join(logs)

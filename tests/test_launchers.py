@@ -10,6 +10,7 @@ from lsm_gnn.testing import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytest.importorskip("torch_geometric")
+pytestmark = pytest.mark.slow  # each test launches a 2-rank training run
 
 
 # The graph fixture (conftest.py) generates this once per module.

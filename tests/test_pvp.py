@@ -278,6 +278,7 @@ def test_errors_in_the_prefetch_thread_reach_the_caller():
     assert pvp_threads() == []
 
 
+@pytest.mark.slow
 def test_two_ranks_with_victim_buffers_get_the_file_bytes(data, tmp_path):
     """Over a SharedCache (gloo, 2 processes), each owner's victim buffer serves the merged batch it
     owns: every batch of every policy still equals the file, and the buffers do serve."""

@@ -10,6 +10,7 @@ import pytest
 from lsm_gnn.testing import free_port
 
 pytest.importorskip("torch_geometric")
+pytestmark = pytest.mark.slow  # each test starts two training ranks and waits for one to fail
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -135,6 +135,7 @@ def test_stale_temporary_checkpoints_of_dead_writers_are_removed(graph, tmp_path
     assert sorted(os.listdir(ckpt)) == sorted(p.name for p in (live, other_host, legacy_new, unrelated))
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_from_the_cli(graph, tmp_path, uninterrupted):
     """A real kill: the process gets SIGKILL while training; the CLI run started again completes the run."""
     args = [sys.executable, "-m", "lsm_gnn", "train", *overrides(graph, tmp_path)]

@@ -226,6 +226,7 @@ def assert_one_line_error(result, *expected):
      "indptr.npy: indptr decreases"),
     ("int64", lambda d: save(d, "indptr.npy", corrupt_indptr(d.indptr, "huge")), "indptr.npy: indptr decreases"),
 ])
+@pytest.mark.slow
 def test_training_a_corrupt_dataset_exits_1_with_one_line(tmp_path, index_dtype, corrupt, expected):
     pytest.importorskip("torch_geometric")
     ds = make_dataset(tmp_path / "ds", index_dtype)
@@ -241,6 +242,7 @@ def test_training_a_corrupt_dataset_exits_1_with_one_line(tmp_path, index_dtype,
     (lambda d: save(d, "indptr.npy", corrupt_indptr(d.indptr, "negative")), "indptr.npy: indptr decreases"),
     (lambda d: edit_meta(d, lambda m: m.update(num_classes="abc")), "'num_classes' has the wrong type"),
 ])
+@pytest.mark.slow
 def test_prepare_scores_and_inspect_on_a_corrupt_dataset(tmp_path, corrupt, expected):
     ds = make_dataset(tmp_path / "ds")
     corrupt(ds)

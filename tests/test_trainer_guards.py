@@ -109,6 +109,7 @@ def test_a_json_output_that_cannot_be_written_fails_before_training(graph, tmp_p
     assert "is a directory" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ctrl_c_prints_one_line(graph):
     """SIGINT while training: one line and exit 130, no traceback."""
     import signal
