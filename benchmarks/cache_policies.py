@@ -27,10 +27,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from lsm_gnn.benchmarking import write_json
+from lsm_gnn.benchmarking import reusable_dataset, write_json
 from lsm_gnn.cache import POLICIES, SoftwareCache, belady_min, replay
-from lsm_gnn.data import open_dataset
-from lsm_gnn.data.format import DatasetError
 from lsm_gnn.sampling import NeighborSampler
 from lsm_gnn.storage.base import FeatureStorage, StorageStats
 
@@ -60,13 +58,9 @@ class NullStorage(FeatureStorage):
 def load_or_generate(path: str, num_nodes: int, avg_degree: float, seed: int):
     from lsm_gnn.data.synthetic import generate_synthetic
 
-    try:
-        ds = open_dataset(path, check="shape")
-        gen = ds.meta.get("generator") or {}
-        if ds.num_nodes == num_nodes and gen.get("avg_degree") == avg_degree and gen.get("seed") == seed:
-            return ds
-    except DatasetError:
-        pass
+    ds = reusable_dataset(path, num_nodes=num_nodes, generator={"avg_degree": avg_degree, "seed": seed})
+    if ds is not None:
+        return ds
     print(f"generating {num_nodes:,}-node R-MAT graph at {path} ...", file=sys.stderr)
     return generate_synthetic(path, num_nodes=num_nodes, avg_degree=avg_degree, feature_dim=1, seed=seed,
                               overwrite=True, progress=True)

@@ -20,20 +20,16 @@ import sys
 import numpy as np
 import torch
 
-from lsm_gnn.benchmarking import median_seconds, write_json
+from lsm_gnn.benchmarking import median_seconds, reusable_dataset, write_json
 from lsm_gnn import open_storage
 from lsm_gnn.cache import SoftwareCache
-from lsm_gnn.data import DatasetWriter, open_dataset
-from lsm_gnn.data.format import DatasetError
+from lsm_gnn.data import DatasetWriter
 
 
 def make_dataset(path: str, num_nodes: int, dim: int):
-    try:
-        ds = open_dataset(path, check="shape")
-        if ds.num_nodes == num_nodes and ds.feature_dim == dim:
-            return ds
-    except DatasetError:
-        pass
+    ds = reusable_dataset(path, num_nodes=num_nodes, feature_dim=dim)
+    if ds is not None:
+        return ds
     print(f"writing {num_nodes:,} rows of {dim * 4} B to {path} ...", file=sys.stderr)
     with DatasetWriter(path, num_nodes=num_nodes, feature_dim=dim, overwrite=True) as w:
         chunk = max(1, (64 << 20) // (dim * 4))

@@ -42,6 +42,7 @@ def worker(args) -> None:
     from lsm_gnn.comm import SharedCache, make_owner
     from lsm_gnn.config import cache_capacity_bytes
     from lsm_gnn.loader import NodeLoader
+    from lsm_gnn.sampling import sampled_access_counts
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
@@ -51,8 +52,11 @@ def worker(args) -> None:
     capacity = cache_capacity_bytes(args.capacity, ds.num_nodes, storage.row_bytes)
     cache = SoftwareCache(storage, capacity, policy=args.policy, window=args.window,
                           static_scores=ds.score("reverse_pagerank"), oversubscribe=True)
-    features = SharedCache(cache, make_owner(args.owner, ds, world)) if args.mode == "shared" else cache
-    loader = NodeLoader(ds, features, [int(f) for f in args.fanouts.split(",")], args.batch_size,
+    fanouts = [int(f) for f in args.fanouts.split(",")]
+    owner = make_owner(args.owner, ds, world,
+                       access_counts=lambda: sampled_access_counts(ds, fanouts, args.batch_size))
+    features = SharedCache(cache, owner) if args.mode == "shared" else cache
+    loader = NodeLoader(ds, features, fanouts, args.batch_size,
                         window=args.window, rank=rank, world_size=world, seed=0)
     hits = requests = 0
     gather = exchange = 0.0

@@ -38,17 +38,14 @@ import os
 import platform
 import statistics
 import sys
-import threading
 import time
 
 import numpy as np
 import torch
 
-from lsm_gnn.benchmarking import write_json
+from lsm_gnn.benchmarking import reusable_dataset, write_json
 from lsm_gnn.config import load_config
-from lsm_gnn.data import open_dataset
-from lsm_gnn.data.format import DatasetError
-from lsm_gnn.storage.base import FeatureStorage, StorageStats
+from lsm_gnn.storage.base import CountingStorage
 from lsm_gnn.storage.probe import evict_page_cache
 from lsm_gnn.trainer import STAGES, Trainer
 
@@ -56,7 +53,7 @@ METHODS = ("hybrid", "rr", "hybrid+pvp", "memmap", "memmap-bound", "memmap-rando
 BOUND = ("memmap-bound", "memmap-random-bound")  # seconds per batch: they run --bound-iterations only
 
 
-class MemmapStorage(FeatureStorage):
+class MemmapStorage(CountingStorage):
     """``np.memmap`` fancy indexing, as a user's out-of-core loader does it.
 
     ``evict_each_batch`` drops the file from the page cache before every read
@@ -76,8 +73,6 @@ class MemmapStorage(FeatureStorage):
             self._mm._mmap.madvise(mmap.MADV_RANDOM)
         self.evict_each_batch = evict_each_batch
         self.evict_seconds = 0.0
-        self._stats = StorageStats(backend=self.backend)
-        self._lock = threading.Lock()
 
     def _read(self, ids: torch.Tensor, out: torch.Tensor) -> None:
         if self.evict_each_batch:
@@ -88,30 +83,15 @@ class MemmapStorage(FeatureStorage):
         start = time.perf_counter()
         rows = self._mm[ids.numpy()][:, :self.row_bytes_on_disk]
         out.copy_(torch.from_numpy(np.ascontiguousarray(rows)).view(self.dtype))
-        with self._lock:
-            s = self._stats
-            s.batches += 1
-            s.rows += ids.numel()
-            s.total_seconds += time.perf_counter() - start
-
-    def stats(self) -> StorageStats:
-        with self._lock:
-            return StorageStats(**vars(self._stats))
-
-    def reset_stats(self) -> None:
-        with self._lock:
-            self._stats = StorageStats(backend=self.backend)
+        self._count(ids.numel(), time.perf_counter() - start)
 
 
 def ensure_graph(path: str, num_nodes: int, dim: int):
     from lsm_gnn.data.synthetic import generate_synthetic
 
-    try:
-        ds = open_dataset(path, check="shape")
-        if ds.num_nodes == num_nodes and ds.feature_dim == dim:
-            return ds
-    except DatasetError:
-        pass
+    ds = reusable_dataset(path, num_nodes=num_nodes, feature_dim=dim)
+    if ds is not None:
+        return ds
     print(f"generating {num_nodes:,} nodes x {dim} features at {path} ...", file=sys.stderr)
     return generate_synthetic(path, num_nodes=num_nodes, avg_degree=10, feature_dim=dim, num_classes=8, seed=0,
                               overwrite=True)

@@ -50,8 +50,8 @@ try:
 except ImportError:  # run from a source checkout that is not installed
     sys.path.insert(0, REPO_ROOT)
     import lsm_gnn
-from lsm_gnn.benchmarking import write_json
-from lsm_gnn import DatasetWriter, _C, open_dataset, open_storage
+from lsm_gnn.benchmarking import reusable_dataset, write_json
+from lsm_gnn import DatasetWriter, _C, open_storage
 from lsm_gnn.storage.probe import evict_page_cache
 
 DEFAULT_JSON = os.path.join(REPO_ROOT, "bench-results", "storage_bench.json")
@@ -82,13 +82,9 @@ def ensure_dataset(data_dir: str, row_bytes: int, file_bytes: int, log) -> lsm_g
     dim = row_bytes // 4
     num_rows = max(1, file_bytes // row_bytes)
     path = os.path.join(data_dir, f"rows-{row_bytes}B-{num_rows}")
-    if os.path.isdir(path):
-        try:
-            ds = open_dataset(path, check="shape")
-            if ds.num_nodes == num_rows and ds.feature_dim == dim and ds.features.dtype == "float32":
-                return ds
-        except lsm_gnn.DatasetError as exc:
-            log(f"  {path} is unusable ({exc}); re-creating it")
+    ds = reusable_dataset(path, num_nodes=num_rows, feature_dim=dim, feature_dtype="float32", log=log)
+    if ds is not None:
+        return ds
     log(f"  writing {path} ({num_rows} rows x {row_bytes} B = {num_rows * row_bytes / 2**30:.2f} GiB) ...")
     start = time.perf_counter()
     chunk = max(1, (64 << 20) // row_bytes)

@@ -59,7 +59,8 @@ def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_si
                    batch_size: int = 1024, seed: int = 0, num_threads: int = 0) -> Features:
     """Storage, then the cache over it, then the communication layer over the cache, as ``spec`` says.
 
-    ``fanouts``, ``batch_size`` and ``seed`` pre-sample accesses for hotness ownership.
+    ``fanouts``, ``batch_size`` and ``seed`` pre-sample accesses for hotness ownership (only that owner
+    samples them).
     """
     if spec.source == "memory":
         return open_storage(dataset, "memory")
@@ -73,6 +74,9 @@ def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_si
     if not spec.shared:
         return cache
     from lsm_gnn.comm import SharedCache, make_owner
+    from lsm_gnn.sampling import sampled_access_counts
 
-    owner = make_owner(spec.owner, dataset, world_size, fanouts=fanouts, batch_size=batch_size, seed=seed)
+    # Hotness ownership counts accesses over pre-sampled batches; the communication layer only takes the counts.
+    owner = make_owner(spec.owner, dataset, world_size, access_counts=lambda: sampled_access_counts(
+        dataset, fanouts, batch_size, seed=seed))
     return SharedCache(cache, owner)

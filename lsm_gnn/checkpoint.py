@@ -18,13 +18,12 @@ import glob
 import hashlib
 import io
 import os
-import tempfile
 import time
 import warnings
 
 import torch
 
-from lsm_gnn.fileio import CheckedFile, remove_stale_temporaries, temp_prefix
+from lsm_gnn.fileio import atomic_write_bytes, remove_stale_temporaries
 
 CHECKPOINT_FORMAT = "lsm-gnn-checkpoint"
 CHECKPOINT_VERSION = 2
@@ -32,35 +31,6 @@ CHECKPOINT_VERSION = 2
 
 class CheckpointError(ValueError):
     """A checkpoint file is missing, damaged, crafted or from an incompatible version."""
-
-
-def _fsync_dir(directory: str) -> None:
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself survives a crash
-    finally:
-        os.close(dir_fd)
-
-
-def atomic_write_bytes(data: bytes | memoryview, path: str) -> None:
-    """Writes ``path`` so that readers see the old file or the whole new one, never a torn one.
-
-    A full disk raises :class:`~lsm_gnn.fileio.DiskFullError` naming ``path``; the old file stays.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), dir=directory)
-    os.close(fd)
-    try:
-        with CheckedFile(tmp, size=len(data)) as fh:
-            fh.write(data)
-            fh.close(sync=True)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
 
 
 def _serialize(obj) -> bytes:

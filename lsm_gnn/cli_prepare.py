@@ -16,7 +16,8 @@ import numpy as np
 
 from lsm_gnn.data.format import META_FILE, Dataset, crc32_file, open_dataset
 from lsm_gnn.data.scores import SCORE_NAMES, compute_scores
-from lsm_gnn.data.writer import CheckedFile, save_npy
+from lsm_gnn.data.writer import save_npy
+from lsm_gnn.fileio import atomic_write_bytes, fsync_path
 
 
 # -- argument types --------------------------------------------------------------
@@ -71,14 +72,6 @@ def summarize(ds: Dataset) -> str:
 
 # -- scores in place ----------------------------------------------------------------
 
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def recompute_scores(path, names=SCORE_NAMES) -> Dataset:
     """Recomputes static scores of an existing dataset, atomically.
 
@@ -98,31 +91,28 @@ def recompute_scores(path, names=SCORE_NAMES) -> Dataset:
     token = secrets.token_hex(4)
     os.makedirs(ds.file_path("scores"), exist_ok=True)
     replaced, created = [], []
-    tmp_meta = ds.file_path(f".{META_FILE}.{token}.tmp")
     try:
         for name, array in values.items():
             rel = f"scores/{name}.{token}.npy"
             created.append(ds.file_path(rel))
             save_npy(ds.file_path(rel), np.asarray(array, dtype=np.float32))
-            _fsync(ds.file_path(rel))
+            fsync_path(ds.file_path(rel))
             old = meta.setdefault("scores", {}).get(name)
             if old is not None:
                 replaced.append(old)
                 meta.setdefault("checksums", {}).pop(old, None)
             meta["scores"][name] = rel
             meta.setdefault("checksums", {})[rel] = crc32_file(ds.file_path(rel))
-        _fsync(ds.file_path("scores"))
-        created.append(tmp_meta)
-        with CheckedFile(tmp_meta) as f:
-            f.write(json.dumps(meta, indent=2, sort_keys=True).encode())
-            f.close(sync=True)
-        os.replace(tmp_meta, ds.file_path(META_FILE))
+        fsync_path(ds.file_path("scores"))
+        # The directory fsync stays below, outside the cleanup: once meta.json is replaced it names the new files.
+        atomic_write_bytes(json.dumps(meta, indent=2, sort_keys=True).encode(), ds.file_path(META_FILE),
+                           sync_directory=False)
     except BaseException:
         for file in created:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(file)
         raise
-    _fsync(ds.path)
+    fsync_path(ds.path)
     for rel in replaced:
         if rel not in meta["scores"].values():
             try:

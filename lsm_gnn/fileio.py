@@ -10,6 +10,9 @@ Shared by everything that writes (datasets, checkpoints, logs):
 - Temporaries of a target ``path`` are named ``.<name>.tmp-<host>-<pid>-<random>``
   (:func:`temp_prefix`), so :func:`remove_stale_temporaries` removes only
   those whose writer, on this host, is gone.
+- :func:`atomic_write_bytes` is the one write-temporary, fsync, rename
+  sequence for a single file; :func:`fsync_path` makes a file's bytes or a
+  directory's renames durable.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import os
 import re
 import shutil
 import socket
+import tempfile
 
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _TEMPORARY = re.compile(r"/\.([^/]+)\.tmp-[A-Za-z0-9._]+-\d+-[a-z0-9_]+(/|$)")  # see temp_prefix
@@ -118,6 +122,39 @@ class CheckedFile:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def fsync_path(path: str) -> None:
+    """fsyncs a file (its bytes) or a directory (the renames inside it) by path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(data: bytes | memoryview, path: str, sync_directory: bool = True) -> None:
+    """Writes ``path`` so that readers see the old file or the whole new one, never a torn one.
+
+    A full disk raises :class:`DiskFullError` naming ``path``; the old file stays. With
+    ``sync_directory=False`` the caller fsyncs the directory itself (to keep a failure of that
+    step apart from a failure before the rename).
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), dir=directory)
+    os.close(fd)
+    try:
+        with CheckedFile(tmp, size=len(data)) as fh:
+            fh.write(data)
+            fh.close(sync=True)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    if sync_directory:
+        fsync_path(directory)  # the rename itself survives a crash
 
 
 def _host_prefix(path: str) -> str:

@@ -1,11 +1,13 @@
 """Helpers for tests of lsm-gnn and of code built on it (shipped in the package, as PyG does)."""
 from __future__ import annotations
 
+import json
 import os
+import socket
 
 import numpy as np
 
-from lsm_gnn.data.format import Dataset
+from lsm_gnn.data.format import META_FILE, Dataset
 from lsm_gnn.data.writer import DatasetWriter
 
 
@@ -62,3 +64,20 @@ def tiny_cache_setup(path: str | os.PathLike, num_nodes: int, dim: int = 6):
     dataset, features = write_tiny_dataset(path, num_nodes=num_nodes, dim=dim)
     static = quantize_scores(np.diff(np.asarray(dataset.indptr)).astype(np.float64))
     return open_storage(dataset, "memory"), torch.from_numpy(features), static
+
+
+def edit_meta(dataset, change) -> None:
+    """Rewrites ``meta.json`` of ``dataset`` (a Dataset) after ``change(meta)``: for tests of damaged datasets."""
+    path = os.path.join(dataset.path, META_FILE)
+    with open(path) as f:
+        meta = json.load(f)
+    change(meta)
+    with open(path, "w") as f:
+        json.dump(meta, f)
+
+
+def free_port() -> int:
+    """A TCP port free on localhost now, for a test's MASTER_PORT."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -24,6 +24,17 @@ def loader_graph(tmp_path_factory):
     return dataset, torch.from_numpy(features)
 
 
+@pytest.fixture(scope="module")
+def graph(request, tmp_path_factory):
+    """Path of a synthetic graph generated once per module from the module's ``GRAPH`` (arguments of
+    ``generate_synthetic``), for trainer-level tests; a module's own ``graph`` fixture overrides this."""
+    from lsm_gnn.data.synthetic import generate_synthetic
+
+    path = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1]) / "g"
+    generate_synthetic(path, progress=False, **request.module.GRAPH)
+    return str(path)
+
+
 @pytest.fixture
 def tmpfs(tmp_path):
     """``mount(name, options)``: a fresh tmpfs at ``tmp_path / name`` (a full disk or a read-only one to

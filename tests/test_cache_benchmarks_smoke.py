@@ -51,6 +51,7 @@ def test_sampler_throughput_quick(tmp_path):
     assert abs(row["edges_per_batch"] - row["numpy_edges_per_batch"]) < 0.2 * row["edges_per_batch"]
 
 
+@pytest.mark.slow
 def test_comm_layer_quick(tmp_path):
     results = load("comm_layer").main(["--quick", "--out", str(tmp_path), "--json", str(tmp_path / "comm.json")])
     row = results["table"][0]

@@ -74,7 +74,7 @@ def test_prepare_scores_replaces_them_atomically(tmp_path, capsys):
     np.testing.assert_array_equal(after.score("degree"), old_degree)
     assert not os.path.exists(os.path.join(out, old_file))  # the replaced file is gone
     assert sorted(os.listdir(out / "scores")) == sorted(os.path.basename(f) for f in after.meta["scores"].values())
-    assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
+    assert not [f for f in os.listdir(out) if ".tmp" in f]  # neither the old ".tmp" suffix nor ".tmp-<host>-"
     pagerank = np.array(after.score("reverse_pagerank"))
     again = recompute_scores(out, ["reverse_pagerank"])
     np.testing.assert_array_equal(again.score("reverse_pagerank"), pagerank)

@@ -1,7 +1,6 @@
 """The communication layer over 2 and 4 CPU processes (gloo): exact bytes, one owner, shared beats isolated."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,17 +12,12 @@ import torch
 from lsm_gnn.cache import SoftwareCache, replay
 from lsm_gnn.comm import hotness_owner, make_owner
 from lsm_gnn.loader import NodeLoader
-from lsm_gnn.testing import write_tiny_dataset
+from lsm_gnn.sampling import sampled_access_counts
+from lsm_gnn.testing import free_port, write_tiny_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "comm_worker.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(scenario, dataset, out, world, timeout=240):
@@ -54,6 +48,7 @@ def dataset(tmp_path_factory):
 
 
 @pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.slow
 def test_every_rank_gets_the_file_bytes_and_each_id_is_served_once_by_its_owner(dataset, tmp_path, world):
     codes, logs, _ = run_ranks("correctness", dataset, tmp_path, world)
     assert codes == [0] * world, "\n".join(logs)
@@ -120,7 +115,7 @@ def test_ownership_functions(dataset, tmp_path):
     loads = balanced.loads(counts)
     modulo_loads = np.bincount(ids % 4, weights=counts, minlength=4)
     assert loads.max() - loads.mean() <= min(counts.max(), modulo_loads.max() - modulo_loads.mean())
-    hot = make_owner("hotness", dataset, 2, fanouts=[4, 3], batch_size=64)
+    hot = make_owner("hotness", dataset, 2, access_counts=lambda: sampled_access_counts(dataset, [4, 3], 64))
     assert set(np.unique(hot(ids))) == {0, 1}
     path = tmp_path / "parts.npy"
     np.save(path, (ids // 1000).astype(np.int32))

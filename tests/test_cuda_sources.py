@@ -39,6 +39,7 @@ CUDA_BINDINGS = sorted(glob.glob(os.path.join(ROOT, "csrc", "**", "cuda_bindings
 
 @pytest.mark.skipif(NVCC is None or TORCH_INCLUDE is None, reason="needs nvcc and torch headers")
 @pytest.mark.parametrize("source", CUDA_BINDINGS, ids=lambda p: os.path.relpath(p, ROOT))
+@pytest.mark.slow
 def test_cuda_bindings_syntax(source, tmp_path):
     """The torch glue of the CUDA ops only builds with a CUDA torch; check its syntax against torch's headers."""
     import sysconfig

@@ -1,5 +1,4 @@
 """The dataset format: atomic writes, and a clear error for every bad layout."""
-import json
 import os
 
 import numpy as np
@@ -7,22 +6,13 @@ import pytest
 
 from lsm_gnn import DatasetError, DatasetWriter, open_dataset
 from lsm_gnn.data.format import META_FILE, SCHEMA_VERSION, crc32_file
-from lsm_gnn.testing import write_tiny_dataset
+from lsm_gnn.testing import edit_meta, write_tiny_dataset
 
 
 @pytest.fixture
 def tiny(tmp_path):
     dataset, features = write_tiny_dataset(tmp_path / "ds", num_nodes=100, dim=10)
     return dataset, features
-
-
-def edit_meta(dataset, change):
-    path = os.path.join(dataset.path, META_FILE)
-    with open(path) as f:
-        meta = json.load(f)
-    change(meta)
-    with open(path, "w") as f:
-        json.dump(meta, f)
 
 
 def test_round_trip_layout_and_arrays(tiny):

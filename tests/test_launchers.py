@@ -2,28 +2,23 @@
 import json
 import os
 import shutil
-import socket
 import subprocess
 
 import pytest
 
+from lsm_gnn.testing import free_port
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytest.importorskip("torch_geometric")
+pytestmark = pytest.mark.slow  # each test launches a 2-rank training run
 
 
-@pytest.fixture(scope="module")
-def graph(tmp_path_factory):
-    from lsm_gnn.data.synthetic import generate_synthetic
-
-    path = tmp_path_factory.mktemp("launch") / "g"
-    generate_synthetic(path, num_nodes=2000, avg_degree=6, feature_dim=8, num_classes=4, seed=0, progress=False)
-    return str(path)
+# The graph fixture (conftest.py) generates this once per module.
+GRAPH = dict(num_nodes=2000, avg_degree=6, feature_dim=8, num_classes=4, seed=0)
 
 
 def launch(script, graph, tmp_path, *overrides):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = dict(os.environ, NPROC="2", MASTER_PORT=str(port), OMP_NUM_THREADS="1", LSM_GNN_TIMEOUT_S="120",
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     args = [f"dataset={graph}", "model.kind=sage", "model.hidden=16", "sampler.fanouts=[5,5]",

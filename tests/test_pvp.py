@@ -2,7 +2,6 @@
 full queues drop, consistent counts, and no prefetch thread left behind."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -287,14 +286,13 @@ def test_errors_in_the_prefetch_thread_reach_the_caller():
     assert pvp_threads() == []
 
 
+@pytest.mark.slow
 def test_two_ranks_with_victim_buffers_get_the_file_bytes(data, tmp_path):
     """Over a SharedCache (gloo, 2 processes), each owner's victim buffer serves the merged batch it
     owns: every batch of every policy still equals the file, and the buffers do serve."""
     dataset, _ = data
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = testing.free_port()
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),

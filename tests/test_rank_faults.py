@@ -1,31 +1,22 @@
 """Two ranks: mismatched settings are named at start; a stopped rank makes the other fail within the timeout."""
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from lsm_gnn.testing import free_port
+
 pytest.importorskip("torch_geometric")
+pytestmark = pytest.mark.slow  # each test starts two training ranks and waits for one to fail
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="module")
-def graph(tmp_path_factory):
-    from lsm_gnn.data.synthetic import generate_synthetic
-
-    path = tmp_path_factory.mktemp("faults") / "g"
-    generate_synthetic(path, num_nodes=2000, avg_degree=6, feature_dim=8, num_classes=3, seed=4, progress=False)
-    return str(path)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# The graph fixture (conftest.py) generates this once per module.
+GRAPH = dict(num_nodes=2000, avg_degree=6, feature_dim=8, num_classes=3, seed=4)
 
 
 def start_ranks(graph, tmp_path, per_rank=(), timeout_s="60", common=(), cwds=(None, None)):

@@ -19,13 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOLATILE = {"wall_s", "stages_s", "hit_ratio", "bytes_read", "amplification", "time"}
 
 
-@pytest.fixture(scope="module")
-def graph(tmp_path_factory):
-    from lsm_gnn.data.synthetic import generate_synthetic
-
-    path = tmp_path_factory.mktemp("resume") / "g"
-    generate_synthetic(path, num_nodes=1500, avg_degree=6, feature_dim=8, num_classes=3, seed=2, progress=False)
-    return str(path)
+# The graph fixture (conftest.py) generates this once per module.
+GRAPH = dict(num_nodes=1500, avg_degree=6, feature_dim=8, num_classes=3, seed=2)
 
 
 def overrides(graph, out, *more):
@@ -140,6 +135,7 @@ def test_stale_temporary_checkpoints_of_dead_writers_are_removed(graph, tmp_path
     assert sorted(os.listdir(ckpt)) == sorted(p.name for p in (live, other_host, legacy_new, unrelated))
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_from_the_cli(graph, tmp_path, uninterrupted):
     """A real kill: the process gets SIGKILL while training; the CLI run started again completes the run."""
     args = [sys.executable, "-m", "lsm_gnn", "train", *overrides(graph, tmp_path)]

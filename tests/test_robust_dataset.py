@@ -5,7 +5,6 @@ Opening always checks meta.json key by key and everything O(num_nodes)
 neighbor ids they read. Training and `prepare scores` run in a subprocess
 here, so a segfault fails the test instead of killing pytest.
 """
-import json
 import os
 import subprocess
 import sys
@@ -16,11 +15,10 @@ import pytest
 import torch
 
 from lsm_gnn import DatasetError, open_dataset
-from lsm_gnn.data.format import META_FILE
 from lsm_gnn.data.scores import compute_scores, reverse_pagerank
+from lsm_gnn.ids import as_id_tensor
 from lsm_gnn.sampling import NeighborSampler
-from lsm_gnn.storage.base import as_id_tensor
-from lsm_gnn.testing import write_tiny_dataset
+from lsm_gnn.testing import edit_meta, write_tiny_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_NODES = 200
@@ -40,15 +38,6 @@ def ds(request, tmp_path):
 
 def save(dataset, name, array):
     np.save(os.path.join(dataset.path, name), array)
-
-
-def edit_meta(dataset, change):
-    path = os.path.join(dataset.path, META_FILE)
-    with open(path) as f:
-        meta = json.load(f)
-    change(meta)
-    with open(path, "w") as f:
-        json.dump(meta, f)
 
 
 def corrupt_indptr(indptr, kind):
@@ -237,6 +226,7 @@ def assert_one_line_error(result, *expected):
      "indptr.npy: indptr decreases"),
     ("int64", lambda d: save(d, "indptr.npy", corrupt_indptr(d.indptr, "huge")), "indptr.npy: indptr decreases"),
 ])
+@pytest.mark.slow
 def test_training_a_corrupt_dataset_exits_1_with_one_line(tmp_path, index_dtype, corrupt, expected):
     pytest.importorskip("torch_geometric")
     ds = make_dataset(tmp_path / "ds", index_dtype)
@@ -252,6 +242,7 @@ def test_training_a_corrupt_dataset_exits_1_with_one_line(tmp_path, index_dtype,
     (lambda d: save(d, "indptr.npy", corrupt_indptr(d.indptr, "negative")), "indptr.npy: indptr decreases"),
     (lambda d: edit_meta(d, lambda m: m.update(num_classes="abc")), "'num_classes' has the wrong type"),
 ])
+@pytest.mark.slow
 def test_prepare_scores_and_inspect_on_a_corrupt_dataset(tmp_path, corrupt, expected):
     ds = make_dataset(tmp_path / "ds")
     corrupt(ds)

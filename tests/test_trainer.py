@@ -13,13 +13,8 @@ from lsm_gnn.config import ConfigError, load_config  # noqa: E402
 from lsm_gnn.trainer import Trainer, atomic_torch_save, load_checkpoint, train  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def graph(tmp_path_factory):
-    from lsm_gnn.data.synthetic import generate_synthetic
-
-    path = tmp_path_factory.mktemp("trainer") / "g"
-    generate_synthetic(path, num_nodes=3000, avg_degree=8, feature_dim=16, num_classes=4, seed=1, progress=False)
-    return str(path)
+# The graph fixture (conftest.py) generates this once per module.
+GRAPH = dict(num_nodes=3000, avg_degree=8, feature_dim=16, num_classes=4, seed=1)
 
 
 def config(graph, tmp_path, *overrides):

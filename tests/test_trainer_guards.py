@@ -16,13 +16,8 @@ from lsm_gnn.trainer import Trainer, TrainingDiverged  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="module")
-def graph(tmp_path_factory):
-    from lsm_gnn.data.synthetic import generate_synthetic
-
-    path = tmp_path_factory.mktemp("guards") / "g"
-    generate_synthetic(path, num_nodes=1200, avg_degree=6, feature_dim=8, num_classes=3, seed=3, progress=False)
-    return str(path)
+# The graph fixture (conftest.py) generates this once per module.
+GRAPH = dict(num_nodes=1200, avg_degree=6, feature_dim=8, num_classes=3, seed=3)
 
 
 def overrides(graph, *more):
@@ -114,6 +109,7 @@ def test_a_json_output_that_cannot_be_written_fails_before_training(graph, tmp_p
     assert "is a directory" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ctrl_c_prints_one_line(graph):
     """SIGINT while training: one line and exit 130, no traceback."""
     import signal

@@ -12,7 +12,7 @@ import heapq
 import numpy as np
 import torch
 
-from lsm_gnn.storage.base import as_id_tensor
+from lsm_gnn.ids import as_id_tensor
 
 NEVER = np.iinfo(np.int64).max
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from lsm_gnn.defaults import PERIOD, WINDOW
 
 # Dynamic-information classes of a valid cache line at eviction time.
@@ -82,3 +84,13 @@ class PolicyConfig:
     @property
     def uses_window(self) -> bool:
         return self.name in ("dynamic",) + tuple(DEFAULT_LEVEL_ORDER)
+
+
+def quantize_scores(scores: np.ndarray) -> np.ndarray:
+    """Static scores to uint16 by dense rank (order-preserving, robust to heavy tails):
+    the highest score maps to 65535, equal scores to equal values."""
+    scores = np.asarray(scores, dtype=np.float64)
+    uniq, inverse = np.unique(scores, return_inverse=True)
+    if uniq.size <= 1:
+        return np.zeros(scores.shape, dtype=np.uint16)
+    return np.round(inverse.reshape(scores.shape) * (65535.0 / (uniq.size - 1))).astype(np.uint16)

@@ -56,69 +56,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+# The model uses the production geometry and counters; splitmix64 and quantize_scores stay importable from here.
+from lsm_gnn.cache.hashing import set_of, splitmix64  # noqa: F401
 from lsm_gnn.cache.policies import LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR, LEVEL_NONE, PolicyConfig
+from lsm_gnn.cache.policies import quantize_scores  # noqa: F401
 from lsm_gnn.cache.pvp import INDEX_MASK, PVPStats
-from lsm_gnn.storage.base import as_id_tensor
+from lsm_gnn.cache.stats import CacheStats
+from lsm_gnn.ids import as_id_tensor
 
 NO_REUSE = 0xFFFF
 INVALID_TAG = -1
-_MASK64 = (1 << 64) - 1
-
-
-def splitmix64(ids: np.ndarray) -> np.ndarray:
-    """The splitmix64 finalizer (a bijection on 64-bit integers), vectorized."""
-    z = np.asarray(ids).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def set_of(ids, num_sets: int) -> np.ndarray:
-    return (splitmix64(np.asarray(ids, dtype=np.int64)) % np.uint64(num_sets)).astype(np.int64)
-
-
-def quantize_scores(scores: np.ndarray) -> np.ndarray:
-    """Static scores to uint16 by dense rank (order-preserving, robust to heavy tails):
-    the highest score maps to 65535, equal scores to equal values."""
-    scores = np.asarray(scores, dtype=np.float64)
-    uniq, inverse = np.unique(scores, return_inverse=True)
-    if uniq.size <= 1:
-        return np.zeros(scores.shape, dtype=np.uint16)
-    return np.round(inverse.reshape(scores.shape) * (65535.0 / (uniq.size - 1))).astype(np.uint16)
-
-
-@dataclass
-class CacheStats:
-    """Counters over distinct ids per batch (duplicates in a batch count once)."""
-
-    iterations: int = 0
-    requests: int = 0      # ids asked for, with duplicates
-    unique: int = 0        # distinct ids per batch, summed (= hits + pvp_hits + misses)
-    hits: int = 0          # served by the cache
-    misses: int = 0        # read from storage
-    evictions: int = 0     # valid lines replaced
-    evicted_in_use: int = 0  # lines evicted by the iteration that used them (cache smaller than a batch)
-    bytes_read: int = 0      # feature bytes fetched from storage (misses x row bytes)
-    scans: int = 0
-    pvp_hits: int = 0        # served by the victim buffer (PVP), never reaching storage
-
-    @property
-    def hit_ratio(self) -> float:
-        """The cache's own hits over distinct ids."""
-        return self.hits / self.unique if self.unique else 0.0
-
-    @property
-    def combined_hit_ratio(self) -> float:
-        """Cache and victim-buffer hits over distinct ids: the share not read from storage."""
-        return (self.hits + self.pvp_hits) / self.unique if self.unique else 0.0
-
-    def as_dict(self) -> dict:
-        d = dict(vars(self))
-        d["hit_ratio"] = self.hit_ratio
-        d["combined_hit_ratio"] = self.combined_hit_ratio
-        return d
-
-
 @dataclass
 class _Lines:
     tags: np.ndarray

@@ -11,12 +11,13 @@ import threading
 import numpy as np
 import torch
 
-from lsm_gnn.cache.policies import POLICY_CODE, PolicyConfig
+from lsm_gnn.cache.hashing import set_of
+from lsm_gnn.cache.policies import POLICY_CODE, PolicyConfig, quantize_scores
 from lsm_gnn.cache.pvp import DEFAULT_QUEUE_CAPACITY, VictimBuffer, match_prefetched
-from lsm_gnn.cache.reference import CacheStats, quantize_scores, set_of
+from lsm_gnn.cache.stats import CacheStats
 from lsm_gnn.cache.window import WindowBuffer
 from lsm_gnn.defaults import PERIOD, WAYS, WINDOW, policy_for
-from lsm_gnn.storage.base import as_id_tensor
+from lsm_gnn.ids import as_id_tensor
 from lsm_gnn.units import parse_bytes
 
 INVALID_TAG = -1

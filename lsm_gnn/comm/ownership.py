@@ -57,30 +57,25 @@ def hotness_owner(counts: np.ndarray, world_size: int) -> MapOwner:
     return MapOwner(owners, world_size, "hotness")
 
 
-def sampled_access_counts(dataset, fanouts, batch_size: int, num_batches: int = 64, seed: int = 0) -> np.ndarray:
-    """How often ``num_batches`` sampled mini-batches of training seeds touch each node (same on every rank)."""
-    from lsm_gnn.sampling import NeighborSampler
+def make_owner(spec: str, dataset, world_size: int, *, access_counts=None):
+    """The owner function a config names: ``modulo``, ``hotness`` or a path to a ``.npy`` map.
 
-    sampler = NeighborSampler(dataset, fanouts, seed=seed)
-    seeds = np.asarray(dataset.split("train"), dtype=np.int64)
-    rng = np.random.default_rng([seed, 7])
-    counts = np.zeros(dataset.num_nodes, dtype=np.int64)
-    for b in range(num_batches):
-        batch = rng.choice(seeds, min(batch_size, seeds.size), replace=False)
-        counts += np.bincount(sampler.input_nodes(batch, -1 - b).numpy(), minlength=dataset.num_nodes)
-    return counts
-
-
-def make_owner(spec: str, dataset, world_size: int, *, fanouts=None, batch_size: int = 1024, seed: int = 0):
-    """The owner function a config names: ``modulo``, ``hotness`` or a path to a ``.npy`` map."""
+    ``access_counts`` (``hotness`` only) is the per-node access count array, or a callable returning it,
+    called only when needed; the caller computes it (for example with
+    :func:`lsm_gnn.sampling.sampled_access_counts`) so this layer does not depend on the sampler.
+    """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if spec == "modulo":
         return ModuloOwner(world_size)
     if spec == "hotness":
-        if fanouts is None:
-            raise ValueError("hotness ownership needs the sampler's fanouts to pre-sample accesses")
-        return hotness_owner(sampled_access_counts(dataset, fanouts, batch_size, seed=seed), world_size)
+        if access_counts is None:
+            raise ValueError("hotness ownership needs per-node access counts "
+                             "(see lsm_gnn.sampling.sampled_access_counts)")
+        counts = np.asarray(access_counts() if callable(access_counts) else access_counts)
+        if counts.shape != (dataset.num_nodes,):
+            raise ValueError(f"access counts have shape {counts.shape}; the dataset has {dataset.num_nodes} nodes")
+        return hotness_owner(counts, world_size)
     if spec.endswith(".npy"):
         if not os.path.exists(spec):
             raise FileNotFoundError(f"partition map {spec} does not exist (an int array of length num_nodes)")

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from lsm_gnn.cache import SoftwareCache, WindowBuffer
 from lsm_gnn.comm.group import TIMEOUT_ENV, ProgressBoard, collective_timeout, first_line
-from lsm_gnn.storage.base import as_id_tensor
+from lsm_gnn.ids import as_id_tensor
 
 
 class ExchangeError(RuntimeError):

@@ -31,7 +31,7 @@ from lsm_gnn.data.format import (
 )
 # DiskFullError and remove_stale_temporaries are re-exported: the writer's errors and clean-up.
 from lsm_gnn.fileio import (  # noqa: F401
-    CheckedFile, DiskFullError, remove_stale_temporaries, reporting_disk_full, temp_prefix,
+    CheckedFile, DiskFullError, fsync_path, remove_stale_temporaries, reporting_disk_full, temp_prefix,
 )
 
 EDGE_CHUNK = 1 << 22  # edges per chunk when building CSR; bounds memory to ~100 MB
@@ -71,14 +71,6 @@ def allocate(fd: int, path: str, size: int) -> None:
     except OSError as exc:
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without it: learn on write
             raise
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def index_dtype_for(num_nodes: int) -> np.dtype:
@@ -447,11 +439,11 @@ class DatasetWriter:
                 os.rename(self.path, old)
                 os.rename(self.tmp, self.path)
                 self.tmp = old
-            _fsync_path(os.path.dirname(self.path))
+            fsync_path(os.path.dirname(self.path))
             shutil.rmtree(self.tmp, ignore_errors=True)  # after an exchange, tmp holds the old dataset
         else:
             os.rename(self.tmp, self.path)
-            _fsync_path(os.path.dirname(self.path))
+            fsync_path(os.path.dirname(self.path))
         self._done = True
         return open_dataset(self.path)
 
@@ -467,11 +459,11 @@ class DatasetWriter:
                 if rel != "features.bin":
                     self.meta["checksums"][rel] = crc32_file(full)
                 with reporting_disk_full(full):
-                    _fsync_path(full)
+                    fsync_path(full)
         with CheckedFile(os.path.join(self.tmp, META_FILE)) as meta:
             meta.write(json.dumps(self.meta, indent=2, sort_keys=True).encode())
             meta.close(sync=True)
-        _fsync_path(self.tmp)
+        fsync_path(self.tmp)
         try:
             open_dataset(self.tmp)  # full validation before anything becomes visible
         except DatasetError as exc:

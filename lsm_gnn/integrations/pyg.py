@@ -18,7 +18,7 @@ except ImportError as exc:
     raise ImportError(f"lsm_gnn.integrations.pyg needs PyG ({exc}); install it with: "
                       "pip install 'torch_geometric>=2.4'") from exc
 
-from lsm_gnn.storage.base import as_id_tensor
+from lsm_gnn.ids import as_id_tensor
 from lsm_gnn.units import format_bytes, parse_bytes
 
 LABEL_BYTES = 8  # labels are int64

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.data.format import source_file, topology_error
-from lsm_gnn.storage.base import as_id_tensor
+from lsm_gnn.ids import as_id_tensor
 
 
 @dataclass

@@ -11,8 +11,10 @@ from abc import ABC, abstractmethod
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-import numpy as np
 import torch
+
+# Imported here for the reads below; also keeps `from lsm_gnn.storage.base import as_id_tensor` working.
+from lsm_gnn.ids import as_id_tensor  # noqa: F401
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "int8": torch.int8, "uint8": torch.uint8}
 
@@ -51,42 +53,6 @@ class StorageStats:
         d["amplification"] = self.amplification
         d["mean_batch_seconds"] = self.mean_batch_seconds
         return d
-
-
-_EXACT_ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)  # convert to int64 losslessly
-_INT64_MAX = np.iinfo(np.int64).max
-
-
-def as_id_tensor(ids, device="cpu") -> torch.Tensor:
-    """ids as a contiguous 1-D int64 tensor on ``device`` (from a tensor, array or list).
-
-    Every integer dtype and byte order is accepted. Non-integers raise a
-    TypeError naming the dtype; unsigned ids too large for int64 (which no
-    dataset can hold) raise an IndexError naming the id instead of wrapping.
-    """
-    if isinstance(ids, torch.Tensor):
-        if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
-            raise _not_integers(ids.dtype)
-        if ids.dtype not in _EXACT_ID_DTYPES:  # uint16/32/64: numpy range-checks them below
-            ids = ids.cpu().numpy()
-    if not isinstance(ids, torch.Tensor):
-        array = np.asarray(ids)
-        if array.size == 0:
-            array = array.astype(np.int64)  # [] would otherwise be float64
-        if array.dtype.kind not in "iu":
-            raise _not_integers(array.dtype)
-        if array.dtype.kind == "u" and array.dtype.itemsize == 8 and int(array.max()) > _INT64_MAX:
-            position = int(np.flatnonzero(array.reshape(-1) > _INT64_MAX)[0])
-            raise IndexError(f"node id {int(array.reshape(-1)[position])} at position {position} is out of range: "
-                             f"it does not fit int64, and node ids lie in [0, num_nodes)")
-        ids = torch.from_numpy(np.ascontiguousarray(array.astype(np.int64, copy=False)))  # also native byte order
-    return ids.reshape(-1).to(device=device, dtype=torch.int64).contiguous()
-
-
-def _not_integers(dtype) -> TypeError:
-    hint = "a boolean mask becomes ids with np.flatnonzero(mask)" if str(dtype).endswith("bool") else \
-        "convert whole-number ids with ids.astype(np.int64)"
-    return TypeError(f"node ids must be integers, got dtype {dtype}; {hint}")
 
 
 class FeatureStorage(ABC):
@@ -184,3 +150,39 @@ class FeatureStorage(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(backend={self.backend!r}, rows={self.num_rows}, dim={self.dim}, dtype={self.dtype_name})"
+
+
+class CountingStorage(FeatureStorage):
+    """A backend written in Python: its counters are kept here, behind a lock.
+
+    ``read_async`` reads on another thread while ``stats()`` may be called from the caller's,
+    so every update and snapshot holds the lock. (The native backends count in C++.)
+    """
+
+    def __init__(self, num_rows: int, dim: int, dtype: str):
+        super().__init__(num_rows, dim, dtype)
+        self._stats_lock = threading.Lock()
+        self._stats = StorageStats(backend=self.backend)
+
+    def _count(self, rows: int, seconds: float, *, unique_rows: int = 0, requests: int = 0, bytes_read: int = 0,
+               bytes_useful: int = 0) -> None:
+        """Adds one ``read`` of ``rows`` ids that took ``seconds``."""
+        with self._stats_lock:
+            s = self._stats
+            s.batches += 1
+            s.rows += rows
+            s.unique_rows += unique_rows
+            s.requests += requests
+            s.bytes_read += bytes_read
+            s.bytes_useful += bytes_useful
+            s.total_seconds += seconds
+            s.last_batch_seconds = seconds
+            s.max_batch_seconds = max(s.max_batch_seconds, seconds)
+
+    def stats(self) -> StorageStats:
+        with self._stats_lock:
+            return StorageStats(**vars(self._stats))
+
+    def reset_stats(self) -> None:
+        with self._stats_lock:
+            self._stats = StorageStats(backend=self.backend)

@@ -6,16 +6,15 @@ this project has run on so far had all three. It follows KvikIO's documented
 """
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
 import torch
 
-from lsm_gnn.storage.base import FeatureStorage, StorageStats
+from lsm_gnn.storage.base import CountingStorage
 
 
-class GdsStorage(FeatureStorage):
+class GdsStorage(CountingStorage):
     backend = "gds"
 
     def __init__(self, dataset, device: str | torch.device = "cuda", max_request_bytes: int = 128 << 10):
@@ -32,8 +31,6 @@ class GdsStorage(FeatureStorage):
         self._stride = layout.row_stride
         self._max_rows = max(1, max_request_bytes // layout.row_stride)
         self._file = kvikio.CuFile(dataset.feature_path, "r")
-        self._lock = threading.Lock()
-        self._stats = StorageStats(backend=self.backend)
 
     @property
     def device(self) -> torch.device:
@@ -59,26 +56,8 @@ class GdsStorage(FeatureStorage):
             f.get()
         rows = staging[:, :self.row_bytes].contiguous().view(self.dtype)
         torch.index_select(rows, 0, torch.from_numpy(inverse.reshape(-1)).to(self._device), out=out)
-        elapsed = time.perf_counter() - start
-        with self._lock:
-            s = self._stats
-            s.batches += 1
-            s.rows += ids.numel()
-            s.unique_rows += unique.size
-            s.requests += requests
-            s.bytes_read += unique.size * self._stride
-            s.bytes_useful += unique.size * self.row_bytes
-            s.total_seconds += elapsed
-            s.last_batch_seconds = elapsed
-            s.max_batch_seconds = max(s.max_batch_seconds, elapsed)
-
-    def stats(self) -> StorageStats:
-        with self._lock:
-            return StorageStats(**vars(self._stats))
-
-    def reset_stats(self) -> None:
-        with self._lock:
-            self._stats = StorageStats(backend=self.backend)
+        self._count(ids.numel(), time.perf_counter() - start, unique_rows=unique.size, requests=requests,
+                    bytes_read=unique.size * self._stride, bytes_useful=unique.size * self.row_bytes)
 
     def close(self) -> None:
         super().close()

@@ -5,16 +5,15 @@ compare against. Counts no bytes read (nothing touches storage after load).
 """
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
 import torch
 
-from lsm_gnn.storage.base import FeatureStorage, StorageStats
+from lsm_gnn.storage.base import CountingStorage
 
 
-class MemoryStorage(FeatureStorage):
+class MemoryStorage(CountingStorage):
     backend = "memory"
 
     def __init__(self, dataset):
@@ -23,8 +22,6 @@ class MemoryStorage(FeatureStorage):
         raw = np.fromfile(dataset.feature_path, dtype=np.uint8, count=dataset.num_nodes * layout.row_stride)
         rows = raw.reshape(dataset.num_nodes, layout.row_stride)[:, :layout.row_bytes]
         self._rows = torch.from_numpy(np.ascontiguousarray(rows)).view(self.dtype)
-        self._lock = threading.Lock()
-        self._stats = StorageStats(backend=self.backend)
 
     def _read(self, ids: torch.Tensor, out: torch.Tensor) -> None:
         start = time.perf_counter()
@@ -33,19 +30,4 @@ class MemoryStorage(FeatureStorage):
             raise IndexError(f"node id {int(ids[bad])} at position {bad} is out of range: the feature file has "
                              f"{self.num_rows} rows (valid ids are 0..{self.num_rows - 1})")
         torch.index_select(self._rows, 0, ids, out=out)
-        elapsed = time.perf_counter() - start
-        with self._lock:
-            s = self._stats
-            s.batches += 1
-            s.rows += ids.numel()
-            s.total_seconds += elapsed
-            s.last_batch_seconds = elapsed
-            s.max_batch_seconds = max(s.max_batch_seconds, elapsed)
-
-    def stats(self) -> StorageStats:
-        with self._lock:
-            return StorageStats(**{k: v for k, v in vars(self._stats).items()})
-
-    def reset_stats(self) -> None:
-        with self._lock:
-            self._stats = StorageStats(backend=self.backend)
+        self._count(ids.numel(), time.perf_counter() - start)
