@@ -55,3 +55,23 @@ class Features(Protocol):
     @property
     def last_timings(self) -> dict[str, float]:
         """Seconds of the last :meth:`gather` in stages of its own (e.g. "exchange" between ranks)."""
+
+
+class StorageShape:
+    """The shape of a Features that serves the rows of the storage it wraps (``self.storage``)."""
+
+    @property
+    def num_rows(self) -> int:
+        return self.storage.num_rows
+
+    @property
+    def dim(self) -> int:
+        return self.storage.dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.storage.dtype
+
+    @property
+    def row_bytes(self) -> int:
+        return self.storage.row_bytes

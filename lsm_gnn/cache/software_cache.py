@@ -17,6 +17,7 @@ from lsm_gnn.cache.pvp import DEFAULT_QUEUE_CAPACITY, VictimBuffer, match_prefet
 from lsm_gnn.cache.stats import CacheStats
 from lsm_gnn.cache.window import WindowBuffer
 from lsm_gnn.defaults import PERIOD, WAYS, WINDOW, policy_for
+from lsm_gnn.features import StorageShape
 from lsm_gnn.ids import as_id_tensor
 from lsm_gnn.units import parse_bytes
 
@@ -68,7 +69,7 @@ def static_ranks(scores) -> torch.Tensor | None:
     return torch.from_numpy(np.ascontiguousarray(ranks).view(np.int16))
 
 
-class SoftwareCache:
+class SoftwareCache(StorageShape):
     """A set-associative cache of feature rows in front of ``storage``.
 
     ``lookup(ids, future)`` serves one iteration: it returns the rows of
@@ -301,22 +302,6 @@ class SoftwareCache:
 
     caches = True
     last_timings: dict = {}
-
-    @property
-    def num_rows(self) -> int:
-        return self.storage.num_rows
-
-    @property
-    def dim(self) -> int:
-        return self.storage.dim
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.storage.dtype
-
-    @property
-    def row_bytes(self) -> int:
-        return self.storage.row_bytes
 
     def gather(self, ids, *, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`lookup`: the rows and which of them were served without reading storage."""

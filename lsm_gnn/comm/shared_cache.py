@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from lsm_gnn.cache import SoftwareCache, WindowBuffer
 from lsm_gnn.comm.group import TIMEOUT_ENV, ProgressBoard, collective_timeout, first_line
+from lsm_gnn.features import StorageShape
 from lsm_gnn.ids import as_id_tensor
 
 
@@ -55,7 +56,7 @@ class ExchangeStats:
         return dict(vars(self))
 
 
-class SharedCache:
+class SharedCache(StorageShape):
     """Makes ``cache`` (this rank's slice) part of one cache across the ranks of ``group``.
 
     ``owner`` maps ids to owning ranks (see :mod:`lsm_gnn.comm.ownership`).
@@ -78,7 +79,6 @@ class SharedCache:
         self.progress = ProgressBoard.for_default_group("exchange")
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)
-        self.row_bytes = self.storage.row_bytes
         self.stats = ExchangeStats()
         self.last_served: np.ndarray | None = None  # ids served as owner in the last iteration (for tests)
         self._window = None          # the caller's window these owner windows mirror
@@ -186,18 +186,6 @@ class SharedCache:
     # -- the Features interface (lsm_gnn.features): a shared cache wraps this rank's slice ----------------------
 
     caches = True
-
-    @property
-    def num_rows(self) -> int:
-        return self.storage.num_rows
-
-    @property
-    def dim(self) -> int:
-        return self.storage.dim
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.storage.dtype
 
     def gather(self, ids, *, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`lookup` (collective: every rank gathers its batch at the same time)."""
