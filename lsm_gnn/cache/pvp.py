@@ -52,10 +52,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lsm_gnn.cache.layout import INDEX_MASK
 from lsm_gnn.defaults import PVP_QUEUE_CAPACITY
 
 DEFAULT_QUEUE_CAPACITY = PVP_QUEUE_CAPACITY
-INDEX_MASK = (1 << 40) - 1  # the mini-batch index in a PVP record (low 40 bits)
 
 
 @dataclass

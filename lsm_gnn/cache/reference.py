@@ -60,12 +60,10 @@ import torch
 from lsm_gnn.cache.hashing import set_of, splitmix64  # noqa: F401
 from lsm_gnn.cache.policies import LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR, LEVEL_NONE, PolicyConfig
 from lsm_gnn.cache.policies import quantize_scores  # noqa: F401
-from lsm_gnn.cache.pvp import INDEX_MASK, PVPStats
+from lsm_gnn.cache.layout import INDEX_MASK, INVALID_TAG, NO_REUSE, pack_record
+from lsm_gnn.cache.pvp import PVPStats
 from lsm_gnn.cache.stats import CacheStats
 from lsm_gnn.ids import as_id_tensor
-
-NO_REUSE = 0xFFFF
-INVALID_TAG = -1
 @dataclass
 class _Lines:
     tags: np.ndarray
@@ -291,7 +289,7 @@ class ReferenceCache:
             elif len(self.queues.setdefault(target, [])) >= self.pvp_capacity:
                 self.pvp_stats.dropped_full += 1
             else:
-                record = (reuse << 48) | (rank << 40) | index
+                record = pack_record(reuse, rank, index)
                 self.queues[target].append((node, record, self.data[line].clone()))
                 self.pvp_stats.enqueued += 1
 

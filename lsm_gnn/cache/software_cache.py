@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.cache.hashing import set_of
+from lsm_gnn.cache.layout import INVALID_TAG, NO_REUSE_RECORD
 from lsm_gnn.cache.policies import POLICY_CODE, PolicyConfig, quantize_scores
 from lsm_gnn.cache.pvp import DEFAULT_QUEUE_CAPACITY, VictimBuffer, match_prefetched
 from lsm_gnn.cache.stats import CacheStats
@@ -21,8 +22,6 @@ from lsm_gnn.features import StorageShape
 from lsm_gnn.ids import as_id_tensor
 from lsm_gnn.units import parse_bytes
 
-INVALID_TAG = -1
-NO_REUSE_RECORD = (0xFFFF << 48) - (1 << 64)  # the no-reuse PVP record, as a signed int64
 
 
 def cache_geometry(capacity, row_bytes: int, ways: int, num_rows: int | None = None) -> tuple[int, int]:
