@@ -26,6 +26,11 @@ if ! $PYTHON -c "import torch" >/dev/null 2>&1; then
   $PYTHON -m pip install -q torch==2.13.0
 fi
 $PYTHON -m pip install -q ninja "numpy>=1.23" "pyyaml>=6" "tqdm>=4.60" "pytest>=7" "hypothesis>=6" scipy torch_geometric libcachesim
+# Triton: the GPU kernels' language; CUDA builds of torch bring it, CPU machines run its interpreter in the tests.
+# --no-deps: it needs nothing else, and must not touch the torch pin.
+if ! $PYTHON -c "import triton" >/dev/null 2>&1; then
+  $PYTHON -m pip install -q --no-deps "triton==3.9.0"
+fi
 # Optional: DGL 1.1.3 (the release that works with torch 2.13) for the from_dgl converter and its test.
 $PYTHON -m pip install -q dgl==1.1.3 >/dev/null 2>&1 || echo "install.sh: dgl 1.1.3 unavailable; DGL tests will be skipped" >&2
 # --no-build-isolation: build against the torch installed above.

@@ -1,0 +1,216 @@
+"""The cache's assign step in Triton: find the hits, then choose and install a line for every miss.
+
+The same decisions as ``csrc/cache/cpu_cache.cpp`` (``_C.cache_assign``),
+rule for rule (``csrc/cache/line_state.h``): a hit marks its line used and,
+after a scan, fresh; a miss takes an invalid way first, else the policy's
+victim among the lines this iteration has not used, else among all; a line
+taken twice in one batch caches only the later id.
+
+Two kernels, neither waiting on another program:
+
+- ``_find_hits``: one program per block of distinct ids; distinct ids hit
+  distinct lines, so the writes never collide.
+- ``_install_misses``: the misses sorted by set (a stable sort keeps the
+  ascending id order the C++ core uses), one program per set that has
+  misses, handling that set's misses in order. Only that program touches
+  the set.
+
+Run on CUDA tensors they compile for the GPU; on CPU tensors under
+``TRITON_INTERPRET=1`` (see :mod:`lsm_gnn.kernels`) the interpreter runs the
+same source, which is how CI checks them against the C++ core.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from lsm_gnn.cache import layout
+from lsm_gnn.cache.policies import LEVEL_CODE, POLICY_CODE
+
+# Kernels read globals only as compile-time constants.
+FRESH = tl.constexpr(layout.FRESH)
+INVALID_TAG = tl.constexpr(layout.INVALID_TAG)
+NO_REUSE = tl.constexpr(layout.NO_REUSE)
+NO_REUSE_RECORD = tl.constexpr(layout.NO_REUSE_RECORD)
+REUSE_SHIFT = tl.constexpr(layout.REUSE_SHIFT)
+_RR, _LRU, _STATIC, _DYNAMIC = (tl.constexpr(POLICY_CODE[n]) for n in ("rr", "lru", "static", "dynamic"))
+_HYBRID_FAR, _HYBRID_PVP_ROOM = tl.constexpr(POLICY_CODE["hybrid_far"]), tl.constexpr(POLICY_CODE["hybrid_pvp_room"])
+_LEVEL_NONE, _LEVEL_FAR, _LEVEL_FRESH, _LEVEL_NEAR = (tl.constexpr(LEVEL_CODE[n]) for n in
+                                                      ("none", "far", "fresh", "near"))
+_NOT_A_CANDIDATE = tl.constexpr(1 << 50)  # above every eviction key (keys use at most 35 bits; LRU's an iteration)
+
+
+@triton.jit
+def _set_of(ids, num_sets):
+    """splitmix64(id) % num_sets, as line_state.h's set_of."""
+    z = ids.to(tl.uint64) + 0x9E3779B97F4A7C15
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    z = z ^ (z >> 31)
+    return (z % num_sets.to(tl.uint64)).to(tl.int64)
+
+
+@triton.jit
+def _find_hits(unique_ptr, n, tags_ptr, last_use_ptr, flags_ptr, line_ptr, hit_ptr, set_ptr,
+               num_sets, iteration, scan_base, WAYS: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    u = pid * BLOCK + tl.arange(0, BLOCK)
+    valid = u < n
+    ids = tl.load(unique_ptr + u, mask=valid, other=-1)
+    sets = _set_of(ids, num_sets)
+    ways = tl.arange(0, WAYS)
+    lines = sets[:, None] * WAYS + ways[None, :]
+    tags = tl.load(tags_ptr + lines, mask=valid[:, None], other=INVALID_TAG)
+    match = (tags == ids[:, None]) & valid[:, None]
+    way = tl.max(tl.where(match, ways[None, :], -1), axis=1)  # ids are distinct in a set: at most one way
+    hit = way >= 0
+    line = tl.where(hit, sets * WAYS + way, -1)
+    tl.store(line_ptr + u, line, mask=valid)
+    tl.store(hit_ptr + u, hit.to(tl.int8), mask=valid)
+    tl.store(set_ptr + u, sets, mask=valid)
+    safe = tl.where(hit, line, 0)
+    tl.store(last_use_ptr + safe, tl.zeros_like(line) + iteration, mask=hit)
+    old = tl.load(flags_ptr + safe, mask=hit, other=0)
+    fresh = tl.where(iteration > scan_base, old | FRESH, old)  # the predicted reuse is being consumed
+    tl.store(flags_ptr + safe, fresh.to(tl.uint8), mask=hit)
+
+
+@triton.jit
+def _victim_keys(records, flags, static, last_use, way, iteration, scan_base, threshold, policy,
+                 r0, r1, r2, r3, room_ptr, num_queues):
+    """line_state.h's victim_key for the ways of one set (smaller is evicted first)."""
+    reuse = (records.to(tl.uint64) >> REUSE_SHIFT).to(tl.int64)
+    d = scan_base + reuse - iteration
+    fresh = (flags & FRESH) != 0
+    level = tl.where(fresh, _LEVEL_FRESH,
+                     tl.where(reuse == NO_REUSE, _LEVEL_NONE,
+                              tl.where(d <= 0, _LEVEL_FRESH, tl.where(d <= threshold, _LEVEL_NEAR, _LEVEL_FAR))))
+    d = tl.where(fresh | (reuse == NO_REUSE), 0, d)
+    # dynamic: none, then fresh, then far-to-near
+    dynamic = tl.where(level == _LEVEL_NONE, 0,
+                       tl.where(level == _LEVEL_FRESH, 1, (2 << 32) | ((1 << 32) - 1 - d)))
+    rank = tl.where(level == _LEVEL_NONE, r0, tl.where(level == _LEVEL_FAR, r1, tl.where(level == _LEVEL_FRESH, r2, r3)))
+    position = 2 * rank.to(tl.int64)
+    far = level == _LEVEL_FAR
+    if policy == _HYBRID_PVP_ROOM:
+        # No victim buffer (num_queues 0): room_ptr is a single 0, so no queue has room.
+        queue = (iteration + d) % tl.maximum(num_queues, 1)
+        room = tl.load(room_ptr + tl.where(far, queue, 0), mask=far, other=0)
+        position = tl.where(far & (room == 0), 2 * r0.to(tl.int64) + 1, position)
+    far_term = tl.where((policy == _HYBRID_FAR) & far, 65535 - d, 0)
+    hybrid = (position << 32) | (far_term << 16) | static
+    key = tl.where(policy == _LRU, last_use + 1,
+                   tl.where(policy == _STATIC, static, tl.where(policy == _DYNAMIC, dynamic, hybrid)))
+    return key
+
+
+@triton.jit
+def _install_misses(miss_ptr, miss_set_ptr, seg_start_ptr, unique_ptr, node_static_ptr, has_static,
+                    tags_ptr, records_ptr, flags_ptr, static_ptr, last_use_ptr, rr_ptr,
+                    line_ptr, evicted_tag_ptr, evicted_record_ptr, evicted_line_ptr, counts_ptr,
+                    iteration, scan_base, threshold, policy, r0, r1, r2, r3, room_ptr, num_queues,
+                    WAYS: tl.constexpr):
+    seg = tl.program_id(0)
+    start = tl.load(seg_start_ptr + seg)
+    end = tl.load(seg_start_ptr + seg + 1)
+    s = tl.load(miss_set_ptr + start)
+    ways = tl.arange(0, WAYS)
+    lines = s * WAYS + ways
+    installed_by = tl.full([WAYS], -1, tl.int64)  # way -> unique index this batch installed there
+    evictions = 0
+    in_use_evictions = 0
+    for k in range(start, end):
+        u = tl.load(miss_ptr + k)
+        node = tl.load(unique_ptr + u)
+        tags = tl.load(tags_ptr + lines)
+        last_use = tl.load(last_use_ptr + lines)
+        # An invalid way first (the lowest), then the policy's pick.
+        first_invalid = tl.min(tl.where(tags == INVALID_TAG, ways, WAYS), axis=0)
+        in_use = last_use == iteration
+        if policy == _RR:
+            pointer = tl.load(rr_ptr + s)
+            order = (ways - pointer + WAYS) % WAYS  # position of each way in the scan from the pointer
+            unused = tl.min(tl.where(in_use, WAYS, order), axis=0)
+            step = tl.where(unused < WAYS, unused, 0)  # every line in use: the pointer's own way
+            chosen = ((pointer + step) % WAYS).to(tl.int64)
+            if first_invalid == WAYS:
+                tl.store(rr_ptr + s, ((chosen + 1) % WAYS).to(tl.int32))
+        else:
+            records = tl.load(records_ptr + lines)
+            flags = tl.load(flags_ptr + lines)
+            static = tl.load(static_ptr + lines).to(tl.int64) & 0xFFFF
+            key = _victim_keys(records, flags, static, last_use, ways, iteration, scan_base, threshold, policy,
+                               r0, r1, r2, r3, room_ptr, num_queues)
+            # Ties go to the lowest way, as the C++ scan in way order does: pack the way under the key.
+            packed = tl.where(in_use, _NOT_A_CANDIDATE, key) * WAYS + ways
+            best = tl.min(packed, axis=0)
+            if best >= _NOT_A_CANDIDATE * WAYS:  # every line was used this iteration: choose among all
+                best = tl.min(key * WAYS + ways, axis=0)
+            chosen = (best % WAYS).to(tl.int64)
+        way = tl.where(first_invalid < WAYS, first_invalid.to(tl.int64), chosen)
+        line = s * WAYS + way
+        old_tag = tl.load(tags_ptr + line)
+        if old_tag != INVALID_TAG:
+            tl.store(evicted_tag_ptr + u, old_tag)
+            tl.store(evicted_record_ptr + u, tl.load(records_ptr + line))
+            tl.store(evicted_line_ptr + u, line)
+            evictions += 1
+            in_use_evictions += (tl.load(last_use_ptr + line) == iteration).to(tl.int32)
+        previous = tl.max(tl.where(ways == way, installed_by, -1), axis=0)
+        if previous >= 0:  # a line taken twice by this batch caches only the later id
+            tl.store(line_ptr + previous, -1)
+        installed_by = tl.where(ways == way, u, installed_by)
+        static_of = tl.load(node_static_ptr + node * has_static)  # without scores: a single 0 at index 0
+        tl.store(tags_ptr + line, node)
+        tl.store(static_ptr + line, static_of)
+        tl.store(records_ptr + line, NO_REUSE_RECORD)
+        tl.store(flags_ptr + line, tl.full((), FRESH, tl.uint8))
+        tl.store(last_use_ptr + line, iteration)
+        tl.store(line_ptr + u, line)
+        tl.debug_barrier()  # the next miss of this set reads what this one wrote
+    tl.atomic_add(counts_ptr + 0, evictions)
+    tl.atomic_add(counts_ptr + 1, in_use_evictions)
+
+
+def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways: int, unique, node_static,
+                 policy: int, iteration: int, scan_base: int, threshold: int, level_rank, queue_room=None,
+                 block: int = 128):
+    """Triton twin of ``_C.cache_assign`` (same arguments, same outputs, same state changes):
+    ``(line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use)``."""
+    if ways < 1 or ways & (ways - 1):
+        raise ValueError(f"the Triton cache kernels need a power of two ways (a set is one vector), got {ways}; "
+                         "use cache.ways=32 (the default), 16, 8, ...")
+    device = tags.device
+    n = unique.numel()
+    num_sets = tags.numel() // ways
+    line = torch.full((n,), -1, dtype=torch.int64, device=device)
+    hit8 = torch.zeros(n, dtype=torch.int8, device=device)
+    sets = torch.zeros(n, dtype=torch.int64, device=device)
+    evicted_tag = torch.full((n,), layout.INVALID_TAG, dtype=torch.int64, device=device)
+    evicted_record = torch.full((n,), layout.NO_REUSE_RECORD, dtype=torch.int64, device=device)
+    evicted_line = torch.full((n,), -1, dtype=torch.int64, device=device)
+    counts = torch.zeros(2, dtype=torch.int32, device=device)
+    if n:
+        _find_hits[(triton.cdiv(n, block),)](unique, n, tags, last_use, flags, line, hit8, sets, num_sets, iteration,
+                                             scan_base, WAYS=ways, BLOCK=block)
+    hit = hit8.bool()
+    miss = torch.nonzero(~hit).reshape(-1)  # ascending, like the C++ core's ids
+    if miss.numel():
+        miss_sets = sets[miss]
+        order = torch.argsort(miss_sets, stable=True)
+        miss, miss_sets = miss[order], miss_sets[order]
+        _, per_set = torch.unique_consecutive(miss_sets, return_counts=True)
+        seg_start = torch.zeros(per_set.numel() + 1, dtype=torch.int64, device=device)
+        seg_start[1:] = torch.cumsum(per_set, 0)
+        has_static = node_static is not None
+        room = queue_room if queue_room is not None else torch.zeros(1, dtype=torch.uint8, device=device)
+        r = [int(x) for x in level_rank]
+        _install_misses[(per_set.numel(),)](
+            miss, miss_sets, seg_start, unique,
+            node_static if has_static else torch.zeros(1, dtype=torch.int16, device=device), int(has_static),
+            tags, records, flags, static_score, last_use, rr_pointer,
+            line, evicted_tag, evicted_record, evicted_line, counts,
+            iteration, scan_base, threshold, policy, r[0], r[1], r[2], r[3], room,
+            0 if queue_room is None else queue_room.numel(), WAYS=ways)
+    return line, hit, evicted_tag, evicted_record, evicted_line, int(counts[0]), int(counts[1])
