@@ -1,0 +1,181 @@
+"""The neighbor sampler's per-hop draw in Triton, hop for hop identical to the CPU sampler.
+
+Each frontier node draws from its own splitmix64 stream keyed by (seed,
+iteration, hop, node) (``csrc/sampler/sampler_rng.h``): Floyd's algorithm
+picks ``fanout`` distinct neighbor positions with Lemire's bounded draw, so
+the positions, and therefore the hops, equal the CPU's. One program draws
+for a block of nodes at once (the draws of one node are sequential; nodes
+are independent). Counting, offsets and relabelling (a node's local id is
+its rank by first occurrence in ``[frontier, sampled sources]``) are torch
+ops on the same device.
+
+The kernel bounds-checks what it follows, as the C++ sampler does: a row
+whose ``indptr`` decreases or leaves ``indices``, or a neighbor id outside
+``[0, num_nodes)``, is reported through a flag tensor (the interpreter skips
+device asserts) and raised as :class:`CorruptGraph` naming the node.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from lsm_gnn.cache.hashing import splitmix64
+
+_GOLDEN = 0x9E3779B97F4A7C15
+_MASK64 = (1 << 64) - 1
+
+
+class CorruptGraph(ValueError):
+    """The CSR a hop followed is inconsistent (see ``lsm-gnn inspect <dataset> --verify``)."""
+
+
+def _mix(value: int) -> int:
+    import numpy as np
+
+    return int(splitmix64(np.array([value & _MASK64], dtype=np.uint64))[0])
+
+
+def batch_key(seed: int, iteration: int) -> int:
+    """sampler_rng.h's batch_key."""
+    return _mix((seed & _MASK64) ^ _mix(iteration))
+
+
+def hop_key(batch: int, hop: int) -> int:
+    return _mix((batch + hop) & _MASK64)
+
+
+@triton.jit
+def _mix64(z):
+    z = z + 0x9E3779B97F4A7C15
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    return z ^ (z >> 31)
+
+
+@triton.jit
+def _mulhi(a, b):
+    """The high 64 bits of a * b for b < 2**32 (Lemire's bounded draw), with 32-bit limbs."""
+    a_hi = a >> 32
+    a_lo = a & 0xFFFFFFFF
+    return (a_hi * b + ((a_lo * b) >> 32)) >> 32
+
+
+@triton.jit
+def _draw(indptr_ptr, indices_ptr, frontier_ptr, offsets_ptr, src_ptr, dst_ptr, error_ptr, n, num_nodes,
+          num_edges, fanout, key_lo, key_hi, BLOCK: tl.constexpr, KMAX: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    valid = i < n
+    v = tl.load(frontier_ptr + i, mask=valid, other=0)
+    begin = tl.load(indptr_ptr + v, mask=valid, other=0)
+    end = tl.load(indptr_ptr + v + 1, mask=valid, other=0)
+    bad_row = valid & ((begin < 0) | (end < begin) | (end > num_edges))
+    degree = tl.where(bad_row, 0, end - begin)
+    got = tl.where((fanout < 0) | (degree <= fanout), degree, fanout)
+    drawn = valid & (got < degree)
+    out = tl.load(offsets_ptr + i, mask=valid, other=0)
+    # Floyd's algorithm, KMAX >= fanout draws wide per node: positions[:, c] is the c-th drawn position.
+    key = (key_hi.to(tl.uint64) << 32) | key_lo.to(tl.uint64)
+    state = key ^ _mix64(v.to(tl.uint64))
+    cols = tl.arange(0, KMAX)
+    positions = tl.full([BLOCK, KMAX], -1, tl.int64)
+    for c in range(0, KMAX):
+        active = drawn & (c < fanout)
+        j = degree - fanout + c
+        state = tl.where(active, state + 0x9E3779B97F4A7C15, state)
+        r = _mulhi(_mix64(state), (j + 1).to(tl.uint64)).to(tl.int64)
+        taken = tl.sum(((positions == r[:, None]) & (cols[None, :] < c)).to(tl.int32), axis=1) > 0
+        pick = tl.where(taken, j, r)
+        positions = tl.where((cols[None, :] == c) & active[:, None], pick[:, None], positions)
+    # Positions to neighbor ids (nodes that take every neighbor, perhaps many, are _copy_all's).
+    for c in range(0, KMAX):
+        write = drawn & (c < got)
+        position = tl.sum(tl.where(cols[None, :] == c, positions, 0), axis=1)
+        neighbor = tl.load(indices_ptr + begin + position, mask=write, other=0).to(tl.int64)
+        tl.store(src_ptr + out + c, neighbor, mask=write)
+        tl.store(dst_ptr + out + c, i, mask=write)
+        bad = write & ((neighbor < 0) | (neighbor >= num_nodes))
+        tl.store(error_ptr + i, tl.full([BLOCK], 2, tl.int8), mask=bad)
+    tl.store(error_ptr + i, tl.full([BLOCK], 1, tl.int8), mask=bad_row)
+
+
+@triton.jit
+def _copy_all(indptr_ptr, indices_ptr, frontier_ptr, offsets_ptr, src_ptr, dst_ptr, error_ptr, node_ptr, n_all,
+              num_nodes, BLOCK: tl.constexpr):
+    """Nodes that take every neighbor (fanout -1 or degree <= fanout): one program per such node."""
+    which = tl.program_id(0)
+    i = tl.load(node_ptr + which)
+    v = tl.load(frontier_ptr + i)
+    begin = tl.load(indptr_ptr + v)
+    end = tl.load(indptr_ptr + v + 1)
+    out = tl.load(offsets_ptr + i)
+    for start in range(0, end - begin, BLOCK):
+        j = start + tl.arange(0, BLOCK)
+        m = j < end - begin
+        neighbor = tl.load(indices_ptr + begin + j, mask=m, other=0).to(tl.int64)
+        tl.store(src_ptr + out + j, neighbor, mask=m)
+        tl.store(dst_ptr + out + j, i + 0 * j, mask=m)
+        bad = m & ((neighbor < 0) | (neighbor >= num_nodes))
+        tl.store(error_ptr + i + 0 * j, tl.full([BLOCK], 2, tl.int8), mask=bad)
+
+
+def _raise_corrupt(error: torch.Tensor, frontier: torch.Tensor, indptr: torch.Tensor) -> None:
+    i = int(torch.nonzero(error)[0])
+    node, code = int(frontier[i]), int(error[i])
+    if code == 1:
+        raise CorruptGraph(f"indptr row of node {node} is [{int(indptr[node])}, {int(indptr[node + 1])}), not an "
+                           "ordered range inside indices")
+    raise CorruptGraph(f"a neighbor id of node {node} is outside [0, {indptr.numel() - 1})")
+
+
+def sample_hops(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor, fanouts, seed: int,
+                iteration: int, block: int = 64) -> list:
+    """Triton twin of ``_C.sample_hops``: ``[(nodes, num_dst, src_local, dst), ...]`` per hop, on the seeds'
+    device (the CSR must be readable from it)."""
+    device = seeds.device
+    num_nodes = indptr.numel() - 1
+    num_edges = indices.numel()
+    seeds = seeds.to(torch.int64).contiguous()
+    if seeds.numel():
+        if bool(((seeds < 0) | (seeds >= num_nodes)).any()):
+            i = int(torch.nonzero((seeds < 0) | (seeds >= num_nodes))[0])
+            raise IndexError(f"seed node {int(seeds[i])} at position {i} is outside [0, {num_nodes})")
+        if torch.unique(seeds).numel() != seeds.numel():
+            raise ValueError("seeds must be distinct")
+    batch = batch_key(int(seed), int(iteration))
+    frontier = seeds
+    hops = []
+    for h, fanout in enumerate(int(k) for k in fanouts):
+        key = hop_key(batch, h)
+        n = frontier.numel()
+        begin, end = indptr[frontier], indptr[frontier + 1]
+        bad_row = (begin < 0) | (end < begin) | (end > num_edges)
+        degree = torch.where(bad_row, torch.zeros_like(begin), end - begin)
+        got = degree if fanout < 0 else torch.clamp(degree, max=fanout)
+        offsets = torch.zeros(n + 1, dtype=torch.int64, device=device)
+        offsets[1:] = torch.cumsum(got, 0)
+        total = int(offsets[-1])
+        src = torch.empty(total, dtype=torch.int64, device=device)
+        dst = torch.empty(total, dtype=torch.int64, device=device)
+        error = torch.zeros(n, dtype=torch.int8, device=device)
+        if n:
+            kmax = triton.next_power_of_2(max(fanout, 1))
+            _draw[(triton.cdiv(n, block),)](indptr, indices, frontier, offsets, src, dst, error, n, num_nodes,
+                                            num_edges, fanout, key & 0xFFFFFFFF, key >> 32, BLOCK=block, KMAX=kmax)
+            take_all = torch.nonzero((got == degree) & (degree > 0) & ~bad_row).reshape(-1)
+            if take_all.numel():
+                _copy_all[(take_all.numel(),)](indptr, indices, frontier, offsets, src, dst, error, take_all,
+                                               take_all.numel(), num_nodes, BLOCK=128)
+        if bool(error.any()):
+            _raise_corrupt(error, frontier, indptr)
+        # Relabel as the CPU does: a node's local id is its rank by first occurrence in [frontier, sources].
+        every = torch.cat([frontier, src])
+        unique, inverse = torch.unique(every, sorted=True, return_inverse=True)
+        first = torch.full((unique.numel(),), every.numel(), dtype=torch.int64, device=device)
+        first.scatter_reduce_(0, inverse, torch.arange(every.numel(), device=device), "amin", include_self=True)
+        first_sorted, order = torch.sort(first)
+        rank = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=device))
+        nodes = every[first_sorted]
+        hops.append((nodes, n, rank[inverse[n:]], dst))
+        frontier = nodes
+    return hops

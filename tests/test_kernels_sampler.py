@@ -1,0 +1,81 @@
+"""The Triton sampler draws the very hops of the CPU sampler, run by Triton's interpreter."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are defined: before their import
+pytest.importorskip("triton")
+
+from lsm_gnn import _C  # noqa: E402
+from lsm_gnn.kernels.sampler import CorruptGraph, sample_hops  # noqa: E402
+
+
+def power_law_csr(rng, num_nodes, avg_degree, index_dtype):
+    degree = np.minimum(rng.zipf(1.8, num_nodes) * avg_degree // 2, 300)
+    degree[rng.random(num_nodes) < 0.1] = 0  # isolated nodes
+    indptr = np.concatenate([[0], np.cumsum(degree)]).astype(np.int64)
+    indices = rng.integers(0, num_nodes, int(indptr[-1])).astype(index_dtype)
+    return torch.from_numpy(indptr), torch.from_numpy(indices)
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("fanouts", [[5, 2], [10, -1], [0, 3], [1, 1, 1], [-1]])
+def test_triton_hops_equal_the_cpu_sampler(index_dtype, fanouts):
+    rng = np.random.default_rng(len(fanouts) * 10 + fanouts[0])
+    indptr, indices = power_law_csr(rng, 500, 6, index_dtype)
+    for iteration in (0, 7):
+        seeds = torch.from_numpy(rng.choice(500, 40, replace=False))
+        expected = _C.sample_hops(indptr, indices, seeds, fanouts, 1234, iteration, 1)
+        got = sample_hops(indptr, indices, seeds, fanouts, 1234, iteration)
+        assert len(got) == len(expected)
+        for h, ((n1, d1, s1, t1), (n2, d2, s2, t2)) in enumerate(zip(expected, got)):
+            assert d1 == d2, f"hop {h}: destinations"
+            for name, a, b in (("nodes", n1, n2), ("src", s1, s2), ("dst", t1, t2)):
+                assert torch.equal(a, b), f"hop {h}: {name} differs"
+
+
+def test_a_large_seed_and_iteration_key_the_same_streams():
+    rng = np.random.default_rng(3)
+    indptr, indices = power_law_csr(rng, 300, 8, np.int64)
+    seeds = torch.arange(0, 300, 7)
+    for seed, iteration in ((2**63 + 5, 3), (0, 2**40)):
+        expected = _C.sample_hops(indptr, indices, seeds, [4, 4], seed, iteration, 1)
+        got = sample_hops(indptr, indices, seeds, [4, 4], seed, iteration)
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[2], b[2]) for a, b in zip(expected, got))
+
+
+@pytest.mark.parametrize("corruption", ["decreasing indptr", "indptr past indices", "neighbor too large",
+                                        "negative neighbor"])
+def test_corrupt_topology_is_an_error_naming_the_node(corruption):
+    indptr = torch.tensor([0, 2, 4, 6], dtype=torch.int64)
+    indices = torch.tensor([1, 2, 0, 2, 0, 1], dtype=torch.int64)
+    if corruption == "decreasing indptr":
+        indptr[1] = 5
+    elif corruption == "indptr past indices":
+        indptr[3] = 60
+    elif corruption == "neighbor too large":
+        indices[2] = 99
+    else:
+        indices[3] = -4
+    with pytest.raises(CorruptGraph, match="node"):  # every index is followed
+        sample_hops(indptr, indices, torch.tensor([0, 1, 2]), [-1], 0, 0)
+    for seed in range(6):  # a draw may skip a bad entry: then both samplers answer, and alike
+        try:
+            expected = _C.sample_hops(indptr, indices, torch.tensor([0, 1, 2]), [1], seed, 0, 1)
+        except ValueError:
+            with pytest.raises(CorruptGraph, match="node"):
+                sample_hops(indptr, indices, torch.tensor([0, 1, 2]), [1], seed, 0)
+        else:
+            got = sample_hops(indptr, indices, torch.tensor([0, 1, 2]), [1], seed, 0)
+            assert torch.equal(got[0][0], expected[0][0]) and torch.equal(got[0][2], expected[0][2])
+
+
+def test_bad_seeds():
+    indptr, indices = torch.tensor([0, 1, 2]), torch.tensor([1, 0])
+    with pytest.raises(IndexError, match="seed node 5"):
+        sample_hops(indptr, indices, torch.tensor([5]), [1], 0, 0)
+    with pytest.raises(ValueError, match="distinct"):
+        sample_hops(indptr, indices, torch.tensor([1, 1]), [1], 0, 0)
+    assert [h[1] for h in sample_hops(indptr, indices, torch.tensor([], dtype=torch.int64), [1, 1], 0, 0)] == [0, 0]
