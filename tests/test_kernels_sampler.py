@@ -9,7 +9,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are defi
 pytest.importorskip("triton")
 
 from lsm_gnn import _C  # noqa: E402
-from lsm_gnn.kernels.sampler import CorruptGraph, sample_hops  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from lsm_gnn.kernels.sampler import CorruptGraph, _mulhi, sample_hops  # noqa: E402
 
 
 def power_law_csr(rng, num_nodes, avg_degree, index_dtype):
@@ -79,3 +82,22 @@ def test_bad_seeds():
     with pytest.raises(ValueError, match="distinct"):
         sample_hops(indptr, indices, torch.tensor([1, 1]), [1], 0, 0)
     assert [h[1] for h in sample_hops(indptr, indices, torch.tensor([], dtype=torch.int64), [1, 1], 0, 0)] == [0, 0]
+
+
+@triton.jit
+def _high_half(a_ptr, b_ptr, out_ptr, BLOCK: tl.constexpr):
+    k = tl.arange(0, BLOCK)
+    tl.store(out_ptr + k, _mulhi(tl.load(a_ptr + k).to(tl.uint64), tl.load(b_ptr + k).to(tl.uint64)).to(tl.int64))
+
+
+def test_the_bounded_draw_takes_the_exact_high_half_of_the_product():
+    """Lemire's draw needs the high 64 bits of a 64x64-bit product (b < 2**32 here); a rounding error would
+    show only once in ~2**32 / b draws, so the arithmetic itself is checked against Python's integers."""
+    rng = np.random.default_rng(5)
+    a = rng.integers(0, 2**63, 256, dtype=np.uint64) * np.uint64(2) + rng.integers(0, 2, 256, dtype=np.uint64)
+    b = np.concatenate([rng.integers(1, 2**32, 250, dtype=np.uint64), np.array([1, 2, 2**32 - 1] * 2, np.uint64)])
+    a[:3] = np.uint64(2**64 - 1)
+    out = torch.empty(256, dtype=torch.int64)
+    _high_half[(1,)](torch.from_numpy(a.view(np.int64)), torch.from_numpy(b.view(np.int64)), out, BLOCK=256)
+    expected = [(int(x) * int(y)) >> 64 for x, y in zip(a, b)]
+    assert out.tolist() == expected
