@@ -1,6 +1,10 @@
 """lsm-gnn: GNN training with node features on SSD behind a shared software cache."""
 __version__ = "0.1.0"
 
+from lsm_gnn.kernels import use_interpreter_without_gpu  # noqa: E402
+
+use_interpreter_without_gpu()  # before anything imports triton (lsm_gnn.kernels)
+
 from lsm_gnn.data import Dataset, DatasetError, DatasetWriter, open_dataset  # noqa: E402
 from lsm_gnn.features import Features  # noqa: E402
 from lsm_gnn.storage import FeatureStorage, open_storage  # noqa: E402

@@ -92,6 +92,7 @@ class LogConfig:
 @dataclass
 class Config:
     dataset: str = ""
+    kernels: str = "native"    # native: C++ on CPU tensors, Triton on CUDA | triton: Triton everywhere (docs/gpu.md)
     model: ModelConfig = field(default_factory=ModelConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -105,6 +106,7 @@ class Config:
 
 # Closed sets of values, checked after loading.
 CHOICES = {
+    "kernels": ("native", "triton"),
     "model.kind": ("gat", "sage", "gcn"),
     "cache.features": ("cache", "storage", "memory"),
     "cache.policy": ("auto", *POLICIES),
@@ -181,8 +183,9 @@ def parse_overrides(items) -> list[dict]:
 
 def validate(cfg: Config) -> Config:
     for key, valid in CHOICES.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
+        value = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
         if value not in valid:
             raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(valid)}")
     f = cfg.sampler.fanouts

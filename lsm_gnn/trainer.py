@@ -29,6 +29,7 @@ from lsm_gnn.comm.group import (TIMEOUT_ENV, CollectiveError, ProgressBoard, che
                                 first_line, is_collective_failure)
 from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.fileio import reporting_disk_full
+from lsm_gnn.kernels import set_kernel_mode
 from lsm_gnn.parallel import batch_to, distributed_context
 from lsm_gnn.tasks import make_task
 
@@ -153,6 +154,7 @@ class Trainer:
             raise ConfigError("no dataset: set dataset=<directory> (make one with lsm-gnn prepare)")
         self.cfg = cfg
         self.out = sys.stdout if out is None else out
+        set_kernel_mode(cfg.kernels)  # CPU tensors: the C++ core, or the Triton kernels under the interpreter
         self.dataset = open_dataset(cfg.dataset, check="fast")
         self.device = self._device(cfg.train.device)
         if self.device.type == "cuda" and self.device.index is None:

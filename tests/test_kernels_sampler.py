@@ -12,7 +12,9 @@ from lsm_gnn import _C  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from lsm_gnn.kernels.sampler import CorruptGraph, _mulhi, sample_hops  # noqa: E402
+from lsm_gnn.kernels.sampler import _mulhi, sample_hops  # noqa: E402
+
+CorruptGraph = _C.CorruptGraphError
 
 
 def power_law_csr(rng, num_nodes, avg_degree, index_dtype):

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.cache.layout import INDEX_MASK
+from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
 from lsm_gnn.defaults import PVP_QUEUE_CAPACITY
 
 DEFAULT_QUEUE_CAPACITY = PVP_QUEUE_CAPACITY
@@ -141,15 +142,10 @@ class VictimBuffer:
     def enqueue(self, evicted_tag, evicted_record, evicted_line, cache_data, iteration: int, scan_base: int) -> None:
         """Offers one batch's victims (the cache's assign outputs) to their queues, copying
         their rows out of ``cache_data`` (call before the batch's fill overwrites them)."""
-        from lsm_gnn import _C
-
         args = (self.count, self.queue_iteration, self.node, self.record, self.data, evicted_tag, evicted_record,
                 evicted_line, cache_data, int(iteration), int(scan_base))
         with self._state_lock:
-            if self.device.type == "cuda":  # untested: no GPU run yet
-                enqueued, no_reuse, full = _C.victim_enqueue_cuda(*args)
-            else:
-                enqueued, no_reuse, full = _C.victim_enqueue(*args, self.num_threads)
+            enqueued, no_reuse, full = torch.ops.lsm_gnn.victim_enqueue(*args, self.num_threads)
         self.stats.enqueued += enqueued
         self.stats.dropped_no_reuse += no_reuse
         self.stats.dropped_full += full

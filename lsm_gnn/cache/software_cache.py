@@ -20,6 +20,7 @@ from lsm_gnn.cache.window import WindowBuffer
 from lsm_gnn.defaults import PERIOD, WAYS, WINDOW, policy_for
 from lsm_gnn.features import StorageShape
 from lsm_gnn.ids import as_id_tensor
+from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
 from lsm_gnn.units import parse_bytes
 
 
@@ -197,8 +198,6 @@ class SoftwareCache(StorageShape):
         avoids faulting in fresh memory on every batch (which costs more than
         the copy itself).
         """
-        from lsm_gnn import _C
-
         ids = as_id_tensor(ids).to(self.device)
         shape = (ids.numel(), self.storage.dim)
         if out is not None and (tuple(out.shape) != shape or out.dtype != self.data.dtype
@@ -238,12 +237,9 @@ class SoftwareCache(StorageShape):
             room = pvp.room() if pvp is not None and p.name == "hybrid_pvp_room" else None
             args = (*self._state(), cache_ids, self.node_static, POLICY_CODE[p.name], t, self.scan_base,
                     p.near_threshold, list(p.level_rank), room)
-            if self.device.type == "cuda":  # untested: no GPU run yet
-                line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use = \
-                    _C.cache_assign_cuda(*args)
-            else:
-                line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use = \
-                    _C.cache_assign(*args, self.num_threads)
+            # One op: the C++ core on CPU tensors, the Triton kernels on CUDA ones (lsm_gnn.kernels).
+            line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use = \
+                torch.ops.lsm_gnn.cache_assign(*args, self.num_threads)
             try:
                 if pvp is not None:  # victims leave for their queue before the fill overwrites their line
                     pvp.enqueue(evicted_tag, evicted_record, evicted_line, self.data, t, self.scan_base)

@@ -12,7 +12,8 @@ ops on the same device.
 The kernel bounds-checks what it follows, as the C++ sampler does: a row
 whose ``indptr`` decreases or leaves ``indices``, or a neighbor id outside
 ``[0, num_nodes)``, is reported through a flag tensor (the interpreter skips
-device asserts) and raised as :class:`CorruptGraph` naming the node.
+device asserts) and raised as the C++ sampler's ``lsm_gnn._C.CorruptGraphError``
+(message, "indptr" or "indices"), which callers turn into a DatasetError naming the file.
 """
 from __future__ import annotations
 
@@ -24,10 +25,6 @@ from lsm_gnn.cache.hashing import splitmix64
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
-
-
-class CorruptGraph(ValueError):
-    """The CSR a hop followed is inconsistent (see ``lsm-gnn inspect <dataset> --verify``)."""
 
 
 def _mix(value: int) -> int:
@@ -120,18 +117,20 @@ def _copy_all(indptr_ptr, indices_ptr, frontier_ptr, offsets_ptr, src_ptr, dst_p
 
 
 def _raise_corrupt(error: torch.Tensor, frontier: torch.Tensor, indptr: torch.Tensor) -> None:
+    from lsm_gnn._C import CorruptGraphError
+
     i = int(torch.nonzero(error)[0])
     node, code = int(frontier[i]), int(error[i])
     if code == 1:
-        raise CorruptGraph(f"indptr row of node {node} is [{int(indptr[node])}, {int(indptr[node + 1])}), not an "
-                           "ordered range inside indices")
-    raise CorruptGraph(f"a neighbor id of node {node} is outside [0, {indptr.numel() - 1})")
+        raise CorruptGraphError(f"the row of node {node} is [{int(indptr[node])}, {int(indptr[node + 1])}), not an "
+                                "ordered range inside indices", "indptr")
+    raise CorruptGraphError(f"a neighbor id of node {node} is outside [0, {indptr.numel() - 1})", "indices")
 
 
 def sample_hops(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor, fanouts, seed: int,
                 iteration: int, block: int = 64) -> list:
     """Triton twin of ``_C.sample_hops``: ``[(nodes, num_dst, src_local, dst), ...]`` per hop, on the seeds'
-    device (the CSR must be readable from it)."""
+    device (the CSR must be on it too). ``seed`` is taken modulo 2**64, as the C++ core's uint64."""
     device = seeds.device
     num_nodes = indptr.numel() - 1
     num_edges = indices.numel()

@@ -4,10 +4,10 @@
 deterministic in (seed, iteration, seeds): a window buffer can sample batch
 t + 256 now and the trainer gets the very same batch at iteration t + 256.
 
-On a CUDA build the sampler can also run on a GPU (``device="cuda"``, or
-seeds given as a CUDA tensor) and returns the same hops as the CPU, on the
-device. UNTESTED: the CUDA sampler is compile-checked but has not yet run on
-a GPU (tests/test_sampler_cuda.py compares it with the CPU where one exists).
+The sampler is one op, ``torch.ops.lsm_gnn.sample_hops`` (:mod:`lsm_gnn.kernels.ops`): the C++ core
+for CPU seeds, the Triton kernel for CUDA seeds (``device="cuda"``, or seeds given as a CUDA tensor),
+drawing the same hops. The Triton kernel is checked against the C++ core on CPU tensors under Triton's
+interpreter (``kernels=triton``); it has not run on a GPU yet (``docs/gpu.md``).
 """
 from __future__ import annotations
 
@@ -44,13 +44,14 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
 
 
 def _require_cuda() -> None:
-    from lsm_gnn import _C
-
-    if not getattr(_C, "with_cuda", False):
-        raise RuntimeError("CUDA sampling needs lsm_gnn._C built with CUDA (a CUDA torch and nvcc at build time); "
-                           "this build is CPU-only: sample on the CPU (device='cpu' and CPU seeds)")
     if not torch.cuda.is_available():
-        raise RuntimeError("CUDA sampling was requested but torch sees no CUDA device")
+        raise RuntimeError("CUDA sampling was requested but torch sees no CUDA device; sample on the CPU "
+                           "(device='cpu' and CPU seeds)")
+
+
+def _signed64(value: int) -> int:
+    """A uint64 as the int64 with the same bits (torch ops take int64)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 class NeighborSampler:
@@ -61,8 +62,8 @@ class NeighborSampler:
 
     ``device``: None samples where the seeds are (CUDA seeds: on their GPU;
     anything else: on the CPU); "cpu" or "cuda[:i]" forces one. The GPU path
-    reads a pinned copy of the CSR through UVA (made on first use, as large as
-    the topology) and needs ``lsm_gnn._C`` built with CUDA (untested).
+    copies the CSR to the device on first use (the topology must fit in GPU
+    memory) and runs the Triton kernels.
     """
 
     def __init__(self, dataset, fanouts, seed: int = 0, num_threads: int = 0, device=None):
@@ -84,30 +85,32 @@ class NeighborSampler:
             raise ValueError(f"device must be None, 'cpu' or 'cuda[:i]', got {device!r}")
         if self.device is not None and self.device.type == "cuda":
             _require_cuda()  # fail at construction, not at the first batch
-        self._pinned_csr = None  # (indptr, indices) in pinned memory, for the GPU path
+        self._device_csr: dict = {}  # device -> (indptr, indices) there, for the GPU path
 
     def sample(self, seeds, iteration: int = 0) -> list[Hop]:
         """The hops for one mini-batch of distinct seed nodes, on the sampling device."""
         from lsm_gnn import _C
+        from lsm_gnn.kernels.ops import hops_of
 
         device = self.device
         if device is None:
             device = seeds.device if isinstance(seeds, torch.Tensor) and seeds.is_cuda else torch.device("cpu")
+        indptr, indices = self.indptr, self.indices
         if device.type == "cuda":
             _require_cuda()
             if device.index is None:
                 device = torch.device("cuda", torch.cuda.current_device())
-            if self._pinned_csr is None:
-                self._pinned_csr = (self.indptr.pin_memory(), self.indices.pin_memory())
-            raw = _C.sample_hops_cuda(*self._pinned_csr, as_id_tensor(seeds, device), self.fanouts, self.seed,
-                                      int(iteration))
-        else:
-            try:
-                raw = _C.sample_hops(self.indptr, self.indices, as_id_tensor(seeds), self.fanouts, self.seed,
-                                     int(iteration), self.num_threads)
-            except _C.CorruptGraphError as exc:
-                raise topology_error(exc, *self._files) from None
-        return [Hop(nodes, num_dst, torch.stack([src, dst])) for nodes, num_dst, src, dst in raw]
+            if device not in self._device_csr:
+                self._device_csr[device] = (self.indptr.to(device), self.indices.to(device))
+            indptr, indices = self._device_csr[device]
+        seeds = as_id_tensor(seeds, device)
+        try:
+            flat = torch.ops.lsm_gnn.sample_hops(indptr, indices, seeds, self.fanouts, _signed64(self.seed),
+                                                 int(iteration), self.num_threads)
+        except _C.CorruptGraphError as exc:
+            raise topology_error(exc, *self._files) from None
+        return [Hop(nodes, num_dst, torch.stack([src, dst])) for nodes, num_dst, src, dst in
+                hops_of(flat, seeds.numel())]
 
     def input_nodes(self, seeds, iteration: int = 0) -> torch.Tensor:
         """Every node whose features the batch needs (the last hop's nodes)."""

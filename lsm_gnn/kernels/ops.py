@@ -1,0 +1,116 @@
+"""The native ops, each registered once with ``torch.library``; torch picks the implementation by device.
+
+``torch.ops.lsm_gnn.<op>`` runs the C++ core on CPU tensors (or, in the ``triton`` kernel mode, the
+Triton kernel under the interpreter) and the Triton kernel on CUDA tensors. Callers make one call and
+never branch on the device.
+"""
+from __future__ import annotations
+
+import torch
+from torch.library import custom_op
+
+from lsm_gnn.kernels import kernel_mode, triton_module
+
+_MASK64 = (1 << 64) - 1
+_CACHE_STATE = ("tags", "records", "flags", "static_score", "last_use", "rr_pointer")
+
+
+def _triton(name: str, on_cpu: bool):
+    return triton_module(name, on_cpu)
+
+
+@custom_op("lsm_gnn::cache_assign", mutates_args=_CACHE_STATE)
+def cache_assign(tags: torch.Tensor, records: torch.Tensor, flags: torch.Tensor, static_score: torch.Tensor,
+                 last_use: torch.Tensor, rr_pointer: torch.Tensor, ways: int, unique: torch.Tensor,
+                 node_static: torch.Tensor | None, policy: int, iteration: int, scan_base: int, threshold: int,
+                 level_rank: list[int], queue_room: torch.Tensor | None, num_threads: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
+    """Hits, victims and installs of one batch of distinct ids (see ``csrc/cache/cpu_cache.cpp``):
+    ``(line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use)``."""
+    raise NotImplementedError  # replaced per device below
+
+
+@cache_assign.register_kernel("cpu")
+def _(tags, records, flags, static_score, last_use, rr_pointer, ways, unique, node_static, policy, iteration,
+      scan_base, threshold, level_rank, queue_room, num_threads):
+    args = (tags, records, flags, static_score, last_use, rr_pointer, ways, unique, node_static, policy, iteration,
+            scan_base, threshold, level_rank, queue_room)
+    if kernel_mode() == "triton":
+        return _triton("cache_assign", on_cpu=True).cache_assign(*args)
+    from lsm_gnn import _C
+
+    return _C.cache_assign(*args, num_threads)
+
+
+@cache_assign.register_kernel("cuda")
+def _(tags, records, flags, static_score, last_use, rr_pointer, ways, unique, node_static, policy, iteration,
+      scan_base, threshold, level_rank, queue_room, num_threads):
+    return _triton("cache_assign", on_cpu=False).cache_assign(
+        tags, records, flags, static_score, last_use, rr_pointer, ways, unique, node_static, policy, iteration,
+        scan_base, threshold, level_rank, queue_room)
+
+
+@custom_op("lsm_gnn::victim_enqueue", mutates_args=("count", "node", "record", "data"))
+def victim_enqueue(count: torch.Tensor, queue_iteration: torch.Tensor, node: torch.Tensor, record: torch.Tensor,
+                   data: torch.Tensor, evicted_tag: torch.Tensor, evicted_record: torch.Tensor,
+                   evicted_line: torch.Tensor, cache_data: torch.Tensor, iteration: int, scan_base: int,
+                   num_threads: int) -> tuple[int, int, int]:
+    """PVP: one batch's victims join the queue of their next use: ``(enqueued, dropped_no_reuse, dropped_full)``."""
+    raise NotImplementedError
+
+
+@victim_enqueue.register_kernel("cpu")
+def _(count, queue_iteration, node, record, data, evicted_tag, evicted_record, evicted_line, cache_data, iteration,
+      scan_base, num_threads):
+    args = (count, queue_iteration, node, record, data, evicted_tag, evicted_record, evicted_line, cache_data,
+            iteration, scan_base)
+    if kernel_mode() == "triton":
+        return _triton("victim_enqueue", on_cpu=True).victim_enqueue(*args)
+    from lsm_gnn import _C
+
+    return _C.victim_enqueue(*args, num_threads)
+
+
+@victim_enqueue.register_kernel("cuda")
+def _(count, queue_iteration, node, record, data, evicted_tag, evicted_record, evicted_line, cache_data, iteration,
+      scan_base, num_threads):
+    return _triton("victim_enqueue", on_cpu=False).victim_enqueue(
+        count, queue_iteration, node, record, data, evicted_tag, evicted_record, evicted_line, cache_data, iteration,
+        scan_base)
+
+
+@custom_op("lsm_gnn::sample_hops", mutates_args=())
+def sample_hops(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor, fanouts: list[int], seed: int,
+                iteration: int, num_threads: int) -> list[torch.Tensor]:
+    """The sampled hops, flattened: ``[nodes, src, dst]`` per hop (a hop's destinations are the nodes before it).
+    ``seed`` is the sampler's 64-bit seed as a signed int64 (torch's int); the kernels read it modulo 2**64."""
+    raise NotImplementedError
+
+
+def _flatten(hops) -> list[torch.Tensor]:
+    return [t for nodes, _, src, dst in hops for t in (nodes, src, dst)]
+
+
+@sample_hops.register_kernel("cpu")
+def _(indptr, indices, seeds, fanouts, seed, iteration, num_threads):
+    if kernel_mode() == "triton":
+        return _flatten(_triton("sampler", on_cpu=True).sample_hops(indptr, indices, seeds, fanouts, seed,
+                                                                     iteration))
+    from lsm_gnn import _C
+
+    return _flatten(_C.sample_hops(indptr, indices, seeds, fanouts, seed & _MASK64, iteration, num_threads))
+
+
+@sample_hops.register_kernel("cuda")
+def _(indptr, indices, seeds, fanouts, seed, iteration, num_threads):
+    return _flatten(_triton("sampler", on_cpu=False).sample_hops(indptr, indices, seeds, fanouts, seed, iteration))
+
+
+def hops_of(flat: list[torch.Tensor], num_seeds: int) -> list[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]]:
+    """``sample_hops``'s flat list as ``(nodes, num_dst, src, dst)`` per hop."""
+    hops, num_dst = [], num_seeds
+    for k in range(0, len(flat), 3):
+        nodes, src, dst = flat[k:k + 3]
+        hops.append((nodes, num_dst, src, dst))
+        num_dst = nodes.numel()
+    return hops

@@ -1,0 +1,59 @@
+"""kernels=triton: the trainer, loader, cache and PVP run the Triton kernels on CPU tensors (interpreter)
+and compute exactly what the C++ core computes."""
+import json
+import os
+
+import pytest
+
+pytest.importorskip("triton")
+pytest.importorskip("torch_geometric")
+
+from lsm_gnn.config import load_config  # noqa: E402
+from lsm_gnn.kernels import KERNELS_ENV, kernel_mode, set_kernel_mode  # noqa: E402
+from lsm_gnn.trainer import train  # noqa: E402
+
+GRAPH = dict(num_nodes=800, avg_degree=5, feature_dim=8, num_classes=3, seed=6)
+
+
+@pytest.fixture(autouse=True)
+def native_afterwards():
+    yield
+    set_kernel_mode(None)
+
+
+def run(graph, out, kernels, *more):
+    cfg = load_config(None, [f"dataset={graph}", f"kernels={kernels}", "model.kind=sage", "model.hidden=8",
+                             "sampler.fanouts=[3,2]", "sampler.batch_size=100", "cache.capacity=50%",
+                             "cache.window=4", "train.max_iterations=4", "train.eval_splits=[]",
+                             "log.progress=false", f"log.dir={out}", *more])
+    train(cfg)
+    with open(os.path.join(out, "metrics.jsonl")) as fh:
+        records = [json.loads(line) for line in fh if '"iteration"' in line]
+    return [(r["loss"], r["hit_ratio"], r["bytes_read"], r.get("pvp_hits")) for r in records]
+
+
+@pytest.mark.parametrize("pvp", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_a_triton_run_equals_a_native_run(graph, tmp_path, monkeypatch, pvp):
+    from lsm_gnn import _C
+
+    extra = ["cache.pvp=true", "cache.pvp_queue_capacity=16"] if pvp else []
+    native = run(graph, tmp_path / "native", "native", *extra)
+    assert kernel_mode() == "native"
+
+    def unused(*args, **kwargs):
+        raise AssertionError("kernels=triton called the C++ core")
+
+    for op in ("cache_assign", "sample_hops", "victim_enqueue"):  # the ops that have Triton twins
+        monkeypatch.setattr(_C, op, unused)
+    triton = run(graph, tmp_path / "triton", "triton", *extra)
+    assert kernel_mode() == "triton"
+    assert triton == native  # the same losses, hits, bytes read and victim-buffer hits, iteration by iteration
+    assert len(native) == 4
+
+
+def test_the_mode_is_checked(monkeypatch):
+    monkeypatch.setenv(KERNELS_ENV, "gpu")
+    with pytest.raises(ValueError, match="LSM_GNN_KERNELS='gpu'"):
+        kernel_mode()
+    with pytest.raises(ValueError, match="kernel mode"):
+        set_kernel_mode("cuda")
