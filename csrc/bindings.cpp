@@ -13,7 +13,6 @@ void bind_cache(py::module& m);    // cache/cache_bindings.cpp
 void bind_sampler(py::module& m);  // sampler/sampler_bindings.cpp
 #ifdef LSM_GNN_WITH_CUDA
 void bind_cache_cuda(py::module& m);    // cache/cuda_bindings.cpp
-void bind_sampler_cuda(py::module& m);  // sampler/cuda_bindings.cpp
 #endif
 
 namespace {
@@ -141,7 +140,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   bind_sampler(m);
 #ifdef LSM_GNN_WITH_CUDA
   bind_cache_cuda(m);
-  bind_sampler_cuda(m);
 #endif
   m.attr("with_cuda") = py::bool_(
 #ifdef LSM_GNN_WITH_CUDA

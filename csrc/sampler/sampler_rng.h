@@ -1,6 +1,6 @@
-// The sampler's randomness, shared by the CPU (neighbor_sampler.cpp) and the
-// CUDA (neighbor_sampler_cuda.cu) implementations so both draw the very same
-// neighbor positions: one splitmix64 stream per (seed, iteration, hop, node).
+// The sampler's randomness: one splitmix64 stream per (seed, iteration, hop,
+// node). The Triton sampler (lsm_gnn/kernels/sampler.py) draws from the very
+// same streams, so the CPU and GPU hops are identical.
 // Plain C++ with LSM_HD (from line_state.h) so g++ and nvcc both compile it.
 #pragma once
 

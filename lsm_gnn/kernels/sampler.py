@@ -139,8 +139,11 @@ def sample_hops(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor
         if bool(((seeds < 0) | (seeds >= num_nodes)).any()):
             i = int(torch.nonzero((seeds < 0) | (seeds >= num_nodes))[0])
             raise IndexError(f"seed node {int(seeds[i])} at position {i} is outside [0, {num_nodes})")
-        if torch.unique(seeds).numel() != seeds.numel():
-            raise ValueError("seeds must be distinct")
+        ordered = torch.sort(seeds).values
+        repeated = ordered[1:] == ordered[:-1]
+        if bool(repeated.any()):
+            raise ValueError(f"seed node {int(ordered[1:][repeated][0])} appears twice in the batch; seeds must be "
+                             "distinct")
     batch = batch_key(int(seed), int(iteration))
     frontier = seeds
     hops = []
