@@ -1,0 +1,137 @@
+"""The Triton kernels on a GPU: cache all-hit bandwidth beside a device-to-device copy, sampler edges/s.
+
+For a GPU owner (``benchmarks/gpu_suite.sh`` runs it): the figures only a GPU can give. Every ratio is
+measured in one run, medians of ``--repeats``:
+
+  cache all-hit   torch.ops.lsm_gnn.cache_assign on a batch whose ids are all cached (the hit
+                  kernel) plus the row gather, in GB/s of rows served, beside ``copy_`` of the same
+                  bytes from one device buffer to another (the limit; the paper's 750 GB/s on an A100)
+  sampler         torch.ops.lsm_gnn.sample_hops (the Triton sampler) in sampled edges/s on a power-law
+                  CSR in device memory, beside the C++ sampler on the host
+
+``--device cpu`` runs the same code on CPU tensors under Triton's interpreter at a tiny size: a smoke
+test of the script (tests run it), not a measurement.
+
+    python benchmarks/gpu_kernels.py                  # on a GPU
+    python benchmarks/gpu_kernels.py --device cpu --quick
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+import torch
+
+import lsm_gnn  # noqa: F401  (chooses Triton's interpreter on machines without a GPU)
+from lsm_gnn.benchmarking import median_seconds, write_json
+from lsm_gnn.cache.layout import INVALID_TAG, NO_REUSE_RECORD
+from lsm_gnn.cache.policies import POLICY_CODE
+from lsm_gnn.kernels import set_kernel_mode
+from lsm_gnn.kernels import ops  # noqa: F401  (registers torch.ops.lsm_gnn)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device, repeats: int) -> float:
+    def run():
+        fn()
+        synchronize(device)
+    return median_seconds(run, repeats)
+
+
+def cache_all_hit(device, num_lines: int, batch: int, row_bytes: int, repeats: int) -> dict:
+    ways = 32
+    dim = row_bytes // 4
+    num_sets = num_lines // ways
+    n = num_sets * ways
+    state = [torch.full((n,), INVALID_TAG, dtype=torch.int64, device=device),
+             torch.full((n,), NO_REUSE_RECORD, dtype=torch.int64, device=device),
+             torch.zeros(n, dtype=torch.uint8, device=device), torch.zeros(n, dtype=torch.int16, device=device),
+             torch.full((n,), -1, dtype=torch.int64, device=device),
+             torch.zeros(num_sets, dtype=torch.int32, device=device)]
+    data = torch.randn(n, dim, device=device)
+    hot = torch.arange(batch, device=device)  # fewer ids than lines, spread by the hash: they all fit
+    policy = POLICY_CODE["hybrid"]
+
+    def assign(ids, iteration):
+        return torch.ops.lsm_gnn.cache_assign(*state, ways, ids, None, policy, iteration, 0, 32, [0, 1, 2, 3],
+                                              None, 0)
+
+    line, _, *_ = assign(hot, 0)  # fill
+    out = torch.empty(batch, dim, device=device)
+    iteration = [1]
+
+    def serve():
+        line, hit, *_ = assign(hot, iteration[0])
+        iteration[0] += 1
+        torch.index_select(data, 0, line.clamp_min(0), out=out)
+
+    _, hit, *_ = assign(hot, 0)
+    hit_ratio = float(hit.float().mean())
+    src, dst = torch.randn(batch, dim, device=device), torch.empty(batch, dim, device=device)
+    serve_s = timed(serve, device, repeats)
+    copy_s = timed(lambda: dst.copy_(src), device, repeats)
+    moved = batch * row_bytes
+    return {"batch": batch, "row_bytes": row_bytes, "hit_ratio": hit_ratio, "serve_gb_per_s": moved / serve_s / 1e9,
+            "copy_gb_per_s": moved / copy_s / 1e9, "ratio_to_copy": copy_s / serve_s}
+
+
+def sampler_edges(device, num_nodes: int, avg_degree: int, batch: int, fanouts, repeats: int) -> dict:
+    from lsm_gnn import _C
+
+    rng = np.random.default_rng(0)
+    degree = np.minimum(rng.zipf(1.8, num_nodes) * avg_degree // 2, 1000)
+    indptr = torch.from_numpy(np.concatenate([[0], np.cumsum(degree)]).astype(np.int64))
+    indices = torch.from_numpy(rng.integers(0, num_nodes, int(indptr[-1])).astype(np.int64))
+    seeds = torch.from_numpy(rng.choice(num_nodes, batch, replace=False))
+    on_device = (indptr.to(device), indices.to(device), seeds.to(device))
+    hops = torch.ops.lsm_gnn.sample_hops(*on_device, fanouts, 7, 0, 0)
+    edges = sum(t.numel() for t in hops[1::3])
+    triton_s = timed(lambda: torch.ops.lsm_gnn.sample_hops(*on_device, fanouts, 7, 0, 0), device, repeats)
+    cpp_s = median_seconds(lambda: _C.sample_hops(indptr, indices, seeds, fanouts, 7, 0, 0), repeats)
+    return {"edges_per_batch": edges, "triton_edges_per_s": edges / triton_s, "cpp_cpu_edges_per_s": edges / cpp_s}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="tiny sizes (the CPU interpreter smoke run)")
+    p.add_argument("--json", default="bench-results/gpu_kernels.json")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("gpu_kernels.py: torch sees no CUDA device; run it on a GPU machine (or --device cpu --quick)",
+              file=sys.stderr)
+        return 2
+    if device.type == "cpu":
+        set_kernel_mode("triton")  # the Triton kernels, under the interpreter
+    big = not args.quick
+    result = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)",
+        "cache_all_hit": cache_all_hit(device, num_lines=(1 << 20) if big else 256, batch=(1 << 16) if big else 64,
+                                       row_bytes=4096 if big else 64, repeats=args.repeats),
+        "sampler": sampler_edges(device, num_nodes=1_000_000 if big else 500, avg_degree=10,
+                                 batch=4096 if big else 32, fanouts=[10, 5] if big else [3, 2],
+                                 repeats=args.repeats),
+    }
+    write_json(args.json, result)
+    c, s = result["cache_all_hit"], result["sampler"]
+    print(f"device {result['device']}")
+    print(f"{'measure':<28}{'ours':>14}{'limit / peer':>16}{'ratio':>8}")
+    print(f"{'cache all-hit GB/s':<28}{c['serve_gb_per_s']:>14.2f}{c['copy_gb_per_s']:>16.2f}"
+          f"{c['ratio_to_copy']:>8.2f}   (limit: device copy)")
+    ratio = s["triton_edges_per_s"] / s["cpp_cpu_edges_per_s"]
+    print(f"{'sampler edges/s':<28}{s['triton_edges_per_s']:>14,.0f}{s['cpp_cpu_edges_per_s']:>16,.0f}"
+          f"{ratio:>8.2f}   (peer: C++ sampler on the host)")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
