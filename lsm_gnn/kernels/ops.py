@@ -15,10 +15,6 @@ _MASK64 = (1 << 64) - 1
 _CACHE_STATE = ("tags", "records", "flags", "static_score", "last_use", "rr_pointer")
 
 
-def _triton(name: str, on_cpu: bool):
-    return triton_module(name, on_cpu)
-
-
 @custom_op("lsm_gnn::cache_assign", mutates_args=_CACHE_STATE)
 def cache_assign(tags: torch.Tensor, records: torch.Tensor, flags: torch.Tensor, static_score: torch.Tensor,
                  last_use: torch.Tensor, rr_pointer: torch.Tensor, ways: int, unique: torch.Tensor,
@@ -36,7 +32,7 @@ def _(tags, records, flags, static_score, last_use, rr_pointer, ways, unique, no
     args = (tags, records, flags, static_score, last_use, rr_pointer, ways, unique, node_static, policy, iteration,
             scan_base, threshold, level_rank, queue_room)
     if kernel_mode() == "triton":
-        return _triton("cache_assign", on_cpu=True).cache_assign(*args)
+        return triton_module("cache_assign", on_cpu=True).cache_assign(*args)
     from lsm_gnn import _C
 
     return _C.cache_assign(*args, num_threads)
@@ -45,7 +41,7 @@ def _(tags, records, flags, static_score, last_use, rr_pointer, ways, unique, no
 @cache_assign.register_kernel("cuda")
 def _(tags, records, flags, static_score, last_use, rr_pointer, ways, unique, node_static, policy, iteration,
       scan_base, threshold, level_rank, queue_room, num_threads):
-    return _triton("cache_assign", on_cpu=False).cache_assign(
+    return triton_module("cache_assign", on_cpu=False).cache_assign(
         tags, records, flags, static_score, last_use, rr_pointer, ways, unique, node_static, policy, iteration,
         scan_base, threshold, level_rank, queue_room)
 
@@ -65,7 +61,7 @@ def _(count, queue_iteration, node, record, data, evicted_tag, evicted_record, e
     args = (count, queue_iteration, node, record, data, evicted_tag, evicted_record, evicted_line, cache_data,
             iteration, scan_base)
     if kernel_mode() == "triton":
-        return _triton("victim_enqueue", on_cpu=True).victim_enqueue(*args)
+        return triton_module("victim_enqueue", on_cpu=True).victim_enqueue(*args)
     from lsm_gnn import _C
 
     return _C.victim_enqueue(*args, num_threads)
@@ -74,7 +70,7 @@ def _(count, queue_iteration, node, record, data, evicted_tag, evicted_record, e
 @victim_enqueue.register_kernel("cuda")
 def _(count, queue_iteration, node, record, data, evicted_tag, evicted_record, evicted_line, cache_data, iteration,
       scan_base, num_threads):
-    return _triton("victim_enqueue", on_cpu=False).victim_enqueue(
+    return triton_module("victim_enqueue", on_cpu=False).victim_enqueue(
         count, queue_iteration, node, record, data, evicted_tag, evicted_record, evicted_line, cache_data, iteration,
         scan_base)
 
@@ -94,7 +90,7 @@ def _flatten(hops) -> list[torch.Tensor]:
 @sample_hops.register_kernel("cpu")
 def _(indptr, indices, seeds, fanouts, seed, iteration, num_threads):
     if kernel_mode() == "triton":
-        return _flatten(_triton("sampler", on_cpu=True).sample_hops(indptr, indices, seeds, fanouts, seed,
+        return _flatten(triton_module("sampler", on_cpu=True).sample_hops(indptr, indices, seeds, fanouts, seed,
                                                                      iteration))
     from lsm_gnn import _C
 
@@ -103,7 +99,7 @@ def _(indptr, indices, seeds, fanouts, seed, iteration, num_threads):
 
 @sample_hops.register_kernel("cuda")
 def _(indptr, indices, seeds, fanouts, seed, iteration, num_threads):
-    return _flatten(_triton("sampler", on_cpu=False).sample_hops(indptr, indices, seeds, fanouts, seed, iteration))
+    return _flatten(triton_module("sampler", on_cpu=False).sample_hops(indptr, indices, seeds, fanouts, seed, iteration))
 
 
 def hops_of(flat: list[torch.Tensor], num_seeds: int) -> list[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]]:
