@@ -90,7 +90,8 @@ def _victim_keys(records, flags, static, last_use, way, iteration, scan_base, th
     # dynamic: none, then fresh, then far-to-near
     dynamic = tl.where(level == _LEVEL_NONE, 0,
                        tl.where(level == _LEVEL_FRESH, 1, (2 << 32) | ((1 << 32) - 1 - d)))
-    rank = tl.where(level == _LEVEL_NONE, r0, tl.where(level == _LEVEL_FAR, r1, tl.where(level == _LEVEL_FRESH, r2, r3)))
+    rank = tl.where(level == _LEVEL_NONE, r0,
+                    tl.where(level == _LEVEL_FAR, r1, tl.where(level == _LEVEL_FRESH, r2, r3)))
     position = 2 * rank.to(tl.int64)
     far = level == _LEVEL_FAR
     if policy == _HYBRID_PVP_ROOM:

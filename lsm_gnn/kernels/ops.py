@@ -99,7 +99,8 @@ def _(indptr, indices, seeds, fanouts, seed, iteration, num_threads):
 
 @sample_hops.register_kernel("cuda")
 def _(indptr, indices, seeds, fanouts, seed, iteration, num_threads):
-    return _flatten(triton_module("sampler", on_cpu=False).sample_hops(indptr, indices, seeds, fanouts, seed, iteration))
+    sampler = triton_module("sampler", on_cpu=False)
+    return _flatten(sampler.sample_hops(indptr, indices, seeds, fanouts, seed, iteration))
 
 
 def hops_of(flat: list[torch.Tensor], num_seeds: int) -> list[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]]:
