@@ -20,14 +20,14 @@ ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "comm_worker.py")
 
 
-def run_ranks(scenario, dataset, out, world, timeout=240):
+def run_ranks(scenario, dataset, out, world, timeout=240, **extra_env):
     """Starts ``world`` worker processes as torchrun would; returns their exit codes and the seconds taken."""
     port = free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep +
-                   os.environ.get("PYTHONPATH", ""))
+                   os.environ.get("PYTHONPATH", ""), **extra_env)
         procs.append(subprocess.Popen([sys.executable, WORKER, scenario, dataset.path, str(out)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     start = time.monotonic()
@@ -47,10 +47,13 @@ def dataset(tmp_path_factory):
     return ds
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world,kernels", [(2, "native"), (4, "native"), (2, "triton")])
 @pytest.mark.slow
-def test_every_rank_gets_the_file_bytes_and_each_id_is_served_once_by_its_owner(dataset, tmp_path, world):
-    codes, logs, _ = run_ranks("correctness", dataset, tmp_path, world)
+def test_every_rank_gets_the_file_bytes_and_each_id_is_served_once_by_its_owner(dataset, tmp_path, world, kernels):
+    """With kernels=triton every rank's cache slice and sampler run the Triton kernels (interpreter)."""
+    if kernels == "triton":
+        pytest.importorskip("triton")
+    codes, logs, _ = run_ranks("correctness", dataset, tmp_path, world, timeout=600, LSM_GNN_KERNELS=kernels)
     assert codes == [0] * world, "\n".join(logs)
     ranks = [np.load(tmp_path / f"rank{r}.npz", allow_pickle=True) for r in range(world)]
     iterations = len(ranks[0]["requested"])
