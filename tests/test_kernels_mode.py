@@ -73,3 +73,4 @@ def test_the_gpu_benchmark_script_runs_under_the_interpreter(tmp_path):
     figures = json.loads(out.read_text())
     assert figures["cache_all_hit"]["hit_ratio"] == 1.0  # the hot batch is served from the cache
     assert figures["sampler"]["edges_per_batch"] > 0
+

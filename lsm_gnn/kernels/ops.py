@@ -12,6 +12,12 @@ from torch.library import custom_op
 from lsm_gnn.kernels import kernel_mode, triton_module
 
 _MASK64 = (1 << 64) - 1
+
+
+def _no_kernel(op: str, tensor: torch.Tensor) -> RuntimeError:
+    # The op's own body runs only for devices with no kernel registered (MPS, XPU, ...).
+    return RuntimeError(f"lsm_gnn::{op} has kernels for CPU and CUDA tensors only, got a {tensor.device.type} "
+                        "tensor; move the tensors to the CPU or a CUDA device")
 _CACHE_STATE = ("tags", "records", "flags", "static_score", "last_use", "rr_pointer")
 
 
@@ -23,7 +29,7 @@ def cache_assign(tags: torch.Tensor, records: torch.Tensor, flags: torch.Tensor,
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
     """Hits, victims and installs of one batch of distinct ids (see ``csrc/cache/cpu_cache.cpp``):
     ``(line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use)``."""
-    raise NotImplementedError  # replaced per device below
+    raise _no_kernel("cache_assign", tags)
 
 
 @cache_assign.register_kernel("cpu")
@@ -52,7 +58,7 @@ def victim_enqueue(count: torch.Tensor, queue_iteration: torch.Tensor, node: tor
                    evicted_line: torch.Tensor, cache_data: torch.Tensor, iteration: int, scan_base: int,
                    num_threads: int) -> tuple[int, int, int]:
     """PVP: one batch's victims join the queue of their next use: ``(enqueued, dropped_no_reuse, dropped_full)``."""
-    raise NotImplementedError
+    raise _no_kernel("victim_enqueue", count)
 
 
 @victim_enqueue.register_kernel("cpu")
@@ -80,7 +86,7 @@ def sample_hops(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor
                 iteration: int, num_threads: int) -> list[torch.Tensor]:
     """The sampled hops, flattened: ``[nodes, src, dst]`` per hop (a hop's destinations are the nodes before it).
     ``seed`` is the sampler's 64-bit seed as a signed int64 (torch's int); the kernels read it modulo 2**64."""
-    raise NotImplementedError
+    raise _no_kernel("sample_hops", seeds)
 
 
 def _flatten(hops) -> list[torch.Tensor]:
