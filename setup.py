@@ -1,5 +1,5 @@
-"""Builds lsm_gnn._C: the native core (C++17 + OpenMP always; CUDA sources too
-when the installed torch has CUDA and nvcc is found).
+"""Builds lsm_gnn._C: the native core, C++ and OpenMP only on every machine. The GPU
+kernels are Triton (lsm_gnn/kernels), compiled at run time: no CUDA toolkit is needed.
 
 Install with ``pip install --no-build-isolation -e .`` so the build uses the
 torch that is already installed (an isolated build would download another).
@@ -30,25 +30,9 @@ def _extension():
     # C++20 because the torch headers of 2.13 use C++20 features; the core itself is C++17.
     cxx_flags = ["-O3", "-std=c++20", "-fopenmp", "-Wall", "-Wno-unused-function"]
     link_flags = ["-fopenmp"]
-    sources = _sources("*.cpp")
-    cu_sources = _sources("*.cu")
-    with_cuda = (
-        torch.version.cuda is not None
-        and cpp_extension.CUDA_HOME is not None
-        and os.environ.get("LSM_GNN_NO_CUDA", "0") != "1"
-    )
-    if with_cuda and cu_sources:
-        return cpp_extension.CUDAExtension(
-            "lsm_gnn._C",
-            sources + cu_sources,
-            include_dirs=[os.path.join(HERE, "csrc")],
-            define_macros=[("LSM_GNN_WITH_CUDA", "1")],
-            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++20", "--expt-relaxed-constexpr"]},
-            extra_link_args=link_flags,
-        )
     return cpp_extension.CppExtension(
         "lsm_gnn._C",
-        sources,
+        _sources("*.cpp"),
         include_dirs=[os.path.join(HERE, "csrc")],
         extra_compile_args=cxx_flags,
         extra_link_args=link_flags,

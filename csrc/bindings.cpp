@@ -11,9 +11,6 @@ namespace py = pybind11;
 
 void bind_cache(py::module& m);    // cache/cache_bindings.cpp
 void bind_sampler(py::module& m);  // sampler/sampler_bindings.cpp
-#ifdef LSM_GNN_WITH_CUDA
-void bind_cache_cuda(py::module& m);    // cache/cuda_bindings.cpp
-#endif
 
 namespace {
 
@@ -138,14 +135,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("max_iterations") = 100, py::arg("tolerance") = 1e-7, py::arg("num_threads") = 0);
   bind_cache(m);
   bind_sampler(m);
-#ifdef LSM_GNN_WITH_CUDA
-  bind_cache_cuda(m);
-#endif
-  m.attr("with_cuda") = py::bool_(
-#ifdef LSM_GNN_WITH_CUDA
-      true
-#else
-      false
-#endif
-  );
 }

@@ -43,7 +43,7 @@ def test_a_triton_run_equals_a_native_run(graph, tmp_path, monkeypatch, pvp):
     def unused(*args, **kwargs):
         raise AssertionError("kernels=triton called the C++ core")
 
-    for op in ("cache_assign", "sample_hops", "victim_enqueue"):  # the ops that have Triton twins
+    for op in ("cache_assign", "cache_scan", "sample_hops", "victim_enqueue"):  # every op with a Triton twin
         monkeypatch.setattr(_C, op, unused)
     triton = run(graph, tmp_path / "triton", "triton", *extra)
     assert kernel_mode() == "triton"

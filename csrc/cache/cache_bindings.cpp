@@ -99,11 +99,31 @@ py::tuple victim_enqueue(const torch::Tensor& count, const torch::Tensor& queue_
 }
 
 void scan(const torch::Tensor& tags, const torch::Tensor& records, const torch::Tensor& flags,
-          const torch::Tensor& static_score, const torch::Tensor& last_use, const torch::Tensor& rr_pointer, int ways,
-          const lsm::cache::WindowIndex& window, int64_t limit, int num_threads) {
-  CacheView v = view_of(tags, records, flags, static_score, last_use, rr_pointer, ways);
+          const torch::Tensor& first_iteration, const torch::Tensor& first_position, const torch::Tensor& first_rank,
+          int64_t front, int64_t limit, int num_threads) {
+  const int64_t lines = tags.numel();
+  check(tags, "tags", torch::kInt64, lines);
+  check(records, "records", torch::kInt64, lines);
+  check(flags, "flags", torch::kUInt8, lines);
+  const int64_t num_nodes = first_iteration.numel();
+  check(first_iteration, "first_iteration", torch::kInt64, num_nodes);
+  check(first_position, "first_position", torch::kInt64, num_nodes);
+  check(first_rank, "first_rank", torch::kUInt8, num_nodes);
   py::gil_scoped_release release;
-  lsm::cache::scan(v, window, limit, num_threads);
+  lsm::cache::scan(lines, tags.data_ptr<int64_t>(), reinterpret_cast<uint64_t*>(records.data_ptr<int64_t>()),
+                   flags.data_ptr<uint8_t>(), first_iteration.data_ptr<int64_t>(), first_position.data_ptr<int64_t>(),
+                   first_rank.data_ptr<uint8_t>(), num_nodes, front, limit, num_threads);
+}
+
+// A getter of one of a WindowIndex's per-node arrays as a tensor sharing its
+// memory (the arrays never reallocate); keep_alive holds the index while the view lives.
+template <typename T>
+py::cpp_function index_view_getter(const T* (lsm::cache::WindowIndex::*array)() const, torch::ScalarType dtype) {
+  return py::cpp_function(
+      [array, dtype](const lsm::cache::WindowIndex& w) {
+        return torch::from_blob(const_cast<T*>((w.*array)()), {w.num_nodes()}, torch::TensorOptions().dtype(dtype));
+      },
+      py::keep_alive<0, 1>());
 }
 
 }  // namespace
@@ -122,6 +142,13 @@ void bind_cache(py::module& m) {
       .def("pop", &WindowIndex::pop)
       .def("__len__", &WindowIndex::size)
       .def_property_readonly("front_iteration", &WindowIndex::front_iteration)
+      .def_property_readonly("num_nodes", &WindowIndex::num_nodes)
+      .def_property_readonly("first_iteration", index_view_getter(&WindowIndex::first_iteration, torch::kInt64),
+                             "per node: iteration of its first occurrence in the window (-1: none); a view")
+      .def_property_readonly("first_position", index_view_getter(&WindowIndex::first_position, torch::kInt64),
+                             "per node: its position in that batch; a view")
+      .def_property_readonly("first_rank", index_view_getter(&WindowIndex::first_rank, torch::kUInt8),
+                             "per node: the rank that pushed that batch; a view")
       .def("next_records",
            [](const WindowIndex& w, const torch::Tensor& ids, int64_t limit) {
              check(ids, "ids", torch::kInt64, -1);
@@ -155,7 +182,8 @@ void bind_cache(py::module& m) {
         py::arg("record"), py::arg("data"), py::arg("evicted_tag"), py::arg("evicted_record"), py::arg("evicted_line"),
         py::arg("cache_data"), py::arg("iteration"), py::arg("scan_base"), py::arg("num_threads") = 0,
         "PVP: offers one batch's victims to their iteration's queue; returns (enqueued, dropped_no_reuse, dropped_full)");
-  m.def("cache_scan", &scan, py::arg("tags"), py::arg("records"), py::arg("flags"), py::arg("static_score"),
-        py::arg("last_use"), py::arg("rr_pointer"), py::arg("ways"), py::arg("window"), py::arg("limit"),
-        py::arg("num_threads") = 0);
+  m.def("cache_scan", &scan, py::arg("tags"), py::arg("records"), py::arg("flags"), py::arg("first_iteration"),
+        py::arg("first_position"), py::arg("first_rank"), py::arg("front"), py::arg("limit"),
+        py::arg("num_threads") = 0,
+        "The window scan: every valid line's PVP record from a window's per-node first occurrences");
 }

@@ -115,21 +115,18 @@ void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t
   out.evicted_in_use = evicted_in_use;
 }
 
-void scan(const CacheView& c, const WindowIndex& window, int64_t limit, int num_threads) {
+void scan(int64_t lines, const int64_t* tags, uint64_t* records, uint8_t* flags, const int64_t* first_iteration,
+          const int64_t* first_position, const uint8_t* first_rank, int64_t num_nodes, int64_t front,
+          int64_t limit, int num_threads) {
   if (num_threads <= 0) num_threads = omp_get_max_threads();
-  const int64_t lines = c.num_sets * c.ways;
-  const int64_t* first_iteration = window.first_iteration();
-  const int64_t* first_position = window.first_position();
-  const uint8_t* first_rank = window.first_rank();
-  const int64_t front = window.front_iteration();
-  const int64_t num_nodes = window.num_nodes();
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (lines > 16384)
   for (int64_t i = 0; i < lines; ++i) {
-    const int64_t tag = c.tags[i];
+    const int64_t tag = tags[i];
     if (tag == kInvalidTag) continue;
-    c.records[i] = (tag < num_nodes) ? first_record(first_iteration, first_position, first_rank, front, limit, tag)
-                                     : kNoReuseRecord;
-    c.flags[i] &= static_cast<uint8_t>(~kFresh);
+    records[i] = (tag >= 0 && tag < num_nodes)
+                     ? first_record(first_iteration, first_position, first_rank, front, limit, tag)
+                     : kNoReuseRecord;
+    flags[i] &= static_cast<uint8_t>(~kFresh);
   }
 }
 

@@ -8,7 +8,6 @@
 
 #include "cache/cache_view.h"
 #include "cache/line_state.h"
-#include "cache/window_index.h"
 
 namespace lsm::cache {
 
@@ -21,8 +20,12 @@ namespace lsm::cache {
 void assign(const CacheView& cache, const int64_t* unique, int64_t n, const uint16_t* node_static,
             const PolicyParams& params, AssignOutput& out, int num_threads);
 
-// Sets each valid line's next reuse from the window (first `limit` batches)
-// and clears its fresh mark.
-void scan(const CacheView& cache, const WindowIndex& window, int64_t limit, int num_threads);
+// The window scan over `lines` lines: sets each valid line's next reuse from
+// the window's per-node first occurrences (WindowIndex's arrays; iteration
+// `front` is reuse 1, occurrences beyond `limit` batches count as none) and
+// clears its fresh mark. Only tags, records and flags take part.
+void scan(int64_t lines, const int64_t* tags, uint64_t* records, uint8_t* flags, const int64_t* first_iteration,
+          const int64_t* first_position, const uint8_t* first_rank, int64_t num_nodes, int64_t front,
+          int64_t limit, int num_threads);
 
 }  // namespace lsm::cache

@@ -123,13 +123,11 @@ class SoftwareCache(StorageShape):
             raise ValueError(f"a cache needs at least one set and one way, got {num_sets} x {ways}")
         self.num_sets, self.ways = int(num_sets), int(ways)
         self.device = torch.device(device)
-        if self.device.type == "cuda":
-            from lsm_gnn import _C
-
-            if not _C.with_cuda:
-                raise RuntimeError("this lsm-gnn build has no CUDA ops: reinstall with a CUDA build of torch "
-                                   "(pip install --no-build-isolation -e .) or use device='cpu'")
-        elif self.device.type != "cpu":
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"the cache was asked for device {device!r}, but torch sees no CUDA device "
+                               f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); "
+                               "use device='cpu' or run on a GPU machine")
+        elif self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or a CUDA device, got {device!r}")
         n = self.num_sets * self.ways
         on = {"device": self.device}
@@ -173,19 +171,17 @@ class SoftwareCache(StorageShape):
 
     def scan(self, future) -> None:
         """Sets every cached line's next reuse from ``future`` (future[0] = next iteration)."""
-        from lsm_gnn import _C
-
-        index = future.index if isinstance(future, WindowBuffer) else None
-        if index is None:  # a plain list of batches: index it now (O(ids in the window))
-            index = _C.WindowIndex(self.storage.num_rows)
+        window = future if isinstance(future, WindowBuffer) and future.index is not None else None
+        if window is None:  # a plain list of batches: index it now (O(ids in the window))
+            window = WindowBuffer(self.policy.window, self.storage.num_rows)
             for k, batch in enumerate(future):
                 if k >= self.policy.window:
                     break
-                index.push(as_id_tensor(batch), 0)
-        if self.device.type == "cuda":
-            _C.cache_scan_cuda(*self._state(), index, self.policy.window)  # untested: no GPU run yet
-        else:
-            _C.cache_scan(*self._state(), index, self.policy.window, self.num_threads)
+                window.push(batch)
+        first_iteration, first_position, first_rank, front = window.first_occurrence(self.device)
+        # One op: the C++ core on CPU tensors, the Triton kernel on CUDA ones (lsm_gnn.kernels).
+        torch.ops.lsm_gnn.cache_scan(self.tags, self.records, self.flags, first_iteration, first_position, first_rank,
+                                     front, self.policy.window, self.num_threads)
         self.scan_base = self.iteration
         self.stats.scans += 1
 

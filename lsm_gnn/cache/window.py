@@ -20,7 +20,9 @@ class WindowBuffer:
 
     With ``num_nodes`` it also keeps a native index of each node's first
     occurrence, updated per push/pop, so the cache's window scan costs
-    O(cache lines) rather than O(ids in the window).
+    O(cache lines) rather than O(ids in the window). A cache on another
+    device reads a mirror of that index on its device
+    (:meth:`first_occurrence`), updated in O(batch) per push/pop.
     """
 
     def __init__(self, size: int = WINDOW, num_nodes: int | None = None):
@@ -29,6 +31,7 @@ class WindowBuffer:
         self.size = size
         self._batches: deque[torch.Tensor] = deque()
         self.index = None
+        self._mirrors: dict[torch.device, FirstOccurrenceMirror] = {}
         if num_nodes is not None:
             from lsm_gnn import _C
 
@@ -40,15 +43,41 @@ class WindowBuffer:
         ids = as_id_tensor(ids)
         if self.index is not None:
             self.index.push(ids, rank)
+            for mirror in self._mirrors.values():
+                mirror.refresh(ids)
         self._batches.append(ids)
 
     def pop(self) -> torch.Tensor:
         """Removes and returns the oldest batch (the one to serve now)."""
         if not self._batches:
             raise IndexError("window buffer is empty")
+        batch = self._batches.popleft()
         if self.index is not None:
             self.index.pop()
-        return self._batches.popleft()
+            for mirror in self._mirrors.values():
+                mirror.refresh(batch)
+        return batch
+
+    def first_occurrence(self, device: str | torch.device = "cpu", mirror: bool | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """The index's per-node first occurrences, what the window scan reads:
+        ``(first_iteration, first_position, first_rank, front_iteration)`` on ``device``.
+
+        On the CPU these are views of the native index. Elsewhere (``mirror=True`` forces it on
+        the CPU too) a copy on the device is made once, O(num_nodes), and from then on kept
+        current by every push and pop, O(batch): 17 bytes per node of device memory.
+        """
+        if self.index is None:
+            raise ValueError("this window buffer has no index: build it with num_nodes")
+        device = torch.device(device)
+        if mirror is None:
+            mirror = device.type != "cpu"
+        if not mirror:
+            index = self.index
+            return index.first_iteration, index.first_position, index.first_rank, index.front_iteration
+        if device not in self._mirrors:
+            self._mirrors[device] = FirstOccurrenceMirror(self.index, device)
+        return (*self._mirrors[device].arrays, self.index.front_iteration)
 
     def __len__(self) -> int:
         return len(self._batches)
@@ -62,6 +91,25 @@ class WindowBuffer:
     @property
     def full(self) -> bool:
         return len(self._batches) >= self.size
+
+
+class FirstOccurrenceMirror:
+    """A copy of a window index's per-node arrays on another device, refreshed per batch."""
+
+    def __init__(self, index, device: torch.device):
+        self._host = (index.first_iteration, index.first_position, index.first_rank)
+        self.device = device
+        self.arrays = tuple(a.clone().to(device) for a in self._host)
+
+    def refresh(self, ids: torch.Tensor) -> None:
+        """Copies the entries of ``ids`` (a pushed or popped batch: the only nodes whose first
+        occurrence it can change) from the index."""
+        if ids.numel() == 0:
+            return
+        ids = ids.cpu()
+        on_device = ids.to(self.device)
+        for host, copy in zip(self._host, self.arrays):
+            copy[on_device] = host[ids].to(self.device)
 
 
 def replay(trace: Iterable, window_size: int, num_nodes: int | None = None

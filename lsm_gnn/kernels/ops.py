@@ -52,6 +52,31 @@ def _(tags, records, flags, static_score, last_use, rr_pointer, ways, unique, no
         scan_base, threshold, level_rank, queue_room)
 
 
+@custom_op("lsm_gnn::cache_scan", mutates_args=("records", "flags"))
+def cache_scan(tags: torch.Tensor, records: torch.Tensor, flags: torch.Tensor, first_iteration: torch.Tensor,
+               first_position: torch.Tensor, first_rank: torch.Tensor, front: int, limit: int,
+               num_threads: int) -> None:
+    """The window scan: every valid line's PVP record from a window's per-node first occurrences
+    (:meth:`lsm_gnn.cache.WindowBuffer.first_occurrence`), and its fresh mark cleared."""
+    raise _no_kernel("cache_scan", tags)
+
+
+@cache_scan.register_kernel("cpu")
+def _(tags, records, flags, first_iteration, first_position, first_rank, front, limit, num_threads):
+    args = (tags, records, flags, first_iteration, first_position, first_rank, front, limit)
+    if kernel_mode() == "triton":
+        return triton_module("window_scan", on_cpu=True).cache_scan(*args)
+    from lsm_gnn import _C
+
+    _C.cache_scan(*args, num_threads)
+
+
+@cache_scan.register_kernel("cuda")
+def _(tags, records, flags, first_iteration, first_position, first_rank, front, limit, num_threads):
+    triton_module("window_scan", on_cpu=False).cache_scan(tags, records, flags, first_iteration, first_position,
+                                                          first_rank, front, limit)
+
+
 @custom_op("lsm_gnn::victim_enqueue", mutates_args=("count", "node", "record", "data"))
 def victim_enqueue(count: torch.Tensor, queue_iteration: torch.Tensor, node: torch.Tensor, record: torch.Tensor,
                    data: torch.Tensor, evicted_tag: torch.Tensor, evicted_record: torch.Tensor,
