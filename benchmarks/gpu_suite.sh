@@ -10,8 +10,8 @@ if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 
   exit 2
 fi
 status=0
-echo "== GPU tests (the Triton sampler on the device against the C++ sampler)"
-python -m pytest -q tests/test_sampler_cuda.py 2>&1 | tee "$OUT/tests.txt" || status=1
+echo "== GPU tests (the Triton sampler and a cache on the device against the CPU implementations)"
+python -m pytest -q tests/test_sampler_cuda.py tests/test_device_path.py 2>&1 | tee "$OUT/tests.txt" || status=1
 echo "== kernel figures: cache all-hit beside a device copy, sampler edges/s"
 python benchmarks/gpu_kernels.py --json "$OUT/gpu_kernels.json" 2>&1 | tee "$OUT/gpu_kernels.txt" || status=1
 echo "== end to end on one GPU (hybrid cache vs in-memory features)"

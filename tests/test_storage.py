@@ -1,5 +1,7 @@
 """Every storage backend returns exactly the bytes on disk, in request order."""
 import os
+import sys
+import types
 import tempfile
 import threading
 
@@ -215,6 +217,44 @@ def test_gds_backend_needs_a_gpu(tiny):
         pytest.skip("this machine has a GPU; the gds path is exercised by the GPU tests")
     with pytest.raises(RuntimeError, match="gds"):
         open_storage(tiny[0], "gds")
+
+
+class FakeCuFile:
+    """KvikIO's documented ``CuFile`` API over a host file: ``pread(buf, size, file_offset)`` fills ``buf`` (here
+    a CPU uint8 tensor) and returns a future whose ``get()`` gives the bytes read. Lets the gds backend's own
+    logic (runs of ids, request cuts, offsets, reordering) run without a GPU."""
+
+    requests = []
+
+    def __init__(self, path, mode):
+        assert mode == "r"
+        self._fh = open(path, "rb")
+
+    def pread(self, buf, size, file_offset):
+        self._fh.seek(file_offset)
+        data = self._fh.read(size)
+        buf.view(-1)[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        FakeCuFile.requests.append((file_offset, size))
+        return types.SimpleNamespace(get=lambda: len(data))
+
+    def close(self):
+        self._fh.close()
+
+
+def test_gds_backend_logic_with_a_fake_kvikio(tiny, monkeypatch):
+    dataset, features = tiny
+    monkeypatch.setitem(sys.modules, "kvikio", types.SimpleNamespace(CuFile=FakeCuFile))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    stride = dataset.features.row_stride
+    with open_storage(dataset, "gds", device="cpu", max_request_bytes=3 * stride) as storage:
+        FakeCuFile.requests.clear()
+        ids = torch.tensor([5, 6, 7, 8, 9, 0, N - 1, 6, 5, 40, 41])
+        assert torch.equal(storage.read(ids), features[ids])
+        # Runs 0, 5..9 (cut at 3 rows), 40..41 and N-1: one request each, at the run's offset.
+        assert sorted(FakeCuFile.requests) == sorted([(0, stride), (5 * stride, 3 * stride), (8 * stride, 2 * stride),
+                                                     (40 * stride, 2 * stride), ((N - 1) * stride, stride)])
+        with pytest.raises(IndexError, match="node id"):
+            storage.read(torch.tensor([N]))
 
 
 def test_io_uring_reports_whether_buffers_are_registered(tiny):

@@ -85,9 +85,10 @@ class VictimBuffer:
     """The victim queues and the prefetch buffer of one cache.
 
     Queues live in host memory: plain on a CPU cache, pinned for a CUDA
-    cache (the GPU writes victims into them through UVA and the prefetch is
-    an asynchronous host-to-device copy on a side stream; the CUDA path is
-    UNTESTED). The queue counters live on the cache's device. Rows take
+    cache (the enqueue kernel writes victims into them through UVA and the
+    prefetch is an asynchronous host-to-device copy on a side stream; the
+    stream calls are the only lines CPU runs skip, see docs/gpu.md). The
+    queue counters live on the cache's device. Rows take
     ``(window + 1) * queue_capacity * row_bytes`` bytes of address space;
     on CPU only the pages victims touch become resident, pinned memory is
     committed whole.
@@ -209,7 +210,7 @@ class VictimBuffer:
             slot = t % q  # after the expiry above, it collects for iteration t
             n = min(int(self.count[slot]), cap)
             if n:
-                if self._stream is not None:  # untested: no GPU run yet
+                if self._stream is not None:
                     # cudaMemcpyAsync on a side stream, after the last batch's scatter read the buffer.
                     if self._released is not None:
                         self._stream.wait_event(self._released)
@@ -250,7 +251,7 @@ class VictimBuffer:
         self.stats.unused += self._prefetched_count - served
         self.stats.bytes_saved += served * self.row_bytes
         self._prefetched_iteration, self._prefetched_count = None, 0
-        if self._stream is not None:  # untested: no GPU run yet
+        if self._stream is not None:
             self._released = torch.cuda.Event()
             self._released.record(torch.cuda.current_stream(self.device))
 

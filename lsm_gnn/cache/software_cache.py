@@ -15,11 +15,12 @@ from lsm_gnn.cache.hashing import set_of
 from lsm_gnn.cache.layout import INVALID_TAG, NO_REUSE_RECORD
 from lsm_gnn.cache.policies import POLICY_CODE, PolicyConfig, quantize_scores
 from lsm_gnn.cache.pvp import DEFAULT_QUEUE_CAPACITY, VictimBuffer, match_prefetched
+from lsm_gnn.cache.staging import MissStaging, side_stream
 from lsm_gnn.cache.stats import CacheStats
 from lsm_gnn.cache.window import WindowBuffer
 from lsm_gnn.defaults import PERIOD, WAYS, WINDOW, policy_for
 from lsm_gnn.features import StorageShape
-from lsm_gnn.ids import as_id_tensor
+from lsm_gnn.ids import as_id_tensor, unique_ids
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
 from lsm_gnn.units import parse_bytes
 
@@ -150,6 +151,9 @@ class SoftwareCache(StorageShape):
         self.scan_base = 0
         self.stats = CacheStats()
         self._lock = threading.Lock()
+        # On a GPU: misses through a reused pinned buffer, each lookup's work on a side stream.
+        self._staging = MissStaging(self.device) if self.device.type == "cuda" else None
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.pvp: VictimBuffer | None = None
         self.pvp_reinstall = bool(pvp_reinstall)
         if pvp:
@@ -200,14 +204,9 @@ class SoftwareCache(StorageShape):
                                 or out.device != self.device or not out.is_contiguous()):
             raise ValueError(f"out must be a contiguous {self.data.dtype} tensor of shape {shape} on {self.device}, "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
-        with self._lock:
+        with self._lock, side_stream(self._stream) as caller:
             t = self.iteration
-            if self.device.type == "cpu":
-                # np.unique: torch.unique (a parallel sort) took 50x longer on a loaded 2-core machine.
-                unique_np, inverse_np = np.unique(ids.numpy(), return_inverse=True)
-                unique, inverse = torch.from_numpy(unique_np), torch.from_numpy(inverse_np.reshape(-1))
-            else:
-                unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
+            unique, inverse = unique_ids(ids)
             if unique.numel() and (int(unique[0]) < 0 or int(unique[-1]) >= self.storage.num_rows):
                 bad = int(unique[0]) if int(unique[0]) < 0 else int(unique[-1])
                 raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
@@ -254,7 +253,9 @@ class SoftwareCache(StorageShape):
                 need = ~hit if from_pvp is None else ~hit & ~from_pvp  # read from storage
                 miss = torch.nonzero(need).reshape(-1)
                 if miss.numel():
-                    fetched = self.storage.read(unique[miss].cpu()).to(self.device)
+                    miss_ids = unique[miss].cpu()
+                    fetched = self.storage.read(miss_ids) if self._staging is None else \
+                        self._staging.read(self.storage, miss_ids)
                     self.stats.bytes_read += miss.numel() * self.storage.row_bytes
                     miss_lines = line[miss]
                     cached = miss_lines >= 0
@@ -287,6 +288,9 @@ class SoftwareCache(StorageShape):
             self.iteration += 1
             if from_pvp is not None:
                 request_hit = request_hit | from_pvp[inverse]
+            if caller is not None:  # made on the side stream, used on the caller's: not freed before
+                rows.record_stream(caller)
+                request_hit.record_stream(caller)
             return rows, request_hit
 
     # -- the Features interface (lsm_gnn.features): a cache wraps a storage -------------------------------------

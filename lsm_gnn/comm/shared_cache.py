@@ -35,7 +35,7 @@ import torch.distributed as dist
 from lsm_gnn.cache import SoftwareCache, WindowBuffer
 from lsm_gnn.comm.group import TIMEOUT_ENV, ProgressBoard, collective_timeout, first_line
 from lsm_gnn.features import StorageShape
-from lsm_gnn.ids import as_id_tensor
+from lsm_gnn.ids import as_id_tensor, unique_ids
 
 
 class ExchangeError(RuntimeError):
@@ -56,16 +56,27 @@ class ExchangeStats:
         return dict(vars(self))
 
 
+def exchange_backend(device: torch.device) -> str:
+    """The process-group backend for a cache on ``device``: NCCL for a GPU cache where torch has it."""
+    if torch.device(device).type == "cuda" and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
 class SharedCache(StorageShape):
     """Makes ``cache`` (this rank's slice) part of one cache across the ranks of ``group``.
 
     ``owner`` maps ids to owning ranks (see :mod:`lsm_gnn.comm.ownership`).
-    ``group`` defaults to a new gloo group over all ranks (CPU tensors; on
-    GPUs the rows are staged through the host, as the CPU cache is) whose
-    timeout is ``timeout_s``, by default ``LSM_GNN_TIMEOUT_S`` (300 s).
+    ``group`` defaults to a new group over all ranks whose timeout is
+    ``timeout_s``, by default ``LSM_GNN_TIMEOUT_S`` (300 s): NCCL when the
+    cache is on a GPU and torch has NCCL, else gloo (``backend`` chooses).
+    Over NCCL the rows never leave the device: the exchange sends the cache's
+    device tensors as they are. Over gloo they cross in host memory (staged
+    there if the cache is on a GPU). The same code serves both.
     """
 
-    def __init__(self, cache: SoftwareCache, owner, group=None, timeout_s: float | None = None):
+    def __init__(self, cache: SoftwareCache, owner, group=None, timeout_s: float | None = None,
+                 backend: str | None = None):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("SharedCache needs torch.distributed initialised (torchrun, launch/mpirun.sh, or "
                                "dist.init_process_group); with one process use the SoftwareCache directly")
@@ -73,7 +84,13 @@ class SharedCache(StorageShape):
         self.storage = cache.storage
         self.owner = owner
         timeout = collective_timeout() if timeout_s is None else timedelta(seconds=timeout_s)
-        self.group = group if group is not None else dist.new_group(backend="gloo", timeout=timeout)
+        if group is None:
+            backend = backend or exchange_backend(cache.device)
+            group = dist.new_group(backend=backend, timeout=timeout)
+        self.group = group
+        self.backend = str(dist.get_backend(group)).lower()
+        # Where the exchanged tensors live: the cache's device over NCCL, the host over gloo.
+        self.exchange_device = cache.device if self.backend == "nccl" else torch.device("cpu")
         self.timeout_s = timeout.total_seconds()
         # Each rank's last lookup, so a failed exchange can name the rank it waited for.
         self.progress = ProgressBoard.for_default_group("exchange")
@@ -90,14 +107,15 @@ class SharedCache(StorageShape):
 
     def _all_to_all(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int], what: str
                     ) -> torch.Tensor:
-        recv = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype)
+        recv = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype, device=self.exchange_device)
         try:
-            dist.all_to_all_single(recv, send.contiguous(), recv_counts, send_counts, group=self.group)
+            dist.all_to_all_single(recv, send.to(self.exchange_device).contiguous(), recv_counts, send_counts,
+                                   group=self.group)
         except Exception as exc:  # gloo raises RuntimeError / DistBackendError with a terse message
             raise ExchangeError(
                 f"rank {self.rank}: exchanging {what} at iteration {self.stats.iterations} failed after at most "
                 f"{self.timeout_s:g} s ({TIMEOUT_ENV}): {self.progress.laggards()}; check its log. "
-                f"(gloo: {first_line(exc)})") from None
+                f"({self.backend}: {first_line(exc)})") from None
         return recv
 
     def _exchange(self, send: torch.Tensor, send_counts: np.ndarray, what: str) -> tuple[torch.Tensor, list[int]]:
@@ -131,7 +149,7 @@ class SharedCache(StorageShape):
         order, counts = self._by_owner(ids)
         pairs = torch.from_numpy(np.stack([ids[order], offset[order]], axis=1))
         received, _ = self._exchange(pairs, counts, "future batches")
-        received = received.numpy()
+        received = received.cpu().numpy()
         for j in range(len(new)):
             self.owner_window.push(np.unique(received[received[:, 1] == j, 0]))
         self._ahead += len(new)
@@ -149,23 +167,25 @@ class SharedCache(StorageShape):
                 bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
                 raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
             self._forward_future(future)
-            unique, inverse = np.unique(ids.numpy(), return_inverse=True)
-            order, counts = self._by_owner(unique)
-            requested, recv_counts = self._exchange(torch.from_numpy(unique[order]), counts, "ids")
+            unique, inverse = unique_ids(ids)
+            order, counts = self._by_owner(unique.numpy())
+            order = torch.from_numpy(order)
+            requested, recv_counts = self._exchange(unique[order], counts, "ids")
             # Serve every rank's requests in one lookup: shared ids are looked up and read once.
             t = time.perf_counter()
-            served, back = np.unique(requested.numpy(), return_inverse=True)
+            served, back = unique_ids(requested)
             rows, hit = self.cache.lookup(served, future=self.owner_window)
-            rows, hit = rows.cpu(), hit.cpu()  # gloo moves host memory; a CUDA cache stages its rows here
-            payload = torch.cat([rows.contiguous().view(torch.uint8).reshape(served.size, self.row_bytes),
-                                 hit.to(torch.uint8).reshape(-1, 1)], dim=1)[torch.from_numpy(back.reshape(-1))]
+            on = self.exchange_device  # over NCCL the cache's own device: no copy
+            rows, hit = rows.to(on), hit.to(on)
+            payload = torch.cat([rows.contiguous().view(torch.uint8).reshape(served.numel(), self.row_bytes),
+                                 hit.to(torch.uint8).reshape(-1, 1)], dim=1)[back.to(on)]
             serve = time.perf_counter() - t
             answer = self._all_to_all(payload, recv_counts, counts.tolist(), "rows")
             by_unique = torch.empty_like(answer)
-            by_unique[torch.from_numpy(order)] = answer
+            by_unique[order.to(on)] = answer
             dtype = self.cache.data.dtype
-            gathered = by_unique[:, :self.row_bytes].contiguous().view(dtype).reshape(unique.size, -1)
-            index = torch.from_numpy(inverse.reshape(-1))
+            gathered = by_unique[:, :self.row_bytes].contiguous().view(dtype).reshape(unique.numel(), -1)
+            index = inverse.to(on)
             if out is None:
                 result = gathered[index]
             else:
@@ -174,13 +194,13 @@ class SharedCache(StorageShape):
             s = self.stats
             elapsed = time.perf_counter() - start
             s.iterations += 1
-            s.requested += unique.size
-            s.served += served.size
-            s.remote_requested += int(unique.size - counts[self.rank])
+            s.requested += unique.numel()
+            s.served += served.numel()
+            s.remote_requested += int(unique.numel() - counts[self.rank])
             s.serve_seconds += serve
             s.last_exchange_seconds = elapsed - serve
             s.exchange_seconds += elapsed - serve
-            self.last_served = served
+            self.last_served = served.cpu().numpy()
             return result, hit_mask
 
     # -- the Features interface (lsm_gnn.features): a shared cache wraps this rank's slice ----------------------

@@ -12,7 +12,7 @@ BACKENDS = {
     "pread": "a pread thread pool with O_DIRECT (fallback when io_uring is unavailable)",
     "mmap": "memory-mapped file (baseline only)",
     "memory": "the whole feature file loaded into RAM (tests, small graphs)",
-    "gds": "GPUDirect Storage via KvikIO (GPU machines; untested)",
+    "gds": "GPUDirect Storage via KvikIO (GPU machines with kvikio)",
 }
 
 

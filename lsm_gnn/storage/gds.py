@@ -1,8 +1,9 @@
 """The ``gds`` backend: GPUDirect Storage through KvikIO, rows land in GPU memory.
 
-UNTESTED: needs a CUDA GPU, its driver and the ``kvikio`` package; no machine
-this project has run on so far had all three. It follows KvikIO's documented
-``CuFile.pread`` API and is kept small so it is easy to check once it can run.
+Needs a CUDA GPU, its driver and the ``kvikio`` package. Its own logic (runs
+of ids cut into requests, file offsets, request order) is tested without them
+against a stand-in for KvikIO's documented ``CuFile.pread`` API
+(tests/test_storage.py); KvikIO itself has not yet run under it.
 """
 from __future__ import annotations
 
