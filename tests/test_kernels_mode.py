@@ -35,8 +35,11 @@ def run(graph, out, kernels, *more):
 @pytest.mark.parametrize("pvp", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_a_triton_run_equals_a_native_run(graph, tmp_path, monkeypatch, pvp):
     from lsm_gnn import _C
+    from lsm_gnn.cache import pvp as pvp_module
 
-    extra = ["cache.pvp=true", "cache.pvp_queue_capacity=16"] if pvp else []
+    # With PVP: a cache small enough, and scans frequent enough, that the victim buffer serves rows.
+    extra = ["cache.pvp=true", "cache.pvp_queue_capacity=16", "sampler.batch_size=50", "cache.capacity=30%",
+             "cache.period=1"] if pvp else []
     native = run(graph, tmp_path / "native", "native", *extra)
     assert kernel_mode() == "native"
 
@@ -45,10 +48,14 @@ def test_a_triton_run_equals_a_native_run(graph, tmp_path, monkeypatch, pvp):
 
     for op in ("cache_assign", "cache_scan", "sample_hops", "victim_enqueue"):  # every op with a Triton twin
         monkeypatch.setattr(_C, op, unused)
+    for op in ("match_prefetched", "scatter_prefetched"):  # PVP serve and scatter: torch ops in native mode
+        monkeypatch.setattr(pvp_module, op, unused)
     triton = run(graph, tmp_path / "triton", "triton", *extra)
     assert kernel_mode() == "triton"
     assert triton == native  # the same losses, hits, bytes read and victim-buffer hits, iteration by iteration
     assert len(native) == 4
+    if pvp:
+        assert sum(hits for *_, hits in native) > 0  # the victim buffer served rows: its scatter took part
 
 
 def test_the_mode_is_checked(monkeypatch):

@@ -38,7 +38,11 @@ through the cache as misses whose rows come from the prefetch buffer, so the
 cache evolves exactly as without PVP; with ``pvp_reinstall=False`` (the
 paper's design) they skip the cache too, which looks up only the other ids.
 Invalid lines (an inexact window), repeats of an id, and (reinstalling)
-lines whose id the cache holds anyway are *unused*.
+lines whose id the cache holds anyway are *unused*. The matching and the
+scatter are the ops ``torch.ops.lsm_gnn.pvp_match`` and ``pvp_scatter``:
+the torch ops below (:func:`match_prefetched`, :func:`scatter_prefetched`)
+on CPU tensors, Triton kernels (:mod:`lsm_gnn.kernels.victim_serve`) on
+CUDA ones.
 
 Counts: ``enqueued = hits + unused + pending`` (pending: lines still in
 queues or in an unserved prefetch buffer), ``offered = enqueued +
@@ -281,13 +285,14 @@ class VictimBuffer:
 
 def match_prefetched(ids: torch.Tensor, inverse: torch.Tensor, num_unique: int, node: torch.Tensor,
                      record: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Which prefetched lines serve this batch.
+    """Which prefetched lines serve this batch: the torch implementation of ``torch.ops.lsm_gnn.pvp_match``
+    (which runs it on CPU tensors; call the op).
 
     Returns (served [num_unique] bool, entry [num_unique] int64, position [num_unique] int64):
     for a served distinct id ``u``, ``entry[u]`` is its line in the prefetch buffer and
     ``position[u]`` the stored index it is scattered to, where ``ids[position[u]]`` is
     that node. A line is valid if its stored index holds its node; of several valid
-    lines for one node, the first serves.
+    lines for one node, the first serves. Ids no line serves have entry and position -1.
     """
     device = ids.device
     served = torch.zeros(num_unique, dtype=torch.bool, device=device)
@@ -311,3 +316,21 @@ def match_prefetched(ids: torch.Tensor, inverse: torch.Tensor, num_unique: int, 
     position[u[keep]] = pos[keep]
     served[u[keep]] = True
     return served, entry, position
+
+
+def scatter_prefetched(rows: torch.Tensor, cache_data: torch.Tensor, pf_rows: torch.Tensor, inverse: torch.Tensor,
+                       from_pvp: torch.Tensor, entry: torch.Tensor, line: torch.Tensor | None) -> None:
+    """Writes the prefetched rows of the ids served from the victim buffer: the torch implementation of
+    ``torch.ops.lsm_gnn.pvp_scatter`` (which runs it on CPU tensors; call the op).
+
+    Every request position ``j`` whose distinct id ``u = inverse[j]`` has ``from_pvp[u]`` gets
+    ``pf_rows[entry[u]]``: the paper's scatter to the stored index, and every repeat of the id. With
+    ``line`` (reinstalling), the row also fills cache line ``line[u]`` where that is not -1.
+    """
+    positions = torch.nonzero(from_pvp[inverse]).reshape(-1)
+    if positions.numel() == 0:
+        return
+    rows.index_copy_(0, positions, pf_rows[entry[inverse[positions]]])
+    if line is not None:
+        reinstalled = torch.nonzero(from_pvp & (line >= 0)).reshape(-1)
+        cache_data.index_copy_(0, line[reinstalled], pf_rows[entry[reinstalled]])

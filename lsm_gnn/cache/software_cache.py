@@ -14,7 +14,7 @@ import torch
 from lsm_gnn.cache.hashing import set_of
 from lsm_gnn.cache.layout import INVALID_TAG, NO_REUSE_RECORD
 from lsm_gnn.cache.policies import POLICY_CODE, PolicyConfig, quantize_scores
-from lsm_gnn.cache.pvp import DEFAULT_QUEUE_CAPACITY, VictimBuffer, match_prefetched
+from lsm_gnn.cache.pvp import DEFAULT_QUEUE_CAPACITY, VictimBuffer
 from lsm_gnn.cache.staging import MissStaging, side_stream
 from lsm_gnn.cache.stats import CacheStats
 from lsm_gnn.cache.window import WindowBuffer
@@ -215,7 +215,7 @@ class SoftwareCache(StorageShape):
             served = None
             if pvp is not None:
                 pf_node, pf_record, pf_rows = pvp.take(t)
-                served, entry, position = match_prefetched(ids, inverse, unique.numel(), pf_node, pf_record)
+                served, entry, _ = torch.ops.lsm_gnn.pvp_match(ids, inverse, unique.numel(), pf_node, pf_record)
             bypass = served is not None and not self.pvp_reinstall and bool(served.any())
             keep = torch.nonzero(~served).reshape(-1) if bypass else None  # the ids the cache sees
             cache_ids = unique[keep] if bypass else unique
@@ -266,10 +266,10 @@ class SoftwareCache(StorageShape):
                     rows[positions] = fetched[slot[inverse[positions]]]
                 pvp_hits = 0
                 if from_pvp is not None:
-                    pvp_u = torch.nonzero(from_pvp).reshape(-1)
-                    pvp_hits = pvp_u.numel()
-                    if pvp_hits:
-                        self._serve_prefetched(rows, inverse, from_pvp, pvp_u, entry, position, pf_rows, line)
+                    pvp_hits = int(from_pvp.sum())
+                    if pvp_hits:  # the victim-buffer rows into the batch (and, reinstalling, into their new lines)
+                        torch.ops.lsm_gnn.pvp_scatter(rows, self.data, pf_rows, inverse, from_pvp, entry,
+                                                      line if self.pvp_reinstall else None)
                     pvp.consumed(t, pvp_hits)
             except BaseException:
                 # The new tags are installed but their rows may never have been written:
@@ -333,19 +333,6 @@ class SoftwareCache(StorageShape):
         assigned = assigned[assigned >= 0]
         self.tags[assigned] = INVALID_TAG
         self.records[assigned] = NO_REUSE_RECORD
-
-    def _serve_prefetched(self, rows, inverse, from_pvp, pvp_u, entry, position, pf_rows, line) -> None:
-        """Writes the victim-buffer rows into the batch (and, reinstalling, into their new lines)."""
-        served_rows = pf_rows.index_select(0, entry[pvp_u])
-        # The paper's scatter: each prefetched row to its stored index in the mini-batch.
-        rows.index_copy_(0, position[pvp_u], served_rows)
-        positions = torch.nonzero(from_pvp[inverse]).reshape(-1)
-        if positions.numel() > pvp_u.numel():  # an id repeated in the batch: its other positions too
-            rows[positions] = pf_rows[entry[inverse[positions]]]
-        if self.pvp_reinstall:
-            new_line = line[pvp_u]
-            cached = new_line >= 0
-            self.data.index_copy_(0, new_line[cached], served_rows[cached])
 
     def snapshot(self) -> dict[str, np.ndarray]:
         """Line metadata in the reference model's terms, for decision-by-decision comparison."""

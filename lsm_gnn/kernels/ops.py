@@ -1,8 +1,8 @@
 """The native ops, each registered once with ``torch.library``; torch picks the implementation by device.
 
-``torch.ops.lsm_gnn.<op>`` runs the C++ core on CPU tensors (or, in the ``triton`` kernel mode, the
-Triton kernel under the interpreter) and the Triton kernel on CUDA tensors. Callers make one call and
-never branch on the device.
+``torch.ops.lsm_gnn.<op>`` runs the C++ core on CPU tensors (PVP serve and scatter: torch ops; in the
+``triton`` kernel mode, the Triton kernel under the interpreter) and the Triton kernel on CUDA tensors.
+Callers make one call and never branch on the device.
 """
 from __future__ import annotations
 
@@ -104,6 +104,53 @@ def _(count, queue_iteration, node, record, data, evicted_tag, evicted_record, e
     return triton_module("victim_enqueue", on_cpu=False).victim_enqueue(
         count, queue_iteration, node, record, data, evicted_tag, evicted_record, evicted_line, cache_data, iteration,
         scan_base)
+
+
+@custom_op("lsm_gnn::pvp_match", mutates_args=())
+def pvp_match(ids: torch.Tensor, inverse: torch.Tensor, num_unique: int, node: torch.Tensor, record: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PVP serve: which prefetched lines (``node``, ``record``) serve a batch (``ids``, ``inverse`` into its
+    ``num_unique`` distinct ids): ``(served, entry, position)`` per distinct id
+    (:func:`lsm_gnn.cache.pvp.match_prefetched`)."""
+    raise _no_kernel("pvp_match", ids)
+
+
+@pvp_match.register_kernel("cpu")
+def _(ids, inverse, num_unique, node, record):
+    if kernel_mode() == "triton":
+        return triton_module("victim_serve", on_cpu=True).pvp_match(ids, inverse, num_unique, node, record)
+    from lsm_gnn.cache import pvp  # torch ops: a module attribute, so tests can make it fail
+
+    return pvp.match_prefetched(ids, inverse, num_unique, node, record)
+
+
+@pvp_match.register_kernel("cuda")
+def _(ids, inverse, num_unique, node, record):
+    return triton_module("victim_serve", on_cpu=False).pvp_match(ids, inverse, num_unique, node, record)
+
+
+@custom_op("lsm_gnn::pvp_scatter", mutates_args=("rows", "cache_data"))
+def pvp_scatter(rows: torch.Tensor, cache_data: torch.Tensor, pf_rows: torch.Tensor, inverse: torch.Tensor,
+                from_pvp: torch.Tensor, entry: torch.Tensor, line: torch.Tensor | None) -> None:
+    """PVP scatter: the prefetched rows of the ids served from the victim buffer to all their positions in
+    ``rows`` and, with ``line`` (reinstalling), into their new cache lines
+    (:func:`lsm_gnn.cache.pvp.scatter_prefetched`)."""
+    raise _no_kernel("pvp_scatter", rows)
+
+
+@pvp_scatter.register_kernel("cpu")
+def _(rows, cache_data, pf_rows, inverse, from_pvp, entry, line):
+    args = (rows, cache_data, pf_rows, inverse, from_pvp, entry, line)
+    if kernel_mode() == "triton":
+        return triton_module("victim_serve", on_cpu=True).pvp_scatter(*args)
+    from lsm_gnn.cache import pvp
+
+    pvp.scatter_prefetched(*args)
+
+
+@pvp_scatter.register_kernel("cuda")
+def _(rows, cache_data, pf_rows, inverse, from_pvp, entry, line):
+    triton_module("victim_serve", on_cpu=False).pvp_scatter(rows, cache_data, pf_rows, inverse, from_pvp, entry, line)
 
 
 @custom_op("lsm_gnn::sample_hops", mutates_args=())

@@ -1,0 +1,120 @@
+"""PVP serve and scatter in Triton: the prefetched lines that serve a batch, and their rows written out.
+
+The same results as the torch ops of :mod:`lsm_gnn.cache.pvp` (``match_prefetched``, ``scatter_prefetched``).
+Serve: a prefetched line is valid if its record's index ``p`` is inside the batch and ``ids[p]`` is its
+node; of several valid lines for one distinct id the first (lowest entry) serves. Each valid line claims
+its distinct id with an atomic min of its entry; the minimum does not depend on the order programs run
+in, so the winner is deterministic, and a second kernel, launched after the first, reads the claims.
+Scatter: one kernel copies the served rows to every request position of their id, and again into the
+ids' new cache lines when reinstalling. No program waits on another; bad indices raise through a flag
+tensor (the interpreter skips device asserts).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from lsm_gnn.cache import layout
+
+INDEX_MASK = tl.constexpr(layout.INDEX_MASK)
+
+
+@triton.jit
+def _claim_first_line(ids_ptr, inverse_ptr, node_ptr, record_ptr, claim_ptr, error_ptr, num_lines, batch,
+                      num_unique, BLOCK: tl.constexpr):
+    """Each valid prefetched line claims its distinct id: claim[u] = min(claim[u], entry)."""
+    entry = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_buffer = entry < num_lines
+    index = tl.load(record_ptr + entry, mask=in_buffer, other=0) & INDEX_MASK
+    in_batch = in_buffer & (index < batch)
+    node = tl.load(node_ptr + entry, mask=in_buffer, other=0)
+    valid = in_batch & (tl.load(ids_ptr + index, mask=in_batch, other=0) == node)
+    u = tl.load(inverse_ptr + index, mask=valid, other=0)
+    known = (u >= 0) & (u < num_unique)
+    tl.atomic_min(claim_ptr + u, entry.to(tl.int64), mask=valid & known)
+    tl.store(error_ptr + 0 * entry, tl.full([BLOCK], 1, tl.int8), mask=valid & ~known)
+
+
+@triton.jit
+def _take_claims(claim_ptr, record_ptr, served_ptr, entry_ptr, position_ptr, num_lines, num_unique,
+                 BLOCK: tl.constexpr):
+    """Per distinct id: served, its line (the claim) and the line's stored index; -1 where none claimed it."""
+    u = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    valid = u < num_unique
+    claim = tl.load(claim_ptr + u, mask=valid, other=num_lines)
+    served = valid & (claim < num_lines)
+    position = tl.load(record_ptr + claim, mask=served, other=0) & INDEX_MASK
+    tl.store(served_ptr + u, served, mask=valid)
+    tl.store(entry_ptr + u, tl.where(served, claim, -1), mask=valid)
+    tl.store(position_ptr + u, tl.where(served, position, -1), mask=valid)
+
+
+def pvp_match(ids, inverse, num_unique: int, node, record, block: int = 256):
+    """Triton twin of :func:`lsm_gnn.cache.pvp.match_prefetched`: ``(served, entry, position)`` per distinct id."""
+    device = ids.device
+    num_lines, batch = node.numel(), ids.numel()
+    claim = torch.full((num_unique,), num_lines, dtype=torch.int64, device=device)  # num_lines: unclaimed
+    served = torch.empty(num_unique, dtype=torch.bool, device=device)
+    entry = torch.empty(num_unique, dtype=torch.int64, device=device)
+    position = torch.empty(num_unique, dtype=torch.int64, device=device)
+    if num_unique == 0:
+        return served, entry, position
+    if num_lines and batch:
+        error = torch.zeros(1, dtype=torch.int8, device=device)
+        _claim_first_line[(triton.cdiv(num_lines, block),)](ids, inverse, node, record, claim, error, num_lines,
+                                                            batch, num_unique, BLOCK=block)
+        if bool(error.any()):
+            raise ValueError(f"inverse names a distinct id outside [0, {num_unique})")
+    _take_claims[(triton.cdiv(num_unique, block),)](claim, record, served, entry, position, num_lines, num_unique,
+                                                    BLOCK=block)
+    return served, entry, position
+
+
+@triton.jit
+def _copy_served_rows(inverse_ptr, from_pvp_ptr, entry_ptr, line_ptr, src_ptr, dst_ptr, error_ptr, n, num_unique,
+                      num_src, num_dst, dim, src_stride, dst_stride, BY_REQUEST: tl.constexpr, BLOCK: tl.constexpr,
+                      DIM_BLOCK: tl.constexpr):
+    """Copies pf_rows[entry[u]] for every served u: to request position k (u = inverse[k]) when BY_REQUEST,
+    otherwise to cache line line[k] (u = k; a line of -1 takes nothing)."""
+    k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    valid = k < n
+    if BY_REQUEST:
+        u = tl.load(inverse_ptr + k, mask=valid, other=0)
+        dst = k.to(tl.int64)
+    else:
+        u = k.to(tl.int64)
+        dst = tl.load(line_ptr + k, mask=valid, other=-1)
+    known = (u >= 0) & (u < num_unique)
+    chosen = valid & known & (tl.load(from_pvp_ptr + u, mask=valid & known, other=0) != 0) & (dst >= 0)
+    src = tl.load(entry_ptr + u, mask=chosen, other=0)
+    bad = (valid & ~known) | (chosen & ((src < 0) | (src >= num_src) | (dst >= num_dst)))
+    tl.store(error_ptr + 0 * k, tl.full([BLOCK], 1, tl.int8), mask=bad)
+    chosen = chosen & ~bad
+    for start in range(0, dim, DIM_BLOCK):
+        cols = start + tl.arange(0, DIM_BLOCK)
+        mask = chosen[:, None] & (cols[None, :] < dim)
+        row = tl.load(src_ptr + src[:, None] * src_stride + cols[None, :], mask=mask, other=0)
+        tl.store(dst_ptr + dst[:, None] * dst_stride + cols[None, :], row, mask=mask)
+
+
+def pvp_scatter(rows, cache_data, pf_rows, inverse, from_pvp, entry, line=None, block: int = 64) -> None:
+    """Triton twin of :func:`lsm_gnn.cache.pvp.scatter_prefetched` (same arguments, same writes)."""
+    if rows.stride(1) != 1 or pf_rows.stride(1) != 1 or cache_data.stride(1) != 1:
+        raise ValueError("rows, cache_data and pf_rows need contiguous rows")
+    dim, num_unique = rows.shape[1], from_pvp.numel()
+    error = torch.zeros(1, dtype=torch.int8, device=rows.device)
+
+    def copy_to(dst, n, by_request):
+        if n and dim:
+            _copy_served_rows[(triton.cdiv(n, block),)](
+                inverse, from_pvp, entry, entry if line is None else line, pf_rows, dst, error, n, num_unique,
+                pf_rows.shape[0], dst.shape[0], dim, pf_rows.stride(0), dst.stride(0), BY_REQUEST=by_request,
+                BLOCK=block, DIM_BLOCK=min(triton.next_power_of_2(dim), 128))
+
+    copy_to(rows, inverse.numel(), True)
+    if line is not None:  # reinstalling: the served rows fill their new cache lines as well
+        copy_to(cache_data, num_unique, False)
+    if bool(error.any()):
+        raise ValueError("inverse names an id outside from_pvp, or a served id an entry outside the prefetch buffer "
+                         "or a line outside the cache")
