@@ -21,7 +21,7 @@ class TestCapacityClamp:
         cache = SoftwareCache(storage, capacity="1T" if request_rows is None else request_rows * storage.row_bytes)
         assert every_row_has_a_way(NODES, cache.num_sets, cache.ways)
         assert cache.num_lines < 2 * NODES  # not the terabyte asked for
-        assert cache.data.shape[0] == cache.tags.shape[0] == cache.num_lines  # what is allocated
+        assert cache.data.shape[0] == cache.state.tags.shape[0] == cache.num_lines  # what is allocated
         assert cache.capacity_bytes == cache.num_lines * storage.row_bytes
 
     def test_a_capacity_just_above_the_file_is_kept_as_asked(self, tiny_cache):

@@ -40,8 +40,8 @@ def assert_same_assign(cache, ids, t):
     room = cache.pvp.room() if cache.pvp is not None and p.name == "hybrid_pvp_room" else None
     args = (torch.from_numpy(ids), cache.node_static, POLICY_CODE[p.name], t, cache.scan_base, p.near_threshold,
             list(p.level_rank), room)
-    native_state = [x.clone() for x in cache._state()[:6]]
-    triton_state = [x.clone() for x in cache._state()[:6]]
+    native_state = cache.state.clone().tensors()
+    triton_state = cache.state.clone().tensors()
     native = _C.cache_assign(*native_state, cache.ways, *args, 1)
     triton_out = cache_assign(*triton_state, cache.ways, *args)
     for name, a, b in zip(OUTPUTS, native, triton_out):
@@ -97,4 +97,4 @@ def _sets(ids, num_sets):
 def test_ways_must_be_a_power_of_two_for_the_kernels(storage):
     cache = SoftwareCache(storage, num_sets=2, ways=6, policy="hybrid")
     with pytest.raises(ValueError, match="power of two"):
-        cache_assign(*cache._state()[:6], 6, torch.arange(3), None, POLICY_CODE["hybrid"], 0, 0, 1, [0, 1, 2, 3])
+        cache_assign(*cache.state.tensors(), 6, torch.arange(3), None, POLICY_CODE["hybrid"], 0, 0, 1, [0, 1, 2, 3])

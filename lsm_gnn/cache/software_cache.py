@@ -12,10 +12,11 @@ import numpy as np
 import torch
 
 from lsm_gnn.cache.hashing import set_of
-from lsm_gnn.cache.layout import INVALID_TAG, NO_REUSE_RECORD
-from lsm_gnn.cache.policies import POLICY_CODE, PolicyConfig, quantize_scores
+from lsm_gnn.cache.layout import INDEX_MASK, REUSE_SHIFT
+from lsm_gnn.cache.policies import PolicyConfig, quantize_scores
 from lsm_gnn.cache.pvp import DEFAULT_QUEUE_CAPACITY, VictimBuffer
 from lsm_gnn.cache.staging import MissStaging, side_stream
+from lsm_gnn.cache.state import CacheState
 from lsm_gnn.cache.stats import CacheStats
 from lsm_gnn.cache.window import WindowBuffer
 from lsm_gnn.defaults import PERIOD, WAYS, WINDOW, policy_for
@@ -130,15 +131,8 @@ class SoftwareCache(StorageShape):
                                "use device='cpu' or run on a GPU machine")
         elif self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or a CUDA device, got {device!r}")
-        n = self.num_sets * self.ways
-        on = {"device": self.device}
-        self.tags = torch.full((n,), INVALID_TAG, dtype=torch.int64, **on)
-        self.records = torch.full((n,), NO_REUSE_RECORD, dtype=torch.int64, **on)
-        self.flags = torch.zeros(n, dtype=torch.uint8, **on)
-        self.static_score = torch.zeros(n, dtype=torch.int16, **on)
-        self.last_use = torch.full((n,), -1, dtype=torch.int64, **on)
-        self.rr_pointer = torch.zeros(self.num_sets, dtype=torch.int32, **on)
-        self.data = torch.zeros((n, storage.dim), dtype=storage.dtype, **on)
+        self.state = CacheState.empty(self.num_sets, self.ways, self.device)
+        self.data = torch.zeros((self.num_lines, storage.dim), dtype=storage.dtype, device=self.device)
         self.node_static = static_ranks(static_scores)
         if self.node_static is not None:
             self.node_static = self.node_static.to(self.device)
@@ -170,9 +164,6 @@ class SoftwareCache(StorageShape):
     def capacity_bytes(self) -> int:
         return self.num_lines * self.storage.row_bytes
 
-    def _state(self):
-        return (self.tags, self.records, self.flags, self.static_score, self.last_use, self.rr_pointer, self.ways)
-
     def scan(self, future) -> None:
         """Sets every cached line's next reuse from ``future`` (future[0] = next iteration)."""
         window = future if isinstance(future, WindowBuffer) and future.index is not None else None
@@ -183,9 +174,7 @@ class SoftwareCache(StorageShape):
                     break
                 window.push(batch)
         first_iteration, first_position, first_rank, front = window.first_occurrence(self.device)
-        # One op: the C++ core on CPU tensors, the Triton kernel on CUDA ones (lsm_gnn.kernels).
-        torch.ops.lsm_gnn.cache_scan(self.tags, self.records, self.flags, first_iteration, first_position, first_rank,
-                                     front, self.policy.window, self.num_threads)
+        self.state.scan(first_iteration, first_position, first_rank, front, self.policy.window, self.num_threads)
         self.scan_base = self.iteration
         self.stats.scans += 1
 
@@ -230,14 +219,11 @@ class SoftwareCache(StorageShape):
                 self.scan(future)
             p = self.policy
             room = pvp.room() if pvp is not None and p.name == "hybrid_pvp_room" else None
-            args = (*self._state(), cache_ids, self.node_static, POLICY_CODE[p.name], t, self.scan_base,
-                    p.near_threshold, list(p.level_rank), room)
-            # One op: the C++ core on CPU tensors, the Triton kernels on CUDA ones (lsm_gnn.kernels).
-            line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use = \
-                torch.ops.lsm_gnn.cache_assign(*args, self.num_threads)
+            done = self.state.assign(cache_ids, self.node_static, p, t, self.scan_base, room, self.num_threads)
+            line, hit = done.line, done.hit
             try:
                 if pvp is not None:  # victims leave for their queue before the fill overwrites their line
-                    pvp.enqueue(evicted_tag, evicted_record, evicted_line, self.data, t, self.scan_base)
+                    pvp.enqueue(done.evicted_tag, done.evicted_record, done.evicted_line, self.data, t, self.scan_base)
                 if bypass:  # back to every distinct id of the batch; PVP-served ids have no line
                     full_line = torch.full((unique.numel(),), -1, dtype=torch.int64, device=self.device)
                     full_hit = torch.zeros(unique.numel(), dtype=torch.bool, device=self.device)
@@ -283,8 +269,8 @@ class SoftwareCache(StorageShape):
             s.misses += miss.numel()
             s.pvp_hits += pvp_hits
             s.hits += unique.numel() - miss.numel() - pvp_hits
-            s.evictions += evictions
-            s.evicted_in_use += evicted_in_use
+            s.evictions += done.evictions
+            s.evicted_in_use += done.evicted_in_use
             self.iteration += 1
             if from_pvp is not None:
                 request_hit = request_hit | from_pvp[inverse]
@@ -330,15 +316,14 @@ class SoftwareCache(StorageShape):
     def _forget_unfilled(self, line: torch.Tensor, hit: torch.Tensor) -> None:
         """Invalidates the lines this lookup assigned to ids it did not hit (after a failed fill)."""
         assigned = line[~hit]
-        assigned = assigned[assigned >= 0]
-        self.tags[assigned] = INVALID_TAG
-        self.records[assigned] = NO_REUSE_RECORD
+        self.state.forget(assigned[assigned >= 0])
 
     def snapshot(self) -> dict[str, np.ndarray]:
         """Line metadata in the reference model's terms, for decision-by-decision comparison."""
-        records = self.records.cpu().numpy().view(np.uint64)
-        return {"tags": self.tags.cpu().numpy().copy(), "reuse": (records >> np.uint64(48)).astype(np.uint16),
-                "fresh": (self.flags.cpu().numpy() & 1).astype(bool),
-                "static": self.static_score.cpu().numpy().view(np.uint16).copy(),
-                "pvp_index": (records & np.uint64((1 << 40) - 1)).astype(np.int64),
-                "rr_pointer": self.rr_pointer.cpu().numpy().astype(np.int64)}
+        state = self.state
+        records = state.records.cpu().numpy().view(np.uint64)
+        return {"tags": state.tags.cpu().numpy().copy(), "reuse": (records >> np.uint64(REUSE_SHIFT)).astype(np.uint16),
+                "fresh": (state.flags.cpu().numpy() & 1).astype(bool),
+                "static": state.static_score.cpu().numpy().view(np.uint16).copy(),
+                "pvp_index": (records & np.uint64(INDEX_MASK)).astype(np.int64),
+                "rr_pointer": state.rr_pointer.cpu().numpy().astype(np.int64)}
