@@ -78,7 +78,343 @@ def index_dtype_for(num_nodes: int) -> np.dtype:
     return np.dtype(np.int32) if num_nodes < 2**31 else np.dtype(np.int64)
 
 
-class DatasetWriter:
+def _check_count(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+class FeatureFileWriter:
+    """Streams one feature file: ``num_rows`` rows in order, each at a fixed, O_DIRECT-aligned stride and zero
+    padded, the file padded to a whole page; its CRC-32 is computed on the way. ``what`` names the rows in
+    errors (e.g. "node type 'author'")."""
+
+    def __init__(self, path: str, num_rows: int, dim: int, dtype, row_alignment: int = ROW_ALIGNMENT,
+                 what: str = "the dataset"):
+        self.num_rows = _check_count(num_rows, "num_nodes")
+        self.dim = _check_count(dim, f"feature_dim of {what}")
+        self.dtype = np.dtype(dtype)
+        if self.dtype.name not in FEATURE_DTYPES:
+            raise ValueError(f"feature dtype {self.dtype} of {what} is not supported; use one of "
+                             f"{', '.join(FEATURE_DTYPES)}")
+        self.what = what
+        self.row_bytes = self.dim * self.dtype.itemsize
+        self.row_stride = row_stride_for(self.row_bytes, row_alignment)
+        self.file_bytes = feature_file_bytes(self.num_rows, self.row_stride)
+        self.path = path
+        self._file = CheckedFile(path, self.file_bytes)
+        try:
+            # Reserved up front: a disk too small for the features fails now, not hours into the rows.
+            allocate(self._file.fileno(), path, self.file_bytes)
+        except BaseException:
+            self._file.close()
+            raise
+        self._crc = 0
+        self.rows_written = 0
+
+    def layout(self, file_name: str) -> dict:
+        """The file's entry in meta.json."""
+        return {"file": file_name, "dtype": self.dtype.name, "dim": self.dim, "row_bytes": self.row_bytes,
+                "row_stride": self.row_stride, "page_size": PAGE_SIZE, "file_bytes": self.file_bytes}
+
+    def write(self, rows: np.ndarray) -> None:
+        """Appends the next ``len(rows)`` rows (shape ``[k, dim]``)."""
+        rows = np.asarray(rows)
+        if rows.ndim != 2 or rows.shape[1] != self.dim:
+            raise ValueError(f"feature rows of {self.what} must have shape [k, {self.dim}], got {rows.shape}")
+        if self.rows_written + rows.shape[0] > self.num_rows:
+            raise ValueError(f"too many feature rows for {self.what}: {self.rows_written} written + "
+                             f"{rows.shape[0]} new > num_nodes={self.num_rows}")
+        if rows.dtype != self.dtype:
+            if np.issubdtype(rows.dtype, np.floating) != np.issubdtype(self.dtype, np.floating):
+                raise ValueError(f"feature rows of {self.what} have dtype {rows.dtype} but the dataset stores "
+                                 f"{self.dtype}; convert them explicitly")
+            if np.issubdtype(self.dtype, np.integer) and rows.size:
+                info = np.iinfo(self.dtype)
+                if rows.min() < info.min or rows.max() > info.max:
+                    raise ValueError(f"feature values [{rows.min()}, {rows.max()}] of {self.what} do not fit "
+                                     f"{self.dtype} [{info.min}, {info.max}]; rescale them or store a wider dtype")
+            rows = rows.astype(self.dtype)
+        if self.row_stride == self.row_bytes:
+            block = np.ascontiguousarray(rows).view(np.uint8).reshape(-1)
+        else:
+            block = np.zeros((rows.shape[0], self.row_stride), dtype=np.uint8)
+            block[:, :self.row_bytes] = np.ascontiguousarray(rows).view(np.uint8).reshape(rows.shape[0], -1)
+            block = block.reshape(-1)
+        self._file.write(block.data)
+        self._crc = zlib.crc32(block.data, self._crc)
+        self.rows_written += rows.shape[0]
+
+    def finish(self, dataset_path: str) -> str:
+        """Pads and syncs the file; returns its checksum for meta.json."""
+        if self.rows_written != self.num_rows:
+            raise DatasetError(f"{dataset_path}: only {self.rows_written} of {self.num_rows} feature rows of "
+                               f"{self.what} were written; write every row before commit()")
+        pad = self.file_bytes - self.num_rows * self.row_stride
+        if pad:
+            zeros = bytes(pad)
+            self._file.write(zeros)
+            self._crc = zlib.crc32(zeros, self._crc)
+        self._file.close(sync=True)
+        return f"crc32:{self._crc:08x}"
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def write_csr_files(directory: str, prefix: str, indptr: np.ndarray, indices: np.ndarray, num_rows: int,
+                    num_cols: int) -> int:
+    """Stores a CSR as given (``<prefix>indptr.npy``, ``<prefix>indices.npy``): ``num_rows`` rows of ids in
+    ``[0, num_cols)``. Returns the number of edges."""
+    indptr = np.asarray(indptr)
+    if indptr.shape != (num_rows + 1,):
+        raise ValueError(f"indptr must have {num_rows + 1} entries, got shape {indptr.shape}")
+    num_edges = int(indptr[-1])
+    if int(indptr[0]) != 0 or np.any(np.diff(indptr) < 0):
+        raise ValueError("indptr must start at 0 and never decrease (row v spans indptr[v]:indptr[v+1])")
+    if indices.shape != (num_edges,):
+        raise ValueError(f"indices must have indptr[-1]={num_edges} entries, got shape {indices.shape}")
+    ip = create_npy(os.path.join(directory, prefix + "indptr.npy"), np.int64, indptr.shape)
+    ip[:] = indptr
+    ip.flush()
+    del ip
+    out = create_npy(os.path.join(directory, prefix + "indices.npy"), index_dtype_for(num_cols), (num_edges,))
+    for start in range(0, num_edges, EDGE_CHUNK):
+        block = np.asarray(indices[start:start + EDGE_CHUNK])
+        if block.size and (block.min() < 0 or block.max() >= num_cols):
+            raise ValueError(f"indices contain ids outside [0, {num_cols})")
+        out[start:start + EDGE_CHUNK] = block
+    out.flush()
+    del out
+    return num_edges
+
+
+def build_csr_files(directory: str, prefix: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]], num_rows: int,
+                    num_cols: int, *, undirected: bool = False, dedup: bool = True, self_loops: bool = True) -> int:
+    """Builds a CSR from (src, dst) edge chunks in bounded memory; returns the number of edges.
+
+    Messages flow src -> dst, so dst's row lists src: destinations lie in ``[0, num_rows)``, sources in
+    ``[0, num_cols)``. ``undirected`` adds the reverse of every edge (only where both ends share one id
+    space); ``dedup`` removes parallel edges; ``self_loops=False`` drops edges v -> v. Chunks are spilled
+    to a temporary file, then counted and placed in two passes.
+    """
+    if undirected and num_rows != num_cols:
+        raise ValueError("undirected edges need sources and destinations of one node type")
+    spill_path = os.path.join(directory, prefix + "edges.spill")
+    counts = np.zeros(num_rows, dtype=np.int64)
+    with CheckedFile(spill_path) as spill:
+        for src, dst in chunks:
+            src = np.asarray(src, dtype=np.int64).reshape(-1)
+            dst = np.asarray(dst, dtype=np.int64).reshape(-1)
+            if src.shape != dst.shape:
+                raise ValueError(f"edge chunk has {src.size} sources but {dst.size} destinations")
+            if src.size == 0:
+                continue
+            for ends, bound, side in ((src, num_cols, "source"), (dst, num_rows, "destination")):
+                lo, hi = int(ends.min()), int(ends.max())
+                if lo < 0 or hi >= bound:
+                    raise ValueError(f"edge {side} {lo if lo < 0 else hi} is outside [0, {bound}); "
+                                     "check num_nodes or the edge list")
+            if not self_loops:
+                keep = src != dst
+                src, dst = src[keep], dst[keep]
+            if undirected:
+                src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+            spill.write(np.stack([dst, src], axis=1))
+            uniq, cnt = np.unique(dst, return_counts=True)
+            counts[uniq] += cnt
+    indptr = np.zeros(num_rows + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    num_edges = int(indptr[-1])
+    indices_path = os.path.join(directory, prefix + "indices.npy")
+    index_dtype = index_dtype_for(num_cols)
+    indices = create_npy(indices_path, index_dtype, (num_edges,))
+    cursor = indptr[:-1].copy()
+    spill_edges = np.memmap(spill_path, dtype=np.int64, mode="r", shape=(num_edges, 2)) if num_edges else None
+    for start in range(0, num_edges, EDGE_CHUNK):
+        block = np.asarray(spill_edges[start:start + EDGE_CHUNK])
+        order = np.argsort(block[:, 0], kind="stable")
+        rows, cols = block[order, 0], block[order, 1]
+        uniq, first, cnt = np.unique(rows, return_index=True, return_counts=True)
+        rank = np.arange(rows.size, dtype=np.int64) - np.repeat(first, cnt)
+        indices[cursor[rows] + rank] = cols
+        cursor[uniq] += cnt
+    del spill_edges
+    os.remove(spill_path)
+    if dedup and num_edges:
+        indptr, num_edges = _dedup_rows(indices, indptr)
+    indices.flush()
+    del indices
+    if dedup:
+        # Compaction left the tail of the file unused: rewrite at the final size.
+        tmp_path = indices_path + ".dedup.npy"
+        old = np.load(indices_path, mmap_mode="r")
+        new = create_npy(tmp_path, index_dtype, (num_edges,))
+        for start in range(0, num_edges, EDGE_CHUNK):
+            stop = min(start + EDGE_CHUNK, num_edges)
+            new[start:stop] = old[start:stop]
+        new.flush()
+        del new, old
+        os.replace(tmp_path, indices_path)
+    save_npy(os.path.join(directory, prefix + "indptr.npy"), indptr)
+    return num_edges
+
+
+def _dedup_rows(indices: np.ndarray, indptr: np.ndarray) -> tuple[np.ndarray, int]:
+    """Sorts each row and drops repeated neighbors, compacting in place, row block by row block."""
+    n = indptr.shape[0] - 1
+    new_indptr = np.zeros_like(indptr)
+    write = 0
+    row = 0
+    while row < n:
+        # A block of whole rows holding about EDGE_CHUNK edges (at least one row).
+        end_row = int(np.searchsorted(indptr, indptr[row] + EDGE_CHUNK, side="right")) - 1
+        end_row = min(max(end_row, row + 1), n)
+        lo, hi = int(indptr[row]), int(indptr[end_row])
+        cols = np.asarray(indices[lo:hi]).astype(np.int64)
+        row_ids = np.repeat(np.arange(row, end_row, dtype=np.int64), np.diff(indptr[row:end_row + 1]))
+        order = np.lexsort((cols, row_ids))
+        cols, row_ids = cols[order], row_ids[order]
+        keep = np.ones(cols.size, dtype=bool)
+        keep[1:] = (cols[1:] != cols[:-1]) | (row_ids[1:] != row_ids[:-1])
+        cols, row_ids = cols[keep], row_ids[keep]
+        indices[write:write + cols.size] = cols
+        per_row = np.bincount(row_ids - row, minlength=end_row - row)
+        new_indptr[row + 1:end_row + 1] = write + np.cumsum(per_row)
+        write += cols.size
+        row = end_row
+    return new_indptr, write
+
+
+def label_array(labels, num_nodes: int, num_classes: int | None, what: str = "labels") -> tuple[np.ndarray, int]:
+    """Labels as int64 (class per node, -1 unlabeled) and the number of classes, checked."""
+    labels = np.asarray(labels)
+    if labels.shape != (num_nodes,):
+        raise ValueError(f"{what} must have shape ({num_nodes},), got {labels.shape}")
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"{what} must be integers (class ids), got dtype {labels.dtype}")
+    labels = labels.astype(np.int64)
+    if num_classes is None:
+        num_classes = int(labels.max()) + 1 if labels.size else 0
+    if labels.size and (labels.min() < -1 or labels.max() >= num_classes):
+        raise ValueError(f"{what} must lie in [-1, {num_classes}), got [{labels.min()}, {labels.max()}]")
+    return labels, int(num_classes)
+
+
+def split_ids(name: str, ids, num_nodes: int, what: str = "") -> np.ndarray:
+    """A split's node ids (from ids or a boolean mask) as int64, checked."""
+    if name not in SPLITS:
+        raise ValueError(f"unknown split {name!r}; splits are {', '.join(SPLITS)}")
+    ids = np.asarray(ids)
+    if ids.dtype == bool:
+        if ids.shape != (num_nodes,):
+            raise ValueError(f"a boolean {name} mask{what} must have shape ({num_nodes},), got {ids.shape}")
+        ids = np.flatnonzero(ids)
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"{name} split{what} must hold integer node ids or a boolean mask, got dtype {ids.dtype}")
+    ids = ids.astype(np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= num_nodes):
+        raise ValueError(f"{name} split{what} has node ids outside [0, {num_nodes})")
+    return ids
+
+
+def score_array(name: str, scores, num_nodes: int, what: str = "") -> np.ndarray:
+    scores = np.asarray(scores, dtype=np.float32)
+    if scores.shape != (num_nodes,):
+        raise ValueError(f"score {name!r}{what} must have shape ({num_nodes},), got {scores.shape}")
+    return scores
+
+
+class AtomicDatasetWriter:
+    """What every dataset writer shares: a hidden temporary directory beside ``path``, removed on error, and
+    :meth:`commit`, which checksums, fsyncs and validates it, then renames it into place atomically.
+    Subclasses fill ``self.meta`` and the directory and implement :meth:`_finish` and :meth:`_close_files`."""
+
+    def __init__(self, path: str | os.PathLike, overwrite: bool):
+        self.path = os.path.abspath(os.fspath(path))
+        check_replaceable(self.path, overwrite)
+        parent = os.path.dirname(self.path)
+        os.makedirs(parent, exist_ok=True)
+        remove_stale_temporaries(self.path)
+        self.overwrite = overwrite
+        self.tmp = tempfile.mkdtemp(prefix=temp_prefix(self.path), dir=parent)
+        self.meta: dict = {}
+        self._done = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None or not self._done:
+            self.abort()
+
+    def abort(self) -> None:
+        """Removes everything written so far; the target is untouched."""
+        self._close_files()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self._done = True
+
+    def _close_files(self) -> None:
+        """Closes files still open for writing."""
+
+    def _finish(self) -> None:
+        """Completes the files (all that commit needs before checksums)."""
+
+    def commit(self):
+        """Makes the dataset visible atomically and returns it opened.
+
+        Any failure before the switch (invalid data, a full disk, a path that
+        may not be replaced) removes the temporary directory and leaves the
+        target as it was.
+        """
+        if self._done:
+            raise RuntimeError("this writer has already committed or aborted")
+        try:
+            self._prepare_commit()
+            check_replaceable(self.path, self.overwrite)  # again: something may have appeared while writing
+        except BaseException:
+            self.abort()
+            raise
+        if os.path.lexists(self.path):
+            if not _exchange(self.tmp, self.path):
+                # No atomic exchange (old kernel or file system): move the old one aside first.
+                old = tempfile.mkdtemp(prefix=f".{os.path.basename(self.path)}.old-", dir=os.path.dirname(self.path))
+                os.rmdir(old)
+                os.rename(self.path, old)
+                os.rename(self.tmp, self.path)
+                self.tmp = old
+            fsync_path(os.path.dirname(self.path))
+            shutil.rmtree(self.tmp, ignore_errors=True)  # after an exchange, tmp holds the old dataset
+        else:
+            os.rename(self.tmp, self.path)
+            fsync_path(os.path.dirname(self.path))
+        self._done = True
+        return open_dataset(self.path)
+
+    def _prepare_commit(self) -> None:
+        """Completes, checksums, fsyncs and validates the temporary directory."""
+        self._finish()
+        checksums = self.meta.setdefault("checksums", {})
+        for root, _, files in os.walk(self.tmp):
+            for file_name in files:
+                full = os.path.join(root, file_name)
+                rel = os.path.relpath(full, self.tmp).replace(os.sep, "/")
+                if rel not in checksums:  # feature files were summed as they were written
+                    checksums[rel] = crc32_file(full)
+                with reporting_disk_full(full):
+                    fsync_path(full)
+        with CheckedFile(os.path.join(self.tmp, META_FILE)) as meta:
+            meta.write(json.dumps(self.meta, indent=2, sort_keys=True).encode())
+            meta.close(sync=True)
+        fsync_path(self.tmp)
+        try:
+            open_dataset(self.tmp)  # full validation before anything becomes visible
+        except DatasetError as exc:
+            raise DatasetError(f"{self.path}: the dataset being written is invalid, nothing was replaced: {exc}") \
+                from exc
+
+
+class DatasetWriter(AtomicDatasetWriter):
     """Builds one dataset directory.
 
     Call :meth:`write_features` with consecutive row chunks, one of
@@ -91,7 +427,6 @@ class DatasetWriter:
     def __init__(self, path: str | os.PathLike, *, num_nodes: int, feature_dim: int, feature_dtype: str = "float32",
                  name: str | None = None, overwrite: bool = False, row_alignment: int = ROW_ALIGNMENT,
                  extra_meta: dict | None = None):
-        self.path = os.path.abspath(os.fspath(path))
         if num_nodes <= 0:
             raise ValueError(f"num_nodes must be positive, got {num_nodes}")
         if feature_dim <= 0:
@@ -99,124 +434,47 @@ class DatasetWriter:
         dtype = np.dtype(feature_dtype)
         if dtype.name not in FEATURE_DTYPES:
             raise ValueError(f"feature dtype {dtype} is not supported; use one of {', '.join(FEATURE_DTYPES)}")
-        check_replaceable(self.path, overwrite)
-        parent = os.path.dirname(self.path)
-        os.makedirs(parent, exist_ok=True)
-        remove_stale_temporaries(self.path)
+        super().__init__(path, overwrite)
         self.num_nodes = int(num_nodes)
         self.feature_dim = int(feature_dim)
         self.dtype = dtype
-        self.overwrite = overwrite
-        self.row_bytes = self.feature_dim * dtype.itemsize
-        self.row_stride = row_stride_for(self.row_bytes, row_alignment)
-        self.tmp = tempfile.mkdtemp(prefix=temp_prefix(self.path), dir=parent)
-        self.meta: dict = {
+        try:
+            self._features = FeatureFileWriter(os.path.join(self.tmp, "features.bin"), self.num_nodes,
+                                               self.feature_dim, dtype, row_alignment)
+        except BaseException:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+        self.row_bytes, self.row_stride = self._features.row_bytes, self._features.row_stride
+        self.meta = {
             "format": FORMAT_NAME, "version": SCHEMA_VERSION, "name": name or os.path.basename(self.path),
             "num_nodes": self.num_nodes, "num_edges": None, "num_classes": None,
-            "features": {"file": "features.bin", "dtype": dtype.name, "dim": self.feature_dim,
-                         "row_bytes": self.row_bytes, "row_stride": self.row_stride, "page_size": PAGE_SIZE,
-                         "file_bytes": feature_file_bytes(self.num_nodes, self.row_stride)},
+            "features": self._features.layout("features.bin"),
             "graph": None, "labels": None, "splits": {}, "scores": {}, "checksums": {},
             "created_by": "lsm-gnn " + _version(),
             **(extra_meta or {}),
         }
-        try:
-            self._feature_file = CheckedFile(os.path.join(self.tmp, "features.bin"),
-                                             self.meta["features"]["file_bytes"])
-            # Reserved up front: a disk too small for the features fails now, not hours into the rows.
-            allocate(self._feature_file.fileno(), self._feature_file.path, self._feature_file.size)
-        except BaseException:
-            if hasattr(self, "_feature_file"):
-                self._feature_file.close()
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            raise
-        self._feature_crc = 0
-        self._rows_written = 0
-        self._done = False
 
-    # -- context manager: abort on error -----------------------------------
-    def __enter__(self) -> "DatasetWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None or not self._done:
-            self.abort()
-
-    def abort(self) -> None:
-        """Removes everything written so far; the target is untouched."""
-        self._feature_file.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        self._done = True
+    def _close_files(self) -> None:
+        self._features.close()
 
     # -- features ----------------------------------------------------------
     @property
     def rows_written(self) -> int:
-        return self._rows_written
+        return self._features.rows_written
 
     def write_features(self, rows: np.ndarray) -> None:
         """Appends the next ``len(rows)`` feature rows (shape ``[k, feature_dim]``)."""
-        rows = np.asarray(rows)
-        if rows.ndim != 2 or rows.shape[1] != self.feature_dim:
-            raise ValueError(f"feature rows must have shape [k, {self.feature_dim}], got {rows.shape}")
-        if self._rows_written + rows.shape[0] > self.num_nodes:
-            raise ValueError(f"too many feature rows: {self._rows_written} written + {rows.shape[0]} new > "
-                             f"num_nodes={self.num_nodes}")
-        if rows.dtype != self.dtype:
-            if np.issubdtype(rows.dtype, np.floating) != np.issubdtype(self.dtype, np.floating):
-                raise ValueError(f"feature rows have dtype {rows.dtype} but the dataset stores {self.dtype}; "
-                                 "convert them explicitly")
-            if np.issubdtype(self.dtype, np.integer) and rows.size:
-                info = np.iinfo(self.dtype)
-                if rows.min() < info.min or rows.max() > info.max:
-                    raise ValueError(f"feature values [{rows.min()}, {rows.max()}] do not fit {self.dtype} "
-                                     f"[{info.min}, {info.max}]; rescale them or store a wider dtype")
-            rows = rows.astype(self.dtype)
-        if self.row_stride == self.row_bytes:
-            block = np.ascontiguousarray(rows).view(np.uint8).reshape(-1)
-        else:
-            block = np.zeros((rows.shape[0], self.row_stride), dtype=np.uint8)
-            block[:, :self.row_bytes] = np.ascontiguousarray(rows).view(np.uint8).reshape(rows.shape[0], -1)
-            block = block.reshape(-1)
-        self._feature_file.write(block.data)
-        self._feature_crc = zlib.crc32(block.data, self._feature_crc)
-        self._rows_written += rows.shape[0]
+        self._features.write(rows)
 
-    def _finish_features(self) -> None:
-        if self._rows_written != self.num_nodes:
-            raise DatasetError(f"{self.path}: only {self._rows_written} of {self.num_nodes} feature rows were "
-                               "written; write every row before commit()")
-        pad = self.meta["features"]["file_bytes"] - self.num_nodes * self.row_stride
-        if pad:
-            zeros = bytes(pad)
-            self._feature_file.write(zeros)
-            self._feature_crc = zlib.crc32(zeros, self._feature_crc)
-        self._feature_file.close(sync=True)
-        self.meta["checksums"]["features.bin"] = f"crc32:{self._feature_crc:08x}"
+    def _finish(self) -> None:
+        if self.meta["graph"] is None:
+            raise DatasetError(f"{self.path}: no topology was written; call write_edges() or write_csr()")
+        self.meta["checksums"]["features.bin"] = self._features.finish(self.path)
 
     # -- topology ----------------------------------------------------------
     def write_csr(self, indptr: np.ndarray, indices: np.ndarray) -> None:
         """Stores CSR topology as given (row v lists the nodes v aggregates from)."""
-        indptr = np.asarray(indptr)
-        if indptr.shape != (self.num_nodes + 1,):
-            raise ValueError(f"indptr must have {self.num_nodes + 1} entries, got shape {indptr.shape}")
-        num_edges = int(indptr[-1])
-        if int(indptr[0]) != 0 or np.any(np.diff(indptr) < 0):
-            raise ValueError("indptr must start at 0 and never decrease (row v spans indptr[v]:indptr[v+1])")
-        if indices.shape != (num_edges,):
-            raise ValueError(f"indices must have indptr[-1]={num_edges} entries, got shape {indices.shape}")
-        ip = create_npy(os.path.join(self.tmp, "indptr.npy"), np.int64, indptr.shape)
-        ip[:] = indptr
-        ip.flush()
-        del ip
-        out = create_npy(os.path.join(self.tmp, "indices.npy"), index_dtype_for(self.num_nodes), (num_edges,))
-        for start in range(0, num_edges, EDGE_CHUNK):
-            block = np.asarray(indices[start:start + EDGE_CHUNK])
-            if block.size and (block.min() < 0 or block.max() >= self.num_nodes):
-                raise ValueError(f"indices contain ids outside [0, {self.num_nodes})")
-            out[start:start + EDGE_CHUNK] = block
-        out.flush()
-        del out
-        self._set_graph(num_edges)
+        self._set_graph(write_csr_files(self.tmp, "", indptr, indices, self.num_nodes, self.num_nodes))
 
     def write_edges(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]], *, undirected: bool = False,
                     dedup: bool = True, self_loops: bool = True) -> None:
@@ -227,91 +485,8 @@ class DatasetWriter:
         ``self_loops=False`` drops edges v -> v. Chunks are spilled to a
         temporary file, then counted and placed in two passes.
         """
-        spill_path = os.path.join(self.tmp, "edges.spill")
-        n = self.num_nodes
-        counts = np.zeros(n, dtype=np.int64)
-        with CheckedFile(spill_path) as spill:
-            for src, dst in chunks:
-                src = np.asarray(src, dtype=np.int64).reshape(-1)
-                dst = np.asarray(dst, dtype=np.int64).reshape(-1)
-                if src.shape != dst.shape:
-                    raise ValueError(f"edge chunk has {src.size} sources but {dst.size} destinations")
-                if src.size == 0:
-                    continue
-                lo, hi = min(src.min(), dst.min()), max(src.max(), dst.max())
-                if lo < 0 or hi >= n:
-                    raise ValueError(f"edge endpoint {lo if lo < 0 else hi} is outside [0, {n}); "
-                                     "check num_nodes or the edge list")
-                if not self_loops:
-                    keep = src != dst
-                    src, dst = src[keep], dst[keep]
-                if undirected:
-                    src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
-                rows, cols = dst, src
-                spill.write(np.stack([rows, cols], axis=1))
-                uniq, cnt = np.unique(rows, return_counts=True)
-                counts[uniq] += cnt
-        indptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(counts, out=indptr[1:])
-        num_edges = int(indptr[-1])
-        indices_path = os.path.join(self.tmp, "indices.npy")
-        index_dtype = index_dtype_for(n)
-        indices = create_npy(indices_path, index_dtype, (num_edges,))
-        cursor = indptr[:-1].copy()
-        spill_edges = np.memmap(spill_path, dtype=np.int64, mode="r", shape=(num_edges, 2)) if num_edges else None
-        for start in range(0, num_edges, EDGE_CHUNK):
-            block = np.asarray(spill_edges[start:start + EDGE_CHUNK])
-            order = np.argsort(block[:, 0], kind="stable")
-            rows, cols = block[order, 0], block[order, 1]
-            uniq, first, cnt = np.unique(rows, return_index=True, return_counts=True)
-            rank = np.arange(rows.size, dtype=np.int64) - np.repeat(first, cnt)
-            indices[cursor[rows] + rank] = cols
-            cursor[uniq] += cnt
-        del spill_edges
-        os.remove(spill_path)
-        if dedup and num_edges:
-            indptr, num_edges = self._dedup_rows(indices, indptr)
-        indices.flush()
-        del indices
-        if dedup:
-            # Compaction left the tail of the file unused: rewrite at the final size.
-            tmp_path = indices_path + ".dedup.npy"
-            old = np.load(indices_path, mmap_mode="r")
-            new = create_npy(tmp_path, index_dtype, (num_edges,))
-            for start in range(0, num_edges, EDGE_CHUNK):
-                stop = min(start + EDGE_CHUNK, num_edges)
-                new[start:stop] = old[start:stop]
-            new.flush()
-            del new, old
-            os.replace(tmp_path, indices_path)
-        save_npy(os.path.join(self.tmp, "indptr.npy"), indptr)
-        self._set_graph(num_edges)
-
-    @staticmethod
-    def _dedup_rows(indices: np.ndarray, indptr: np.ndarray) -> tuple[np.ndarray, int]:
-        """Sorts each row and drops repeated neighbors, compacting in place, row block by row block."""
-        n = indptr.shape[0] - 1
-        new_indptr = np.zeros_like(indptr)
-        write = 0
-        row = 0
-        while row < n:
-            # A block of whole rows holding about EDGE_CHUNK edges (at least one row).
-            end_row = int(np.searchsorted(indptr, indptr[row] + EDGE_CHUNK, side="right")) - 1
-            end_row = min(max(end_row, row + 1), n)
-            lo, hi = int(indptr[row]), int(indptr[end_row])
-            cols = np.asarray(indices[lo:hi]).astype(np.int64)
-            row_ids = np.repeat(np.arange(row, end_row, dtype=np.int64), np.diff(indptr[row:end_row + 1]))
-            order = np.lexsort((cols, row_ids))
-            cols, row_ids = cols[order], row_ids[order]
-            keep = np.ones(cols.size, dtype=bool)
-            keep[1:] = (cols[1:] != cols[:-1]) | (row_ids[1:] != row_ids[:-1])
-            cols, row_ids = cols[keep], row_ids[keep]
-            indices[write:write + cols.size] = cols
-            per_row = np.bincount(row_ids - row, minlength=end_row - row)
-            new_indptr[row + 1:end_row + 1] = write + np.cumsum(per_row)
-            write += cols.size
-            row = end_row
-        return new_indptr, write
+        self._set_graph(build_csr_files(self.tmp, "", chunks, self.num_nodes, self.num_nodes, undirected=undirected,
+                                        dedup=dedup, self_loops=self_loops))
 
     def _set_graph(self, num_edges: int) -> None:
         self.meta["num_edges"] = num_edges
@@ -320,41 +495,19 @@ class DatasetWriter:
     # -- labels, splits, scores --------------------------------------------
     def write_labels(self, labels: np.ndarray, num_classes: int | None = None) -> None:
         """Class per node (int), -1 for unlabeled nodes."""
-        labels = np.asarray(labels)
-        if labels.shape != (self.num_nodes,):
-            raise ValueError(f"labels must have shape ({self.num_nodes},), got {labels.shape}")
-        if not np.issubdtype(labels.dtype, np.integer):
-            raise ValueError(f"labels must be integers (class ids), got dtype {labels.dtype}")
-        labels = labels.astype(np.int64)
-        if num_classes is None:
-            num_classes = int(labels.max()) + 1 if labels.size else 0
-        if labels.size and (labels.min() < -1 or labels.max() >= num_classes):
-            raise ValueError(f"labels must lie in [-1, {num_classes}), got [{labels.min()}, {labels.max()}]")
+        labels, num_classes = label_array(labels, self.num_nodes, num_classes)
         save_npy(os.path.join(self.tmp, "labels.npy"), labels)
         self.meta["labels"] = "labels.npy"
-        self.meta["num_classes"] = int(num_classes)
+        self.meta["num_classes"] = num_classes
 
     def write_split(self, name: str, ids: np.ndarray) -> None:
-        if name not in SPLITS:
-            raise ValueError(f"unknown split {name!r}; splits are {', '.join(SPLITS)}")
-        ids = np.asarray(ids)
-        if ids.dtype == bool:
-            if ids.shape != (self.num_nodes,):
-                raise ValueError(f"a boolean {name} mask must have shape ({self.num_nodes},), got {ids.shape}")
-            ids = np.flatnonzero(ids)
-        if ids.size and not np.issubdtype(ids.dtype, np.integer):
-            raise ValueError(f"{name} split must hold integer node ids or a boolean mask, got dtype {ids.dtype}")
-        ids = ids.astype(np.int64).reshape(-1)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.num_nodes):
-            raise ValueError(f"{name} split has node ids outside [0, {self.num_nodes})")
+        ids = split_ids(name, ids, self.num_nodes)
         file_name = f"{name}_idx.npy"
         save_npy(os.path.join(self.tmp, file_name), ids)
         self.meta["splits"][name] = file_name
 
     def write_score(self, name: str, scores: np.ndarray) -> None:
-        scores = np.asarray(scores, dtype=np.float32)
-        if scores.shape != (self.num_nodes,):
-            raise ValueError(f"score {name!r} must have shape ({self.num_nodes},), got {scores.shape}")
+        scores = score_array(name, scores, self.num_nodes)
         os.makedirs(os.path.join(self.tmp, "scores"), exist_ok=True)
         file_name = f"scores/{name}.npy"
         save_npy(os.path.join(self.tmp, file_name), scores)
@@ -414,61 +567,6 @@ class DatasetWriter:
             raise RuntimeError("write the topology (write_edges or write_csr) first")
         return (np.load(os.path.join(self.tmp, "indptr.npy"), mmap_mode="r"),
                 np.load(os.path.join(self.tmp, "indices.npy"), mmap_mode="r"))
-
-    # -- commit --------------------------------------------------------------
-    def commit(self) -> Dataset:
-        """Makes the dataset visible atomically and returns it opened.
-
-        Any failure before the switch (invalid data, a full disk, a path that
-        may not be replaced) removes the temporary directory and leaves the
-        target as it was.
-        """
-        if self._done:
-            raise RuntimeError("this writer has already committed or aborted")
-        try:
-            self._prepare_commit()
-            check_replaceable(self.path, self.overwrite)  # again: something may have appeared while writing
-        except BaseException:
-            self.abort()
-            raise
-        if os.path.lexists(self.path):
-            if not _exchange(self.tmp, self.path):
-                # No atomic exchange (old kernel or file system): move the old one aside first.
-                old = tempfile.mkdtemp(prefix=f".{os.path.basename(self.path)}.old-", dir=os.path.dirname(self.path))
-                os.rmdir(old)
-                os.rename(self.path, old)
-                os.rename(self.tmp, self.path)
-                self.tmp = old
-            fsync_path(os.path.dirname(self.path))
-            shutil.rmtree(self.tmp, ignore_errors=True)  # after an exchange, tmp holds the old dataset
-        else:
-            os.rename(self.tmp, self.path)
-            fsync_path(os.path.dirname(self.path))
-        self._done = True
-        return open_dataset(self.path)
-
-    def _prepare_commit(self) -> None:
-        """Completes, checksums, fsyncs and validates the temporary directory."""
-        if self.meta["graph"] is None:
-            raise DatasetError(f"{self.path}: no topology was written; call write_edges() or write_csr()")
-        self._finish_features()
-        for root, _, files in os.walk(self.tmp):
-            for file_name in files:
-                full = os.path.join(root, file_name)
-                rel = os.path.relpath(full, self.tmp)
-                if rel != "features.bin":
-                    self.meta["checksums"][rel] = crc32_file(full)
-                with reporting_disk_full(full):
-                    fsync_path(full)
-        with CheckedFile(os.path.join(self.tmp, META_FILE)) as meta:
-            meta.write(json.dumps(self.meta, indent=2, sort_keys=True).encode())
-            meta.close(sync=True)
-        fsync_path(self.tmp)
-        try:
-            open_dataset(self.tmp)  # full validation before anything becomes visible
-        except DatasetError as exc:
-            raise DatasetError(f"{self.path}: the dataset being written is invalid, nothing was replaced: {exc}") \
-                from exc
 
 
 # -- what may be replaced, and stale temporaries --------------------------------
