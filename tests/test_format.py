@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from lsm_gnn import DatasetError, DatasetWriter, open_dataset
-from lsm_gnn.data.format import META_FILE, SCHEMA_VERSION, crc32_file
+from lsm_gnn.data.format import HETERO_SCHEMA_VERSION, META_FILE, crc32_file
 from lsm_gnn.testing import edit_meta, write_tiny_dataset
 
 
@@ -137,7 +137,7 @@ def test_meta_not_json(tiny):
 
 @pytest.mark.parametrize("change, match", [
     (lambda m: m.update(format="something-else"), "not an lsm-gnn dataset"),
-    (lambda m: m.update(version=SCHEMA_VERSION + 1), "newer than this lsm-gnn"),
+    (lambda m: m.update(version=HETERO_SCHEMA_VERSION + 1), "newer than this lsm-gnn"),
     (lambda m: m.update(version=0), "unknown schema version"),
     (lambda m: m.pop("num_nodes"), "missing key 'num_nodes'"),
     (lambda m: m.update(num_nodes="100"), "wrong type"),

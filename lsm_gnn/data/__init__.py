@@ -1,5 +1,7 @@
 """Datasets on disk: the format, the atomic writer, converters, the synthetic generator, static scores."""
 from lsm_gnn.data.format import Dataset, DatasetError, open_dataset
+from lsm_gnn.data.hetero import HeteroDataset
+from lsm_gnn.data.hetero_writer import HeteroDatasetWriter
 from lsm_gnn.data.writer import DatasetWriter
 
-__all__ = ["Dataset", "DatasetError", "DatasetWriter", "open_dataset"]
+__all__ = ["Dataset", "DatasetError", "DatasetWriter", "HeteroDataset", "HeteroDatasetWriter", "open_dataset"]

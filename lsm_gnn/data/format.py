@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 FORMAT_NAME = "lsm-gnn-dataset"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1         # one node type (this module)
+HETERO_SCHEMA_VERSION = 2  # several node types and typed relations (lsm_gnn/data/hetero.py)
 META_FILE = "meta.json"
 PAGE_SIZE = 4096
 ROW_ALIGNMENT = 512
@@ -192,23 +193,33 @@ class Dataset:
     def read_features_direct(self, ids: np.ndarray) -> np.ndarray:
         """Reads feature rows with plain buffered file reads: slow, simple,
         the ground truth that tests compare every storage and cache path to."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        out = np.empty((ids.size, self.feature_dim), dtype=self.feature_dtype)
-        with open(self.feature_path, "rb") as f:
-            for i, node in enumerate(ids):
-                if not 0 <= node < self.num_nodes:
-                    raise IndexError(f"node id {node} is out of range [0, {self.num_nodes})")
-                f.seek(int(node) * self.features.row_stride)
-                out[i] = np.frombuffer(f.read(self.features.row_bytes), dtype=self.feature_dtype)
-        return out
+        return read_rows_direct(self.feature_path, self.features, self.num_nodes, ids)
 
     def verify_checksums(self) -> None:
         """Re-reads every file and compares it to the checksum in meta.json."""
-        for name, expected in self.meta.get("checksums", {}).items():
-            actual = crc32_file(self.file_path(name))
-            if actual != expected:
-                raise DatasetError(f"{self.file_path(name)}: checksum {actual} does not match {expected} recorded in "
-                                   f"{META_FILE}; the file is corrupt or was changed - re-create the dataset")
+        verify_checksums(self.path, self.meta)
+
+
+def read_rows_direct(path: str, layout: FeatureLayout, num_rows: int, ids) -> np.ndarray:
+    """Rows ``ids`` of a feature file, by plain buffered reads."""
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    out = np.empty((ids.size, layout.dim), dtype=layout.numpy_dtype)
+    with open(path, "rb") as f:
+        for i, node in enumerate(ids):
+            if not 0 <= node < num_rows:
+                raise IndexError(f"node id {node} is out of range [0, {num_rows})")
+            f.seek(int(node) * layout.row_stride)
+            out[i] = np.frombuffer(f.read(layout.row_bytes), dtype=layout.numpy_dtype)
+    return out
+
+
+def verify_checksums(path: str, meta: dict) -> None:
+    """Re-reads every file of a dataset directory and compares it to the checksum in its meta.json."""
+    for name, expected in meta.get("checksums", {}).items():
+        actual = crc32_file(os.path.join(path, name))
+        if actual != expected:
+            raise DatasetError(f"{os.path.join(path, name)}: checksum {actual} does not match {expected} recorded "
+                               f"in {META_FILE}; the file is corrupt or was changed - re-create the dataset")
 
 
 # -- validation --------------------------------------------------------------
@@ -226,6 +237,7 @@ MAX_COUNT = 1 << 62    # node and edge counts must fit int64 arithmetic with roo
 SCAN_CHUNK = 1 << 24
 VERIFY_FIX = "run 'lsm-gnn inspect {dir} --verify' to check the whole dataset, and re-create the dataset"
 _REDO = "Fix the value or re-create the dataset with 'lsm-gnn prepare'"
+ID_FIX = "The ids do not match this dataset's node count; re-create the dataset"
 
 
 def _fail(path: str, problem: str, fix: str) -> DatasetError:
@@ -293,31 +305,48 @@ def _get_files(meta: dict, key: str, meta_path: str, allowed: tuple[str, ...] | 
     return files
 
 
-def _check_meta(meta: Any, meta_path: str) -> None:
-    """Every known key of meta.json: JSON type, range and file names. Unknown keys are free-form."""
+def check_format(meta: Any, meta_path: str) -> None:
+    """meta.json describes an lsm-gnn dataset of a schema version this code reads."""
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise _fail(meta_path, f"not an lsm-gnn dataset description (format is {_show(found)})",
                     f"Expected format '{FORMAT_NAME}'; create the dataset with 'lsm-gnn prepare'")
     version = _get(meta, "version", int, meta_path)
-    if version > SCHEMA_VERSION:
-        raise _fail(meta_path, f"schema version {version} is newer than this lsm-gnn understands ({SCHEMA_VERSION})",
-                    "Upgrade lsm-gnn (pip install -U lsm-gnn)")
+    if version > HETERO_SCHEMA_VERSION:
+        raise _fail(meta_path, f"schema version {version} is newer than this lsm-gnn understands "
+                    f"({HETERO_SCHEMA_VERSION})", "Upgrade lsm-gnn (pip install -U lsm-gnn)")
     if version < 1:
         raise _fail(meta_path, f"unknown schema version {version}", "Re-create the dataset with 'lsm-gnn prepare'")
+
+
+def check_feature_meta(feats: dict, meta_path: str, key: str) -> None:
+    """The keys of a feature layout entry (``key``: its place in meta.json, e.g. ``features.``)."""
+    _check_file_name(_get(feats, "file", str, meta_path, key), f"{key}file", meta_path)
+    if _get(feats, "dtype", str, meta_path, key) not in FEATURE_DTYPES:
+        raise _fail(meta_path, f"feature dtype '{feats['dtype']}' of '{key}dtype' is not supported",
+                    f"Use one of {', '.join(FEATURE_DTYPES)}")
+    for name in ("dim", "row_bytes", "row_stride", "page_size", "file_bytes"):
+        _get_int(feats, name, meta_path, 1, prefix=key)
+
+
+def check_checksums_meta(meta: dict, meta_path: str) -> None:
+    checksums = _get(meta, "checksums", dict, meta_path, optional=True) or {}
+    for file_name, value in checksums.items():
+        _check_file_name(file_name, f"checksums.{_name(file_name)}", meta_path)
+        if not isinstance(value, str) or not value.startswith("crc32:"):
+            raise _fail(meta_path, f"key 'checksums.{_name(file_name)}' must be a string 'crc32:<8 hex digits>', got "
+                        f"{_show(value)}", _REDO)
+
+
+def _check_meta(meta: Any, meta_path: str) -> None:
+    """Every known key of a schema-1 meta.json: JSON type, range and file names. Unknown keys are free-form."""
     for key in ("name", "created_by"):
         _get(meta, key, str, meta_path, optional=True)
     _get(meta, "generator", dict, meta_path, optional=True)
     num_nodes = _get_int(meta, "num_nodes", meta_path, 1)
     _get_int(meta, "num_edges", meta_path, 0)
 
-    feats = _get(meta, "features", dict, meta_path)
-    _check_file_name(_get(feats, "file", str, meta_path, "features."), "features.file", meta_path)
-    if _get(feats, "dtype", str, meta_path, "features.") not in FEATURE_DTYPES:
-        raise _fail(meta_path, f"feature dtype '{feats['dtype']}' is not supported",
-                    f"Use one of {', '.join(FEATURE_DTYPES)}")
-    for key in ("dim", "row_bytes", "row_stride", "page_size", "file_bytes"):
-        _get_int(feats, key, meta_path, 1, prefix="features.")
+    check_feature_meta(_get(meta, "features", dict, meta_path), meta_path, "features.")
 
     graph = _get(meta, "graph", dict, meta_path)
     for key in ("indptr", "indices"):
@@ -335,12 +364,7 @@ def _check_meta(meta: Any, meta_path: str) -> None:
     _get_files(meta, "splits", meta_path, SPLITS, "split")
     _get_files(meta, "scores", meta_path)
     _get_files(meta, "edge_splits", meta_path, EDGE_SPLITS, "edge split")
-    checksums = _get(meta, "checksums", dict, meta_path, optional=True) or {}
-    for file_name, value in checksums.items():
-        _check_file_name(file_name, f"checksums.{_name(file_name)}", meta_path)
-        if not isinstance(value, str) or not value.startswith("crc32:"):
-            raise _fail(meta_path, f"key 'checksums.{_name(file_name)}' must be a string 'crc32:<8 hex digits>', got "
-                        f"{_show(value)}", _REDO)
+    check_checksums_meta(meta, meta_path)
     if "num_users" in meta or "num_items" in meta:
         num_users = _get_int(meta, "num_users", meta_path, 1)
         num_items = _get_int(meta, "num_items", meta_path, 1)
@@ -422,6 +446,64 @@ def _read_meta(meta_path: str) -> Any:
                     "The file is damaged; re-create the dataset") from exc
 
 
+def check_feature_file(path: str, meta_path: str, feats: dict, num_nodes: int, key: str) -> None:
+    """A feature layout (its meta.json entry ``key``, e.g. ``features.``) is consistent and its file has
+    exactly the size it describes."""
+    itemsize = np.dtype(feats["dtype"]).itemsize
+    if feats["row_bytes"] != feats["dim"] * itemsize:
+        raise _fail(meta_path, f"{key}row_bytes={feats['row_bytes']} does not equal dim ({feats['dim']}) x "
+                    f"{feats['dtype']} size ({itemsize})", "The description is inconsistent; re-create the dataset")
+    if feats["row_stride"] < feats["row_bytes"] or feats["row_stride"] % ROW_ALIGNMENT:
+        raise _fail(meta_path, f"{key}row_stride={feats['row_stride']} is not a multiple of {ROW_ALIGNMENT} "
+                    f"at least row_bytes={feats['row_bytes']}",
+                    "Rows must be O_DIRECT-aligned; re-create the dataset with lsm-gnn prepare")
+    if feats["page_size"] % ROW_ALIGNMENT:
+        raise _fail(meta_path, f"{key}page_size={feats['page_size']} is not a multiple of {ROW_ALIGNMENT}",
+                    "Re-create the dataset")
+    expected_bytes = feature_file_bytes(num_nodes, feats["row_stride"], feats["page_size"])
+    if feats["file_bytes"] != expected_bytes:
+        raise _fail(meta_path, f"{key}file_bytes={feats['file_bytes']} but {num_nodes} rows of stride "
+                    f"{feats['row_stride']} padded to {feats['page_size']} take {expected_bytes}",
+                    "The description is inconsistent; re-create the dataset")
+    feature_path = os.path.join(path, feats["file"])
+    if not os.path.isfile(feature_path):
+        raise _fail(feature_path, "the feature file is missing", "Re-create the dataset with 'lsm-gnn prepare'")
+    actual = os.path.getsize(feature_path)
+    if actual != expected_bytes:
+        problem = "truncated" if actual < expected_bytes else "larger than described"
+        owner = "" if key == "features." else f" of {key[:-len('features.') - 1]}"  # schema 2: name the type
+        raise _fail(feature_path, f"the feature file{owner} is {problem}: {actual} bytes, expected {expected_bytes} "
+                    f"({num_nodes} rows x {feats['row_stride']} bytes, padded to {feats['page_size']})",
+                    "Re-create the dataset; an interrupted copy is the usual cause")
+
+
+def check_csr(path: str, indptr_file: str, indices_file: str, num_rows: int, num_cols: int, num_edges: int,
+              check: str) -> None:
+    """A CSR of ``num_rows`` rows whose ids lie in ``[0, num_cols)``: shapes, dtypes, indptr endpoints and
+    order; with ``check="full"`` every neighbor id too."""
+    indptr = _load_npy(path, indptr_file, ("int64",), num_rows + 1, "CSR indptr")
+    indices = _load_npy(path, indices_file, INDEX_DTYPES, num_edges, "CSR indices")
+    _check_indptr(os.path.join(path, indptr_file), indptr, num_edges,
+                  "The topology is corrupt; " + VERIFY_FIX.format(dir=path))
+    if check == "full":
+        check_neighbor_ids(indices, num_cols, os.path.join(path, indices_file))
+
+
+def check_node_arrays(path: str, part: dict, num_nodes: int, num_classes: int | None) -> None:
+    """Labels, split ids and scores named in ``part`` (meta.json, or one node type's entry of it)."""
+    if part.get("labels") is not None:
+        labels = _load_npy(path, part["labels"], ("int64",), num_nodes, "labels")
+        _check_range(os.path.join(path, part["labels"]), labels, -1, num_classes, "label",
+                     "Labels lie in [-1, num_classes) (-1: unlabeled); fix num_classes in meta.json or re-create "
+                     "the dataset")
+    for split_name, file_name in (part.get("splits") or {}).items():
+        ids = _load_npy(path, file_name, ("int64",), None, f"{split_name} split")
+        _check_range(os.path.join(path, file_name), ids, 0, num_nodes, f"{split_name} node id", ID_FIX)
+    for score_name, file_name in (part.get("scores") or {}).items():
+        scores = _load_npy(path, file_name, ("float32",), num_nodes, f"'{score_name}' score")
+        _check_finite(os.path.join(path, file_name), scores, f"'{score_name}' score")
+
+
 def open_dataset(path: str | os.PathLike, check: str = "full") -> Dataset:
     """Opens and validates a dataset directory.
 
@@ -443,64 +525,26 @@ def open_dataset(path: str | os.PathLike, check: str = "full") -> Dataset:
     if not os.path.isfile(meta_path):
         raise _fail(meta_path, "missing", "The directory is not an lsm-gnn dataset; create one with 'lsm-gnn prepare'")
     meta = _read_meta(meta_path)
+    check_format(meta, meta_path)
+    if meta["version"] == HETERO_SCHEMA_VERSION:
+        from lsm_gnn.data.hetero import open_hetero
+
+        return open_hetero(path, meta, meta_path, check)
     _check_meta(meta, meta_path)
     num_nodes, num_edges = meta["num_nodes"], meta["num_edges"]
-    verify_fix = VERIFY_FIX.format(dir=path)
-
-    feats = meta["features"]
-    itemsize = np.dtype(feats["dtype"]).itemsize
-    if feats["row_bytes"] != feats["dim"] * itemsize:
-        raise _fail(meta_path, f"feature row_bytes={feats['row_bytes']} does not equal dim ({feats['dim']}) x "
-                    f"{feats['dtype']} size ({itemsize})", "The description is inconsistent; re-create the dataset")
-    if feats["row_stride"] < feats["row_bytes"] or feats["row_stride"] % ROW_ALIGNMENT:
-        raise _fail(meta_path, f"feature row_stride={feats['row_stride']} is not a multiple of {ROW_ALIGNMENT} "
-                    f"at least row_bytes={feats['row_bytes']}",
-                    "Rows must be O_DIRECT-aligned; re-create the dataset with lsm-gnn prepare")
-    if feats["page_size"] % ROW_ALIGNMENT:
-        raise _fail(meta_path, f"page_size={feats['page_size']} is not a multiple of {ROW_ALIGNMENT}",
-                    "Re-create the dataset")
-    expected_bytes = feature_file_bytes(num_nodes, feats["row_stride"], feats["page_size"])
-    if feats["file_bytes"] != expected_bytes:
-        raise _fail(meta_path, f"features.file_bytes={feats['file_bytes']} but {num_nodes} rows of stride "
-                    f"{feats['row_stride']} padded to {feats['page_size']} take {expected_bytes}",
-                    "The description is inconsistent; re-create the dataset")
-    feature_path = os.path.join(path, feats["file"])
-    if not os.path.isfile(feature_path):
-        raise _fail(feature_path, "the feature file is missing", "Re-create the dataset with 'lsm-gnn prepare'")
-    actual = os.path.getsize(feature_path)
-    if actual != expected_bytes:
-        problem = "truncated" if actual < expected_bytes else "larger than described"
-        raise _fail(feature_path, f"the feature file is {problem}: {actual} bytes, expected {expected_bytes} "
-                    f"({num_nodes} rows x {feats['row_stride']} bytes, padded to {feats['page_size']})",
-                    "Re-create the dataset; an interrupted copy is the usual cause")
+    check_feature_file(path, meta_path, meta["features"], num_nodes, "features.")
 
     graph = meta["graph"]
-    indptr = _load_npy(path, graph["indptr"], ("int64",), num_nodes + 1, "CSR indptr")
-    indices = _load_npy(path, graph["indices"], INDEX_DTYPES, num_edges, "CSR indices")
-    _check_indptr(os.path.join(path, graph["indptr"]), indptr, num_edges, "The topology is corrupt; " + verify_fix)
-    if check == "full":
-        check_neighbor_ids(indices, num_nodes, os.path.join(path, graph["indices"]))
-
-    if meta.get("labels") is not None:
-        labels = _load_npy(path, meta["labels"], ("int64",), num_nodes, "labels")
-        _check_range(os.path.join(path, meta["labels"]), labels, -1, meta["num_classes"], "label",
-                     "Labels lie in [-1, num_classes) (-1: unlabeled); fix num_classes in meta.json or re-create "
-                     "the dataset")
-    id_fix = "The ids do not match this dataset's node count; re-create the dataset"
-    for split_name, file_name in (meta.get("splits") or {}).items():
-        ids = _load_npy(path, file_name, ("int64",), None, f"{split_name} split")
-        _check_range(os.path.join(path, file_name), ids, 0, num_nodes, f"{split_name} node id", id_fix)
-    for score_name, file_name in (meta.get("scores") or {}).items():
-        scores = _load_npy(path, file_name, ("float32",), num_nodes, f"'{score_name}' score")
-        _check_finite(os.path.join(path, file_name), scores, f"'{score_name}' score")
+    check_csr(path, graph["indptr"], graph["indices"], num_nodes, num_nodes, num_edges, check)
+    check_node_arrays(path, meta, num_nodes, meta.get("num_classes"))
     num_users = meta.get("num_users")
     for split_name, file_name in (meta.get("edge_splits") or {}).items():
         pairs = _load_npy(path, file_name, ("int64",), None, f"{split_name} edge split", width=2)
         # Pairs are (user, item) in a user-item dataset, any two nodes otherwise.
         first_end, second_start = (num_nodes, 0) if num_users is None else (num_users, num_users)
         edge_path = os.path.join(path, file_name)
-        _check_range(edge_path, pairs[:, 0], 0, first_end, f"{split_name} pair's first node", id_fix)
-        _check_range(edge_path, pairs[:, 1], second_start, num_nodes, f"{split_name} pair's second node", id_fix)
+        _check_range(edge_path, pairs[:, 0], 0, first_end, f"{split_name} pair's first node", ID_FIX)
+        _check_range(edge_path, pairs[:, 1], second_start, num_nodes, f"{split_name} pair's second node", ID_FIX)
     return Dataset(path, meta)
 
 

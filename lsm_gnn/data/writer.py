@@ -135,6 +135,8 @@ class FeatureFileWriter:
                     raise ValueError(f"feature values [{rows.min()}, {rows.max()}] of {self.what} do not fit "
                                      f"{self.dtype} [{info.min}, {info.max}]; rescale them or store a wider dtype")
             rows = rows.astype(self.dtype)
+        if rows.shape[0] == 0:
+            return
         if self.row_stride == self.row_bytes:
             block = np.ascontiguousarray(rows).view(np.uint8).reshape(-1)
         else:

@@ -1,0 +1,188 @@
+"""Writes heterogeneous (schema-2) datasets atomically and in bounded memory.
+
+The same guarantees as :class:`~lsm_gnn.data.writer.DatasetWriter`, whose
+parts it reuses: everything goes to a hidden temporary directory that
+:meth:`HeteroDatasetWriter.commit` validates and renames into place, an
+error removes it, a full disk is named by file. Layout: :mod:`lsm_gnn.data.hetero`.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+import numpy as np
+
+from lsm_gnn.data.format import FORMAT_NAME, HETERO_SCHEMA_VERSION, ROW_ALIGNMENT
+from lsm_gnn.data.hetero import Relation, check_name, parse_relation, relation_key
+from lsm_gnn.data.writer import (
+    AtomicDatasetWriter, DatasetError, FeatureFileWriter, _version, build_csr_files, label_array, save_npy,
+    score_array, split_ids, write_csr_files,
+)
+
+
+class HeteroDatasetWriter(AtomicDatasetWriter):
+    """Builds one schema-2 dataset directory.
+
+    ``node_types`` maps each type (in the order of the global id space) to
+    ``{"num_nodes": n}``, plus ``"feature_dim"`` (and ``"feature_dtype"``,
+    default float32) for a type that has features. Then, in any order:
+    :meth:`write_features` per featured type (consecutive row chunks),
+    :meth:`write_edges` or :meth:`write_csr` per relation, and optionally
+    :meth:`write_labels`, :meth:`write_split` and :meth:`write_score` per
+    type; finally :meth:`commit`. ``target`` names the type a trainer
+    classifies by default (it needs labels).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, node_types: dict[str, dict], target: str | None = None,
+                 name: str | None = None, overwrite: bool = False, row_alignment: int = ROW_ALIGNMENT,
+                 extra_meta: dict | None = None):
+        if not isinstance(node_types, dict) or not node_types:
+            raise ValueError("node_types must map at least one node type name to {'num_nodes': ..., ...}")
+        specs = {}
+        for type_name, spec in node_types.items():
+            check_name(type_name, "node type")
+            if not isinstance(spec, dict) or set(spec) - {"num_nodes", "feature_dim", "feature_dtype"}:
+                raise ValueError(f"node type '{type_name}' must be given as {{'num_nodes': n, 'feature_dim': d, "
+                                 f"'feature_dtype': ...}} (features optional), got {spec!r}")
+            n = spec.get("num_nodes")
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+                raise ValueError(f"node type '{type_name}' needs a positive num_nodes, got {n!r}")
+            specs[type_name] = spec
+        if target is not None and target not in specs:
+            raise ValueError(f"target type {target!r} is not one of the node types ({', '.join(specs)})")
+        super().__init__(path, overwrite)
+        self.num_nodes = {t: int(spec["num_nodes"]) for t, spec in specs.items()}
+        self._features: dict[str, FeatureFileWriter] = {}
+        self._relations: dict[Relation, dict] = {}
+        entries = []
+        try:
+            for t, spec in specs.items():
+                os.makedirs(os.path.join(self.tmp, "nodes", t))
+                entry = {"name": t, "num_nodes": self.num_nodes[t], "features": None, "labels": None,
+                         "num_classes": None, "splits": {}, "scores": {}}
+                if spec.get("feature_dim") is not None:
+                    writer = FeatureFileWriter(os.path.join(self.tmp, "nodes", t, "features.bin"), self.num_nodes[t],
+                                               spec["feature_dim"], spec.get("feature_dtype", "float32"),
+                                               row_alignment, what=f"node type '{t}'")
+                    self._features[t] = writer
+                    entry["features"] = writer.layout(f"nodes/{t}/features.bin")
+                elif "feature_dtype" in spec:
+                    raise ValueError(f"node type '{t}' has a feature_dtype but no feature_dim")
+                entries.append(entry)
+        except BaseException:
+            self.abort()
+            raise
+        self._entries = {e["name"]: e for e in entries}
+        self.meta = {
+            "format": FORMAT_NAME, "version": HETERO_SCHEMA_VERSION, "name": name or os.path.basename(self.path),
+            "node_types": entries, "relations": [], "target": target, "checksums": {},
+            "created_by": "lsm-gnn " + _version(), **(extra_meta or {}),
+        }
+
+    def _close_files(self) -> None:
+        for writer in self._features.values():
+            writer.close()
+
+    def _entry(self, node_type: str) -> dict:
+        if node_type not in self._entries:
+            raise KeyError(f"no node type {node_type!r}; the node types are {', '.join(self._entries)}")
+        return self._entries[node_type]
+
+    # -- features ------------------------------------------------------------
+    def rows_written(self, node_type: str) -> int:
+        self._entry(node_type)
+        return self._features[node_type].rows_written if node_type in self._features else 0
+
+    def write_features(self, node_type: str, rows: np.ndarray) -> None:
+        """Appends the next ``len(rows)`` feature rows of ``node_type``."""
+        self._entry(node_type)
+        if node_type not in self._features:
+            raise ValueError(f"node type '{node_type}' was declared without features (give it a feature_dim)")
+        self._features[node_type].write(rows)
+
+    # -- relations -----------------------------------------------------------
+    def _relation(self, relation) -> tuple[Relation, str]:
+        relation = parse_relation(relation)
+        src, name, dst = relation
+        key = relation_key(relation)
+        for role, t in (("source", src), ("destination", dst)):
+            if t not in self._entries:
+                raise ValueError(f"relation '{key}': its {role} type '{t}' is not a node type "
+                                 f"({', '.join(self._entries)})")
+        check_name(name, f"relation '{key}': name")
+        if relation in self._relations:
+            raise ValueError(f"relation '{key}' was already written")
+        os.makedirs(os.path.join(self.tmp, "relations", key))
+        return relation, f"relations/{key}/"
+
+    def _add_relation(self, relation: Relation, prefix: str, num_edges: int) -> None:
+        entry = {"src": relation[0], "name": relation[1], "dst": relation[2], "num_edges": num_edges,
+                 "indptr": prefix + "indptr.npy", "indices": prefix + "indices.npy"}
+        self._relations[relation] = entry
+        self.meta["relations"].append(entry)
+
+    def write_edges(self, relation, chunks: Iterable[tuple[np.ndarray, np.ndarray]], *, dedup: bool = True,
+                    self_loops: bool = True) -> None:
+        """Builds the CSR of ``relation`` (``(src, name, dst)`` or ``'src__name__dst'``) from (src ids,
+        dst ids) chunks in bounded memory: dst's row lists src. Write a reverse relation explicitly."""
+        relation, prefix = self._relation(relation)
+        src, _, dst = relation
+        try:
+            num_edges = build_csr_files(self.tmp, prefix, chunks, self.num_nodes[dst], self.num_nodes[src],
+                                        dedup=dedup, self_loops=self_loops or src != dst)
+        except ValueError as exc:
+            raise ValueError(f"relation '{relation_key(relation)}': {exc}") from None
+        self._add_relation(relation, prefix, num_edges)
+
+    def write_csr(self, relation, indptr: np.ndarray, indices: np.ndarray) -> None:
+        """Stores the CSR of ``relation`` as given: ``num_nodes[dst] + 1`` indptr entries, src ids."""
+        relation, prefix = self._relation(relation)
+        src, _, dst = relation
+        try:
+            num_edges = write_csr_files(self.tmp, prefix, indptr, indices, self.num_nodes[dst], self.num_nodes[src])
+        except ValueError as exc:
+            raise ValueError(f"relation '{relation_key(relation)}': {exc}") from None
+        self._add_relation(relation, prefix, num_edges)
+
+    def csr(self, relation) -> tuple[np.ndarray, np.ndarray]:
+        """A relation's CSR written so far (memory-mapped), e.g. to compute scores before commit."""
+        relation = parse_relation(relation)
+        if relation not in self._relations:
+            raise KeyError(f"relation '{relation_key(relation)}' has not been written")
+        entry = self._relations[relation]
+        return (np.load(os.path.join(self.tmp, entry["indptr"]), mmap_mode="r"),
+                np.load(os.path.join(self.tmp, entry["indices"]), mmap_mode="r"))
+
+    # -- labels, splits, scores ----------------------------------------------
+    def write_labels(self, node_type: str, labels: np.ndarray, num_classes: int | None = None) -> None:
+        """Class per node of ``node_type``, -1 for unlabeled nodes."""
+        entry = self._entry(node_type)
+        labels, num_classes = label_array(labels, self.num_nodes[node_type], num_classes,
+                                          f"labels of node type '{node_type}'")
+        file_name = f"nodes/{node_type}/labels.npy"
+        save_npy(os.path.join(self.tmp, file_name), labels)
+        entry["labels"], entry["num_classes"] = file_name, num_classes
+
+    def write_split(self, node_type: str, name: str, ids: np.ndarray) -> None:
+        entry = self._entry(node_type)
+        ids = split_ids(name, ids, self.num_nodes[node_type], f" of node type '{node_type}'")
+        file_name = f"nodes/{node_type}/{name}_idx.npy"
+        save_npy(os.path.join(self.tmp, file_name), ids)
+        entry["splits"][name] = file_name
+
+    def write_score(self, node_type: str, name: str, scores: np.ndarray) -> None:
+        entry = self._entry(node_type)
+        scores = score_array(name, scores, self.num_nodes[node_type], f" of node type '{node_type}'")
+        os.makedirs(os.path.join(self.tmp, "nodes", node_type, "scores"), exist_ok=True)
+        file_name = f"nodes/{node_type}/scores/{name}.npy"
+        save_npy(os.path.join(self.tmp, file_name), scores)
+        entry["scores"][name] = file_name
+
+    # -- commit --------------------------------------------------------------
+    def _finish(self) -> None:
+        target = self.meta["target"]
+        if target is not None and self._entries[target]["labels"] is None:
+            raise DatasetError(f"{self.path}: target type '{target}' has no labels; call write_labels('{target}', "
+                               "...) or give no target")
+        for t, writer in self._features.items():
+            self.meta["checksums"][f"nodes/{t}/features.bin"] = writer.finish(self.path)
