@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from lsm_gnn.cache import PolicyConfig, SoftwareCache
@@ -39,20 +40,31 @@ class FeatureSpec:
 
 
 def resolve(cfg: Config, dataset, world_size: int = 1) -> FeatureSpec:
-    """The feature path ``cfg`` asks for on ``dataset`` with ``world_size`` ranks; raises ConfigError."""
+    """The feature path ``cfg`` asks for on ``dataset`` with ``world_size`` ranks; raises ConfigError.
+    For a heterogeneous dataset a capacity in % is that share of all its feature rows' bytes."""
     c = cfg.cache
     static = None if c.static_score == "none" else c.static_score
-    if c.features == "cache" and static is not None and static not in dataset.score_names:
+    if getattr(dataset, "is_hetero", False):
+        names = sorted(set.intersection(*(set(dataset.score_names(t)) for t in dataset.feature_types)))
+        # A share of the bytes: "rows" of one byte each.
+        rows = sum(dataset.num_nodes[t] * _row_bytes(dataset.node_type(t)) for t in dataset.feature_types)
+        row_bytes = 1
+    else:
+        names, rows, row_bytes = dataset.score_names, dataset.num_nodes, _row_bytes(dataset)
+    if c.features == "cache" and static is not None and static not in names:
         raise ConfigError(f"cache.static_score={static!r} is not in the dataset (it has "
-                          f"{dataset.score_names or 'no scores'}); prepare it with 'lsm-gnn prepare scores' or set "
+                          f"{names or 'no scores'}); prepare it with 'lsm-gnn prepare scores' or set "
                           "cache.static_score=none")
-    row_bytes = dataset.feature_dim * dataset.feature_dtype.itemsize
     return FeatureSpec(
         source=c.features, backend=c.backend,
-        capacity_bytes=cache_capacity_bytes(c.capacity, dataset.num_nodes, row_bytes), ways=c.ways,
+        capacity_bytes=cache_capacity_bytes(c.capacity, rows, row_bytes), ways=c.ways,
         policy=policy_config(c), static_score=static, oversubscribe=c.oversubscribe, pvp=c.pvp,
         pvp_queue_capacity=c.pvp_queue_capacity, pvp_reinstall=c.pvp and c.pvp_reinstall,
         shared=world_size > 1 and c.mode == "shared", owner=c.owner)
+
+
+def _row_bytes(features_of) -> int:
+    return features_of.feature_dim * features_of.feature_dtype.itemsize
 
 
 def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_size: int = 1, fanouts=None,
@@ -80,3 +92,66 @@ def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_si
     owner = make_owner(spec.owner, dataset, world_size, access_counts=lambda: sampled_access_counts(
         dataset, fanouts, batch_size, seed=seed))
     return SharedCache(cache, owner)
+
+
+def feature_groups(dataset) -> list[list[str]]:
+    """A heterogeneous dataset's featured node types grouped by row format (dim, dtype), in type order."""
+    groups: dict[tuple, list[str]] = {}
+    for t in dataset.feature_types:
+        layout = dataset.node_type(t).features
+        groups.setdefault((layout.dim, layout.dtype), []).append(t)
+    return list(groups.values())
+
+
+def split_capacity(capacity_bytes: int, weights: list[float]) -> list[int]:
+    """The budget in proportion to ``weights`` (e.g. each group's measured share of accessed bytes)."""
+    total = float(sum(weights))
+    if total <= 0:
+        raise ValueError(f"capacity weights must have a positive sum, got {weights}")
+    return [int(capacity_bytes * w / total) for w in weights]
+
+
+def build_typed_features(spec: FeatureSpec, dataset, device: torch.device, *, world_size: int = 1,
+                         weights: list[float] | None = None, num_threads: int = 0):
+    """:func:`build_features` for a heterogeneous dataset: per row format one storage over its types'
+    files, one cache with its share of ``spec.capacity_bytes`` (``weights`` per group, default: the
+    groups' feature bytes) and, shared, one communication layer."""
+    from lsm_gnn.storage.concat import ConcatStorage
+    from lsm_gnn.typed_features import FeatureGroup, TypedFeatures
+
+    groups = feature_groups(dataset)
+    if not groups:
+        raise ConfigError(f"dataset {dataset.path} has no node type with features; nothing to gather")
+    if weights is None:
+        weights = [sum(dataset.num_nodes[t] * _row_bytes(dataset.node_type(t)) for t in types) for types in groups]
+    capacities = split_capacity(spec.capacity_bytes, weights)
+    built = []
+    for types, capacity in zip(groups, capacities):
+        backend = "memory" if spec.source == "memory" else spec.backend
+        storage = ConcatStorage([open_storage(dataset.node_type(t), backend) for t in types], types)
+        features = storage
+        if spec.source == "cache":
+            scores = None
+            if spec.static_score is not None:
+                scores = np.concatenate([np.asarray(dataset.score(spec.static_score, t)) for t in types])
+            features = SoftwareCache(
+                storage, capacity, ways=spec.ways, policy=spec.policy, static_scores=scores,
+                oversubscribe=spec.oversubscribe, device=device, num_threads=num_threads, pvp=spec.pvp,
+                pvp_queue_capacity=spec.pvp_queue_capacity, pvp_reinstall=spec.pvp_reinstall)
+            if spec.shared:
+                features = _shared(features, spec, storage.num_rows, world_size)
+        built.append(FeatureGroup(types, {t: storage.offset(t) for t in types}, features))
+    return TypedFeatures(built)
+
+
+def _shared(cache, spec: FeatureSpec, num_rows: int, world_size: int):
+    from lsm_gnn.comm import SharedCache, make_owner
+
+    if spec.owner == "hotness":
+        raise ConfigError("cache.owner=hotness is not available for heterogeneous datasets yet; use "
+                          "cache.owner=modulo")
+
+    class _IdSpace:  # what make_owner checks an owner map against
+        num_nodes = num_rows
+
+    return SharedCache(cache, make_owner(spec.owner, _IdSpace, world_size))

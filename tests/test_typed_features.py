@@ -1,0 +1,122 @@
+"""Every node type's features through one cache budget return exactly the files' rows."""
+import numpy as np
+import pytest
+import torch
+
+from lsm_gnn import open_storage
+from lsm_gnn.build import FeatureSpec, build_typed_features, feature_groups, resolve, split_capacity
+from lsm_gnn.cache import PolicyConfig, WindowBuffer
+from lsm_gnn.config import load_config
+from lsm_gnn.data import HeteroDatasetWriter
+from lsm_gnn.storage.concat import ConcatStorage
+
+TYPES = {"paper": {"num_nodes": 300, "feature_dim": 8},
+         "institute": {"num_nodes": 20},
+         "author": {"num_nodes": 250, "feature_dim": 8},
+         "fos": {"num_nodes": 40, "feature_dim": 3, "feature_dtype": "float16"}}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    rng = np.random.default_rng(1)
+    with HeteroDatasetWriter(tmp_path_factory.mktemp("typed") / "ds", node_types=TYPES, target="paper") as w:
+        for t, spec in TYPES.items():
+            if "feature_dim" in spec:
+                w.write_features(t, rng.standard_normal((spec["num_nodes"], spec["feature_dim"])))
+                w.write_score(t, "degree", rng.random(spec["num_nodes"]))
+        w.write_edges(("author", "writes", "paper"), [(rng.integers(0, 250, 900), rng.integers(0, 300, 900))])
+        w.write_labels("paper", rng.integers(0, 3, 300), num_classes=3)
+        return w.commit()
+
+
+def spec(source="cache", capacity=12_000, policy="hybrid", pvp=False):
+    return FeatureSpec(source=source, backend="pread", capacity_bytes=capacity, ways=4,
+                       policy=PolicyConfig(policy, window=4), static_score="degree" if source == "cache" else None,
+                       oversubscribe=False, pvp=pvp, pvp_queue_capacity=16, pvp_reinstall=pvp, shared=False,
+                       owner="modulo")
+
+
+def batches(rng, count):
+    """Per type, distinct ids skewed toward low ones (so lines are reused), and types missing from some."""
+    out = []
+    for k in range(count):
+        nodes = {}
+        for t, n in (("paper", 300), ("author", 250), ("fos", 40), ("institute", 20)):
+            if t == "fos" and k % 3 == 0:
+                continue
+            draws = 15 if t == "fos" else 40  # fewer than the fos cache's 24 lines
+            nodes[t] = torch.from_numpy(np.unique((rng.pareto(1.2, draws) * 10).astype(np.int64) % n))
+        out.append(nodes)
+    return out
+
+
+def test_types_of_one_row_format_share_a_group(dataset):
+    assert feature_groups(dataset) == [["paper", "author"], ["fos"]]
+
+
+@pytest.mark.parametrize("source,policy,pvp", [("memory", "hybrid", False), ("storage", "hybrid", False),
+                                               ("cache", "hybrid", False), ("cache", "lru", False),
+                                               ("cache", "hybrid", True)])
+def test_every_type_gathers_the_files_rows(dataset, source, policy, pvp):
+    features = build_typed_features(spec(source, policy=policy, pvp=pvp), dataset, torch.device("cpu"))
+    rng = np.random.default_rng(2)
+    trace = batches(rng, 24)
+    windows = [WindowBuffer(5, group.features.num_rows) for group in features.groups]
+    for k, nodes in enumerate(trace):
+        for window in windows:  # the window holds the batches after this one
+            while len(window):
+                window.pop()
+        for future in trace[k + 1:k + 5]:
+            for window, ids in zip(windows, features.group_ids(future)):
+                window.push(ids)
+        rows, hits = features.gather(nodes, futures=windows)
+        assert set(rows) == set(nodes) - {"institute"}, "featureless types are left out"
+        for t, x in rows.items():
+            expected = dataset.node_type(t).read_features_direct(nodes[t].numpy())
+            assert torch.equal(x, torch.from_numpy(expected)), f"batch {k}: {t} rows differ from its file"
+            assert hits[t].shape == nodes[t].shape
+        features.prefetch()
+    features.settle()
+    hit_total = sum(int(h.sum()) for h in hits.values())
+    if source == "cache":
+        assert hit_total > 0 and features.caches
+        shares = [g.features.capacity_bytes for g in features.groups]
+        assert sum(shares) <= 12_000 and all(shares)
+        assert all(g.features.stats.evictions > 0 for g in features.groups), "every group's cache must evict"
+    else:
+        assert hit_total == 0 and not features.caches
+    assert ("bytes_read" in features.counters()) and "+" in features.describe()
+
+
+def test_capacity_in_percent_is_a_share_of_all_feature_bytes(dataset):
+    total = 300 * 32 + 250 * 32 + 40 * 6
+    cfg = load_config(None, [f"dataset={dataset.path}", "cache.capacity=10%", "cache.static_score=degree"])
+    assert resolve(cfg, dataset).capacity_bytes == round(0.1 * total)
+    cfg = load_config(None, [f"dataset={dataset.path}", "cache.static_score=reverse_pagerank"])
+    with pytest.raises(Exception, match="cache.static_score='reverse_pagerank' is not in the dataset"):
+        resolve(cfg, dataset)
+
+
+def test_split_capacity():
+    assert split_capacity(1000, [3, 1]) == [750, 250]
+    with pytest.raises(ValueError, match="positive sum"):
+        split_capacity(1000, [0, 0])
+
+
+def test_concat_storage(dataset):
+    paper = open_storage(dataset.node_type("paper"), "memory")
+    author = open_storage(dataset.node_type("author"), "pread")
+    both = ConcatStorage([paper, author], ["paper", "author"])
+    assert both.num_rows == 550 and both.offset("author") == 300
+    ids = torch.tensor([549, 0, 300, 299, 0])
+    expected = np.concatenate([dataset.node_type("author").read_features_direct([249]),
+                               dataset.node_type("paper").read_features_direct([0]),
+                               dataset.node_type("author").read_features_direct([0]),
+                               dataset.node_type("paper").read_features_direct([299, 0])])
+    assert torch.equal(both.read(ids), torch.from_numpy(expected))
+    assert both.stats().rows == 5
+    with pytest.raises(IndexError, match="550 .* paper \\+ author"):
+        both.read(torch.tensor([550]))
+    fos = open_storage(dataset.node_type("fos"), "memory")
+    with pytest.raises(ValueError, match="'fos' has rows of 3 x float16"):
+        ConcatStorage([paper, fos], ["paper", "fos"])
