@@ -52,3 +52,36 @@ def unique_ids(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         unique, inverse = np.unique(ids.numpy(), return_inverse=True)
         return torch.from_numpy(unique), torch.from_numpy(inverse.reshape(-1))
     return torch.unique(ids, sorted=True, return_inverse=True)
+
+
+def first_occurrence_labels(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(distinct ids in order of first occurrence, index of each id in them) of a 1-D int64 tensor, on its
+    device: a sampler's relabelling, where a prefix of distinct ids keeps its positions."""
+    if ids.device.type != "cpu":
+        return _first_occurrence_labels_torch(ids)
+    every = ids.numpy()
+    if every.size == 0:
+        return ids.clone(), ids.clone()
+    # One unstable sort (np.unique's return_index needs a stable one, 2-4x slower); the rest is O(n).
+    order = np.argsort(every)
+    ordered = every[order]
+    starts_group = np.empty(every.size, dtype=bool)
+    starts_group[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=starts_group[1:])
+    first = np.minimum.reduceat(order, np.flatnonzero(starts_group))  # each distinct id's first position
+    group = np.empty(every.size, dtype=np.int64)
+    group[order] = np.cumsum(starts_group) - 1
+    is_first = np.zeros(every.size, dtype=bool)
+    is_first[first] = True
+    rank = np.cumsum(is_first) - 1  # at a first occurrence: how many distinct ids came before it
+    return torch.from_numpy(every[is_first]), torch.from_numpy(rank[first][group])
+
+
+def _first_occurrence_labels_torch(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """first_occurrence_labels in torch ops, for ids on a GPU."""
+    unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
+    first = torch.full((unique.numel(),), ids.numel(), dtype=torch.int64, device=ids.device)
+    first.scatter_reduce_(0, inverse, torch.arange(ids.numel(), device=ids.device), "amin", include_self=True)
+    first_sorted, order = torch.sort(first)
+    rank = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=ids.device))
+    return ids[first_sorted], rank[inverse]

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from lsm_gnn.cache.hashing import splitmix64
+from lsm_gnn.ids import first_occurrence_labels
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
@@ -171,13 +172,7 @@ def sample_hops(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor
         if bool(error.any()):
             _raise_corrupt(error, frontier, indptr)
         # Relabel as the CPU does: a node's local id is its rank by first occurrence in [frontier, sources].
-        every = torch.cat([frontier, src])
-        unique, inverse = torch.unique(every, sorted=True, return_inverse=True)
-        first = torch.full((unique.numel(),), every.numel(), dtype=torch.int64, device=device)
-        first.scatter_reduce_(0, inverse, torch.arange(every.numel(), device=device), "amin", include_self=True)
-        first_sorted, order = torch.sort(first)
-        rank = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=device))
-        nodes = every[first_sorted]
-        hops.append((nodes, n, rank[inverse[n:]], dst))
+        nodes, labels = first_occurrence_labels(torch.cat([frontier, src]))
+        hops.append((nodes, n, labels[n:], dst))
         frontier = nodes
     return hops

@@ -54,6 +54,60 @@ def _signed64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
+def _sampler_device(device) -> torch.device | None:
+    """A sampler's ``device`` argument, checked: None, "cpu" or "cuda[:i]"."""
+    device = None if device is None else torch.device(device)
+    if device is not None and device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be None, 'cpu' or 'cuda[:i]', got {device!r}")
+    if device is not None and device.type == "cuda":
+        _require_cuda()  # fail at construction, not at the first batch
+    return device
+
+
+def _batch_device(device: torch.device | None, *seeds) -> torch.device:
+    """Where a batch is sampled: the sampler's device, else the GPU of the first CUDA tensor among the
+    seed arrays, else the CPU. A bare "cuda" means the current GPU."""
+    if device is None:
+        on_gpu = [ids.device for ids in seeds if isinstance(ids, torch.Tensor) and ids.is_cuda]
+        device = on_gpu[0] if on_gpu else torch.device("cpu")
+    if device.type == "cuda":
+        _require_cuda()
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+class _SamplingCSR:
+    """One CSR as the tensors ``sample_hops`` reads, copied to each CUDA device on first use there.
+
+    ``num_ids``: how many ids its neighbors may take, when that differs from its row count (a relation
+    between two node types). The native kernels accept neighbor ids below the row count: with more ids
+    than rows, the rows are padded with empty ones (an in-memory copy of indptr); with fewer, the caller
+    checks the sampled ids against ``num_ids`` itself.
+    """
+
+    def __init__(self, indptr, indices, num_ids: int | None = None):
+        # The native sampler bounds-checks the CSR as it reads it; its errors name these files.
+        self.files = (source_file(indptr), source_file(indices))
+        indptr = np.ascontiguousarray(indptr, dtype=np.int64)
+        self.num_rows = indptr.size - 1
+        if num_ids is not None and num_ids > self.num_rows:
+            indptr = np.concatenate([indptr, np.full(num_ids - self.num_rows, indptr[-1], dtype=np.int64)])
+        self.indptr = _tensor(indptr)
+        indices = np.ascontiguousarray(indices)
+        if indices.dtype not in (np.int32, np.int64):
+            indices = indices.astype(np.int64)
+        self.indices = _tensor(indices)
+        self._on_device: dict = {}  # CUDA device -> (indptr, indices) there
+
+    def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device.type != "cuda":
+            return self.indptr, self.indices
+        if device not in self._on_device:
+            self._on_device[device] = (self.indptr.to(device), self.indices.to(device))
+        return self._on_device[device]
+
+
 class NeighborSampler:
     """Samples hops outward from seed nodes over a dataset's CSR topology.
 
@@ -72,43 +126,24 @@ class NeighborSampler:
             raise ValueError(f"fanouts must be a non-empty list of ints >= 0 (or -1 for all), got {fanouts}")
         self.seed = int(seed) & ((1 << 64) - 1)
         self.num_threads = num_threads
-        # The native sampler bounds-checks the CSR as it reads it; its errors name these files.
-        self._files = (source_file(dataset.indptr), source_file(dataset.indices))
-        self.indptr = _tensor(np.ascontiguousarray(dataset.indptr, dtype=np.int64))
-        indices = np.ascontiguousarray(dataset.indices)
-        if indices.dtype not in (np.int32, np.int64):
-            indices = indices.astype(np.int64)
-        self.indices = _tensor(indices)
-        self.num_nodes = self.indptr.numel() - 1
-        self.device = None if device is None else torch.device(device)
-        if self.device is not None and self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be None, 'cpu' or 'cuda[:i]', got {device!r}")
-        if self.device is not None and self.device.type == "cuda":
-            _require_cuda()  # fail at construction, not at the first batch
-        self._device_csr: dict = {}  # device -> (indptr, indices) there, for the GPU path
+        self._csr = _SamplingCSR(dataset.indptr, dataset.indices)
+        self.indptr, self.indices = self._csr.indptr, self._csr.indices
+        self.num_nodes = self._csr.num_rows
+        self.device = _sampler_device(device)
 
     def sample(self, seeds, iteration: int = 0) -> list[Hop]:
         """The hops for one mini-batch of distinct seed nodes, on the sampling device."""
         from lsm_gnn import _C
         from lsm_gnn.kernels.ops import hops_of
 
-        device = self.device
-        if device is None:
-            device = seeds.device if isinstance(seeds, torch.Tensor) and seeds.is_cuda else torch.device("cpu")
-        indptr, indices = self.indptr, self.indices
-        if device.type == "cuda":
-            _require_cuda()
-            if device.index is None:
-                device = torch.device("cuda", torch.cuda.current_device())
-            if device not in self._device_csr:
-                self._device_csr[device] = (self.indptr.to(device), self.indices.to(device))
-            indptr, indices = self._device_csr[device]
+        device = _batch_device(self.device, seeds)
+        indptr, indices = self._csr.on(device)
         seeds = as_id_tensor(seeds, device)
         try:
             flat = torch.ops.lsm_gnn.sample_hops(indptr, indices, seeds, self.fanouts, _signed64(self.seed),
                                                  int(iteration), self.num_threads)
         except _C.CorruptGraphError as exc:
-            raise topology_error(exc, *self._files) from None
+            raise topology_error(exc, *self._csr.files) from None
         return [Hop(nodes, num_dst, torch.stack([src, dst])) for nodes, num_dst, src, dst in
                 hops_of(flat, seeds.numel())]
 
