@@ -220,10 +220,10 @@ def test_corrupt_topology_names_the_relation_and_file(graph, tmp_path):
         return broken
 
     seeds = {"paper": np.arange(300), "author": np.arange(400), "institute": np.arange(30)}
-    # 400 authors but 300 papers: the native check passes author 400 (past the rows) to the padding
+    # 400 authors but 300 papers: author 400 is past the source type, though within the CSR's id range
     with pytest.raises(DatasetError, match="relation author__writes__paper: neighbor id 400"):
         HeteroNeighborSampler(corrupted(WRITES, 1, 0, 400), [-1]).sample(seeds)
-    # 30 institutes but 400 authors: an id the native check accepts, refused all the same
+    # 30 institutes but 400 authors: institute 31 would be a valid row, but not a valid source id
     with pytest.raises(DatasetError, match=r"relation institute__employs__author: neighbor id 31 .* outside \[0, 30\)"):
         HeteroNeighborSampler(corrupted(EMPLOYS, 1, 3, 31), [-1]).sample(seeds)
     with pytest.raises(DatasetError, match=r"indices\.npy: relation paper__cites__paper: neighbor id -2"):

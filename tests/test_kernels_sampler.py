@@ -86,6 +86,29 @@ def test_bad_seeds():
     assert [h[1] for h in sample_hops(indptr, indices, torch.tensor([], dtype=torch.int64), [1, 1], 0, 0)] == [0, 0]
 
 
+@pytest.mark.parametrize("num_ids", [40, 7])  # more and fewer source ids than the CSR's 10 rows
+def test_a_relation_between_two_types_bounds_its_neighbors_by_the_source_type(num_ids):
+    rng = np.random.default_rng(num_ids)
+    degree = rng.integers(0, 12, 10)
+    indptr = torch.from_numpy(np.concatenate([[0], np.cumsum(degree)]).astype(np.int64))
+    indices = torch.from_numpy(rng.integers(0, num_ids, int(indptr[-1])))
+    seeds = torch.tensor([3, 0, 9, 5])
+    expected = _C.sample_hops(indptr, indices, seeds, [4], 77, 2, 1, num_ids)
+    got = sample_hops(indptr, indices, seeds, [4], 77, 2, num_ids)
+    assert all(torch.equal(a, b) for a, b in zip(expected[0][::2], got[0][::2]))
+    bad = indices.clone()
+    bad[int(indptr[3])] = num_ids  # one past the source type, in the row of seed 3
+    for sampler in (lambda: _C.sample_hops(indptr, bad, seeds, [-1], 0, 0, 1, num_ids),
+                    lambda: sample_hops(indptr, bad, seeds, [-1], 0, 0, num_ids)):
+        with pytest.raises(CorruptGraph, match=rf"outside \[0, {num_ids}\)"):
+            sampler()
+    # Later hops would sample from source-type ids as if they were rows: one hop at a time only.
+    for sampler in (lambda: _C.sample_hops(indptr, indices, seeds, [2, 2], 0, 0, 1, num_ids),
+                    lambda: sample_hops(indptr, indices, seeds, [2, 2], 0, 0, num_ids)):
+        with pytest.raises(ValueError, match="one hop at a time"):
+            sampler()
+
+
 @triton.jit
 def _high_half(a_ptr, b_ptr, out_ptr, BLOCK: tl.constexpr):
     k = tl.arange(0, BLOCK)

@@ -176,7 +176,8 @@ def test_a_cache_serving_with_the_triton_kernels_equals_one_with_the_torch_ops(t
             got = triton_cache.lookup(current, future=future)
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), f"batch {k} differs"
         assert torch.equal(got[0], features[torch.as_tensor(current)])
-        assert torch.equal(triton_cache.data, torch_cache.data) and torch.equal(triton_cache.state.tags, torch_cache.state.tags)
+        assert torch.equal(triton_cache.data, torch_cache.data)
+        assert torch.equal(triton_cache.state.tags, torch_cache.state.tags)
     assert triton_cache.stats.as_dict() == torch_cache.stats.as_dict()
     assert triton_cache.pvp.stats == torch_cache.pvp.stats
     assert torch_cache.pvp.stats.hits > 0 and calls["pvp_scatter"] > 0  # the scatter took part

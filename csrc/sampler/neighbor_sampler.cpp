@@ -15,8 +15,13 @@ namespace lsm::sampler {
 template <typename Index>
 std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_t num_nodes, int64_t num_edges,
                              const int64_t* seeds, int64_t num_seeds, const std::vector<int64_t>& fanouts,
-                             uint64_t seed, int64_t iteration, int num_threads) {
+                             uint64_t seed, int64_t iteration, int num_threads, int64_t num_ids) {
   if (num_threads <= 0) num_threads = omp_get_max_threads();
+  if (num_ids != num_nodes && fanouts.size() > 1) {
+    // Later hops sample from the neighbors reached, which must then be rows of this CSR.
+    throw std::invalid_argument(cat("a CSR whose neighbor ids lie in [0, ", num_ids, ") but whose rows are [0, ",
+                                    num_nodes, ") is sampled one hop at a time, got ", fanouts.size(), " fanouts"));
+  }
   std::vector<int64_t> frontier(seeds, seeds + num_seeds);
   std::unordered_map<int64_t, int64_t> local;  // global id -> index in the current node list
   local.reserve(static_cast<size_t>(num_seeds) * 8);
@@ -60,7 +65,7 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
       }
       for (int64_t j = 0; j < got; ++j) {
         const Index u = indices[indptr[v] + out[j]];  // position -> global neighbor id
-        if (!graph::neighbor_ok(u, num_nodes)) {
+        if (!graph::neighbor_ok(u, num_ids)) {
 #pragma omp critical(lsm_sampler_bad_row)
           first_bad = std::min(first_bad, i);
         }
@@ -68,7 +73,7 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
         hop.dst[offset[i] + j] = i;
       }
     }
-    if (first_bad < n) graph::check_neighbors(indptr, indices, frontier[first_bad], num_nodes);
+    if (first_bad < n) graph::check_neighbors(indptr, indices, frontier[first_bad], num_ids);
     // Number newly reached nodes in edge order (serial: the order defines local ids).
     for (auto& s : hop.src) {
       auto [it, inserted] = local.emplace(s, static_cast<int64_t>(frontier.size()));
@@ -82,8 +87,8 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
 }
 
 template std::vector<Hop> sample_hops<int32_t>(const int64_t*, const int32_t*, int64_t, int64_t, const int64_t*,
-                                               int64_t, const std::vector<int64_t>&, uint64_t, int64_t, int);
+                                               int64_t, const std::vector<int64_t>&, uint64_t, int64_t, int, int64_t);
 template std::vector<Hop> sample_hops<int64_t>(const int64_t*, const int64_t*, int64_t, int64_t, const int64_t*,
-                                               int64_t, const std::vector<int64_t>&, uint64_t, int64_t, int);
+                                               int64_t, const std::vector<int64_t>&, uint64_t, int64_t, int, int64_t);
 
 }  // namespace lsm::sampler

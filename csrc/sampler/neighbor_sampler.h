@@ -22,12 +22,14 @@ struct Hop {
 };
 
 // hops[0] samples the seeds' neighbors; hops[h+1].nodes[0:num_dst] == hops[h].nodes.
-// A fanout of -1 takes every neighbor. `indices` holds `num_edges` entries.
+// A fanout of -1 takes every neighbor. `indices` holds `num_edges` entries, ids in
+// [0, num_ids): the rows' own id space (num_ids == num_nodes), or, for one hop over a
+// relation between two node types, the source type's.
 // Every row visited and every neighbor id read is bounds-checked: a corrupt
 // CSR throws lsm::graph::CorruptGraph, a bad seed std::out_of_range.
 template <typename Index>
 std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_t num_nodes, int64_t num_edges,
                              const int64_t* seeds, int64_t num_seeds, const std::vector<int64_t>& fanouts,
-                             uint64_t seed, int64_t iteration, int num_threads);
+                             uint64_t seed, int64_t iteration, int num_threads, int64_t num_ids);
 
 }  // namespace lsm::sampler

@@ -15,7 +15,8 @@ torch::Tensor to_tensor(std::vector<int64_t>&& v) {
 }
 
 py::list sample_hops(const torch::Tensor& indptr, const torch::Tensor& indices, const torch::Tensor& seeds,
-                     const std::vector<int64_t>& fanouts, uint64_t seed, int64_t iteration, int num_threads) {
+                     const std::vector<int64_t>& fanouts, uint64_t seed, int64_t iteration, int num_threads,
+                     int64_t num_ids) {
   TORCH_CHECK_VALUE(indptr.device().is_cpu() && indptr.scalar_type() == torch::kInt64 && indptr.is_contiguous() &&
                         indptr.dim() == 1 && indptr.numel() >= 1,
                     "indptr must be a contiguous 1-D int64 CPU tensor");
@@ -26,17 +27,18 @@ py::list sample_hops(const torch::Tensor& indptr, const torch::Tensor& indices, 
                     "seeds must be a contiguous int64 CPU tensor");
   for (int64_t k : fanouts) TORCH_CHECK_VALUE(k == -1 || k >= 0, "fanouts must be >= 0 or -1 (all), got ", k);
   const int64_t num_nodes = indptr.numel() - 1, num_edges = indices.numel();
+  if (num_ids < 0) num_ids = num_nodes;  // neighbor ids are rows of this CSR
   std::vector<lsm::sampler::Hop> hops;
   {
     py::gil_scoped_release release;
     if (indices.scalar_type() == torch::kInt32) {
       hops = lsm::sampler::sample_hops<int32_t>(indptr.data_ptr<int64_t>(), indices.data_ptr<int32_t>(), num_nodes,
                                                 num_edges, seeds.data_ptr<int64_t>(), seeds.numel(), fanouts, seed,
-                                                iteration, num_threads);
+                                                iteration, num_threads, num_ids);
     } else {
       hops = lsm::sampler::sample_hops<int64_t>(indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), num_nodes,
                                                 num_edges, seeds.data_ptr<int64_t>(), seeds.numel(), fanouts, seed,
-                                                iteration, num_threads);
+                                                iteration, num_threads, num_ids);
     }
   }
   py::list out;
@@ -68,6 +70,7 @@ void bind_sampler(py::module& m) {
     }
   });
   m.def("sample_hops", &sample_hops, py::arg("indptr"), py::arg("indices"), py::arg("seeds"), py::arg("fanouts"),
-        py::arg("seed"), py::arg("iteration"), py::arg("num_threads") = 0,
-        "Uniform neighbor sampling without replacement: [(nodes, num_dst, src_local, dst_local)] per hop");
+        py::arg("seed"), py::arg("iteration"), py::arg("num_threads") = 0, py::arg("num_ids") = -1,
+        "Uniform neighbor sampling without replacement: [(nodes, num_dst, src_local, dst_local)] per hop; "
+        "neighbor ids lie in [0, num_ids) (-1: the CSR's rows)");
 }

@@ -7,13 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def splitmix64(ids: np.ndarray) -> np.ndarray:
-    """The splitmix64 finalizer (a bijection on 64-bit integers), vectorized."""
-    z = np.asarray(ids).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+from lsm_gnn.hashing import splitmix64
 
 
 def set_of(ids, num_sets: int) -> np.ndarray:

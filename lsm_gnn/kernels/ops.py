@@ -155,9 +155,11 @@ def _(rows, cache_data, pf_rows, inverse, from_pvp, entry, line):
 
 @custom_op("lsm_gnn::sample_hops", mutates_args=())
 def sample_hops(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor, fanouts: list[int], seed: int,
-                iteration: int, num_threads: int) -> list[torch.Tensor]:
+                iteration: int, num_threads: int, num_ids: int = -1) -> list[torch.Tensor]:
     """The sampled hops, flattened: ``[nodes, src, dst]`` per hop (a hop's destinations are the nodes before it).
-    ``seed`` is the sampler's 64-bit seed as a signed int64 (torch's int); the kernels read it modulo 2**64."""
+    ``seed`` is the sampler's 64-bit seed as a signed int64 (torch's int); the kernels read it modulo 2**64.
+    Neighbor ids lie in ``[0, num_ids)``: -1 for the CSR's own rows; the source type's count for one hop
+    over a relation between two node types."""
     raise _no_kernel("sample_hops", seeds)
 
 
@@ -166,19 +168,19 @@ def _flatten(hops) -> list[torch.Tensor]:
 
 
 @sample_hops.register_kernel("cpu")
-def _(indptr, indices, seeds, fanouts, seed, iteration, num_threads):
+def _(indptr, indices, seeds, fanouts, seed, iteration, num_threads, num_ids=-1):
     if kernel_mode() == "triton":
         return _flatten(triton_module("sampler", on_cpu=True).sample_hops(indptr, indices, seeds, fanouts, seed,
-                                                                     iteration))
+                                                                     iteration, num_ids))
     from lsm_gnn import _C
 
-    return _flatten(_C.sample_hops(indptr, indices, seeds, fanouts, seed & _MASK64, iteration, num_threads))
+    return _flatten(_C.sample_hops(indptr, indices, seeds, fanouts, seed & _MASK64, iteration, num_threads, num_ids))
 
 
 @sample_hops.register_kernel("cuda")
-def _(indptr, indices, seeds, fanouts, seed, iteration, num_threads):
+def _(indptr, indices, seeds, fanouts, seed, iteration, num_threads, num_ids=-1):
     sampler = triton_module("sampler", on_cpu=False)
-    return _flatten(sampler.sample_hops(indptr, indices, seeds, fanouts, seed, iteration))
+    return _flatten(sampler.sample_hops(indptr, indices, seeds, fanouts, seed, iteration, num_ids))
 
 
 def hops_of(flat: list[torch.Tensor], num_seeds: int) -> list[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]]:

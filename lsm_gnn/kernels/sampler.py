@@ -21,26 +21,20 @@ import torch
 import triton
 import triton.language as tl
 
-from lsm_gnn.cache.hashing import splitmix64
+from lsm_gnn.hashing import mix64
 from lsm_gnn.ids import first_occurrence_labels
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
 
 
-def _mix(value: int) -> int:
-    import numpy as np
-
-    return int(splitmix64(np.array([value & _MASK64], dtype=np.uint64))[0])
-
-
 def batch_key(seed: int, iteration: int) -> int:
     """sampler_rng.h's batch_key."""
-    return _mix((seed & _MASK64) ^ _mix(iteration))
+    return mix64((seed & _MASK64) ^ mix64(iteration))
 
 
 def hop_key(batch: int, hop: int) -> int:
-    return _mix((batch + hop) & _MASK64)
+    return mix64((batch + hop) & _MASK64)
 
 
 @triton.jit
@@ -117,7 +111,7 @@ def _copy_all(indptr_ptr, indices_ptr, frontier_ptr, offsets_ptr, src_ptr, dst_p
         tl.store(error_ptr + i + 0 * j, tl.full([BLOCK], 2, tl.int8), mask=bad)
 
 
-def _raise_corrupt(error: torch.Tensor, frontier: torch.Tensor, indptr: torch.Tensor) -> None:
+def _raise_corrupt(error: torch.Tensor, frontier: torch.Tensor, indptr: torch.Tensor, num_ids: int) -> None:
     from lsm_gnn._C import CorruptGraphError
 
     i = int(torch.nonzero(error)[0])
@@ -125,16 +119,22 @@ def _raise_corrupt(error: torch.Tensor, frontier: torch.Tensor, indptr: torch.Te
     if code == 1:
         raise CorruptGraphError(f"the row of node {node} is [{int(indptr[node])}, {int(indptr[node + 1])}), not an "
                                 "ordered range inside indices", "indptr")
-    raise CorruptGraphError(f"a neighbor id of node {node} is outside [0, {indptr.numel() - 1})", "indices")
+    raise CorruptGraphError(f"a neighbor id of node {node} is outside [0, {num_ids})", "indices")
 
 
 def sample_hops(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor, fanouts, seed: int,
-                iteration: int, block: int = 64) -> list:
+                iteration: int, num_ids: int = -1, block: int = 64) -> list:
     """Triton twin of ``_C.sample_hops``: ``[(nodes, num_dst, src_local, dst), ...]`` per hop, on the seeds'
-    device (the CSR must be on it too). ``seed`` is taken modulo 2**64, as the C++ core's uint64."""
+    device (the CSR must be on it too). ``seed`` is taken modulo 2**64, as the C++ core's uint64. Neighbor
+    ids lie in ``[0, num_ids)`` (-1: the CSR's rows; another bound: one hop over a relation of two types)."""
     device = seeds.device
     num_nodes = indptr.numel() - 1
     num_edges = indices.numel()
+    if num_ids < 0:
+        num_ids = num_nodes
+    elif num_ids != num_nodes and len(fanouts) > 1:
+        raise ValueError(f"a CSR whose neighbor ids lie in [0, {num_ids}) but whose rows are [0, {num_nodes}) is "
+                         f"sampled one hop at a time, got {len(fanouts)} fanouts")
     seeds = seeds.to(torch.int64).contiguous()
     if seeds.numel():
         if bool(((seeds < 0) | (seeds >= num_nodes)).any()):
@@ -163,14 +163,14 @@ def sample_hops(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor
         error = torch.zeros(n, dtype=torch.int8, device=device)
         if n:
             kmax = triton.next_power_of_2(max(fanout, 1))
-            _draw[(triton.cdiv(n, block),)](indptr, indices, frontier, offsets, src, dst, error, n, num_nodes,
+            _draw[(triton.cdiv(n, block),)](indptr, indices, frontier, offsets, src, dst, error, n, num_ids,
                                             num_edges, fanout, key & 0xFFFFFFFF, key >> 32, BLOCK=block, KMAX=kmax)
             take_all = torch.nonzero((got == degree) & (degree > 0) & ~bad_row).reshape(-1)
             if take_all.numel():
                 _copy_all[(take_all.numel(),)](indptr, indices, frontier, offsets, src, dst, error, take_all,
-                                               take_all.numel(), num_nodes, BLOCK=128)
+                                               take_all.numel(), num_ids, BLOCK=128)
         if bool(error.any()):
-            _raise_corrupt(error, frontier, indptr)
+            _raise_corrupt(error, frontier, indptr, num_ids)
         # Relabel as the CPU does: a node's local id is its rank by first occurrence in [frontier, sources].
         nodes, labels = first_occurrence_labels(torch.cat([frontier, src]))
         hops.append((nodes, n, labels[n:], dst))

@@ -28,12 +28,13 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from lsm_gnn.cache.hashing import splitmix64
 from lsm_gnn.data.format import topology_error
+from lsm_gnn.data.hetero import Relation, relation_key
+from lsm_gnn.hashing import mix64
 from lsm_gnn.ids import as_id_tensor, first_occurrence_labels
+from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
 from lsm_gnn.sampling.neighbor import _batch_device, _sampler_device, _SamplingCSR, _signed64
 
-Relation = tuple[str, str, str]  # (src_type, name, dst_type), PyG's edge type
 _MASK64 = (1 << 64) - 1
 
 
@@ -76,28 +77,19 @@ class HeteroHop:
         return {r: int(e.shape[1]) for r, e in self.edge_index.items()}
 
 
-def relation_name(relation: Relation) -> str:
-    """A relation as one string, ``"src__name__dst"`` (PyG's spelling of an edge type)."""
-    return "__".join(relation)
-
-
-def _mix64(value: int) -> int:
-    return int(splitmix64(np.array([value & _MASK64], dtype=np.uint64))[0])
-
-
 def _draw_seed(seed: int, relation: Relation, hop: int) -> int:
     """The sample_hops seed of one relation at one hop: keyed by the relation's name (not its position, so
     adding a relation to a graph leaves the others' draws alone), mixed so that no two relations or hops
     share random streams. As a signed int64, the op's type."""
-    name_key = int.from_bytes(hashlib.blake2b(relation_name(relation).encode(), digest_size=8).digest(), "little")
-    return _signed64(_mix64(_mix64(seed ^ name_key) + hop))
+    name_key = int.from_bytes(hashlib.blake2b(relation_key(relation).encode(), digest_size=8).digest(), "little")
+    return _signed64(mix64(mix64(seed ^ name_key) + hop))
 
 
 def _relation_fanouts(fanouts, relations: list[Relation]) -> dict[Relation, list[int]]:
     """Per relation, its fanout per hop, from one list for all or a dict {relation or its name: list}."""
     if not isinstance(fanouts, Mapping):
         return {r: _fanout_list(fanouts, "fanouts") for r in relations}
-    by_name = {relation_name(r): r for r in relations}
+    by_name = {relation_key(r): r for r in relations}
     chosen: dict[Relation, list[int]] = {}
     for key, value in fanouts.items():
         relation = by_name.get(key) if isinstance(key, str) else (key if key in relations else None)
@@ -105,16 +97,16 @@ def _relation_fanouts(fanouts, relations: list[Relation]) -> dict[Relation, list
             raise ValueError(f"fanouts name the relation {key!r}, which the graph does not have; its relations: "
                              f"{', '.join(by_name)}")
         if relation in chosen:
-            raise ValueError(f"fanouts give the relation {relation_name(relation)} twice (as a tuple and a string)")
-        chosen[relation] = _fanout_list(value, f"fanouts of {relation_name(relation)}")
-    missing = [relation_name(r) for r in relations if r not in chosen]
+            raise ValueError(f"fanouts give the relation {relation_key(relation)} twice (as a tuple and a string)")
+        chosen[relation] = _fanout_list(value, f"fanouts of {relation_key(relation)}")
+    missing = [relation_key(r) for r in relations if r not in chosen]
     if missing:
         raise ValueError(f"fanouts must give every relation; missing: {', '.join(missing)}")
     first = relations[0]
     for r in relations:
         if len(chosen[r]) != len(chosen[first]):
-            raise ValueError(f"every relation needs as many fanouts (hops) as the others: {relation_name(r)} has "
-                             f"{len(chosen[r])}, {relation_name(first)} has {len(chosen[first])}")
+            raise ValueError(f"every relation needs as many fanouts (hops) as the others: {relation_key(r)} has "
+                             f"{len(chosen[r])}, {relation_key(first)} has {len(chosen[first])}")
     return {r: chosen[r] for r in relations}
 
 
@@ -137,8 +129,7 @@ class HeteroNeighborSampler:
     ``fanouts``: one list (per hop) for every relation, or a dict giving each relation its list (keys: the
     relation tuple or its ``"src__name__dst"`` name; all lists the same length). ``device`` as in
     :class:`~lsm_gnn.sampling.NeighborSampler`: the GPU path copies each relation's CSR there once.
-    A relation whose src type has more nodes than its dst type holds its indptr in memory, padded (the
-    native op bounds neighbor ids by the row count).
+    The op bounds each relation's neighbor ids by its src type's node count.
     """
 
     def __init__(self, graph: HeteroGraph, fanouts, seed: int = 0, num_threads: int = 0, device=None):
@@ -164,7 +155,7 @@ class HeteroNeighborSampler:
     def _relation_csr(self, graph: HeteroGraph, relation: Relation) -> _SamplingCSR:
         src_type, _, dst_type = relation
         indptr, indices = graph.csr(relation)
-        csr = _SamplingCSR(indptr, indices, num_ids=self.num_nodes[src_type])
+        csr = _SamplingCSR(indptr, indices)
         if csr.num_rows != self.num_nodes[dst_type]:
             raise self._corrupt(relation, csr, f"indptr has {csr.num_rows + 1} entries, but {dst_type!r} has "
                                                f"{self.num_nodes[dst_type]} nodes (expected one more entry)", "indptr")
@@ -175,7 +166,7 @@ class HeteroNeighborSampler:
         """The homogeneous sampler's DatasetError for a CSR fault, naming the relation (and its file)."""
         from lsm_gnn import _C
 
-        fault = _C.CorruptGraphError(f"relation {relation_name(relation)}: {message}", array)
+        fault = _C.CorruptGraphError(f"relation {relation_key(relation)}: {message}", array)
         return topology_error(fault, *csr.files)
 
     def sample(self, seeds, iteration: int = 0) -> list[HeteroHop]:
@@ -199,13 +190,12 @@ class HeteroNeighborSampler:
                 try:
                     nodes, src, dst = torch.ops.lsm_gnn.sample_hops(indptr, indices, dst_nodes, [fanout],
                                                                     self._draw_seeds[r][h], int(iteration),
-                                                                    self.num_threads)
+                                                                    self.num_threads, self.num_nodes[r[0]])
                 except _C.CorruptGraphError as exc:
                     raise self._corrupt(r, csr, *exc.args) from None
                 # The op merges neighbors with the seeds numerically, which is wrong across types:
                 # nodes[src] is each edge's neighbor id, exact either way.
                 neighbors = nodes.index_select(0, src)  # not nodes[src]: 10x slower on the CPU
-                self._check_neighbor_ids(r, csr, neighbors, dst_nodes, dst)
                 drawn[r] = (neighbors, dst)
             num_dst = {t: int(ids.numel()) for t, ids in frontier.items()}
             frontier, edge_index = self._merge(frontier, drawn)
@@ -245,19 +235,6 @@ class HeteroNeighborSampler:
                                  "batch; seeds must be distinct")
             nodes[t] = ids
         return nodes
-
-    def _check_neighbor_ids(self, relation: Relation, csr: _SamplingCSR, neighbors: torch.Tensor,
-                            dst_nodes: torch.Tensor, dst: torch.Tensor) -> None:
-        """The op bounds neighbor ids by the CSR's row count; with fewer src nodes than rows, ids in
-        [num_nodes[src], rows) pass it and are refused here."""
-        num_src = self.num_nodes[relation[0]]
-        if num_src >= csr.num_rows:
-            return
-        outside = neighbors >= num_src
-        if bool(outside.any()):
-            i = int(torch.nonzero(outside)[0])
-            raise self._corrupt(relation, csr, f"neighbor id {int(neighbors[i])} of node {int(dst_nodes[dst[i]])} "
-                                               f"is outside [0, {num_src})", "indices")
 
     def _merge(self, frontier: dict[str, torch.Tensor], drawn: dict[Relation, tuple[torch.Tensor, torch.Tensor]]
                ) -> tuple[dict[str, torch.Tensor], dict[Relation, torch.Tensor]]:

@@ -78,21 +78,13 @@ def _batch_device(device: torch.device | None, *seeds) -> torch.device:
 
 
 class _SamplingCSR:
-    """One CSR as the tensors ``sample_hops`` reads, copied to each CUDA device on first use there.
+    """One CSR as the tensors ``sample_hops`` reads, copied to each CUDA device on first use there."""
 
-    ``num_ids``: how many ids its neighbors may take, when that differs from its row count (a relation
-    between two node types). The native kernels accept neighbor ids below the row count: with more ids
-    than rows, the rows are padded with empty ones (an in-memory copy of indptr); with fewer, the caller
-    checks the sampled ids against ``num_ids`` itself.
-    """
-
-    def __init__(self, indptr, indices, num_ids: int | None = None):
+    def __init__(self, indptr, indices):
         # The native sampler bounds-checks the CSR as it reads it; its errors name these files.
         self.files = (source_file(indptr), source_file(indices))
         indptr = np.ascontiguousarray(indptr, dtype=np.int64)
         self.num_rows = indptr.size - 1
-        if num_ids is not None and num_ids > self.num_rows:
-            indptr = np.concatenate([indptr, np.full(num_ids - self.num_rows, indptr[-1], dtype=np.int64)])
         self.indptr = _tensor(indptr)
         indices = np.ascontiguousarray(indices)
         if indices.dtype not in (np.int32, np.int64):

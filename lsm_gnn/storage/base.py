@@ -149,7 +149,8 @@ class FeatureStorage(ABC):
         self.close()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(backend={self.backend!r}, rows={self.num_rows}, dim={self.dim}, dtype={self.dtype_name})"
+        return (f"{type(self).__name__}(backend={self.backend!r}, rows={self.num_rows}, dim={self.dim}, "
+                f"dtype={self.dtype_name})")
 
 
 class CountingStorage(FeatureStorage):
