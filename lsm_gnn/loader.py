@@ -58,6 +58,15 @@ class Batch:
     def input_nodes(self) -> torch.Tensor:
         return self.hops[-1].nodes
 
+    @property
+    def hits(self) -> int:
+        return int(self.hit_mask.sum())
+
+    @property
+    def gathered(self) -> int:
+        """Rows gathered (the distinct input nodes)."""
+        return self.hit_mask.numel()
+
 
 class NodeLoader:
     """Iterates mini-batches of ``seeds`` (default: the train split), one epoch per ``iter()``.
@@ -83,17 +92,15 @@ class NodeLoader:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if window < 0 or prefetch < 1:
             raise ValueError(f"window must be >= 0 and prefetch >= 1, got window={window}, prefetch={prefetch}")
-        if not isinstance(features, Features):
-            raise TypeError(f"features must implement lsm_gnn.features.Features (gather, counters, ...): a "
-                            f"storage, a SoftwareCache or a SharedCache; got {type(features).__name__}")
+        self._check_features(features)
         self.dataset = dataset
         self.features = features
         self.prefetch_features = bool(prefetch_features)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.rank, self.world_size = rank, world_size
-        self.sampler = NeighborSampler(dataset, fanouts, seed=seed, num_threads=num_threads)
-        self.seeds = np.asarray(dataset.split("train") if seeds is None else seeds, dtype=np.int64)
+        self.sampler = self._make_sampler(fanouts, seed, num_threads)
+        self.seeds = np.asarray(self._split("train") if seeds is None else seeds, dtype=np.int64)
         if self.seeds.size == 0:
             raise ValueError("there are no seed nodes to iterate over")
         if np.unique(self.seeds).size != self.seeds.size:
@@ -102,7 +109,8 @@ class NodeLoader:
             raise ValueError(f"{self.seeds.size} seed nodes cannot be shared among {world_size} ranks")
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.window, self.prefetch, self.seed = window, prefetch, seed
-        self.labels = None if dataset.labels is None else torch.from_numpy(np.asarray(dataset.labels))
+        labels = self._dataset_labels()
+        self.labels = None if labels is None else torch.from_numpy(np.asarray(labels))
         self.epoch = 0  # the epoch the next iter() runs
         self.iteration = 0  # the iteration number of that epoch's first batch
         self._resume_position = 0
@@ -121,6 +129,28 @@ class NodeLoader:
         return full if self.drop_last or rest == 0 else full + 1
 
     # -- hooks (override to change what a batch is) -------------------------------------------------------------
+
+    @staticmethod
+    def _check_features(features) -> None:
+        if not isinstance(features, Features):
+            raise TypeError(f"features must implement lsm_gnn.features.Features (gather, counters, ...): a "
+                            f"storage, a SoftwareCache or a SharedCache; got {type(features).__name__}")
+
+    def _make_sampler(self, fanouts, seed: int, num_threads: int):
+        return NeighborSampler(self.dataset, fanouts, seed=seed, num_threads=num_threads)
+
+    def _split(self, name: str):
+        return self.dataset.split(name)
+
+    def _dataset_labels(self):
+        return self.dataset.labels
+
+    def _make_window(self):
+        """What the features plan with: the input nodes of the next ``window`` batches."""
+        return WindowBuffer(self.window + 1, self.dataset.num_nodes)
+
+    def _gather(self, nodes, window):
+        return self.features.gather(nodes, future=window)
 
     def _epoch_plans(self, epoch: int) -> list:
         """The epoch's batches, in order; here the seed nodes of each."""
@@ -211,7 +241,7 @@ class NodeLoader:
             return False
 
         try:
-            window = WindowBuffer(self.window + 1, self.dataset.num_nodes) if self.window else None
+            window = self._make_window() if self.window else None
             sampled: dict[int, tuple[list[Hop], float]] = {}
             ahead = 0  # batches sampled so far
 
@@ -235,7 +265,7 @@ class NodeLoader:
                 nodes = hops[-1].nodes
                 before = self.features.counters()  # this thread is the features' only reader while the epoch runs
                 start = time.perf_counter()
-                x, hit = self.features.gather(nodes, future=window)
+                x, hit = self._gather(nodes, window)
                 gather_s = time.perf_counter() - start
                 if self.prefetch_features:  # e.g. the next iteration's victims move while this batch trains
                     self.features.prefetch()

@@ -95,3 +95,77 @@ class HopGNN(nn.Module):
             if i < len(self.convs) - 1:
                 x = nn.functional.dropout(torch.relu(x), self.dropout, self.training)
         return x
+
+
+HETERO_MODEL_KINDS = ("sage", "gat")  # R-SAGE and R-GAT
+
+
+def _relation_conv(kind: str, in_src: int, in_dst: int, out_dim: int, heads: int, last: bool):
+    import torch_geometric.nn as pyg
+
+    if kind == "sage":
+        return pyg.SAGEConv((in_src, in_dst), out_dim)
+    if kind == "gat":
+        # No self-loops: across two node types there is no "self"; each type's own term is the layer's skip.
+        if last:
+            return pyg.GATConv((in_src, in_dst), out_dim, heads=heads, concat=False, add_self_loops=False)
+        if out_dim % heads:
+            raise ValueError(f"GAT hidden size {out_dim} must be divisible by heads={heads}")
+        return pyg.GATConv((in_src, in_dst), out_dim // heads, heads=heads, add_self_loops=False)
+    raise ValueError(f"unknown heterogeneous model {kind!r}; valid names are {', '.join(HETERO_MODEL_KINDS)}")
+
+
+class HeteroHopGNN(nn.Module):
+    """R-SAGE / R-GAT over typed hops (:class:`~lsm_gnn.sampling.HeteroHop`): per hop one PyG ``HeteroConv``
+    with a ``SAGEConv`` or ``GATConv`` per relation, summed per destination type, plus each type's own
+    linear term (so a type no relation points to keeps a representation). Types without features start
+    from a learned vector of their own (``in_dims[t] == 0``). Returns the logits of the target type's seeds.
+    """
+
+    def __init__(self, kind: str, in_dims: dict[str, int], relations, target: str, hidden: int, out_dim: int,
+                 num_layers: int, heads: int = 4, dropout: float = 0.0):
+        super().__init__()
+        import torch_geometric.nn as pyg
+
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        if target not in in_dims:
+            raise ValueError(f"target type {target!r} is not among the node types {sorted(in_dims)}")
+        self.node_types, self.target, self.dropout = list(in_dims), target, dropout
+        self.relations = [tuple(r) for r in relations]
+        self.embedding = nn.ParameterDict({t: nn.Parameter(torch.randn(hidden) * 0.1)
+                                           for t, d in in_dims.items() if d == 0})
+        dims = {t: (d if d else hidden) for t, d in in_dims.items()}
+        self.convs, self.skips = nn.ModuleList(), nn.ModuleList()
+        for layer in range(num_layers):
+            last = layer == num_layers - 1
+            out = out_dim if last else hidden
+            self.convs.append(pyg.HeteroConv({r: _relation_conv(kind, dims[r[0]], dims[r[2]], out, heads, last)
+                                              for r in self.relations}, aggr="sum"))
+            self.skips.append(nn.ModuleDict({t: nn.Linear(dims[t], out) for t in self.node_types}))
+            dims = {t: out for t in self.node_types}
+
+    def forward(self, batch) -> torch.Tensor:
+        if len(batch.hops) != len(self.convs):
+            raise ValueError(f"the batch has {len(batch.hops)} hops but the model has {len(self.convs)} layers; "
+                             "use as many fanouts as layers")
+        nodes = batch.hops[-1].nodes
+        x = {}
+        for t in self.node_types:
+            if t in self.embedding:
+                x[t] = self.embedding[t].expand(nodes[t].numel(), -1)
+            else:
+                x[t] = batch.x[t].float()
+        for i, (conv, skip, hop) in enumerate(zip(self.convs, self.skips, reversed(batch.hops))):
+            edges = {r: e for r, e in hop.edge_index.items() if e.shape[1]}
+            messages = conv(x, edges) if edges else {}
+            out = {}
+            for t in self.node_types:
+                y = skip[t](x[t][:hop.num_dst[t]])
+                if t in messages:
+                    y = y + messages[t][:hop.num_dst[t]]
+                out[t] = y if i == len(self.convs) - 1 else \
+                    nn.functional.dropout(torch.relu(y), self.dropout, self.training)
+            x = out
+        return x[self.target]
+

@@ -29,34 +29,56 @@ class NodeClassification:
     """Cross-entropy on the train split; accuracy on the evaluation splits.
 
     Nodes labeled -1 (unlabeled) are left out of every split before
-    batching, so they count in neither the loss nor the metrics.
+    batching, so they count in neither the loss nor the metrics. On a
+    heterogeneous dataset the task classifies its target node type, with
+    typed hops (:class:`~lsm_gnn.hetero_loader.HeteroNodeLoader`).
     """
 
     name = "node"
 
     def __init__(self, cfg: Config, dataset):
-        if dataset.labels is None or dataset.num_classes is None:
-            raise ConfigError(f"dataset {dataset.path} has no labels; node classification needs them "
-                              "(or set train.task=link for a user-item dataset)")
         self.cfg, self.dataset = cfg, dataset
-        self.out_dim = int(dataset.num_classes)
-        self.splits = sorted(dataset.meta.get("splits", {}))
+        self.hetero = getattr(dataset, "is_hetero", False)
+        if self.hetero:
+            if dataset.target is None:
+                raise ConfigError(f"dataset {dataset.path} has no target node type; node classification needs one "
+                                  "with labels")
+            where = f"node type '{dataset.target}' of {dataset.path}"
+            self._labels, num_classes = dataset.labels(), dataset.num_classes()
+            self.splits = sorted(dataset.node_type().entry.get("splits") or {})
+        else:
+            where = f"dataset {dataset.path}"
+            self._labels, num_classes = dataset.labels, dataset.num_classes
+            self.splits = sorted(dataset.meta.get("splits", {}))
+        if self._labels is None or num_classes is None:
+            raise ConfigError(f"{where} has no labels; node classification needs them "
+                              "(or set train.task=link for a user-item dataset)")
+        self.out_dim = int(num_classes)
         if "train" not in self.splits:
-            raise ConfigError(f"dataset {dataset.path} has no train split; node classification trains on it "
+            raise ConfigError(f"{where} has no train split; node classification trains on it "
                               "(re-create the dataset with splits)")
         if self.labeled("train").size == 0:
-            raise ConfigError(f"every node of the train split of {dataset.path} is unlabeled (-1); label some, "
+            raise ConfigError(f"every node of the train split of {where} is unlabeled (-1); label some, "
                               "or pick another dataset")
 
     def labeled(self, split: str) -> np.ndarray:
         """The split's nodes that carry a label (label >= 0)."""
         seeds = np.asarray(self.dataset.split(split), dtype=np.int64)
-        return seeds[np.asarray(self.dataset.labels)[seeds] >= 0]
+        return seeds[np.asarray(self._labels)[seeds] >= 0]
+
+    def _loader(self, features, seeds, batch_size: int, shuffle: bool, options: dict):
+        if self.hetero:
+            from lsm_gnn.hetero_loader import HeteroNodeLoader
+
+            return HeteroNodeLoader(self.dataset, features, self.cfg.sampler.fanouts, batch_size, seeds=seeds,
+                                    shuffle=shuffle, **options)
+        return NodeLoader(self.dataset, features, self.cfg.sampler.fanouts, batch_size, seeds=seeds,
+                          shuffle=shuffle, **options)
 
     def train_loader(self, features, rank: int, world_size: int) -> NodeLoader:
         c = self.cfg
-        return NodeLoader(self.dataset, features, c.sampler.fanouts, c.sampler.batch_size,
-                          seeds=self.labeled("train"), shuffle=True, **loader_options(c, rank, world_size))
+        return self._loader(features, self.labeled("train"), c.sampler.batch_size, True,
+                            loader_options(c, rank, world_size))
 
     def loss(self, model, batch) -> torch.Tensor:
         # ignore_index guards loaders given unlabeled seeds by a caller
@@ -69,8 +91,8 @@ class NodeClassification:
         if seeds.size >= world_size:
             c = self.cfg
             # Equal shares per rank (fewer than world_size nodes left out): the exchange is collective.
-            loader = NodeLoader(self.dataset, features, c.sampler.fanouts, eval_batch_size(c), seeds=seeds,
-                                shuffle=False, **loader_options(c, rank, world_size, evaluation=True))
+            loader = self._loader(features, seeds, eval_batch_size(c), False,
+                                  loader_options(c, rank, world_size, evaluation=True))
             for batch in loader:
                 batch = batch_to(batch, device)
                 correct += int((model(batch).argmax(1) == batch.y).sum())

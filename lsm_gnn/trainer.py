@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from lsm_gnn.build import build_features, resolve
+from lsm_gnn.build import build_features, build_typed_features, resolve
 from lsm_gnn.checkpoint import (CheckpointError, atomic_torch_save, load_checkpoint,
                                 remove_stale_checkpoint_temporaries)
 from lsm_gnn.comm.group import (TIMEOUT_ENV, CollectiveError, ProgressBoard, check_agreement, collective_timeout,
@@ -148,7 +148,6 @@ class Trainer:
 
     def __init__(self, cfg: Config, out=None, features=None):
         from lsm_gnn.data import open_dataset
-        from lsm_gnn.models import HopGNN
 
         if not cfg.dataset:
             raise ConfigError("no dataset: set dataset=<directory> (make one with lsm-gnn prepare)")
@@ -156,6 +155,7 @@ class Trainer:
         self.out = sys.stdout if out is None else out
         set_kernel_mode(cfg.kernels)  # CPU tensors: the C++ core, or the Triton kernels under the interpreter
         self.dataset = open_dataset(cfg.dataset, check="fast")
+        self.hetero = getattr(self.dataset, "is_hetero", False)  # several node types (schema 2)
         self.device = self._device(cfg.train.device)
         if self.device.type == "cuda" and self.device.index is None:
             # One GPU per rank on a node: the launcher's local rank picks it.
@@ -177,13 +177,18 @@ class Trainer:
                               f"{self.task.splits or 'none'}: set train.eval_splits={self.task.splits}")
         #: the resolved feature path (capacity in bytes, policy, PVP, sharing), checked before any work
         self.feature_spec = resolve(cfg, self.dataset, self.world_size)
-        self.features = features if features is not None else build_features(
-            self.feature_spec, self.dataset, self.device, world_size=self.world_size, fanouts=cfg.sampler.fanouts,
-            batch_size=cfg.sampler.batch_size, seed=cfg.train.seed, num_threads=cfg.sampler.num_threads)
+        if features is not None:
+            self.features = features
+        elif self.hetero:
+            self.features = build_typed_features(self.feature_spec, self.dataset, self.device,
+                                                 world_size=self.world_size, num_threads=cfg.sampler.num_threads)
+        else:
+            self.features = build_features(
+                self.feature_spec, self.dataset, self.device, world_size=self.world_size,
+                fanouts=cfg.sampler.fanouts, batch_size=cfg.sampler.batch_size, seed=cfg.train.seed,
+                num_threads=cfg.sampler.num_threads)
         torch.manual_seed(cfg.train.seed)
-        self.module = HopGNN(cfg.model.kind, self.dataset.feature_dim, cfg.model.hidden, self.task.out_dim,
-                             num_layers=len(cfg.sampler.fanouts), heads=cfg.model.heads,
-                             dropout=cfg.model.dropout).to(self.device)
+        self.module = self._model().to(self.device)
         self.model = self.module
         if self._distributed():
             from torch.nn.parallel import DistributedDataParallel
@@ -208,6 +213,21 @@ class Trainer:
             check_agreement({"resumed at iteration": self.iterations_done},
                             fix="Put checkpoint.dir on a file system every rank sees")
 
+    def _model(self) -> torch.nn.Module:
+        from lsm_gnn.models import HETERO_MODEL_KINDS, HeteroHopGNN, HopGNN
+
+        m, layers = self.cfg.model, len(self.cfg.sampler.fanouts)
+        if not self.hetero:
+            return HopGNN(m.kind, self.dataset.feature_dim, m.hidden, self.task.out_dim, num_layers=layers,
+                          heads=m.heads, dropout=m.dropout)
+        if m.kind not in HETERO_MODEL_KINDS:
+            raise ConfigError(f"model.kind={m.kind} has no heterogeneous form; use one of "
+                              f"{', '.join(HETERO_MODEL_KINDS)} (R-SAGE, R-GAT)")
+        dims = self.features.dims()
+        return HeteroHopGNN(m.kind, {t: dims.get(t, 0) for t in self.dataset.node_types}, self.dataset.relations,
+                            self.dataset.target, m.hidden, self.task.out_dim, num_layers=layers, heads=m.heads,
+                            dropout=m.dropout)
+
     @staticmethod
     def _device(name: str) -> torch.device:
         if name == "auto":
@@ -228,8 +248,10 @@ class Trainer:
         settings.pop("log")
         settings["sampler"].pop("num_threads")
         meta = self.dataset.meta
-        settings["dataset"] = {"num_nodes": self.dataset.num_nodes, "num_edges": self.dataset.num_edges,
-                               "feature_dim": self.dataset.feature_dim, "checksums": meta.get("checksums", {})}
+        settings["dataset"] = {"checksums": meta.get("checksums", {})}
+        if not self.hetero:  # a heterogeneous dataset's counts and dims are in its checksummed files' sizes
+            settings["dataset"].update(num_nodes=self.dataset.num_nodes, num_edges=self.dataset.num_edges,
+                                       feature_dim=self.dataset.feature_dim)
         return settings
 
     def _print(self, *args) -> None:
@@ -370,8 +392,8 @@ class Trainer:
                 state["losses"].append(loss_value)
                 self.iterations_done += 1
                 io = batch.io
-                totals["hits"] += int(batch.hit_mask.sum())
-                totals["unique"] += batch.hit_mask.numel()
+                totals["hits"] += batch.hits
+                totals["unique"] += batch.gathered
                 totals["bytes_read"] += io["bytes_read"]
                 totals["bytes_useful"] += io["bytes_useful"]
                 for key in ("pvp_hits", "bytes_saved"):  # with the victim-buffer prefetcher on
@@ -382,6 +404,8 @@ class Trainer:
                           "amplification": io["bytes_read"] / io["bytes_useful"] if io["bytes_useful"] else None}
                 if "pvp_hits" in io:
                     record.update(pvp_hits=io["pvp_hits"], bytes_saved=io["bytes_saved"])
+                if self.hetero and cached:
+                    record["hit_ratio_by_type"] = batch.hit_ratios()
                 if self.iterations_done % cfg.log.every == 0:
                     self.log.write(record)
                 bar.update(1)
@@ -431,7 +455,9 @@ class Trainer:
 
     def fit(self) -> dict:
         cfg = self.cfg
-        self._print(f"training {cfg.model.kind} on {self.dataset.name} ({self.dataset.num_nodes:,} nodes) "
+        size = (f"{self.dataset.total_nodes:,} nodes of {len(self.dataset.node_types)} types, target "
+                f"{self.dataset.target}" if self.hetero else f"{self.dataset.num_nodes:,} nodes")
+        self._print(f"training {cfg.model.kind} on {self.dataset.name} ({size}) "
                     f"with features from {self._describe_features()}; {self.world_size} rank(s), "
                     f"device {self.device}")
         total = StageTimes()

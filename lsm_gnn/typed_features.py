@@ -96,3 +96,25 @@ class TypedFeatures:
             for key, value in group.features.last_timings.items():
                 total[key] = total.get(key, 0.0) + value
         return total
+
+
+class GroupWindows:
+    """One window buffer per feature group, fed with a batch's nodes per type (what the loader keeps for
+    :meth:`TypedFeatures.gather`'s ``futures``)."""
+
+    def __init__(self, features: TypedFeatures, size: int):
+        from lsm_gnn.cache import WindowBuffer
+
+        self.features = features
+        self.buffers = [WindowBuffer(size, group.features.num_rows) for group in features.groups]
+
+    def push(self, nodes: dict[str, torch.Tensor]) -> None:
+        for buffer, ids in zip(self.buffers, self.features.group_ids(nodes)):
+            buffer.push(ids)
+
+    def pop(self) -> None:
+        for buffer in self.buffers:
+            buffer.pop()
+
+    def __len__(self) -> int:
+        return len(self.buffers[0]) if self.buffers else 0

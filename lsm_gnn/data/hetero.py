@@ -38,7 +38,7 @@ from lsm_gnn.data.format import (
 )
 
 Relation = tuple[str, str, str]
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
 def relation_key(relation: Relation) -> str:
@@ -58,9 +58,10 @@ def parse_relation(key: str | tuple) -> Relation:
 
 
 def check_name(name: Any, what: str) -> str:
-    """Node type and relation names: letters, digits, '_', '.', '-', no '__' (it joins relation keys)."""
+    """Node type and relation names: letters, digits, '_' and '-'; no '__' (it joins relation keys) and no
+    '.' (PyG and torch module names cannot hold one)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name) or "__" in name:
-        raise ValueError(f"{what} {name!r} is not a valid name: use letters, digits, '_', '.' and '-', starting "
+        raise ValueError(f"{what} {name!r} is not a valid name: use letters, digits, '_' and '-', starting "
                          "with a letter or digit, without '__'")
     return name
 
