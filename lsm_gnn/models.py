@@ -16,6 +16,8 @@ degrees inside the hop, as DGL's GraphConv does on blocks).
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -135,14 +137,23 @@ class HeteroHopGNN(nn.Module):
         self.relations = [tuple(r) for r in relations]
         self.embedding = nn.ParameterDict({t: nn.Parameter(torch.randn(hidden) * 0.1)
                                            for t, d in in_dims.items() if d == 0})
+        # Each layer computes only the types the next one reads (the last: the target), so every
+        # parameter can take part in the loss (DDP requires it).
+        outputs = [{target}]
+        for _ in range(num_layers - 1):
+            outputs.insert(0, outputs[0] | {r[0] for r in self.relations if r[2] in outputs[0]})
         dims = {t: (d if d else hidden) for t, d in in_dims.items()}
+        self.outputs = [sorted(o, key=self.node_types.index) for o in outputs]
         self.convs, self.skips = nn.ModuleList(), nn.ModuleList()
-        for layer in range(num_layers):
+        for layer, produced in enumerate(self.outputs):
             last = layer == num_layers - 1
             out = out_dim if last else hidden
-            self.convs.append(pyg.HeteroConv({r: _relation_conv(kind, dims[r[0]], dims[r[2]], out, heads, last)
-                                              for r in self.relations}, aggr="sum"))
-            self.skips.append(nn.ModuleDict({t: nn.Linear(dims[t], out) for t in self.node_types}))
+            with warnings.catch_warnings():
+                # PyG warns of types no relation of this layer points to: the skip term updates them.
+                warnings.filterwarnings("ignore", message="There exist node types")
+                self.convs.append(pyg.HeteroConv({r: _relation_conv(kind, dims[r[0]], dims[r[2]], out, heads, last)
+                                                  for r in self.relations if r[2] in produced}, aggr="sum"))
+            self.skips.append(nn.ModuleDict({t: nn.Linear(dims[t], out) for t in produced}))
             dims = {t: out for t in self.node_types}
 
     def forward(self, batch) -> torch.Tensor:
@@ -156,11 +167,12 @@ class HeteroHopGNN(nn.Module):
                 x[t] = self.embedding[t].expand(nodes[t].numel(), -1)
             else:
                 x[t] = batch.x[t].float()
-        for i, (conv, skip, hop) in enumerate(zip(self.convs, self.skips, reversed(batch.hops))):
-            edges = {r: e for r, e in hop.edge_index.items() if e.shape[1]}
+        for i, (conv, skip, hop, produced) in enumerate(zip(self.convs, self.skips, reversed(batch.hops),
+                                                            self.outputs)):
+            edges = {r: e for r, e in hop.edge_index.items() if e.shape[1] and r[2] in produced}
             messages = conv(x, edges) if edges else {}
             out = {}
-            for t in self.node_types:
+            for t in produced:
                 y = skip[t](x[t][:hop.num_dst[t]])
                 if t in messages:
                     y = y + messages[t][:hop.num_dst[t]]

@@ -193,7 +193,8 @@ class Trainer:
         if self._distributed():
             from torch.nn.parallel import DistributedDataParallel
 
-            self.model = DistributedDataParallel(self.module)
+            # A typed batch may lack a relation's edges, leaving its layer's parameters out of that loss.
+            self.model = DistributedDataParallel(self.module, find_unused_parameters=self.hetero)
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=cfg.train.lr,
                                           weight_decay=cfg.train.weight_decay)
         self.loader = self.task.train_loader(self.features, self.rank, self.world_size)

@@ -11,45 +11,13 @@ pytest.importorskip("torch_geometric")
 from lsm_gnn.build import FeatureSpec, build_typed_features  # noqa: E402
 from lsm_gnn.cache import PolicyConfig  # noqa: E402
 from lsm_gnn.config import load_config  # noqa: E402
-from lsm_gnn.data import HeteroDatasetWriter  # noqa: E402
 from lsm_gnn.hetero_loader import HeteroNodeLoader  # noqa: E402
+from lsm_gnn.testing import write_tiny_hetero_dataset  # noqa: E402
 from lsm_gnn.trainer import Trainer  # noqa: E402
-
-PAPERS, AUTHORS, TOPICS, CLASSES = 600, 500, 30, 3
-
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    """Papers whose class shows in their authors' and topics' features more than in their own;
-    topics have no features; institutes (featureless) hang off authors."""
-    rng = np.random.default_rng(4)
-    label = rng.integers(0, CLASSES, PAPERS)
-    author_class = rng.integers(0, CLASSES, AUTHORS)
-    centroids = rng.standard_normal((CLASSES, 16)) * 2
-    types = {"paper": {"num_nodes": PAPERS, "feature_dim": 16}, "author": {"num_nodes": AUTHORS, "feature_dim": 16},
-             "topic": {"num_nodes": TOPICS}}
-    with HeteroDatasetWriter(tmp_path_factory.mktemp("hetero") / "ds", node_types=types, target="paper") as w:
-        w.write_features("paper", centroids[label] * 0.2 + rng.standard_normal((PAPERS, 16)))
-        w.write_features("author", centroids[author_class] + rng.standard_normal((AUTHORS, 16)) * 0.5)
-        # Each paper has 3 authors, mostly of its own class, and one topic of its class.
-        by_class = [np.flatnonzero(author_class == c) for c in range(CLASSES)]
-        paper = np.repeat(np.arange(PAPERS), 3)
-        author = np.array([rng.choice(by_class[label[p]]) if rng.random() < 0.8 else rng.integers(0, AUTHORS)
-                           for p in paper])
-        topic = label * (TOPICS // CLASSES) + rng.integers(0, TOPICS // CLASSES, PAPERS)
-        w.write_edges(("author", "writes", "paper"), [(author, paper)])
-        w.write_edges(("paper", "written_by", "author"), [(paper, author)])
-        w.write_edges(("topic", "topic_of", "paper"), [(topic, np.arange(PAPERS))])
-        w.write_edges(("paper", "has_topic", "topic"), [(np.arange(PAPERS), topic)])
-        w.write_edges(("paper", "cites", "paper"), [(rng.integers(0, PAPERS, 1200), rng.integers(0, PAPERS, 1200))])
-        w.write_labels("paper", label, CLASSES)
-        order = rng.permutation(PAPERS)
-        w.write_split("paper", "train", order[:400])
-        w.write_split("paper", "val", order[400:500])
-        w.write_split("paper", "test", order[500:])
-        for t in ("paper", "author"):
-            w.write_score(t, "degree", rng.random(types[t]["num_nodes"]))
-        return w.commit()
+    return write_tiny_hetero_dataset(tmp_path_factory.mktemp("hetero") / "ds")
 
 
 def test_typed_batches_carry_the_files_rows(dataset):

@@ -51,3 +51,19 @@ def test_torchrun_two_ranks_shared_and_isolated_train_identically(graph, tmp_pat
 def test_mpirun_two_ranks(graph, tmp_path):
     out, losses = launch("mpirun.sh", graph, tmp_path, "train.eval_splits=[]")
     assert "shared by 2 ranks" in out and len(losses) == 10
+
+
+def test_torchrun_two_ranks_share_one_cache_over_a_heterogeneous_graph(tmp_path):
+    """Every node type through the shared cache: the same losses as isolated caches (the file's bytes)."""
+    from lsm_gnn.testing import write_tiny_hetero_dataset
+
+    hetero = write_tiny_hetero_dataset(tmp_path / "ds").path
+    hetero_args = ("sampler.fanouts=[3,2]", "sampler.batch_size=40", "cache.capacity=70%",
+                   "cache.static_score=degree", "train.eval_splits=[val]")
+    out, shared = launch("torchrun.sh", hetero, tmp_path / "shared", *hetero_args)
+    assert "shared by 2 ranks" in out and "target paper" in out and "val: accuracy" in out
+    _, isolated = launch("torchrun.sh", hetero, tmp_path / "isolated", "cache.mode=isolated", *hetero_args)
+    assert len(shared) == 5 and shared == isolated
+    with open(tmp_path / "shared" / "metrics.jsonl") as fh:
+        steps = [json.loads(line) for line in fh if '"iteration"' in line]
+    assert set(steps[-1]["hit_ratio_by_type"]) == {"paper", "author"}
