@@ -39,6 +39,8 @@ class ModelConfig:
 @dataclass
 class SamplerConfig:
     fanouts: list = field(default_factory=lambda: list(defaults.FANOUTS))  # one per layer, outermost last; -1 = all
+    # Heterogeneous datasets: fanouts of single relations ("src__name__dst": [...]); the others take fanouts.
+    relation_fanouts: dict = field(default_factory=dict)
     batch_size: int = defaults.BATCH_SIZE
     num_threads: int = 0       # 0: OpenMP's default
 
@@ -159,6 +161,8 @@ def _apply(obj, key_prefix: str, values: dict) -> None:
             if not isinstance(value, dict):
                 raise ConfigError(f"{key} is a section; give it keys like {key}.{next(iter(_sections(kind)))}")
             _apply(getattr(obj, name), f"{key}.", value)
+        elif kind is dict and isinstance(value, dict):  # keys given one by one add up
+            setattr(obj, name, {**getattr(obj, name), **value})
         else:
             setattr(obj, name, _coerce(key, value, kind))
 
@@ -191,6 +195,13 @@ def validate(cfg: Config) -> Config:
     f = cfg.sampler.fanouts
     if not f or not all(isinstance(k, int) and not isinstance(k, bool) and k >= -1 for k in f):
         raise ConfigError(f"sampler.fanouts must be a non-empty list of ints >= -1, got {f!r}")
+    for relation, given in list(cfg.sampler.relation_fanouts.items()):
+        key = f"sampler.relation_fanouts.{relation}"
+        ks = _coerce(key, given, list)
+        if len(ks) != len(f) or not all(isinstance(k, int) and not isinstance(k, bool) and k >= -1 for k in ks):
+            raise ConfigError(f"{key} must be a list of {len(f)} ints >= -1 (one per layer, as sampler.fanouts), "
+                              f"got {given!r}")
+        cfg.sampler.relation_fanouts[relation] = ks
     positive = {"sampler.batch_size": cfg.sampler.batch_size, "cache.ways": cfg.cache.ways,
                 "model.hidden": cfg.model.hidden, "model.heads": cfg.model.heads, "train.epochs": cfg.train.epochs,
                 "log.every": cfg.log.every, "cache.pvp_queue_capacity": cfg.cache.pvp_queue_capacity}

@@ -25,6 +25,25 @@ def eval_batch_size(cfg: Config) -> int:
     return cfg.train.eval_batch_size or cfg.sampler.batch_size
 
 
+def relation_fanouts(cfg: Config, dataset):
+    """The sampler's fanouts: ``sampler.fanouts``, or per relation of a heterogeneous dataset (those
+    ``sampler.relation_fanouts`` names take theirs)."""
+    given = cfg.sampler.relation_fanouts
+    if not getattr(dataset, "is_hetero", False):
+        if given:
+            raise ConfigError("sampler.relation_fanouts applies to heterogeneous datasets only; "
+                              f"{dataset.path} has one node type")
+        return cfg.sampler.fanouts
+    from lsm_gnn.data.hetero import relation_key
+
+    keys = [relation_key(r) for r in dataset.relations]
+    unknown = sorted(set(given) - set(keys))
+    if unknown:
+        raise ConfigError(f"sampler.relation_fanouts names {unknown}, which {dataset.path} does not have; its "
+                          f"relations: {', '.join(keys)}")
+    return {key: given.get(key, cfg.sampler.fanouts) for key in keys}
+
+
 class NodeClassification:
     """Cross-entropy on the train split; accuracy on the evaluation splits.
 
@@ -60,6 +79,7 @@ class NodeClassification:
         if self.labeled("train").size == 0:
             raise ConfigError(f"every node of the train split of {where} is unlabeled (-1); label some, "
                               "or pick another dataset")
+        self.fanouts = relation_fanouts(cfg, dataset)
 
     def labeled(self, split: str) -> np.ndarray:
         """The split's nodes that carry a label (label >= 0)."""
@@ -70,7 +90,7 @@ class NodeClassification:
         if self.hetero:
             from lsm_gnn.hetero_loader import HeteroNodeLoader
 
-            return HeteroNodeLoader(self.dataset, features, self.cfg.sampler.fanouts, batch_size, seeds=seeds,
+            return HeteroNodeLoader(self.dataset, features, self.fanouts, batch_size, seeds=seeds,
                                     shuffle=shuffle, **options)
         return NodeLoader(self.dataset, features, self.cfg.sampler.fanouts, batch_size, seeds=seeds,
                           shuffle=shuffle, **options)

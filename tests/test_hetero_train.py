@@ -62,3 +62,27 @@ def test_a_resumed_run_matches_an_uninterrupted_one(dataset, tmp_path):
     resumed = Trainer(load_config(None, parts)).fit()
     assert [h["loss"] for h in resumed["history"]] == [h["loss"] for h in whole["history"]]
     assert resumed["eval"]["val"]["accuracy"] == whole["eval"]["val"]["accuracy"]
+
+
+def test_fanouts_per_relation_from_the_config(dataset, tmp_path):
+    from lsm_gnn.config import ConfigError
+    from lsm_gnn.tasks import NodeClassification
+
+    cfg = load_config(None, overrides(dataset.path, tmp_path, "sage",
+                                      "sampler.relation_fanouts.paper__cites__paper=[0,0]",
+                                      "sampler.relation_fanouts.author__writes__paper=[-1, 1]"))
+    task = NodeClassification(cfg, dataset)
+    assert task.fanouts["paper__cites__paper"] == [0, 0] and task.fanouts["author__writes__paper"] == [-1, 1]
+    assert task.fanouts["paper__has_topic__topic"] == [3, 2]
+    features = build_typed_features(FeatureSpec(
+        source="memory", backend="memory", capacity_bytes=0, ways=4, policy=PolicyConfig("hybrid"),
+        static_score=None, oversubscribe=False, pvp=False, pvp_queue_capacity=1, pvp_reinstall=False, shared=False,
+        owner="modulo"), dataset, torch.device("cpu"))
+    batch = next(iter(task.train_loader(features, 0, 1)))
+    assert all(hop.edge_index[("paper", "cites", "paper")].shape[1] == 0 for hop in batch.hops)
+    with pytest.raises(ConfigError, match="paper__cites__venue"):
+        NodeClassification(load_config(None, overrides(dataset.path, tmp_path, "sage",
+                                                       "sampler.relation_fanouts.paper__cites__venue=[1,1]")), dataset)
+    with pytest.raises(ConfigError, match="must be a list of 2 ints"):
+        load_config(None, overrides(dataset.path, tmp_path, "sage",
+                                    "sampler.relation_fanouts.paper__cites__paper=[1]"))
