@@ -25,6 +25,7 @@ from lsm_gnn.cache import (  # noqa: E402
     POLICIES, PolicyConfig, ReferenceCache, SoftwareCache, VictimBuffer, WindowBuffer, replay,
 )
 from lsm_gnn.cache.layout import INVALID_TAG  # noqa: E402
+from lsm_gnn.cache.pvp import match_prefetched, scatter_prefetched  # noqa: E402
 from lsm_gnn.kernels import ops, set_kernel_mode  # noqa: E402
 from lsm_gnn.kernels.sampler import sample_hops  # noqa: E402
 from test_kernels_victim_enqueue import victims  # noqa: E402  (importable: tests/ is on sys.path under pytest)
@@ -68,7 +69,10 @@ def assert_same(expected, got, what: str) -> None:
         assert expected == got, f"{what}: {expected!r} != {got!r}"
 
 
-NATIVE = {"cache_assign": _C.cache_assign, "cache_scan": _C.cache_scan, "victim_enqueue": _C.victim_enqueue}
+NATIVE = {"cache_assign": _C.cache_assign, "cache_scan": _C.cache_scan, "victim_enqueue": _C.victim_enqueue,
+          # PVP serve and scatter run as torch ops on CPU tensors; they take no thread count.
+          "pvp_match": lambda *args: match_prefetched(*args[:-1]),
+          "pvp_scatter": lambda *args: scatter_prefetched(*args[:-1])}
 
 
 class CheckedKernels:
