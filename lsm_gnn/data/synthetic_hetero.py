@@ -22,9 +22,11 @@ homogeneous generator; features and edges in fixed blocks):
   probability ``affinity[name]``, else of a uniform class, and within the
   class by a Zipf law of exponent ``popularity``
   (:class:`~lsm_gnn.data.synthetic.PopularitySampler`), so authors' paper
-  counts and fields' sizes follow a power law. The reverses ``paper
-  written_by author``, ``institute employs author`` and ``fos topic_of
-  paper`` are the exact transposes of the stored forward CSRs.
+  counts and fields' sizes follow a power law; every author (institute,
+  field) also draws one paper (author, paper) as an anchor, so that none is
+  left without an edge. The reverses ``paper written_by author``,
+  ``institute employs author`` and ``fos topic_of paper`` are the exact
+  transposes of the stored forward CSRs.
 * **Features**: the centroid of the node's class (one set of centroids per
   type) plus unit Gaussian noise per dimension; the centroid norm
   ``class_separation[type]`` is small for papers (their features alone
