@@ -1,4 +1,5 @@
-"""``lsm-gnn prepare``: make datasets (synthetic, from .npy files, from a folder) and recompute scores.
+"""``lsm-gnn prepare``: make datasets (synthetic, from .npy files, from a folder, heterogeneous) and recompute
+scores.
 
 :func:`add_prepare_parser` plugs the command into the main program's
 sub-parsers; every sub-command sets ``func`` to a handler that takes the
@@ -50,6 +51,17 @@ def parse_names(text: str) -> tuple[str, ...]:
     return names
 
 
+def parse_type_dims(text: str) -> dict[str, int]:
+    """``"institute=0,fos=64"`` -> per-node-type feature dims (0: no features)."""
+    dims = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        type_name, sep, value = part.partition("=")
+        if not sep or not type_name.strip():
+            raise argparse.ArgumentTypeError(f"expected TYPE=DIM pairs such as institute=0,fos=64, got {text!r}")
+        dims[type_name.strip()] = parse_count(value)
+    return dims
+
+
 def parse_fractions(text: str) -> tuple[float, float, float]:
     """``"0.6,0.2,0.2"`` -> train, val, test fractions."""
     try:
@@ -61,13 +73,31 @@ def parse_fractions(text: str) -> tuple[float, float, float]:
     return parts
 
 
-def summarize(ds: Dataset) -> str:
-    """One line describing a dataset."""
+def summarize(ds) -> str:
+    """One line describing a dataset (schema 1 or 2)."""
+    if getattr(ds, "is_hetero", False):
+        return summarize_hetero(ds)
     splits = "/".join(f"{len(ds.split(s)):,}" if s in ds.meta.get("splits", {}) else "-"
                       for s in ("train", "val", "test"))
     return (f"{ds.path}: {ds.num_nodes:,} nodes, {ds.num_edges:,} edges, features {ds.feature_dim} x "
             f"{ds.feature_dtype.name}, {ds.num_classes if ds.num_classes is not None else 'no'} classes, "
             f"train/val/test {splits}, scores: {', '.join(ds.score_names) or 'none'}")
+
+
+def summarize_hetero(ds) -> str:
+    """One line describing a heterogeneous dataset: types, relations, the target's labels and splits."""
+    types = ", ".join(f"{t} {n:,}" for t, n in ds.num_nodes.items())
+    dims = ", ".join(f"{t} {ds.node_type(t).feature_dim}" for t in ds.feature_types) or "none"
+    target = ds.target
+    if target is None:
+        labels = "no target"
+    else:
+        splits = "/".join(f"{len(ds.split(s, target)):,}" if s in (ds.node_type(target).entry.get("splits") or {})
+                          else "-" for s in ("train", "val", "test"))
+        labels = f"target {target}: {ds.num_classes(target)} classes, train/val/test {splits}"
+    scores = ", ".join(sorted({name for t in ds.node_types for name in ds.score_names(t)})) or "none"
+    return (f"{ds.path}: {ds.total_nodes:,} nodes ({types}), {len(ds.relations)} relations, "
+            f"{sum(ds.num_edges.values()):,} edges, feature dims {dims}, {labels}, scores: {scores}")
 
 
 # -- scores in place ----------------------------------------------------------------
@@ -147,6 +177,21 @@ def _run_bipartite(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_hetero_synthetic(args: argparse.Namespace) -> int:
+    from lsm_gnn.data.synthetic_hetero import NODE_TYPES, generate_hetero_synthetic
+
+    dims = {t: args.feature_dim for t in NODE_TYPES}
+    dims.update(args.feature_dims or {})
+    tuning = {key: getattr(args, key) for key in ("num_authors", "num_institutes", "num_fos", "citations_per_paper",
+                                                  "authors_per_paper", "topics_per_paper", "homophily")}
+    ds = generate_hetero_synthetic(args.out, num_papers=args.num_papers, feature_dim=dims, feature_dtype=args.dtype,
+                                   num_classes=args.num_classes, seed=args.seed, split=args.split, scores=args.scores,
+                                   overwrite=args.overwrite, progress=not args.no_progress,
+                                   **{key: value for key, value in tuning.items() if value is not None})
+    print(summarize(ds))
+    return 0
+
+
 def _common_convert_kwargs(args: argparse.Namespace) -> dict:
     return {"undirected": args.undirected, "feature_dtype": args.dtype, "random_split_fractions": args.random_split,
             "scores": args.scores, "overwrite": args.overwrite, "progress": not args.no_progress}
@@ -197,12 +242,50 @@ def _add_convert_flags(p: argparse.ArgumentParser) -> None:
                    help="when the input has no split, draw a seeded one over labeled nodes, e.g. 0.6,0.2,0.2")
 
 
+def _add_hetero_parser(sub) -> None:
+    """``prepare hetero ...``: schema-2 datasets, one sub-command per source (converters join ``synthetic``)."""
+    parser = sub.add_parser("hetero", help="heterogeneous datasets: several node types, typed relations",
+                            description="Create schema-2 datasets (node types with their own features, typed "
+                                        "relations; see docs/dataset_format.md).")
+    hetero = parser.add_subparsers(dest="hetero_command", metavar="{synthetic}")
+    hetero.required = True
+
+    p = hetero.add_parser("synthetic", help="IGBH-shaped graph: papers, authors, institutes, fields of study",
+                          description="Generate an IGBH-shaped heterogeneous dataset straight to disk, in bounded "
+                                      "memory: paper, author, institute, fos (field of study); paper cites paper, "
+                                      "author writes paper, author affiliated_with institute, paper has_topic fos "
+                                      "and their reverses. Paper labels need the neighbors' features to be learned.")
+    _add_output_flags(p)
+    p.add_argument("--num-papers", type=parse_count, required=True, help="number of papers, e.g. 1e6")
+    p.add_argument("--num-authors", type=parse_count, help="number of authors (default 1.2 x papers)")
+    p.add_argument("--num-institutes", type=parse_count, help="number of institutes (default 0.005 x papers, >= 4)")
+    p.add_argument("--num-fos", type=parse_count,
+                   help="number of fields of study (default 0.01 x papers, at least --num-classes)")
+    p.add_argument("--feature-dim", type=parse_count, default=128, help="feature columns of every type (default 128)")
+    p.add_argument("--feature-dims", type=parse_type_dims, metavar="TYPE=DIM,...",
+                   help="per-type feature columns overriding --feature-dim, 0 for a type without features, "
+                        "e.g. institute=0,fos=64")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="feature dtype")
+    p.add_argument("--num-classes", "--classes", dest="num_classes", type=parse_count, default=19,
+                   help="paper classes (default 19, as IGBH's coarse labels)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
+    p.add_argument("--citations-per-paper", type=float, help="citations generated per paper (default 10)")
+    p.add_argument("--authors-per-paper", type=float,
+                   help="mean authors a paper draws (default 2; every author also writes one paper)")
+    p.add_argument("--topics-per-paper", type=float, help="mean fields a paper draws (default 2)")
+    p.add_argument("--homophily", type=float, help="share of citations inside the paper's class (default 0.6)")
+    p.add_argument("--split", type=parse_fractions, default=(0.6, 0.2, 0.2), metavar="TRAIN,VAL,TEST",
+                   help="paper split fractions (default 0.6,0.2,0.2)")
+    p.set_defaults(func=_run_hetero_synthetic)
+
+
 def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
-    """Adds ``prepare`` (with ``synthetic``, ``npy``, ``folder``, ``scores``) to ``subparsers``."""
+    """Adds ``prepare`` (with ``synthetic``, ``bipartite``, ``npy``, ``folder``, ``hetero``, ``scores``) to
+    ``subparsers``."""
     parser = subparsers.add_parser("prepare", help="create a dataset or recompute its static scores",
                                    description="Create datasets in the lsm-gnn format. A full disk stops with an "
                                                "error naming the file and leaves no partial dataset.")
-    sub = parser.add_subparsers(dest="prepare_command", metavar="{synthetic,bipartite,npy,folder,scores}")
+    sub = parser.add_subparsers(dest="prepare_command", metavar="{synthetic,bipartite,npy,folder,hetero,scores}")
     sub.required = True
 
     p = sub.add_parser("synthetic", help="R-MAT power-law graph with learnable communities",
@@ -257,6 +340,8 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--labels", help="label file inside --src, e.g. processed/paper/node_label_19.npy")
     _add_convert_flags(p)
     p.set_defaults(func=_run_folder)
+
+    _add_hetero_parser(sub)
 
     p = sub.add_parser("scores", help="recompute static scores of a dataset in place (atomic)")
     p.add_argument("dataset", help="dataset directory")

@@ -30,7 +30,8 @@ import numpy as np
 from lsm_gnn.data.format import Dataset
 from lsm_gnn.data.scores import SCORE_NAMES, compute_scores
 from lsm_gnn.data.synthetic import (
-    FEATURE_BLOCK, _note, _positive_int, _progress, _rng, class_centroids, community, synthetic_feature_block,
+    FEATURE_BLOCK, PopularitySampler, _note, _positive_int, _progress, _rng, check_feature_dtype, check_seed,
+    class_centroids, community, synthetic_feature_block,
 )
 from lsm_gnn.data.writer import DatasetWriter
 
@@ -40,24 +41,15 @@ _STREAM_ITEM_RANK, _STREAM_INTERACTIONS = 16, 17  # clear of synthetic.py's stre
 _TRAIN, _VAL, _TEST = 0, 1, 2
 
 
-def _item_sampler(num_users: int, num_items: int, seed: int, num_communities: int, popularity: float):
-    """Items ordered by (community, popularity rank) and their CDF, which runs
-    through ``(c, c + 1]`` within community ``c``: an item of community ``c``
-    is ``items[searchsorted(cdf, c + uniform)]``."""
+def _item_sampler(num_users: int, num_items: int, seed: int, num_communities: int, popularity: float
+                  ) -> PopularitySampler:
+    """Draws items (as offsets from ``num_users``) of a wanted community, by popularity."""
     comm = community(np.arange(num_users, num_users + num_items), seed, num_communities)
     sizes = np.bincount(comm, minlength=num_communities)
     if not sizes.all():
         raise ValueError(f"{num_items} items leave community {int(np.argmin(sizes))} of {num_communities} empty; "
                          "use more items or fewer communities")
-    order = np.lexsort((_rng(seed, _STREAM_ITEM_RANK).random(num_items), comm))
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    rank = np.arange(num_items) - np.repeat(starts, sizes)
-    weight = np.cumsum((rank + 1.0) ** -popularity)
-    before = np.repeat(np.concatenate([[0.0], weight])[starts], sizes)  # cumulative weight of earlier communities
-    total = np.repeat(weight[starts + sizes - 1], sizes) - before
-    cdf = (weight - before) / total + np.repeat(np.arange(num_communities), sizes)
-    cdf[starts + sizes - 1] = np.arange(num_communities) + 1  # exact block ends: no draw falls between blocks
-    return order + num_users, cdf
+    return PopularitySampler(comm, num_communities, _rng(seed, _STREAM_ITEM_RANK), popularity)
 
 
 def interaction_blocks(num_users: int, num_items: int, *, seed: int, avg_interactions: float, num_communities: int,
@@ -65,15 +57,13 @@ def interaction_blocks(num_users: int, num_items: int, *, seed: int, avg_interac
                        ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Yields ``(users, items, part)`` per user block: distinct pairs sorted by
     user then item (items as node ids), ``part`` 0 train, 1 val, 2 test."""
-    items, cdf = _item_sampler(num_users, num_items, seed, num_communities, popularity)
+    items = _item_sampler(num_users, num_items, seed, num_communities, popularity)
     for index, start in enumerate(range(0, num_users, USER_BLOCK)):
         rng = _rng(seed, _STREAM_INTERACTIONS, index)
         stop = min(start + USER_BLOCK, num_users)
-        users = np.repeat(np.arange(start, stop), rng.geometric(1.0 / avg_interactions, stop - start))
-        own = rng.random(users.size) < affinity
-        comm = np.where(own, community(users, seed, num_communities), rng.integers(0, num_communities, users.size))
-        picked = items[np.searchsorted(cdf, comm + rng.random(users.size), side="right")]
-        key = np.unique(users * num_items + (picked - num_users))  # distinct, sorted by user then item
+        users, picked = items.draw_block(rng, start, stop, avg_interactions,
+                                         lambda ids: community(ids, seed, num_communities), affinity)
+        key = np.unique(users * num_items + picked)  # distinct, sorted by user then item
         users, picked = key // num_items, key % num_items + num_users
         u = rng.random(key.size)
         part = np.where(u < test_fraction, _TEST, np.where(u < test_fraction + val_fraction, _VAL, _TRAIN))
@@ -108,11 +98,8 @@ def generate_bipartite(path, *, num_users: int, num_items: int, avg_interactions
     if not (test_fraction > 0 and val_fraction >= 0 and test_fraction + val_fraction < 1):
         raise ValueError(f"test_fraction must be > 0, val_fraction >= 0 and their sum < 1, got {test_fraction}, "
                          f"{val_fraction}")
-    if np.dtype(feature_dtype).name not in ("float32", "float16"):
-        raise ValueError(f"feature_dtype must be float32 or float16, got {feature_dtype!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    seed, num_nodes = int(seed), num_users + num_items
+    check_feature_dtype(feature_dtype)
+    seed, num_nodes = check_seed(seed), num_users + num_items
     options = dict(seed=seed, avg_interactions=avg_interactions, num_communities=num_communities, affinity=affinity,
                    popularity=popularity, test_fraction=test_fraction, val_fraction=val_fraction)
     _item_sampler(num_users, num_items, seed, num_communities, popularity)  # fail on empty communities before writing

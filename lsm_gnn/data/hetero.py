@@ -46,6 +46,14 @@ def relation_key(relation: Relation) -> str:
     return "__".join(relation)
 
 
+def type_offsets(num_nodes: dict[str, int]) -> dict[str, int]:
+    """First global id of each node type: the types one after another, in the dict's order."""
+    offsets, total = {}, 0
+    for t, n in num_nodes.items():
+        offsets[t], total = total, total + n
+    return offsets
+
+
 def parse_relation(key: str | tuple) -> Relation:
     """A relation from a ``(src, name, dst)`` tuple or its ``src__name__dst`` key."""
     if isinstance(key, str):
@@ -119,11 +127,8 @@ class HeteroDataset:
         self.relations: list[Relation] = list(self._relations)
         self.num_edges: dict[Relation, int] = {rel: int(r["num_edges"]) for rel, r in self._relations.items()}
         self.target: str | None = meta.get("target")
-        offsets, total = {}, 0
-        for t in self.node_types:
-            offsets[t], total = total, total + self.num_nodes[t]
-        self.offsets: dict[str, int] = offsets
-        self.total_nodes = total
+        self.offsets: dict[str, int] = type_offsets(self.num_nodes)
+        self.total_nodes = sum(self.num_nodes.values())
         self._cache: dict[str, np.ndarray] = {}
 
     def __repr__(self) -> str:
@@ -286,4 +291,5 @@ def open_hetero(path: str, meta: dict, meta_path: str, check: str) -> HeteroData
     return dataset
 
 
-__all__ = ["HeteroDataset", "NodeType", "Relation", "check_name", "open_hetero", "parse_relation", "relation_key"]
+__all__ = ["HeteroDataset", "NodeType", "Relation", "check_name", "open_hetero", "parse_relation", "relation_key",
+           "type_offsets"]

@@ -8,15 +8,16 @@ error removes it, a full disk is named by file. Layout: :mod:`lsm_gnn.data.heter
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Iterable
 
 import numpy as np
 
 from lsm_gnn.data.format import FORMAT_NAME, HETERO_SCHEMA_VERSION, ROW_ALIGNMENT
-from lsm_gnn.data.hetero import Relation, check_name, parse_relation, relation_key
+from lsm_gnn.data.hetero import Relation, check_name, parse_relation, relation_key, type_offsets
 from lsm_gnn.data.writer import (
-    AtomicDatasetWriter, DatasetError, FeatureFileWriter, _version, build_csr_files, label_array, save_npy,
-    score_array, split_ids, write_csr_files,
+    AtomicDatasetWriter, DatasetError, FeatureFileWriter, _version, build_csr_files, csr_edge_chunks, label_array,
+    save_npy, score_array, split_ids, write_csr_files,
 )
 
 
@@ -177,6 +178,36 @@ class HeteroDatasetWriter(AtomicDatasetWriter):
         file_name = f"nodes/{node_type}/scores/{name}.npy"
         save_npy(os.path.join(self.tmp, file_name), scores)
         entry["scores"][name] = file_name
+
+    def write_union_scores(self, names=None) -> None:
+        """Computes static scores (default: all of :data:`~lsm_gnn.data.scores.SCORE_NAMES`) on the union of
+        the relations written so far, in the global id space, and writes each type's slice.
+
+        The cache keys rows by global id, and sampling reaches a node through any relation, so the scores
+        rank all types together: ``reverse_pagerank`` sums to 1 over every node of every type. The union
+        CSR is built in bounded memory in a temporary directory inside the writer's and removed after."""
+        from lsm_gnn.data.scores import SCORE_NAMES, compute_scores  # imports torch: only when scores are made
+
+        names = SCORE_NAMES if names is None else tuple(names)
+        offsets = type_offsets(self.num_nodes)
+        total = sum(self.num_nodes.values())
+
+        def union_edges():
+            for relation in self._relations:
+                src, _, dst = relation
+                yield from csr_edge_chunks(*self.csr(relation), src_offset=offsets[src], dst_offset=offsets[dst])
+
+        with tempfile.TemporaryDirectory(prefix="union-", dir=self.tmp) as union_dir:
+            # No dedup pass: the scores need no sorted rows, and an edge two relations share (only possible
+            # between the same two types) rightly counts twice: sampling can reach it through either.
+            build_csr_files(union_dir, "", union_edges(), total, total, dedup=False)
+            indptr = np.load(os.path.join(union_dir, "indptr.npy"), mmap_mode="r")
+            indices = np.load(os.path.join(union_dir, "indices.npy"), mmap_mode="r")
+            values = compute_scores(indptr, indices, names)
+            del indptr, indices
+        for name, scores in values.items():
+            for t, n in self.num_nodes.items():
+                self.write_score(t, name, scores[offsets[t]:offsets[t] + n])
 
     # -- commit --------------------------------------------------------------
     def _finish(self) -> None:

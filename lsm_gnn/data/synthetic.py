@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -62,11 +62,11 @@ class AffineBijection:
     overflows int64 for ``n < 2**46``.
     """
 
-    def __init__(self, n: int, seed: int):
+    def __init__(self, n: int, seed: int, stream: int = _STREAM_PERMUTATION):
         if not 0 < n < 1 << 46:
             raise ValueError(f"num_nodes must be in [1, 2**46), got {n}")
         self.n = n
-        rng = _rng(seed, _STREAM_PERMUTATION)
+        rng = _rng(seed, stream)
         # Start near n / golden ratio (Fibonacci hashing spreads consecutive ids
         # furthest apart), jittered by the seed, then step to a unit mod n.
         mult = (int(n * 0.6180339887) + int(rng.integers(0, max(1, n // 64) + 1))) % n if n > 1 else 0
@@ -96,6 +96,56 @@ def community(ids: np.ndarray, seed: int, num_classes: int) -> np.ndarray:
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     x = x ^ (x >> np.uint64(31))
     return (x % np.uint64(num_classes)).astype(np.int64)
+
+
+def community_labels(num_nodes: int, seed: int, num_classes: int, chunk: int = 1 << 22) -> np.ndarray:
+    """:func:`community` of every node ``[0, num_nodes)``, computed in chunks to bound the hash's temporaries."""
+    labels = np.empty(num_nodes, dtype=np.int64)
+    for start in range(0, num_nodes, chunk):
+        stop = min(start + chunk, num_nodes)
+        labels[start:stop] = community(np.arange(start, stop), seed, num_classes)
+    return labels
+
+
+class PopularitySampler:
+    """Draws nodes of a wanted class, within the class by a Zipf law of
+    exponent ``popularity`` over a seeded ranking, so that the drawn nodes'
+    degrees are skewed (as authors' paper counts or items' buyers are).
+
+    ``classes`` gives each node's class in ``[0, num_classes)``, every class
+    non-empty. Nodes are ordered by (class, rank); the CDF runs through
+    ``(c, c + 1]`` within class ``c``, so a node of class ``c`` is
+    ``order[searchsorted(cdf, c + uniform)]``. Holds 16 bytes per node.
+    """
+
+    def __init__(self, classes: np.ndarray, num_classes: int, rank_rng: np.random.Generator, popularity: float):
+        sizes = np.bincount(classes, minlength=num_classes)
+        if not sizes.all():
+            raise ValueError(f"class {int(np.argmin(sizes))} of {num_classes} has no nodes to draw")
+        self.num_classes = num_classes
+        self.order = np.lexsort((rank_rng.random(classes.size), classes))
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        rank = np.arange(classes.size) - np.repeat(starts, sizes)
+        weight = np.cumsum((rank + 1.0) ** -popularity)
+        before = np.repeat(np.concatenate([[0.0], weight])[starts], sizes)  # cumulative weight of earlier classes
+        total = np.repeat(weight[starts + sizes - 1], sizes) - before
+        cdf = (weight - before) / total + np.repeat(np.arange(num_classes), sizes)
+        cdf[starts + sizes - 1] = np.arange(num_classes) + 1  # exact block ends: no draw falls between blocks
+        self.cdf = cdf
+
+    def draw(self, rng: np.random.Generator, source_classes: np.ndarray, affinity: float) -> np.ndarray:
+        """One node per source: of the source's class with probability ``affinity``, else of a uniform class."""
+        own = rng.random(source_classes.size) < affinity
+        wanted = np.where(own, source_classes, rng.integers(0, self.num_classes, source_classes.size))
+        return self.order[np.searchsorted(self.cdf, wanted + rng.random(source_classes.size), side="right")]
+
+    def draw_block(self, rng: np.random.Generator, start: int, stop: int, mean_draws: float,
+                   source_classes: Callable[[np.ndarray], np.ndarray], affinity: float
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """(sources, drawn nodes) for sources ``[start, stop)``: each source makes a geometric number of draws
+        (mean ``mean_draws``, at least one) by :meth:`draw`; ``source_classes`` maps source ids to classes."""
+        sources = np.repeat(np.arange(start, stop), rng.geometric(1.0 / mean_draws, stop - start))
+        return sources, self.draw(rng, source_classes(sources), affinity)
 
 
 # -- edges -----------------------------------------------------------------------
@@ -194,20 +244,35 @@ def _maybe_rewire(rng, src, dst, seed: int, num_classes: int, homophily: float) 
 
 # -- features ----------------------------------------------------------------------
 
-def class_centroids(seed: int, num_classes: int, feature_dim: int, separation: float) -> np.ndarray:
+def class_centroids(seed: int, num_classes: int, feature_dim: int, separation: float,
+                    stream: int = _STREAM_CENTROIDS) -> np.ndarray:
     """Random class centroids of norm about ``separation`` (float32, ``[num_classes, feature_dim]``)."""
-    rng = _rng(seed, _STREAM_CENTROIDS)
+    rng = _rng(seed, stream)
     return (rng.standard_normal((num_classes, feature_dim)) * (separation / math.sqrt(feature_dim))).astype(np.float32)
 
 
-def synthetic_feature_block(block: int, num_nodes: int, *, seed: int, centroids: np.ndarray) -> np.ndarray:
-    """Feature rows ``[block * FEATURE_BLOCK, ...)``: centroid of the node's class plus unit Gaussian noise."""
+def synthetic_feature_block(block: int, num_nodes: int, *, seed: int, centroids: np.ndarray,
+                            classes: Callable[[np.ndarray], np.ndarray] | None = None,
+                            stream: int = _STREAM_FEATURES) -> np.ndarray:
+    """Feature rows ``[block * FEATURE_BLOCK, ...)``: centroid of the node's class plus unit Gaussian noise.
+    ``classes`` maps node ids to classes (default: :func:`community`)."""
     start = block * FEATURE_BLOCK
     stop = min(start + FEATURE_BLOCK, num_nodes)
-    labels = community(np.arange(start, stop), seed, centroids.shape[0])
-    rows = _rng(seed, _STREAM_FEATURES, block).standard_normal((stop - start, centroids.shape[1]), dtype=np.float32)
+    ids = np.arange(start, stop)
+    labels = community(ids, seed, centroids.shape[0]) if classes is None else classes(ids)
+    rows = _rng(seed, stream, block).standard_normal((stop - start, centroids.shape[1]), dtype=np.float32)
     rows += centroids[labels]
     return rows
+
+
+def synthetic_feature_chunks(num_nodes: int, chunk_nodes: int, **block_options) -> Iterator[np.ndarray]:
+    """:func:`synthetic_feature_block` rows in chunks of whole blocks (at least ``chunk_nodes`` rows, the
+    memory bound); the rows depend only on the block options, never on ``chunk_nodes``."""
+    chunk_blocks = max(1, -(-int(chunk_nodes) // FEATURE_BLOCK))
+    num_blocks = -(-num_nodes // FEATURE_BLOCK)
+    for first in range(0, num_blocks, chunk_blocks):
+        yield np.concatenate([synthetic_feature_block(b, num_nodes, **block_options)
+                              for b in range(first, min(first + chunk_blocks, num_blocks))])
 
 
 # -- the generator -------------------------------------------------------------------
@@ -221,6 +286,49 @@ def _progress(enabled: bool, **kw):
 def _note(enabled: bool, message: str) -> None:
     if enabled:
         print(message, file=sys.stderr, flush=True)
+
+
+def counted(chunks: Iterable[tuple[np.ndarray, np.ndarray]], bar) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Passes (src, dst) edge chunks through, advancing the progress ``bar`` by their edges."""
+    for src, dst in chunks:
+        yield src, dst
+        bar.update(src.size)
+
+
+# -- checks shared by the generators (all before anything is written) ----------------------
+
+def check_seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    return int(seed)
+
+
+def check_feature_dtype(feature_dtype) -> np.dtype:
+    dtype = np.dtype(feature_dtype)
+    if dtype.name not in ("float32", "float16"):
+        raise ValueError(f"feature_dtype must be float32 or float16 for synthetic features, got {feature_dtype!r}")
+    return dtype
+
+
+def check_rmat(rmat) -> tuple[float, float, float, float]:
+    rmat = tuple(float(p) for p in rmat)
+    if len(rmat) != 4 or min(rmat) < 0 or abs(sum(rmat) - 1) > 1e-6:
+        raise ValueError(f"rmat must be four probabilities (a, b, c, d) summing to 1, got {rmat}")
+    return rmat  # type: ignore[return-value]
+
+
+def check_probability(value, what: str) -> float:
+    if not 0 <= value <= 1:
+        raise ValueError(f"{what} must be in [0, 1], got {value}")
+    return float(value)
+
+
+def check_score_names(scores) -> tuple[str, ...]:
+    """Checked now, not after hours of writing."""
+    scores = tuple(scores or ())
+    if set(scores) - set(SCORE_NAMES):
+        raise ValueError(f"unknown score(s) {sorted(set(scores) - set(SCORE_NAMES))}; valid: {', '.join(SCORE_NAMES)}")
+    return scores
 
 
 def generate_synthetic(path, *, num_nodes: int, avg_degree: float = 10, feature_dim: int = 128,
@@ -247,22 +355,12 @@ def generate_synthetic(path, *, num_nodes: int, avg_degree: float = 10, feature_
     num_classes = _positive_int(num_classes, "num_classes")
     if not avg_degree >= 0:
         raise ValueError(f"avg_degree must be >= 0, got {avg_degree}")
-    dtype = np.dtype(feature_dtype)
-    if dtype.name not in ("float32", "float16"):
-        raise ValueError(f"feature_dtype must be float32 or float16 for synthetic features, got {feature_dtype!r}")
-    rmat = tuple(float(p) for p in rmat)
-    if len(rmat) != 4 or min(rmat) < 0 or abs(sum(rmat) - 1) > 1e-6:
-        raise ValueError(f"rmat must be four probabilities (a, b, c, d) summing to 1, got {rmat}")
-    if not 0 <= homophily <= 1:
-        raise ValueError(f"homophily must be in [0, 1], got {homophily}")
+    dtype = check_feature_dtype(feature_dtype)
+    rmat = check_rmat(rmat)
+    check_probability(homophily, "homophily")
     split = check_split_fractions(split)
-    scores = tuple(scores or ())
-    if set(scores) - set(SCORE_NAMES):  # checked now, not after hours of writing
-        raise ValueError(f"unknown score(s) {sorted(set(scores) - set(SCORE_NAMES))}; valid: {', '.join(SCORE_NAMES)}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    seed = int(seed)
-    chunk_blocks = max(1, -(-int(chunk_nodes) // FEATURE_BLOCK))
+    scores = check_score_names(scores)
+    seed = check_seed(seed)
     num_generated = int(round(num_nodes * avg_degree / 2))  # each becomes two CSR entries
     params = {
         "kind": "rmat-communities", "version": GENERATOR_VERSION, "num_nodes": num_nodes, "avg_degree": avg_degree,
@@ -273,26 +371,15 @@ def generate_synthetic(path, *, num_nodes: int, avg_degree: float = 10, feature_
     centroids = class_centroids(seed, num_classes, feature_dim, class_separation)
     with DatasetWriter(path, num_nodes=num_nodes, feature_dim=feature_dim, feature_dtype=dtype.name,
                        name=name, overwrite=overwrite, extra_meta={"generator": params}) as writer:
-        num_blocks = -(-num_nodes // FEATURE_BLOCK)
         with _progress(progress, total=num_nodes, desc="features", unit="node", unit_scale=True) as bar:
-            for first in range(0, num_blocks, chunk_blocks):
-                rows = np.concatenate([synthetic_feature_block(b, num_nodes, seed=seed, centroids=centroids)
-                                       for b in range(first, min(first + chunk_blocks, num_blocks))])
+            for rows in synthetic_feature_chunks(num_nodes, chunk_nodes, seed=seed, centroids=centroids):
                 writer.write_features(rows.astype(dtype, copy=False))
                 bar.update(rows.shape[0])
         with _progress(progress, total=num_generated, desc="edges", unit="edge", unit_scale=True) as bar:
-            def chunks():
-                for src, dst in synthetic_edges(num_nodes, num_generated, seed=seed, num_classes=num_classes,
-                                                homophily=homophily, rmat=rmat):
-                    yield src, dst
-                    bar.update(src.size)
-            writer.write_edges(chunks(), undirected=True, dedup=True, self_loops=False)
-        labels = np.empty(num_nodes, dtype=np.int64)
-        for start in range(0, num_nodes, 1 << 22):
-            stop = min(start + (1 << 22), num_nodes)
-            labels[start:stop] = community(np.arange(start, stop), seed, num_classes)
-        writer.write_labels(labels, num_classes)
-        del labels
+            edges = synthetic_edges(num_nodes, num_generated, seed=seed, num_classes=num_classes,
+                                    homophily=homophily, rmat=rmat)
+            writer.write_edges(counted(edges, bar), undirected=True, dedup=True, self_loops=False)
+        writer.write_labels(community_labels(num_nodes, seed, num_classes), num_classes)
         # Drawn only now, so the permutation (8 bytes a node) is not held while the CSR is built.
         for split_name, ids in random_split(num_nodes, split, seed=(seed, _STREAM_SPLIT)).items():
             writer.write_split(split_name, ids)

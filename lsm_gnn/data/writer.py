@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 import zlib
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -220,6 +220,8 @@ def build_csr_files(directory: str, prefix: str, chunks: Iterable[tuple[np.ndarr
             if not self_loops:
                 keep = src != dst
                 src, dst = src[keep], dst[keep]
+                if src.size == 0:  # a chunk of self loops only
+                    continue
             if undirected:
                 src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
             spill.write(np.stack([dst, src], axis=1))
@@ -232,16 +234,18 @@ def build_csr_files(directory: str, prefix: str, chunks: Iterable[tuple[np.ndarr
     index_dtype = index_dtype_for(num_cols)
     indices = create_npy(indices_path, index_dtype, (num_edges,))
     cursor = indptr[:-1].copy()
-    spill_edges = np.memmap(spill_path, dtype=np.int64, mode="r", shape=(num_edges, 2)) if num_edges else None
-    for start in range(0, num_edges, EDGE_CHUNK):
-        block = np.asarray(spill_edges[start:start + EDGE_CHUNK])
-        order = np.argsort(block[:, 0], kind="stable")
-        rows, cols = block[order, 0], block[order, 1]
-        uniq, first, cnt = np.unique(rows, return_index=True, return_counts=True)
-        rank = np.arange(rows.size, dtype=np.int64) - np.repeat(first, cnt)
-        indices[cursor[rows] + rank] = cols
-        cursor[uniq] += cnt
-    del spill_edges
+    # Read by plain reads, not mapped: mapped pages would count in the process's resident memory (the
+    # spill is 16 bytes an edge) while the kernel can drop read ones from its cache at will.
+    with open(spill_path, "rb") as spill_edges:
+        for start in range(0, num_edges, EDGE_CHUNK):
+            count = min(EDGE_CHUNK, num_edges - start)
+            block = np.fromfile(spill_edges, dtype=np.int64, count=2 * count).reshape(count, 2)
+            order = np.argsort(block[:, 0], kind="stable")
+            rows, cols = block[order, 0], block[order, 1]
+            uniq, first, cnt = np.unique(rows, return_index=True, return_counts=True)
+            rank = np.arange(rows.size, dtype=np.int64) - np.repeat(first, cnt)
+            indices[cursor[rows] + rank] = cols
+            cursor[uniq] += cnt
     os.remove(spill_path)
     if dedup and num_edges:
         indptr, num_edges = _dedup_rows(indices, indptr)
@@ -262,16 +266,34 @@ def build_csr_files(directory: str, prefix: str, chunks: Iterable[tuple[np.ndarr
     return num_edges
 
 
-def _dedup_rows(indices: np.ndarray, indptr: np.ndarray) -> tuple[np.ndarray, int]:
-    """Sorts each row and drops repeated neighbors, compacting in place, row block by row block."""
+def row_blocks(indptr: np.ndarray) -> Iterator[tuple[int, int]]:
+    """``(first, end)`` row ranges of a CSR, each of whole rows holding about ``EDGE_CHUNK`` edges (at least one
+    row, so a hub's row is one block): what bounds the memory of a pass over the edges."""
     n = indptr.shape[0] - 1
-    new_indptr = np.zeros_like(indptr)
-    write = 0
     row = 0
     while row < n:
-        # A block of whole rows holding about EDGE_CHUNK edges (at least one row).
         end_row = int(np.searchsorted(indptr, indptr[row] + EDGE_CHUNK, side="right")) - 1
         end_row = min(max(end_row, row + 1), n)
+        yield row, end_row
+        row = end_row
+
+
+def csr_edge_chunks(indptr: np.ndarray, indices: np.ndarray, *, src_offset: int = 0, dst_offset: int = 0
+                    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The edges of a CSR (row v lists the sources of v) as (src, dst) int64 chunks in row order, each id
+    shifted by its offset (to place a relation in a global id space): what :func:`build_csr_files` takes."""
+    for row, end_row in row_blocks(indptr):
+        dst = np.repeat(np.arange(row + dst_offset, end_row + dst_offset, dtype=np.int64),
+                        np.diff(np.asarray(indptr[row:end_row + 1])))
+        src = np.asarray(indices[int(indptr[row]):int(indptr[end_row])]).astype(np.int64) + src_offset
+        yield src, dst
+
+
+def _dedup_rows(indices: np.ndarray, indptr: np.ndarray) -> tuple[np.ndarray, int]:
+    """Sorts each row and drops repeated neighbors, compacting in place, row block by row block."""
+    new_indptr = np.zeros_like(indptr)
+    write = 0
+    for row, end_row in row_blocks(indptr):
         lo, hi = int(indptr[row]), int(indptr[end_row])
         cols = np.asarray(indices[lo:hi]).astype(np.int64)
         row_ids = np.repeat(np.arange(row, end_row, dtype=np.int64), np.diff(indptr[row:end_row + 1]))
@@ -284,7 +306,6 @@ def _dedup_rows(indices: np.ndarray, indptr: np.ndarray) -> tuple[np.ndarray, in
         per_row = np.bincount(row_ids - row, minlength=end_row - row)
         new_indptr[row + 1:end_row + 1] = write + np.cumsum(per_row)
         write += cols.size
-        row = end_row
     return new_indptr, write
 
 
