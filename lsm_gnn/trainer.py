@@ -131,6 +131,17 @@ def _flatten(d: dict, sep: str = "/", prefix: str = "") -> dict:
 
 # -- checkpoints -------------------------------------------------------------------------------------------------
 
+def _with_defaults(saved: dict, defaults: dict) -> dict:
+    """``saved`` with every key it lacks taken from ``defaults``, recursively."""
+    out = dict(saved)
+    for key, value in defaults.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(out[key], dict):
+            out[key] = _with_defaults(out[key], value)
+    return out
+
+
 def _lookup(d: dict, dotted: str):
     for part in dotted.split("."):
         d = d[part]
@@ -281,7 +292,8 @@ class Trainer:
     def resume(self, path: str) -> None:
         ckpt = load_checkpoint(path)
         try:
-            saved, now = ckpt["config"], self.cfg.to_dict()
+            # Keys added to the config since the checkpoint was written count with their defaults.
+            saved, now = _with_defaults(ckpt["config"], Config().to_dict()), self.cfg.to_dict()
             differ = [k for k in RESUME_KEYS if _lookup(saved, k) != _lookup(now, k)]
             world_size = ckpt["world_size"]
         except (KeyError, TypeError) as exc:

@@ -155,3 +155,19 @@ def test_sigkill_mid_epoch_then_resume_from_the_cli(graph, tmp_path, uninterrupt
     assert done.returncode == 0, done.stderr[-2000:]
     assert "resumed from" in done.stdout
     assert log_records(tmp_path) == uninterrupted[1]
+
+
+def test_a_checkpoint_from_before_a_new_config_key_resumes(graph, tmp_path, uninterrupted):
+    """A key added to the config since the checkpoint was written counts with its default, not as a change."""
+    from lsm_gnn.checkpoint import atomic_torch_save, load_checkpoint
+
+    Trainer(config(graph, tmp_path, "train.max_iterations=4")).fit()
+    path = str(tmp_path / "ckpt" / "last.pt")
+    state = load_checkpoint(path)
+    del state["config"]["sampler"]["relation_fanouts"]  # as lsm-gnn wrote it before that key existed
+    atomic_torch_save(state, path)
+    result = Trainer(config(graph, tmp_path)).fit()
+    assert stable(result["history"]) == uninterrupted[0]
+    atomic_torch_save(state, path)  # the old checkpoint again: a real change is still one
+    with pytest.raises(Exception, match=r"settings changed \(sampler"):
+        Trainer(config(graph, tmp_path, "sampler.fanouts=[2,2]"))
