@@ -74,8 +74,8 @@ def _require_integer(dtype: np.dtype, what: str) -> None:
         raise ValueError(f"{what} must hold integer node ids, got dtype {dtype}; convert it with .astype(np.int64)")
 
 
-def _range_hint(num_nodes: int) -> str:
-    return (f"num_nodes={num_nodes} is taken from features.shape[0]; pass features for every node "
+def _range_hint(num_nodes: int, counted_by: str = "features.shape[0]") -> str:
+    return (f"num_nodes={num_nodes} is taken from {counted_by}; pass features for every node "
             "or remap the ids to 0..num_nodes-1")
 
 
@@ -105,6 +105,17 @@ def _feature_dtype(source: np.dtype, requested: Any) -> np.dtype:
         return np.dtype(np.float32)
     raise ValueError(f"features have dtype {source}, which is not stored as is; pass feature_dtype= one of "
                      f"{', '.join(FEATURE_DTYPES)}")
+
+
+def write_feature_chunks(write, features: Any, target: np.dtype, bar) -> None:
+    """Streams every row of ``features`` to ``write`` as ``target`` in chunks of about ``FEATURE_CHUNK_BYTES``,
+    so a memory-mapped input is converted in bounded memory."""
+    num_rows, dim = int(features.shape[0]), int(features.shape[1])
+    rows_per_chunk = max(1, FEATURE_CHUNK_BYTES // (dim * max(target.itemsize, _dtype_of(features).itemsize)))
+    for start in range(0, num_rows, rows_per_chunk):
+        rows = _to_numpy(features[start:start + rows_per_chunk])
+        write(_cast_rows(rows, target, start))
+        bar.update(rows.shape[0])
 
 
 def _cast_rows(rows: np.ndarray, target: np.dtype, start: int) -> np.ndarray:
@@ -141,12 +152,28 @@ def _check_edge_index(edge_index: Any, num_nodes: int) -> Any:
 
 
 def _edge_index_chunks(edge_index: Any, num_nodes: int, bar) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    num_edges = int(edge_index.shape[1])
-    for start in range(0, num_edges, EDGE_CHUNK):
-        src = _to_numpy(edge_index[0, start:start + EDGE_CHUNK])
-        dst = _to_numpy(edge_index[1, start:start + EDGE_CHUNK])
-        _check_ids(src, num_nodes, "edge_index[0] (sources)", start, _range_hint(num_nodes))
-        _check_ids(dst, num_nodes, "edge_index[1] (destinations)", start, _range_hint(num_nodes))
+    hint = _range_hint(num_nodes)
+    names = ("edge_index[0] (sources)", "edge_index[1] (destinations)")
+    return checked_edge_chunks(edge_index, (num_nodes, num_nodes), names, (hint, hint), bar)
+
+
+def num_edges_of(edges: Any) -> int:
+    """Edges given as a (2, E) array-like or as a (src, dst) pair of 1-D array-likes."""
+    return int(edges[0].shape[0]) if isinstance(edges, tuple) else int(edges.shape[1])
+
+
+def checked_edge_chunks(edges: Any, bounds: tuple[int, int], names: tuple[str, str], hints: tuple[str, str],
+                        bar) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(src, dst) chunks of ``EDGE_CHUNK`` edges of a (2, E) array-like or a (src, dst) pair, every id checked
+    against ``bounds`` (sources, destinations); ``names`` and ``hints`` word the errors."""
+    for start in range(0, num_edges_of(edges), EDGE_CHUNK):
+        if isinstance(edges, tuple):
+            src, dst = (_to_numpy(ends[start:start + EDGE_CHUNK]) for ends in edges)
+        else:  # one slice of both rows: an (E, 2) file seen as (2, E) is then read once, not once per row
+            block = _to_numpy(edges[:, start:start + EDGE_CHUNK])
+            src, dst = block[0], block[1]
+        for ids, bound, name, hint in zip((src, dst), bounds, names, hints):
+            _check_ids(ids, bound, name, start, hint)
         yield src, dst
         bar.update(src.size)
 
@@ -182,13 +209,14 @@ def _csr_edge_chunks(indptr: np.ndarray, indices: Any, bar) -> Iterator[tuple[np
         bar.update(stop - start)
 
 
-def _check_labels(labels: Any, num_nodes: int, num_classes: int | None) -> tuple[np.ndarray, int]:
+def _check_labels(labels: Any, num_nodes: int, num_classes: int | None, counted_by: str = "features.shape[0]"
+                  ) -> tuple[np.ndarray, int]:
     """int64 labels, -1 for unlabeled. Floats (IGB stores them) must be integral; NaN means unlabeled (OGB)."""
     labels = _array_like(labels)
     shape = tuple(labels.shape)
     if shape not in ((num_nodes,), (num_nodes, 1)):
         raise ValueError(f"labels must have one class id per node, shape ({num_nodes},) with num_nodes from "
-                         f"features.shape[0], got shape {shape}")
+                         f"{counted_by}, got shape {shape}")
     out = np.empty(num_nodes, dtype=np.int64)
     for start in range(0, num_nodes, VECTOR_CHUNK):
         block = _to_numpy(labels[start:start + VECTOR_CHUNK]).reshape(-1)
@@ -215,7 +243,7 @@ def _check_labels(labels: Any, num_nodes: int, num_classes: int | None) -> tuple
     return out, int(num_classes)
 
 
-def _check_split(name: str, ids: Any, num_nodes: int) -> np.ndarray:
+def _check_split(name: str, ids: Any, num_nodes: int, counted_by: str = "features.shape[0]") -> np.ndarray:
     """int64 ids from an id array or a boolean mask."""
     what = f"{name}_idx"
     array = _to_numpy(ids)
@@ -228,7 +256,7 @@ def _check_split(name: str, ids: Any, num_nodes: int) -> np.ndarray:
     if array.ndim != 1:
         raise ValueError(f"{what} must be a 1-D array of node ids or a boolean mask, got shape {array.shape}")
     _require_integer(array.dtype, what)
-    _check_ids(array, num_nodes, what, 0, _range_hint(num_nodes))
+    _check_ids(array, num_nodes, what, 0, _range_hint(num_nodes, counted_by))
     return array.astype(np.int64, copy=False)
 
 
@@ -309,12 +337,8 @@ def from_numpy(path, *, features, edge_index=None, indptr=None, indices=None, la
                          "source_feature_dtype": _dtype_of(features).name, **meta.get("converted", {})}
     with DatasetWriter(path, num_nodes=num_nodes, feature_dim=dim, feature_dtype=target.name, name=name,
                        overwrite=overwrite, extra_meta=meta) as writer:
-        rows_per_chunk = max(1, FEATURE_CHUNK_BYTES // (dim * max(target.itemsize, _dtype_of(features).itemsize)))
         with _progress(progress, total=num_nodes, desc="features", unit="node") as bar:
-            for start in range(0, num_nodes, rows_per_chunk):
-                rows = _to_numpy(features[start:start + rows_per_chunk])
-                writer.write_features(_cast_rows(rows, target, start))
-                bar.update(rows.shape[0])
+            write_feature_chunks(writer.write_features, features, target, bar)
         if edge_index is not None:
             with _progress(progress, total=int(edge_index.shape[1]), desc="edges", unit="edge") as bar:
                 writer.write_edges(_edge_index_chunks(edge_index, num_nodes, bar), undirected=undirected, dedup=dedup)
@@ -434,6 +458,22 @@ def _attr(obj: Any, *names: str) -> Any:
     return None
 
 
+_SPLIT_PREFIXES = {"train": ("train",), "val": ("val", "valid"), "test": ("test",)}
+
+
+def pyg_splits(store: Any) -> dict[str, Any]:
+    """Each split's ``<split>_mask`` (or ``<split>_idx``; ``valid`` for ``val``) of a PyG data object or node
+    store, None where it has none."""
+    return {split: _attr(store, *[f"{p}_mask" for p in names], *[f"{p}_idx" for p in names])
+            for split, names in _SPLIT_PREFIXES.items()}
+
+
+def dgl_splits(ndata: Any) -> dict[str, Any]:
+    """Each split's ``<split>_mask`` (``valid_mask`` for ``val``) of DGL node data, None where it has none."""
+    return {split: next((ndata[f"{p}_mask"] for p in names if f"{p}_mask" in ndata), None)
+            for split, names in _SPLIT_PREFIXES.items()}
+
+
 def from_pyg(path, data, **kw) -> Dataset:
     """Converts a homogeneous torch_geometric ``Data``: ``x``, ``edge_index``, ``y`` and
     ``train_mask``/``val_mask``/``test_mask`` (or ``*_idx``). Keywords override what ``data`` holds."""
@@ -449,9 +489,8 @@ def from_pyg(path, data, **kw) -> Dataset:
         raise ValueError("data.x is missing: from_pyg needs node features [num_nodes, feature_dim] in data.x")
     if args["edge_index"] is None:
         raise ValueError("data.edge_index is missing: from_pyg needs the edges as data.edge_index (2, E)")
-    prefixes = {"train": ("train",), "val": ("val", "valid"), "test": ("test",)}
-    for split, names in prefixes.items():
-        args[f"{split}_idx"] = _attr(data, *[f"{p}_mask" for p in names], *[f"{p}_idx" for p in names])
+    for split, ids in pyg_splits(data).items():
+        args[f"{split}_idx"] = ids
     args.update(kw)
     extra = args.pop("extra_meta", None) or {}
     extra.setdefault("converted", {})["from"] = "pyg"
@@ -473,8 +512,8 @@ def from_dgl(path, graph, feat_key: str = "feat", label_key: str = "label", **kw
         "edge_index": np.stack([_to_numpy(src).astype(np.int64), _to_numpy(dst).astype(np.int64)]),
         "labels": ndata[label_key] if label_key in ndata else None,
     }
-    for split, names in {"train": ("train_mask",), "val": ("val_mask", "valid_mask"), "test": ("test_mask",)}.items():
-        args[f"{split}_idx"] = next((ndata[n] for n in names if n in ndata), None)
+    for split, mask in dgl_splits(ndata).items():
+        args[f"{split}_idx"] = mask
     args.update(kw)
     extra = args.pop("extra_meta", None) or {}
     extra.setdefault("converted", {})["from"] = "dgl"
