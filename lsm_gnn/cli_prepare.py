@@ -192,6 +192,18 @@ def _run_hetero_synthetic(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_hetero_igbh(args: argparse.Namespace) -> int:
+    from lsm_gnn.data.convert_hetero import hetero_from_igbh
+
+    ds = hetero_from_igbh(args.out, args.src, size=args.size, label_file=args.label_file,
+                          num_classes=args.num_classes, split_fractions=args.random_split or (0.6, 0.2, 0.2),
+                          seed=args.seed, add_reverse=not args.no_reverse, feature_dtype=args.dtype,
+                          raw_feature_dim=args.raw_feature_dim, num_nodes=args.num_nodes,
+                          scores=args.scores, overwrite=args.overwrite, progress=not args.no_progress)
+    print(summarize(ds))
+    return 0
+
+
 def _common_convert_kwargs(args: argparse.Namespace) -> dict:
     return {"undirected": args.undirected, "feature_dtype": args.dtype, "random_split_fractions": args.random_split,
             "scores": args.scores, "overwrite": args.overwrite, "progress": not args.no_progress}
@@ -247,7 +259,7 @@ def _add_hetero_parser(sub) -> None:
     parser = sub.add_parser("hetero", help="heterogeneous datasets: several node types, typed relations",
                             description="Create schema-2 datasets (node types with their own features, typed "
                                         "relations; see docs/dataset_format.md).")
-    hetero = parser.add_subparsers(dest="hetero_command", metavar="{synthetic}")
+    hetero = parser.add_subparsers(dest="hetero_command", metavar="{synthetic,igbh}")
     hetero.required = True
 
     p = hetero.add_parser("synthetic", help="IGBH-shaped graph: papers, authors, institutes, fields of study",
@@ -277,6 +289,27 @@ def _add_hetero_parser(sub) -> None:
     p.add_argument("--split", type=parse_fractions, default=(0.6, 0.2, 0.2), metavar="TRAIN,VAL,TEST",
                    help="paper split fractions (default 0.6,0.2,0.2)")
     p.set_defaults(func=_run_hetero_synthetic)
+
+    p = hetero.add_parser("igbh", help="convert an IGBH folder (the IGB repository's layout)",
+                          description="Convert an IGBH download: <src>/<size>/processed/<type>/node_feat.npy, "
+                                      "<type>/node_label_*.npy, <src>__<name>__<dst>/edge_index.npy. Every file is "
+                                      "memory-mapped, so the conversion runs in bounded memory. (PyG HeteroData and "
+                                      "DGL heterographs convert from Python: lsm_gnn.data.convert_hetero.)")
+    _add_output_flags(p)
+    p.add_argument("src", help="the IGBH root (holding <size>/processed) or a processed folder")
+    p.add_argument("--size", help="tiny, small, medium, large or full (default: the only one there)")
+    p.add_argument("--num-classes", type=parse_count, help="19 or 2983: picks node_label_19.npy or node_label_2K.npy")
+    p.add_argument("--label-file", help="the paper label file to use, e.g. node_label_19.npy")
+    p.add_argument("--dtype", default=None, help="stored feature dtype (default: the input's)")
+    p.add_argument("--random-split", type=parse_fractions, default=None, metavar="TRAIN,VAL,TEST",
+                   help="split of labeled papers when the folder has none (default 0.6,0.2,0.2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of that split")
+    p.add_argument("--no-reverse", action="store_true", help="do not add reverse relations (rev_<name>)")
+    p.add_argument("--raw-feature-dim", type=parse_count, default=1024,
+                   help="columns of headerless float32 feature files (IGB sizes large and full; default 1024)")
+    p.add_argument("--num-nodes", type=parse_type_dims, metavar="TYPE=N,...",
+                   help="node counts of types that have no files of their own")
+    p.set_defaults(func=_run_hetero_igbh)
 
 
 def add_prepare_parser(subparsers) -> argparse.ArgumentParser:

@@ -370,3 +370,15 @@ def test_pyg_and_dgl_inputs_that_cannot_convert_are_explained(graph, tmp_path):
     with pytest.raises(ValueError, match=r"several node types have labels \(paper, venue\) in data \(y\)"):
         hetero_from_pyg(tmp_path / "ds", data)
     assert os.listdir(tmp_path) == []
+
+
+def test_prepare_hetero_igbh_from_the_cli(graph, tmp_path, capsys):
+    from lsm_gnn.cli import main
+    from lsm_gnn.data import open_dataset
+
+    write_igbh(graph, tmp_path / "igbh")
+    out = tmp_path / "ds"
+    assert main(["prepare", "hetero", "igbh", str(tmp_path / "igbh"), "--out", str(out), "--num-nodes",
+                 "institute=7", "--raw-feature-dim", "13", "--scores", "none", "--no-progress"]) == 0
+    assert "target paper" in capsys.readouterr().out
+    check_dataset(open_dataset(out), graph, order=("paper", "author", "fos", "institute"), reverse=True)

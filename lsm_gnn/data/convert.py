@@ -20,7 +20,7 @@ import numpy as np
 
 from lsm_gnn.data.format import FEATURE_DTYPES, SPLITS, Dataset
 from lsm_gnn.data.scores import SCORE_NAMES, compute_scores
-from lsm_gnn.data.writer import EDGE_CHUNK, DatasetWriter
+from lsm_gnn.data.writer import EDGE_CHUNK, DatasetWriter, csr_edge_chunks
 
 FEATURE_CHUNK_BYTES = 32 << 20  # bytes of source features read per write
 VECTOR_CHUNK = 1 << 22          # entries per chunk when scanning per-node vectors
@@ -200,13 +200,10 @@ def _check_csr(indptr: Any, indices: Any, num_nodes: int) -> tuple[np.ndarray, A
 
 
 def _csr_edge_chunks(indptr: np.ndarray, indices: Any, bar) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """CSR as (src, dst) chunks: row v lists the sources of edges into v."""
-    num_edges = int(indptr[-1])
-    for start in range(0, num_edges, EDGE_CHUNK):
-        stop = min(start + EDGE_CHUNK, num_edges)
-        rows = np.searchsorted(indptr, np.arange(start, stop), side="right") - 1
-        yield _to_numpy(indices[start:stop]), rows
-        bar.update(stop - start)
+    """CSR as (src, dst) chunks (row v lists the sources of edges into v), counted on ``bar``."""
+    for src, dst in csr_edge_chunks(indptr, indices):
+        yield src, dst
+        bar.update(src.size)
 
 
 def _check_labels(labels: Any, num_nodes: int, num_classes: int | None, counted_by: str = "features.shape[0]"

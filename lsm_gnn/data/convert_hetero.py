@@ -19,8 +19,6 @@ names PyG's ``ToUndirected`` gives (a same-type relation gets its own
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -29,15 +27,13 @@ import numpy as np
 
 from lsm_gnn.data.convert import (
     FOLDER_PATTERNS, _array_like, _attr, _check_edge_index, _check_features, _check_labels, _check_split,
-    _csr_edge_chunks, _dtype_of, _feature_dtype, _progress, _range_hint, _require_integer,
+    _dtype_of, _feature_dtype, _progress, _range_hint, _require_integer,
     checked_edge_chunks, dgl_splits, num_edges_of, pyg_splits, random_split, write_feature_chunks,
 )
 from lsm_gnn.data.format import SPLITS
 from lsm_gnn.data.hetero import HeteroDataset, Relation, check_name, parse_relation, relation_key
-from lsm_gnn.data.hetero_writer import HeteroDatasetWriter
-from lsm_gnn.data.scores import SCORE_NAMES, compute_scores
-from lsm_gnn.data.writer import AtomicDatasetWriter, build_csr_files
-from lsm_gnn.fileio import temp_prefix
+from lsm_gnn.data.hetero_writer import HeteroDatasetWriter, hetero_scores
+from lsm_gnn.data.scores import SCORE_NAMES
 
 REVERSE_PREFIX = "rev_"     # PyG's ToUndirected names the reverse of relation r "rev_r"
 IGB_EMBEDDING_DIM = 1024    # width of IGB's headerless feature files (sizes large and full)
@@ -314,50 +310,6 @@ def _check_splits(splits: dict, counts: dict[str, int], count_sources: dict[str,
 
 
 # -- static scores --------------------------------------------------------------------
-
-def hetero_scores(source: HeteroDatasetWriter | HeteroDataset, names=SCORE_NAMES, *, progress: bool = False
-                  ) -> dict[str, dict[str, np.ndarray]]:
-    """Static scores of every node, per type: ``{type: {score name: float32 [num_nodes[type]]}}``.
-
-    The scores of :mod:`lsm_gnn.data.scores` on one homogeneous graph, the
-    union of all relations in the global id space (node types one after
-    another in order): a node's row lists its neighbors in every relation, an
-    edge in two relations counting twice, as the typed sampler reaches it
-    through each. That graph's CSR is built in bounded memory in a temporary
-    directory, inside a writer's (``source`` being written) or beside the
-    dataset, and removed before returning.
-    """
-    names = tuple(names)
-    unknown = sorted(set(names) - set(SCORE_NAMES))
-    if unknown:
-        raise ValueError(f"unknown score(s) {unknown}; valid names are {', '.join(SCORE_NAMES)}")
-    offsets, total = {}, 0
-    for t, count in source.num_nodes.items():
-        offsets[t], total = total, total + count
-    relations = [(r["src"], r["name"], r["dst"]) for r in source.meta["relations"]]
-    if isinstance(source, AtomicDatasetWriter):  # dies with the writer's temporary directory
-        workdir = tempfile.mkdtemp(prefix=".scores-", dir=source.tmp)
-    else:  # named as a writer's temporary: a later writer of the dataset removes one left by a killed process
-        workdir = tempfile.mkdtemp(prefix=temp_prefix(source.path), dir=os.path.dirname(source.path))
-    try:
-        def union_edges(bar):
-            for src, name, dst in relations:
-                indptr, indices = source.csr((src, name, dst))
-                for src_ids, dst_ids in _csr_edge_chunks(indptr, indices, bar):
-                    yield src_ids.astype(np.int64) + offsets[src], dst_ids + offsets[dst]
-
-        num_edges = sum(int(source.csr(r)[0][-1]) for r in relations)
-        with _progress(progress, total=num_edges, desc="scores", unit="edge") as bar:
-            build_csr_files(workdir, "", union_edges(bar), total, total, dedup=False)
-        indptr = np.load(os.path.join(workdir, "indptr.npy"), mmap_mode="r")
-        indices = np.load(os.path.join(workdir, "indices.npy"), mmap_mode="r")
-        scores = compute_scores(indptr, indices, names)
-        del indptr, indices
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return {t: {score: np.array(values[offsets[t]:offsets[t] + count]) for score, values in scores.items()}
-            for t, count in source.num_nodes.items()}
-
 
 # -- graph libraries ----------------------------------------------------------------------
 

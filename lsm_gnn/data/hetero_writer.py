@@ -8,6 +8,7 @@ error removes it, a full disk is named by file. Layout: :mod:`lsm_gnn.data.heter
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from typing import Iterable
 
@@ -19,6 +20,7 @@ from lsm_gnn.data.writer import (
     AtomicDatasetWriter, DatasetError, FeatureFileWriter, _version, build_csr_files, csr_edge_chunks, label_array,
     save_npy, score_array, split_ids, write_csr_files,
 )
+from lsm_gnn.fileio import temp_prefix
 
 
 class HeteroDatasetWriter(AtomicDatasetWriter):
@@ -179,35 +181,12 @@ class HeteroDatasetWriter(AtomicDatasetWriter):
         save_npy(os.path.join(self.tmp, file_name), scores)
         entry["scores"][name] = file_name
 
-    def write_union_scores(self, names=None) -> None:
+    def write_union_scores(self, names=None, progress: bool = False) -> None:
         """Computes static scores (default: all of :data:`~lsm_gnn.data.scores.SCORE_NAMES`) on the union of
-        the relations written so far, in the global id space, and writes each type's slice.
-
-        The cache keys rows by global id, and sampling reaches a node through any relation, so the scores
-        rank all types together: ``reverse_pagerank`` sums to 1 over every node of every type. The union
-        CSR is built in bounded memory in a temporary directory inside the writer's and removed after."""
-        from lsm_gnn.data.scores import SCORE_NAMES, compute_scores  # imports torch: only when scores are made
-
-        names = SCORE_NAMES if names is None else tuple(names)
-        offsets = type_offsets(self.num_nodes)
-        total = sum(self.num_nodes.values())
-
-        def union_edges():
-            for relation in self._relations:
-                src, _, dst = relation
-                yield from csr_edge_chunks(*self.csr(relation), src_offset=offsets[src], dst_offset=offsets[dst])
-
-        with tempfile.TemporaryDirectory(prefix="union-", dir=self.tmp) as union_dir:
-            # No dedup pass: the scores need no sorted rows, and an edge two relations share (only possible
-            # between the same two types) rightly counts twice: sampling can reach it through either.
-            build_csr_files(union_dir, "", union_edges(), total, total, dedup=False)
-            indptr = np.load(os.path.join(union_dir, "indptr.npy"), mmap_mode="r")
-            indices = np.load(os.path.join(union_dir, "indices.npy"), mmap_mode="r")
-            values = compute_scores(indptr, indices, names)
-            del indptr, indices
-        for name, scores in values.items():
-            for t, n in self.num_nodes.items():
-                self.write_score(t, name, scores[offsets[t]:offsets[t] + n])
+        the relations written so far (:func:`hetero_scores`) and writes each type's slice."""
+        for t, per_type in hetero_scores(self, names, progress=progress).items():
+            for name, scores in per_type.items():
+                self.write_score(t, name, scores)
 
     # -- commit --------------------------------------------------------------
     def _finish(self) -> None:
@@ -217,3 +196,50 @@ class HeteroDatasetWriter(AtomicDatasetWriter):
                                "...) or give no target")
         for t, writer in self._features.items():
             self.meta["checksums"][f"nodes/{t}/features.bin"] = writer.finish(self.path)
+
+
+def hetero_scores(source, names=None, *, progress: bool = False) -> dict[str, dict[str, np.ndarray]]:
+    """Static scores of every node, per type: ``{type: {score name: float32 [num_nodes[type]]}}``, of a
+    :class:`HeteroDatasetWriter` being written or an opened :class:`~lsm_gnn.data.hetero.HeteroDataset`.
+
+    The cache keys rows by global id, and sampling reaches a node through any relation, so the scores rank
+    all types together: those of :mod:`lsm_gnn.data.scores` on one graph, the union of every relation in
+    the global id space (``reverse_pagerank`` sums to 1 over every node of every type; an edge in two
+    relations counts twice, as the typed sampler reaches it through each). That graph's CSR is built in
+    bounded memory in a temporary directory (inside a writer's, or named as a writer's temporary beside
+    the dataset, so a later writer removes one a killed process left) and removed before returning.
+    """
+    from tqdm.auto import tqdm
+
+    from lsm_gnn.data.scores import SCORE_NAMES, compute_scores  # imports torch: only when scores are made
+
+    names = SCORE_NAMES if names is None else tuple(names)
+    unknown = sorted(set(names) - set(SCORE_NAMES))
+    if unknown:
+        raise ValueError(f"unknown score(s) {unknown}; valid names are {', '.join(SCORE_NAMES)}")
+    offsets, total = type_offsets(source.num_nodes), sum(source.num_nodes.values())
+    relations = [(r["src"], r["name"], r["dst"]) for r in source.meta["relations"]]
+    if isinstance(source, AtomicDatasetWriter):  # dies with the writer's temporary directory
+        workdir = tempfile.mkdtemp(prefix=".scores-", dir=source.tmp)
+    else:
+        workdir = tempfile.mkdtemp(prefix=temp_prefix(source.path), dir=os.path.dirname(source.path))
+    num_edges = sum(int(source.csr(r)[0][-1]) for r in relations)
+    try:
+        with tqdm(total=num_edges, desc="scores", unit="edge", unit_scale=True, disable=not progress) as bar:
+            def union_edges():
+                for src, name, dst in relations:
+                    for chunk in csr_edge_chunks(*source.csr((src, name, dst)), src_offset=offsets[src],
+                                                 dst_offset=offsets[dst]):
+                        bar.update(chunk[0].size)
+                        yield chunk
+
+            # No dedup pass: the scores need no sorted rows.
+            build_csr_files(workdir, "", union_edges(), total, total, dedup=False)
+        indptr = np.load(os.path.join(workdir, "indptr.npy"), mmap_mode="r")
+        indices = np.load(os.path.join(workdir, "indices.npy"), mmap_mode="r")
+        scores = compute_scores(indptr, indices, names)
+        del indptr, indices
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {t: {name: np.array(values[offsets[t]:offsets[t] + n]) for name, values in scores.items()}
+            for t, n in source.num_nodes.items()}
