@@ -112,21 +112,31 @@ def split_capacity(capacity_bytes: int, weights: list[float]) -> list[int]:
 
 
 def build_typed_features(spec: FeatureSpec, dataset, device: torch.device, *, world_size: int = 1,
-                         weights: list[float] | None = None, num_threads: int = 0):
+                         weights: list[float] | None = None, fanouts=None, batch_size: int = 1024, seed: int = 0,
+                         num_threads: int = 0):
     """:func:`build_features` for a heterogeneous dataset: per row format one storage over its types'
-    files, one cache with its share of ``spec.capacity_bytes`` (``weights`` per group, default: the
-    groups' feature bytes) and, shared, one communication layer."""
+    files, one cache and, shared, one communication layer. With several row formats each cache gets a
+    share of ``spec.capacity_bytes``: ``weights`` per group, else, given ``fanouts``, the bytes sampled
+    batches of ``batch_size`` seeds gather from each group (the measured access mix), else each group's
+    feature bytes."""
     from lsm_gnn.storage.concat import ConcatStorage
     from lsm_gnn.typed_features import FeatureGroup, TypedFeatures
 
     groups = feature_groups(dataset)
     if not groups:
         raise ConfigError(f"dataset {dataset.path} has no node type with features; nothing to gather")
-    if weights is None:
+    if weights is None and len(groups) > 1 and fanouts is not None and spec.source == "cache":
+        from lsm_gnn.sampling.hotness import sampled_type_accesses
+
+        rows = sampled_type_accesses(dataset, fanouts, batch_size, seed=seed)
+        weights = [sum(rows[t] * _row_bytes(dataset.node_type(t)) for t in types) for types in groups]
+    if weights is None or sum(weights) <= 0:
         weights = [sum(dataset.num_nodes[t] * _row_bytes(dataset.node_type(t)) for t in types) for types in groups]
     capacities = split_capacity(spec.capacity_bytes, weights)
     built = []
     for types, capacity in zip(groups, capacities):
+        # At least one set of lines, however rare the group's rows are (a cache needs one).
+        capacity = max(capacity, spec.ways * _row_bytes(dataset.node_type(types[0])))
         backend = "memory" if spec.source == "memory" else spec.backend
         storage = ConcatStorage([open_storage(dataset.node_type(t), backend) for t in types], types)
         features = storage

@@ -21,6 +21,8 @@ def _inspect(args) -> int:
         # Checksums first: a file changed since it was written is named as such before the value scan.
         ds.verify_checksums()
         ds = open_dataset(args.path, check="full")
+    if getattr(ds, "is_hetero", False):
+        return _inspect_hetero(ds, args)
     degrees = np.diff(np.asarray(ds.indptr))
     f = ds.features
     summary = {
@@ -47,6 +49,54 @@ def _inspect(args) -> int:
     print(f"labels    {ds.num_classes} classes" if ds.num_classes is not None else "labels    none")
     print("splits    " + (", ".join(f"{k} {v:,}" for k, v in summary["splits"].items()) or "none"))
     print("scores    " + (", ".join(summary["scores"]) or "none"))
+    if args.verify:
+        print("checksums ok")
+    return 0
+
+
+def _degrees(indptr) -> dict:
+    degrees = np.diff(np.asarray(indptr))
+    if degrees.size == 0:
+        return {"mean": 0.0, "max": 0, "zero": 0}
+    return {"mean": float(degrees.mean()), "max": int(degrees.max()), "zero": int((degrees == 0).sum())}
+
+
+def _inspect_hetero(ds, args) -> int:
+    """``inspect`` of a schema-2 dataset: per node type and per relation."""
+    from lsm_gnn.data.hetero import relation_key
+
+    types = {}
+    for t in ds.node_types:
+        f = ds.node_type(t).features
+        entry = ds.node_type(t).entry
+        types[t] = {"num_nodes": ds.num_nodes[t],
+                    "features": None if f is None else {"dim": f.dim, "dtype": f.dtype, "row_bytes": f.row_bytes,
+                                                        "row_stride": f.row_stride, "file_bytes": f.file_bytes},
+                    "num_classes": entry.get("num_classes"),
+                    "splits": {name: int(ds.split(name, t).shape[0]) for name in entry.get("splits") or {}},
+                    "scores": ds.score_names(t)}
+    relations = {relation_key(r): {"num_edges": ds.num_edges[r], "degree": _degrees(ds.csr(r)[0])}
+                 for r in ds.relations}
+    summary = {"path": ds.path, "name": ds.name, "schema_version": ds.meta["version"], "target": ds.target,
+               "num_nodes": ds.total_nodes, "num_edges": sum(ds.num_edges.values()), "node_types": types,
+               "relations": relations, "generator": ds.meta.get("generator")}
+    if args.verify:
+        summary["checksums"] = "ok"
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"dataset   {ds.name}  ({ds.path}), heterogeneous: {len(types)} node types, {len(relations)} relations")
+    print(f"nodes     {ds.total_nodes:,}   edges {summary['num_edges']:,}   target {ds.target or 'none'}")
+    for t, info in types.items():
+        f = info["features"]
+        feats = "no features" if f is None else f"features {f['dim']} {f['dtype']} ({format_bytes(f['file_bytes'])})"
+        labels = f", {info['num_classes']} classes" if info["num_classes"] is not None else ""
+        splits = "".join(f", {k} {v:,}" for k, v in info["splits"].items())
+        print(f"  {t:<14} {info['num_nodes']:>12,} nodes, {feats}{labels}{splits}; scores: "
+              f"{', '.join(info['scores']) or 'none'}")
+    for key, info in relations.items():
+        d = info["degree"]
+        print(f"  {key:<36} {info['num_edges']:>12,} edges, in-degree mean {d['mean']:.2f} max {d['max']:,}")
     if args.verify:
         print("checksums ok")
     return 0

@@ -191,8 +191,10 @@ class Trainer:
         if features is not None:
             self.features = features
         elif self.hetero:
-            self.features = build_typed_features(self.feature_spec, self.dataset, self.device,
-                                                 world_size=self.world_size, num_threads=cfg.sampler.num_threads)
+            self.features = build_typed_features(
+                self.feature_spec, self.dataset, self.device, world_size=self.world_size,
+                fanouts=self.task.fanouts, batch_size=cfg.sampler.batch_size, seed=cfg.train.seed,
+                num_threads=cfg.sampler.num_threads)
         else:
             self.features = build_features(
                 self.feature_spec, self.dataset, self.device, world_size=self.world_size,

@@ -214,3 +214,19 @@ def test_reverse_and_self_loop_handling(tmp_path):
         ds = w.commit()
     assert csr_rows(*ds.csr(("user", "buys", "item"))) == [[0], [], [1]]
     assert csr_rows(*ds.csr(("user", "follows", "user"))) == [[], [], [1]]
+
+
+def test_inspect_shows_types_and_relations(written, capsys):
+    import json as json_module
+
+    from lsm_gnn.cli import main
+
+    ds, _ = written
+    assert main(["inspect", ds.path, "--verify"]) == 0
+    text = capsys.readouterr().out
+    assert "3 node types, 4 relations" in text and "author__writes__paper" in text and "checksums ok" in text
+    assert main(["inspect", ds.path, "--json"]) == 0
+    summary = json_module.loads(capsys.readouterr().out)
+    assert summary["node_types"]["institute"]["features"] is None and summary["target"] == "paper"
+    assert summary["relations"]["paper__cites__paper"]["num_edges"] == ds.num_edges[("paper", "cites", "paper")]
+    assert summary["node_types"]["paper"]["splits"] == {"train": 30, "val": 15}

@@ -26,6 +26,7 @@ def dataset(tmp_path_factory):
                 w.write_score(t, "degree", rng.random(spec["num_nodes"]))
         w.write_edges(("author", "writes", "paper"), [(rng.integers(0, 250, 900), rng.integers(0, 300, 900))])
         w.write_labels("paper", rng.integers(0, 3, 300), num_classes=3)
+        w.write_split("paper", "train", np.arange(200))
         return w.commit()
 
 
@@ -120,3 +121,16 @@ def test_concat_storage(dataset):
     fos = open_storage(dataset.node_type("fos"), "memory")
     with pytest.raises(ValueError, match="'fos' has rows of 3 x float16"):
         ConcatStorage([paper, fos], ["paper", "fos"])
+
+
+def test_groups_share_the_budget_by_measured_accesses(dataset):
+    from lsm_gnn.sampling.hotness import sampled_type_accesses
+
+    rows = sampled_type_accesses(dataset, [3, 2], 50, num_batches=4)
+    assert rows["paper"] > 0 and rows["author"] > 0 and rows["fos"] == 0  # no relation reaches fos
+    features = build_typed_features(spec(capacity=8_000), dataset, torch.device("cpu"), fanouts=[3, 2],
+                                    batch_size=50)
+    big, small = (g.features for g in features.groups)
+    assert big.capacity_bytes <= 8_000 and small.num_lines == small.ways  # fos: just one set
+    by_bytes = build_typed_features(spec(capacity=8_000), dataset, torch.device("cpu"))
+    assert by_bytes.groups[1].features.num_lines > small.num_lines  # by file bytes fos would get more

@@ -21,3 +21,20 @@ def sampled_access_counts(dataset, fanouts, batch_size: int, num_batches: int = 
         batch = rng.choice(seeds, min(batch_size, seeds.size), replace=False)
         counts += np.bincount(sampler.input_nodes(batch, -1 - b).numpy(), minlength=dataset.num_nodes)
     return counts
+
+
+def sampled_type_accesses(dataset, fanouts, batch_size: int, num_batches: int = 16, seed: int = 0
+                          ) -> dict[str, int]:
+    """Per node type of a heterogeneous dataset, the rows ``num_batches`` sampled mini-batches of target
+    training seeds gather (same on every rank): the measured access mix that splits a cache budget."""
+    from lsm_gnn.sampling.hetero import HeteroNeighborSampler
+
+    sampler = HeteroNeighborSampler(dataset, fanouts, seed=seed)
+    seeds = np.asarray(dataset.split("train"), dtype=np.int64)
+    rng = np.random.default_rng([seed, 7])
+    rows = dict.fromkeys(dataset.node_types, 0)
+    for b in range(num_batches):
+        batch = rng.choice(seeds, min(batch_size, seeds.size), replace=False)
+        for t, ids in sampler.input_nodes({dataset.target: batch}, -1 - b).items():
+            rows[t] += ids.numel()
+    return rows
