@@ -29,7 +29,7 @@ class FeatureGroup:
 
     def ids(self, nodes: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[tuple[str, int]]]:
         """The group's ids of ``nodes`` (per type, local ids) and (type, count) per part, in order."""
-        parts = [(t, nodes[t]) for t in self.types if t in nodes and nodes[t].numel()]
+        parts = [(t, nodes[t]) for t in self.types if t in nodes]  # empty ones too: every type gets its rows
         if not parts:
             return torch.empty(0, dtype=torch.int64), []
         ids = torch.cat([local.to(torch.int64) + self.offsets[t] for t, local in parts])
