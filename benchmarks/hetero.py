@@ -14,12 +14,13 @@ so one row format, one feature group and one cache), three measurements:
 2. **Layout.** At equal lines, the one cache over the shared id space (what
    lsm-gnn builds) against one hybrid cache per node type, sized by the
    type's share of the rows the batches access (estimated from the first
-   batches, or measured over the whole trace) or by its share of the rows.
+   batches, or measured over the whole trace) or by its share of the rows,
+   none given more lines than it can use (``--per-type-cap``).
 3. **Training time.** The trainer for a fixed number of iterations, hybrid
    cache against features in memory (benchmarks/end_to_end.py's runner),
    medians of repeats in alternating order.
 
-    python benchmarks/hetero.py              # docs/results/hetero.json
+    python benchmarks/hetero.py              # ~4 min on 2 cores; docs/results/hetero.json
     python benchmarks/hetero.py --quick      # a smoke run, well under a minute
 """
 from __future__ import annotations
@@ -166,14 +167,16 @@ def run_policies(trace: TypedTrace, static: np.ndarray, lines: int, args) -> dic
     num_sets = max(1, lines // WAYS)
     row = {}
     for policy in args.policies:
-        r = replay_cache(make_cache(trace.num_rows, num_sets, WAYS, policy, static, args), trace.batches,
-                         trace.counts, args.warmup, args.window)
+        cache = make_cache(trace.num_rows, num_sets, WAYS, policy, static, args)
+        r = replay_cache(cache, trace.batches, trace.counts, args.warmup, args.window)
         row[policy] = {"hit_ratio": ratio(r["hits"] + r["pvp_hits"], r["requests"]),
                        "cache_hit_ratio": ratio(r["hits"], r["requests"]),
                        "pvp_hit_ratio": ratio(r["pvp_hits"], r["requests"]),
                        "hit_ratio_by_type": {t: ratio(h, n) for t, h, n in
                                              zip(trace.types, r["part_hits"], r["part_requests"])},
                        "requests": r["requests"], "rows_read": r["rows_read"], "seconds": r["seconds"]}
+        if cache.pvp is not None:  # host memory beside the cache's lines, which Belady's bound does not get
+            row[policy]["victim_buffer_lines"] = cache.pvp.num_queues * cache.pvp.capacity
         print(f"  {policy:<11} hit ratio {row[policy]['hit_ratio']:.4f} ({r['seconds']:.0f} s)", file=sys.stderr)
     hits, requests = belady_min(trace.batches, num_sets * WAYS, trace.num_rows, count_from=args.warmup)
     row["belady"] = {"hit_ratio": hits / requests, "hits": hits, "requests": requests}
@@ -182,23 +185,27 @@ def run_policies(trace: TypedTrace, static: np.ndarray, lines: int, args) -> dic
     return row
 
 
-def full_lines(num_rows: int) -> int:
-    """Lines of the smallest cache in which every one of ``num_rows`` rows has a way (sets are hashed)."""
-    num_sets, ways = cache_geometry(4 * num_rows, 1, WAYS, num_rows)
-    return num_sets * ways
+def lines_for_rows(num_rows: int, cap: str = "rows") -> int:
+    """The most lines a per-type cache of ``num_rows`` rows is given. ``rows``: one per row, in whole sets.
+    ``every-row``: the fewest sets in which hashing leaves no row without a way (what cache_geometry
+    allocates to a cache larger than its rows), which takes more lines from the other types."""
+    if cap == "every-row":
+        num_sets, ways = cache_geometry(4 * num_rows, 1, WAYS, num_rows)
+        return num_sets * ways
+    return -(-num_rows // WAYS) * WAYS
 
 
-def split_lines(total: int, weights: dict[str, float], num_nodes: dict[str, int]) -> dict[str, float]:
-    """``total`` lines in proportion to ``weights``; a type is never given more than holds all of its rows
-    (what it would not use goes to the others, in proportion)."""
+def split_lines(total: int, weights: dict[str, float], caps: dict[str, int]) -> dict[str, float]:
+    """``total`` lines in proportion to ``weights``, a type never given more than its cap (what it would not
+    use goes to the others, in proportion)."""
     lines, open_types, left = {}, list(weights), float(total)
     while open_types:
         weight = sum(weights[t] for t in open_types)
-        full = [t for t in open_types if weight and left * weights[t] / weight >= full_lines(num_nodes[t])]
-        if not full:
+        capped = [t for t in open_types if weight and left * weights[t] / weight >= caps[t]]
+        if not capped:
             break
-        for t in full:
-            lines[t] = float(full_lines(num_nodes[t]))
+        for t in capped:
+            lines[t] = float(caps[t])
             left -= lines[t]
             open_types.remove(t)
     for t in open_types:
@@ -206,15 +213,15 @@ def split_lines(total: int, weights: dict[str, float], num_nodes: dict[str, int]
     return lines
 
 
-def type_geometries(total: int, weights: dict[str, float], num_nodes: dict[str, int]) -> dict[str, tuple[int, int]]:
-    """(sets, ways) per type for :func:`split_lines`' shares: 32 ways (fewer below one set), the whole sets
-    that rounding down leaves over given to the types it cut most, so the caches add up to ``total`` lines
-    within one set."""
-    shares = split_lines(total, weights, num_nodes)
+def type_geometries(total: int, weights: dict[str, float], caps: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """(sets, ways) per type for :func:`split_lines`' shares (caps in whole sets): 32 ways (fewer below one
+    set), the whole sets that rounding down leaves over given to the types it cut most, so the caches add
+    up to ``total`` lines within one set."""
+    shares = split_lines(total, weights, caps)
     geometry, growable = {}, []
     for t, share in shares.items():
-        if share >= full_lines(num_nodes[t]):
-            geometry[t] = (full_lines(num_nodes[t]) // WAYS, WAYS)
+        if share >= caps[t]:
+            geometry[t] = (caps[t] // WAYS, WAYS)
         elif share < WAYS:
             geometry[t] = (1, max(1, int(share)))
         else:
@@ -233,7 +240,8 @@ def run_per_type(trace: TypedTrace, static_by_type: dict[str, np.ndarray], weigh
                  args) -> dict:
     """One hybrid cache per node type, ``total`` lines split by ``weights``; each type's cache sees only its
     own ids, with a window of its own (as a feature group of its own would)."""
-    geometries = type_geometries(total, weights, trace.num_nodes)
+    caps = {t: lines_for_rows(n, args.per_type_cap) for t, n in trace.num_nodes.items()}
+    geometries = type_geometries(total, weights, caps)
     by_type, hits, requests = {}, 0, 0
     for k, t in enumerate(trace.types):
         num_sets, ways = geometries[t]
@@ -305,16 +313,18 @@ def parse_args(argv=None):
     p.add_argument("--window", type=int, default=32, help="future batches the cache sees (trace and training)")
     p.add_argument("--period", type=int, default=4)
     p.add_argument("--warmup", type=int, default=32, help="batches that fill the caches before hits count")
-    p.add_argument("--sizes", default="0.01,0.025,0.05", help="cache sizes as fractions of all feature rows")
+    p.add_argument("--sizes", default="0.01,0.025,0.05,0.1", help="cache sizes as fractions of all feature rows")
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--queue-capacity", default="scaled",
                    help="lines per victim queue of hybrid+pvp, or 'scaled' (benchmarks/pvp.py's: the paper's "
                         "16K lines per 140K nodes of a batch)")
     p.add_argument("--estimate-share", type=float, default=0.1,
                    help="share of the trace's first batches that estimate the per-type access shares")
+    p.add_argument("--per-type-cap", choices=("rows", "every-row"), default="rows",
+                   help="most lines of a per-type cache: one per row, or until hashing leaves no row without a way")
     p.add_argument("--train-capacity", default="10%", help="the trainer's cache.capacity")
-    p.add_argument("--train-iterations", type=int, default=100)
-    p.add_argument("--repeats", type=int, default=3, help="training runs per feature path (0: no training)")
+    p.add_argument("--train-iterations", type=int, default=200)
+    p.add_argument("--repeats", type=int, default=5, help="training runs per feature path (0: no training)")
     p.add_argument("--model", default="sage")
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--json", default=None, help=f"result file (default {DEFAULT_JSON}; none with --quick)")
@@ -363,8 +373,10 @@ def print_tables(result: dict) -> None:
         summary = training["summary"]
         print(f"\ntraining: hybrid {summary['hybrid']['ms_per_iter_wall']:.1f} ms/it (hit ratio "
               f"{summary['hybrid']['hit_ratio']:.3f}), memory {summary['memory']['ms_per_iter_wall']:.1f} ms/it: "
-              f"hybrid/memory {training['hybrid_slowdown_vs_memory']:.2f}x (per repeat "
-              + ", ".join(f"{r:.2f}" for r in training["hybrid_slowdown_vs_memory_per_repeat"]) + ")")
+              "hybrid/memory per repeat " + ", ".join(f"{r:.2f}" for r in
+                                                       training["hybrid_slowdown_vs_memory_per_repeat"])
+              + f": median {training['hybrid_slowdown_vs_memory_median']:.2f}x (ratio of the medians "
+              f"{training['hybrid_slowdown_vs_memory']:.2f}x)")
 
 
 def main(argv=None) -> dict:

@@ -74,10 +74,11 @@ def test_training_is_timed_against_memory(quick_run):
 
 
 def test_per_type_lines_hold_small_types_whole_and_add_up(hetero_bench):
-    num_nodes = {"big": 100_000, "small": 40}
-    geometries = hetero_bench.type_geometries(3200, {"big": 1.0, "small": 1.0}, num_nodes)
-    full_small = hetero_bench.full_lines(40)
-    assert geometries["small"][0] * geometries["small"][1] == full_small  # capped: it holds every row
-    assert geometries["big"] == ((3200 - full_small) // 32, 32)  # the rest, in whole sets
-    tiny = hetero_bench.type_geometries(64, {"big": 0.9, "small": 0.1}, num_nodes)
+    caps = {"big": hetero_bench.lines_for_rows(100_000), "small": hetero_bench.lines_for_rows(40)}
+    assert caps["small"] == 64  # one line per row, in whole sets
+    assert hetero_bench.lines_for_rows(40, "every-row") >= 64
+    geometries = hetero_bench.type_geometries(3200, {"big": 1.0, "small": 1.0}, caps)
+    assert geometries["small"] == (2, 32)  # capped: what it cannot use goes to the other type
+    assert geometries["big"] == ((3200 - 64) // 32, 32)
+    tiny = hetero_bench.type_geometries(64, {"big": 0.9, "small": 0.1}, caps)
     assert tiny["small"] == (1, 6) and tiny["big"] == (1, 32)
