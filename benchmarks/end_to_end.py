@@ -35,7 +35,6 @@ import io
 import json
 import mmap
 import os
-import platform
 import statistics
 import sys
 import time
@@ -43,7 +42,7 @@ import time
 import numpy as np
 import torch
 
-from lsm_gnn.benchmarking import reusable_dataset, write_json
+from lsm_gnn.benchmarking import feature_paths, machine_info, reusable_dataset, write_json
 from lsm_gnn.config import load_config
 from lsm_gnn.storage.base import CountingStorage
 from lsm_gnn.storage.probe import evict_page_cache
@@ -114,7 +113,8 @@ def run_once(args, ds, method: str) -> dict:
         overrides += ["cache.features=memory"]
     else:
         features = MemmapStorage(ds, evict_each_batch=method in BOUND, random_advice=method == "memmap-random-bound")
-    evict_page_cache(ds.feature_path)
+    for path in feature_paths(ds):
+        evict_page_cache(path)
     trainer = Trainer(load_config(None, overrides), out=io.StringIO(), features=features)
     result = trainer.fit()
     last = result["history"][-1]
@@ -173,14 +173,19 @@ def ratios(summary: dict) -> dict:
             "hybrid_slowdown_vs_memory": memory}
 
 
-def paired_ratios(runs: list[dict]) -> dict:
-    """hybrid's wall time over hybrid+pvp's, per repeat (the two ran back to back), and their median:
-    steadier than a ratio of medians when the machine's load drifts between repeats."""
+def per_repeat_ratios(runs: list[dict], slower: str, faster: str) -> list[float]:
+    """``slower``'s wall time over ``faster``'s in each repeat where both ran (back to back)."""
     by_repeat: dict = {}
     for r in runs:
         by_repeat.setdefault(r["repeat"], {})[r["method"]] = r["wall_s"]
-    per_repeat = [walls["hybrid"] / walls["hybrid+pvp"] for _, walls in sorted(by_repeat.items())
-                  if "hybrid" in walls and "hybrid+pvp" in walls]
+    return [walls[slower] / walls[faster] for _, walls in sorted(by_repeat.items())
+            if slower in walls and faster in walls]
+
+
+def paired_ratios(runs: list[dict]) -> dict:
+    """hybrid's wall time over hybrid+pvp's, per repeat (the two ran back to back), and their median:
+    steadier than a ratio of medians when the machine's load drifts between repeats."""
+    per_repeat = per_repeat_ratios(runs, "hybrid", "hybrid+pvp")
     if not per_repeat:
         return {}
     return {"pvp_speedup_vs_hybrid_per_repeat": per_repeat,
@@ -219,22 +224,27 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    ds = ensure_graph(args.data, args.num_nodes, args.feature_dim)
+def run_rotated(args, ds, methods, repeats: int) -> list[dict]:
+    """Every method ``repeats`` times, the order rotated per repeat so that no method always runs first."""
     runs = []
-    for rep in range(args.repeats):
-        order = args.methods[rep % len(args.methods):] + args.methods[:rep % len(args.methods)]
-        for method in order:
+    for rep in range(repeats):
+        for method in methods[rep % len(methods):] + methods[:rep % len(methods)]:
             r = run_once(args, ds, method)
             r["repeat"] = rep
             runs.append(r)
             print(f"repeat {rep} {method:<13} wall {r['wall_s']:.2f}s  hit "
                   f"{'-' if r['hit_ratio'] is None else format(r['hit_ratio'], '.3f')}", file=sys.stderr)
+    return runs
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    ds = ensure_graph(args.data, args.num_nodes, args.feature_dim)
+    runs = run_rotated(args, ds, args.methods, args.repeats)
     summary = summarize(runs)
     result = {"settings": {k: v for k, v in vars(args).items() if k != "json"},
               "dataset": {"path": ds.path, "num_nodes": ds.num_nodes, "feature_file_bytes": ds.features.file_bytes},
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+              "machine": machine_info(),
               "runs": runs, "summary": summary, "ratios": ratios(summary),
               "paired_ratios": paired_ratios(runs)}
     if args.json:

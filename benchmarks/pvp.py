@@ -20,14 +20,13 @@ so the cache evolves exactly as without PVP).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import time
 
 import numpy as np
 
-from lsm_gnn.benchmarking import write_json
+from lsm_gnn.benchmarking import load_script, write_json
 from lsm_gnn.cache import SoftwareCache, belady_min, replay
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,10 +38,12 @@ MODES = ("off", "bypass", "reinstall")
 
 
 def _cache_policies():
-    spec = importlib.util.spec_from_file_location("cache_policies", os.path.join(HERE, "cache_policies.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(os.path.join(HERE, "cache_policies.py"))
+
+
+def scaled_queue_capacity(nodes_per_batch: float) -> int:
+    """Lines per victim queue holding the share of a batch that the paper's 16K lines hold of IGB-Full's."""
+    return max(1, round(PAPER_QUEUE_CAPACITY * nodes_per_batch / PAPER_NODES_PER_BATCH))
 
 
 def run(trace, num_nodes, policy, mode, num_sets, window, period, warmup, static, capacity) -> dict:
@@ -81,8 +82,7 @@ def main(argv=None) -> dict:
     setup = cp.record_setup_trace(args)
     num_nodes, trace, measured_end, per_iter = setup.num_nodes, setup.trace, setup.measured_end, setup.nodes_per_batch
     policies, modes = args.policies.split(","), args.modes.split(",")
-    capacity = (max(1, round(PAPER_QUEUE_CAPACITY * per_iter / PAPER_NODES_PER_BATCH))
-                if args.queue_capacity == "scaled" else int(args.queue_capacity))
+    capacity = scaled_queue_capacity(per_iter) if args.queue_capacity == "scaled" else int(args.queue_capacity)
     print(f"{capacity} lines per victim queue ({capacity / per_iter:.1%} of a batch)", file=sys.stderr)
     results = {"config": {"num_nodes": num_nodes, "num_edges": setup.dataset.num_edges, "fanouts": setup.fanouts,
                           "batch_size": setup.batch, "iterations": setup.iterations, "warmup": args.warmup,

@@ -1,9 +1,13 @@
 """Helpers the benchmark scripts share: timing medians, result files and reused datasets."""
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import os
+import platform
 import statistics
+import sys
 import time
 
 from lsm_gnn.data.format import DatasetError, open_dataset
@@ -27,13 +31,43 @@ def write_json(path: str, result, indent: int = 2) -> None:
     atomic_write_bytes(json.dumps(result, indent=indent).encode(), path)
 
 
-def reusable_dataset(path: str, *, num_nodes: int, feature_dim: int | None = None, feature_dtype: str | None = None,
-                     generator: dict | None = None, log=None):
+def machine_info() -> dict:
+    """What a result file records about the machine it was measured on."""
+    import torch
+
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__}
+
+
+@functools.lru_cache(maxsize=None)
+def load_script(path: str):
+    """A benchmark script as a module (benchmarks/ is no package), loaded once per path and registered in
+    ``sys.modules`` as ``benchmarks.<name>`` (dataclasses look their module up there)."""
+    name = "benchmarks." + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def feature_paths(dataset) -> list[str]:
+    """The feature files of a dataset: one for schema 1, one per featured node type for schema 2."""
+    if getattr(dataset, "is_hetero", False):
+        return [dataset.node_type(t).feature_path for t in dataset.feature_types]
+    return [dataset.feature_path]
+
+
+def reusable_dataset(path: str, *, num_nodes: int | dict[str, int], feature_dim: int | None = None,
+                     feature_dtype: str | None = None, generator: dict | None = None, log=None):
     """The dataset an earlier run left at ``path`` if it opens and matches, else None (the caller writes it).
 
-    It matches when it has ``num_nodes`` nodes and, where given, ``feature_dim``, ``feature_dtype``
-    (a numpy name) and the ``generator`` settings recorded in its meta. An unreadable one is reported
-    through ``log`` when given.
+    It matches when it has ``num_nodes`` nodes (a heterogeneous one: a dict, the node count of every type
+    it names) and, where given, ``feature_dim``, ``feature_dtype`` (a numpy name; both schema 1 only) and
+    the ``generator`` settings recorded in its meta. An unreadable one is reported through ``log`` when given.
     """
     if not os.path.isdir(path):
         return None
@@ -44,8 +78,13 @@ def reusable_dataset(path: str, *, num_nodes: int, feature_dim: int | None = Non
             log(f"  {path} is unusable ({exc}); re-creating it")
         return None
     recorded = ds.meta.get("generator") or {}
-    if ds.num_nodes != num_nodes or (feature_dim is not None and ds.feature_dim != feature_dim) \
-            or (feature_dtype is not None and ds.feature_dtype.name != feature_dtype) \
-            or any(recorded.get(key) != value for key, value in (generator or {}).items()):
+    if any(recorded.get(key) != value for key, value in (generator or {}).items()):
+        return None
+    if isinstance(num_nodes, dict):
+        hetero = getattr(ds, "is_hetero", False)
+        return ds if hetero and all(ds.num_nodes.get(t) == n for t, n in num_nodes.items()) else None
+    if getattr(ds, "is_hetero", False) or ds.num_nodes != num_nodes \
+            or (feature_dim is not None and ds.feature_dim != feature_dim) \
+            or (feature_dtype is not None and ds.feature_dtype.name != feature_dtype):
         return None
     return ds
