@@ -1,0 +1,155 @@
+"""Run a command under a memory cap that counts the page cache: the out-of-core regime, for real.
+
+A feature file smaller than RAM is served by the page cache whatever the
+storage path does, so speed figures taken that way hide the SSD. A memory
+cgroup counts the page cache its processes fill against its limit: under a
+cap a fraction of the file, reads must come from the device.
+:class:`MemoryCap` creates such a cgroup (v1 ``memory.limit_in_bytes`` where
+the memory controller is mounted as v1, v2 ``memory.max`` otherwise), runs
+commands in it, reports their peak and whether the kernel killed one for
+memory, and removes it. Creating cgroups needs root (or a delegated subtree);
+where neither version is writable it says so and how to fix it.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from dataclasses import dataclass
+
+V1_ROOT = "/sys/fs/cgroup/memory"
+V2_ROOT = "/sys/fs/cgroup"
+
+
+class MemoryCapError(RuntimeError):
+    """No memory cgroup can be created here."""
+
+
+@dataclass
+class CappedRun:
+    """One command's run under the cap."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    peak_bytes: int          # the cgroup's peak usage (page cache included) while the command ran
+    limit_bytes: int
+    oom_killed: bool         # the kernel killed a process of the cgroup for memory
+
+    @property
+    def within_cap(self) -> bool:
+        return not self.oom_killed and self.peak_bytes <= self.limit_bytes
+
+
+def _read_int(path: str) -> int:
+    with open(path) as f:
+        return int(f.read().split()[0])
+
+
+def _write(path: str, value) -> None:
+    with open(path, "w") as f:
+        f.write(str(value))
+
+
+def _oom_kills(path: str, key: str) -> int:
+    """The kill counter in a cgroup's memory.oom_control (v1) or memory.events (v2); 0 where absent."""
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except OSError:
+        pass
+    return 0
+
+
+class MemoryCap:
+    """A memory cgroup limited to ``limit_bytes`` (page cache included, swap excluded where the kernel
+    accounts it). Use as a context manager; :meth:`run` starts commands inside it."""
+
+    def __init__(self, limit_bytes: int, name: str | None = None):
+        if limit_bytes < 1 << 20:
+            raise ValueError(f"a memory cap below 1 MiB cannot run a process, got {limit_bytes} bytes")
+        self.limit_bytes = int(limit_bytes)
+        self.name = name or f"lsm-gnn-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.version = self._version()
+        root = V1_ROOT if self.version == 1 else V2_ROOT
+        self.path = os.path.join(root, self.name)
+        try:
+            os.mkdir(self.path)
+        except OSError as exc:
+            raise MemoryCapError(f"cannot create the memory cgroup {self.path} ({exc.strerror}); run as root or "
+                                 "in a container with a writable (delegated) cgroup tree") from None
+        try:
+            if self.version == 1:
+                _write(os.path.join(self.path, "memory.limit_in_bytes"), self.limit_bytes)
+                memsw = os.path.join(self.path, "memory.memsw.limit_in_bytes")
+                if os.path.exists(memsw):  # no escape into swap: the cap is on memory + swap
+                    _write(memsw, self.limit_bytes)
+            else:
+                _write(os.path.join(self.path, "memory.max"), self.limit_bytes)
+                if os.path.exists(os.path.join(self.path, "memory.swap.max")):
+                    _write(os.path.join(self.path, "memory.swap.max"), 0)
+        except OSError:
+            self.close()
+            raise
+
+    @staticmethod
+    def _version() -> int:
+        if os.access(V1_ROOT, os.W_OK) and os.path.exists(os.path.join(V1_ROOT, "memory.limit_in_bytes")):
+            return 1
+        controllers = os.path.join(V2_ROOT, "cgroup.controllers")
+        if os.path.exists(controllers) and os.access(V2_ROOT, os.W_OK):
+            with open(controllers) as f:
+                if "memory" in f.read().split():
+                    return 2
+        raise MemoryCapError("no writable memory cgroup: neither cgroup v1 (/sys/fs/cgroup/memory) nor v2 with the "
+                             "memory controller (/sys/fs/cgroup/cgroup.controllers) can be used here; run as root on "
+                             "Linux, or give this container a delegated cgroup tree")
+
+    def usage_bytes(self) -> int:
+        return _read_int(os.path.join(self.path, "memory.usage_in_bytes" if self.version == 1 else "memory.current"))
+
+    def _peak_bytes(self) -> int:
+        if self.version == 1:
+            return _read_int(os.path.join(self.path, "memory.max_usage_in_bytes"))
+        peak = os.path.join(self.path, "memory.peak")  # Linux 5.19+
+        return _read_int(peak) if os.path.exists(peak) else self.usage_bytes()
+
+    def _reset_peak(self) -> None:
+        if self.version == 1:
+            _write(os.path.join(self.path, "memory.max_usage_in_bytes"), 0)
+
+    def _kills(self) -> int:
+        if self.version == 1:
+            return _oom_kills(os.path.join(self.path, "memory.oom_control"), "oom_kill")
+        return _oom_kills(os.path.join(self.path, "memory.events"), "oom_kill")
+
+    def run(self, args: list[str], *, timeout: float | None = None, env: dict | None = None,
+            cwd: str | None = None) -> CappedRun:
+        """Runs ``args`` inside the cgroup (it joins before it executes, so every byte it maps counts)."""
+        self._reset_peak()
+        kills = self._kills()
+        procs = os.path.join(self.path, "cgroup.procs")
+
+        def join() -> None:  # runs in the child between fork and exec
+            _write(procs, os.getpid())
+
+        result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd,
+                                preexec_fn=join)
+        return CappedRun(result.returncode, result.stdout, result.stderr, self._peak_bytes(), self.limit_bytes,
+                         self._kills() > kills)
+
+    def close(self) -> None:
+        """Removes the cgroup (its processes have exited; a cgroup with none left is removable)."""
+        try:
+            os.rmdir(self.path)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> MemoryCap:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
