@@ -23,12 +23,11 @@ def _inspect(args) -> int:
         ds = open_dataset(args.path, check="full")
     if getattr(ds, "is_hetero", False):
         return _inspect_hetero(ds, args)
-    degrees = np.diff(np.asarray(ds.indptr))
     f = ds.features
     summary = {
         "path": ds.path, "name": ds.name, "schema_version": ds.meta["version"],
         "num_nodes": ds.num_nodes, "num_edges": ds.num_edges,
-        "degree": {"mean": float(degrees.mean()), "max": int(degrees.max()), "zero": int((degrees == 0).sum())},
+        "degree": _degrees(ds.indptr),
         "features": {"dim": f.dim, "dtype": f.dtype, "row_bytes": f.row_bytes, "row_stride": f.row_stride,
                      "file_bytes": f.file_bytes},
         "num_classes": ds.num_classes,
@@ -36,10 +35,7 @@ def _inspect(args) -> int:
         "scores": ds.score_names,
         "generator": ds.meta.get("generator"),
     }
-    if args.verify:
-        summary["checksums"] = "ok"
-    if args.json:
-        print(json.dumps(summary, indent=2))
+    if _printed_json(summary, args):
         return 0
     print(f"dataset   {ds.name}  ({ds.path})")
     print(f"nodes     {ds.num_nodes:,}   edges {ds.num_edges:,}   degree mean {summary['degree']['mean']:.2f} "
@@ -52,6 +48,15 @@ def _inspect(args) -> int:
     if args.verify:
         print("checksums ok")
     return 0
+
+
+def _printed_json(summary: dict, args) -> bool:
+    """Records a passed ``--verify`` in ``summary`` and, with ``--json``, prints it (True: nothing else to print)."""
+    if args.verify:
+        summary["checksums"] = "ok"
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    return bool(args.json)
 
 
 def _degrees(indptr) -> dict:
@@ -80,10 +85,7 @@ def _inspect_hetero(ds, args) -> int:
     summary = {"path": ds.path, "name": ds.name, "schema_version": ds.meta["version"], "target": ds.target,
                "num_nodes": ds.total_nodes, "num_edges": sum(ds.num_edges.values()), "node_types": types,
                "relations": relations, "generator": ds.meta.get("generator")}
-    if args.verify:
-        summary["checksums"] = "ok"
-    if args.json:
-        print(json.dumps(summary, indent=2))
+    if _printed_json(summary, args):
         return 0
     print(f"dataset   {ds.name}  ({ds.path}), heterogeneous: {len(types)} node types, {len(relations)} relations")
     print(f"nodes     {ds.total_nodes:,}   edges {summary['num_edges']:,}   target {ds.target or 'none'}")

@@ -10,6 +10,15 @@ from lsm_gnn.testing import tiny_cache_setup, write_tiny_dataset
 TINY_CACHE_NODES = 600
 
 
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models gain nothing from threads and lose a lot on a busy 2-core machine (busy-waiting threads)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def tiny_cache(tmp_path_factory):
     """(memory storage, features, quantized degree scores) of a 600-node dataset, for cache tests."""

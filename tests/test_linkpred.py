@@ -16,12 +16,8 @@ U, I, DIM = 1000, 1000, 16
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    # On a shared 2-core machine, two busy-waiting torch threads run tiny models 10-40x slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread_for_every_test(one_torch_thread):
+    """Every test here trains tiny models (conftest.one_torch_thread)."""
 
 
 @pytest.fixture(scope="module")

@@ -171,15 +171,6 @@ def _fit(model, forward, y, train, test, epochs):
         return (forward()[test].argmax(1) == y[test]).float().mean().item()
 
 
-@pytest.fixture
-def one_torch_thread():
-    # Tiny full-batch models gain nothing from threads and lose a lot on a busy 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_a_two_layer_gnn_beats_features_alone(ds, one_torch_thread):
     torch.manual_seed(0)
     indptr = torch.from_numpy(np.array(ds.indptr))

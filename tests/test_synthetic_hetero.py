@@ -183,15 +183,6 @@ def fit(x, y, train, val, epochs=100):
         return (model(x[val]).argmax(1) == y[val]).float().mean().item()
 
 
-@pytest.fixture
-def one_torch_thread():
-    # Tiny full-batch models gain nothing from threads and lose a lot on a busy 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_aggregating_authors_topics_and_citations_beats_paper_features(ds, one_torch_thread):
     x = {t: torch.from_numpy(ds.node_type(t).read_features_direct(np.arange(ds.num_nodes[t])))
          for t in ("paper", "author", "fos")}
