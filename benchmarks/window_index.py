@@ -62,6 +62,7 @@ def main(argv=None) -> dict:
     allocated_empty = window.index.allocated_bytes
     for batch in batches[: args.window]:
         window.push(batch)
+    filled = rss_bytes()
     times = {"push": [], "pop": [], "scan": []}
 
     def timed(name, fn):
@@ -82,13 +83,14 @@ def main(argv=None) -> dict:
         "allocated_bytes_full": window.index.allocated_bytes,
         "rss_added_bytes": made - before,
         "rss_added_bytes_per_node": (made - before) / args.num_nodes,
+        "rss_full_window_added_bytes": filled - before,  # with the window's own batch tensors
         "median_ms": {name: 1e3 * statistics.median(samples) for name, samples in times.items()},
         "machine": machine_info(),
     }
     print(f"window index over {args.num_nodes:,} nodes: {allocated_empty / 2**20:.1f} MiB allocated "
           f"({result['allocated_bytes_per_node']:.2f} B/node), RSS +{result['rss_added_bytes'] / 2**20:.1f} MiB "
           f"({result['rss_added_bytes_per_node']:.2f} B/node); full window of {args.window} x {args.batch:,} ids: "
-          f"{result['allocated_bytes_full'] / 2**20:.1f} MiB")
+          f"{result['allocated_bytes_full'] / 2**20:.1f} MiB allocated, RSS +{(filled - before) / 2**20:.1f} MiB")
     print("median ms: " + ", ".join(f"{k} {v:.3f}" for k, v in result["median_ms"].items())
           + f"  (scan of {args.lines:,} lines, 1 thread)")
     if args.json:
