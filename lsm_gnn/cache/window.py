@@ -110,7 +110,7 @@ class FirstOccurrenceMirror:
         self._index = index
         self._host = (index.first_iteration, index.first_position, index.first_rank)
         self.device = device
-        self.arrays = tuple(a.clone().to(device) for a in self._host)
+        self.arrays = tuple(a.to(device, copy=True) for a in self._host)  # one copy, no host temporary
         self._base = index.iteration_base
 
     def refresh(self, ids: torch.Tensor) -> None:
