@@ -58,3 +58,10 @@ def test_comm_layer_quick(tmp_path):
     assert row["world"] == 2
     assert 0.0 <= row["hit_isolated"] <= row["hit_shared"] <= 1.0
     assert 0.0 <= row["exchange_share"] < 1.0
+
+
+def test_window_index_quick():
+    results = load("window_index").main(["--quick"])
+    assert results["allocated_bytes_per_node"] < 14
+    assert results["allocated_bytes_full"] > results["allocated_bytes_empty"]
+    assert all(ms > 0 for ms in results["median_ms"].values())

@@ -89,3 +89,53 @@ def test_device_mirror_follows_the_index_through_pushes_and_pops():
 def test_first_occurrence_needs_an_index():
     with pytest.raises(ValueError, match="num_nodes"):
         WindowBuffer(3).first_occurrence()
+
+
+@pytest.mark.parametrize("start,rebase_after", [(2**31 - 4, None), (0, 3)])
+def test_triton_scan_equals_the_cpp_core_across_moves_of_the_base(start, rebase_after):
+    """Iterations counted from a base that moves (past 2^31 and every few batches): both scans read
+    the same int32 arrays and the same front and write the same records."""
+    rng = np.random.default_rng(start + 7)
+    num_nodes, lines, window = 300, 256, 5
+    buffer = WindowBuffer(window, num_nodes, start_iteration=start, rebase_after=rebase_after)
+    bases = set()
+    for step, batch in enumerate(power_law_batches(rng, num_nodes, 12, 64)):
+        if buffer.full:
+            buffer.pop()
+        buffer.push(batch, rank=step % 4)
+        bases.add(buffer.index.iteration_base)
+        tags, records, flags = cache_lines(rng, lines, num_nodes)
+        native, twin = (records.clone(), flags.clone()), (records.clone(), flags.clone())
+        first = buffer.first_occurrence("cpu")
+        assert first[0].dtype == first[1].dtype == torch.int32
+        _C.cache_scan(tags, *native, *first, window, 1)
+        cache_scan(tags, *twin, *first, window)
+        assert torch.equal(native[0], twin[0]) and torch.equal(native[1], twin[1]), f"step {step}"
+        known = (tags >= 0) & (tags < num_nodes)
+        assert torch.equal(native[0][known], buffer.index.next_records(tags[known], window)), f"step {step}"
+    assert len(bases) > 1, "the base must have moved during the test"
+
+
+def test_device_mirror_follows_the_index_across_moves_of_the_base():
+    rng = np.random.default_rng(8)
+    buffer = WindowBuffer(4, 200, rebase_after=6)
+    buffer.first_occurrence("cpu", mirror=True)
+    for step, batch in enumerate(power_law_batches(rng, 200, 30, 40)):
+        if buffer.full:
+            buffer.pop()
+        buffer.push(batch, rank=step % 3)
+        views = buffer.first_occurrence("cpu")
+        mirrored = buffer.first_occurrence("cpu", mirror=True)
+        for name, view, copy in zip(("iteration", "position", "rank"), views[:3], mirrored[:3]):
+            assert torch.equal(view, copy), f"step {step}: first {name} differs"
+        assert mirrored[3] == views[3] == buffer.index.front_offset
+    assert buffer.index.iteration_base > 0
+
+
+def test_scan_refuses_arrays_of_another_dtype():
+    buffer = WindowBuffer(2, 10)
+    iteration, position, rank, front = buffer.first_occurrence()
+    tags = torch.tensor([1])
+    with pytest.raises(TypeError, match="first_iteration must be torch.int32"):
+        cache_scan(tags, torch.tensor([0]), torch.tensor([0], dtype=torch.uint8), iteration.long(), position, rank,
+                   front, 2)

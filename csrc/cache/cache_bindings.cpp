@@ -106,12 +106,12 @@ void scan(const torch::Tensor& tags, const torch::Tensor& records, const torch::
   check(records, "records", torch::kInt64, lines);
   check(flags, "flags", torch::kUInt8, lines);
   const int64_t num_nodes = first_iteration.numel();
-  check(first_iteration, "first_iteration", torch::kInt64, num_nodes);
-  check(first_position, "first_position", torch::kInt64, num_nodes);
+  check(first_iteration, "first_iteration", torch::kInt32, num_nodes);
+  check(first_position, "first_position", torch::kInt32, num_nodes);
   check(first_rank, "first_rank", torch::kUInt8, num_nodes);
   py::gil_scoped_release release;
   lsm::cache::scan(lines, tags.data_ptr<int64_t>(), reinterpret_cast<uint64_t*>(records.data_ptr<int64_t>()),
-                   flags.data_ptr<uint8_t>(), first_iteration.data_ptr<int64_t>(), first_position.data_ptr<int64_t>(),
+                   flags.data_ptr<uint8_t>(), first_iteration.data_ptr<int32_t>(), first_position.data_ptr<int32_t>(),
                    first_rank.data_ptr<uint8_t>(), num_nodes, front, limit, num_threads);
 }
 
@@ -131,7 +131,8 @@ py::cpp_function index_view_getter(const T* (lsm::cache::WindowIndex::*array)() 
 void bind_cache(py::module& m) {
   using lsm::cache::WindowIndex;
   py::class_<WindowIndex>(m, "WindowIndex")
-      .def(py::init<int64_t>(), py::arg("num_nodes"))
+      .def(py::init<int64_t, int64_t, int32_t>(), py::arg("num_nodes"), py::arg("start_iteration") = 0,
+           py::arg("rebase_after") = WindowIndex::kMaxStoredIteration)
       .def("push",
            [](WindowIndex& w, const torch::Tensor& ids, int rank) {
              check(ids, "ids", torch::kInt64, -1);
@@ -142,10 +143,20 @@ void bind_cache(py::module& m) {
       .def("pop", &WindowIndex::pop)
       .def("__len__", &WindowIndex::size)
       .def_property_readonly("front_iteration", &WindowIndex::front_iteration)
+      .def_property_readonly("iteration_base", &WindowIndex::iteration_base,
+                             "the iteration first_iteration counts from; it moves before a stored one would "
+                             "exceed rebase_after")
+      .def_property_readonly("front_offset", &WindowIndex::front_offset,
+                             "front_iteration - iteration_base: the front as first_iteration counts it")
       .def_property_readonly("num_nodes", &WindowIndex::num_nodes)
-      .def_property_readonly("first_iteration", index_view_getter(&WindowIndex::first_iteration, torch::kInt64),
-                             "per node: iteration of its first occurrence in the window (-1: none); a view")
-      .def_property_readonly("first_position", index_view_getter(&WindowIndex::first_position, torch::kInt64),
+      .def_property_readonly("allocated_bytes", &WindowIndex::allocated_bytes,
+                             "bytes held: the per-node arrays, the occurrence ring and the batch list")
+      .def_property_readonly_static("bytes_per_node", [](const py::object&) { return WindowIndex::kBytesPerNode; },
+                                    "bytes kept for every node of the graph")
+      .def_property_readonly("first_iteration", index_view_getter(&WindowIndex::first_iteration, torch::kInt32),
+                             "per node: iteration of its first occurrence in the window, counted from "
+                             "iteration_base (-1: none); a view")
+      .def_property_readonly("first_position", index_view_getter(&WindowIndex::first_position, torch::kInt32),
                              "per node: its position in that batch; a view")
       .def_property_readonly("first_rank", index_view_getter(&WindowIndex::first_rank, torch::kUInt8),
                              "per node: the rank that pushed that batch; a view")

@@ -115,8 +115,8 @@ void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t
   out.evicted_in_use = evicted_in_use;
 }
 
-void scan(int64_t lines, const int64_t* tags, uint64_t* records, uint8_t* flags, const int64_t* first_iteration,
-          const int64_t* first_position, const uint8_t* first_rank, int64_t num_nodes, int64_t front,
+void scan(int64_t lines, const int64_t* tags, uint64_t* records, uint8_t* flags, const int32_t* first_iteration,
+          const int32_t* first_position, const uint8_t* first_rank, int64_t num_nodes, int64_t front,
           int64_t limit, int num_threads) {
   if (num_threads <= 0) num_threads = omp_get_max_threads();
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (lines > 16384)

@@ -24,8 +24,8 @@ void assign(const CacheView& cache, const int64_t* unique, int64_t n, const uint
 // the window's per-node first occurrences (WindowIndex's arrays; iteration
 // `front` is reuse 1, occurrences beyond `limit` batches count as none) and
 // clears its fresh mark. Only tags, records and flags take part.
-void scan(int64_t lines, const int64_t* tags, uint64_t* records, uint8_t* flags, const int64_t* first_iteration,
-          const int64_t* first_position, const uint8_t* first_rank, int64_t num_nodes, int64_t front,
+void scan(int64_t lines, const int64_t* tags, uint64_t* records, uint8_t* flags, const int32_t* first_iteration,
+          const int32_t* first_position, const uint8_t* first_rank, int64_t num_nodes, int64_t front,
           int64_t limit, int num_threads);
 
 }  // namespace lsm::cache

@@ -54,9 +54,10 @@ LSM_HD int64_t set_of(int64_t id, int64_t num_sets) {
 }
 
 // The PVP record of node `id` from a window's per-node first occurrences
-// (see WindowIndex): reuse counts from 1 for the batch of iteration `front`;
+// (see WindowIndex; iterations counted from its base, -1: none): reuse counts
+// from 1 for the batch of iteration `front` (counted from the same base);
 // occurrences beyond `limit` batches count as no reuse.
-LSM_HD uint64_t first_record(const int64_t* first_iteration, const int64_t* first_position, const uint8_t* first_rank,
+LSM_HD uint64_t first_record(const int32_t* first_iteration, const int32_t* first_position, const uint8_t* first_rank,
                              int64_t front, int64_t limit, int64_t id) {
   const int64_t it = first_iteration[id];
   if (it < 0) return kNoReuseRecord;

@@ -86,11 +86,36 @@ class PolicyConfig:
         return self.name in ("dynamic",) + tuple(DEFAULT_LEVEL_ORDER)
 
 
-def quantize_scores(scores: np.ndarray) -> np.ndarray:
+def quantize_scores(scores: np.ndarray, chunk: int = 1 << 20) -> np.ndarray:
     """Static scores to uint16 by dense rank (order-preserving, robust to heavy tails):
-    the highest score maps to 65535, equal scores to equal values."""
-    scores = np.asarray(scores, dtype=np.float64)
-    uniq, inverse = np.unique(scores, return_inverse=True)
-    if uniq.size <= 1:
+    the highest score maps to 65535, equal scores to equal values (NaNs to one value, above all others).
+
+    It runs once per cache over one score per node, so its peak matters at 10^8 nodes: about 15 bytes
+    per node (a sort order, the dense ranks, the result), float32 scores kept as float32 (a float32
+    is exactly a float64, so the ranks are the same). ``chunk`` bounds the float temporaries.
+    """
+    scores = np.asarray(scores)
+    if scores.dtype not in (np.float32, np.float64):
+        scores = scores.astype(np.float64)
+    flat = scores.reshape(-1)
+    n = flat.size
+    if n == 0:
         return np.zeros(scores.shape, dtype=np.uint16)
-    return np.round(inverse.reshape(scores.shape) * (65535.0 / (uniq.size - 1))).astype(np.uint16)
+    order = np.argsort(flat)
+    ordered = flat[order]
+    starts = np.empty(n, dtype=bool)  # starts[k]: ordered[k] is a new distinct value
+    starts[0] = False
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    if np.isnan(ordered[-1]):  # NaNs sort last and compare unequal: count them as one value, as np.unique does
+        first_nan = int(np.searchsorted(np.isnan(ordered), True))
+        starts[first_nan + 1:] = False
+    del ordered
+    dense = np.cumsum(starts, dtype=np.int32 if n < 2**31 else np.int64)
+    del starts
+    distinct = int(dense[-1]) + 1
+    out = np.zeros(n, dtype=np.uint16)
+    if distinct > 1:
+        scale = 65535.0 / (distinct - 1)
+        for start in range(0, n, chunk):
+            out[order[start:start + chunk]] = np.round(dense[start:start + chunk] * scale).astype(np.uint16)
+    return out.reshape(scores.shape)

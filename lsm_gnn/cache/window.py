@@ -25,7 +25,11 @@ class WindowBuffer:
     (:meth:`first_occurrence`), updated in O(batch) per push/pop.
     """
 
-    def __init__(self, size: int = WINDOW, num_nodes: int | None = None):
+    def __init__(self, size: int = WINDOW, num_nodes: int | None = None, *, start_iteration: int = 0,
+                 rebase_after: int | None = None):
+        """``start_iteration``: the iteration of the first batch pushed (the index's ``front_iteration``).
+        ``rebase_after``: the largest iteration the index stores counted from its base before the base
+        moves (default 2^31 - 1; tests lower it to exercise the move)."""
         if not 1 <= size <= 65534:
             raise ValueError(f"window size must be in 1..65534, got {size}")
         self.size = size
@@ -35,7 +39,8 @@ class WindowBuffer:
         if num_nodes is not None:
             from lsm_gnn import _C
 
-            self.index = _C.WindowIndex(int(num_nodes))
+            limit = {} if rebase_after is None else {"rebase_after": int(rebase_after)}
+            self.index = _C.WindowIndex(int(num_nodes), int(start_iteration), **limit)
 
     def push(self, ids, rank: int = 0) -> None:
         if len(self._batches) >= self.size:
@@ -61,11 +66,16 @@ class WindowBuffer:
     def first_occurrence(self, device: str | torch.device = "cpu", mirror: bool | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """The index's per-node first occurrences, what the window scan reads:
-        ``(first_iteration, first_position, first_rank, front_iteration)`` on ``device``.
+        ``(first_iteration, first_position, first_rank, front)`` on ``device``.
+
+        ``first_iteration`` (int32, -1: none) and ``front`` count iterations from the index's
+        ``iteration_base``: ``front`` is its ``front_offset`` and ``first_iteration[v] - front + 1``
+        is node ``v``'s reuse distance. ``first_position`` is int32, ``first_rank`` uint8.
 
         On the CPU these are views of the native index. Elsewhere (``mirror=True`` forces it on
         the CPU too) a copy on the device is made once, O(num_nodes), and from then on kept
-        current by every push and pop, O(batch): 17 bytes per node of device memory.
+        current by every push and pop, O(batch) (O(num_nodes) once when the base moves, every
+        2^31 iterations): 9 bytes per node of device memory.
         """
         if self.index is None:
             raise ValueError("this window buffer has no index: build it with num_nodes")
@@ -74,10 +84,10 @@ class WindowBuffer:
             mirror = device.type != "cpu"
         if not mirror:
             index = self.index
-            return index.first_iteration, index.first_position, index.first_rank, index.front_iteration
+            return index.first_iteration, index.first_position, index.first_rank, index.front_offset
         if device not in self._mirrors:
             self._mirrors[device] = FirstOccurrenceMirror(self.index, device)
-        return (*self._mirrors[device].arrays, self.index.front_iteration)
+        return (*self._mirrors[device].arrays, self.index.front_offset)
 
     def __len__(self) -> int:
         return len(self._batches)
@@ -97,13 +107,20 @@ class FirstOccurrenceMirror:
     """A copy of a window index's per-node arrays on another device, refreshed per batch."""
 
     def __init__(self, index, device: torch.device):
+        self._index = index
         self._host = (index.first_iteration, index.first_position, index.first_rank)
         self.device = device
-        self.arrays = tuple(a.clone().to(device) for a in self._host)
+        self.arrays = tuple(a.to(device, copy=True) for a in self._host)  # one copy, no host temporary
+        self._base = index.iteration_base
 
     def refresh(self, ids: torch.Tensor) -> None:
         """Copies the entries of ``ids`` (a pushed or popped batch: the only nodes whose first
-        occurrence it can change) from the index."""
+        occurrence it can change) from the index; all of them after the index's base moved."""
+        if self._index.iteration_base != self._base:
+            self._base = self._index.iteration_base
+            for host, copy in zip(self._host, self.arrays):
+                copy.copy_(host)
+            return
         if ids.numel() == 0:
             return
         ids = ids.cpu()

@@ -47,9 +47,13 @@ class MapOwner:
 
 
 def hotness_owner(counts: np.ndarray, world_size: int) -> MapOwner:
-    """Owners that balance ``counts`` (per-node expected accesses) across ranks."""
+    """Owners that balance ``counts`` (per-node expected accesses) across ranks.
+
+    The map is held for the whole run, one entry per node, so it takes the narrowest type that holds
+    a rank (uint8 up to 256 ranks: 1 byte per node)."""
     counts = np.asarray(counts)
-    owners = (np.arange(counts.size, dtype=np.int64) % world_size).astype(np.int32)
+    # np.resize repeats 0..world_size-1: id % world_size for every id, with no int64 temporary.
+    owners = np.resize(np.arange(world_size, dtype=np.min_scalar_type(world_size - 1)), counts.size)
     hot = np.flatnonzero(counts > 0)
     hot = hot[np.argsort(-counts[hot], kind="stable")]
     position = np.arange(hot.size) % (2 * world_size)

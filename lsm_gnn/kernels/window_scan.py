@@ -3,7 +3,9 @@
 The same result as ``csrc/cache/cpu_cache.cpp``'s ``scan`` (``_C.cache_scan``): a line holding node
 ``v`` gets ``line_state.h``'s ``first_record`` of ``v`` (reuse counted from 1 for iteration ``front``,
 occurrences beyond ``limit`` batches are no reuse) and loses its fresh mark; invalid lines are left
-alone. One program per block of lines; no program reads what another writes.
+alone. One program per block of lines; no program reads what another writes. The per-node arrays are the
+window index's: first iteration (int32, counted from the index's base, as ``front`` is; -1: none),
+position (int32) and rank (uint8).
 """
 from __future__ import annotations
 
@@ -30,8 +32,8 @@ def _scan(tags_ptr, records_ptr, flags_ptr, first_iteration_ptr, first_position_
     valid = in_cache & (tag != INVALID_TAG)
     known = valid & (tag >= 0) & (tag < num_nodes)  # a tag outside the window's nodes has no reuse
     node = tl.where(known, tag, 0)
-    iteration = tl.load(first_iteration_ptr + node, mask=known, other=-1)
-    position = tl.load(first_position_ptr + node, mask=known, other=0)
+    iteration = tl.load(first_iteration_ptr + node, mask=known, other=-1).to(tl.int64)
+    position = tl.load(first_position_ptr + node, mask=known, other=0).to(tl.int64)
     rank = tl.load(first_rank_ptr + node, mask=known, other=0).to(tl.int64)
     reuse = iteration - front + 1
     reused = (iteration >= 0) & (reuse <= limit)
@@ -51,6 +53,12 @@ def cache_scan(tags: torch.Tensor, records: torch.Tensor, flags: torch.Tensor, f
     num_nodes = first_iteration.numel()
     if first_position.numel() != num_nodes or first_rank.numel() != num_nodes:
         raise ValueError("first_iteration, first_position and first_rank must have one entry per node")
+    per_node = (("first_iteration", first_iteration, torch.int32), ("first_position", first_position, torch.int32),
+                ("first_rank", first_rank, torch.uint8))
+    for name, array, dtype in per_node:
+        if array.dtype != dtype:
+            raise TypeError(f"{name} must be {dtype} (a window index's array, WindowBuffer.first_occurrence), "
+                            f"got {array.dtype}")
     if records.numel() != lines or flags.numel() != lines:
         raise ValueError("tags, records and flags must have one entry per cache line")
     if lines == 0:
