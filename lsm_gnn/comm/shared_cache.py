@@ -135,7 +135,9 @@ class SharedCache(StorageShape):
         """Mirrors newly sampled future batches into the owners' windows."""
         if future is not self._window:  # a new epoch (or evaluation) brought a new window
             self._window, self._ahead = future, 0
-            self.owner_window = None if future is None else WindowBuffer(future.size, self.storage.num_rows)
+            self.owner_window = None  # freed before its successor is built: one index per node count, not two
+            if future is not None:
+                self.owner_window = WindowBuffer(future.size, self.storage.num_rows)
         if future is None:
             return
         if self._ahead:
