@@ -25,10 +25,11 @@ NUM_ROWS = 517  # prime: the last block is partly filled for every packed stride
 
 
 def powers_and_neighbours(limit):
+    """Every power of two up to ``limit`` and its neighbours, from 1."""
     sizes = set()
     for p in (1 << k for k in range(limit.bit_length())):
         sizes.update({p - 1, p, p + 1})
-    return sizes
+    return {s for s in sizes if 1 <= s <= limit}
 
 
 # (dtype, dim) pairs. Quick: every stride class (4 B to 512 B, 1024 B, 1536 B) with rows at, just under and just
