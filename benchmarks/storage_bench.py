@@ -20,9 +20,17 @@ mean anything):
 Every method's bytes and requests as the block device saw them come from
 ``/proc/diskstats`` deltas, so read-ahead and coalescing show up.
 
+``--layouts packed,unpacked`` also writes each row size in the layout before
+packing (every row padded to 512 B) and measures our backends on both, side
+by side in the same repeat: amplification (``bytes_read / bytes_useful`` from
+the reader's counters) and rows/s, with the paired ratio packed / unpacked.
+Rows of 512 B and more have one layout only.
+
     python benchmarks/storage_bench.py                 # 3 repeats, ~11 min (+1 min to write 12 GiB once)
     python benchmarks/storage_bench.py --repeats 5     # the run in docs/benchmarks.md, ~18 min
     python benchmarks/storage_bench.py --quick         # a tiny run, ~20 s
+    python benchmarks/storage_bench.py --layouts packed,unpacked --row-sizes 4,64,128,256,384 --num-rows 1000000 \
+        --backends io_uring --queue-depths 64 --fio-engines '' --no-memmap   # packed small rows (docs/benchmarks.md)
 
 Prints a table last and writes JSON (default bench-results/storage_bench.json).
 """
@@ -52,6 +60,7 @@ except ImportError:  # run from a source checkout that is not installed
     import lsm_gnn
 from lsm_gnn.benchmarking import reusable_dataset, write_json
 from lsm_gnn import DatasetWriter, _C, open_storage
+from lsm_gnn.data.format import ROW_ALIGNMENT, row_stride_for
 from lsm_gnn.storage.probe import evict_page_cache
 
 DEFAULT_JSON = os.path.join(REPO_ROOT, "bench-results", "storage_bench.json")
@@ -60,6 +69,8 @@ FIO_METHOD = "fio_{}"           # fio_io_uring, fio_libaio
 MEMMAPS = {"np_memmap": None, "np_memmap_random": "random"}
 PATTERN_MASK = (1 << 24) - 1    # every pattern value is an integer exact in float32
 ROW_MIX = 40503                 # odd, so rows differ for up to 2**24 rows
+# Feature file layouts: name -> DatasetWriter row_alignment (None packs rows under 512 B several per block).
+LAYOUTS = {"packed": None, "unpacked": ROW_ALIGNMENT}
 
 
 # -- the dataset: rows whose values prove which row they are -----------------
@@ -77,18 +88,24 @@ def expected_rows(ids: np.ndarray, dim: int) -> np.ndarray:
     return ((rows[:, None] + cols[None, :]) & np.uint32(PATTERN_MASK)).astype(np.float32)
 
 
-def ensure_dataset(data_dir: str, row_bytes: int, file_bytes: int, log) -> lsm_gnn.Dataset:
-    """A float32 dataset of ``file_bytes // row_bytes`` rows; reused when one of that shape exists."""
+def ensure_dataset(data_dir: str, row_bytes: int, file_bytes: int, log, num_rows: int | None = None,
+                   layout: str = "packed") -> lsm_gnn.Dataset:
+    """A float32 dataset of ``num_rows`` rows (default ``file_bytes // row_bytes``) in ``layout`` (a key of
+    LAYOUTS); reused when one of that shape and row stride exists."""
     dim = row_bytes // 4
-    num_rows = max(1, file_bytes // row_bytes)
-    path = os.path.join(data_dir, f"rows-{row_bytes}B-{num_rows}")
+    num_rows = num_rows or max(1, file_bytes // row_bytes)
+    stride = row_stride_for(row_bytes, LAYOUTS[layout])
+    suffix = "" if stride == row_stride_for(row_bytes) else f"-{layout}"
+    path = os.path.join(data_dir, f"rows-{row_bytes}B-{num_rows}{suffix}")
     ds = reusable_dataset(path, num_nodes=num_rows, feature_dim=dim, feature_dtype="float32", log=log)
-    if ds is not None:
+    if ds is not None and ds.features.row_stride == stride:  # written before packing: a 512 B stride
         return ds
-    log(f"  writing {path} ({num_rows} rows x {row_bytes} B = {num_rows * row_bytes / 2**30:.2f} GiB) ...")
+    log(f"  writing {path} ({num_rows} rows x {row_bytes} B at stride {stride} = "
+        f"{num_rows * stride / 2**30:.2f} GiB) ...")
     start = time.perf_counter()
-    chunk = max(1, (64 << 20) // row_bytes)
-    with DatasetWriter(path, num_nodes=num_rows, feature_dim=dim, overwrite=True) as writer:
+    chunk = max(1, (64 << 20) // stride)
+    with DatasetWriter(path, num_nodes=num_rows, feature_dim=dim, overwrite=True,
+                       row_alignment=LAYOUTS[layout]) as writer:
         for first in range(0, num_rows, chunk):
             writer.write_features(pattern_rows(first, min(chunk, num_rows - first), dim))
         writer.write_csr(np.zeros(num_rows + 1, dtype=np.int64), np.empty(0, dtype=np.int64))
@@ -249,8 +266,10 @@ def run_memmap(ds, advice: str | None, seconds: float, batch_rows: int, seed: in
 
 
 def run_fio(path: str, engine: str, row_bytes: int, qd: int, seconds: float, disk) -> tuple[int, Meter, dict]:
+    """fio random reads of ``row_bytes`` rounded up to 512 B (the smallest O_DIRECT read): one read per row."""
+    block = -(-row_bytes // ROW_ALIGNMENT) * ROW_ALIGNMENT
     cmd = ["fio", "--name=storage_bench", f"--filename={path}", "--readonly", "--direct=1", "--rw=randread",
-           f"--bs={row_bytes}", f"--ioengine={engine}", f"--iodepth={qd}", "--numjobs=1", "--time_based",
+           f"--bs={block}", f"--ioengine={engine}", f"--iodepth={qd}", "--numjobs=1", "--time_based",
            f"--runtime={max(100, round(seconds * 1000))}ms", "--randrepeat=0", "--output-format=json"]
     if engine == "io_uring":
         cmd += ["--fixedbufs=1", "--registerfiles=1"]  # as our engine does
@@ -262,7 +281,7 @@ def run_fio(path: str, engine: str, row_bytes: int, qd: int, seconds: float, dis
     job = json.loads(proc.stdout[proc.stdout.index("{"):])["jobs"][0]
     read = job["read"]
     runtime = read["runtime"] / 1000.0
-    rows = int(read["total_ios"]) if "total_ios" in read else int(read["io_bytes"] // row_bytes)
+    rows = int(read["total_ios"]) if "total_ios" in read else int(read["io_bytes"] // block)
     # fio's own clock, not the process lifetime: start-up and cache invalidation are not I/O.
     meter.seconds = runtime
     meter.cpu_seconds = (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * runtime
@@ -291,6 +310,43 @@ def check_correctness(ds, backends: list[str], seed: int) -> dict:
             bad = int(np.flatnonzero(~(rows == expected).all(axis=1))[0])
             raise AssertionError(f"{method} returned wrong data for row {ids[bad]} of {ds.feature_path}")
     return {"ids_checked": int(ids.size), "methods": sorted(got)}
+
+
+# -- the read plan alone: which layout makes the engine read fewer bytes ----------
+
+# Strides to compare by plan: the two layouts, and rows back to back (no dataset layout: a row may straddle blocks).
+PLAN_STRIDES = {"packed": lambda rb: row_stride_for(rb), "unpacked": lambda rb: row_stride_for(rb, ROW_ALIGNMENT),
+                "back_to_back": lambda rb: rb}
+
+
+def plan_amplification(row_sizes, num_rows: int, batch_rows: int, batches: int, seed: int,
+                       alignment: int = ROW_ALIGNMENT) -> list[dict]:
+    """bytes_read / bytes_useful of the engine's read plan (``_C.plan_reads``, no I/O) for batches of distinct
+    random rows, per row size and stride: exactly the bytes an O_DIRECT reader of that alignment asks for."""
+    out = []
+    for rb in row_sizes:
+        entry = {"row_bytes": rb}
+        for name, stride_of in PLAN_STRIDES.items():
+            stride = stride_of(rb)
+            file_bytes = -(-num_rows * stride // 4096) * 4096
+            read = useful = 0
+            for b in range(batches):
+                ids = torch.from_numpy(batch_ids(num_rows, batch_rows, seed + b))
+                plan = _C.plan_reads(ids, num_rows, rb, stride, file_bytes, alignment, 128 << 10)
+                read += plan["bytes_read"]
+                useful += plan["unique_rows"] * rb
+            entry[name] = {"stride": stride, "amplification": read / useful}
+        out.append(entry)
+    return out
+
+
+def format_plan_table(rows: list[dict]) -> str:
+    names = list(PLAN_STRIDES)
+    lines = ["row_bytes  " + "  ".join(f"{n} stride / amp".rjust(24) for n in names)]
+    for r in rows:
+        lines.append(f"{r['row_bytes']:>9}  " + "  ".join(
+            f"{r[n]['stride']:>12} / {r[n]['amplification']:9.2f}" for n in names))
+    return "\n".join(lines)
 
 
 # -- summary and table ------------------------------------------------------------
@@ -324,6 +380,7 @@ def summarize(measurements: list[dict], row_sizes, queue_depths, methods, fio_re
                     entry["requests_per_row"] = statistics.median(r["requests_per_row"] for r in runs)
                     entry["amplification"] = statistics.median(r["amplification"] for r in runs)
                 refs = [] if method in MEMMAPS else [fio_ref] if method.startswith("fio_") else [fio_ref, *MEMMAPS]
+                refs += [other for other in methods if other.startswith(method + "/")]  # the same backend, unpacked
                 entry["ratio_to"] = {ref: _paired_ratio(runs_of(method, rb, qd), runs_of(ref, rb, qd))
                                      for ref in refs if ref and ref != method and ref in methods}
                 row["methods"][method] = entry
@@ -355,11 +412,36 @@ def format_table(summary: list[dict], backends: list[str], fio_engines: list[str
     for mm in MEMMAPS:
         if "io_uring" in backends:
             cols.append((f"io_uring x {mm}", lambda r, m, mm=mm: _ratio(m, "io_uring", mm, 1)))
+    return _render(cols, summary)
+
+
+def _render(cols, summary: list[dict]) -> str:
+    """A right-aligned text table: one column per (name, cell function), one line per summary row."""
     cells = [[fn(row, row["methods"]) for _, fn in cols] for row in summary]
     widths = [max([len(name)] + [len(line[i]) for line in cells]) for i, (name, _) in enumerate(cols)]
     lines = ["  ".join(name.rjust(w) for (name, _), w in zip(cols, widths))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells]
     return "\n".join(lines)
+
+
+def layout_method(backend: str, layout: str) -> str:
+    """Our backend's method name on a layout: the plain name on packed rows (the default), ``io_uring/unpacked``."""
+    return backend if layout == "packed" else f"{backend}/{layout}"
+
+
+def format_layout_table(summary: list[dict], backends: list[str], layouts: list[str]) -> str:
+    """Packed against unpacked rows: rows/s, useful MB/s and amplification per layout, and the paired ratio."""
+    cols = [("row", lambda r, m: _size(r["row_bytes"])), ("QD", lambda r, m: str(r["queue_depth"]))]
+    for b in backends:
+        for layout in layouts:
+            name = layout_method(b, layout)
+            cols += [(f"{name} rows/s", lambda r, m, n=name: _num(m, n, "rows_per_s")),
+                     ("MB/s", lambda r, m, n=name: _fix(m[n]["gb_per_s"] * 1e3 if n in m else None, 1)),
+                     ("amp", lambda r, m, n=name: _fix(m.get(n, {}).get("amplification"), 2))]
+        for layout in layouts[1:]:
+            cols.append((f"{layouts[0]} / {layout}",
+                         lambda r, m, b=b, lo=layout: _ratio(m, layout_method(b, layouts[0]), layout_method(b, lo), 2)))
+    return _render(cols, summary)
 
 
 def _size(b):
@@ -407,6 +489,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="fio engines ('' to skip fio); the first is the reference of every ratio")
     p.add_argument("--no-memmap", action="store_true", help="skip the np.memmap peers")
     p.add_argument("--file-gib", type=float, default=4.0, help="feature file size per row size, GiB")
+    p.add_argument("--num-rows", type=int, default=None,
+                   help="rows per feature file, the same for every row size (instead of --file-gib)")
+    p.add_argument("--plan-row-sizes", default="",
+                   help="with several --layouts: row sizes (any bytes) whose read-plan amplification is computed "
+                        "for packed, unpacked and back-to-back strides, without I/O (default: --row-sizes)")
+    p.add_argument("--layouts", default="packed",
+                   help=f"feature file layouts our backends read, comma separated: {', '.join(LAYOUTS)}; the "
+                        "first is the reference of the packed / unpacked ratio and the file fio and np.memmap read")
     p.add_argument("--repeats", type=int, default=3, help="repeats of every measurement; medians are reported")
     p.add_argument("--seconds", type=float, default=2.0, help="read time per measurement (at least two batches)")
     p.add_argument("--batch-rows", type=int, default=4096, help="distinct ids per read() batch")
@@ -423,8 +513,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                             ("--queue-depths", "1,64"), ("--batch-rows", 1024)):
             if flag not in given:
                 setattr(args, flag[2:].replace("-", "_"), value)
-    if args.repeats < 1 or args.seconds <= 0 or args.batch_rows < 1 or args.file_gib <= 0:
-        p.error("--repeats, --seconds, --batch-rows and --file-gib must be positive")
+    if args.repeats < 1 or args.seconds <= 0 or args.batch_rows < 1 or args.file_gib <= 0 \
+            or (args.num_rows is not None and args.num_rows < 1):
+        p.error("--repeats, --seconds, --batch-rows, --file-gib and --num-rows must be positive")
+    unknown = set(_csv(args.layouts)) - set(LAYOUTS)
+    if unknown or not _csv(args.layouts):
+        p.error(f"--layouts: {', '.join(sorted(unknown)) or 'none given'}; choose from {', '.join(LAYOUTS)}")
     return args
 
 
@@ -468,21 +562,30 @@ def main(argv=None) -> dict:
         fio_engines = [e for e in fio_engines if e != "io_uring"]
     memmaps = {} if args.no_memmap else MEMMAPS
     file_bytes = int(args.file_gib * 2**30)
+    layouts = _csv(args.layouts)
 
     os.makedirs(args.data_dir, exist_ok=True)
     log(f"datasets in {args.data_dir}:")
-    datasets = {rb: ensure_dataset(args.data_dir, rb, file_bytes, log) for rb in row_sizes}
+    # Per row size, the layouts that differ (rows of 512 B and more have one), the first one first.
+    layouts_of = {rb: [lo for i, lo in enumerate(layouts)
+                       if row_stride_for(rb, LAYOUTS[lo]) not in [row_stride_for(rb, LAYOUTS[x]) for x in layouts[:i]]]
+                  for rb in row_sizes}
+    all_data = {(rb, lo): ensure_dataset(args.data_dir, rb, file_bytes, log, num_rows=args.num_rows, layout=lo)
+                for rb in row_sizes for lo in layouts_of[rb]}
+    datasets = {rb: all_data[rb, layouts_of[rb][0]] for rb in row_sizes}  # the file fio and np.memmap read
     disk = block_device_of(datasets[row_sizes[0]].feature_path)
     with open_storage(datasets[row_sizes[0]], "pread", queue_depth=1) as probe:
         if fio_engines and not probe.direct:
             log(f"{args.data_dir} refuses O_DIRECT (tmpfs?): skipping fio, which needs --direct=1")
             fio_engines = []
     fio_ref = FIO_METHOD.format(fio_engines[0]) if fio_engines else None
-    correctness = {rb: check_correctness(ds, backends, args.seed) for rb, ds in datasets.items()}
-    log("correctness: " + ", ".join(f"{_size(rb)}: {c['ids_checked']} rows x {len(c['methods'])} methods equal"
-                                    for rb, c in correctness.items()))
+    correctness = {f"{rb}" + ("" if lo == layouts_of[rb][0] else f"/{lo}"): check_correctness(ds, backends, args.seed)
+                   for (rb, lo), ds in all_data.items()}
+    log("correctness: " + ", ".join(f"{key}: {c['ids_checked']} rows x {len(c['methods'])} methods equal"
+                                    for key, c in correctness.items()))
 
-    methods = [FIO_METHOD.format(e) for e in fio_engines] + backends + list(memmaps)
+    ours = [layout_method(b, lo) for lo in layouts for b in backends]
+    methods = [FIO_METHOD.format(e) for e in fio_engines] + ours + list(memmaps)
     measurements = []
 
     def add(method, rb, qd, repeat, result):
@@ -503,17 +606,24 @@ def main(argv=None) -> dict:
                 add(name, rb, None, repeat,
                     run_memmap(ds, advice, args.seconds, args.batch_rows, seed + 900_000 + 10_000 * i, disk))
             for qd in queue_depths:
-                order = [("fio", e) for e in fio_engines] + [("ours", b) for b in backends]
+                order = [("fio", e, None) for e in fio_engines] + [("ours", b, lo) for b in backends
+                                                                   for lo in layouts_of[rb]]
                 if repeat % 2:
                     order.reverse()  # no method always runs first
-                for kind, name in order:
+                for kind, name, lo in order:
                     if kind == "fio":
                         add(FIO_METHOD.format(name), rb, qd, repeat,
                             run_fio(ds.feature_path, name, rb, qd, args.seconds, disk))
-                    else:
-                        add(name, rb, qd, repeat, run_ours(ds, name, qd, args.seconds, args.batch_rows,
-                                                           seed + 1_000 * qd + 100 * backends.index(name), disk))
+                    else:  # both layouts read the same ids: their ratio is paired
+                        add(layout_method(name, lo), rb, qd, repeat,
+                            run_ours(all_data[rb, lo], name, qd, args.seconds, args.batch_rows,
+                                     seed + 1_000 * qd + 100 * backends.index(name), disk))
     elapsed = time.perf_counter() - start
+    plan = []
+    if len(layouts) > 1:
+        plan = plan_amplification(_csv(args.plan_row_sizes, int) or row_sizes,
+                                  args.num_rows or max(1, file_bytes // min(row_sizes)), args.batch_rows, 20,
+                                  args.seed)
 
     summary = summarize(measurements, row_sizes, queue_depths, methods, fio_ref)
     results = {
@@ -521,22 +631,31 @@ def main(argv=None) -> dict:
         "command": "python benchmarks/storage_bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "config": {"row_sizes": row_sizes, "queue_depths": queue_depths, "backends": backends,
                    "fio_engines": fio_engines, "memmaps": list(memmaps), "file_bytes": file_bytes,
+                   "num_rows": args.num_rows, "layouts": layouts,
                    "repeats": args.repeats, "seconds": args.seconds, "batch_rows": args.batch_rows,
                    "seed": args.seed, "reference": fio_ref},
         "machine": machine_info(disk),
-        "datasets": {str(rb): {"path": ds.path, "num_rows": ds.num_nodes, "row_stride": ds.features.row_stride,
-                               "file_bytes": os.path.getsize(ds.feature_path)} for rb, ds in datasets.items()},
-        "correctness": {str(rb): c for rb, c in correctness.items()},
+        "datasets": {f"{rb}/{lo}": {"path": ds.path, "num_rows": ds.num_nodes, "row_stride": ds.features.row_stride,
+                                    "file_bytes": os.path.getsize(ds.feature_path)} for (rb, lo), ds in all_data.items()},
+        "correctness": correctness,
         "elapsed_seconds": elapsed,
         "measurements": measurements,
         "summary": summary,
+        "plan_amplification": plan,
         "targets": targets(summary, fio_ref),
     }
     if args.json:
         write_json(args.json, results, indent=1)
     print(f"\nrandom-row reads, medians of {args.repeats} repeat(s); ratios are per-repeat medians, "
           f"ratio = ours / reference")
-    print(format_table(summary, backends, fio_engines))
+    print(format_table(summary, [layout_method(b, layouts[0]) for b in backends], fio_engines))
+    if len(layouts) > 1:
+        print(f"\nlayouts: rows/s, useful MB/s and amplification (bytes_read / bytes_useful) of our backends; "
+              f"{layouts[0]} / other: paired rows/s ratio")
+        print(format_layout_table(summary, backends, layouts))
+        print(f"\nread plan alone (no I/O): bytes_read / bytes_useful for batches of {args.batch_rows} distinct "
+              f"random rows, O_DIRECT alignment {ROW_ALIGNMENT} B")
+        print(format_plan_table(plan))
     for name, t in results["targets"].items():
         print(f"target: {name} = {t['value']:.2f} (goal >= {t['goal']}): {'met' if t['met'] else 'MISSED'}")
     if args.json:

@@ -76,6 +76,41 @@ class PyRowReader {
   std::unique_ptr<lsm::RowReader> reader_;
 };
 
+// The read plan a reader would build for `ids`, as arrays (one entry per
+// read): how the storage engine coalesces rows, testable on any file system.
+py::dict plan_reads(const torch::Tensor& ids, uint64_t num_rows, uint64_t row_bytes, uint64_t row_stride,
+                    uint64_t file_bytes, uint64_t alignment, uint64_t max_request_bytes) {
+  check_cpu_contiguous(ids, "ids", torch::kInt64);
+  TORCH_CHECK_VALUE(ids.dim() == 1, "ids must be one-dimensional, got shape ", ids.sizes());
+  TORCH_CHECK_VALUE(alignment > 0 && (alignment & (alignment - 1)) == 0, "alignment must be a power of two, got ",
+                    alignment);
+  TORCH_CHECK_VALUE(row_bytes > 0 && row_bytes <= row_stride, "need 0 < row_bytes <= row_stride, got ", row_bytes,
+                    " and ", row_stride);
+  lsm::FileLayout layout;
+  layout.num_rows = num_rows;
+  layout.row_bytes = row_bytes;
+  layout.row_stride = row_stride;
+  layout.file_bytes = file_bytes;
+  const lsm::ReadPlan plan = lsm::make_read_plan(ids.data_ptr<int64_t>(), static_cast<size_t>(ids.numel()), layout,
+                                                 alignment, max_request_bytes);
+  const auto count = static_cast<int64_t>(plan.runs.size());
+  auto offsets = torch::empty({count}, torch::kInt64), lengths = torch::empty({count}, torch::kInt64);
+  auto rows = torch::empty({count}, torch::kInt64);
+  for (int64_t r = 0; r < count; ++r) {
+    offsets[r] = static_cast<int64_t>(plan.runs[r].file_offset);
+    lengths[r] = static_cast<int64_t>(plan.runs[r].length);
+    rows[r] = static_cast<int64_t>(plan.runs[r].num_rows);
+  }
+  py::dict d;
+  d["file_offset"] = offsets;
+  d["length"] = lengths;
+  d["num_rows"] = rows;
+  d["bytes_read"] = plan.bytes_read;
+  d["unique_rows"] = plan.unique_rows;
+  d["max_run_bytes"] = lsm::max_run_bytes(layout, alignment, max_request_bytes);
+  return d;
+}
+
 py::tuple reverse_pagerank(const torch::Tensor& indptr, const torch::Tensor& indices, double damping,
                            int max_iterations, double tolerance, int num_threads) {
   check_cpu_contiguous(indptr, "indptr", torch::kInt64);
@@ -130,6 +165,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("alignment", &PyRowReader::alignment)
       .def_property_readonly("file_bytes", &PyRowReader::file_bytes);
 
+  m.def("plan_reads", &plan_reads, py::arg("ids"), py::arg("num_rows"), py::arg("row_bytes"), py::arg("row_stride"),
+        py::arg("file_bytes"), py::arg("alignment"), py::arg("max_request_bytes"),
+        "The storage engine's read plan for ids: file_offset, length and num_rows per read, bytes_read, "
+        "unique_rows, max_run_bytes");
   m.def("io_uring_available", &lsm::io_uring_available, "Whether the kernel allows io_uring for this process");
   m.def("reverse_pagerank", &reverse_pagerank, py::arg("indptr"), py::arg("indices"), py::arg("damping") = 0.85,
         py::arg("max_iterations") = 100, py::arg("tolerance") = 1e-7, py::arg("num_threads") = 0);

@@ -40,7 +40,8 @@ def _inspect(args) -> int:
     print(f"dataset   {ds.name}  ({ds.path})")
     print(f"nodes     {ds.num_nodes:,}   edges {ds.num_edges:,}   degree mean {summary['degree']['mean']:.2f} "
           f"max {summary['degree']['max']:,}   isolated {summary['degree']['zero']:,}")
-    print(f"features  dim {f.dim} {f.dtype}, row {f.row_bytes} B, stride {f.row_stride} B, "
+    packed = f" ({f.rows_per_block} rows per 512 B block)" if f.rows_per_block > 1 else ""
+    print(f"features  dim {f.dim} {f.dtype}, row {f.row_bytes} B, stride {f.row_stride} B{packed}, "
           f"file {format_bytes(f.file_bytes)}")
     print(f"labels    {ds.num_classes} classes" if ds.num_classes is not None else "labels    none")
     print("splits    " + (", ".join(f"{k} {v:,}" for k, v in summary["splits"].items()) or "none"))

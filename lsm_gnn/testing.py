@@ -24,12 +24,14 @@ def id_features(num_nodes: int, dim: int, dtype: str = "float32") -> np.ndarray:
 
 def write_tiny_dataset(path: str | os.PathLike, num_nodes: int = 1000, dim: int = 16, dtype: str = "float32",
                        avg_degree: int = 4, num_classes: int = 4, seed: int = 0, features: np.ndarray | None = None,
-                       chunk: int = 257) -> tuple[Dataset, np.ndarray]:
-    """Writes a small random dataset and returns it opened, with the feature array it holds."""
+                       chunk: int = 257, row_alignment: int | None = None) -> tuple[Dataset, np.ndarray]:
+    """Writes a small random dataset and returns it opened, with the feature array it holds. ``row_alignment``
+    as in :class:`~lsm_gnn.data.writer.DatasetWriter` (None: packed rows; 512: the layout before packing)."""
     rng = np.random.default_rng(seed)
     if features is None:
         features = id_features(num_nodes, dim, dtype)
-    with DatasetWriter(path, num_nodes=num_nodes, feature_dim=dim, feature_dtype=dtype) as writer:
+    with DatasetWriter(path, num_nodes=num_nodes, feature_dim=dim, feature_dtype=dtype,
+                       row_alignment=row_alignment) as writer:
         for start in range(0, num_nodes, chunk):
             writer.write_features(features[start:start + chunk])
         num_edges = num_nodes * avg_degree

@@ -83,3 +83,26 @@ def test_correctness_check_catches_a_corrupt_row(storage_bench, tmp_path):
         f.write(b"\xff" * 16)
     with pytest.raises(AssertionError, match="wrong data for row 0"):
         storage_bench.check_correctness(ds, ["pread"], seed=0)
+
+
+def test_storage_bench_compares_packed_and_unpacked_rows(storage_bench, tmp_path):
+    argv = ["--layouts", "packed,unpacked", "--row-sizes", "64,1024", "--num-rows", "3000", "--plan-row-sizes",
+            "100,384", "--backends", "pread", "--queue-depths", "4", "--fio-engines", "", "--no-memmap",
+            "--repeats", "1", "--seconds", "0.05", "--batch-rows", "256", "--data-dir", str(tmp_path / "data"),
+            "--json", "", "--quiet"]
+    results = storage_bench.main(argv)
+    strides = {key: d["row_stride"] for key, d in results["datasets"].items()}
+    assert strides == {"64/packed": 64, "64/unpacked": 512, "1024/packed": 1024}  # 1 KiB rows: one layout
+    small, large = results["summary"]
+    packed, unpacked = small["methods"]["pread"], small["methods"]["pread/unpacked"]
+    assert unpacked["amplification"] == 8.0 and 1.0 <= packed["amplification"] <= 8.0
+    assert packed["ratio_to"]["pread/unpacked"] > 0 and "pread/unpacked" not in large["methods"]
+    plan = {r["row_bytes"]: r for r in results["plan_amplification"]}
+    assert plan[384]["packed"]["amplification"] < plan[384]["back_to_back"]["amplification"]
+    assert plan[100]["packed"]["stride"] == 128 and plan[100]["unpacked"]["stride"] == 512
+    # A dataset written before packing (a 512 B stride) under the packed one's name is not reused as packed.
+    from lsm_gnn.testing import write_tiny_dataset
+
+    write_tiny_dataset(tmp_path / "old" / "rows-64B-500", num_nodes=500, dim=16, row_alignment=512)
+    ds = storage_bench.ensure_dataset(str(tmp_path / "old"), 64, 0, log=lambda *a: None, num_rows=500)
+    assert ds.features.row_stride == 64

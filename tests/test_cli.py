@@ -16,12 +16,13 @@ def test_inspect_text_and_verify(dataset, capsys):
     assert main(["inspect", dataset.path, "--verify"]) == 0
     out = capsys.readouterr().out
     assert "nodes     300" in out and "dim 8 float32" in out and "checksums ok" in out
+    assert "stride 32 B (16 rows per 512 B block)" in out
 
 
 def test_inspect_json(dataset, capsys):
     assert main(["inspect", dataset.path, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["num_nodes"] == 300 and summary["features"]["row_stride"] == 512
+    assert summary["num_nodes"] == 300 and summary["features"]["row_stride"] == 32
     assert summary["splits"] == {"train": 180, "val": 60, "test": 60}
 
 

@@ -11,7 +11,7 @@ from lsm_gnn.data.convert import (
 )
 from lsm_gnn.data.scores import compute_scores
 
-N, DIM, E, CLASSES = 300, 13, 1500, 5  # 13 float32 columns: rows are padded to the 512-byte stride
+N, DIM, E, CLASSES = 300, 13, 1500, 5  # 13 float32 columns: 52-byte rows packed at a 64-byte stride
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ def tiny(tmp_path):
 
 def test_round_trip_layout_and_arrays(tiny):
     dataset, features = tiny
-    assert dataset.features.row_bytes == 40 and dataset.features.row_stride == 512
+    assert dataset.features.row_bytes == 40 and dataset.features.row_stride == 64  # packed, 8 rows per block
     assert os.path.getsize(dataset.feature_path) % 4096 == 0
     assert np.array_equal(dataset.read_features_direct(np.arange(100)), features)
     assert dataset.indptr[-1] == dataset.num_edges == dataset.indices.shape[0]
@@ -143,7 +143,7 @@ def test_meta_not_json(tiny):
     (lambda m: m.update(num_nodes="100"), "wrong type"),
     (lambda m: m["features"].update(dtype="complex64"), "not supported"),
     (lambda m: m["features"].update(row_bytes=44), "does not equal dim"),
-    (lambda m: m["features"].update(row_stride=500), "multiple of 512"),
+    (lambda m: m["features"].update(row_stride=500), "multiple of 512 nor a power of two"),
     (lambda m: m["features"].update(file_bytes=1), "inconsistent"),
     (lambda m: m.update(num_nodes=101), "inconsistent|entries"),
     (lambda m: m.update(num_edges=m["num_edges"] + 1), "entries"),

@@ -119,11 +119,11 @@ def test_counters_report_coalescing_and_amplification(tiny, backend):
 @pytest.mark.parametrize("backend", ["io_uring", "pread"])
 @pytest.mark.parametrize("queue_depth", [1, 3])
 def test_small_queue_depth_and_short_requests(tiny, backend, queue_depth):
-    # 512-byte requests force every run to split into one-row reads.
+    # 512-byte requests cut a whole-file read into one read per 512-byte block (8 packed rows each here).
     with open_storage(tiny[0], backend, queue_depth=queue_depth, max_request_bytes=512) as s:
         ids = torch.arange(N)
         assert torch.equal(s.read(ids), tiny[1])
-        assert s.stats().requests == N
+        assert s.stats().requests == -(-N * tiny[0].features.row_stride // 512)
 
 
 @pytest.mark.parametrize("backend", ["io_uring", "pread"])
@@ -204,7 +204,7 @@ def test_missing_feature_file_raises_file_not_found(tmp_path):
 
 def test_truncated_file_is_caught_before_any_read(tmp_path):
     dataset, _ = write_tiny_dataset(tmp_path / "ds", num_nodes=20, dim=4)
-    os.truncate(dataset.feature_path, 512 * 10)
+    os.truncate(dataset.feature_path, dataset.features.row_stride * 10)
     for backend in ("io_uring", "pread", "mmap"):
         with pytest.raises(RuntimeError, match="truncated"):
             open_storage(dataset, backend)
@@ -246,15 +246,39 @@ def test_gds_backend_logic_with_a_fake_kvikio(tiny, monkeypatch):
     monkeypatch.setitem(sys.modules, "kvikio", types.SimpleNamespace(CuFile=FakeCuFile))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     stride = dataset.features.row_stride
-    with open_storage(dataset, "gds", device="cpu", max_request_bytes=3 * stride) as storage:
-        FakeCuFile.requests.clear()
-        ids = torch.tensor([5, 6, 7, 8, 9, 0, N - 1, 6, 5, 40, 41])
-        assert torch.equal(storage.read(ids), features[ids])
-        # Runs 0, 5..9 (cut at 3 rows), 40..41 and N-1: one request each, at the run's offset.
-        assert sorted(FakeCuFile.requests) == sorted([(0, stride), (5 * stride, 3 * stride), (8 * stride, 2 * stride),
-                                                     (40 * stride, 2 * stride), ((N - 1) * stride, stride)])
+    assert stride == 64  # 52-byte rows, 8 per 512-byte block
+    ids = torch.tensor([5, 6, 7, 8, 9, 0, N - 1, 6, 5, 40, 41])
+    for max_request, reads in [
+            # Rows 0..9 lie in blocks 0 and 1, read together; 40 and 41 share block 5; N-1 is alone in its block.
+            (128 << 10, [(0, 1024), (2560, 512), ((N - 1) * stride // 512 * 512, 512)]),
+            # Requests shorter than a block: one block per read, never a block twice.
+            (3 * stride, [(0, 512), (512, 512), (2560, 512), ((N - 1) * stride // 512 * 512, 512)])]:
+        with open_storage(dataset, "gds", device="cpu", max_request_bytes=max_request) as storage:
+            FakeCuFile.requests.clear()
+            assert torch.equal(storage.read(ids), features[ids])
+            assert sorted(FakeCuFile.requests) == reads
+            assert storage.stats().bytes_read == sum(n for _, n in reads)
+    with open_storage(dataset, "gds", device="cpu") as storage:
         with pytest.raises(IndexError, match="node id"):
             storage.read(torch.tensor([N]))
+
+
+@pytest.mark.parametrize("dtype,dim,row_alignment", [("float16", 128, None), ("int8", 3, None), ("uint8", 1028, None),
+                                                     ("float32", 13, 512), ("uint8", 1028, 4096)])
+def test_gds_backend_places_every_row_with_a_fake_kvikio(tmp_path, monkeypatch, dtype, dim, row_alignment):
+    # Packed and unpacked layouts, rows over a block at strides of 1536 and 4096: the staging arithmetic.
+    monkeypatch.setitem(sys.modules, "kvikio", types.SimpleNamespace(CuFile=FakeCuFile))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    dataset, features = write_tiny_dataset(tmp_path / "ds", num_nodes=300, dim=dim, dtype=dtype,
+                                           row_alignment=row_alignment)
+    rng = np.random.default_rng(dim)
+    for max_request in (512, 2048, 128 << 10):
+        with open_storage(dataset, "gds", device="cpu", max_request_bytes=max_request) as storage:
+            for ids in (rng.integers(0, 300, 200), np.arange(300)[::-1].copy(), np.array([299, 0, 299])):
+                FakeCuFile.requests.clear()
+                assert np.array_equal(storage.read(ids).numpy(), features[ids])
+                blocks = [b for offset, size in FakeCuFile.requests for b in range(offset // 512, (offset + size) // 512)]
+                assert len(blocks) == len(set(blocks))  # no block read twice
 
 
 def test_io_uring_reports_whether_buffers_are_registered(tiny):

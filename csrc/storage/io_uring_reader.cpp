@@ -145,8 +145,7 @@ class Ring {
           throw_errno(-res, cat("io_uring read of ", run.length, " bytes at offset ", run.file_offset, " failed"));
         }
         slot.done += static_cast<uint64_t>(res);
-        const uint64_t needed = run.skip + (run.num_rows - 1) * layout.row_stride + layout.row_bytes;
-        if (slot.done >= needed) {
+        if (slot.done >= run.needed) {
           scatter_run(plan, run, arena_ + static_cast<uint64_t>(s) * slot_bytes_, layout, out);
           free_slots.push_back(s);
           ++finished;

@@ -41,9 +41,8 @@ class PreadReader final : public RowReader {
       for (int64_t r = 0; r < num_runs; ++r) {
         try {
           const ReadRun& run = plan.runs[r];
-          const uint64_t needed = run.skip + (run.num_rows - 1) * layout_.row_stride + layout_.row_bytes;
           uint64_t done = 0;
-          while (done < needed) {
+          while (done < run.needed) {
             ++local_requests;
             const ssize_t got = ::pread(fd_, buffer + done, run.length - done, static_cast<off_t>(run.file_offset + done));
             if (got < 0) {

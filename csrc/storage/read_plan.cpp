@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "common/errors.h"
@@ -13,16 +14,15 @@ namespace {
 uint64_t align_down(uint64_t x, uint64_t a) { return x & ~(a - 1); }
 uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
 
-uint64_t rows_per_run(const FileLayout& layout, uint64_t max_request_bytes) {
-  return std::max<uint64_t>(1, max_request_bytes / layout.row_stride);
-}
+static_assert((kRowBlock & (kRowBlock - 1)) == 0, "the row block must be a power of two");
 
 }  // namespace
 
 uint64_t max_run_bytes(const FileLayout& layout, uint64_t alignment, uint64_t max_request_bytes) {
-  // A run of k rows starting anywhere spans at most k*stride bytes plus one
-  // alignment unit on each side.
-  return align_up(rows_per_run(layout, max_request_bytes) * layout.row_stride, alignment) + alignment;
+  // A run is at most max_request_bytes long (for any smaller alignment too),
+  // or as long as the aligned span of its first row: that row's bytes rounded
+  // up, plus at most one alignment unit in front.
+  return std::max(max_request_bytes, align_up(layout.row_bytes, alignment) + alignment);
 }
 
 ReadPlan make_read_plan(const int64_t* ids, size_t n, const FileLayout& layout,
@@ -41,34 +41,50 @@ ReadPlan make_read_plan(const int64_t* ids, size_t n, const FileLayout& layout,
   std::sort(plan.targets.begin(), plan.targets.end(),
             [](const ReadTarget& a, const ReadTarget& b) { return a.row < b.row; });
 
-  const uint64_t max_rows = rows_per_run(layout, max_request_bytes);
+  // Rows merge at the granularity of a block: with O_DIRECT the device's
+  // alignment (or the format's 512-byte block when that is larger), so two
+  // rows in one aligned block always share a read.
+  const uint64_t block = std::max(alignment, kRowBlock);
+  const auto row_begin = [&](uint64_t row) { return layout.data_offset + row * layout.row_stride; };
   size_t t = 0;
   while (t < n) {
     ReadRun run{};
     run.first_row = static_cast<uint64_t>(plan.targets[t].row);
     run.first_target = t;
+    const uint64_t begin = row_begin(run.first_row);
+    run.file_offset = align_down(begin, alignment);
     uint64_t last_row = run.first_row;
+    uint64_t end = begin + layout.row_bytes;  // end of the last row's data
     uint32_t count = 1;
     ++plan.unique_rows;
     ++t;
     while (t < n) {
       const uint64_t row = static_cast<uint64_t>(plan.targets[t].row);
-      if (row == last_row) { ++t; continue; }                 // duplicate: same run, read once
-      if (row != last_row + 1 || count >= max_rows) break;    // gap or run full
+      if (row == last_row) { ++t; continue; }  // duplicate: same run, read once
+      const uint64_t row_start = row_begin(row);
+      const uint64_t row_end = row_start + layout.row_bytes;
+      if (align_down(row_start, block) > align_up(end, block)) break;  // a whole block between: a new read
+      // The length limit applies only to a row that makes the read longer: a
+      // row inside the run's last aligned unit always joins, so a cut never
+      // splits a unit between two reads unless a row straddles units (rows
+      // over 512 B whose stride is no multiple of a coarser device alignment).
+      const uint64_t grown = align_up(row_end, alignment);
+      if (grown > align_up(end, alignment) && grown - run.file_offset > max_request_bytes) break;
+      if (count == std::numeric_limits<uint32_t>::max()) break;
       last_row = row;
+      end = row_end;
       ++count;
       ++plan.unique_rows;
       ++t;
     }
     run.end_target = t;
+    run.last_row = last_row;
     run.num_rows = count;
-    const uint64_t begin = layout.data_offset + run.first_row * layout.row_stride;
-    const uint64_t end = layout.data_offset + last_row * layout.row_stride + layout.row_bytes;
-    run.file_offset = align_down(begin, alignment);
     // Never past the end of the file: the last aligned block may be short
     // only when the file itself is not padded, which open() reports.
     run.length = std::min(align_up(end, alignment), align_up(layout.file_bytes, alignment)) - run.file_offset;
     run.skip = begin - run.file_offset;
+    run.needed = end - run.file_offset;
     plan.bytes_read += run.length;
     plan.runs.push_back(run);
   }

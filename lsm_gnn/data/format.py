@@ -17,8 +17,12 @@ A user-item (bipartite) dataset also records ``num_users`` and
 ``num_items``: nodes ``[0, num_users)`` are users, the rest items, and every
 held-out pair is ``(user, item)``.
 
-One node's feature row is one cache line and one aligned read: the stride is
-a multiple of 512 bytes so every row starts on an ``O_DIRECT`` boundary.
+Rows sit at a fixed stride, in one of two layouts (see :func:`row_stride_for`):
+a row of 512 bytes or more is padded to a multiple of 512, so it starts on an
+``O_DIRECT`` boundary; a smaller row is padded to the next power of two and
+``512 / stride`` rows share each 512-byte block, so no row straddles a block
+and one aligned read of a block serves all its rows. Datasets written before
+packing (every stride a multiple of 512) are one case of the same rule.
 
 Opening validates everything up to O(num_nodes) work (see :func:`open_dataset`;
 ``check="full"`` adds the neighbor ids, which the native code also bounds-checks
@@ -51,11 +55,38 @@ class DatasetError(ValueError):
     """A dataset directory is missing, malformed or inconsistent."""
 
 
-def row_stride_for(row_bytes: int, alignment: int = ROW_ALIGNMENT) -> int:
-    """Bytes between rows: ``row_bytes`` rounded up to ``alignment`` (a multiple of 512)."""
+def row_stride_for(row_bytes: int, alignment: int | None = None) -> int:
+    """Bytes between rows.
+
+    By default (``alignment`` None) rows are packed: a row under 512 bytes gets the smallest power of two that
+    holds it, so ``512 / stride`` rows share each aligned 512-byte block and none straddles a block; a larger
+    row is rounded up to a multiple of 512. An explicit ``alignment`` (a positive multiple of 512) pads every
+    row to a multiple of it: the unpacked layout, one aligned read per row (and the only layout before packing).
+    """
+    if row_bytes <= 0:
+        raise ValueError(f"row_bytes must be positive, got {row_bytes}")
+    if alignment is None:
+        if row_bytes < ROW_ALIGNMENT:
+            return 1 << (row_bytes - 1).bit_length()
+        alignment = ROW_ALIGNMENT
     if alignment <= 0 or alignment % ROW_ALIGNMENT:
-        raise ValueError(f"row alignment must be a positive multiple of {ROW_ALIGNMENT}, got {alignment}")
+        raise ValueError(f"row alignment must be a positive multiple of {ROW_ALIGNMENT} (or None: packed rows), "
+                         f"got {alignment}")
     return -(-row_bytes // alignment) * alignment
+
+
+def row_stride_problem(row_bytes: int, row_stride: int) -> str | None:
+    """Why ``row_stride`` is no valid stride for rows of ``row_bytes``, or None when it is.
+
+    Valid strides hold the row and either are a multiple of 512 (the row starts on an aligned block) or a power
+    of two below 512 (whole rows pack each block). Any other stride lets rows straddle blocks.
+    """
+    if row_stride < row_bytes:
+        return f"row_stride={row_stride} is smaller than row_bytes={row_bytes}"
+    if row_stride % ROW_ALIGNMENT and not (row_stride < ROW_ALIGNMENT and row_stride & (row_stride - 1) == 0):
+        return (f"row_stride={row_stride} is neither a multiple of {ROW_ALIGNMENT} nor a power of two below "
+                f"{ROW_ALIGNMENT}, so rows would straddle {ROW_ALIGNMENT}-byte blocks")
+    return None
 
 
 def feature_file_bytes(num_nodes: int, row_stride: int, page_size: int = PAGE_SIZE) -> int:
@@ -85,6 +116,11 @@ class FeatureLayout:
     @property
     def numpy_dtype(self) -> np.dtype:
         return np.dtype(self.dtype)
+
+    @property
+    def rows_per_block(self) -> int:
+        """Rows that share one aligned 512-byte block: above 1 for packed small rows."""
+        return max(1, ROW_ALIGNMENT // self.row_stride)
 
 
 class Dataset:
@@ -453,10 +489,11 @@ def check_feature_file(path: str, meta_path: str, feats: dict, num_nodes: int, k
     if feats["row_bytes"] != feats["dim"] * itemsize:
         raise _fail(meta_path, f"{key}row_bytes={feats['row_bytes']} does not equal dim ({feats['dim']}) x "
                     f"{feats['dtype']} size ({itemsize})", "The description is inconsistent; re-create the dataset")
-    if feats["row_stride"] < feats["row_bytes"] or feats["row_stride"] % ROW_ALIGNMENT:
-        raise _fail(meta_path, f"{key}row_stride={feats['row_stride']} is not a multiple of {ROW_ALIGNMENT} "
-                    f"at least row_bytes={feats['row_bytes']}",
-                    "Rows must be O_DIRECT-aligned; re-create the dataset with lsm-gnn prepare")
+    stride_problem = row_stride_problem(feats["row_bytes"], feats["row_stride"])
+    if stride_problem is not None:
+        raise _fail(meta_path, f"{key}{stride_problem}",
+                    f"Valid strides are multiples of {ROW_ALIGNMENT} or, for rows under {ROW_ALIGNMENT} bytes, a "
+                    "power of two that holds the row; re-create the dataset with lsm-gnn prepare")
     if feats["page_size"] % ROW_ALIGNMENT:
         raise _fail(meta_path, f"{key}page_size={feats['page_size']} is not a multiple of {ROW_ALIGNMENT}",
                     "Re-create the dataset")

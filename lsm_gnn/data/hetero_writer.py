@@ -14,7 +14,7 @@ from typing import Iterable
 
 import numpy as np
 
-from lsm_gnn.data.format import FORMAT_NAME, HETERO_SCHEMA_VERSION, ROW_ALIGNMENT
+from lsm_gnn.data.format import FORMAT_NAME, HETERO_SCHEMA_VERSION
 from lsm_gnn.data.hetero import Relation, check_name, parse_relation, relation_key, type_offsets
 from lsm_gnn.data.writer import (
     AtomicDatasetWriter, DatasetError, FeatureFileWriter, _version, build_csr_files, csr_edge_chunks, label_array,
@@ -37,7 +37,7 @@ class HeteroDatasetWriter(AtomicDatasetWriter):
     """
 
     def __init__(self, path: str | os.PathLike, *, node_types: dict[str, dict], target: str | None = None,
-                 name: str | None = None, overwrite: bool = False, row_alignment: int = ROW_ALIGNMENT,
+                 name: str | None = None, overwrite: bool = False, row_alignment: int | None = None,
                  extra_meta: dict | None = None):
         if not isinstance(node_types, dict) or not node_types:
             raise ValueError("node_types must map at least one node type name to {'num_nodes': ..., ...}")

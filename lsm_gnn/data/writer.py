@@ -26,7 +26,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from lsm_gnn.data.format import (
-    EDGE_SPLITS, FEATURE_DTYPES, FORMAT_NAME, META_FILE, PAGE_SIZE, ROW_ALIGNMENT, SCHEMA_VERSION, SPLITS, Dataset,
+    EDGE_SPLITS, FEATURE_DTYPES, FORMAT_NAME, META_FILE, PAGE_SIZE, SCHEMA_VERSION, SPLITS, Dataset,
     DatasetError, crc32_file, feature_file_bytes, open_dataset, row_stride_for,
 )
 # DiskFullError and remove_stale_temporaries are re-exported: the writer's errors and clean-up.
@@ -85,11 +85,13 @@ def _check_count(value, what: str) -> int:
 
 
 class FeatureFileWriter:
-    """Streams one feature file: ``num_rows`` rows in order, each at a fixed, O_DIRECT-aligned stride and zero
-    padded, the file padded to a whole page; its CRC-32 is computed on the way. ``what`` names the rows in
-    errors (e.g. "node type 'author'")."""
+    """Streams one feature file: ``num_rows`` rows in order, each at a fixed stride and zero padded, the file
+    padded to a whole page; its CRC-32 is computed on the way. ``row_alignment`` None (the default) packs rows
+    under 512 bytes several per aligned 512-byte block; a multiple of 512 pads every row to a multiple of it
+    (see :func:`~lsm_gnn.data.format.row_stride_for`). ``what`` names the rows in errors (e.g. "node type
+    'author'")."""
 
-    def __init__(self, path: str, num_rows: int, dim: int, dtype, row_alignment: int = ROW_ALIGNMENT,
+    def __init__(self, path: str, num_rows: int, dim: int, dtype, row_alignment: int | None = None,
                  what: str = "the dataset"):
         self.num_rows = _check_count(num_rows, "num_nodes")
         self.dim = _check_count(dim, f"feature_dim of {what}")
@@ -445,10 +447,14 @@ class DatasetWriter(AtomicDatasetWriter):
     :meth:`write_split` and :meth:`write_score`, then :meth:`commit`. A
     user-item dataset also calls :meth:`set_bipartite` and
     :meth:`write_edge_split` for its held-out interactions.
+
+    Rows under 512 bytes are packed several per aligned 512-byte block
+    (``row_alignment=None``, the default); ``row_alignment=512`` (or a larger
+    multiple) writes one row per aligned slot, the layout before packing.
     """
 
     def __init__(self, path: str | os.PathLike, *, num_nodes: int, feature_dim: int, feature_dtype: str = "float32",
-                 name: str | None = None, overwrite: bool = False, row_alignment: int = ROW_ALIGNMENT,
+                 name: str | None = None, overwrite: bool = False, row_alignment: int | None = None,
                  extra_meta: dict | None = None):
         if num_nodes <= 0:
             raise ValueError(f"num_nodes must be positive, got {num_nodes}")
