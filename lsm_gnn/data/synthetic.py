@@ -283,8 +283,11 @@ def _progress(enabled: bool, **kw):
     return tqdm(disable=not enabled, dynamic_ncols=True, **kw)
 
 
-def _note(enabled: bool, message: str) -> None:
-    if enabled:
+def _note(enabled: bool, message: str, bar=None) -> None:
+    """A progress line on stderr; ``bar``, an open progress bar, is cleared first and drawn again after."""
+    if enabled and bar is not None:
+        bar.write(message, file=sys.stderr)
+    elif enabled:
         print(message, file=sys.stderr, flush=True)
 
 
@@ -379,7 +382,7 @@ def generate_synthetic(path, *, num_nodes: int, avg_degree: float = 10, feature_
             edges = synthetic_edges(num_nodes, num_generated, seed=seed, num_classes=num_classes,
                                     homophily=homophily, rmat=rmat)
             writer.write_edges(counted(edges, bar), undirected=True, dedup=True, self_loops=False,
-                               expected_edges=num_generated, note=lambda message: _note(progress, message))
+                               expected_edges=num_generated, note=lambda message: _note(progress, message, bar))
         _note(progress, "labels and splits")
         writer.write_labels(community_labels(num_nodes, seed, num_classes), num_classes)
         # Drawn only now, so the permutation (8 bytes a node) is not held while the CSR is built.
