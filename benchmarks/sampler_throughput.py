@@ -41,6 +41,7 @@ import numpy as np
 from lsm_gnn.benchmarking import median_seconds, write_json
 from lsm_gnn.data import open_dataset
 from lsm_gnn.sampling import NeighborSampler
+from lsm_gnn.sampling.neighbor import TOPOLOGY_ACCESS
 
 
 def _sample_positions(degree: np.ndarray, k: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -117,16 +118,6 @@ def read_into_page_cache(paths) -> None:
                 pass
 
 
-def advise(array: np.ndarray, advice: str) -> None:
-    """madvise on the memory map behind ``array`` (np.load's memmap keeps its mmap object)."""
-    import mmap
-
-    base = getattr(array, "_mmap", None)
-    if base is None or advice == "sampler":
-        return
-    base.madvise({"random": mmap.MADV_RANDOM, "normal": mmap.MADV_NORMAL}[advice])
-
-
 def stream_batches(train: np.ndarray, batch_size: int, first: int, count: int) -> list[np.ndarray]:
     """Batches ``first .. first + count`` of a seeded stream: each batch differs from every other."""
     return [np.random.default_rng(b).choice(train, batch_size, replace=False) for b in range(first, first + count)]
@@ -135,9 +126,8 @@ def stream_batches(train: np.ndarray, batch_size: int, first: int, count: int) -
 def child_measure(spec: dict) -> dict:
     """In the (capped) child: opens the dataset, warms up, times groups of fresh batches."""
     ds = open_dataset(spec["data"], check="fast")
-    for array in (ds.indptr, ds.indices):
-        advise(array, spec["advice"])
-    sampler = NeighborSampler(ds, spec["fanouts"], seed=0, num_threads=spec["threads"])
+    sampler = NeighborSampler(ds, spec["fanouts"], seed=0, num_threads=spec["threads"],
+                              topology_access=spec["access"])
     train = np.asarray(ds.split("train"))
     warm = stream_batches(train, spec["batch_size"], 0, spec["warm"])
     for i, b in enumerate(warm):
@@ -175,7 +165,8 @@ def capped_rows(ds, args, setups) -> dict:
     rows = []
     for fanouts, batch_size in setups:
         spec = {"data": ds.path, "fanouts": fanouts, "batch_size": batch_size, "threads": threads,
-                "warm": args.warm_batches, "batches": args.batches, "repeats": args.repeats, "advice": args.advice}
+                "warm": args.warm_batches, "batches": args.batches, "repeats": args.repeats,
+                "access": args.topology_access}
         runs = {"uncapped": [], **{f: [] for f in fractions}}
         peaks: dict = {f: [] for f in fractions}
         limits: dict = {}
@@ -198,8 +189,10 @@ def capped_rows(ds, args, setups) -> dict:
                 print(f"{fanouts}@{batch_size} run {run}: uncapped {runs['uncapped'][-1]:,.0f} e/s, "
                       f"cap {f:g} of topology {runs[f][-1]:,.0f} e/s, cgroup peak {peak / 2**20:,.0f} MiB "
                       f"of {limits[f] / 2**20:,.0f}; load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
-        row = {"fanouts": fanouts, "batch_size": batch_size, "threads": threads, "advice": args.advice,
-               "child_overhead_bytes": min(limits.values()) - CAP_SLACK - min(fractions) * topology_bytes, "uncapped_edges_per_s": statistics.median(runs["uncapped"]),
+        row = {"fanouts": fanouts, "batch_size": batch_size, "threads": threads,
+               "topology_access": args.topology_access,
+               "child_overhead_bytes": min(limits.values()) - CAP_SLACK - min(fractions) * topology_bytes,
+               "uncapped_edges_per_s": statistics.median(runs["uncapped"]),
                "uncapped_runs": runs["uncapped"], "oom_killed": oom, "caps": []}
         for f in fractions:
             ratios = [c / u for c, u in zip(runs[f], runs["uncapped"])]
@@ -238,8 +231,8 @@ def main(argv=None) -> dict:
     p.add_argument("--cap-runs", type=int, default=3, help="capped and uncapped runs, interleaved")
     p.add_argument("--cap-threads", default="2", help="sampler threads in the capped runs")
     p.add_argument("--warm-batches", type=int, default=8, help="batches each capped child samples untimed first")
-    p.add_argument("--advice", choices=("sampler", "random", "normal"), default="sampler",
-                   help="madvise on the mapped CSR in the capped runs: the sampler's own choice, or override it")
+    p.add_argument("--topology-access", choices=TOPOLOGY_ACCESS, default="random",
+                   help="the sampler's madvise on the mapped CSR in the capped runs (random: no read-around)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:

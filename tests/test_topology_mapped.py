@@ -1,6 +1,10 @@
 """Samplers read the topology where it is mapped: no copy, so a topology larger than memory still samples
 (the page cache holds what is touched, and may drop it)."""
+import re
+import sys
+
 import numpy as np
+import pytest
 
 from lsm_gnn.data.format import open_dataset
 from lsm_gnn.loader import NodeLoader
@@ -44,3 +48,28 @@ def test_inspect_summarizes_degrees_chunk_by_chunk(tmp_path):
         summary = _degrees(indptr, chunk)
         assert summary["max"] == degrees.max() and summary["zero"] == (degrees == 0).sum() > 0
         assert abs(summary["mean"] - degrees.mean()) < 1e-12
+
+
+def vm_flags(path) -> set[str]:
+    """The VmFlags of this process's mappings of ``path`` (``rr``: the kernel's read-around is off)."""
+    flags, inside = set(), False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                inside = line.rstrip().endswith(str(path))
+            elif inside and line.startswith("VmFlags:"):
+                flags |= set(line.split()[1:])
+    return flags
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_the_sampler_turns_read_around_off_on_the_mapped_csr_unless_asked(tmp_path):
+    write_tiny_dataset(tmp_path / "ds", num_nodes=300)
+    ds = open_dataset(tmp_path / "ds")
+    files = [ds.file_path(ds.meta["graph"][k]) for k in ("indptr", "indices")]
+    NeighborSampler(ds, [2], topology_access="normal")
+    assert all("rr" not in vm_flags(f) for f in files)
+    NeighborSampler(ds, [2])
+    assert all("rr" in vm_flags(f) for f in files)
+    with pytest.raises(ValueError, match="topology access must be one of random, normal"):
+        NeighborSampler(ds, [2], topology_access="sequential")
