@@ -63,11 +63,17 @@ def status_bytes(pid: int) -> dict[str, int] | None:
 
 
 class PhaseMonitor:
-    """Phases of the child (from its stderr) with their start times and peak memory (from /proc)."""
+    """Phases of the child (from its stderr) with their start times, and its memory sampled from /proc.
+
+    A phase starts when its progress line reaches this process, a moment after the child began it, so a
+    phase's peak may include the first samples of the next one; the series in the result file shows
+    where each peak lies.
+    """
 
     def __init__(self, pid: int, start: float):
         self.pid, self.start = pid, start
         self.phases: list[dict] = []
+        self.samples: list[tuple[float, int, int, int]] = []  # (time, RssAnon, RssFile, VmRSS)
         self.lock = threading.Lock()
         self.open_phase("start", start)
 
@@ -75,25 +81,40 @@ class PhaseMonitor:
         with self.lock:
             if any(p["name"] == name for p in self.phases):
                 return  # a progress bar drawn again (phases only move forward)
-            if self.phases:
-                self.phases[-1]["seconds"] = now - self.phases[-1]["start"]
-            self.phases.append({"name": name, "start": now, "peak_rss_anon": 0, "peak_rss_file": 0, "peak_rss": 0})
+            self.phases.append({"name": name, "start": now})
             print(f"[{now - self.start:8.1f} s] phase: {name}", flush=True)
+
+    def current(self) -> str:
+        with self.lock:
+            return self.phases[-1]["name"]
 
     def sample(self) -> dict[str, int] | None:
         status = status_bytes(self.pid)
         if status is not None:
-            with self.lock:
-                phase = self.phases[-1]
-                phase["peak_rss_anon"] = max(phase["peak_rss_anon"], status["RssAnon"])
-                phase["peak_rss_file"] = max(phase["peak_rss_file"], status["RssFile"])
-                phase["peak_rss"] = max(phase["peak_rss"], status["VmRSS"])
+            self.samples.append((time.perf_counter(), status["RssAnon"], status["RssFile"], status["VmRSS"]))
         return status
 
     def finish(self, now: float) -> list[dict]:
         with self.lock:
-            self.phases[-1]["seconds"] = now - self.phases[-1]["start"]
-            return [{**p, "start": p["start"] - self.start} for p in self.phases]
+            phases = [dict(p) for p in self.phases]
+        for i, phase in enumerate(phases):
+            last = i + 1 == len(phases)
+            end = now if last else phases[i + 1]["start"]
+            mine = [x for x in self.samples if phase["start"] <= x[0] < end]
+            phase.update(seconds=end - phase["start"], start=phase["start"] - self.start,
+                         peak_rss_anon=max((x[1] for x in mine), default=0),
+                         peak_rss_file=max((x[2] for x in mine), default=0),
+                         peak_rss=max((x[3] for x in mine), default=0))
+        return phases
+
+    def series(self, every: float = 1.0) -> list[list[float]]:
+        """(seconds, RssAnon MiB, RssFile MiB) about every ``every`` seconds, for the result file."""
+        out, last = [], -every
+        for t, anon, file, _ in self.samples:
+            if t - last >= every:
+                out.append([round(t - self.start, 2), round(anon / 2**20, 1), round(file / 2**20, 1)])
+                last = t
+        return out
 
 
 def _follow_stderr(stream, monitor: PhaseMonitor, tail: list[str]) -> None:
@@ -116,8 +137,34 @@ def _follow_stderr(stream, monitor: PhaseMonitor, tail: list[str]) -> None:
             del tail[:-20]
 
 
+def disk_estimate(num_nodes: int, extra: list[str]) -> int:
+    """Bytes the generation needs at its peak: the feature file, the CSR (int32 ids: 4 bytes an entry, 8 a
+    node), the bucket files of the CSR sort (8 bytes an entry, before dedup), labels, splits and scores
+    (8 + 8 + 8 bytes a node). Entries: two per generated edge, ``avg_degree`` a node."""
+    from lsm_gnn.data.format import feature_file_bytes, row_stride_for
+
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--feature-dim", type=parse_count, default=128)
+    options.add_argument("--dtype", default="float32")
+    options.add_argument("--avg-degree", type=float, default=10.0)
+    known, _ = options.parse_known_args(extra)
+    row_bytes = known.feature_dim * (2 if known.dtype == "float16" else 4)
+    entries = int(num_nodes * known.avg_degree)
+    return feature_file_bytes(num_nodes, row_stride_for(row_bytes)) + 12 * entries + 32 * num_nodes
+
+
 def run_generation(args, extra: list[str]) -> dict:
     out = os.path.abspath(args.out)
+    needed = disk_estimate(args.num_nodes, extra)
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    free = shutil.disk_usage(parent).free
+    print(f"disk: about {needed / 2**30:,.1f} GiB needed at the peak, {free / 2**30:,.1f} GiB free in {parent}",
+          flush=True)
+    if needed > free and not args.force:
+        raise SystemExit(f"{parent} has {free / 2**30:,.1f} GiB free but the generation needs about "
+                         f"{needed / 2**30:,.1f} GiB; free space, pick another --out, shrink the features "
+                         "(-- --dtype float16 or --feature-dim), or pass --force to try anyway")
     command = [sys.executable, "-m", "lsm_gnn", "prepare", "synthetic", "--num-nodes", str(args.num_nodes),
                "--out", out, *(["--overwrite"] if args.overwrite else []), *extra]
     print("running: " + " ".join(command), flush=True)
@@ -134,7 +181,7 @@ def run_generation(args, extra: list[str]) -> dict:
         now = time.perf_counter()
         if status is not None and now - last_report >= args.report_every:
             last_report = now
-            print(f"[{now - start:8.1f} s] {monitor.phases[-1]['name']}: rss {status['VmRSS'] / 2**20:,.0f} MiB "
+            print(f"[{now - start:8.1f} s] {monitor.current()}: rss {status['VmRSS'] / 2**20:,.0f} MiB "
                   f"(anon {status['RssAnon'] / 2**20:,.0f}, file {status['RssFile'] / 2**20:,.0f}); "
                   f"load {os.getloadavg()[0]:.2f}", flush=True)
         time.sleep(args.interval)
@@ -152,6 +199,7 @@ def run_generation(args, extra: list[str]) -> dict:
         "command": " ".join(["lsm-gnn", *command[3:]]),
         "num_nodes": meta["num_nodes"], "num_edges": num_edges, "generator": meta.get("generator"),
         "wall_seconds": end - start, "max_rss_bytes": max_rss, "phases": monitor.finish(end),
+        "memory_series_mib": monitor.series(),
         "file_bytes": sizes,
         "topology_bytes_per_edge": (sizes["indptr.npy"] + sizes["indices.npy"]) / max(num_edges, 1),
         "summary": summary, "load_average_before": load_before, "load_average_after": os.getloadavg(),
@@ -211,6 +259,7 @@ def main(argv=None) -> dict:
     p.add_argument("--report-every", type=float, default=30.0, help="seconds between progress lines")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset already at --out")
     p.add_argument("--remove", action="store_true", help="delete the dataset once measured")
+    p.add_argument("--force", action="store_true", help="run even when the disk looks too small")
     p.add_argument("--predict", nargs=2, metavar="RESULT_JSON",
                    help="extrapolate --num-nodes from two measured runs instead of running")
     args = p.parse_args(argv)
@@ -218,6 +267,8 @@ def main(argv=None) -> dict:
     if args.predict:
         result = predict(args.predict, args.num_nodes)
         _print_phases(result)
+        if args.json:
+            write_json(args.json, result)
         return result
     args.out = args.out or f"/work/data-scale/syn-{tag}"
     result = run_generation(args, extra)

@@ -38,6 +38,21 @@ def memory_status() -> dict[str, int]:
             for name in ("RssAnon", "RssFile", "VmHWM")}
 
 
+def read_bytes(data_path: str) -> dict[str, int]:
+    """Bytes read so far by this process (``/proc/self/io``: O_DIRECT reads and page cache misses) and by
+    everyone from the disk that holds ``data_path`` (``/sys/dev/block/<major>:<minor>/stat``), so a window
+    slowed by another job's reads shows it."""
+    with open("/proc/self/io") as f:
+        own = int(re.search(r"^read_bytes:\s+(\d+)", f.read(), re.M).group(1))
+    dev = os.stat(data_path).st_dev
+    try:
+        with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat") as f:
+            disk = int(f.read().split()[2]) * 512  # sectors read, in 512-byte units whatever the device's
+    except OSError:
+        disk = -1  # not a block device (tmpfs, overlay): unknown
+    return {"own_read_bytes": own, "disk_read_bytes": disk}
+
+
 def run(args, overrides: list[str]) -> dict:
     import torch
 
@@ -66,7 +81,7 @@ def run(args, overrides: list[str]) -> dict:
             for batch in loader:  # epochs follow one another until enough batches
                 if current is None:
                     current = {"first_batch": batches, "start": time.perf_counter(), "edges": 0, "hits": 0, "rows": 0,
-                               "sample_s": 0.0, "gather_s": 0.0}
+                               "sample_s": 0.0, "gather_s": 0.0, "io_before": read_bytes(ds.path)}
                 current["edges"] += sum(int(h.edge_index.shape[1]) for h in batch.hops)
                 current["hits"] += batch.hits
                 current["rows"] += batch.gathered
@@ -75,7 +90,9 @@ def run(args, overrides: list[str]) -> dict:
                 batches += 1
                 if batches - current["first_batch"] == args.window:
                     seconds = time.perf_counter() - current.pop("start")
+                    before, after = current.pop("io_before"), read_bytes(ds.path)
                     window = {**current, "batches": args.window, "seconds": seconds,
+                              **{k: after[k] - before[k] for k in after},
                               "batches_per_s": args.window / seconds, "edges_per_s": current["edges"] / seconds,
                               "hit_ratio": current["hits"] / max(current["rows"], 1), **memory_status(),
                               "load_average": os.getloadavg()[0]}
@@ -84,7 +101,9 @@ def run(args, overrides: list[str]) -> dict:
                     print(f"batches {window['first_batch']:>5}-{batches - 1:<5} {window['batches_per_s']:7.2f} batch/s "
                           f"{window['edges_per_s']:>12,.0f} edges/s  hit {window['hit_ratio']:.3f}  "
                           f"anon {window['RssAnon'] / 2**20:,.0f} MiB  file {window['RssFile'] / 2**20:,.0f} MiB  "
-                          f"load {window['load_average']:.2f}", flush=True)
+                          f"read {window['own_read_bytes'] / seconds / 2**20:,.0f} MiB/s of the disk's "
+                          f"{window['disk_read_bytes'] / seconds / 2**20:,.0f}  load {window['load_average']:.2f}",
+                          flush=True)
                 if batches >= args.batches:
                     break
     finally:

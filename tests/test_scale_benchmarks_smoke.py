@@ -52,3 +52,14 @@ def test_the_prediction_is_the_line_through_two_runs(tmp_path):
 
     result = script("generate_scale").main(["--predict", run(10, 2.0, 100), run(20, 3.0, 150), "--num-nodes", "40"])
     assert result["prediction"] and result["wall_seconds"] == 5.0 and result["phases"][0]["peak_rss_anon"] == 250
+
+
+def test_the_loader_rate_is_reported_per_window(tmp_path):
+    write_tiny_dataset(tmp_path / "ds", num_nodes=2000, dim=8)
+    result = script("loader_scale").main(
+        ["--data", str(tmp_path / "ds"), "--batches", "12", "--window", "4", "--json", str(tmp_path / "l.json"), "--",
+         "cache.static_score=none", "cache.capacity=50%", "sampler.batch_size=32", "sampler.fanouts=[3,2]",
+         "cache.window=4"])
+    assert [w["first_batch"] for w in result["windows"]] == [0, 4, 8]
+    assert all(w["batches_per_s"] > 0 and w["RssAnon"] > 0 for w in result["windows"])
+    assert json.loads((tmp_path / "l.json").read_text())["last_over_second"] > 0

@@ -99,8 +99,8 @@ def build_csr_files(directory: str, prefix: str, chunks: Iterable[tuple[np.ndarr
     pair_dtype = np.dtype(np.int32) if max(num_rows, num_cols) < 2**31 else np.dtype(np.int64)
     entries = (expected_edges * (2 if undirected else 1) if expected_edges is not None
                else num_rows * _GUESSED_DEGREE)
-    num_buckets = int(min(MAX_BUCKETS, max(1, -(-entries // BUCKET_EDGES)), num_rows))
-    rows_per_bucket = -(-num_rows // num_buckets)
+    num_buckets = int(max(1, min(MAX_BUCKETS, -(-entries // BUCKET_EDGES), num_rows)))
+    rows_per_bucket = max(1, -(-num_rows // num_buckets))
     bucket_path = [os.path.join(directory, f"{prefix}edges.{b:04d}.spill") for b in range(num_buckets)]
     counts = np.zeros(num_rows, dtype=np.int64)
     files: dict[int, CheckedFile] = {}
