@@ -11,6 +11,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
+import lsm_gnn.data.csr_build
 import lsm_gnn.data.scores
 import lsm_gnn.data.writer
 from lsm_gnn.cli import main
@@ -116,8 +117,10 @@ def test_same_parameters_give_identical_files_whatever_the_chunk_sizes(tmp_path,
                 seed=7, progress=False)
     first = generate_hetero_synthetic(tmp_path / "first", **args)
     assert first.num_nodes["author"] > 2 * FEATURE_BLOCK
-    for module in (lsm_gnn.data.writer, lsm_gnn.data.scores):  # the CSR builder's and the scores' chunks
+    for module in (lsm_gnn.data.writer, lsm_gnn.data.csr_build, lsm_gnn.data.scores):  # every edge chunk
         monkeypatch.setattr(module, "EDGE_CHUNK", 999)
+    monkeypatch.setattr(lsm_gnn.data.csr_build, "BUCKET_EDGES", 500)  # many buckets, read in row groups
+    monkeypatch.setattr(lsm_gnn.data.csr_build, "MAX_BUCKETS", 5)
     again = generate_hetero_synthetic(tmp_path / "again", chunk_nodes=1, **args)
     assert checksums(again.path) == checksums(first.path)
     monkeypatch.undo()

@@ -283,8 +283,11 @@ def _progress(enabled: bool, **kw):
     return tqdm(disable=not enabled, dynamic_ncols=True, **kw)
 
 
-def _note(enabled: bool, message: str) -> None:
-    if enabled:
+def _note(enabled: bool, message: str, bar=None) -> None:
+    """A progress line on stderr; ``bar``, an open progress bar, is cleared first and drawn again after."""
+    if enabled and bar is not None:
+        bar.write(message, file=sys.stderr)
+    elif enabled:
         print(message, file=sys.stderr, flush=True)
 
 
@@ -378,15 +381,16 @@ def generate_synthetic(path, *, num_nodes: int, avg_degree: float = 10, feature_
         with _progress(progress, total=num_generated, desc="edges", unit="edge", unit_scale=True) as bar:
             edges = synthetic_edges(num_nodes, num_generated, seed=seed, num_classes=num_classes,
                                     homophily=homophily, rmat=rmat)
-            writer.write_edges(counted(edges, bar), undirected=True, dedup=True, self_loops=False)
+            writer.write_edges(counted(edges, bar), undirected=True, dedup=True, self_loops=False,
+                               expected_edges=num_generated, note=lambda message: _note(progress, message, bar))
+        _note(progress, "labels and splits")
         writer.write_labels(community_labels(num_nodes, seed, num_classes), num_classes)
         # Drawn only now, so the permutation (8 bytes a node) is not held while the CSR is built.
         for split_name, ids in random_split(num_nodes, split, seed=(seed, _STREAM_SPLIT)).items():
             writer.write_split(split_name, ids)
-        if scores:
-            _note(progress, f"computing scores: {', '.join(scores)}")
-            for score_name, values in compute_scores(*writer.csr(), names=scores).items():
-                writer.write_score(score_name, values)
+        for score_name in scores:  # one at a time, so each one's memory is freed before the next
+            _note(progress, f"computing scores: {score_name}")
+            writer.write_score(score_name, compute_scores(*writer.csr(), names=(score_name,))[score_name])
         _note(progress, "committing (checksums, fsync)")
         return writer.commit()
 

@@ -29,13 +29,12 @@ from lsm_gnn.data.format import (
     EDGE_SPLITS, FEATURE_DTYPES, FORMAT_NAME, META_FILE, PAGE_SIZE, SCHEMA_VERSION, SPLITS, Dataset,
     DatasetError, crc32_file, feature_file_bytes, open_dataset, row_stride_for,
 )
+# EDGE_CHUNK, build_csr_files and index_dtype_for are re-exported: the CSR builder lives in csr_build.
+from lsm_gnn.data.csr_build import EDGE_CHUNK, build_csr_files, index_dtype_for  # noqa: F401
 # DiskFullError and remove_stale_temporaries are re-exported: the writer's errors and clean-up.
 from lsm_gnn.fileio import (  # noqa: F401
     CheckedFile, DiskFullError, fsync_path, remove_stale_temporaries, reporting_disk_full, temp_prefix,
 )
-
-EDGE_CHUNK = 1 << 22  # edges per chunk when building CSR; bounds memory to ~100 MB
-
 
 def save_npy(path: str, array: np.ndarray) -> None:
     """``np.save`` to ``path``, reporting a full disk by name."""
@@ -71,11 +70,6 @@ def allocate(fd: int, path: str, size: int) -> None:
     except OSError as exc:
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without it: learn on write
             raise
-
-
-def index_dtype_for(num_nodes: int) -> np.dtype:
-    """int32 neighbor ids while they fit (halves the topology), else int64."""
-    return np.dtype(np.int32) if num_nodes < 2**31 else np.dtype(np.int64)
 
 
 def _check_count(value, what: str) -> int:
@@ -193,81 +187,6 @@ def write_csr_files(directory: str, prefix: str, indptr: np.ndarray, indices: np
     return num_edges
 
 
-def build_csr_files(directory: str, prefix: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]], num_rows: int,
-                    num_cols: int, *, undirected: bool = False, dedup: bool = True, self_loops: bool = True) -> int:
-    """Builds a CSR from (src, dst) edge chunks in bounded memory; returns the number of edges.
-
-    Messages flow src -> dst, so dst's row lists src: destinations lie in ``[0, num_rows)``, sources in
-    ``[0, num_cols)``. ``undirected`` adds the reverse of every edge (only where both ends share one id
-    space); ``dedup`` removes parallel edges; ``self_loops=False`` drops edges v -> v. Chunks are spilled
-    to a temporary file, then counted and placed in two passes.
-    """
-    if undirected and num_rows != num_cols:
-        raise ValueError("undirected edges need sources and destinations of one node type")
-    spill_path = os.path.join(directory, prefix + "edges.spill")
-    counts = np.zeros(num_rows, dtype=np.int64)
-    with CheckedFile(spill_path) as spill:
-        for src, dst in chunks:
-            src = np.asarray(src, dtype=np.int64).reshape(-1)
-            dst = np.asarray(dst, dtype=np.int64).reshape(-1)
-            if src.shape != dst.shape:
-                raise ValueError(f"edge chunk has {src.size} sources but {dst.size} destinations")
-            if src.size == 0:
-                continue
-            for ends, bound, side in ((src, num_cols, "source"), (dst, num_rows, "destination")):
-                lo, hi = int(ends.min()), int(ends.max())
-                if lo < 0 or hi >= bound:
-                    raise ValueError(f"edge {side} {lo if lo < 0 else hi} is outside [0, {bound}); "
-                                     "check num_nodes or the edge list")
-            if not self_loops:
-                keep = src != dst
-                src, dst = src[keep], dst[keep]
-                if src.size == 0:  # a chunk of self loops only
-                    continue
-            if undirected:
-                src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
-            spill.write(np.stack([dst, src], axis=1))
-            uniq, cnt = np.unique(dst, return_counts=True)
-            counts[uniq] += cnt
-    indptr = np.zeros(num_rows + 1, dtype=np.int64)
-    np.cumsum(counts, out=indptr[1:])
-    num_edges = int(indptr[-1])
-    indices_path = os.path.join(directory, prefix + "indices.npy")
-    index_dtype = index_dtype_for(num_cols)
-    indices = create_npy(indices_path, index_dtype, (num_edges,))
-    cursor = indptr[:-1].copy()
-    # Read by plain reads, not mapped: mapped pages would count in the process's resident memory (the
-    # spill is 16 bytes an edge) while the kernel can drop read ones from its cache at will.
-    with open(spill_path, "rb") as spill_edges:
-        for start in range(0, num_edges, EDGE_CHUNK):
-            count = min(EDGE_CHUNK, num_edges - start)
-            block = np.fromfile(spill_edges, dtype=np.int64, count=2 * count).reshape(count, 2)
-            order = np.argsort(block[:, 0], kind="stable")
-            rows, cols = block[order, 0], block[order, 1]
-            uniq, first, cnt = np.unique(rows, return_index=True, return_counts=True)
-            rank = np.arange(rows.size, dtype=np.int64) - np.repeat(first, cnt)
-            indices[cursor[rows] + rank] = cols
-            cursor[uniq] += cnt
-    os.remove(spill_path)
-    if dedup and num_edges:
-        indptr, num_edges = _dedup_rows(indices, indptr)
-    indices.flush()
-    del indices
-    if dedup:
-        # Compaction left the tail of the file unused: rewrite at the final size.
-        tmp_path = indices_path + ".dedup.npy"
-        old = np.load(indices_path, mmap_mode="r")
-        new = create_npy(tmp_path, index_dtype, (num_edges,))
-        for start in range(0, num_edges, EDGE_CHUNK):
-            stop = min(start + EDGE_CHUNK, num_edges)
-            new[start:stop] = old[start:stop]
-        new.flush()
-        del new, old
-        os.replace(tmp_path, indices_path)
-    save_npy(os.path.join(directory, prefix + "indptr.npy"), indptr)
-    return num_edges
-
-
 def row_blocks(indptr: np.ndarray) -> Iterator[tuple[int, int]]:
     """``(first, end)`` row ranges of a CSR, each of whole rows holding about ``EDGE_CHUNK`` edges (at least one
     row, so a hub's row is one block): what bounds the memory of a pass over the edges."""
@@ -289,26 +208,6 @@ def csr_edge_chunks(indptr: np.ndarray, indices: np.ndarray, *, src_offset: int 
                         np.diff(np.asarray(indptr[row:end_row + 1])))
         src = np.asarray(indices[int(indptr[row]):int(indptr[end_row])]).astype(np.int64) + src_offset
         yield src, dst
-
-
-def _dedup_rows(indices: np.ndarray, indptr: np.ndarray) -> tuple[np.ndarray, int]:
-    """Sorts each row and drops repeated neighbors, compacting in place, row block by row block."""
-    new_indptr = np.zeros_like(indptr)
-    write = 0
-    for row, end_row in row_blocks(indptr):
-        lo, hi = int(indptr[row]), int(indptr[end_row])
-        cols = np.asarray(indices[lo:hi]).astype(np.int64)
-        row_ids = np.repeat(np.arange(row, end_row, dtype=np.int64), np.diff(indptr[row:end_row + 1]))
-        order = np.lexsort((cols, row_ids))
-        cols, row_ids = cols[order], row_ids[order]
-        keep = np.ones(cols.size, dtype=bool)
-        keep[1:] = (cols[1:] != cols[:-1]) | (row_ids[1:] != row_ids[:-1])
-        cols, row_ids = cols[keep], row_ids[keep]
-        indices[write:write + cols.size] = cols
-        per_row = np.bincount(row_ids - row, minlength=end_row - row)
-        new_indptr[row + 1:end_row + 1] = write + np.cumsum(per_row)
-        write += cols.size
-    return new_indptr, write
 
 
 def label_array(labels, num_nodes: int, num_classes: int | None, what: str = "labels") -> tuple[np.ndarray, int]:
@@ -506,16 +405,19 @@ class DatasetWriter(AtomicDatasetWriter):
         self._set_graph(write_csr_files(self.tmp, "", indptr, indices, self.num_nodes, self.num_nodes))
 
     def write_edges(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]], *, undirected: bool = False,
-                    dedup: bool = True, self_loops: bool = True) -> None:
-        """Builds CSR from (src, dst) edge chunks in bounded memory.
+                    dedup: bool = True, self_loops: bool = True, expected_edges: int | None = None,
+                    note=None) -> None:
+        """Builds CSR from (src, dst) edge chunks in bounded memory (:func:`build_csr_files`).
 
         Messages flow src -> dst, so dst's row lists src. ``undirected`` adds
         the reverse of every edge; ``dedup`` removes parallel edges;
-        ``self_loops=False`` drops edges v -> v. Chunks are spilled to a
-        temporary file, then counted and placed in two passes.
+        ``self_loops=False`` drops edges v -> v. ``expected_edges``, the
+        number of edges the chunks hold, if known, sizes the sort's buckets;
+        ``note`` is told when the sort starts.
         """
         self._set_graph(build_csr_files(self.tmp, "", chunks, self.num_nodes, self.num_nodes, undirected=undirected,
-                                        dedup=dedup, self_loops=self_loops))
+                                        dedup=dedup, self_loops=self_loops, expected_edges=expected_edges,
+                                        note=note))
 
     def _set_graph(self, num_edges: int) -> None:
         self.meta["num_edges"] = num_edges

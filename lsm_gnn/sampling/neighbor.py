@@ -77,10 +77,35 @@ def _batch_device(device: torch.device | None, *seeds) -> torch.device:
     return device
 
 
-class _SamplingCSR:
-    """One CSR as the tensors ``sample_hops`` reads, copied to each CUDA device on first use there."""
+TOPOLOGY_ACCESS = ("random", "normal")
 
-    def __init__(self, indptr, indices):
+
+def advise_mapped(array, access: str) -> None:
+    """``madvise`` on the memory map behind ``array`` (``np.load(..., mmap_mode="r")`` keeps its mmap),
+    if it has one: ``"random"`` turns the kernel's read-around off, ``"normal"`` restores it.
+
+    A page fault on a mapped file normally reads up to 128 KiB around the page (read-around). A sampler
+    reads one neighbor list, tens of bytes, per fault at random places: when the topology does not fit
+    in memory, read-around reads ~32 pages for each one used and evicts the useful ones to make room
+    (measured in docs/benchmarks.md, "Out of core: topology and scale"). The advice holds for the whole
+    mapping, so other readers of the same array in this process lose read-around too."""
+    import mmap
+
+    if access not in TOPOLOGY_ACCESS:
+        raise ValueError(f"topology access must be one of {', '.join(TOPOLOGY_ACCESS)}, got {access!r}")
+    base = getattr(array, "_mmap", None)
+    if base is None or not hasattr(mmap, "MADV_RANDOM"):
+        return  # in memory already, or a platform without madvise
+    base.madvise(mmap.MADV_RANDOM if access == "random" else mmap.MADV_NORMAL)
+
+
+class _SamplingCSR:
+    """One CSR as the tensors ``sample_hops`` reads, copied to each CUDA device on first use there.
+    Memory-mapped arrays are wrapped, not copied, and advised for ``access`` (:func:`advise_mapped`)."""
+
+    def __init__(self, indptr, indices, access: str = "random"):
+        for array in (indptr, indices):
+            advise_mapped(array, access)
         # The native sampler bounds-checks the CSR as it reads it; its errors name these files.
         self.files = (source_file(indptr), source_file(indices))
         indptr = np.ascontiguousarray(indptr, dtype=np.int64)
@@ -110,15 +135,20 @@ class NeighborSampler:
     anything else: on the CPU); "cpu" or "cuda[:i]" forces one. The GPU path
     copies the CSR to the device on first use (the topology must fit in GPU
     memory) and runs the Triton kernels.
+
+    ``topology_access``: ``"random"`` (default) stops the kernel's read-around on the memory-mapped CSR,
+    which pays when the topology does not fit in memory; ``"normal"`` keeps it (a cold first pass over
+    a topology that fits warms up faster with it). See :func:`advise_mapped`.
     """
 
-    def __init__(self, dataset, fanouts, seed: int = 0, num_threads: int = 0, device=None):
+    def __init__(self, dataset, fanouts, seed: int = 0, num_threads: int = 0, device=None,
+                 topology_access: str = "random"):
         self.fanouts = [int(k) for k in fanouts]
         if not self.fanouts or any(k < -1 for k in self.fanouts):
             raise ValueError(f"fanouts must be a non-empty list of ints >= 0 (or -1 for all), got {fanouts}")
         self.seed = int(seed) & ((1 << 64) - 1)
         self.num_threads = num_threads
-        self._csr = _SamplingCSR(dataset.indptr, dataset.indices)
+        self._csr = _SamplingCSR(dataset.indptr, dataset.indices, topology_access)
         self.indptr, self.indices = self._csr.indptr, self._csr.indices
         self.num_nodes = self._csr.num_rows
         self.device = _sampler_device(device)

@@ -1,0 +1,75 @@
+"""Samplers read the topology where it is mapped: no copy, so a topology larger than memory still samples
+(the page cache holds what is touched, and may drop it)."""
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from lsm_gnn.data.format import open_dataset
+from lsm_gnn.loader import NodeLoader
+from lsm_gnn.sampling import HeteroNeighborSampler, NeighborSampler
+from lsm_gnn.storage import open_storage
+from lsm_gnn.testing import write_tiny_dataset, write_tiny_hetero_dataset
+
+
+def is_the_mapping(tensor, mapped: np.ndarray) -> bool:
+    """The tensor's bytes are the memory map's own (same address, same length)."""
+    assert isinstance(mapped, np.memmap)
+    return tensor.data_ptr() == mapped.ctypes.data and tensor.numel() == mapped.size
+
+
+def test_the_sampler_wraps_the_mapped_csr_without_copying(tmp_path):
+    write_tiny_dataset(tmp_path / "ds", num_nodes=500)
+    ds = open_dataset(tmp_path / "ds", check="fast")
+    assert ds.indices.dtype == np.int32  # 32-bit neighbor ids while the node count allows
+    sampler = NeighborSampler(ds, [3, 2])
+    assert is_the_mapping(sampler.indptr, ds.indptr) and is_the_mapping(sampler.indices, ds.indices)
+    loader = NodeLoader(ds, open_storage(ds, "memory"), [3, 2], batch_size=32)
+    assert is_the_mapping(loader.sampler.indptr, ds.indptr) and is_the_mapping(loader.sampler.indices, ds.indices)
+    assert next(iter(loader)).x.shape[0] > 0
+
+
+def test_the_hetero_sampler_wraps_every_relation_without_copying(tmp_path):
+    ds = write_tiny_hetero_dataset(tmp_path / "h")
+    sampler = HeteroNeighborSampler(ds, [3, 2])
+    for relation, csr in sampler._csr.items():
+        indptr, indices = ds.csr(relation)
+        assert is_the_mapping(csr.indptr, indptr) and is_the_mapping(csr.indices, indices), relation
+
+
+def test_inspect_summarizes_degrees_chunk_by_chunk(tmp_path):
+    from lsm_gnn.cli import _degrees
+
+    write_tiny_dataset(tmp_path / "ds", num_nodes=777, avg_degree=2)
+    indptr = open_dataset(tmp_path / "ds").indptr
+    degrees = np.diff(np.asarray(indptr))
+    for chunk in (1, 10, 776, 1 << 22):
+        summary = _degrees(indptr, chunk)
+        assert summary["max"] == degrees.max() and summary["zero"] == (degrees == 0).sum() > 0
+        assert abs(summary["mean"] - degrees.mean()) < 1e-12
+
+
+def vm_flags(path) -> set[str]:
+    """The VmFlags of this process's mappings of ``path`` (``rr``: the kernel's read-around is off)."""
+    flags, inside = set(), False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                inside = line.rstrip().endswith(str(path))
+            elif inside and line.startswith("VmFlags:"):
+                flags |= set(line.split()[1:])
+    return flags
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_the_sampler_turns_read_around_off_on_the_mapped_csr_unless_asked(tmp_path):
+    write_tiny_dataset(tmp_path / "ds", num_nodes=300)
+    ds = open_dataset(tmp_path / "ds")
+    files = [ds.file_path(ds.meta["graph"][k]) for k in ("indptr", "indices")]
+    NeighborSampler(ds, [2], topology_access="normal")
+    assert all("rr" not in vm_flags(f) for f in files)
+    NeighborSampler(ds, [2])
+    assert all("rr" in vm_flags(f) for f in files)
+    with pytest.raises(ValueError, match="topology access must be one of random, normal"):
+        NeighborSampler(ds, [2], topology_access="sequential")
