@@ -640,7 +640,8 @@ def main(argv=None) -> dict:
                    "seed": args.seed, "reference": fio_ref},
         "machine": machine_info(disk),
         "datasets": {f"{rb}/{lo}": {"path": ds.path, "num_rows": ds.num_nodes, "row_stride": ds.features.row_stride,
-                                    "file_bytes": os.path.getsize(ds.feature_path)} for (rb, lo), ds in all_data.items()},
+                                    "file_bytes": os.path.getsize(ds.feature_path)}
+                     for (rb, lo), ds in all_data.items()},
         "correctness": correctness,
         "elapsed_seconds": elapsed,
         "measurements": measurements,
