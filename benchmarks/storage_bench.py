@@ -494,6 +494,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plan-row-sizes", default="",
                    help="with several --layouts: row sizes (any bytes) whose read-plan amplification is computed "
                         "for packed, unpacked and back-to-back strides, without I/O (default: --row-sizes)")
+    p.add_argument("--plan-alignment", type=int, default=ROW_ALIGNMENT,
+                   help="O_DIRECT alignment of the plan-only table (4096: a device with 4 KiB logical blocks)")
     p.add_argument("--layouts", default="packed",
                    help=f"feature file layouts our backends read, comma separated: {', '.join(LAYOUTS)}; the "
                         "first is the reference of the packed / unpacked ratio and the file fio and np.memmap read")
@@ -513,6 +515,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                             ("--queue-depths", "1,64"), ("--batch-rows", 1024)):
             if flag not in given:
                 setattr(args, flag[2:].replace("-", "_"), value)
+    if args.plan_alignment < 1 or args.plan_alignment & (args.plan_alignment - 1):
+        p.error(f"--plan-alignment must be a power of two, got {args.plan_alignment}")
     if args.repeats < 1 or args.seconds <= 0 or args.batch_rows < 1 or args.file_gib <= 0 \
             or (args.num_rows is not None and args.num_rows < 1):
         p.error("--repeats, --seconds, --batch-rows, --file-gib and --num-rows must be positive")
@@ -623,7 +627,7 @@ def main(argv=None) -> dict:
     if len(layouts) > 1:
         plan = plan_amplification(_csv(args.plan_row_sizes, int) or row_sizes,
                                   args.num_rows or max(1, file_bytes // min(row_sizes)), args.batch_rows, 20,
-                                  args.seed)
+                                  args.seed, args.plan_alignment)
 
     summary = summarize(measurements, row_sizes, queue_depths, methods, fio_ref)
     results = {
@@ -631,12 +635,13 @@ def main(argv=None) -> dict:
         "command": "python benchmarks/storage_bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "config": {"row_sizes": row_sizes, "queue_depths": queue_depths, "backends": backends,
                    "fio_engines": fio_engines, "memmaps": list(memmaps), "file_bytes": file_bytes,
-                   "num_rows": args.num_rows, "layouts": layouts,
+                   "num_rows": args.num_rows, "layouts": layouts, "plan_alignment": args.plan_alignment,
                    "repeats": args.repeats, "seconds": args.seconds, "batch_rows": args.batch_rows,
                    "seed": args.seed, "reference": fio_ref},
         "machine": machine_info(disk),
         "datasets": {f"{rb}/{lo}": {"path": ds.path, "num_rows": ds.num_nodes, "row_stride": ds.features.row_stride,
-                                    "file_bytes": os.path.getsize(ds.feature_path)} for (rb, lo), ds in all_data.items()},
+                                    "file_bytes": os.path.getsize(ds.feature_path)}
+                     for (rb, lo), ds in all_data.items()},
         "correctness": correctness,
         "elapsed_seconds": elapsed,
         "measurements": measurements,
@@ -654,7 +659,7 @@ def main(argv=None) -> dict:
               f"{layouts[0]} / other: paired rows/s ratio")
         print(format_layout_table(summary, backends, layouts))
         print(f"\nread plan alone (no I/O): bytes_read / bytes_useful for batches of {args.batch_rows} distinct "
-              f"random rows, O_DIRECT alignment {ROW_ALIGNMENT} B")
+              f"random rows, O_DIRECT alignment {args.plan_alignment} B")
         print(format_plan_table(plan))
     for name, t in results["targets"].items():
         print(f"target: {name} = {t['value']:.2f} (goal >= {t['goal']}): {'met' if t['met'] else 'MISSED'}")

@@ -287,3 +287,26 @@ def test_truncated_packed_file_is_caught(tmp_path):
     for backend in NATIVE:
         with pytest.raises(RuntimeError, match="truncated"):
             open_storage(dataset, backend)
+
+
+@pytest.mark.parametrize("row_alignment,strides", [(None, {"a": 8, "b": 1024}), (512, {"a": 512, "b": 1024})])
+def test_heterogeneous_datasets_pack_each_type_and_read_back(tmp_path, row_alignment, strides):
+    from lsm_gnn.data.hetero_writer import HeteroDatasetWriter
+
+    rng = np.random.default_rng(3)
+    raw = {"a": rng.integers(0, 256, (300, 6), dtype=np.uint8), "b": rng.integers(0, 256, (40, 1000), dtype=np.uint8)}
+    dtypes = {"a": "float16", "b": "uint8"}
+    types = {t: {"num_nodes": len(r), "feature_dim": r.shape[1] // np.dtype(dtypes[t]).itemsize,
+                 "feature_dtype": dtypes[t]} for t, r in raw.items()}
+    with HeteroDatasetWriter(tmp_path / "h", node_types=types, row_alignment=row_alignment) as writer:
+        for t, r in raw.items():
+            writer.write_features(t, r.view(dtypes[t]))
+        writer.write_csr(("a", "to", "b"), np.zeros(41, dtype=np.int64), np.empty(0, dtype=np.int64))
+        dataset = writer.commit()
+    for t, r in raw.items():
+        part = dataset.node_type(t)
+        assert part.features.row_stride == strides[t]
+        for backend in NATIVE + ["memory"]:
+            with open_storage(part, backend) as storage:
+                ids = rng.integers(0, len(r), 100)
+                assert np.array_equal(storage.read(ids).view(torch.uint8).numpy(), r[ids]), (t, backend)

@@ -65,9 +65,10 @@ ReadPlan make_read_plan(const int64_t* ids, size_t n, const FileLayout& layout,
       const uint64_t row_end = row_start + layout.row_bytes;
       if (align_down(row_start, block) > align_up(end, block)) break;  // a whole block between: a new read
       // The length limit applies only to a row that makes the read longer: a
-      // row inside the run's last aligned unit always joins, so a cut never
-      // splits a unit between two reads unless a row straddles units (rows
-      // over 512 B whose stride is no multiple of a coarser device alignment).
+      // row inside the run's last aligned unit always joins, so a cut splits
+      // no unit between two reads unless a row straddles units and the next
+      // starts inside one (strides neither a multiple nor a divisor of the
+      // alignment, e.g. 1536 B rows on a 4 KiB device).
       const uint64_t grown = align_up(row_end, alignment);
       if (grown > align_up(end, alignment) && grown - run.file_offset > max_request_bytes) break;
       if (count == std::numeric_limits<uint32_t>::max()) break;

@@ -62,10 +62,10 @@ struct ReadPlan {
 // starts no later than the end of the run's last block, and while the run's
 // aligned length stays within max_request_bytes (checked only for rows that
 // lengthen the read); a run of one row may be longer (its aligned length),
-// never a run of several. Runs are disjoint wherever no row straddles an
-// alignment unit (every packed layout, and every layout read with an
-// alignment of at most 512 B); otherwise a cut run may share one unit with
-// the next.
+// never a run of several. Runs never share an aligned unit when the stride
+// is a multiple or a divisor of the alignment (every packed layout, and every
+// layout of the format read at 512 B alignment); otherwise a run cut at
+// max_request_bytes may share one unit with the next.
 ReadPlan make_read_plan(const int64_t* ids, size_t n, const FileLayout& layout,
                         uint64_t alignment, uint64_t max_request_bytes);
 

@@ -4,7 +4,8 @@ Layout (every name is recorded in ``meta.json``; these are the defaults)::
 
     meta.json                                    schema 2: node types, relations, target type
     nodes/<type>/features.bin                    the type's feature rows, as in schema 1 (fixed
-                                                 stride, O_DIRECT-aligned, page padded); optional
+                                                 stride, small rows packed per 512-byte block,
+                                                 page padded); optional
     nodes/<type>/labels.npy                      int64 class per node, -1 unlabeled (optional)
     nodes/<type>/{train,val,test}_idx.npy        int64 node ids of that type (optional)
     nodes/<type>/scores/<name>.npy               float32 static score per node (optional)
