@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 
-from lsm_gnn.benchmarking import machine_info, write_json
+from lsm_gnn.benchmarking import disk_read_bytes, machine_info, write_json
 
 
 def memory_status() -> dict[str, int]:
@@ -40,17 +40,10 @@ def memory_status() -> dict[str, int]:
 
 def read_bytes(data_path: str) -> dict[str, int]:
     """Bytes read so far by this process (``/proc/self/io``: O_DIRECT reads and page cache misses) and by
-    everyone from the disk that holds ``data_path`` (``/sys/dev/block/<major>:<minor>/stat``), so a window
-    slowed by another job's reads shows it."""
+    everyone from the disk that holds ``data_path``, so a window slowed by another job's reads shows it."""
     with open("/proc/self/io") as f:
         own = int(re.search(r"^read_bytes:\s+(\d+)", f.read(), re.M).group(1))
-    dev = os.stat(data_path).st_dev
-    try:
-        with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat") as f:
-            disk = int(f.read().split()[2]) * 512  # sectors read, in 512-byte units whatever the device's
-    except OSError:
-        disk = -1  # not a block device (tmpfs, overlay): unknown
-    return {"own_read_bytes": own, "disk_read_bytes": disk}
+    return {"own_read_bytes": own, "disk_read_bytes": disk_read_bytes(data_path)}
 
 
 def run(args, overrides: list[str]) -> dict:

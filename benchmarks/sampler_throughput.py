@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 
-from lsm_gnn.benchmarking import median_seconds, write_json
+from lsm_gnn.benchmarking import disk_read_bytes, median_seconds, write_json
 from lsm_gnn.data import open_dataset
 from lsm_gnn.sampling import NeighborSampler
 from lsm_gnn.sampling.neighbor import TOPOLOGY_ACCESS
@@ -148,11 +148,15 @@ def run_child(spec: dict, limit_bytes: int) -> tuple[dict, int, bool]:
     """Runs :func:`child_measure` in a memory cgroup of ``limit_bytes``: (result, cgroup peak, OOM killed)."""
     from lsm_gnn.memcap import MemoryCap
 
+    disk_before, start = disk_read_bytes(spec["data"]), time.perf_counter()
     with MemoryCap(limit_bytes) as cap:
         run = cap.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)], timeout=3600)
     if run.returncode != 0 and not run.oom_killed:
         raise RuntimeError(f"the sampling child failed (exit {run.returncode}):\n{run.stderr[-2000:]}")
     result = json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else {}
+    # The whole disk's reads while the child ran (its own included): another job's show here.
+    result["disk_read_mib_per_s"] = (disk_read_bytes(spec["data"]) - disk_before) / 2**20 / (
+        time.perf_counter() - start)
     return result, run.peak_bytes, run.oom_killed
 
 
@@ -169,6 +173,7 @@ def capped_rows(ds, args, setups) -> dict:
                 "access": args.topology_access}
         runs = {"uncapped": [], **{f: [] for f in fractions}}
         peaks: dict = {f: [] for f in fractions}
+        disk: dict = {"uncapped": [], **{f: [] for f in fractions}}  # the whole disk's MiB/s per child
         limits: dict = {}
         oom = False
         for run in range(args.cap_runs):
@@ -176,6 +181,7 @@ def capped_rows(ds, args, setups) -> dict:
             read_into_page_cache(files)  # by this process: the child's cgroup is not charged for these pages
             result, overhead, _ = run_child(spec, 1 << 36)
             runs["uncapped"].append(result["edges_per_s"])
+            disk["uncapped"].append(result["disk_read_mib_per_s"])
             if not limits:
                 # What the child needs besides the topology (imports, the dataset's other arrays, sampling
                 # buffers): its cgroup's peak when the topology was already cached by someone else.
@@ -186,18 +192,22 @@ def capped_rows(ds, args, setups) -> dict:
                 oom |= killed
                 runs[f].append(result.get("edges_per_s", 0.0))
                 peaks[f].append(peak)
+                disk[f].append(result["disk_read_mib_per_s"])
                 print(f"{fanouts}@{batch_size} run {run}: uncapped {runs['uncapped'][-1]:,.0f} e/s, "
                       f"cap {f:g} of topology {runs[f][-1]:,.0f} e/s, cgroup peak {peak / 2**20:,.0f} MiB "
-                      f"of {limits[f] / 2**20:,.0f}; load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
+                      f"of {limits[f] / 2**20:,.0f}; disk reads {disk[f][-1]:,.0f} MiB/s; "
+                      f"load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
         row = {"fanouts": fanouts, "batch_size": batch_size, "threads": threads,
                "topology_access": args.topology_access,
                "child_overhead_bytes": min(limits.values()) - CAP_SLACK - min(fractions) * topology_bytes,
                "uncapped_edges_per_s": statistics.median(runs["uncapped"]),
-               "uncapped_runs": runs["uncapped"], "oom_killed": oom, "caps": []}
+               "uncapped_runs": runs["uncapped"], "uncapped_disk_read_mib_per_s": disk["uncapped"],
+               "oom_killed": oom, "caps": []}
         for f in fractions:
             ratios = [c / u for c, u in zip(runs[f], runs["uncapped"])]
             row["caps"].append({"topology_fraction": f, "limit_bytes": limits[f], "peak_bytes": max(peaks[f]),
                                 "edges_per_s": statistics.median(runs[f]), "runs": runs[f],
+                                "disk_read_mib_per_s": disk[f],
                                 "capped_over_uncapped": statistics.median(ratios)})
         rows.append(row)
     return {"topology_bytes": topology_bytes, "files": files, "rows": rows}

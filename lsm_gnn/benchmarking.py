@@ -31,6 +31,18 @@ def write_json(path: str, result, indent: int = 2) -> None:
     atomic_write_bytes(json.dumps(result, indent=indent).encode(), path)
 
 
+def disk_read_bytes(path: str) -> int:
+    """Bytes read so far, by every process, from the block device that holds ``path``
+    (``/sys/dev/block/<major>:<minor>/stat``); -1 where that is unknown (not a block device, not Linux).
+    Two readings around a measurement show whether another job was reading the same disk."""
+    dev = os.stat(path).st_dev
+    try:
+        with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat") as f:
+            return int(f.read().split()[2]) * 512  # sectors read, in 512-byte units whatever the device's
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
 def machine_info() -> dict:
     """What a result file records about the machine it was measured on."""
     import torch

@@ -41,6 +41,7 @@ def test_the_sampler_runs_with_its_topology_capped(tmp_path):
     (cap,) = row["caps"]
     assert row["uncapped_edges_per_s"] > 0 and cap["edges_per_s"] > 0 and not row["oom_killed"]
     assert cap["peak_bytes"] <= cap["limit_bytes"]
+    assert len(cap["disk_read_mib_per_s"]) == 1 and len(row["uncapped_disk_read_mib_per_s"]) == 1
 
 
 def test_the_prediction_is_the_line_through_two_runs(tmp_path):

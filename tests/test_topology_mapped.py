@@ -73,3 +73,20 @@ def test_the_sampler_turns_read_around_off_on_the_mapped_csr_unless_asked(tmp_pa
     assert all("rr" in vm_flags(f) for f in files)
     with pytest.raises(ValueError, match="topology access must be one of random, normal"):
         NeighborSampler(ds, [2], topology_access="sequential")
+
+
+def test_row_lengths_read_in_parallel_still_name_the_first_bad_row():
+    """Frontiers above 2,048 rows read their row lengths on several threads (parallel page faults on a
+    mapped CSR); a corrupt row must still be reported, and the first one in frontier order."""
+    from types import SimpleNamespace
+
+    from lsm_gnn.data.format import DatasetError
+
+    n = 5000
+    indptr = np.arange(n + 1, dtype=np.int64) * 2
+    indptr[3001] = indptr[3000] - 1  # rows 3000 and 4000 end before they start
+    indptr[4001] = indptr[4000] - 1
+    raw = SimpleNamespace(indptr=indptr, indices=np.zeros(2 * n, dtype=np.int32))
+    for threads in (1, 2, 4):
+        with pytest.raises(DatasetError, match=r"the row of node 3000 is .* not an ordered range"):
+            NeighborSampler(raw, [2], num_threads=threads).sample(np.arange(n))

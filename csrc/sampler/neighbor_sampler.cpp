@@ -38,12 +38,22 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
   for (size_t h = 0; h < fanouts.size(); ++h) {
     const int64_t k = fanouts[h];
     const int64_t n = static_cast<int64_t>(frontier.size());
+    // Row lengths in parallel: on a memory-mapped CSR that is not in memory, each read of indptr can be a
+    // page fault that waits on the disk, and parallel faults keep the disk busy (docs/benchmarks.md, "Out of
+    // core: topology and scale"). A bad row cannot throw inside the loop: remember the first, throw after.
     std::vector<int64_t> offset(n + 1, 0);
+    int64_t first_bad_row = n;
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 256) if (n > 2048)
     for (int64_t i = 0; i < n; ++i) {
-      graph::check_row(indptr, frontier[i], num_edges);  // before any size is derived from it
-      const int64_t degree = indptr[frontier[i] + 1] - indptr[frontier[i]];
-      offset[i + 1] = offset[i] + sample_count(degree, k);
+      if (!graph::row_ok(indptr, frontier[i], num_edges)) {  // before any size is derived from it
+#pragma omp critical(lsm_sampler_bad_indptr)
+        first_bad_row = std::min(first_bad_row, i);
+        continue;
+      }
+      offset[i + 1] = sample_count(indptr[frontier[i] + 1] - indptr[frontier[i]], k);
     }
+    if (first_bad_row < n) graph::check_row(indptr, frontier[first_bad_row], num_edges);
+    for (int64_t i = 0; i < n; ++i) offset[i + 1] += offset[i];
     Hop hop;
     hop.num_dst = n;
     hop.src.resize(offset[n]);
