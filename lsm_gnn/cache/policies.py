@@ -86,11 +86,30 @@ class PolicyConfig:
         return self.name in ("dynamic",) + tuple(DEFAULT_LEVEL_ORDER)
 
 
-def quantize_scores(scores: np.ndarray) -> np.ndarray:
+#: scores ranked per block by quantize_scores: its working memory is a few blocks, not a few copies of the scores
+QUANTIZE_BLOCK = 1 << 20
+
+
+def quantize_scores(scores: np.ndarray, block: int = QUANTIZE_BLOCK) -> np.ndarray:
     """Static scores to uint16 by dense rank (order-preserving, robust to heavy tails):
-    the highest score maps to 65535, equal scores to equal values."""
-    scores = np.asarray(scores, dtype=np.float64)
-    uniq, inverse = np.unique(scores, return_inverse=True)
+    the highest score maps to 65535, equal scores to equal values.
+
+    Bounded memory for scores of any length (e.g. memory-mapped from a dataset of 10^8 nodes): besides the
+    result it holds one sorted copy of the distinct scores and ``block`` ranks at a time, never an inverse
+    index or float64 copy of the whole array (which cost ~50 bytes per node, and pinned freed heap below
+    the result). Scores are compared in their own dtype where float64 would not rank them differently.
+    """
+    scores = np.asarray(scores)
+    if scores.dtype.kind not in "fb" and scores.dtype.itemsize > 4:  # e.g. int64: rank as float64, as documented
+        scores = scores.astype(np.float64)
+    out = np.empty(scores.shape, dtype=np.uint16)  # before the temporaries, so the heap can shrink after them
+    uniq = np.unique(scores)
     if uniq.size <= 1:
-        return np.zeros(scores.shape, dtype=np.uint16)
-    return np.round(inverse.reshape(scores.shape) * (65535.0 / (uniq.size - 1))).astype(np.uint16)
+        out.fill(0)
+        return out
+    flat, flat_out = scores.reshape(-1), out.reshape(-1)
+    scale = 65535.0 / (uniq.size - 1)
+    for start in range(0, flat.size, block):
+        rank = np.searchsorted(uniq, flat[start:start + block])  # the dense rank: equal scores, equal rank
+        flat_out[start:start + block] = np.round(rank * scale)
+    return out
