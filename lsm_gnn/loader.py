@@ -29,6 +29,31 @@ from lsm_gnn.features import Features
 from lsm_gnn.sampling import Hop, NeighborSampler
 
 _DONE = object()
+#: labels copied into memory per block of this many nodes (a label file is never read whole at once)
+LABEL_BLOCK = 1 << 20
+
+
+def compact_labels(labels, block: int = LABEL_BLOCK) -> tuple[torch.Tensor, torch.dtype]:
+    """(the labels in memory, the dtype of ``labels``): 1-D integer labels in the narrowest signed dtype that
+    holds them, read in blocks of ``block``; any other labels as they are.
+
+    A label file is int64 (8 bytes a node); kept memory-mapped, every page of it that batches touch sits in
+    the page cache, counted against a memory cap. Eight classes need one byte a node.
+    """
+    array = np.asarray(labels)
+    dtype = torch.from_numpy(array[:0]).dtype
+    if array.ndim != 1 or array.dtype.kind not in "iu" or array.size == 0:
+        return torch.from_numpy(array), dtype
+    low = min(int(array[start:start + block].min()) for start in range(0, array.size, block))
+    high = max(int(array[start:start + block].max()) for start in range(0, array.size, block))
+    narrow = next((d for d in (np.int8, np.int16, np.int32, np.int64)
+                   if np.iinfo(d).min <= low and high <= np.iinfo(d).max), None)
+    if narrow is None:  # uint64 labels beyond int64: as they are
+        return torch.from_numpy(array), dtype
+    out = np.empty(array.size, dtype=narrow)
+    for start in range(0, array.size, block):
+        out[start:start + block] = array[start:start + block]
+    return torch.from_numpy(out), dtype
 
 
 @dataclass
@@ -110,7 +135,8 @@ class NodeLoader:
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.window, self.prefetch, self.seed = window, prefetch, seed
         labels = self._dataset_labels()
-        self.labels = None if labels is None else torch.from_numpy(np.asarray(labels))
+        #: the labels in memory, narrowed (:func:`compact_labels`); batches get them in the file's dtype
+        self.labels, self._label_dtype = (None, None) if labels is None else compact_labels(labels)
         self.epoch = 0  # the epoch the next iter() runs
         self.iteration = 0  # the iteration number of that epoch's first batch
         self._resume_position = 0
@@ -166,8 +192,11 @@ class NodeLoader:
 
     def _make_batch(self, iteration: int, plan, hops: list[Hop], x: torch.Tensor, hit: torch.Tensor):
         seeds = torch.from_numpy(plan)
-        y = None if self.labels is None else self.labels[seeds]
-        return Batch(iteration, seeds, hops, x, y, hit)
+        return Batch(iteration, seeds, hops, x, self._labels_of(seeds), hit)
+
+    def _labels_of(self, seeds: torch.Tensor) -> torch.Tensor | None:
+        """The seeds' labels, in the dtype of the dataset's label file."""
+        return None if self.labels is None else self.labels[seeds].to(self._label_dtype)
 
     # -- resumable position --------------------------------------------------------------------------------------
 
