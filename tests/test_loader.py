@@ -163,3 +163,14 @@ def test_labels_that_are_not_integer_node_labels_stay_as_they_are():
     scores = np.random.default_rng(0).random((4, 2)).astype(np.float32)
     kept, dtype = compact_labels(scores)
     assert kept.dtype == dtype == torch.float32 and torch.equal(kept, torch.from_numpy(scores))
+
+
+def test_repeated_or_negative_seeds_are_refused(data):
+    from lsm_gnn.loader import all_distinct
+
+    dataset, _ = data
+    assert all_distinct(np.array([5, 0, 3])) and not all_distinct(np.array([5, 0, 5]))
+    with pytest.raises(ValueError, match="distinct"):
+        NodeLoader(dataset, open_storage(dataset, "memory"), [2], batch_size=4, seeds=[1, 2, 1])
+    with pytest.raises(ValueError, match=">= 0"):
+        NodeLoader(dataset, open_storage(dataset, "memory"), [2], batch_size=4, seeds=[1, -2])
