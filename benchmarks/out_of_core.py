@@ -61,11 +61,17 @@ def device_read_bytes() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
 
 
+def iterations_of(args, method: str) -> int:
+    """The capped memmap gather runs the first ``--memmap-iterations`` of the same batches (seconds each)."""
+    return args.memmap_iterations if method == "memmap" and args.memmap_iterations else args.iterations
+
+
 def overrides_for(args, method: str) -> list[str]:
     """The config of ``method``'s run; everything but the feature path is the same for all methods."""
     common = [f"dataset={args.data}", f"model.kind={args.model}", f"model.hidden={args.hidden}",
               f"sampler.fanouts={args.fanouts}", f"sampler.batch_size={args.batch_size}",
-              f"cache.window={args.window}", f"train.max_iterations={args.iterations}", "train.eval_splits=[]",
+              f"cache.window={args.window}", f"train.max_iterations={iterations_of(args, method)}",
+              "train.eval_splits=[]",
               "log.progress=false", "train.lr=0.003", "cache.backend=io_uring"]
     paths = {"hybrid": ["cache.features=cache", f"cache.capacity={args.capacity}", "cache.policy=hybrid"],
              "hybrid+pvp": ["cache.features=cache", f"cache.capacity={args.capacity}", "cache.policy=auto",
@@ -105,12 +111,16 @@ def run_child(args, method: str) -> dict:
         device_read = device_read_bytes() - read_before
         cgroup = own_cgroup_stat() or {}
     last = result["history"][-1]
+    storage = getattr(trainer.features, "storage", trainer.features)  # what a cache reads its misses from
+    reads = storage.stats() if hasattr(storage, "stats") else None
     return {"method": method, "iterations": result["iterations"], "wall_s": result["wall_s"],
             "stages_s": result["stages_s"], "hit_ratio": last["hit_ratio"],
             "feature_bytes_read": last["bytes_read"], "device_bytes_read": device_read,
             "pvp_hits": last.get("pvp_hits"), "loss": last["loss"],
             "features": trainer.features.describe(), "process_peak": peak.peak,
             "epoch_memory": trainer.epoch_memory,
+            "storage_read_s": None if reads is None else reads.total_seconds,  # the gather's time in storage
+            "storage_requests": None if reads is None else reads.requests,
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "cgroup_stat_at_end": {k: cgroup[k] for k in ("rss", "cache", "mapped_file", "anon", "file",
                                                           "file_mapped") if k in cgroup}}
@@ -204,6 +214,7 @@ def summarize(runs: list[dict], methods) -> dict:
                 device_bytes_read=_median(r["device_bytes_read"] for r in done),
                 peak_bytes=_median(r["peak_bytes"] for r in done),
                 peak_rss_anon=_median(r["process_peak"].get("rss_anon") for r in done),
+                storage_read_ms_per_iter=_median(r["storage_read_s"] and 1e3 * r["storage_read_s"] / n for r in done),
                 losses=sorted({round(r["loss"], 6) for r in done}), features=done[0]["features"])
         out[method] = row
     return out
@@ -232,18 +243,21 @@ def ratios(runs: list[dict]) -> dict:
 
 def table(summary: dict) -> str:
     lines = [f"{'method':<12}{'cap':>5}{'ms/it':>8}" + "".join(f"{k:>8}" for k in STAGES) +
-             f"{'hit':>7}{'feat MiB':>10}{'disk MiB':>10}{'peak MiB':>10}{'anon MiB':>10}{'OOM':>5}"]
+             f"{'reads':>8}{'hit':>7}{'feat MiB':>10}{'disk MiB':>10}{'peak MiB':>10}{'anon MiB':>10}{'OOM':>5}"]
     for method, s in summary.items():
         if "ms_per_iter" not in s:
             lines.append(f"{method:<12} every run failed ({s['oom_kills']} OOM kills)")
             continue
         hit = "-" if s["hit_ratio"] is None else f"{s['hit_ratio']:.3f}"
+        reads = "-" if s["storage_read_ms_per_iter"] is None else f"{s['storage_read_ms_per_iter']:.1f}"
         lines.append(f"{method:<12}{'yes' if s['capped'] else 'no':>5}{s['ms_per_iter']:>8.1f}" +
                      "".join(f"{s['stages_ms_per_iter'][k]:>8.1f}" for k in STAGES) +
-                     f"{hit:>7}{s['feature_bytes_read'] / 2**20:>10.0f}{s['device_bytes_read'] / 2**20:>10.0f}"
+                     f"{reads:>8}{hit:>7}{s['feature_bytes_read'] / 2**20:>10.0f}"
+                     f"{s['device_bytes_read'] / 2**20:>10.0f}"
                      f"{s['peak_bytes'] / 2**20:>10.0f}{s['peak_rss_anon'] / 2**20:>10.0f}{s['oom_kills']:>5}")
     lines.append("(stages are ms per iteration: sample and gather run in the loader thread overlapped with train, "
-                 "wait is the stall they caused; feat: the feature path's own byte counter, disk: /proc/self/io)")
+                 "wait is the stall they caused; reads: ms/it the gather spent in storage reads; feat: the feature "
+                 "path's own byte counter; disk: /proc/self/io)")
     return "\n".join(lines)
 
 
@@ -251,13 +265,17 @@ def table(summary: dict) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default="/work/data-ooc/synth4m", help="generated graph directory (reused)")
-    p.add_argument("--num-nodes", type=int, default=4_000_000)
+    p.add_argument("--data", default="/work/data-ooc/synth4.5m", help="generated graph directory (reused)")
+    p.add_argument("--num-nodes", type=int, default=4_500_000, help="4.5M: a 4.3 GiB feature file, 4.3x 1 GiB")
     p.add_argument("--feature-dim", type=int, default=256, help="float32 features: 1 KiB rows by default")
     p.add_argument("--cap", default="1G", help="the memory cgroup's limit (page cache included)")
-    p.add_argument("--capacity", default="10%", help="cache capacity (bytes or share of nodes)")
+    p.add_argument("--capacity", default="4%", help="cache capacity (bytes or share of nodes): 4%% of 4.5M nodes is "
+                   "176 MiB, what fits beside the process and its topology under 1 GiB")
     _end_to_end().add_batch_args(p)
-    p.add_argument("--iterations", type=int, default=200)
+    p.add_argument("--iterations", type=int, default=400)
+    p.add_argument("--memmap-iterations", type=int, default=30,
+                   help="iterations of the memmap method, the first of the same batches (0: --iterations); under "
+                        "the cap each takes seconds")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--pvp-queue-capacity", type=int, default=512, help="lines per victim queue of hybrid+pvp")
     p.add_argument("--methods", default=",".join(METHODS))
@@ -273,7 +291,7 @@ def parse_args(argv=None):
         return argparse.Namespace(**{**json.loads(args.child_spec), "child": args.child})
     if args.quick:
         args.num_nodes, args.feature_dim, args.cap, args.capacity = 40_000, 256, "512M", "10%"
-        args.iterations, args.repeats = 10, 1
+        args.iterations, args.memmap_iterations, args.repeats = 10, 0, 1
         args.data = args.data.rstrip("/") + "-quick"
     args.cap_bytes = parse_bytes(args.cap)
     args.methods = [m for m in args.methods.split(",") if m]
