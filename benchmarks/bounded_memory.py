@@ -91,7 +91,7 @@ def epochs(args) -> dict:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-root", default="/work/data-ooc", help="where the graphs synth-<nodes> are (reused)")
+    p.add_argument("--data-root", default="/tmp/lsm-gnn-bench", help="where the graphs synth-<nodes> are (reused)")
     p.add_argument("--sizes", default="500000,1000000,2000000,4000000", help="node counts, comma-separated")
     p.add_argument("--capacity", default="128M", help="the fixed cache size, in bytes")
     p.add_argument("--batch-size", type=int, default=256)

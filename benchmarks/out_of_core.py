@@ -23,7 +23,7 @@ so every method starts cold. Repeats rotate the method order; figures are
 medians; ratios are taken within each repeat (methods ran back to back) and
 their median reported.
 
-    python benchmarks/out_of_core.py             # 4 GiB features under a 1 GiB cap, ~15 min on 2 cores
+    python benchmarks/out_of_core.py             # 4.3 GiB of features under a 1 GiB cap, ~20 min on 2 cores
     python benchmarks/out_of_core.py --quick     # a smoke run: 40 MB of features under a 512 MiB cap
 """
 from __future__ import annotations
@@ -265,7 +265,7 @@ def table(summary: dict) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default="/work/data-ooc/synth4.5m", help="generated graph directory (reused)")
+    p.add_argument("--data", default="/tmp/lsm-gnn-bench/ooc-4.5m", help="generated graph directory (reused)")
     p.add_argument("--num-nodes", type=int, default=4_500_000, help="4.5M: a 4.3 GiB feature file, 4.3x 1 GiB")
     p.add_argument("--feature-dim", type=int, default=256, help="float32 features: 1 KiB rows by default")
     p.add_argument("--cap", default="1G", help="the memory cgroup's limit (page cache included)")
@@ -273,7 +273,7 @@ def parse_args(argv=None):
                    "176 MiB, what fits beside the process and its topology under 1 GiB")
     _end_to_end().add_batch_args(p)
     p.add_argument("--iterations", type=int, default=400)
-    p.add_argument("--memmap-iterations", type=int, default=30,
+    p.add_argument("--memmap-iterations", type=int, default=8,
                    help="iterations of the memmap method, the first of the same batches (0: --iterations); under "
                         "the cap each takes seconds")
     p.add_argument("--repeats", type=int, default=3)
