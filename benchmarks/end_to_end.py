@@ -192,17 +192,22 @@ def paired_ratios(runs: list[dict]) -> dict:
             "pvp_speedup_vs_hybrid_median": statistics.median(per_repeat)}
 
 
+def add_batch_args(p: argparse.ArgumentParser) -> None:
+    """The model and the batches (benchmarks/out_of_core.py trains the same ones)."""
+    p.add_argument("--model", default="sage")
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--fanouts", default="[10,5]")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--window", type=int, default=32)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="/tmp/lsm-gnn-bench/e2e", help="generated graph directory (reused)")
     p.add_argument("--num-nodes", type=int, default=500_000)
     p.add_argument("--feature-dim", type=int, default=256, help="float32 features: 1 KiB rows by default")
     p.add_argument("--capacity", default="10%", help="cache capacity (bytes or share of nodes)")
-    p.add_argument("--model", default="sage")
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--fanouts", default="[10,5]")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--window", type=int, default=32)
+    add_batch_args(p)
     p.add_argument("--iterations", type=int, default=200)
     p.add_argument("--bound-iterations", type=int, default=10, help="iterations of the memmap-*-bound methods")
     p.add_argument("--repeats", type=int, default=3)

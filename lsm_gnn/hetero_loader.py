@@ -107,5 +107,4 @@ class HeteroNodeLoader(NodeLoader):
 
     def _make_batch(self, iteration: int, plan, hops: list[HeteroHop], x, hit) -> HeteroBatch:
         seeds = torch.from_numpy(plan)
-        y = None if self.labels is None else self.labels[seeds]
-        return HeteroBatch(iteration, self.target, seeds, hops, x, y, hit)
+        return HeteroBatch(iteration, self.target, seeds, hops, x, self._labels_of(seeds), hit)

@@ -29,6 +29,39 @@ from lsm_gnn.features import Features
 from lsm_gnn.sampling import Hop, NeighborSampler
 
 _DONE = object()
+#: labels copied into memory per block of this many nodes (a label file is never read whole at once)
+LABEL_BLOCK = 1 << 20
+
+
+def all_distinct(ids: np.ndarray) -> bool:
+    """Whether the non-negative ``ids`` are distinct, with one byte of scratch per id up to the largest (not
+    np.unique's sort: numpy 2.4's kept ~30 bytes per id of heap after returning)."""
+    seen = np.zeros(int(ids.max()) + 1 if ids.size else 0, dtype=bool)
+    seen[ids] = True
+    return int(np.count_nonzero(seen)) == ids.size
+
+
+def compact_labels(labels, block: int = LABEL_BLOCK) -> tuple[torch.Tensor, torch.dtype]:
+    """(the labels in memory, the dtype of ``labels``): 1-D integer labels in the narrowest signed dtype that
+    holds them, read in blocks of ``block``; any other labels as they are.
+
+    A label file is int64 (8 bytes a node); kept memory-mapped, every page of it that batches touch sits in
+    the page cache, counted against a memory cap. Eight classes need one byte a node.
+    """
+    array = np.asarray(labels)
+    dtype = torch.from_numpy(array[:0]).dtype
+    if array.ndim != 1 or array.dtype.kind not in "iu" or array.size == 0:
+        return torch.from_numpy(array), dtype
+    low = min(int(array[start:start + block].min()) for start in range(0, array.size, block))
+    high = max(int(array[start:start + block].max()) for start in range(0, array.size, block))
+    narrow = next((d for d in (np.int8, np.int16, np.int32, np.int64)
+                   if np.iinfo(d).min <= low and high <= np.iinfo(d).max), None)
+    if narrow is None:  # uint64 labels beyond int64: as they are
+        return torch.from_numpy(array), dtype
+    out = np.empty(array.size, dtype=narrow)
+    for start in range(0, array.size, block):
+        out[start:start + block] = array[start:start + block]
+    return torch.from_numpy(out), dtype
 
 
 @dataclass
@@ -103,14 +136,17 @@ class NodeLoader:
         self.seeds = np.asarray(self._split("train") if seeds is None else seeds, dtype=np.int64)
         if self.seeds.size == 0:
             raise ValueError("there are no seed nodes to iterate over")
-        if np.unique(self.seeds).size != self.seeds.size:
+        if int(self.seeds.min()) < 0:
+            raise ValueError(f"seed nodes are node ids, >= 0; got {int(self.seeds.min())}")
+        if not all_distinct(self.seeds):
             raise ValueError("seed nodes must be distinct")
         if self.seeds.size < world_size:
             raise ValueError(f"{self.seeds.size} seed nodes cannot be shared among {world_size} ranks")
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.window, self.prefetch, self.seed = window, prefetch, seed
         labels = self._dataset_labels()
-        self.labels = None if labels is None else torch.from_numpy(np.asarray(labels))
+        #: the labels in memory, narrowed (:func:`compact_labels`); batches get them in the file's dtype
+        self.labels, self._label_dtype = (None, None) if labels is None else compact_labels(labels)
         self.epoch = 0  # the epoch the next iter() runs
         self.iteration = 0  # the iteration number of that epoch's first batch
         self._resume_position = 0
@@ -166,8 +202,11 @@ class NodeLoader:
 
     def _make_batch(self, iteration: int, plan, hops: list[Hop], x: torch.Tensor, hit: torch.Tensor):
         seeds = torch.from_numpy(plan)
-        y = None if self.labels is None else self.labels[seeds]
-        return Batch(iteration, seeds, hops, x, y, hit)
+        return Batch(iteration, seeds, hops, x, self._labels_of(seeds), hit)
+
+    def _labels_of(self, seeds: torch.Tensor) -> torch.Tensor | None:
+        """The seeds' labels, in the dtype of the dataset's label file."""
+        return None if self.labels is None else self.labels[seeds].to(self._label_dtype)
 
     # -- resumable position --------------------------------------------------------------------------------------
 

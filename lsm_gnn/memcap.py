@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import uuid
 from dataclasses import dataclass
 
@@ -29,12 +30,13 @@ class MemoryCapError(RuntimeError):
 class CappedRun:
     """One command's run under the cap."""
 
-    returncode: int
+    returncode: int | None   # None: killed at the timeout
     stdout: str
     stderr: str
     peak_bytes: int          # the cgroup's peak usage (page cache included) while the command ran
     limit_bytes: int
     oom_killed: bool         # the kernel killed a process of the cgroup for memory
+    timed_out: bool = False  # ran past ``timeout`` and was killed (returncode None)
 
     @property
     def within_cap(self) -> bool:
@@ -49,6 +51,13 @@ def _read_int(path: str) -> int:
 def _write(path: str, value) -> None:
     with open(path, "w") as f:
         f.write(str(value))
+
+
+def _text(output) -> str:
+    """What a timed-out subprocess had written (bytes even with text=True on some Pythons, or None)."""
+    if output is None:
+        return ""
+    return output.decode(errors="replace") if isinstance(output, bytes) else output
 
 
 def _oom_kills(path: str, key: str) -> int:
@@ -128,7 +137,8 @@ class MemoryCap:
 
     def run(self, args: list[str], *, timeout: float | None = None, env: dict | None = None,
             cwd: str | None = None) -> CappedRun:
-        """Runs ``args`` inside the cgroup (it joins before it executes, so every byte it maps counts)."""
+        """Runs ``args`` inside the cgroup (it joins before it executes, so every byte it maps counts). Past
+        ``timeout`` seconds the command is killed and the run returned with ``timed_out`` set."""
         self._reset_peak()
         kills = self._kills()
         procs = os.path.join(self.path, "cgroup.procs")
@@ -136,8 +146,12 @@ class MemoryCap:
         def join() -> None:  # runs in the child between fork and exec
             _write(procs, os.getpid())
 
-        result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd,
-                                preexec_fn=join)
+        try:
+            result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd,
+                                    preexec_fn=join)
+        except subprocess.TimeoutExpired as exc:  # subprocess.run has killed and reaped the command
+            return CappedRun(None, _text(exc.stdout), _text(exc.stderr), self._peak_bytes(), self.limit_bytes,
+                             self._kills() > kills, timed_out=True)
         return CappedRun(result.returncode, result.stdout, result.stderr, self._peak_bytes(), self.limit_bytes,
                          self._kills() > kills)
 
@@ -153,3 +167,69 @@ class MemoryCap:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# -- what a process inside the cap reads about itself -----------------------------------------------------------
+
+def own_cgroup_stat() -> dict[str, int] | None:
+    """The ``memory.stat`` of the memory cgroup this process is in (v1: ``rss``, ``cache``, ``mapped_file``, ...;
+    v2: ``anon``, ``file``, ``file_mapped``, ...), or None where it cannot be read."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    for _, controllers, path in lines:
+        if "memory" in controllers.split(","):
+            stat = os.path.join(V1_ROOT, path.lstrip("/"), "memory.stat")
+            break
+    else:  # v2: the one unified hierarchy, "0::/path"
+        stat = next((os.path.join(V2_ROOT, path.lstrip("/"), "memory.stat") for num, _, path in lines if num == "0"),
+                    None)
+    try:
+        with open(stat) as f:
+            return {name: int(value) for name, value in (line.split() for line in f)}
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def process_memory() -> dict[str, int]:
+    """This process's resident memory in bytes, from /proc/self/status: ``rss_anon`` (heap, tensors: what the
+    kernel cannot drop), ``rss_file`` (mapped file pages, which it can), ``rss_hwm`` (peak of their sum)."""
+    keys = {"RssAnon:": "rss_anon", "RssFile:": "rss_file", "RssShmem:": "rss_shmem", "VmHWM:": "rss_hwm"}
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name, _, value = line.partition("\t") if "\t" in line else line.partition(" ")
+            if name in keys:
+                out[keys[name]] = int(value.split()[0]) * 1024
+    return out
+
+
+class PeakMemory:
+    """Samples :func:`process_memory` every ``interval`` seconds on a thread and keeps the peak of each figure
+    (the kernel keeps no peak of anonymous memory alone). Use as a context manager."""
+
+    def __init__(self, interval: float = 0.05):
+        self.interval = interval
+        self.peak: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lsm-gnn-peak-memory", daemon=True)
+
+    def sample(self) -> None:
+        for key, value in process_memory().items():
+            self.peak[key] = max(self.peak.get(key, 0), value)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self) -> PeakMemory:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()

@@ -5,6 +5,7 @@ import subprocess
 import pytest
 import torch
 
+from lsm_gnn.memcap import MemoryCap, MemoryCapError
 from lsm_gnn.testing import tiny_cache_setup, write_tiny_dataset
 
 TINY_CACHE_NODES = 600
@@ -17,6 +18,24 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def memory_cap():
+    """``memory_cap(limit_bytes)``: a :class:`MemoryCap` removed after the test; the test is skipped, with the
+    reason, where no memory cgroup can be created (never passed without running)."""
+    caps = []
+
+    def make(limit_bytes: int) -> MemoryCap:
+        try:
+            caps.append(MemoryCap(limit_bytes))
+        except MemoryCapError as exc:
+            pytest.skip(f"no memory cgroup to cap the run in: {exc}")
+        return caps[-1]
+
+    yield make
+    for cap in caps:
+        cap.close()
 
 
 @pytest.fixture(scope="module")

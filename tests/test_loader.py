@@ -142,3 +142,35 @@ def test_a_gnn_learns_through_the_cached_loader(tmp_path, kind):
             correct += int((model(batch).argmax(1) == batch.y).sum())
             total += batch.y.numel()
     assert correct / total > 0.6  # chance is 0.25
+
+
+@pytest.mark.parametrize("labels, narrow", [(np.array([0, 7, -1, 3, 5]), torch.int8),
+                                            (np.array([0, 300, -1, 2, 9]), torch.int16),
+                                            (np.array([2**40, -1, 0, 1, 2]), torch.int64)])
+def test_labels_are_kept_narrow_and_handed_out_in_the_files_dtype(tmp_path, labels, narrow):
+    from lsm_gnn.loader import compact_labels
+
+    np.save(tmp_path / "labels.npy", labels)
+    mapped = np.load(tmp_path / "labels.npy", mmap_mode="r")
+    kept, dtype = compact_labels(mapped, block=2)  # odd blocks: the last one is short
+    assert kept.dtype == narrow and dtype == torch.int64
+    assert torch.equal(kept.to(dtype), torch.from_numpy(labels))
+
+
+def test_labels_that_are_not_integer_node_labels_stay_as_they_are():
+    from lsm_gnn.loader import compact_labels
+
+    scores = np.random.default_rng(0).random((4, 2)).astype(np.float32)
+    kept, dtype = compact_labels(scores)
+    assert kept.dtype == dtype == torch.float32 and torch.equal(kept, torch.from_numpy(scores))
+
+
+def test_repeated_or_negative_seeds_are_refused(data):
+    from lsm_gnn.loader import all_distinct
+
+    dataset, _ = data
+    assert all_distinct(np.array([5, 0, 3])) and not all_distinct(np.array([5, 0, 5]))
+    with pytest.raises(ValueError, match="distinct"):
+        NodeLoader(dataset, open_storage(dataset, "memory"), [2], batch_size=4, seeds=[1, 2, 1])
+    with pytest.raises(ValueError, match=">= 0"):
+        NodeLoader(dataset, open_storage(dataset, "memory"), [2], batch_size=4, seeds=[1, -2])

@@ -5,18 +5,14 @@ import sys
 
 import pytest
 
-from lsm_gnn.memcap import MemoryCap, MemoryCapError
+from lsm_gnn.memcap import MemoryCap
 
 CAP = 48 << 20
 
 
 @pytest.fixture
-def cap():
-    try:
-        with MemoryCap(CAP) as c:
-            yield c
-    except MemoryCapError as exc:
-        pytest.skip(str(exc))
+def cap(memory_cap):
+    return memory_cap(CAP)
 
 
 def uncached_file(path, size):
@@ -52,3 +48,9 @@ def test_allocating_past_the_cap_is_killed_and_reported(cap):
 def test_a_cap_too_small_to_run_anything_is_refused():
     with pytest.raises(ValueError, match="below 1 MiB"):
         MemoryCap(1000)
+
+
+def test_a_command_past_its_timeout_is_killed_and_reported(cap):
+    run = cap.run([sys.executable, "-c", "import time\nprint('started', flush=True)\ntime.sleep(60)"], timeout=3)
+    assert run.timed_out and run.returncode is None and not run.oom_killed
+    assert "started" in run.stdout
