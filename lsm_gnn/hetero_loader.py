@@ -97,7 +97,7 @@ class HeteroNodeLoader(NodeLoader):
         return self.dataset.labels(self.target)
 
     def _plan_nodes(self, plan) -> dict[str, np.ndarray]:
-        return {self.target: plan}
+        return {self.target: self._plan_seeds(plan)}
 
     def _make_window(self):
         return GroupWindows(self.features, self.window + 1)
@@ -106,5 +106,5 @@ class HeteroNodeLoader(NodeLoader):
         return self.features.gather(nodes, futures=None if window is None else window.buffers)
 
     def _make_batch(self, iteration: int, plan, hops: list[HeteroHop], x, hit) -> HeteroBatch:
-        seeds = torch.from_numpy(plan)
+        seeds = torch.from_numpy(self._plan_seeds(plan))
         return HeteroBatch(iteration, self.target, seeds, hops, x, self._labels_of(seeds), hit)

@@ -189,19 +189,29 @@ class NodeLoader:
         return self.features.gather(nodes, future=window)
 
     def _epoch_plans(self, epoch: int) -> list:
-        """The epoch's batches, in order; here the seed nodes of each."""
-        order = (np.random.default_rng([self.seed, epoch]).permutation(self.seeds) if self.shuffle
-                 else self.seeds)
+        """The epoch's batches, in order; here positions into ``seeds`` (see :meth:`_plan_seeds`).
+
+        Positions rather than ids: the shuffle is held as int32 where the seeds allow (4 bytes a seed for
+        the epoch instead of 8; at 10^8 nodes with 60% training nodes, 240 MB less), and ``seeds`` stays
+        as the split file's memory map. The order equals ``permutation(seeds)``: a shuffle draws the same
+        numbers whatever the array's dtype."""
+        positions = np.arange(self.seeds.size, dtype=np.int32 if self.seeds.size < 2**31 else np.int64)
+        if self.shuffle:
+            np.random.default_rng([self.seed, epoch]).shuffle(positions)
         if self.world_size > 1:  # the same permutation on every rank, dealt out in turn
-            order = order[:self.seeds_per_rank * self.world_size][self.rank::self.world_size]
-        return [order[i * self.batch_size:(i + 1) * self.batch_size] for i in range(len(self))]
+            positions = positions[:self.seeds_per_rank * self.world_size][self.rank::self.world_size]
+        return [positions[i * self.batch_size:(i + 1) * self.batch_size] for i in range(len(self))]
+
+    def _plan_seeds(self, plan) -> np.ndarray:
+        """The seed node ids (int64) of a plan of :meth:`_epoch_plans`."""
+        return np.asarray(self.seeds[plan], dtype=np.int64)
 
     def _plan_nodes(self, plan) -> np.ndarray:
         """The distinct nodes the sampler expands from."""
-        return plan
+        return self._plan_seeds(plan)
 
     def _make_batch(self, iteration: int, plan, hops: list[Hop], x: torch.Tensor, hit: torch.Tensor):
-        seeds = torch.from_numpy(plan)
+        seeds = torch.from_numpy(self._plan_seeds(plan))
         return Batch(iteration, seeds, hops, x, self._labels_of(seeds), hit)
 
     def _labels_of(self, seeds: torch.Tensor) -> torch.Tensor | None:

@@ -174,3 +174,19 @@ def test_repeated_or_negative_seeds_are_refused(data):
         NodeLoader(dataset, open_storage(dataset, "memory"), [2], batch_size=4, seeds=[1, 2, 1])
     with pytest.raises(ValueError, match=">= 0"):
         NodeLoader(dataset, open_storage(dataset, "memory"), [2], batch_size=4, seeds=[1, -2])
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_epoch_order_is_the_permutation_of_the_seeds_held_as_int32_positions(data, world_size):
+    # Plans are positions into the seeds (4 bytes a seed, not 8); the batches must be those of
+    # permutation(seeds) with the (seed, epoch) stream, dealt out in turn across ranks.
+    ds, _ = data
+    for rank in range(world_size):
+        loader = NodeLoader(ds, open_storage(ds, "memory"), [2], 32, seed=7, rank=rank, world_size=world_size,
+                            window=0)
+        plans = loader._epoch_plans(3)
+        assert all(plan.dtype == np.int32 for plan in plans)
+        order = np.random.default_rng([7, 3]).permutation(np.asarray(loader.seeds, dtype=np.int64))
+        order = order[:loader.seeds_per_rank * world_size][rank::world_size]
+        np.testing.assert_array_equal(np.concatenate([loader._plan_seeds(p) for p in plans]), order)
+        assert loader._plan_seeds(plans[0]).dtype == np.int64
