@@ -52,8 +52,10 @@ def compact_labels(labels, block: int = LABEL_BLOCK) -> tuple[torch.Tensor, torc
     dtype = torch.from_numpy(array[:0]).dtype
     if array.ndim != 1 or array.dtype.kind not in "iu" or array.size == 0:
         return torch.from_numpy(array), dtype
-    low = min(int(array[start:start + block].min()) for start in range(0, array.size, block))
-    high = max(int(array[start:start + block].max()) for start in range(0, array.size, block))
+    # One pass over the file: each block's min and max while it is in the page cache.
+    bounds = [(int(part.min()), int(part.max())) for part in (array[start:start + block]
+                                                               for start in range(0, array.size, block))]
+    low, high = min(b[0] for b in bounds), max(b[1] for b in bounds)
     narrow = next((d for d in (np.int8, np.int16, np.int32, np.int64)
                    if np.iinfo(d).min <= low and high <= np.iinfo(d).max), None)
     if narrow is None:  # uint64 labels beyond int64: as they are
