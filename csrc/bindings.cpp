@@ -4,6 +4,7 @@
 
 #include <system_error>
 
+#include "common/unique_ids.h"
 #include "graph/pagerank.h"
 #include "storage/row_reader.h"
 
@@ -18,6 +19,23 @@ void check_cpu_contiguous(const torch::Tensor& t, const char* name, torch::Scala
   TORCH_CHECK_VALUE(t.device().is_cpu(), name, " must be a CPU tensor, got ", t.device());
   TORCH_CHECK_VALUE(t.scalar_type() == dtype, name, " must have dtype ", dtype, ", got ", t.scalar_type());
   TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
+}
+
+// (sorted distinct ids, inverse) of a 1-D int64 tensor; None when an id is negative.
+py::object unique_inverse(const torch::Tensor& ids) {
+  check_cpu_contiguous(ids, "ids", torch::kInt64);
+  TORCH_CHECK_VALUE(ids.dim() == 1, "ids must be one-dimensional, got shape ", ids.sizes());
+  auto inverse = torch::empty_like(ids);
+  std::vector<int64_t> unique;
+  bool ok;
+  {
+    py::gil_scoped_release release;
+    ok = lsm::unique_inverse(ids.data_ptr<int64_t>(), ids.numel(), unique, inverse.data_ptr<int64_t>());
+  }
+  if (!ok) return py::none();
+  auto distinct = torch::empty({static_cast<int64_t>(unique.size())}, torch::kInt64);
+  std::copy(unique.begin(), unique.end(), distinct.data_ptr<int64_t>());
+  return py::make_tuple(distinct, inverse);
 }
 
 class PyRowReader {
@@ -169,6 +187,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("file_bytes"), py::arg("alignment"), py::arg("max_request_bytes"),
         "The storage engine's read plan for ids: file_offset, length and num_rows per read, bytes_read, "
         "unique_rows, max_run_bytes");
+  m.def("unique_inverse", &unique_inverse, py::arg("ids"),
+        "(sorted distinct ids, index of each id among them) in linear time; None if an id is negative");
   m.def("io_uring_available", &lsm::io_uring_available, "Whether the kernel allows io_uring for this process");
   m.def("reverse_pagerank", &reverse_pagerank, py::arg("indptr"), py::arg("indices"), py::arg("damping") = 0.85,
         py::arg("max_iterations") = 100, py::arg("tolerance") = 1e-7, py::arg("num_threads") = 0);

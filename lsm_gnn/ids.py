@@ -48,7 +48,14 @@ def _not_integers(dtype) -> TypeError:
 def unique_ids(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(sorted distinct ids, index of each id in them) of a 1-D int64 tensor, on its device."""
     if ids.device.type == "cpu":
-        # np.unique: torch.unique (a parallel sort) took 50x longer on a loaded 2-core machine.
+        from lsm_gnn import _C
+
+        # A radix sort in linear time (4x faster than np.unique on a batch of 65,536 ids; torch.unique, a
+        # parallel sort, took 50x longer on a loaded 2-core machine). Negative ids: np.unique keeps them
+        # first, where the callers' range checks find and name them.
+        found = _C.unique_inverse(ids.contiguous())
+        if found is not None:
+            return found
         unique, inverse = np.unique(ids.numpy(), return_inverse=True)
         return torch.from_numpy(unique), torch.from_numpy(inverse.reshape(-1))
     return torch.unique(ids, sorted=True, return_inverse=True)

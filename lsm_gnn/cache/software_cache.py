@@ -21,6 +21,7 @@ from lsm_gnn.cache.stats import CacheStats
 from lsm_gnn.cache.window import WindowBuffer
 from lsm_gnn.defaults import PERIOD, WAYS, WINDOW, policy_for
 from lsm_gnn.features import StorageShape
+from lsm_gnn.hostmem import host_zeros
 from lsm_gnn.ids import as_id_tensor, unique_ids
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
 from lsm_gnn.units import parse_bytes
@@ -132,7 +133,8 @@ class SoftwareCache(StorageShape):
         elif self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or a CUDA device, got {device!r}")
         self.state = CacheState.empty(self.num_sets, self.ways, self.device)
-        self.data = torch.zeros((self.num_lines, storage.dim), dtype=storage.dtype, device=self.device)
+        self.data = host_zeros((self.num_lines, storage.dim), storage.dtype) if self.device.type == "cpu" else \
+            torch.zeros((self.num_lines, storage.dim), dtype=storage.dtype, device=self.device)
         self.node_static = static_ranks(static_scores)
         if self.node_static is not None:
             self.node_static = self.node_static.to(self.device)

@@ -1,0 +1,93 @@
+"""The base layer's id helpers and huge-page host buffers."""
+import numpy as np
+import pytest
+import torch
+
+from lsm_gnn import hostmem
+from lsm_gnn.hostmem import host_zeros
+from lsm_gnn.ids import unique_ids
+
+
+def _expect(ids: np.ndarray):
+    unique, inverse = np.unique(ids, return_inverse=True)
+    return unique, inverse.reshape(-1)
+
+
+@pytest.mark.parametrize("case", ["empty", "one", "zeros", "all_distinct", "many_repeats", "huge_ids", "descending",
+                                  "digit_edges"])
+def test_unique_ids_equals_numpy(case):
+    rng = np.random.default_rng(7)
+    ids = {"empty": np.zeros(0, np.int64), "one": np.array([5]), "zeros": np.zeros(100, np.int64),
+           "all_distinct": rng.permutation(70_000),
+           "many_repeats": rng.integers(0, 50, 10_000),
+           "huge_ids": rng.integers(0, 2**62, 5_000),  # six radix passes
+           "descending": np.arange(10_000)[::-1].copy(),
+           # ids that differ only in the bits of one radix digit boundary (2^11, 2^22, 2^33)
+           "digit_edges": np.array([2**11 - 1, 2**11, 2**22 - 1, 2**22, 2**33 - 1, 2**33, 0, 2**11] * 3)}[case]
+    unique, inverse = unique_ids(torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)))
+    want_unique, want_inverse = _expect(ids.astype(np.int64))
+    assert unique.dtype == inverse.dtype == torch.int64
+    np.testing.assert_array_equal(unique.numpy(), want_unique)
+    np.testing.assert_array_equal(inverse.numpy(), want_inverse)
+
+
+def test_unique_ids_keeps_negative_ids_first_for_the_range_checks():
+    ids = torch.tensor([3, -7, 3, 9, -1])
+    unique, inverse = unique_ids(ids)
+    assert unique.tolist() == [-7, -1, 3, 9]
+    assert inverse.tolist() == [2, 0, 2, 3, 1]
+
+
+def test_unique_ids_of_a_strided_view():
+    base = torch.arange(20)
+    unique, inverse = unique_ids(base[::3])
+    assert unique.tolist() == list(range(0, 20, 3))
+    assert torch.equal(unique[inverse], base[::3])
+
+
+@pytest.mark.parametrize("shape,dtype", [((3, 5), torch.float32), ((1 << 20, 3), torch.float16),
+                                         ((600, 1024), torch.uint8), ((0, 4), torch.float32)])
+def test_host_zeros_behaves_like_torch_zeros(shape, dtype):
+    t = host_zeros(shape, dtype)
+    assert tuple(t.shape) == shape and t.dtype == dtype and t.is_contiguous() and t.device.type == "cpu"
+    assert not bool(t.any())
+    t.view(-1)[-1:] = 1  # writable to the last byte
+    assert int(t.sum()) == (1 if t.numel() else 0)
+
+
+def test_host_zeros_outlives_its_map_object():
+    rows = host_zeros((1024, 1024), torch.float32)[100:]  # a view: the map must stay alive through it
+    import gc
+
+    gc.collect()
+    rows.fill_(2.0)
+    assert float(rows.sum()) == 2.0 * 924 * 1024
+
+
+def test_host_zeros_gets_huge_pages_where_the_kernel_allows(tmp_path):
+    try:
+        mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        pytest.skip("no transparent huge pages on this platform")
+    if "[never]" in mode:
+        pytest.skip(f"transparent huge pages are off here ({mode.strip()})")
+    before = _anon_huge_kib()
+    table = host_zeros((64 << 20) // 4, torch.float32)  # 64 MiB
+    table.fill_(1.0)  # fault it in
+    grown = _anon_huge_kib() - before
+    assert grown >= 2 << 10, f"no huge page in a 64 MiB buffer advised MADV_HUGEPAGE ({grown} KiB)"
+    del table
+
+
+def _anon_huge_kib() -> int:
+    for line in open("/proc/self/smaps_rollup"):
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    pytest.skip("no AnonHugePages in /proc/self/smaps_rollup")
+
+
+def test_small_buffers_are_plain_tensors(monkeypatch):
+    calls = []
+    monkeypatch.setattr(hostmem.mmap, "mmap", lambda *a, **k: calls.append(a))
+    host_zeros((4, 4), torch.float32)
+    assert calls == []
