@@ -7,7 +7,12 @@ iterations with only the feature path changed:
   hybrid         this loader with the hybrid cache (io_uring misses)
   rr             the same with round-robin eviction (the M-GIDS baseline)
   hybrid+pvp     the hybrid cache with the victim-buffer prefetcher (cache.pvp=true:
-                 policy hybrid_pvp_room, reinstall on; --pvp-queue-capacity lines per queue)
+                 policy hybrid_pvp_room, reinstall on; --pvp-queue-capacity lines per queue,
+                 or --pvp-queue-bytes for all queues)
+  hybrid-same-bytes  the hybrid cache given hybrid+pvp's cache and queue bytes together:
+                 PVP judged against a plain cache of the same memory
+  hybrid-in-memory  the hybrid cache over the in-memory table: the cache's own cost,
+                 with the storage taken out of the way (misses cost a memory copy)
   memmap         a plain ``np.memmap`` gather, page cache evicted before the run
                  (what a plain out-of-core PyG user writes)
   memmap-bound   the same, page cache evicted before every batch: the regime
@@ -48,7 +53,8 @@ from lsm_gnn.storage.base import CountingStorage
 from lsm_gnn.storage.probe import evict_page_cache
 from lsm_gnn.trainer import STAGES, Trainer
 
-METHODS = ("hybrid", "rr", "hybrid+pvp", "memmap", "memmap-bound", "memmap-random-bound", "memory")
+METHODS = ("hybrid", "rr", "hybrid+pvp", "hybrid-same-bytes", "hybrid-in-memory", "memmap", "memmap-bound",
+           "memmap-random-bound", "memory")
 BOUND = ("memmap-bound", "memmap-random-bound")  # seconds per batch: they run --bound-iterations only
 
 
@@ -107,8 +113,15 @@ def run_once(args, ds, method: str) -> dict:
     if method in ("hybrid", "rr"):
         overrides += ["cache.features=cache", f"cache.policy={method}", "cache.backend=io_uring"]
     elif method == "hybrid+pvp":
-        overrides += ["cache.features=cache", "cache.policy=auto", "cache.backend=io_uring", "cache.pvp=true",
-                      f"cache.pvp_queue_capacity={args.pvp_queue_capacity}"]
+        overrides += ["cache.features=cache", "cache.policy=auto", "cache.backend=io_uring", "cache.pvp=true"]
+        overrides += [f"cache.pvp_queue_bytes={args.pvp_queue_bytes}"] if args.pvp_queue_bytes else \
+            [f"cache.pvp_queue_capacity={args.pvp_queue_capacity}"]
+    elif method == "hybrid-same-bytes":
+        cache_bytes, queue_bytes = pvp_memory(args, ds)
+        overrides += ["cache.features=cache", "cache.policy=hybrid", "cache.backend=io_uring",
+                      f"cache.capacity={cache_bytes + queue_bytes}"]
+    elif method == "hybrid-in-memory":
+        overrides += ["cache.features=cache", "cache.policy=hybrid", "cache.backend=memory"]
     elif method == "memory":
         overrides += ["cache.features=memory"]
     else:
@@ -124,6 +137,22 @@ def run_once(args, ds, method: str) -> dict:
     return {"method": method, "iterations": result["iterations"], "wall_s": wall, "evict_s": evict_s,
             "stages_s": result["stages_s"], "hit_ratio": last["hit_ratio"], "bytes_read": last["bytes_read"],
             "pvp_hits": last.get("pvp_hits"), "loss": last["loss"]}
+
+
+def pvp_memory(args, ds) -> tuple[int, int]:
+    """(cache bytes, all victim queues' bytes) of the hybrid+pvp run, as the cache sizes them."""
+    from lsm_gnn.cache.pvp import LINE_METADATA_BYTES, queue_capacity_for
+    from lsm_gnn.cache.software_cache import cache_geometry
+    from lsm_gnn.config import cache_capacity_bytes
+
+    row_bytes = ds.features.row_bytes
+    num_sets, ways = cache_geometry(cache_capacity_bytes(args.capacity, ds.num_nodes, row_bytes), row_bytes, 32,
+                                    ds.num_nodes)
+    cache_bytes = num_sets * ways * row_bytes
+    queues = args.window + 1
+    lines = queue_capacity_for(args.pvp_queue_bytes, queues, row_bytes, cache_bytes) if args.pvp_queue_bytes \
+        else args.pvp_queue_capacity
+    return cache_bytes, queues * lines * (row_bytes + LINE_METADATA_BYTES)
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -170,6 +199,8 @@ def ratios(summary: dict) -> dict:
             "hybrid_speedup_vs_memmap_random_bound": r("hybrid", "memmap-random-bound"),
             "hybrid_speedup_vs_rr": r("hybrid", "rr"),
             "pvp_speedup_vs_hybrid": r("hybrid+pvp", "hybrid"),
+            "pvp_speedup_vs_same_bytes": r("hybrid+pvp", "hybrid-same-bytes"),
+            "hybrid_in_memory_slowdown_vs_memory": r("memory", "hybrid-in-memory"),
             "hybrid_slowdown_vs_memory": memory}
 
 
@@ -182,14 +213,24 @@ def per_repeat_ratios(runs: list[dict], slower: str, faster: str) -> list[float]
             if slower in walls and faster in walls]
 
 
+PAIRS = {  # name: (numerator, denominator) of wall time per iteration, within one repeat
+    "pvp_speedup_vs_hybrid": ("hybrid", "hybrid+pvp"),
+    "pvp_speedup_vs_same_bytes": ("hybrid-same-bytes", "hybrid+pvp"),
+    "hybrid_slowdown_vs_memory": ("hybrid", "memory"),
+    "hybrid_in_memory_slowdown_vs_memory": ("hybrid-in-memory", "memory"),
+}
+
+
 def paired_ratios(runs: list[dict]) -> dict:
-    """hybrid's wall time over hybrid+pvp's, per repeat (the two ran back to back), and their median:
-    steadier than a ratio of medians when the machine's load drifts between repeats."""
-    per_repeat = per_repeat_ratios(runs, "hybrid", "hybrid+pvp")
-    if not per_repeat:
-        return {}
-    return {"pvp_speedup_vs_hybrid_per_repeat": per_repeat,
-            "pvp_speedup_vs_hybrid_median": statistics.median(per_repeat)}
+    """Ratios of two methods' wall times per repeat (they ran back to back) and their medians: steadier
+    than a ratio of medians when the machine's load drifts between repeats."""
+    out = {}
+    for name, (slower, faster) in PAIRS.items():
+        per_repeat = per_repeat_ratios(runs, slower, faster)
+        if per_repeat:
+            out[f"{name}_per_repeat"] = per_repeat
+            out[f"{name}_median"] = statistics.median(per_repeat)
+    return out
 
 
 def add_batch_args(p: argparse.ArgumentParser) -> None:
@@ -214,6 +255,9 @@ def parse_args(argv=None):
     p.add_argument("--pvp-queue-capacity", type=int, default=512,
                    help="lines per victim queue of hybrid+pvp (default: ~13%% of the ~4,000 distinct nodes of a "
                         "default batch, near the paper's 16K of 140K)")
+    p.add_argument("--pvp-queue-bytes", default=None,
+                   help="all victim queues' bytes for hybrid+pvp (e.g. 16M, or 25%% of the cache); overrides "
+                        "--pvp-queue-capacity")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--json", default="docs/results/end_to_end.json")
     p.add_argument("--quick", action="store_true", help="small graph, few iterations, one repeat")
@@ -256,7 +300,7 @@ def main(argv=None) -> dict:
         write_json(args.json, result)
     print(table(summary))
     print(json.dumps(result["ratios"], indent=2))
-    print("per-repeat ratios (hybrid+pvp runs back to back with hybrid):", json.dumps(result["paired_ratios"]))
+    print("per-repeat ratios (methods of one repeat run back to back):", json.dumps(result["paired_ratios"]))
     return result
 
 

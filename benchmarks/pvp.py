@@ -16,6 +16,15 @@ so the cache evolves exactly as without PVP).
     python benchmarks/pvp.py --batch-size scaled     # the paper's regime (cache holds many batches)
     python benchmarks/pvp.py                         # 2048 seeds (cache smaller than one batch)
     python benchmarks/pvp.py --quick                 # seconds, for CI
+
+``--same-bytes 0.25,0.5,1`` judges PVP fairly instead: for each cache size C
+and each share q, ``hybrid_pvp_room`` with reinstall and victim queues of
+q x C bytes in all (rows and 16 B of metadata a line, as
+``pvp_queue_bytes`` sizes them) against plain ``hybrid`` given the same
+(1 + q) x C bytes as cache lines: does the memory pay more as queues or as
+cache?
+
+    python benchmarks/pvp.py --batch-size scaled --iterations 3000 --same-bytes 0.1,0.25,0.5,1
 """
 from __future__ import annotations
 
@@ -28,6 +37,7 @@ import numpy as np
 
 from lsm_gnn.benchmarking import load_script, write_json
 from lsm_gnn.cache import SoftwareCache, belady_min, replay
+from lsm_gnn.cache.pvp import LINE_METADATA_BYTES, queue_capacity_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAPER_QUEUE_CAPACITY = 16384
@@ -78,7 +88,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--modes", default=",".join(MODES), help="off (no PVP), bypass (the paper's), reinstall")
     parser.add_argument("--queue-capacity", default="scaled",
                         help="lines per victim queue, or 'scaled' (16K x nodes per batch / 140K)")
+    parser.add_argument("--same-bytes", default=None,
+                        help="queue shares of the cache's bytes (e.g. 0.25,0.5,1): PVP against a plain cache given "
+                             "the same memory")
     args = parser.parse_args(argv)
+    if args.same_bytes:
+        return same_bytes(args, cp, [float(q) for q in args.same_bytes.split(",")])
     setup = cp.record_setup_trace(args)
     num_nodes, trace, measured_end, per_iter = setup.num_nodes, setup.trace, setup.measured_end, setup.nodes_per_batch
     policies, modes = args.policies.split(","), args.modes.split(",")
@@ -112,6 +127,41 @@ def main(argv=None) -> dict:
         write_json(args.json, results)
     if args.plot:
         plot(results, policies, modes, args.plot)
+    return results
+
+
+def same_bytes(args, cp, shares: list[float]) -> dict:
+    """PVP with queues of q x the cache's bytes against plain hybrid with (1 + q) x the cache's bytes."""
+    setup = cp.record_setup_trace(args)
+    n, trace = setup.num_nodes, setup.trace[:setup.measured_end + args.window]
+    row, queues = FEATURE_ROW_BYTES, args.window + 1
+    results = {"config": {"num_nodes": n, "batch_size": setup.batch, "iterations": setup.iterations,
+                          "warmup": args.warmup, "window": args.window, "nodes_per_batch": setup.nodes_per_batch,
+                          "feature_row_bytes": row, "shares": shares}, "sizes": {}}
+    print(f"\nsame bytes: PVP (hybrid_pvp_room, reinstall, queues of q x the cache) against hybrid with "
+          f"(1 + q) x the cache; {setup.batch} seeds/batch, {n:,} nodes, window {args.window}")
+    print(f"{'cache':>8}{'q':>6}{'queue lines':>12}{'hybrid C':>10}{'PVP C+qC':>10}{'hybrid (1+q)C':>15}"
+          f"{'PVP - same':>12}")
+    for frac in (float(x) for x in args.sizes.split(",")):
+        num_sets = max(1, int(frac * n) // 32)
+        cache_bytes = num_sets * 32 * row
+        plain = run(trace, n, "hybrid", "off", num_sets, args.window, args.period, args.warmup, setup.static, 1)
+        cells = {"cache_bytes": cache_bytes, "plain": plain, "shares": {}}
+        for q in shares:
+            lines = queue_capacity_for(int(q * cache_bytes), queues, row, cache_bytes)
+            pvp = run(trace, n, "hybrid_pvp_room", "reinstall", num_sets, args.window, args.period, args.warmup,
+                      setup.static, lines)
+            queue_bytes = queues * lines * (row + LINE_METADATA_BYTES)
+            bigger_sets = max(1, (cache_bytes + queue_bytes) // (32 * row))
+            same = run(trace, n, "hybrid", "off", bigger_sets, args.window, args.period, args.warmup, setup.static, 1)
+            cells["shares"][f"{q:g}"] = {"queue_lines": lines, "queue_bytes": queue_bytes, "pvp": pvp,
+                                         "same_bytes": same, "same_bytes_lines": bigger_sets * 32}
+            print(f"{frac:>8.2%}{q:>6g}{lines:>12,}{plain['combined_hit_ratio']:>10.4f}"
+                  f"{pvp['combined_hit_ratio']:>10.4f}{same['combined_hit_ratio']:>15.4f}"
+                  f"{pvp['combined_hit_ratio'] - same['combined_hit_ratio']:>+12.4f}", flush=True)
+        results["sizes"][f"{frac:g}"] = cells
+    if args.json:
+        write_json(args.json, results)
     return results
 
 

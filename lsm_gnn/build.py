@@ -33,7 +33,8 @@ class FeatureSpec:
     static_score: str | None     # the dataset score that ranks lines, or None
     oversubscribe: bool
     pvp: bool
-    pvp_queue_capacity: int
+    pvp_queue_capacity: int | None  # lines per queue, or None: sized by pvp_queue_bytes
+    pvp_queue_bytes: str | None
     pvp_reinstall: bool          # only ever True with pvp
     shared: bool                 # several ranks share one cache (the communication layer)
     owner: str                   # who owns a node when shared: modulo | hotness | path to a .npy map
@@ -59,7 +60,8 @@ def resolve(cfg: Config, dataset, world_size: int = 1) -> FeatureSpec:
         source=c.features, backend=c.backend,
         capacity_bytes=cache_capacity_bytes(c.capacity, rows, row_bytes), ways=c.ways,
         policy=policy_config(c), static_score=static, oversubscribe=c.oversubscribe, pvp=c.pvp,
-        pvp_queue_capacity=c.pvp_queue_capacity, pvp_reinstall=c.pvp and c.pvp_reinstall,
+        pvp_queue_capacity=None if c.pvp_queue_bytes else c.pvp_queue_capacity,
+        pvp_queue_bytes=c.pvp_queue_bytes or None, pvp_reinstall=c.pvp and c.pvp_reinstall,
         shared=world_size > 1 and c.mode == "shared", owner=c.owner)
 
 
@@ -82,7 +84,8 @@ def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_si
     cache = SoftwareCache(storage, spec.capacity_bytes, ways=spec.ways, policy=spec.policy,
                           static_scores=None if spec.static_score is None else dataset.score(spec.static_score),
                           oversubscribe=spec.oversubscribe, device=device, num_threads=num_threads, pvp=spec.pvp,
-                          pvp_queue_capacity=spec.pvp_queue_capacity, pvp_reinstall=spec.pvp_reinstall)
+                          pvp_queue_capacity=spec.pvp_queue_capacity, pvp_queue_bytes=spec.pvp_queue_bytes,
+                pvp_reinstall=spec.pvp_reinstall)
     if not spec.shared:
         return cache
     from lsm_gnn.comm import SharedCache, make_owner
@@ -147,7 +150,8 @@ def build_typed_features(spec: FeatureSpec, dataset, device: torch.device, *, wo
             features = SoftwareCache(
                 storage, capacity, ways=spec.ways, policy=spec.policy, static_scores=scores,
                 oversubscribe=spec.oversubscribe, device=device, num_threads=num_threads, pvp=spec.pvp,
-                pvp_queue_capacity=spec.pvp_queue_capacity, pvp_reinstall=spec.pvp_reinstall)
+                pvp_queue_capacity=spec.pvp_queue_capacity, pvp_queue_bytes=spec.pvp_queue_bytes,
+                pvp_reinstall=spec.pvp_reinstall)
             if spec.shared:
                 features = _shared(features, spec, storage.num_rows, world_size)
         built.append(FeatureGroup(types, {t: storage.offset(t) for t in types}, features))

@@ -20,6 +20,7 @@ import yaml
 
 from lsm_gnn import defaults
 from lsm_gnn.cache.policies import POLICIES, PolicyConfig
+from lsm_gnn.cache.pvp import queue_budget
 from lsm_gnn.storage import BACKENDS
 from lsm_gnn.units import parse_bytes
 
@@ -60,6 +61,7 @@ class CacheConfig:
     owner: str = "modulo"      # who owns a node in shared mode: modulo | hotness | path/to/partition.npy
     pvp: bool = False          # the victim-buffer prefetcher (paper section 4.3)
     pvp_queue_capacity: int = defaults.PVP_QUEUE_CAPACITY  # lines per victim queue (one per future iteration)
+    pvp_queue_bytes: str = ""  # all victim queues' memory instead: bytes ("256M") or a share of the cache ("25%")
     pvp_reinstall: bool = True  # with pvp: served lines go back into the cache (False: the paper's bypass)
 
 
@@ -234,6 +236,11 @@ def validate(cfg: Config) -> Config:
         capacity_spec(cfg.cache.capacity)
     except ValueError as exc:
         raise ConfigError(f"cache.capacity: {exc}") from None
+    if cfg.cache.pvp_queue_bytes:
+        try:  # the format only: the lines follow from the cache's size, known when it is built
+            queue_budget(cfg.cache.pvp_queue_bytes, cache_bytes=1)
+        except ValueError as exc:
+            raise ConfigError(f"cache.pvp_queue_bytes: {exc}") from None
     policy_config(cfg.cache)
     return cfg
 

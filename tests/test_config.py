@@ -40,6 +40,8 @@ def test_yaml_then_overrides_in_order(tmp_path):
     (["nosuch=1"], "unknown config key 'nosuch'"),
     (["cache.policy=foo"], "cache.policy='foo' is not valid; choose one of: auto, rr, lru"),
     (["cache.pvp_queue_capacity=0"], "cache.pvp_queue_capacity must be >= 1"),
+    (["cache.pvp_queue_bytes=lots"], "cache.pvp_queue_bytes: cannot read 'lots' as a byte size"),
+    (["cache.pvp_queue_bytes=-5%"], "cache.pvp_queue_bytes: '-5%' is not a share of the cache"),
     (["cache.pvp=true", "cache.features=storage"], "cache.pvp=true needs cache.features=cache"),
     (["cache.pvp=maybe"], "cache.pvp must be a bool"),
     (["model.kind=gin"], "choose one of: gat, sage, gcn"),

@@ -168,12 +168,15 @@ def test_a_cache_serving_with_the_triton_kernels_equals_one_with_the_torch_ops(t
             return getattr(victim_serve, name)(*args)
         return run
 
+    with_lines = 0  # batches with prefetched lines: the others skip the match
     for k, (current, future) in enumerate(replay(trace, 8, num_nodes=storage.num_rows)):
         expected = torch_cache.lookup(current, future=future)
+        prefetched = triton_cache.pvp.stats.prefetched
         with monkeypatch.context() as patch:  # the ops' CPU kernels call these: here the Triton ones
             patch.setattr(pvp, "match_prefetched", counted("pvp_match"))
             patch.setattr(pvp, "scatter_prefetched", counted("pvp_scatter"))
             got = triton_cache.lookup(current, future=future)
+        with_lines += triton_cache.pvp.stats.prefetched > prefetched
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), f"batch {k} differs"
         assert torch.equal(got[0], features[torch.as_tensor(current)])
         assert torch.equal(triton_cache.data, torch_cache.data)
@@ -181,4 +184,4 @@ def test_a_cache_serving_with_the_triton_kernels_equals_one_with_the_torch_ops(t
     assert triton_cache.stats.as_dict() == torch_cache.stats.as_dict()
     assert triton_cache.pvp.stats == torch_cache.pvp.stats
     assert torch_cache.pvp.stats.hits > 0 and calls["pvp_scatter"] > 0  # the scatter took part
-    assert calls["pvp_match"] == len(trace)
+    assert calls["pvp_match"] == with_lines > 0

@@ -9,6 +9,8 @@ import threading
 import numpy as np
 import pytest
 import torch
+
+import lsm_gnn.cache.pvp as pvp_module
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -196,6 +198,26 @@ def test_bad_pvp_arguments(tiny_cache):
         SoftwareCache(storage, num_sets=2, ways=4, pvp_reinstall=True)
 
 
+@pytest.mark.parametrize("queue_bytes", ["64K", 200_000, "150%", "300%"])
+def test_queue_bytes_bound_the_victim_buffer(tiny_cache, queue_bytes):
+    storage = tiny_cache[0]
+    cache = SoftwareCache(storage, num_sets=4, ways=8, window=6, pvp=True, pvp_queue_bytes=queue_bytes)
+    budget = pvp_module.queue_budget(queue_bytes, cache.capacity_bytes)
+    per_line = cache.pvp.num_queues * (storage.row_bytes + pvp_module.LINE_METADATA_BYTES)
+    assert cache.pvp.memory_bytes <= budget < cache.pvp.memory_bytes + per_line  # as many lines as fit
+    assert cache.pvp.capacity == budget // per_line
+
+
+def test_queue_bytes_errors(tiny_cache):
+    storage = tiny_cache[0]
+    with pytest.raises(ValueError, match="not both"):
+        SoftwareCache(storage, num_sets=2, ways=4, pvp=True, pvp_queue_capacity=8, pvp_queue_bytes="1M")
+    with pytest.raises(ValueError, match=r"cannot hold one line in each of the 5 victim queues"):
+        SoftwareCache(storage, num_sets=2, ways=4, window=4, pvp=True, pvp_queue_bytes=100)
+    with pytest.raises(ValueError, match="share of the cache"):
+        SoftwareCache(storage, num_sets=2, ways=4, pvp=True, pvp_queue_bytes="many%")
+
+
 def test_a_failed_lookup_keeps_the_prefetched_lines(tiny_cache):
     storage, features, _ = tiny_cache
     cache = SoftwareCache(storage, num_sets=1, ways=4, policy="rr", window=4, period=1, pvp=True)
@@ -277,6 +299,7 @@ def test_the_loader_only_asks_the_features_to_prefetch(data, monkeypatch, prefet
 
 def test_errors_in_the_prefetch_thread_reach_the_caller():
     vb = VictimBuffer(window=2, queue_capacity=2, dim=1, dtype=torch.float32)
+    vb._background, vb._in_place = True, False  # a GPU cache's threaded copy, on the CPU
     vb.prefetch_data = None  # breaks the move
     vb.count[1] = 1
     vb.prefetch_async(1)
@@ -310,3 +333,23 @@ def test_two_ranks_with_victim_buffers_get_the_file_bytes(data, tmp_path):
     for policy in POLICIES:
         assert sum(r[policy]["pvp_hits"] for r in results) > 0, policy
         assert sum(r[policy]["unused"] for r in results) == 0, policy  # the owners' windows are exact
+
+
+def test_a_cpu_victim_buffer_serves_in_place_without_threads(data, monkeypatch):
+    """On a CPU cache the prefetch moves nothing: no thread, no copy, and batches whose queue is
+    empty skip PVP's matching altogether; the rows still equal the file."""
+    dataset, features = data
+    started, matched = [], []
+    real_start, real_match = threading.Thread.start, pvp_module.match_prefetched
+    monkeypatch.setattr(threading.Thread, "start",
+                        lambda self: (started.append(self.name), real_start(self))[1])
+    monkeypatch.setattr(pvp_module, "match_prefetched", lambda *a: (matched.append(a[3].numel()), real_match(*a))[1])
+    cache = SoftwareCache(open_storage(dataset, "memory"), num_sets=8, ways=32, oversubscribe=True, pvp=True,
+                          pvp_queue_capacity=16, window=8)
+    loader = NodeLoader(dataset, cache, [2], 32, window=8)
+    for batch in loader:
+        assert torch.equal(batch.x, features[batch.input_nodes])
+    assert "lsm-gnn-pvp" not in started
+    assert cache.stats.pvp_hits > 0 and matched and all(n > 0 for n in matched)
+    assert len(matched) < len(loader)  # the first batches have empty queues
+    check_counts(cache)

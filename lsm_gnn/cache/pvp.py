@@ -25,9 +25,14 @@ Prefetch. Before iteration ``t`` is served, queue ``t`` is moved into the
 prefetch buffer (on the cache's device) and recycled as the queue of
 ``t + window + 1``; queues of iterations before ``t`` that were never
 moved expire (their lines count as *unused*). Nothing is ever served from
-a queue of another iteration. :meth:`VictimBuffer.prefetch_async` does the
-move on a background thread (the loader starts it right after serving
-``t - 1``, while that batch trains); otherwise serving ``t`` moves it.
+a queue of another iteration. For a GPU cache :meth:`VictimBuffer.prefetch_async`
+does the move on a background thread (the loader starts it right after
+serving ``t - 1``, while that batch trains); otherwise serving ``t`` moves
+it. A CPU cache's queues are already where the batch is gathered, so its
+"move" copies nothing: the batch is served from the queue's own slots,
+which no victim can claim before iteration ``t + 1``, and costs no thread.
+An iteration whose queue is empty costs no PVP work beyond that
+bookkeeping.
 
 Serving. A prefetched line of node ``v`` with index ``p`` (the record's
 position of ``v``'s first occurrence in batch ``T``) is *valid* if
@@ -59,8 +64,39 @@ import torch
 from lsm_gnn.cache.layout import INDEX_MASK
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
 from lsm_gnn.defaults import PVP_QUEUE_CAPACITY
+from lsm_gnn.units import parse_bytes
 
 DEFAULT_QUEUE_CAPACITY = PVP_QUEUE_CAPACITY
+
+
+LINE_METADATA_BYTES = 16  # a queued line's node id and PVP record, beside its row
+
+
+def queue_budget(queue_bytes, cache_bytes: int) -> int:
+    """Bytes for all victim queues from a byte size (``"64M"``, an int) or a share of the cache (``"25%"``)."""
+    text = str(queue_bytes).strip()
+    if not text.endswith("%"):
+        return parse_bytes(queue_bytes)
+    try:
+        share = float(text[:-1])
+    except ValueError:
+        share = -1.0
+    if not 0 < share <= 1000:
+        raise ValueError(f"{queue_bytes!r} is not a share of the cache in (0%, 1000%], nor a byte size like '256M'")
+    return int(cache_bytes * share / 100)
+
+
+def queue_capacity_for(queue_bytes, num_queues: int, row_bytes: int, cache_bytes: int) -> int:
+    """Lines per victim queue such that all ``num_queues`` queues (rows and metadata) fit in ``queue_bytes``
+    (:func:`queue_budget`)."""
+    budget = queue_budget(queue_bytes, cache_bytes)
+    per_line = num_queues * (row_bytes + LINE_METADATA_BYTES)
+    lines = budget // per_line
+    if lines < 1:
+        raise ValueError(f"pvp_queue_bytes {queue_bytes!r} ({budget:,} bytes) cannot hold one line in each of the "
+                         f"{num_queues} victim queues ({per_line:,} bytes); give at least {per_line} bytes or a "
+                         "shorter window")
+    return int(lines)
 
 
 @dataclass
@@ -119,9 +155,15 @@ class VictimBuffer:
         self.node = torch.empty((q, cap), dtype=torch.int64, **host)
         self.record = torch.empty((q, cap), dtype=torch.int64, **host)
         self.data = torch.empty((q, cap, dim), dtype=dtype, **host)
-        self.prefetch_node = torch.empty(cap, dtype=torch.int64, device=self.device)
-        self.prefetch_record = torch.empty(cap, dtype=torch.int64, device=self.device)
-        self.prefetch_data = torch.empty((cap, dim), dtype=dtype, device=self.device)
+        # A GPU cache copies each iteration's queue into a device buffer; a CPU cache serves from the queue.
+        self._in_place = not cuda
+        self._background = cuda  # the move on a thread: only a copy to the device is worth one
+        self.prefetch_node = self.prefetch_record = self.prefetch_data = None
+        if cuda:
+            self.prefetch_node = torch.empty(cap, dtype=torch.int64, device=self.device)
+            self.prefetch_record = torch.empty(cap, dtype=torch.int64, device=self.device)
+            self.prefetch_data = torch.empty((cap, dim), dtype=dtype, device=self.device)
+        self._served_slot = 0  # in place: the queue slot the prefetched lines sit in
         self.row_bytes = dim * self.data.element_size()
         self.stats = PVPStats()
         self._prefetched_iteration: int | None = None  # the iteration the prefetch buffer holds
@@ -164,8 +206,12 @@ class VictimBuffer:
         self._move(int(iteration))
 
     def prefetch_async(self, iteration: int) -> None:
-        """:meth:`prefetch` on a background thread; :meth:`take` waits for it."""
+        """:meth:`prefetch` on a background thread (GPU caches; a CPU cache's move is bookkeeping, done
+        now); :meth:`take` waits for it."""
         self.wait()
+        if not self._background:
+            self._move(int(iteration))
+            return
         error: list = []
 
         def run():
@@ -213,7 +259,7 @@ class VictimBuffer:
                 labels[stale] = t + (slots[stale] - t) % q
             slot = t % q  # after the expiry above, it collects for iteration t
             n = min(int(self.count[slot]), cap)
-            if n:
+            if n and not self._in_place:
                 if self._stream is not None:
                     # cudaMemcpyAsync on a side stream, after the last batch's scatter read the buffer.
                     if self._released is not None:
@@ -231,6 +277,7 @@ class VictimBuffer:
                     self.prefetch_data[:n].copy_(self.data[slot, :n])
             self.count[slot] = 0
             labels[slot] = t + q
+            self._served_slot = slot
             self._prefetched_iteration, self._prefetched_count = t, n
             self._frontier = t + 1
             self.stats.prefetched += n
@@ -245,11 +292,16 @@ class VictimBuffer:
         if self._prefetched_iteration != t:
             self._move(t)
         n = self._prefetched_count if self._prefetched_iteration == t else 0  # 0: a passed iteration
+        if self._in_place:
+            slot = self._served_slot
+            return self.node[slot, :n], self.record[slot, :n], self.data[slot, :n]
         return self.prefetch_node[:n], self.prefetch_record[:n], self.prefetch_data[:n]
 
     def consumed(self, iteration: int, served: int) -> None:
         """Iteration ``iteration`` served ``served`` of the lines :meth:`take` returned."""
         if self._prefetched_iteration != int(iteration):
+            if not served:  # nothing was prefetched for it (a passed iteration): nothing to settle
+                return
             raise RuntimeError(f"the prefetch buffer holds iteration {self._prefetched_iteration}, not {iteration}")
         self.stats.hits += served
         self.stats.unused += self._prefetched_count - served

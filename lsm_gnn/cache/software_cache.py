@@ -14,7 +14,7 @@ import torch
 from lsm_gnn.cache.hashing import set_of
 from lsm_gnn.cache.layout import INDEX_MASK, REUSE_SHIFT
 from lsm_gnn.cache.policies import PolicyConfig, quantize_scores
-from lsm_gnn.cache.pvp import DEFAULT_QUEUE_CAPACITY, VictimBuffer
+from lsm_gnn.cache.pvp import DEFAULT_QUEUE_CAPACITY, VictimBuffer, queue_capacity_for
 from lsm_gnn.cache.staging import MissStaging, side_stream
 from lsm_gnn.cache.state import CacheState
 from lsm_gnn.cache.stats import CacheStats
@@ -92,7 +92,9 @@ class SoftwareCache(StorageShape):
     one queue per future iteration (``pvp_queue_capacity`` lines each) and
     serve that iteration's batch without a storage read (``pvp_reinstall=True``:
     they are installed in the cache as misses read from the queue; ``False``:
-    they bypass the cache, as in the paper). ``self.pvp`` is then the
+    they bypass the cache, as in the paper). ``pvp_queue_bytes`` bounds all
+    queues' memory instead (``"256M"``, or ``"25%"`` of the cache's bytes).
+    ``self.pvp`` is then the
     :class:`~lsm_gnn.cache.pvp.VictimBuffer` (counters in ``self.pvp.stats``);
     ``hit_mask`` and ``stats.combined_hit_ratio`` count its hits, while
     ``stats.hit_ratio`` counts the cache's own.
@@ -107,7 +109,7 @@ class SoftwareCache(StorageShape):
                  window: int = WINDOW, period: int = PERIOD, threshold: int | None = None, levels=None,
                  static_scores=None, num_sets: int | None = None, oversubscribe: bool = False,
                  device: str | torch.device = "cpu", num_threads: int = 0, pvp: bool = False,
-                 pvp_queue_capacity: int = DEFAULT_QUEUE_CAPACITY, pvp_reinstall: bool | None = None):
+                 pvp_queue_capacity: int | None = None, pvp_queue_bytes=None, pvp_reinstall: bool | None = None):
         self.storage = storage
         if policy is None:  # the best measured default (docs/benchmarks.md, PVP section)
             policy = policy_for(pvp)
@@ -152,7 +154,15 @@ class SoftwareCache(StorageShape):
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.pvp: VictimBuffer | None = None
         self.pvp_reinstall = bool(pvp_reinstall)
+        if pvp_queue_capacity is not None and pvp_queue_bytes is not None:
+            raise ValueError(f"give the victim queues' size once: pvp_queue_capacity={pvp_queue_capacity!r} (lines "
+                             f"per queue) or pvp_queue_bytes={pvp_queue_bytes!r} (all queues), not both")
         if pvp:
+            if pvp_queue_bytes is not None:
+                pvp_queue_capacity = queue_capacity_for(pvp_queue_bytes, self.policy.window + 1, storage.row_bytes,
+                                                        self.capacity_bytes)
+            elif pvp_queue_capacity is None:
+                pvp_queue_capacity = DEFAULT_QUEUE_CAPACITY
             self.pvp = VictimBuffer(self.policy.window, pvp_queue_capacity, storage.dim, storage.dtype, self.device,
                                     first_iteration=self.iteration, num_threads=num_threads)
         elif pvp_reinstall:
@@ -203,10 +213,12 @@ class SoftwareCache(StorageShape):
                 raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
             pvp = self.pvp
             # PVP: the lines prefetched for this iteration, matched to the batch by their stored index.
-            served = None
+            served = None  # None: no prefetched line for this batch, so no PVP work below
             if pvp is not None:
                 pf_node, pf_record, pf_rows = pvp.take(t)
-                served, entry, _ = torch.ops.lsm_gnn.pvp_match(ids, inverse, unique.numel(), pf_node, pf_record)
+                if pf_node.numel():
+                    served, entry, _ = torch.ops.lsm_gnn.pvp_match(ids, inverse, unique.numel(), pf_node,
+                                                                   pf_record)
             bypass = served is not None and not self.pvp_reinstall and bool(served.any())
             keep = torch.nonzero(~served).reshape(-1) if bypass else None  # the ids the cache sees
             cache_ids = unique[keep] if bypass else unique
@@ -224,7 +236,7 @@ class SoftwareCache(StorageShape):
             done = self.state.assign(cache_ids, self.node_static, p, t, self.scan_base, room, self.num_threads)
             line, hit = done.line, done.hit
             try:
-                if pvp is not None:  # victims leave for their queue before the fill overwrites their line
+                if pvp is not None and done.evictions:  # victims leave for their queue before the fill overwrites
                     pvp.enqueue(done.evicted_tag, done.evicted_record, done.evicted_line, self.data, t, self.scan_base)
                 if bypass:  # back to every distinct id of the batch; PVP-served ids have no line
                     full_line = torch.full((unique.numel(),), -1, dtype=torch.int64, device=self.device)
@@ -252,12 +264,11 @@ class SoftwareCache(StorageShape):
                     slot[miss] = torch.arange(miss.numel(), device=self.device)
                     positions = torch.nonzero(need[inverse]).reshape(-1)
                     rows[positions] = fetched[slot[inverse[positions]]]
-                pvp_hits = 0
-                if from_pvp is not None:
-                    pvp_hits = int(from_pvp.sum())
-                    if pvp_hits:  # the victim-buffer rows into the batch (and, reinstalling, into their new lines)
-                        torch.ops.lsm_gnn.pvp_scatter(rows, self.data, pf_rows, inverse, from_pvp, entry,
-                                                      line if self.pvp_reinstall else None)
+                pvp_hits = int(from_pvp.sum()) if from_pvp is not None else 0
+                if pvp_hits:  # the victim-buffer rows into the batch (and, reinstalling, into their new lines)
+                    torch.ops.lsm_gnn.pvp_scatter(rows, self.data, pf_rows, inverse, from_pvp, entry,
+                                                  line if self.pvp_reinstall else None)
+                if pvp is not None:
                     pvp.consumed(t, pvp_hits)
             except BaseException:
                 # The new tags are installed but their rows may never have been written:
