@@ -34,10 +34,10 @@ class FeatureSpec:
     oversubscribe: bool
     pvp: bool
     pvp_queue_capacity: int | None  # lines per queue, or None: sized by pvp_queue_bytes
-    pvp_queue_bytes: str | None
     pvp_reinstall: bool          # only ever True with pvp
     shared: bool                 # several ranks share one cache (the communication layer)
     owner: str                   # who owns a node when shared: modulo | hotness | path to a .npy map
+    pvp_queue_bytes: str | None = None  # all victim queues' bytes (or a share of the cache), instead of lines
 
 
 def resolve(cfg: Config, dataset, world_size: int = 1) -> FeatureSpec:

@@ -244,12 +244,15 @@ class SoftwareCache(StorageShape):
                     full_line[keep], full_hit[keep] = line, hit
                     line, hit = full_line, full_hit
                 from_pvp = served & ~hit if served is not None else None  # a cache hit wins over a queued copy
-                # Hit rows first, straight into request order, before any fill
-                # overwrites a line (a hit line may have been evicted by a later miss).
                 request_line = line[inverse]
                 request_hit = hit[inverse]
                 rows = torch.empty(shape, dtype=self.data.dtype, device=self.device) if out is None else out
-                torch.index_select(self.data, 0, request_line.clamp_min(0), out=rows)
+                # No line this batch uses was evicted (the usual case): after the fill every id's line holds its
+                # row, and one gather serves hits and misses alike. Otherwise hit rows go first, before a later
+                # miss overwrites their line, and each miss row is copied to its positions from the read.
+                one_gather = done.evicted_in_use == 0
+                if not one_gather:
+                    torch.index_select(self.data, 0, request_line.clamp_min(0), out=rows)
                 need = ~hit if from_pvp is None else ~hit & ~from_pvp  # read from storage
                 miss = torch.nonzero(need).reshape(-1)
                 if miss.numel():
@@ -258,12 +261,17 @@ class SoftwareCache(StorageShape):
                         self._staging.read(self.storage, miss_ids)
                     self.stats.bytes_read += miss.numel() * self.storage.row_bytes
                     miss_lines = line[miss]
-                    cached = miss_lines >= 0
-                    self.data.index_copy_(0, miss_lines[cached], fetched[cached])
-                    slot = torch.full((unique.numel(),), -1, dtype=torch.int64, device=self.device)
-                    slot[miss] = torch.arange(miss.numel(), device=self.device)
-                    positions = torch.nonzero(need[inverse]).reshape(-1)
-                    rows[positions] = fetched[slot[inverse[positions]]]
+                    if one_gather:  # every miss has a line of its own
+                        self.data.index_copy_(0, miss_lines, fetched)
+                    else:
+                        cached = miss_lines >= 0
+                        self.data.index_copy_(0, miss_lines[cached], fetched[cached])
+                        slot = torch.full((unique.numel(),), -1, dtype=torch.int64, device=self.device)
+                        slot[miss] = torch.arange(miss.numel(), device=self.device)
+                        positions = torch.nonzero(need[inverse]).reshape(-1)
+                        rows[positions] = fetched[slot[inverse[positions]]]
+                if one_gather:  # PVP-served ids without a line get their rows from the scatter below
+                    torch.index_select(self.data, 0, request_line.clamp_min(0), out=rows)
                 pvp_hits = int(from_pvp.sum()) if from_pvp is not None else 0
                 if pvp_hits:  # the victim-buffer rows into the batch (and, reinstalling, into their new lines)
                     torch.ops.lsm_gnn.pvp_scatter(rows, self.data, pf_rows, inverse, from_pvp, entry,
