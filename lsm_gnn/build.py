@@ -60,8 +60,8 @@ def resolve(cfg: Config, dataset, world_size: int = 1) -> FeatureSpec:
         source=c.features, backend=c.backend,
         capacity_bytes=cache_capacity_bytes(c.capacity, rows, row_bytes), ways=c.ways,
         policy=policy_config(c), static_score=static, oversubscribe=c.oversubscribe, pvp=c.pvp,
-        pvp_queue_capacity=None if c.pvp_queue_bytes else c.pvp_queue_capacity,
-        pvp_queue_bytes=c.pvp_queue_bytes or None, pvp_reinstall=c.pvp and c.pvp_reinstall,
+        pvp_queue_capacity=c.pvp_queue_capacity or None,
+        pvp_queue_bytes=None if c.pvp_queue_capacity else c.pvp_queue_bytes, pvp_reinstall=c.pvp and c.pvp_reinstall,
         shared=world_size > 1 and c.mode == "shared", owner=c.owner)
 
 

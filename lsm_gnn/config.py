@@ -60,8 +60,9 @@ class CacheConfig:
     mode: str = "shared"       # with several ranks: shared (one cache over all ranks) | isolated (one per rank)
     owner: str = "modulo"      # who owns a node in shared mode: modulo | hotness | path/to/partition.npy
     pvp: bool = False          # the victim-buffer prefetcher (paper section 4.3)
-    pvp_queue_capacity: int = defaults.PVP_QUEUE_CAPACITY  # lines per victim queue (one per future iteration)
-    pvp_queue_bytes: str = ""  # all victim queues' memory instead: bytes ("256M") or a share of the cache ("25%")
+    pvp_queue_bytes: str = defaults.PVP_QUEUE_BYTES  # all victim queues' memory: bytes ("256M") or a share of
+    # the cache's bytes ("25%"); the queues (one per future iteration) get as many lines each as fit
+    pvp_queue_capacity: int = 0  # lines per victim queue instead (0: sized by pvp_queue_bytes)
     pvp_reinstall: bool = True  # with pvp: served lines go back into the cache (False: the paper's bypass)
 
 
@@ -206,7 +207,7 @@ def validate(cfg: Config) -> Config:
         cfg.sampler.relation_fanouts[relation] = ks
     positive = {"sampler.batch_size": cfg.sampler.batch_size, "cache.ways": cfg.cache.ways,
                 "model.hidden": cfg.model.hidden, "model.heads": cfg.model.heads, "train.epochs": cfg.train.epochs,
-                "log.every": cfg.log.every, "cache.pvp_queue_capacity": cfg.cache.pvp_queue_capacity}
+                "log.every": cfg.log.every}
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"{key} must be >= 1, got {value}")
@@ -236,6 +237,12 @@ def validate(cfg: Config) -> Config:
         capacity_spec(cfg.cache.capacity)
     except ValueError as exc:
         raise ConfigError(f"cache.capacity: {exc}") from None
+    if cfg.cache.pvp_queue_capacity < 0:
+        raise ConfigError(f"cache.pvp_queue_capacity must be >= 0 (0: sized by cache.pvp_queue_bytes), got "
+                          f"{cfg.cache.pvp_queue_capacity}")
+    if not cfg.cache.pvp_queue_bytes and not cfg.cache.pvp_queue_capacity:
+        raise ConfigError("give the victim queues a size: cache.pvp_queue_bytes (e.g. 25%) or "
+                          "cache.pvp_queue_capacity (lines per queue)")
     if cfg.cache.pvp_queue_bytes:
         try:  # the format only: the lines follow from the cache's size, known when it is built
             queue_budget(cfg.cache.pvp_queue_bytes, cache_bytes=1)

@@ -9,7 +9,10 @@ from __future__ import annotations
 WAYS = 32                    # lines per cache set (the paper's 32-way cache)
 WINDOW = 256                 # future mini-batches sampled ahead into the window buffer
 PERIOD = 4                   # the window is scanned every PERIOD iterations
-PVP_QUEUE_CAPACITY = 16384   # lines per victim queue (one queue per future iteration)
+# All victim queues' memory, as a share of the cache's bytes. At equal memory a plain cache beat PVP at every
+# measured size (docs/benchmarks.md, "PVP against a cache of the same bytes"), so the queues get a bounded
+# quarter; the paper's 16,384 lines per queue reserved 70-280x the cache itself.
+PVP_QUEUE_BYTES = "25%"
 CAPACITY = "1.5%"            # cache size: a share of the nodes, or bytes ("4G")
 FANOUTS = (5, 2, 2, 2)       # neighbors per hop, next to the seeds first
 BATCH_SIZE = 2048            # seed nodes per mini-batch

@@ -20,7 +20,7 @@ def test_defaults_are_the_papers_run():
     assert (cfg.model.kind, cfg.model.hidden, cfg.model.heads) == ("gat", 512, 4)
     assert cfg.sampler.fanouts == [5, 2, 2, 2] and cfg.sampler.batch_size == 2048
     assert (cfg.cache.policy, cfg.cache.window, cfg.cache.ways) == ("auto", 256, 32)  # auto: hybrid without PVP
-    assert cfg.cache.pvp is False and cfg.cache.pvp_queue_capacity == 16384  # the paper's queue size
+    assert cfg.cache.pvp is False and cfg.cache.pvp_queue_bytes == "25%" and cfg.cache.pvp_queue_capacity == 0
 
 
 def test_yaml_then_overrides_in_order(tmp_path):
@@ -39,7 +39,8 @@ def test_yaml_then_overrides_in_order(tmp_path):
     (["cache.polcy=rr"], "unknown config key 'cache.polcy'; valid keys here are: cache.features, cache.capacity"),
     (["nosuch=1"], "unknown config key 'nosuch'"),
     (["cache.policy=foo"], "cache.policy='foo' is not valid; choose one of: auto, rr, lru"),
-    (["cache.pvp_queue_capacity=0"], "cache.pvp_queue_capacity must be >= 1"),
+    (["cache.pvp_queue_capacity=-1"], "cache.pvp_queue_capacity must be >= 0"),
+    (["cache.pvp_queue_bytes="], "give the victim queues a size"),
     (["cache.pvp_queue_bytes=lots"], "cache.pvp_queue_bytes: cannot read 'lots' as a byte size"),
     (["cache.pvp_queue_bytes=-5%"], "cache.pvp_queue_bytes: '-5%' is not a share of the cache"),
     (["cache.pvp=true", "cache.features=storage"], "cache.pvp=true needs cache.features=cache"),

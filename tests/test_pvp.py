@@ -170,7 +170,8 @@ def test_reinstalling_keeps_the_cache_as_without_pvp(tiny_cache, policy):
 
 def test_duplicates_in_a_batch_are_served_everywhere(tiny_cache):
     storage, features, _ = tiny_cache
-    cache = SoftwareCache(storage, num_sets=1, ways=4, policy="rr", window=4, period=1, pvp=True)
+    cache = SoftwareCache(storage, num_sets=1, ways=4, policy="rr", window=4, period=1, pvp=True,
+                          pvp_queue_capacity=16)
     trace = [[1, 2, 3, 4], [5, 6, 7, 8], [1, 9, 1, 2, 1]]  # 1 and 2 are evicted in 1 and come back in 2
     for current, future in replay(trace, 4, num_nodes=N):
         rows, hit = cache.lookup(current, future)
@@ -208,6 +209,14 @@ def test_queue_bytes_bound_the_victim_buffer(tiny_cache, queue_bytes):
     assert cache.pvp.capacity == budget // per_line
 
 
+def test_default_queues_take_a_quarter_of_the_cache(tiny_cache):
+    storage = tiny_cache[0]
+    big = SoftwareCache(storage, num_sets=64, ways=8, window=6, pvp=True)
+    assert big.pvp.memory_bytes <= big.capacity_bytes // 4 < big.pvp.memory_bytes + 7 * (storage.row_bytes + 16)
+    tiny = SoftwareCache(storage, num_sets=1, ways=4, window=6, pvp=True)  # a quarter holds no line: one each
+    assert tiny.pvp.capacity == 1
+
+
 def test_queue_bytes_errors(tiny_cache):
     storage = tiny_cache[0]
     with pytest.raises(ValueError, match="not both"):
@@ -220,7 +229,8 @@ def test_queue_bytes_errors(tiny_cache):
 
 def test_a_failed_lookup_keeps_the_prefetched_lines(tiny_cache):
     storage, features, _ = tiny_cache
-    cache = SoftwareCache(storage, num_sets=1, ways=4, policy="rr", window=4, period=1, pvp=True)
+    cache = SoftwareCache(storage, num_sets=1, ways=4, policy="rr", window=4, period=1, pvp=True,
+                          pvp_queue_capacity=16)
     trace = [[1, 2, 3, 4], [5, 6, 7, 8], [1, 2]]
     for k, (current, future) in enumerate(replay(trace, 4, num_nodes=N)):
         if k == 2:

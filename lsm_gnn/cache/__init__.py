@@ -2,12 +2,12 @@
 and the victim-buffer prefetcher (PVP)."""
 from lsm_gnn.cache.belady import belady_min, belady_reference
 from lsm_gnn.cache.policies import POLICIES, PolicyConfig, quantize_scores
-from lsm_gnn.cache.pvp import DEFAULT_QUEUE_CAPACITY, PVPStats, VictimBuffer
+from lsm_gnn.cache.pvp import DEFAULT_QUEUE_BYTES, PVPStats, VictimBuffer
 from lsm_gnn.cache.reference import ReferenceCache
 from lsm_gnn.cache.software_cache import SoftwareCache, cache_geometry
 from lsm_gnn.cache.stats import CacheStats
 from lsm_gnn.cache.window import WindowBuffer, replay
 
-__all__ = ["DEFAULT_QUEUE_CAPACITY", "POLICIES", "CacheStats", "PVPStats", "PolicyConfig", "ReferenceCache",
+__all__ = ["DEFAULT_QUEUE_BYTES", "POLICIES", "CacheStats", "PVPStats", "PolicyConfig", "ReferenceCache",
            "SoftwareCache", "VictimBuffer", "WindowBuffer", "belady_min", "belady_reference", "cache_geometry",
            "quantize_scores", "replay"]

@@ -63,10 +63,10 @@ import torch
 
 from lsm_gnn.cache.layout import INDEX_MASK
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
-from lsm_gnn.defaults import PVP_QUEUE_CAPACITY
+from lsm_gnn.defaults import PVP_QUEUE_BYTES
 from lsm_gnn.units import parse_bytes
 
-DEFAULT_QUEUE_CAPACITY = PVP_QUEUE_CAPACITY
+DEFAULT_QUEUE_BYTES = PVP_QUEUE_BYTES
 
 
 LINE_METADATA_BYTES = 16  # a queued line's node id and PVP record, beside its row
@@ -86,12 +86,16 @@ def queue_budget(queue_bytes, cache_bytes: int) -> int:
     return int(cache_bytes * share / 100)
 
 
-def queue_capacity_for(queue_bytes, num_queues: int, row_bytes: int, cache_bytes: int) -> int:
+def queue_capacity_for(queue_bytes, num_queues: int, row_bytes: int, cache_bytes: int,
+                       at_least_one: bool = False) -> int:
     """Lines per victim queue such that all ``num_queues`` queues (rows and metadata) fit in ``queue_bytes``
-    (:func:`queue_budget`)."""
+    (:func:`queue_budget`); a budget too small for one line each raises, or (``at_least_one``, for a
+    default rather than the user's figure) gives one line each."""
     budget = queue_budget(queue_bytes, cache_bytes)
     per_line = num_queues * (row_bytes + LINE_METADATA_BYTES)
     lines = budget // per_line
+    if lines < 1 and at_least_one:
+        return 1
     if lines < 1:
         raise ValueError(f"pvp_queue_bytes {queue_bytes!r} ({budget:,} bytes) cannot hold one line in each of the "
                          f"{num_queues} victim queues ({per_line:,} bytes); give at least {per_line} bytes or a "

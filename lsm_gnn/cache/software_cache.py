@@ -14,7 +14,7 @@ import torch
 from lsm_gnn.cache.hashing import set_of
 from lsm_gnn.cache.layout import INDEX_MASK, REUSE_SHIFT
 from lsm_gnn.cache.policies import PolicyConfig, quantize_scores
-from lsm_gnn.cache.pvp import DEFAULT_QUEUE_CAPACITY, VictimBuffer, queue_capacity_for
+from lsm_gnn.cache.pvp import DEFAULT_QUEUE_BYTES, VictimBuffer, queue_capacity_for
 from lsm_gnn.cache.staging import MissStaging, side_stream
 from lsm_gnn.cache.state import CacheState
 from lsm_gnn.cache.stats import CacheStats
@@ -93,7 +93,8 @@ class SoftwareCache(StorageShape):
     serve that iteration's batch without a storage read (``pvp_reinstall=True``:
     they are installed in the cache as misses read from the queue; ``False``:
     they bypass the cache, as in the paper). ``pvp_queue_bytes`` bounds all
-    queues' memory instead (``"256M"``, or ``"25%"`` of the cache's bytes).
+    queues' memory instead (``"256M"``, or a share of the cache's bytes: the
+    default is ``"25%"``, see :data:`lsm_gnn.defaults.PVP_QUEUE_BYTES`).
     ``self.pvp`` is then the
     :class:`~lsm_gnn.cache.pvp.VictimBuffer` (counters in ``self.pvp.stats``);
     ``hit_mask`` and ``stats.combined_hit_ratio`` count its hits, while
@@ -158,11 +159,11 @@ class SoftwareCache(StorageShape):
             raise ValueError(f"give the victim queues' size once: pvp_queue_capacity={pvp_queue_capacity!r} (lines "
                              f"per queue) or pvp_queue_bytes={pvp_queue_bytes!r} (all queues), not both")
         if pvp:
-            if pvp_queue_bytes is not None:
-                pvp_queue_capacity = queue_capacity_for(pvp_queue_bytes, self.policy.window + 1, storage.row_bytes,
-                                                        self.capacity_bytes)
-            elif pvp_queue_capacity is None:
-                pvp_queue_capacity = DEFAULT_QUEUE_CAPACITY
+            if pvp_queue_capacity is None:
+                pvp_queue_capacity = queue_capacity_for(DEFAULT_QUEUE_BYTES if pvp_queue_bytes is None
+                                                        else pvp_queue_bytes, self.policy.window + 1,
+                                                        storage.row_bytes, self.capacity_bytes,
+                                                        at_least_one=pvp_queue_bytes is None)
             self.pvp = VictimBuffer(self.policy.window, pvp_queue_capacity, storage.dim, storage.dtype, self.device,
                                     first_iteration=self.iteration, num_threads=num_threads)
         elif pvp_reinstall:
