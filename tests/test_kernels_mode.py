@@ -35,7 +35,6 @@ def run(graph, out, kernels, *more):
 @pytest.mark.parametrize("pvp", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_a_triton_run_equals_a_native_run(graph, tmp_path, monkeypatch, pvp):
     from lsm_gnn import _C
-    from lsm_gnn.cache import pvp as pvp_module
 
     # With PVP: a cache small enough, and scans frequent enough, that the victim buffer serves rows.
     extra = ["cache.pvp=true", "cache.pvp_queue_capacity=16", "sampler.batch_size=50", "cache.capacity=30%",
@@ -46,10 +45,8 @@ def test_a_triton_run_equals_a_native_run(graph, tmp_path, monkeypatch, pvp):
     def unused(*args, **kwargs):
         raise AssertionError("kernels=triton called the C++ core")
 
-    for op in ("cache_assign", "cache_scan", "sample_hops", "victim_enqueue"):  # every op with a Triton twin
-        monkeypatch.setattr(_C, op, unused)
-    for op in ("match_prefetched", "scatter_prefetched"):  # PVP serve and scatter: torch ops in native mode
-        monkeypatch.setattr(pvp_module, op, unused)
+    for op in ("cache_assign", "cache_scan", "sample_hops", "victim_enqueue", "pvp_match", "pvp_scatter"):
+        monkeypatch.setattr(_C, op, unused)  # every op with a Triton twin
     triton = run(graph, tmp_path / "triton", "triton", *extra)
     assert kernel_mode() == "triton"
     assert triton == native  # the same losses, hits, bytes read and victim-buffer hits, iteration by iteration

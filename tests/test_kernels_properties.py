@@ -25,7 +25,6 @@ from lsm_gnn.cache import (  # noqa: E402
     POLICIES, PolicyConfig, ReferenceCache, SoftwareCache, VictimBuffer, WindowBuffer, replay,
 )
 from lsm_gnn.cache.layout import INVALID_TAG  # noqa: E402
-from lsm_gnn.cache.pvp import match_prefetched, scatter_prefetched  # noqa: E402
 from lsm_gnn.kernels import ops, set_kernel_mode  # noqa: E402
 from lsm_gnn.kernels.sampler import sample_hops  # noqa: E402
 from test_kernels_victim_enqueue import victims  # noqa: E402  (importable: tests/ is on sys.path under pytest)
@@ -70,9 +69,9 @@ def assert_same(expected, got, what: str) -> None:
 
 
 NATIVE = {"cache_assign": _C.cache_assign, "cache_scan": _C.cache_scan, "victim_enqueue": _C.victim_enqueue,
-          # PVP serve and scatter run as torch ops on CPU tensors; they take no thread count.
-          "pvp_match": lambda *args: match_prefetched(*args[:-1]),
-          "pvp_scatter": lambda *args: scatter_prefetched(*args[:-1])}
+          # PVP serve and scatter take no thread count.
+          "pvp_match": lambda *args: _C.pvp_match(*args[:-1]),
+          "pvp_scatter": lambda *args: _C.pvp_scatter(*args[:-1])}
 
 
 class CheckedKernels:

@@ -1,5 +1,5 @@
-"""The Triton PVP serve (pvp_match) and scatter (pvp_scatter) compute exactly what their torch CPU
-implementations compute, run by Triton's interpreter, on random and adversarial batches."""
+"""The PVP serve (pvp_match) and scatter (pvp_scatter) kernels, C++ and Triton (run by Triton's interpreter),
+compute exactly what their torch definitions in lsm_gnn.cache.pvp compute, on random and adversarial batches."""
 import os
 
 import numpy as np
@@ -22,13 +22,22 @@ def native_afterwards():
 
 
 def both_modes(op, *args):
-    """The op's result on CPU tensors with kernels=native (torch ops) and kernels=triton (interpreter); each
-    call gets its own copy of the arguments, which it may write."""
+    """The op's result on CPU tensors with kernels=native (C++) and kernels=triton (interpreter), each first
+    checked against the op's torch definition; each call gets its own copy of the arguments, which it may
+    write."""
+    definition = {torch.ops.lsm_gnn.pvp_match: pvp.match_prefetched,
+                  torch.ops.lsm_gnn.pvp_scatter: pvp.scatter_prefetched}[op]
+    copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    expected = (definition(*copies), copies)
     results = []
     for mode in ("native", "triton"):
         set_kernel_mode(mode)
         copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
         results.append((op(*copies), copies))
+        for what, want, got in (("output", expected[0], results[-1][0]), ("arguments", expected[1], copies)):
+            want, got = (x if isinstance(x, (tuple, list)) else [x] for x in (want, got))
+            assert all(a is b or (isinstance(a, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b))
+                       for a, b in zip(want, got)), f"{mode} {what} differ from the torch definition"
     return results
 
 
@@ -91,9 +100,13 @@ def test_match_adversarial_batches():
 
 
 def test_a_bad_inverse_raises_instead_of_writing_outside():
+    from lsm_gnn import _C
+
     ids = torch.tensor([4, 5])
     with pytest.raises(ValueError, match="outside"):
         victim_serve.pvp_match(ids, torch.tensor([0, 2]), 2, torch.tensor([5]), torch.tensor([record(1)]))
+    with pytest.raises(ValueError, match=r"inverse\[1\] = 2 is not in \[0, 2\)"):
+        _C.pvp_match(ids, torch.tensor([0, 2]), 2, torch.tensor([5]), torch.tensor([record(1)]))
 
 
 def scatter_case(rng, batch, num_unique, num_lines, cache_lines, dim, dtype):
@@ -127,6 +140,8 @@ def test_triton_scatter_equals_the_torch_one(reinstall, batch, num_unique, dim, 
 
 
 def test_scatter_adversarial_cases():
+    from lsm_gnn import _C
+
     rng = np.random.default_rng(3)
     rows, cache_data, pf_rows, inverse, from_pvp, entry, line = scatter_case(rng, 12, 6, 4, 10, 5, torch.float32)
     nothing = torch.zeros_like(from_pvp)
@@ -143,12 +158,15 @@ def test_scatter_adversarial_cases():
     for entry_, line_ in ((bad_entry, line), (entry, bad_line)):
         with pytest.raises(ValueError, match="outside"):
             victim_serve.pvp_scatter(rows.clone(), cache_data.clone(), pf_rows, inverse, ~nothing, entry_, line_)
+        with pytest.raises(ValueError, match="is not a prefetched line|is not a cache line"):
+            _C.pvp_scatter(rows.clone(), cache_data.clone(), pf_rows, inverse, ~nothing, entry_, line_)
 
 
 @pytest.mark.parametrize("reinstall", [False, True])
-def test_a_cache_serving_with_the_triton_kernels_equals_one_with_the_torch_ops(tiny_cache, monkeypatch, reinstall):
+def test_a_cache_serving_with_the_triton_kernels_equals_one_with_the_cpp_ops(tiny_cache, monkeypatch, reinstall):
     """The lookup's PVP serve and scatter on the Triton kernels (C++ cache decisions, so the run stays quick):
-    the same rows, hit masks, cache lines and PVP counts as with the torch ops, batch by batch."""
+    the same rows, hit masks, cache lines and PVP counts as with the C++ ops, batch by batch."""
+    from lsm_gnn import _C
     from lsm_gnn.cache import replay
     from lsm_gnn.testing import power_law_trace
 
@@ -173,8 +191,8 @@ def test_a_cache_serving_with_the_triton_kernels_equals_one_with_the_torch_ops(t
         expected = torch_cache.lookup(current, future=future)
         prefetched = triton_cache.pvp.stats.prefetched
         with monkeypatch.context() as patch:  # the ops' CPU kernels call these: here the Triton ones
-            patch.setattr(pvp, "match_prefetched", counted("pvp_match"))
-            patch.setattr(pvp, "scatter_prefetched", counted("pvp_scatter"))
+            patch.setattr(_C, "pvp_match", counted("pvp_match"))
+            patch.setattr(_C, "pvp_scatter", counted("pvp_scatter"))
             got = triton_cache.lookup(current, future=future)
         with_lines += triton_cache.pvp.stats.prefetched > prefetched
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), f"batch {k} differs"

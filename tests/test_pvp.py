@@ -348,12 +348,14 @@ def test_two_ranks_with_victim_buffers_get_the_file_bytes(data, tmp_path):
 def test_a_cpu_victim_buffer_serves_in_place_without_threads(data, monkeypatch):
     """On a CPU cache the prefetch moves nothing: no thread, no copy, and batches whose queue is
     empty skip PVP's matching altogether; the rows still equal the file."""
+    from lsm_gnn import _C
+
     dataset, features = data
     started, matched = [], []
-    real_start, real_match = threading.Thread.start, pvp_module.match_prefetched
+    real_start, real_match = threading.Thread.start, _C.pvp_match
     monkeypatch.setattr(threading.Thread, "start",
                         lambda self: (started.append(self.name), real_start(self))[1])
-    monkeypatch.setattr(pvp_module, "match_prefetched", lambda *a: (matched.append(a[3].numel()), real_match(*a))[1])
+    monkeypatch.setattr(_C, "pvp_match", lambda *a: (matched.append(a[3].numel()), real_match(*a))[1])
     cache = SoftwareCache(open_storage(dataset, "memory"), num_sets=8, ways=32, oversubscribe=True, pvp=True,
                           pvp_queue_capacity=16, window=8)
     loader = NodeLoader(dataset, cache, [2], 32, window=8)

@@ -98,6 +98,67 @@ py::tuple victim_enqueue(const torch::Tensor& count, const torch::Tensor& queue_
   return py::make_tuple(c.enqueued, c.dropped_no_reuse, c.dropped_full);
 }
 
+void check_inverse(const torch::Tensor& inverse, int64_t n, int64_t num_unique) {
+  check(inverse, "inverse", torch::kInt64, n);
+  const int64_t* inv = inverse.data_ptr<int64_t>();
+  for (int64_t j = 0; j < n; ++j) {
+    TORCH_CHECK_VALUE(inv[j] >= 0 && inv[j] < num_unique, "inverse[", j, "] = ", inv[j], " is not in [0, ",
+                      num_unique, ")");
+  }
+}
+
+py::tuple pvp_match(const torch::Tensor& ids, const torch::Tensor& inverse, int64_t num_unique,
+                    const torch::Tensor& node, const torch::Tensor& record) {
+  const int64_t n = ids.numel(), lines = node.numel();
+  check(ids, "ids", torch::kInt64, -1);
+  check_inverse(inverse, n, num_unique);
+  check(node, "node", torch::kInt64, -1);
+  check(record, "record", torch::kInt64, lines);
+  auto served = torch::empty({num_unique}, torch::kBool);
+  auto entry = torch::empty({num_unique}, torch::kInt64);
+  auto position = torch::empty({num_unique}, torch::kInt64);
+  {
+    py::gil_scoped_release release;
+    lsm::cache::match_prefetched(ids.data_ptr<int64_t>(), n, inverse.data_ptr<int64_t>(), num_unique,
+                                 node.data_ptr<int64_t>(), reinterpret_cast<const uint64_t*>(record.data_ptr<int64_t>()),
+                                 lines, reinterpret_cast<uint8_t*>(served.data_ptr<bool>()), entry.data_ptr<int64_t>(),
+                                 position.data_ptr<int64_t>());
+  }
+  return py::make_tuple(served, entry, position);
+}
+
+void pvp_scatter(torch::Tensor& rows, torch::Tensor& cache_data, const torch::Tensor& pf_rows,
+                 const torch::Tensor& inverse, const torch::Tensor& from_pvp, const torch::Tensor& entry,
+                 const std::optional<torch::Tensor>& line) {
+  for (const torch::Tensor* t : std::initializer_list<const torch::Tensor*>{&rows, &cache_data, &pf_rows}) {
+    TORCH_CHECK_VALUE(t->device().is_cpu() && t->dim() == 2 && t->is_contiguous() &&
+                          t->scalar_type() == rows.scalar_type() && t->size(1) == rows.size(1),
+                      "rows, cache_data and pf_rows must be contiguous 2-D CPU tensors of one dtype and width");
+  }
+  const int64_t num_unique = from_pvp.numel();
+  check(from_pvp, "from_pvp", torch::kBool, num_unique);
+  check(entry, "entry", torch::kInt64, num_unique);
+  check_inverse(inverse, rows.size(0), num_unique);
+  const bool* served = from_pvp.data_ptr<bool>();
+  const int64_t* e = entry.data_ptr<int64_t>();
+  const int64_t* l = nullptr;
+  if (line.has_value()) {
+    check(*line, "line", torch::kInt64, num_unique);
+    l = line->data_ptr<int64_t>();
+  }
+  for (int64_t u = 0; u < num_unique; ++u) {
+    if (!served[u]) continue;
+    TORCH_CHECK_VALUE(e[u] >= 0 && e[u] < pf_rows.size(0), "entry[", u, "] = ", e[u], " is not a prefetched line");
+    TORCH_CHECK_VALUE(l == nullptr || l[u] < cache_data.size(0), "line[", u, "] = ", l[u], " is not a cache line");
+  }
+  const int64_t row_bytes = rows.size(1) * rows.element_size();
+  py::gil_scoped_release release;
+  lsm::cache::scatter_prefetched(static_cast<uint8_t*>(rows.data_ptr()), rows.size(0),
+                                 static_cast<uint8_t*>(cache_data.data_ptr()),
+                                 static_cast<const uint8_t*>(pf_rows.data_ptr()), inverse.data_ptr<int64_t>(),
+                                 reinterpret_cast<const uint8_t*>(served), e, l, num_unique, row_bytes);
+}
+
 void scan(const torch::Tensor& tags, const torch::Tensor& records, const torch::Tensor& flags,
           const torch::Tensor& first_iteration, const torch::Tensor& first_position, const torch::Tensor& first_rank,
           int64_t front, int64_t limit, int num_threads) {
@@ -193,6 +254,11 @@ void bind_cache(py::module& m) {
         py::arg("record"), py::arg("data"), py::arg("evicted_tag"), py::arg("evicted_record"), py::arg("evicted_line"),
         py::arg("cache_data"), py::arg("iteration"), py::arg("scan_base"), py::arg("num_threads") = 0,
         "PVP: offers one batch's victims to their iteration's queue; returns (enqueued, dropped_no_reuse, dropped_full)");
+  m.def("pvp_match", &pvp_match, py::arg("ids"), py::arg("inverse"), py::arg("num_unique"), py::arg("node"),
+        py::arg("record"), "PVP serve: (served, entry, position) per distinct id of the batch");
+  m.def("pvp_scatter", &pvp_scatter, py::arg("rows"), py::arg("cache_data"), py::arg("pf_rows"), py::arg("inverse"),
+        py::arg("from_pvp"), py::arg("entry"), py::arg("line") = py::none(),
+        "PVP scatter: prefetched rows to every position of their ids and, reinstalling, to their lines");
   m.def("cache_scan", &scan, py::arg("tags"), py::arg("records"), py::arg("flags"), py::arg("first_iteration"),
         py::arg("first_position"), py::arg("first_rank"), py::arg("front"), py::arg("limit"),
         py::arg("num_threads") = 0,

@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -43,6 +44,37 @@ EnqueueCounts enqueue_victims(const VictimQueues& q, const int64_t* evicted_tag,
     std::memcpy(q.data + copies[k].second * q.row_bytes, cache_data + copies[k].first * q.row_bytes, row);
   }
   return counts;
+}
+
+void match_prefetched(const int64_t* ids, int64_t n_ids, const int64_t* inverse, int64_t num_unique,
+                      const int64_t* node, const uint64_t* record, int64_t lines, uint8_t* served, int64_t* entry,
+                      int64_t* position) {
+  std::fill(served, served + num_unique, uint8_t{0});
+  std::fill(entry, entry + num_unique, int64_t{-1});
+  std::fill(position, position + num_unique, int64_t{-1});
+  for (int64_t e = 0; e < lines; ++e) {  // in line order: the first valid line of an id serves it
+    const uint64_t p = record[e] & kIndexMask;
+    if (p >= static_cast<uint64_t>(n_ids) || ids[p] != node[e]) continue;
+    const int64_t u = inverse[p];
+    if (served[u]) continue;
+    served[u] = 1;
+    entry[u] = e;
+    position[u] = static_cast<int64_t>(p);
+  }
+}
+
+void scatter_prefetched(uint8_t* rows, int64_t n_ids, uint8_t* cache_data, const uint8_t* pf_rows,
+                        const int64_t* inverse, const uint8_t* from_pvp, const int64_t* entry, const int64_t* line,
+                        int64_t num_unique, int64_t row_bytes) {
+  const size_t row = static_cast<size_t>(row_bytes);
+  for (int64_t j = 0; j < n_ids; ++j) {
+    const int64_t u = inverse[j];
+    if (from_pvp[u]) std::memcpy(rows + j * row_bytes, pf_rows + entry[u] * row_bytes, row);
+  }
+  if (line == nullptr) return;
+  for (int64_t u = 0; u < num_unique; ++u) {
+    if (from_pvp[u] && line[u] >= 0) std::memcpy(cache_data + line[u] * row_bytes, pf_rows + entry[u] * row_bytes, row);
+  }
 }
 
 }  // namespace lsm::cache

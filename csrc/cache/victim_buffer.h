@@ -58,4 +58,18 @@ EnqueueCounts enqueue_victims(const VictimQueues& q, const int64_t* evicted_tag,
                               const int64_t* evicted_line, int64_t n, const uint8_t* cache_data, int64_t iteration,
                               int64_t scan_base, int num_threads);
 
+// PVP serve: which prefetched lines (node, record; `lines` of them) serve a batch (ids[n_ids], each
+// id's index inverse[] among its num_unique distinct ids). A line serves if its record's stored index p
+// holds its node (ids[p] == node); of several lines for one id the first serves. Writes served[u] (0/1),
+// entry[u] (the line) and position[u] (p), -1 where no line serves.
+void match_prefetched(const int64_t* ids, int64_t n_ids, const int64_t* inverse, int64_t num_unique,
+                      const int64_t* node, const uint64_t* record, int64_t lines, uint8_t* served, int64_t* entry,
+                      int64_t* position);
+
+// PVP scatter: every request position j whose distinct id u = inverse[j] has from_pvp[u] gets the
+// prefetched row entry[u]; with `line` (reinstalling, may be null) the row also fills line[u] >= 0.
+void scatter_prefetched(uint8_t* rows, int64_t n_ids, uint8_t* cache_data, const uint8_t* pf_rows,
+                        const int64_t* inverse, const uint8_t* from_pvp, const int64_t* entry, const int64_t* line,
+                        int64_t num_unique, int64_t row_bytes);
+
 }  // namespace lsm::cache

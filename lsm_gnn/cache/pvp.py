@@ -45,9 +45,9 @@ paper's design) they skip the cache too, which looks up only the other ids.
 Invalid lines (an inexact window), repeats of an id, and (reinstalling)
 lines whose id the cache holds anyway are *unused*. The matching and the
 scatter are the ops ``torch.ops.lsm_gnn.pvp_match`` and ``pvp_scatter``:
-the torch ops below (:func:`match_prefetched`, :func:`scatter_prefetched`)
-on CPU tensors, Triton kernels (:mod:`lsm_gnn.kernels.victim_serve`) on
-CUDA ones.
+the C++ core on CPU tensors, Triton kernels (:mod:`lsm_gnn.kernels.victim_serve`)
+on CUDA ones. :func:`match_prefetched` and :func:`scatter_prefetched` below
+define them in torch ops; the tests hold both kernels to these.
 
 Counts: ``enqueued = hits + unused + pending`` (pending: lines still in
 queues or in an unserved prefetch buffer), ``offered = enqueued +
@@ -341,8 +341,8 @@ class VictimBuffer:
 
 def match_prefetched(ids: torch.Tensor, inverse: torch.Tensor, num_unique: int, node: torch.Tensor,
                      record: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Which prefetched lines serve this batch: the torch implementation of ``torch.ops.lsm_gnn.pvp_match``
-    (which runs it on CPU tensors; call the op).
+    """Which prefetched lines serve this batch: the definition of ``torch.ops.lsm_gnn.pvp_match`` in torch
+    ops (the C++ and Triton kernels are tested against it; call the op).
 
     Returns (served [num_unique] bool, entry [num_unique] int64, position [num_unique] int64):
     for a served distinct id ``u``, ``entry[u]`` is its line in the prefetch buffer and
@@ -376,8 +376,8 @@ def match_prefetched(ids: torch.Tensor, inverse: torch.Tensor, num_unique: int, 
 
 def scatter_prefetched(rows: torch.Tensor, cache_data: torch.Tensor, pf_rows: torch.Tensor, inverse: torch.Tensor,
                        from_pvp: torch.Tensor, entry: torch.Tensor, line: torch.Tensor | None) -> None:
-    """Writes the prefetched rows of the ids served from the victim buffer: the torch implementation of
-    ``torch.ops.lsm_gnn.pvp_scatter`` (which runs it on CPU tensors; call the op).
+    """Writes the prefetched rows of the ids served from the victim buffer: the definition of
+    ``torch.ops.lsm_gnn.pvp_scatter`` in torch ops (the kernels are tested against it; call the op).
 
     Every request position ``j`` whose distinct id ``u = inverse[j]`` has ``from_pvp[u]`` gets
     ``pf_rows[entry[u]]``: the paper's scatter to the stored index, and every repeat of the id. With

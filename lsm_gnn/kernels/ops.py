@@ -1,7 +1,7 @@
 """The native ops, each registered once with ``torch.library``; torch picks the implementation by device.
 
-``torch.ops.lsm_gnn.<op>`` runs the C++ core on CPU tensors (PVP serve and scatter: torch ops; in the
-``triton`` kernel mode, the Triton kernel under the interpreter) and the Triton kernel on CUDA tensors.
+``torch.ops.lsm_gnn.<op>`` runs the C++ core on CPU tensors (in the ``triton`` kernel mode, the Triton
+kernel under the interpreter) and the Triton kernel on CUDA tensors.
 Callers make one call and never branch on the device.
 """
 from __future__ import annotations
@@ -119,9 +119,9 @@ def pvp_match(ids: torch.Tensor, inverse: torch.Tensor, num_unique: int, node: t
 def _(ids, inverse, num_unique, node, record):
     if kernel_mode() == "triton":
         return triton_module("victim_serve", on_cpu=True).pvp_match(ids, inverse, num_unique, node, record)
-    from lsm_gnn.cache import pvp  # torch ops: a module attribute, so tests can make it fail
+    from lsm_gnn import _C
 
-    return pvp.match_prefetched(ids, inverse, num_unique, node, record)
+    return _C.pvp_match(ids, inverse, num_unique, node, record)
 
 
 @pvp_match.register_kernel("cuda")
@@ -143,9 +143,9 @@ def _(rows, cache_data, pf_rows, inverse, from_pvp, entry, line):
     args = (rows, cache_data, pf_rows, inverse, from_pvp, entry, line)
     if kernel_mode() == "triton":
         return triton_module("victim_serve", on_cpu=True).pvp_scatter(*args)
-    from lsm_gnn.cache import pvp
+    from lsm_gnn import _C
 
-    pvp.scatter_prefetched(*args)
+    _C.pvp_scatter(*args)
 
 
 @pvp_scatter.register_kernel("cuda")
