@@ -108,7 +108,7 @@ def run_once(args, ds, method: str) -> dict:
                  f"cache.capacity={args.capacity}", f"cache.window={args.window}",
                  f"train.max_iterations={args.bound_iterations if method in BOUND else args.iterations}",
                  "train.eval_splits=[]", "log.progress=false",
-                 "train.lr=0.003"]
+                 "train.lr=0.003", f"sampler.num_threads={args.loader_threads}"]
     features = None
     if method in ("hybrid", "rr"):
         overrides += ["cache.features=cache", f"cache.policy={method}", "cache.backend=io_uring"]
@@ -258,6 +258,8 @@ def parse_args(argv=None):
     p.add_argument("--pvp-queue-bytes", default=None,
                    help="all victim queues' bytes for hybrid+pvp (e.g. 16M, or 25%% of the cache); overrides "
                         "--pvp-queue-capacity")
+    p.add_argument("--loader-threads", type=int, default=0,
+                   help="threads of the sampler's and the cache's native ops on the loader thread (0: all cores)")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--json", default="docs/results/end_to_end.json")
     p.add_argument("--quick", action="store_true", help="small graph, few iterations, one repeat")
