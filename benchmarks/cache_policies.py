@@ -231,7 +231,7 @@ def print_table(results: dict, names: list[str], setup, args) -> None:
     print(f"{'policy':<20}" + "".join(f"{float(s):>10.2%}" for s in results["sizes"]) + "   (of SA Belady)")
     for name in names:
         cells = [row[name]["hit_ratio"] for row in rows]
-        of_sa = "" if name in BOUNDS else "   " + " ".join(
+        of_sa = "" if name in BOUNDS + PEERS else "   " + " ".join(
             f"{c / row['belady_sa']['hit_ratio']:.3f}" for c, row in zip(cells, rows))
         print(f"{name:<20}" + "".join(f"{c:>10.4f}" for c in cells) + of_sa)
     # Our policies only: libCacheSim's caches are fully associative, so the SA bound does not apply to them.
