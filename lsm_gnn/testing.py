@@ -93,6 +93,31 @@ def power_law_trace(seed: int, iterations: int, batch: int, num_nodes: int, skew
     return [perm[rng.choice(num_nodes, batch, p=p)] for _ in range(iterations)]
 
 
+def brute_force_min(trace, ways: int, num_sets: int = 1) -> int:
+    """The optimum hit count of a ``num_sets x ways`` cache (ids in the cache's sets) over ``trace``, by
+    trying every choice of ids to keep after each batch: an oracle for Belady's MIN on tiny traces only."""
+    from functools import lru_cache
+    from itertools import combinations
+
+    from lsm_gnn.cache.hashing import set_of
+
+    batches = [tuple(sorted({int(v) for v in b})) for b in trace]
+
+    def fits(keep) -> bool:
+        return np.bincount(set_of(np.array(keep, np.int64), num_sets), minlength=num_sets).max(initial=0) <= ways
+
+    @lru_cache(maxsize=None)
+    def best(t: int, cached: frozenset) -> int:
+        if t == len(batches):
+            return 0
+        hits = sum(1 for v in batches[t] if v in cached)
+        pool = sorted(cached | set(batches[t]))
+        keeps = (k for size in range(len(pool) + 1) for k in combinations(pool, size) if fits(k))
+        return hits + max(best(t + 1, frozenset(k)) for k in keeps)
+
+    return best(0, frozenset())
+
+
 def tiny_cache_setup(path: str | os.PathLike, num_nodes: int, dim: int = 6):
     """(memory storage, features tensor, quantized degree scores) of a tiny dataset, for the cache tests."""
     import torch

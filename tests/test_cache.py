@@ -224,32 +224,13 @@ def test_cache_over_the_ssd_backends(tiny_cache, tmp_path, backend):
 
 # -- Belady ----------------------------------------------------------------------
 
-def brute_force_min(trace, capacity):
-    """Exhaustive optimum over every keep-set choice: tiny_cache inputs only."""
-    from functools import lru_cache
-    from itertools import combinations
-
-    batches = [tuple(sorted(set(b))) for b in trace]
-
-    @lru_cache(maxsize=None)
-    def best(t, cached):
-        if t == len(batches):
-            return 0
-        hits = sum(1 for v in batches[t] if v in cached)
-        pool = sorted(set(cached) | set(batches[t]))
-        keep_size = min(capacity, len(pool))
-        return hits + max(best(t + 1, frozenset(keep)) for keep in combinations(pool, keep_size))
-
-    return best(0, frozenset())
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_belady_is_optimal_on_tiny_traces(seed):
     rng = np.random.default_rng(seed)
     trace = [rng.integers(0, 6, rng.integers(1, 4)) for _ in range(6)]
     for capacity in (1, 2, 3):
         hits, total = belady_reference(trace, capacity)
-        assert hits == brute_force_min(trace, capacity)
+        assert hits == testing.brute_force_min(trace, capacity)
         assert belady_min(trace, capacity, num_nodes=6) == (hits, total)
 
 

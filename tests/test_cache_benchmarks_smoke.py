@@ -20,8 +20,9 @@ def test_cache_policies_quick(tmp_path):
                                            "--policies", "rr,hybrid"])
     assert out.exists()
     for row in results["sizes"].values():
-        assert 0.0 <= row["rr"]["hit_ratio"] <= row["belady"]["hit_ratio"] <= 1.0
-        assert row["hybrid"]["hit_ratio"] <= row["belady"]["hit_ratio"]
+        # The cache's own geometry bounds its policies; full associativity can only do better.
+        assert 0.0 <= row["rr"]["hit_ratio"] <= row["belady_sa"]["hit_ratio"] <= row["belady"]["hit_ratio"] <= 1.0
+        assert row["hybrid"]["hit_ratio"] <= row["belady_sa"]["hit_ratio"]
 
 
 def test_cache_throughput_quick(tmp_path):

@@ -18,4 +18,10 @@ struct BeladyResult {
 BeladyResult belady_min(const std::vector<std::vector<int64_t>>& batches, int64_t num_nodes, int64_t capacity,
                         int64_t count_from = 0);
 
+// The same optimum for a set-associative cache: id v may only live in set
+// set_of(v, num_sets) (line_state.h, as the cache maps it), which holds `ways`
+// lines. With num_sets = 1 it equals belady_min at capacity = ways.
+BeladyResult belady_set_associative(const std::vector<std::vector<int64_t>>& batches, int64_t num_nodes,
+                                    int64_t num_sets, int64_t ways, int64_t count_from = 0);
+
 }  // namespace lsm::cache

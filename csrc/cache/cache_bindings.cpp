@@ -18,6 +18,17 @@ void check(const torch::Tensor& t, const char* name, torch::ScalarType dtype, in
   lsm::cache::check_tensor(t, name, dtype, numel);
 }
 
+// A trace of int64 CPU tensors (one batch of distinct ids each) as the Belady core takes it.
+std::vector<std::vector<int64_t>> trace_of(const std::vector<torch::Tensor>& batches) {
+  std::vector<std::vector<int64_t>> trace;
+  trace.reserve(batches.size());
+  for (const auto& b : batches) {
+    check(b, "batch", torch::kInt64, -1);
+    trace.emplace_back(b.data_ptr<int64_t>(), b.data_ptr<int64_t>() + b.numel());
+  }
+  return trace;
+}
+
 CacheView view_of(const torch::Tensor& tags, const torch::Tensor& records, const torch::Tensor& flags,
                   const torch::Tensor& static_score, const torch::Tensor& last_use, const torch::Tensor& rr_pointer,
                   int ways) {
@@ -234,18 +245,24 @@ void bind_cache(py::module& m) {
   m.def(
       "belady_min",
       [](const std::vector<torch::Tensor>& batches, int64_t num_nodes, int64_t capacity, int64_t count_from) {
-        std::vector<std::vector<int64_t>> trace;
-        trace.reserve(batches.size());
-        for (const auto& b : batches) {
-          check(b, "batch", torch::kInt64, -1);
-          trace.emplace_back(b.data_ptr<int64_t>(), b.data_ptr<int64_t>() + b.numel());
-        }
+        const auto trace = trace_of(batches);
         py::gil_scoped_release release;
         const auto r = lsm::cache::belady_min(trace, num_nodes, capacity, count_from);
         return std::make_pair(r.hits, r.requests);
       },
       py::arg("batches"), py::arg("num_nodes"), py::arg("capacity"), py::arg("count_from") = 0,
       "Belady's MIN: (hits, requests) for batches of distinct ids, counted from iteration count_from");
+  m.def(
+      "belady_set_associative",
+      [](const std::vector<torch::Tensor>& batches, int64_t num_nodes, int64_t num_sets, int64_t ways,
+         int64_t count_from) {
+        const auto trace = trace_of(batches);
+        py::gil_scoped_release release;
+        const auto r = lsm::cache::belady_set_associative(trace, num_nodes, num_sets, ways, count_from);
+        return std::make_pair(r.hits, r.requests);
+      },
+      py::arg("batches"), py::arg("num_nodes"), py::arg("num_sets"), py::arg("ways"), py::arg("count_from") = 0,
+      "Belady's MIN per set of a num_sets x ways cache (the cache's set_of): (hits, requests)");
   m.def("cache_assign", &assign, py::arg("tags"), py::arg("records"), py::arg("flags"), py::arg("static_score"),
         py::arg("last_use"), py::arg("rr_pointer"), py::arg("ways"), py::arg("unique"), py::arg("node_static"),
         py::arg("policy"), py::arg("iteration"), py::arg("scan_base"), py::arg("threshold"), py::arg("level_rank"),

@@ -38,7 +38,8 @@ constexpr uint8_t kFresh = 1;  // no dynamic information: inserted or its predic
 
 // Policy and level codes; the order matches lsm_gnn/cache/policies.py (POLICIES, LEVELS).
 enum Policy : int {
-  kRoundRobin = 0, kLru = 1, kStatic = 2, kDynamic = 3, kHybrid = 4, kHybridPvp = 5, kHybridFar = 6, kHybridPvpRoom = 7
+  kRoundRobin = 0, kLru = 1, kStatic = 2, kDynamic = 3, kHybrid = 4, kHybridPvp = 5, kHybridFar = 6, kHybridPvpRoom = 7,
+  kFarthest = 8
 };
 enum Level : int { kLevelNone = 0, kLevelFar = 1, kLevelFresh = 2, kLevelNear = 3 };
 
@@ -110,12 +111,14 @@ LSM_HD uint64_t victim_key(uint64_t record, uint8_t flags, uint16_t static_score
       // Farther reuse is evicted first: invert the distance (1 <= d < 2^17).
       return (uint64_t{2} << 32) | static_cast<uint64_t>((uint64_t{1} << 32) - 1 - static_cast<uint64_t>(d));
     }
-    default: {  // hybrid, hybrid_pvp, hybrid_far, hybrid_pvp_room
+    default: {  // hybrid, hybrid_pvp, hybrid_far, hybrid_pvp_room, farthest
       int64_t d;
       const int level = line_level(record, flags, p, &d);
-      // hybrid_far: within the far level, farther reuse first (d < 2^16 since window + period < 65535).
-      const uint64_t far_term =
-          (p.policy == kHybridFar && level == kLevelFar) ? static_cast<uint64_t>(65535 - d) : 0;
+      // Farther reuse first within the far level (hybrid_far, farthest) and the near level (farthest);
+      // d < 2^16 since window + period < 65535.
+      const bool by_distance = (level == kLevelFar && (p.policy == kHybridFar || p.policy == kFarthest)) ||
+                               (level == kLevelNear && p.policy == kFarthest);
+      const uint64_t far_term = by_distance ? static_cast<uint64_t>(65535 - d) : 0;
       // Levels take even positions; an odd one holds the far lines of hybrid_pvp_room whose
       // victim queue is full (or absent), right after "none" as in hybrid.
       uint64_t position = 2 * static_cast<uint64_t>(p.level_rank[level]);

@@ -1,6 +1,7 @@
 """The software cache: set-associative, policy-driven, with a window buffer, Belady's bound
 and the victim-buffer prefetcher (PVP)."""
-from lsm_gnn.cache.belady import belady_min, belady_reference
+from lsm_gnn.cache.belady import (belady_min, belady_reference, belady_set_associative,
+                                   belady_set_associative_reference)
 from lsm_gnn.cache.policies import POLICIES, PolicyConfig, quantize_scores
 from lsm_gnn.cache.pvp import DEFAULT_QUEUE_BYTES, PVPStats, VictimBuffer
 from lsm_gnn.cache.reference import ReferenceCache
@@ -9,5 +10,5 @@ from lsm_gnn.cache.stats import CacheStats
 from lsm_gnn.cache.window import WindowBuffer, replay
 
 __all__ = ["DEFAULT_QUEUE_BYTES", "POLICIES", "CacheStats", "PVPStats", "PolicyConfig", "ReferenceCache",
-           "SoftwareCache", "VictimBuffer", "WindowBuffer", "belady_min", "belady_reference", "cache_geometry",
-           "quantize_scores", "replay"]
+           "SoftwareCache", "VictimBuffer", "WindowBuffer", "belady_min", "belady_reference",
+           "belady_set_associative", "belady_set_associative_reference", "cache_geometry", "quantize_scores", "replay"]

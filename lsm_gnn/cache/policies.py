@@ -29,14 +29,23 @@ POLICIES = {
     "hybrid_far": "hybrid, but lines in the 'far' level go farthest reuse first, then lowest static score",
     "hybrid_pvp_room": "hybrid_pvp, but a far line goes first only while the victim queue of its next use has room "
                        "(else it keeps hybrid's place); without a victim buffer it is hybrid",
+    "farthest": "Belady's order as far as the window shows: no reuse first, then farthest known reuse first, "
+                "lines without information ranked as if reused at the threshold (window/4); ties on lowest "
+                "static score",
 }
 POLICY_CODE = {name: code for code, name in enumerate(POLICIES)}
+
+# Default "near" threshold as a fraction of the window: the paper's 1/8, except for farthest, whose lines
+# without information rank as if reused window/4 ahead (the best of 16..128 at window 256 on the policy
+# benchmark's trace, docs/benchmarks.md).
+NEAR_DIVISOR = {"farthest": 4}
 
 DEFAULT_LEVEL_ORDER = {
     "hybrid": (LEVEL_NONE, LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR),
     "hybrid_pvp": (LEVEL_FAR, LEVEL_NONE, LEVEL_FRESH, LEVEL_NEAR),
     "hybrid_far": (LEVEL_NONE, LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR),
     "hybrid_pvp_room": (LEVEL_FAR, LEVEL_NONE, LEVEL_FRESH, LEVEL_NEAR),
+    "farthest": (LEVEL_NONE, LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR),
 }
 
 
@@ -47,7 +56,7 @@ class PolicyConfig:
     name: str = "hybrid"
     window: int = WINDOW         # future mini-batches the window buffer holds
     period: int = PERIOD         # scan the window every `period` iterations
-    threshold: int | None = None  # "near" reuse distance; default window // 8
+    threshold: int | None = None  # "near" reuse distance; default window // 8 (farthest: window // 4)
     levels: tuple[str, ...] | None = None  # hybrid eviction order; default per policy
 
     def __post_init__(self):
@@ -68,7 +77,7 @@ class PolicyConfig:
 
     @property
     def near_threshold(self) -> int:
-        return self.window // 8 if self.threshold is None else self.threshold
+        return self.window // NEAR_DIVISOR.get(self.name, 8) if self.threshold is None else self.threshold
 
     @property
     def level_order(self) -> tuple[str, ...]:

@@ -37,6 +37,7 @@ Victim order (smallest key evicted), ``w`` the way index:
   dynamic  (class, -d, w) with class none=0, fresh=1, near/far=2
   hybrid*  (rank of the level in the policy's level order, static score, w)
   hybrid_far  (rank of the level, 65535 - d if the level is far else 0, static score, w)
+  farthest (rank of the level, 65535 - d if the level is far or near else 0, static score, w)
   hybrid_pvp_room  as hybrid_pvp, but a far line whose victim queue (that of
            iteration t + d) is full at the start of the batch, or with no
            victim buffer, ranks just after the level none
@@ -163,7 +164,7 @@ class ReferenceCache:
         order = self.policy.level_order
         position = 2 * order.index(level)
         far_term = 0
-        if name == "hybrid_far" and level == LEVEL_FAR:
+        if (level == LEVEL_FAR and name in ("hybrid_far", "farthest")) or (level == LEVEL_NEAR and name == "farthest"):
             far_term = 65535 - (self.scan_base + int(L.reuse[i]) - self.iteration)
         if name == "hybrid_pvp_room" and level == LEVEL_FAR and not self._room.get(self.scan_base + int(L.reuse[i])):
             position = 2 * order.index(LEVEL_NONE) + 1

@@ -36,6 +36,7 @@ NO_REUSE_RECORD = tl.constexpr(layout.NO_REUSE_RECORD)
 REUSE_SHIFT = tl.constexpr(layout.REUSE_SHIFT)
 _RR, _LRU, _STATIC, _DYNAMIC = (tl.constexpr(POLICY_CODE[n]) for n in ("rr", "lru", "static", "dynamic"))
 _HYBRID_FAR, _HYBRID_PVP_ROOM = tl.constexpr(POLICY_CODE["hybrid_far"]), tl.constexpr(POLICY_CODE["hybrid_pvp_room"])
+_FARTHEST = tl.constexpr(POLICY_CODE["farthest"])
 _LEVEL_NONE, _LEVEL_FAR, _LEVEL_FRESH, _LEVEL_NEAR = (tl.constexpr(LEVEL_CODE[n]) for n in
                                                       ("none", "far", "fresh", "near"))
 _NOT_A_CANDIDATE = tl.constexpr(1 << 50)  # above every eviction key (keys use at most 35 bits; LRU's an iteration)
@@ -99,7 +100,10 @@ def _victim_keys(records, flags, static, last_use, way, iteration, scan_base, th
         queue = (iteration + d) % tl.maximum(num_queues, 1)
         room = tl.load(room_ptr + tl.where(far, queue, 0), mask=far, other=0)
         position = tl.where(far & (room == 0), 2 * r0.to(tl.int64) + 1, position)
-    far_term = tl.where((policy == _HYBRID_FAR) & far, 65535 - d, 0)
+    # Farther reuse first: in the far level (hybrid_far, farthest) and the near level (farthest).
+    farthest = policy == _FARTHEST
+    by_distance = (((policy == _HYBRID_FAR) | farthest) & far) | (farthest & (level == _LEVEL_NEAR))
+    far_term = tl.where(by_distance, 65535 - d, 0)
     hybrid = (position << 32) | (far_term << 16) | static
     key = tl.where(policy == _LRU, last_use + 1,
                    tl.where(policy == _STATIC, static, tl.where(policy == _DYNAMIC, dynamic, hybrid)))
