@@ -20,4 +20,4 @@ BATCH_SIZE = 2048            # seed nodes per mini-batch
 
 def policy_for(pvp: bool) -> str:
     """The eviction policy used when none is named: the best measured with and without PVP."""
-    return "hybrid_pvp_room" if pvp else "hybrid"
+    return "hybrid_pvp_room" if pvp else "farthest"

@@ -183,7 +183,7 @@ def test_victim_buffer_adds_hits_and_changes_no_loss(graph, tmp_path):
 
 def test_pvp_picks_its_policy_when_none_is_named(graph, tmp_path):
     assert Trainer(config(graph, tmp_path / "a", "cache.pvp=true")).features.policy.name == "hybrid_pvp_room"
-    assert Trainer(config(graph, tmp_path / "b")).features.policy.name == "hybrid"
+    assert Trainer(config(graph, tmp_path / "b")).features.policy.name == "farthest"
 
 
 def test_tensorboard_is_optional(graph, tmp_path):

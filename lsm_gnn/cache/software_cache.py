@@ -100,10 +100,11 @@ class SoftwareCache(StorageShape):
     ``hit_mask`` and ``stats.combined_hit_ratio`` count its hits, while
     ``stats.hit_ratio`` counts the cache's own.
 
-    Defaults: ``policy=None`` is ``"hybrid"``, or ``"hybrid_pvp_room"``
+    Defaults: ``policy=None`` is ``"farthest"``, or ``"hybrid_pvp_room"``
     with PVP; ``pvp_reinstall=None`` is on with PVP. Both were the best
-    measured settings (``docs/benchmarks.md``); ``policy="hybrid_pvp",
-    pvp_reinstall=False`` is the paper's design as published.
+    measured settings (``docs/benchmarks.md``); ``policy="hybrid"`` is the
+    paper's policy, and ``policy="hybrid_pvp", pvp_reinstall=False`` its
+    PVP design as published.
     """
 
     def __init__(self, storage, capacity=None, *, ways: int = WAYS, policy: str | PolicyConfig | None = None,
