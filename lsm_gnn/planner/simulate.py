@@ -1,0 +1,149 @@
+"""Trace-only simulation: the batches a run would gather, and what a cache would do with them.
+
+:func:`record_trace` iterates the trainer's own loader (same task, seeds,
+shuffle, sampler and window) over a storage that reads nothing, so the
+trace is the run's sequence of input nodes. :func:`simulate_cache` replays
+it through the real :class:`~lsm_gnn.cache.SoftwareCache` (same policy
+code, window scans and victim buffer) over that storage: the hit ratio it
+reports is the cache's, not an estimate, and the ids it misses go through
+the storage engine's read plan (``_C.plan_reads``) for the bytes and reads
+a run would issue.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lsm_gnn.cache import SoftwareCache, replay
+from lsm_gnn.storage.base import CountingStorage
+
+MAX_REQUEST_BYTES = 128 << 10  # the storage engine's default longest coalesced read
+
+
+class TraceStorage(CountingStorage):
+    """Rows of zeros of a dataset's shape, read in no time; remembers the ids of every read (the
+    misses of a cache over it) when ``record`` is on."""
+
+    backend = "trace"
+
+    def __init__(self, num_rows: int, dim: int, dtype: str, record: bool = False):
+        super().__init__(num_rows, dim, dtype)
+        self.record = record
+        self.reads: list[torch.Tensor] = []
+        self._reads_lock = threading.Lock()
+
+    @classmethod
+    def like(cls, dataset, record: bool = False) -> "TraceStorage":
+        layout = dataset.features
+        return cls(dataset.num_nodes, layout.dim, layout.dtype, record)
+
+    def _read(self, ids: torch.Tensor, out: torch.Tensor) -> None:
+        start = time.perf_counter()
+        out.zero_()
+        if self.record:
+            with self._reads_lock:
+                self.reads.append(ids.clone())
+        self._count(ids.numel(), time.perf_counter() - start)
+
+    def take_reads(self) -> list[torch.Tensor]:
+        with self._reads_lock:
+            reads, self.reads = self.reads, []
+        return reads
+
+
+@dataclass
+class Trace:
+    """The input nodes of each iteration of a run, in order, and what sampling them cost."""
+
+    batches: list[torch.Tensor]
+    sample_s: list[float]       # loader-thread seconds per batch, sampled with nothing else running
+    epoch_length: int           # batches per epoch (the window refills when an epoch starts)
+
+    @property
+    def nodes_per_batch(self) -> float:
+        return float(np.mean([b.numel() for b in self.batches])) if self.batches else 0.0
+
+
+def record_trace(task, dataset, iterations: int) -> Trace:
+    """The first ``iterations`` batches of ``task``'s train loader (rank 0 of 1), epochs following on
+    as the trainer's do."""
+    loader = task.train_loader(TraceStorage.like(dataset), 0, 1)
+    batches, sample_s = [], []
+    try:
+        while len(batches) < iterations:
+            for batch in loader:
+                batches.append(batch.input_nodes.clone())
+                sample_s.append(batch.timings["sample"])
+                if len(batches) >= iterations:
+                    break
+    finally:
+        loader.close()
+    return Trace(batches, sample_s, len(loader))
+
+
+@dataclass(frozen=True)
+class ReadGeometry:
+    """What the storage engine needs to plan reads of one feature file."""
+
+    num_rows: int
+    row_bytes: int
+    row_stride: int
+    file_bytes: int
+    alignment: int
+    max_request_bytes: int = MAX_REQUEST_BYTES
+
+    def plan(self, ids: torch.Tensor) -> tuple[int, int]:
+        """(bytes read, reads issued) of one batch of ``ids``, as the engine plans them."""
+        from lsm_gnn import _C
+
+        if ids.numel() == 0:
+            return 0, 0
+        plan = _C.plan_reads(ids.to(torch.int64).contiguous(), self.num_rows, self.row_bytes, self.row_stride,
+                             self.file_bytes, self.alignment, self.max_request_bytes)
+        return int(plan["bytes_read"]), int(plan["length"].numel())
+
+
+def simulate_cache(trace: Trace, measured: int, storage: TraceStorage, geometry: ReadGeometry,
+                   make_cache, window: int) -> dict:
+    """Replays the first ``measured`` batches of ``trace`` (the rest only fill the window) through
+    ``make_cache(storage)``; returns per-iteration means of hits, misses, bytes read and reads, and the
+    cache's own seconds (lookup time less the storage's)."""
+    storage.record = True
+    storage.take_reads()
+    cache: SoftwareCache = make_cache(storage)
+    hits = unique = misses = bytes_read = reads = 0
+    cache_s = 0.0
+    per_iteration_bytes = []
+    try:
+        for t, (current, future) in enumerate(replay(trace.batches, window, num_nodes=storage.num_rows)):
+            if t >= measured:
+                break
+            before = storage.stats().total_seconds
+            start = time.perf_counter()
+            _, hit = cache.lookup(current, future if window else None)
+            cache.prefetch()  # as the loader does: PVP moves the next queue
+            cache_s += time.perf_counter() - start - (storage.stats().total_seconds - before)
+            n_hit = int(hit.sum())
+            hits += n_hit
+            unique += hit.numel()
+            batch_bytes = batch_reads = 0
+            for ids in storage.take_reads():
+                misses += ids.numel()
+                b, r = geometry.plan(ids)
+                batch_bytes, batch_reads = batch_bytes + b, batch_reads + r
+            bytes_read += batch_bytes
+            reads += batch_reads
+            per_iteration_bytes.append(batch_bytes)
+    finally:
+        cache.settle()
+        storage.record = False
+    n = max(measured, 1)
+    return {"hit_ratio": hits / unique if unique else 0.0, "hits": hits, "unique": unique, "misses": misses,
+            "bytes_read": bytes_read, "reads": reads, "cache_s": cache_s,
+            "per_iteration": {"unique": unique / n, "misses": misses / n, "bytes_read": bytes_read / n,
+                              "reads": reads / n, "cache_ms": 1e3 * cache_s / n},
+            "lines": cache.num_lines, "capacity_bytes": cache.capacity_bytes}
