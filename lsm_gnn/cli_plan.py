@@ -37,7 +37,8 @@ def _plan(args) -> int:
     plan = make_plan(cfg, sizes=args.sizes or [cfg.cache.capacity], policies=args.policies or [cfg.cache.policy],
                      pvp=pvp, iterations=args.iterations, cores=args.cores,
                      calibration_file=None if args.calibration == "none" else args.calibration,
-                     recalibrate=args.recalibrate, train_steps=args.train_steps, tolerance=args.tolerance / 100)
+                     recalibrate=args.recalibrate, train_steps=args.train_steps,
+                     storage_seconds=args.storage_seconds, tolerance=args.tolerance / 100)
     if args.json == "-":
         print(json.dumps(plan, indent=2, default=str))
         return 0
@@ -78,6 +79,8 @@ def add_plan_parser(sub) -> None:
                       help="file that keeps calibrations between plans ('none': measure every time)")
     plan.add_argument("--recalibrate", action="store_true", help="measure again even when the file has it")
     plan.add_argument("--train-steps", type=_positive, default=12, help="training steps timed by the calibration")
+    plan.add_argument("--storage-seconds", type=float, default=0.5,
+                      help="seconds of random reads per batch size in the storage calibration")
     plan.add_argument("--tolerance", type=float, default=5.0,
                       help="recommend the smallest cache within this many %% of the fastest (default 5)")
     plan.add_argument("--json", help="also write the plan to this file ('-': print JSON instead of the table)")

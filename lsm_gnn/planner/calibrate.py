@@ -21,6 +21,7 @@ import hashlib
 import io
 import json
 import os
+import resource
 import statistics
 import tempfile
 import time
@@ -31,7 +32,7 @@ import torch
 from lsm_gnn.fileio import atomic_write_bytes
 from lsm_gnn.planner.simulate import ReadGeometry, TraceStorage
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
 DEFAULT_FILE = os.path.join(os.path.expanduser("~"), ".cache", "lsm-gnn", "plan-calibration.json")
 
 
@@ -81,11 +82,13 @@ def file_identity(path: str) -> dict:
 def measure_storage(dataset, backend: str, batch_sizes=(64, 512, 4096), seconds: float = 0.5, seed: int = 0) -> dict:
     """Seconds per batch of random distinct rows = fixed + per_read x reads, fitted over ``batch_sizes``
     (capped at the node count); each size is read for about ``seconds``. The storage is opened as a run
-    opens it (the backend's default queue depth)."""
+    opens it (the backend's default queue depth). ``cpu_fraction``: the share of that time the CPU was busy
+    (submitting, reaping, copying rows out), which competes with training for cores."""
     from lsm_gnn.storage import open_storage
 
     rng = np.random.default_rng(seed)
     xs, ys = [], []
+    cpu_s = wall_s = 0.0
     with open_storage(dataset, backend) as storage:
         geometry = read_geometry(dataset, getattr(storage, "alignment", 512))
         queue_depth = getattr(storage, "queue_depth", None)
@@ -95,15 +98,22 @@ def measure_storage(dataset, backend: str, batch_sizes=(64, 512, 4096), seconds:
             while time.perf_counter() - start < seconds:
                 ids = torch.from_numpy(rng.choice(dataset.num_nodes, size, replace=False))
                 reads = geometry.plan(ids)[1]
-                t = time.perf_counter()
+                t, cpu = time.perf_counter(), process_cpu_seconds()
                 storage.read(ids)
                 xs.append(reads)
                 ys.append(time.perf_counter() - t)
+                cpu_s, wall_s = cpu_s + process_cpu_seconds() - cpu, wall_s + ys[-1]
         direct = getattr(storage, "direct", None)
     fixed, per_read = fit_line(xs, ys)
     return {"backend": backend, "queue_depth": queue_depth, "fixed_ms": 1e3 * fixed, "per_read_us": 1e6 * per_read,
             "iops": 1.0 / per_read if per_read > 0 else float("inf"), "samples": len(xs), "direct": direct,
-            "alignment": geometry.alignment}
+            "alignment": geometry.alignment, "cpu_fraction": min(cpu_s / wall_s, 1.0) if wall_s else 0.0}
+
+
+def process_cpu_seconds() -> float:
+    """CPU seconds of this process, every thread (a pread backend reads on a team of threads), user + system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def fit_line(xs, ys) -> tuple[float, float]:

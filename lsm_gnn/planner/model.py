@@ -4,13 +4,18 @@ Pure arithmetic over measured or simulated inputs (no I/O), so every rule
 here is tested on hand-made numbers. The trainer's pipeline it models:
 
   loader thread   sample batch k+W  ->  gather batch k (cache lookup + storage reads for the misses)
-  main thread     train batch k-1 (overlapped)
+  main thread     train batch k-1 (overlapped), on ``train_threads`` threads
 
-With two or more cores the steady state runs at the pace of the slower
-thread; with one core the threads' CPU work adds up, and only the time the
-loader waits on storage overlaps training. Before the first batch the
-loader samples the window (``window`` batches) alone: a fixed start-up
-cost per epoch that short runs feel.
+The steady state runs at the pace of the slower thread. Each is slowed by
+the other where they compete for cores: with ``c`` cores, training on ``m``
+of them and the loader's one thread, ``m + 1 > c`` runnable threads share
+``c`` cores fairly, so while both compute each loses ``(m + 1 - c) / c`` of
+the time the other computes (one core: the CPU work adds up; enough cores:
+no loss). The loader's CPU work is sampling, the cache's work and the CPU
+share of the storage reads (submitting, reaping, copying rows out); the
+rest of a read is waiting on the device, which costs no core. Before the
+first batch the loader samples the window (``window`` batches) alone: a
+fixed start-up cost per epoch that short runs feel.
 """
 from __future__ import annotations
 
@@ -23,13 +28,15 @@ LOADER_STAGES = ("sample", "cache", "read")
 
 @dataclass(frozen=True)
 class StageMs:
-    """Milliseconds per iteration of each stage: ``cache`` is the cache's CPU work in gather (lookup
-    metadata, copying hits out and misses in), ``read`` the storage reads of the misses."""
+    """Milliseconds per iteration of each stage, each measured alone: ``cache`` is the cache's CPU work
+    in gather (lookup metadata, copying hits out and misses in), ``read`` the storage reads of the misses,
+    ``read_cpu`` the part of ``read`` the CPU is busy."""
 
     sample: float
     cache: float
     read: float
     train: float
+    read_cpu: float = 0.0
 
     @property
     def gather(self) -> float:
@@ -37,37 +44,46 @@ class StageMs:
 
     @property
     def loader(self) -> float:
-        """The loader thread's time per iteration: sampling one batch and gathering one."""
+        """The loader thread's time per iteration, alone: sampling one batch and gathering one."""
         return self.sample + self.gather
 
+    @property
+    def loader_cpu(self) -> float:
+        """The loader's CPU time per iteration (what competes with training for cores)."""
+        return self.sample + self.cache + min(self.read_cpu, self.read)
+
     def as_dict(self) -> dict:
-        return {**asdict(self), "gather": self.gather, "loader": self.loader}
+        return {**asdict(self), "gather": self.gather, "loader": self.loader, "loader_cpu": self.loader_cpu}
 
 
-def steady_ms(stages: StageMs, cores: int) -> float:
-    """Milliseconds per iteration once the pipeline is full."""
-    if cores < 1:
-        raise ValueError(f"cores must be >= 1, got {cores}")
-    if cores >= 2:
-        return max(stages.train, stages.loader)
-    # One core: CPU work is serial; a storage read (the CPU waits on the device) overlaps training.
-    return max(stages.train + stages.sample + stages.cache, stages.loader)
+def contended_ms(stages: StageMs, cores: int, train_threads: int) -> tuple[float, float]:
+    """(train, loader) milliseconds per iteration with both threads running on ``cores`` cores."""
+    if cores < 1 or train_threads < 1:
+        raise ValueError(f"cores and train_threads must be >= 1, got {cores} and {train_threads}")
+    used = min(train_threads, cores)
+    loss = max(used + 1 - cores, 0) / cores  # share of the other's CPU time each thread loses
+    train = stages.train + loss * stages.loader_cpu
+    loader = stages.loader + loss * min(stages.train, stages.loader_cpu)
+    return train, loader
 
 
-def bound_stage(stages: StageMs, cores: int) -> str:
+def steady_ms(stages: StageMs, cores: int, train_threads: int = 1) -> float:
+    """Milliseconds per iteration once the pipeline is full: the slower of the two threads."""
+    return max(contended_ms(stages, cores, train_threads))
+
+
+def bound_stage(stages: StageMs, cores: int, train_threads: int = 1) -> str:
     """The stage that sets the pace: ``train`` when the loader keeps up, else the loader's largest part
-    (``sample``, ``cache`` or ``read``); with one core ``cpu`` when the threads' CPU work adds up to more
-    than the loader alone."""
-    if cores < 2 and stages.train + stages.sample + stages.cache > stages.loader:
-        return "cpu" if stages.sample + stages.cache > 0 and stages.train > 0 else "train"
-    if stages.train >= stages.loader:
+    (``sample``, ``cache`` or ``read``)."""
+    train, loader = contended_ms(stages, cores, train_threads)
+    if train >= loader:
         return "train"
     parts = {"sample": stages.sample, "cache": stages.cache, "read": stages.read}
     return max(LOADER_STAGES, key=lambda k: parts[k])
 
 
-def run_ms(stages: StageMs, cores: int, *, iterations: int, window: int, fill_sample_ms: float,
-           epoch_length: int) -> float:
+def run_ms(stages: StageMs, cores: int, train_threads: int = 1, *, iterations: int, window: int,
+           fill_sample_ms: float, epoch_length: int) -> float:
     """Total milliseconds of a run of ``iterations``: per epoch started, the window's fill (``window``
     batches sampled at ``fill_sample_ms`` each, the trainer waiting) and the first gather, then the
     steady state."""
@@ -75,7 +91,7 @@ def run_ms(stages: StageMs, cores: int, *, iterations: int, window: int, fill_sa
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     epochs = math.ceil(iterations / max(epoch_length, 1))
     fill = epochs * (window * fill_sample_ms + stages.gather)
-    return fill + iterations * steady_ms(stages, cores)
+    return fill + iterations * steady_ms(stages, cores, train_threads)
 
 
 def recommend(rows: list[dict], tolerance: float = 0.05) -> dict | None:

@@ -18,7 +18,7 @@ import torch
 
 from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.planner import calibrate
-from lsm_gnn.planner.model import StageMs, bound_stage, recommend, run_ms, steady_ms
+from lsm_gnn.planner.model import StageMs, bound_stage, contended_ms, recommend, run_ms
 from lsm_gnn.planner.simulate import TraceStorage, record_trace, simulate_cache
 from lsm_gnn.storage.base import TORCH_DTYPES
 
@@ -73,6 +73,8 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
 
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
+    if storage_seconds <= 0 or train_steps < 1:
+        raise ValueError(f"storage_seconds must be > 0 and train_steps >= 1, got {storage_seconds} and {train_steps}")
     if not sizes or not policies or not pvp:
         raise ValueError("the plan's grid is empty: give at least one size and one policy")
     cores = (os.cpu_count() or 1) if cores is None else int(cores)
@@ -119,6 +121,7 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
 
     geometry = calibrate.read_geometry(dataset, storage_cal["alignment"])
     storage = TraceStorage.like(dataset)
+    threads = train_cal["torch_threads"]
     fill_sample_ms = 1e3 * statistics.median(trace.sample_s)
     rows = []
     for c, spec in zip(grid, specs):
@@ -136,17 +139,18 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
         per = sim["per_iteration"]
         read_ms = (storage_cal["fixed_ms"] + 1e-3 * storage_cal["per_read_us"] * per["reads"]) if per["reads"] else 0.0
         stages = StageMs(sample=train_cal["sample_ms"], cache=per["cache_ms"], read=read_ms,
-                         train=train_cal["train_ms"])
-        total = run_ms(stages, cores, iterations=iterations, window=window, fill_sample_ms=fill_sample_ms,
+                         train=train_cal["train_ms"], read_cpu=read_ms * storage_cal["cpu_fraction"])
+        total = run_ms(stages, cores, threads, iterations=iterations, window=window, fill_sample_ms=fill_sample_ms,
                        epoch_length=trace.epoch_length)
+        train_c, loader_c = contended_ms(stages, cores, threads)
         row = {"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
                "capacity_bytes": sim["capacity_bytes"], "lines": sim["lines"],
                "share_of_nodes": sim["lines"] / dataset.num_nodes, "hit_ratio": sim["hit_ratio"],
                "bytes_read": sim["bytes_read"], "bytes_read_per_iteration": per["bytes_read"],
                "misses_per_iteration": per["misses"], "reads_per_iteration": per["reads"],
                "unique_per_iteration": per["unique"], "stages_ms": stages.as_dict(),
-               "steady_ms": steady_ms(stages, cores), "ms_per_iteration": total / iterations, "run_ms": total,
-               "bound": bound_stage(stages, cores)}
+               "contended_ms": {"train": train_c, "loader": loader_c}, "steady_ms": max(train_c, loader_c),
+               "ms_per_iteration": total / iterations, "run_ms": total, "bound": bound_stage(stages, cores, threads)}
         rows.append(row)
         log(f"plan: {row['policy']}{'+pvp' if row['pvp'] else ''} {row['capacity']}: hit {row['hit_ratio']:.3f}, "
             f"{row['ms_per_iteration']:.1f} ms/iteration, bound by {row['bound']}")
@@ -155,6 +159,7 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
                         "row_stride": dataset.features.row_stride},
             "run": {"fanouts": cfg.sampler.fanouts, "batch_size": cfg.sampler.batch_size, "model": cfg.model.kind,
                     "hidden": cfg.model.hidden, "window": window, "iterations": iterations, "cores": cores,
+                    "train_threads": train_cal["torch_threads"],
                     "backend": backend, "epoch_length": trace.epoch_length,
                     "nodes_per_batch": trace.nodes_per_batch, "fill_sample_ms": fill_sample_ms},
             "calibration": {"storage": storage_cal, "memcpy": memcpy_cal, "train": train_cal,
