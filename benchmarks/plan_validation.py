@@ -137,6 +137,7 @@ def main(argv=None) -> dict:
     results = []
     for name, dim, fanouts, batch, capacity, policy, pvp in (c for c in CONFIGS if c[0] in args.configs):
         ds = ensure_graph(args.data, args.num_nodes, dim)
+        batch = batch // 8 if args.quick else batch  # the small graph's caches must hold a batch
         cfg = run_config(args, ds, fanouts, batch, capacity, policy, pvp)
         plans, runs = [], []
         for _ in range(args.repeats):  # calibrated right before each run: both see the same load

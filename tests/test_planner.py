@@ -139,3 +139,22 @@ def test_cli_missing_dataset_and_bad_counts(tmp_path, capsys):
     assert "no dataset" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["plan", str(tmp_path), "--iterations", "0"])
+
+
+# -- the validation benchmark, smoke-run ----------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_plan_validation_benchmark_runs(tmp_path):
+    import os
+
+    from lsm_gnn.benchmarking import load_script
+
+    script = load_script(os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "plan_validation.py"))
+    out = script.main(["--quick", "--data", str(tmp_path / "data"), "--json", str(tmp_path / "v.json"),
+                       "--configs", "1k-hybrid-20%,128B-hybrid-10%"])
+    assert out["summary"]["configs"] == 2
+    for r in out["results"]:
+        assert r["predicted"]["hit_ratio"] == pytest.approx(r["measured"]["hit_ratio"], abs=1e-12)
+        assert r["predicted"]["bytes_read"] == r["measured"]["bytes_read"]
+        assert r["predicted"]["ms_per_iteration"] > 0 and r["measured"]["ms_per_iteration"] > 0
+    assert json.loads((tmp_path / "v.json").read_text())["summary"]["configs"] == 2

@@ -32,7 +32,7 @@ import torch
 from lsm_gnn.fileio import atomic_write_bytes
 from lsm_gnn.planner.simulate import ReadGeometry, TraceStorage
 
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
 DEFAULT_FILE = os.path.join(os.path.expanduser("~"), ".cache", "lsm-gnn", "plan-calibration.json")
 
 

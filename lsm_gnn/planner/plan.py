@@ -19,7 +19,7 @@ import torch
 from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.planner import calibrate
 from lsm_gnn.planner.model import StageMs, bound_stage, contended_ms, recommend, run_ms
-from lsm_gnn.planner.simulate import TraceStorage, record_trace, simulate_cache
+from lsm_gnn.planner.simulate import TraceStorage, on_loader_thread, record_trace, simulate_cache
 from lsm_gnn.storage.base import TORCH_DTYPES
 
 
@@ -105,11 +105,12 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
         return value
 
     storage_cal = measured("storage", {"features": calibrate.file_identity(dataset.feature_path), "backend": backend},
-                           lambda: calibrate.measure_storage(dataset, backend, seconds=storage_seconds),
+                           lambda: on_loader_thread(calibrate.measure_storage, dataset, backend,
+                                                    seconds=storage_seconds),
                            f"{backend} random reads")
     layout = dataset.features
     memcpy_cal = measured("memcpy", {"dim": layout.dim, "dtype": layout.dtype, "cpus": os.cpu_count()},
-                          lambda: calibrate.measure_memcpy(layout.dim, TORCH_DTYPES[layout.dtype]),
+                          lambda: on_loader_thread(calibrate.measure_memcpy, layout.dim, TORCH_DTYPES[layout.dtype]),
                           "memcpy bandwidth")
     train_cal = measured("train", {**_training_identity(cfg, dataset), "steps": train_steps},
                          lambda: calibrate.measure_training(cfg, dataset, steps=train_steps),
@@ -130,7 +131,7 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
             return cache_over(s, spec, scores, torch.device("cpu"), c.sampler.num_threads)
 
         try:
-            sim = simulate_cache(trace, iterations, storage, geometry, make_cache, window)
+            sim = on_loader_thread(simulate_cache, trace, iterations, storage, geometry, make_cache, window)
         except ValueError as exc:  # e.g. a cache smaller than one batch: the run would stop the same way
             rows.append({"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
                          "capacity_bytes": spec.capacity_bytes, "error": str(exc)})

@@ -85,6 +85,27 @@ def record_trace(task, dataset, iterations: int) -> Trace:
     return Trace(batches, sample_s, len(loader))
 
 
+def on_loader_thread(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` on a fresh thread, as the loader runs gathers: torch's intra-op
+    parallelism differs between the main thread and others (the others run ops on one thread, which
+    under load is many times faster than a main-thread team waiting on a descheduled member). Returns
+    its result or raises its exception."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # raised again in the caller's thread
+            out["error"] = exc
+
+    worker = threading.Thread(target=run, name="lsm-gnn-plan")
+    worker.start()
+    worker.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
 def typical_mean(seconds: list[float], period: int) -> float:
     """The median over consecutive groups of ``period`` iterations of their mean: a group holds one
     window scan, and a lookup the machine's other work delayed moves one group, not the figure."""
