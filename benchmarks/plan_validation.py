@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 
-from lsm_gnn.benchmarking import feature_paths, machine_info, reusable_dataset, write_json
+from lsm_gnn.benchmarking import feature_paths, load_script, machine_info, write_json
 from lsm_gnn.config import load_config
 from lsm_gnn.planner import make_plan
 from lsm_gnn.storage.probe import evict_page_cache
@@ -44,15 +44,8 @@ CONFIGS = (
 
 
 def ensure_graph(root: str, num_nodes: int, dim: int):
-    from lsm_gnn.data.synthetic import generate_synthetic
-
-    path = os.path.join(root, f"g{num_nodes}-d{dim}")
-    ds = reusable_dataset(path, num_nodes=num_nodes, feature_dim=dim)
-    if ds is not None:
-        return ds
-    print(f"generating {num_nodes:,} nodes x {dim} features at {path} ...", file=sys.stderr)
-    return generate_synthetic(path, num_nodes=num_nodes, avg_degree=10, feature_dim=dim, num_classes=8, seed=0,
-                              overwrite=True)
+    end_to_end = load_script(os.path.join(os.path.dirname(os.path.abspath(__file__)), "end_to_end.py"))
+    return end_to_end.ensure_graph(os.path.join(root, f"g{num_nodes}-d{dim}"), num_nodes, dim)
 
 
 def run_config(args, ds, fanouts: str, batch: int, capacity: str, policy: str, pvp: bool):

@@ -29,6 +29,7 @@ import time
 import numpy as np
 import torch
 
+from lsm_gnn.benchmarking import median_seconds
 from lsm_gnn.fileio import atomic_write_bytes
 from lsm_gnn.planner.simulate import ReadGeometry, TraceStorage
 
@@ -144,22 +145,13 @@ def measure_memcpy(dim: int, dtype: torch.dtype, rows: int = 4096, pool_bytes: i
     out = torch.empty((rows, dim), dtype=dtype)
     idx = torch.randint(0, pool.shape[0], (rows,))
 
-    def median_s(fn):
-        fn()
-        samples = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t)
-        return statistics.median(samples)
-
-    gather_s = median_s(lambda: torch.index_select(pool, 0, idx, out=out))
-    copy_s = median_s(lambda: out.copy_(pool[:rows]))
+    gather_s = median_seconds(lambda: torch.index_select(pool, 0, idx, out=out), repeats)
+    copy_s = median_seconds(lambda: out.copy_(pool[:rows]), repeats)
     return {"row_bytes": row_bytes, "memcpy_gb_per_s": rows * row_bytes / copy_s / 1e9,
             "row_gather_gb_per_s": rows * row_bytes / gather_s / 1e9}
 
 
-def measure_training(cfg, dataset, steps: int = 12, skip: int = 2) -> dict:
+def measure_training(cfg, dataset, steps: int = 24, skip: int = 3) -> dict:
     """The trainer itself for ``steps`` iterations, features from a storage that reads nothing; medians of
     the per-iteration train and sample stages after ``skip`` warm-up iterations."""
     from lsm_gnn.config import build_config
@@ -167,8 +159,8 @@ def measure_training(cfg, dataset, steps: int = 12, skip: int = 2) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="lsm-gnn-plan-") as log_dir:
         settings = cfg.to_dict()
-        settings["train"].update(max_iterations=steps + skip, eval_splits=[], epochs=max(settings["train"]["epochs"],
-                                                                                         steps + skip))
+        # Epochs enough for the steps however short an epoch is; the iteration limit ends the run.
+        settings["train"].update(max_iterations=steps + skip, eval_splits=[], epochs=steps + skip)
         settings["log"].update(dir=log_dir, progress=False, tensorboard=False, every=1)
         settings["checkpoint"].update(dir="")
         run_cfg = build_config(settings)

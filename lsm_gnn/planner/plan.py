@@ -63,7 +63,7 @@ def _training_identity(cfg: Config, dataset) -> dict:
 
 def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[bool], iterations: int = 100,
               cores: int | None = None, calibration_file: str | None = calibrate.DEFAULT_FILE,
-              recalibrate: bool = False, train_steps: int = 12, storage_seconds: float = 0.5,
+              recalibrate: bool = False, train_steps: int = 24, storage_seconds: float = 0.5,
               tolerance: float = 0.05, log=_log_to_stderr) -> dict:
     """The plan of ``cfg``'s run over every (policy, PVP, size); see the module docstring."""
     from lsm_gnn.build import cache_over, resolve
