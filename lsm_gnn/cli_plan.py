@@ -78,7 +78,7 @@ def add_plan_parser(sub) -> None:
     plan.add_argument("--calibration", default=DEFAULT_FILE,
                       help="file that keeps calibrations between plans ('none': measure every time)")
     plan.add_argument("--recalibrate", action="store_true", help="measure again even when the file has it")
-    plan.add_argument("--train-steps", type=_positive, default=24, help="training steps timed by the calibration")
+    plan.add_argument("--train-steps", type=_positive, default=32, help="training steps timed by the calibration")
     plan.add_argument("--storage-seconds", type=float, default=0.5,
                       help="seconds of random reads per batch size in the storage calibration")
     plan.add_argument("--tolerance", type=float, default=5.0,

@@ -125,6 +125,7 @@ def test_cli_prints_the_table_and_json(dataset, calibration, capsys, tmp_path):
     (["--policies", "nope"], "cache.policy"),
     (["cache.features=memory"], "cache.features=cache"),
     (["--storage-seconds", "0"], "storage_seconds"),
+    (["cache.backend=memory"], "cache.backend"),
 ])
 def test_cli_errors_are_one_clear_line(dataset, calibration, capsys, extra, message):
     assert main(["plan", dataset.path, *RUN, *extra, "--calibration", calibration]) == 1
@@ -139,6 +140,24 @@ def test_cli_missing_dataset_and_bad_counts(tmp_path, capsys):
     assert "no dataset" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["plan", str(tmp_path), "--iterations", "0"])
+
+
+def test_cli_refuses_a_heterogeneous_dataset(tmp_path, capsys):
+    from lsm_gnn.testing import write_tiny_hetero_dataset
+
+    ds = write_tiny_hetero_dataset(tmp_path / "hetero")
+    assert main(["plan", ds.path, "cache.static_score=none"]) == 1
+    assert "homogeneous datasets only" in capsys.readouterr().err
+
+
+def test_work_on_the_loader_thread_returns_or_raises_in_the_caller():
+    import threading
+
+    from lsm_gnn.planner.simulate import on_loader_thread
+
+    assert on_loader_thread(lambda: threading.current_thread().name) == "lsm-gnn-plan"
+    with pytest.raises(KeyError, match="x"):
+        on_loader_thread(lambda: {}["x"])
 
 
 # -- the validation benchmark, smoke-run ----------------------------------------------------------------------

@@ -33,7 +33,7 @@ from lsm_gnn.benchmarking import median_seconds
 from lsm_gnn.fileio import atomic_write_bytes
 from lsm_gnn.planner.simulate import ReadGeometry, TraceStorage
 
-CALIBRATION_VERSION = 3
+CALIBRATION_VERSION = 4
 DEFAULT_FILE = os.path.join(os.path.expanduser("~"), ".cache", "lsm-gnn", "plan-calibration.json")
 
 
@@ -151,8 +151,8 @@ def measure_memcpy(dim: int, dtype: torch.dtype, rows: int = 4096, pool_bytes: i
             "row_gather_gb_per_s": rows * row_bytes / gather_s / 1e9}
 
 
-def measure_training(cfg, dataset, steps: int = 24, skip: int = 3) -> dict:
-    """The trainer itself for ``steps`` iterations, features from a storage that reads nothing; medians of
+def measure_training(cfg, dataset, steps: int = 32, skip: int = 3) -> dict:
+    """The trainer itself for ``steps`` iterations, features from a storage that reads nothing; means of
     the per-iteration train and sample stages after ``skip`` warm-up iterations."""
     from lsm_gnn.config import build_config
     from lsm_gnn.trainer import Trainer
@@ -171,6 +171,8 @@ def measure_training(cfg, dataset, steps: int = 24, skip: int = 3) -> dict:
     times = [r["time"] for r in records if "iteration" in r][skip:]
     if not times:
         raise ValueError("the training calibration ran no iterations; does the train split have seeds?")
-    return {"steps": len(times), "train_ms": 1e3 * statistics.median(t["train"] for t in times),
-            "sample_ms": 1e3 * statistics.median(t["sample"] for t in times),
+    # Means, as a run's stage times are: on a shared machine the step time swings between modes (another
+    # job takes a core from training's thread team) for seconds at a time, and a median picks one mode.
+    return {"steps": len(times), "train_ms": 1e3 * statistics.fmean(t["train"] for t in times),
+            "sample_ms": 1e3 * statistics.fmean(t["sample"] for t in times),
             "torch_threads": torch.get_num_threads()}

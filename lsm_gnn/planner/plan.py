@@ -44,7 +44,14 @@ def grid_configs(cfg: Config, sizes: list[str], policies: list[str], pvp: list[b
     return out
 
 
+#: backends whose reads the engine's read plan describes (memory reads nothing; gds is untested on hardware)
+PLANNED_BACKENDS = ("auto", "io_uring", "pread", "mmap")
+
+
 def _check_plannable(cfg: Config, dataset) -> None:
+    if cfg.cache.backend not in PLANNED_BACKENDS:
+        raise ConfigError(f"lsm-gnn plan models reads from a file (cache.backend in {', '.join(PLANNED_BACKENDS)}), "
+                          f"got cache.backend={cfg.cache.backend}")
     if getattr(dataset, "is_hetero", False):
         raise ConfigError(f"lsm-gnn plan models homogeneous datasets only; {dataset.path} has several node types")
     if cfg.cache.features != "cache":
@@ -63,7 +70,7 @@ def _training_identity(cfg: Config, dataset) -> dict:
 
 def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[bool], iterations: int = 100,
               cores: int | None = None, calibration_file: str | None = calibrate.DEFAULT_FILE,
-              recalibrate: bool = False, train_steps: int = 24, storage_seconds: float = 0.5,
+              recalibrate: bool = False, train_steps: int = 32, storage_seconds: float = 0.5,
               tolerance: float = 0.05, log=_log_to_stderr) -> dict:
     """The plan of ``cfg``'s run over every (policy, PVP, size); see the module docstring."""
     from lsm_gnn.build import cache_over, resolve
