@@ -5,7 +5,8 @@ import pytest
 
 from lsm_gnn.cli import main
 from lsm_gnn.config import load_config
-from lsm_gnn.planner import StageMs, bound_stage, contended_ms, make_plan, recommend, run_ms, steady_ms
+from lsm_gnn.planner import (StageMs, bound_stage, contended_ms, make_plan, pipeline_ms, recommend, run_ms,
+                             steady_ms)
 from lsm_gnn.testing import write_tiny_dataset
 from lsm_gnn.trainer import Trainer
 
@@ -40,12 +41,26 @@ def test_threads_competing_for_cores_lose_each_others_cpu_time():
         steady_ms(s, cores=0)
 
 
+def test_the_pipeline_hides_a_slow_loader_iteration_only_as_far_as_its_queue_reaches():
+    # Steady loader at 2 ms, training at 5: training never waits after the first batch.
+    assert pipeline_ms([5.0] * 4, [2.0] * 4, queue=2) == 2.0 + 4 * 5.0
+    # Loader slower than training: its pace, plus the last step.
+    assert pipeline_ms([1.0] * 4, [3.0] * 4, queue=2) == 4 * 3.0 + 1.0
+    # One 8 ms loader iteration among 1 ms ones, training at 3 ms: the queue absorbs part of it.
+    spiky = pipeline_ms([3.0] * 6, [1.0, 1.0, 1.0, 8.0, 1.0, 1.0], queue=2)
+    assert max(sum([1.0] * 6) / 6, 3.0) * 6 < spiky < 1.0 + sum(max(3.0, x) for x in [1.0, 1.0, 1.0, 8.0, 1.0, 1.0])
+    assert pipeline_ms([3.0] * 6, [1.0, 1.0, 1.0, 8.0, 1.0, 1.0], queue=1) >= spiky  # a shorter queue hides less
+    assert pipeline_ms([5.0], [2.0], queue=2, start_ms=10.0) == 17.0
+    with pytest.raises(ValueError, match="queue"):
+        pipeline_ms([1.0], [1.0], queue=0)
+
+
 def test_run_time_adds_one_window_fill_per_epoch_started():
     s = StageMs(sample=1.0, cache=1.0, read=1.0, train=5.0)
-    one = run_ms(s, 8, 1, iterations=10, window=4, fill_sample_ms=2.0, epoch_length=100)
-    assert one == 4 * 2.0 + 2.0 + 10 * 5.0
-    two = run_ms(s, 8, 1, iterations=10, window=4, fill_sample_ms=2.0, epoch_length=6)
-    assert two == 2 * (4 * 2.0 + 2.0) + 10 * 5.0
+    one = run_ms([s] * 10, 8, 1, window=4, fill_sample_ms=2.0, epoch_length=100)
+    assert one == 4 * 2.0 + 3.0 + 10 * 5.0  # fill, the first batch's loader time, ten steps
+    two = run_ms([s] * 10, 8, 1, window=4, fill_sample_ms=2.0, epoch_length=6)
+    assert two == 2 * (4 * 2.0 + 3.0) + 10 * 5.0
 
 
 def test_recommendation_is_the_smallest_cache_within_tolerance():

@@ -19,7 +19,6 @@ fixed start-up cost per epoch that short runs feel.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 #: loader components, in the order the bound is reported when several tie
@@ -82,16 +81,43 @@ def bound_stage(stages: StageMs, cores: int, train_threads: int = 1) -> str:
     return max(LOADER_STAGES, key=lambda k: parts[k])
 
 
-def run_ms(stages: StageMs, cores: int, train_threads: int = 1, *, iterations: int, window: int,
-           fill_sample_ms: float, epoch_length: int) -> float:
-    """Total milliseconds of a run of ``iterations``: per epoch started, the window's fill (``window``
-    batches sampled at ``fill_sample_ms`` each, the trainer waiting) and the first gather, then the
-    steady state."""
-    if iterations < 1:
-        raise ValueError(f"iterations must be >= 1, got {iterations}")
-    epochs = math.ceil(iterations / max(epoch_length, 1))
-    fill = epochs * (window * fill_sample_ms + stages.gather)
-    return fill + iterations * steady_ms(stages, cores, train_threads)
+def pipeline_ms(train_ms: list[float], loader_ms: list[float], queue: int, start_ms: float = 0.0) -> float:
+    """Milliseconds from the loader's start to the end of the last training step, iteration by iteration:
+    the loader produces batch k in ``loader_ms[k]`` once it has put batch k-1 into a queue of ``queue``
+    batches (it waits while the queue is full); training takes batch k when it is queued and the step
+    before has ended, and trains for ``train_ms[k]``. ``start_ms`` delays the first batch (filling the
+    window). A loader slow on some iterations (window scans, many misses) is hidden by the queue only as
+    far as the queue reaches: the mean of the maxima, not the maximum of the means."""
+    if queue < 1:
+        raise ValueError(f"queue must be >= 1, got {queue}")
+    if len(train_ms) != len(loader_ms):
+        raise ValueError(f"{len(train_ms)} training steps for {len(loader_ms)} batches")
+    taken: list[float] = []  # when training took each batch (frees its place in the queue)
+    produced_at = start_ms  # when the loader is free to start the next batch
+    end = 0.0
+    for k, (train, load) in enumerate(zip(train_ms, loader_ms)):
+        ready = produced_at + load
+        queued = ready if k < queue else max(ready, taken[k - queue])  # a full queue holds the loader
+        take = max(queued, end)
+        taken.append(take)
+        end = take + train
+        produced_at = queued
+    return end
+
+
+def run_ms(stages: list[StageMs], cores: int, train_threads: int = 1, *, window: int, fill_sample_ms: float,
+           epoch_length: int, queue: int = 2) -> float:
+    """Total milliseconds of a run of ``len(stages)`` iterations (one StageMs per iteration): each epoch
+    starts with the window's fill (``window`` batches sampled at ``fill_sample_ms`` each, training waiting),
+    then the two threads run as :func:`pipeline_ms` says, each slowed by the other (:func:`contended_ms`)."""
+    if not stages:
+        raise ValueError("a run needs at least one iteration")
+    total = 0.0
+    for first in range(0, len(stages), max(epoch_length, 1)):
+        epoch = stages[first:first + max(epoch_length, 1)]
+        times = [contended_ms(s, cores, train_threads) for s in epoch]
+        total += pipeline_ms([t for t, _ in times], [ld for _, ld in times], queue, window * fill_sample_ms)
+    return total
 
 
 def recommend(rows: list[dict], tolerance: float = 0.05) -> dict | None:

@@ -9,6 +9,7 @@ rank for ``iterations`` iterations, evaluation left out.
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 import statistics
 import sys
@@ -17,10 +18,23 @@ import time
 import torch
 
 from lsm_gnn.config import Config, ConfigError
+from lsm_gnn.loader import NodeLoader
 from lsm_gnn.planner import calibrate
 from lsm_gnn.planner.model import StageMs, bound_stage, contended_ms, recommend, run_ms
 from lsm_gnn.planner.simulate import TraceStorage, on_loader_thread, record_trace, simulate_cache
 from lsm_gnn.storage.base import TORCH_DTYPES
+
+
+#: batches the loader may queue ahead of training (NodeLoader's ``prefetch``, which the tasks leave at its default)
+LOADER_QUEUE = inspect.signature(NodeLoader).parameters["prefetch"].default
+
+
+def stage_times(storage_cal: dict, train_cal: dict, cache_ms: float, reads: float) -> StageMs:
+    """One iteration's stages: the calibrated sample and train, the simulated cache time, and the
+    calibrated cost of ``reads`` storage reads (none: no storage call at all)."""
+    read_ms = storage_cal["fixed_ms"] + 1e-3 * storage_cal["per_read_us"] * reads if reads else 0.0
+    return StageMs(sample=train_cal["sample_ms"], cache=cache_ms, read=read_ms, train=train_cal["train_ms"],
+                   read_cpu=read_ms * storage_cal["cpu_fraction"])
 
 
 def _log_to_stderr(message: str) -> None:
@@ -145,11 +159,12 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
             log(f"plan: {spec.policy.name}{'+pvp' if spec.pvp else ''} {c.cache.capacity}: cannot run ({exc})")
             continue
         per = sim["per_iteration"]
-        read_ms = (storage_cal["fixed_ms"] + 1e-3 * storage_cal["per_read_us"] * per["reads"]) if per["reads"] else 0.0
-        stages = StageMs(sample=train_cal["sample_ms"], cache=per["cache_ms"], read=read_ms,
-                         train=train_cal["train_ms"], read_cpu=read_ms * storage_cal["cpu_fraction"])
-        total = run_ms(stages, cores, threads, iterations=iterations, window=window, fill_sample_ms=fill_sample_ms,
-                       epoch_length=trace.epoch_length)
+        stages = stage_times(storage_cal, train_cal, per["cache_ms"], per["reads"])
+        each = [stage_times(storage_cal, train_cal, cache_ms, reads)
+                for cache_ms, reads in zip(sim["each"]["cache_ms"], sim["each"]["reads"])]
+        timing = {"window": window, "epoch_length": trace.epoch_length, "queue": LOADER_QUEUE}
+        total = run_ms(each, cores, threads, fill_sample_ms=fill_sample_ms, **timing)
+        steady = run_ms(each, cores, threads, fill_sample_ms=0.0, **timing) / iterations
         train_c, loader_c = contended_ms(stages, cores, threads)
         row = {"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
                "capacity_bytes": sim["capacity_bytes"], "lines": sim["lines"],
@@ -157,7 +172,7 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
                "bytes_read": sim["bytes_read"], "bytes_read_per_iteration": per["bytes_read"],
                "misses_per_iteration": per["misses"], "reads_per_iteration": per["reads"],
                "unique_per_iteration": per["unique"], "stages_ms": stages.as_dict(),
-               "contended_ms": {"train": train_c, "loader": loader_c}, "steady_ms": max(train_c, loader_c),
+               "contended_ms": {"train": train_c, "loader": loader_c}, "steady_ms": steady,
                "ms_per_iteration": total / iterations, "run_ms": total, "bound": bound_stage(stages, cores, threads)}
         rows.append(row)
         log(f"plan: {row['policy']}{'+pvp' if row['pvp'] else ''} {row['capacity']}: hit {row['hit_ratio']:.3f}, "
