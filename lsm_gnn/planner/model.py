@@ -6,7 +6,8 @@ here is tested on hand-made numbers. The trainer's pipeline it models:
   loader thread   sample batch k+W  ->  gather batch k (cache lookup + storage reads for the misses)
   main thread     train batch k-1 (overlapped), on ``train_threads`` threads
 
-The steady state runs at the pace of the slower thread. Each is slowed by
+Roughly, the run goes at the pace of the slower thread; :func:`pipeline_ms`
+plays it iteration by iteration through the loader's queue. Each is slowed by
 the other where they compete for cores: with ``c`` cores, training on ``m``
 of them and the loader's one thread, ``m + 1 > c`` runnable threads share
 ``c`` cores fairly, so while both compute each loses ``(m + 1 - c) / c`` of
