@@ -66,7 +66,7 @@ def add_plan_parser(sub) -> None:
         "plan", help="predict hit ratio, bytes read and ms per iteration for a grid of cache sizes and policies",
         description="Predicts a training run's hit ratio, bytes read and ms per iteration by stage, for every "
                     "cache size x policy given, from the trace of the run's own sampler and a short calibration "
-                    "(stored, so later plans are fast). E.g. lsm-gnn plan data/g --sizes 1%%,5%%,20%% "
+                    "(stored, so later plans are fast). E.g. lsm-gnn plan data/g --sizes 1%,5%,20% "
                     "--policies hybrid,rr sampler.fanouts=[10,5]")
     plan.add_argument("config", nargs="?", help="YAML config, or a dataset directory (then the defaults apply)")
     plan.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config keys, as for train")

@@ -96,6 +96,8 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     if storage_seconds <= 0 or train_steps < 1:
         raise ValueError(f"storage_seconds must be > 0 and train_steps >= 1, got {storage_seconds} and {train_steps}")
+    if tolerance < 0:
+        raise ValueError(f"tolerance must be >= 0, got {tolerance}")
     if not sizes or not policies or not pvp:
         raise ValueError("the plan's grid is empty: give at least one size and one policy")
     cores = (os.cpu_count() or 1) if cores is None else int(cores)

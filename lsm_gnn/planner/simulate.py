@@ -137,6 +137,14 @@ class ReadGeometry:
         return int(plan["bytes_read"]), int(plan["length"].numel())
 
 
+def _epoch_by_epoch(trace: Trace, window: int, num_nodes: int):
+    """(current batch, window) over the trace as the loader serves it: a window never reaches into the
+    next epoch (each epoch's loader thread samples only its own batches, the window draining at the end)."""
+    length = max(trace.epoch_length, 1)
+    for start in range(0, len(trace.batches), length):
+        yield from replay(trace.batches[start:start + length], window, num_nodes=num_nodes)
+
+
 def simulate_cache(trace: Trace, measured: int, storage: TraceStorage, geometry: ReadGeometry,
                    make_cache, window: int) -> dict:
     """Replays the first ``measured`` batches of ``trace`` (the rest only fill the window) through
@@ -149,7 +157,7 @@ def simulate_cache(trace: Trace, measured: int, storage: TraceStorage, geometry:
     hits = unique = misses = bytes_read = reads = 0
     cache_s, reads_each = [], []
     try:
-        for t, (current, future) in enumerate(replay(trace.batches, window, num_nodes=storage.num_rows)):
+        for t, (current, future) in enumerate(_epoch_by_epoch(trace, window, storage.num_rows)):
             if t >= measured:
                 break
             before = storage.stats().total_seconds
