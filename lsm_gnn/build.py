@@ -81,11 +81,8 @@ def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_si
     storage = open_storage(dataset, spec.backend)
     if spec.source == "storage":
         return storage
-    cache = SoftwareCache(storage, spec.capacity_bytes, ways=spec.ways, policy=spec.policy,
-                          static_scores=None if spec.static_score is None else dataset.score(spec.static_score),
-                          oversubscribe=spec.oversubscribe, device=device, num_threads=num_threads, pvp=spec.pvp,
-                          pvp_queue_capacity=spec.pvp_queue_capacity, pvp_queue_bytes=spec.pvp_queue_bytes,
-                pvp_reinstall=spec.pvp_reinstall)
+    cache = cache_over(storage, spec, None if spec.static_score is None else dataset.score(spec.static_score),
+                       device, num_threads)
     if not spec.shared:
         return cache
     from lsm_gnn.comm import SharedCache, make_owner
@@ -95,6 +92,17 @@ def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_si
     owner = make_owner(spec.owner, dataset, world_size, access_counts=lambda: sampled_access_counts(
         dataset, fanouts, batch_size, seed=seed))
     return SharedCache(cache, owner)
+
+
+def cache_over(storage, spec: FeatureSpec, static_scores, device: torch.device, num_threads: int = 0,
+               capacity_bytes: int | None = None) -> SoftwareCache:
+    """The cache ``spec`` describes in front of ``storage`` (``capacity_bytes`` replaces the spec's, for a
+    share of it); the planner builds its simulated caches here too, so they are the run's."""
+    return SoftwareCache(storage, spec.capacity_bytes if capacity_bytes is None else capacity_bytes, ways=spec.ways,
+                         policy=spec.policy, static_scores=static_scores, oversubscribe=spec.oversubscribe,
+                         device=device, num_threads=num_threads, pvp=spec.pvp,
+                         pvp_queue_capacity=spec.pvp_queue_capacity, pvp_queue_bytes=spec.pvp_queue_bytes,
+                         pvp_reinstall=spec.pvp_reinstall)
 
 
 def feature_groups(dataset) -> list[list[str]]:
@@ -147,11 +155,7 @@ def build_typed_features(spec: FeatureSpec, dataset, device: torch.device, *, wo
             scores = None
             if spec.static_score is not None:
                 scores = np.concatenate([np.asarray(dataset.score(spec.static_score, t)) for t in types])
-            features = SoftwareCache(
-                storage, capacity, ways=spec.ways, policy=spec.policy, static_scores=scores,
-                oversubscribe=spec.oversubscribe, device=device, num_threads=num_threads, pvp=spec.pvp,
-                pvp_queue_capacity=spec.pvp_queue_capacity, pvp_queue_bytes=spec.pvp_queue_bytes,
-                pvp_reinstall=spec.pvp_reinstall)
+            features = cache_over(storage, spec, scores, device, num_threads, capacity)
             if spec.shared:
                 features = _shared(features, spec, storage.num_rows, world_size)
         built.append(FeatureGroup(types, {t: storage.offset(t) for t in types}, features))

@@ -40,6 +40,11 @@ class NativeStorage(FeatureStorage):
         return self._reader.registered_buffers
 
     @property
+    def alignment(self) -> int:
+        """Bytes every read is aligned to (the file's O_DIRECT alignment; what ``_C.plan_reads`` takes)."""
+        return int(self._reader.alignment)
+
+    @property
     def direct(self) -> bool:
         """Whether reads bypass the page cache (O_DIRECT); False where the file system refused it."""
         return self._reader.direct

@@ -1,0 +1,178 @@
+"""Short measurements the planner's model takes its constants from, kept in a file between plans.
+
+- storage: random reads of distinct rows of the dataset's own feature file
+  through the run's backend and queue depth, at a few batch sizes; a line
+  fitted through (reads issued, seconds) gives a fixed cost per batch and a
+  cost per read (its inverse is the IOPS at that queue depth);
+- memcpy: bandwidth of copying rows of the dataset's row size (what a cache
+  hit costs at best), for reference beside the per-id cache cost;
+- train: a short run of the trainer itself, features served by a storage
+  that reads nothing, so the train and sample stages are measured as a run
+  sees them (the loader thread sampling beside the training step).
+
+Each part is stored under a key of everything it depends on (the feature
+file's identity, backend, queue depth, model, batches, threads), so a plan
+over another cache size or policy reuses it and a changed setting measures
+again.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import resource
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from lsm_gnn.benchmarking import median_seconds
+from lsm_gnn.fileio import atomic_write_bytes
+from lsm_gnn.planner.simulate import ReadGeometry, TraceStorage
+
+CALIBRATION_VERSION = 4
+DEFAULT_FILE = os.path.join(os.path.expanduser("~"), ".cache", "lsm-gnn", "plan-calibration.json")
+
+
+class CalibrationStore:
+    """A JSON file of calibration entries by key; unreadable or missing files count as empty."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.entries: dict = {}
+        if path and os.path.exists(path):
+            try:
+                with open(path) as f:
+                    data = json.load(f)
+                if data.get("version") == CALIBRATION_VERSION:
+                    self.entries = data.get("entries", {})
+            except (OSError, ValueError, AttributeError):
+                self.entries = {}  # a damaged cache only costs a new measurement
+
+    @staticmethod
+    def key(kind: str, identity: dict) -> str:
+        text = json.dumps({"kind": kind, **identity}, sort_keys=True, default=str)
+        return f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+    def get_or_measure(self, kind: str, identity: dict, measure, refresh: bool = False) -> tuple[dict, bool]:
+        """(the entry, whether it came from the file)."""
+        key = self.key(kind, identity)
+        if not refresh and key in self.entries:
+            return self.entries[key]["value"], True
+        value = measure()
+        self.entries[key] = {"identity": identity, "value": value, "measured_at": time.time()}
+        self.save()
+        return value, False
+
+    def save(self) -> None:
+        if not self.path:
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        atomic_write_bytes(json.dumps({"version": CALIBRATION_VERSION, "entries": self.entries}, indent=1).encode(),
+                           self.path)
+
+
+def file_identity(path: str) -> dict:
+    st = os.stat(path)
+    return {"path": os.path.realpath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def measure_storage(dataset, backend: str, batch_sizes=(64, 512, 4096), seconds: float = 0.5, seed: int = 0) -> dict:
+    """Seconds per batch of random distinct rows = fixed + per_read x reads, fitted over ``batch_sizes``
+    (capped at the node count); each size is read for about ``seconds``. The storage is opened as a run
+    opens it (the backend's default queue depth). ``cpu_fraction``: the share of that time the CPU was busy
+    (submitting, reaping, copying rows out), which competes with training for cores."""
+    from lsm_gnn.storage import open_storage
+
+    rng = np.random.default_rng(seed)
+    xs, ys = [], []
+    cpu_s = wall_s = 0.0
+    with open_storage(dataset, backend) as storage:
+        geometry = read_geometry(dataset, getattr(storage, "alignment", 512))
+        queue_depth = getattr(storage, "queue_depth", None)
+        sizes = sorted({min(int(b), dataset.num_nodes) for b in batch_sizes})
+        for size in sizes:
+            start = time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                ids = torch.from_numpy(rng.choice(dataset.num_nodes, size, replace=False))
+                reads = geometry.plan(ids)[1]
+                t, cpu = time.perf_counter(), process_cpu_seconds()
+                storage.read(ids)
+                xs.append(reads)
+                ys.append(time.perf_counter() - t)
+                cpu_s, wall_s = cpu_s + process_cpu_seconds() - cpu, wall_s + ys[-1]
+        direct = getattr(storage, "direct", None)
+    fixed, per_read = fit_line(xs, ys)
+    return {"backend": backend, "queue_depth": queue_depth, "fixed_ms": 1e3 * fixed, "per_read_us": 1e6 * per_read,
+            "iops": 1.0 / per_read if per_read > 0 else float("inf"), "samples": len(xs), "direct": direct,
+            "alignment": geometry.alignment, "cpu_fraction": min(cpu_s / wall_s, 1.0) if wall_s else 0.0}
+
+
+def process_cpu_seconds() -> float:
+    """CPU seconds of this process, every thread (a pread backend reads on a team of threads), user + system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def fit_line(xs, ys) -> tuple[float, float]:
+    """Least-squares (intercept, slope), both clamped at >= 0 (a negative cost is noise)."""
+    x, y = np.asarray(xs, float), np.asarray(ys, float)
+    if x.size < 2 or np.ptp(x) == 0:
+        return 0.0, float(y.mean() / max(x.mean(), 1.0)) if y.size else 0.0
+    slope, intercept = np.polyfit(x, y, 1)
+    if intercept < 0:  # through the origin instead
+        return 0.0, float((x * y).sum() / (x * x).sum())
+    return float(intercept), max(float(slope), 0.0)
+
+
+def read_geometry(dataset, alignment: int = 512) -> ReadGeometry:
+    """The read plan's inputs for ``dataset``, reads aligned to ``alignment`` (the open storage's O_DIRECT
+    alignment)."""
+    layout = dataset.features
+    return ReadGeometry(dataset.num_nodes, layout.row_bytes, layout.row_stride, os.path.getsize(dataset.feature_path),
+                        int(alignment))
+
+
+def measure_memcpy(dim: int, dtype: torch.dtype, rows: int = 4096, pool_bytes: int = 64 << 20,
+                   repeats: int = 20) -> dict:
+    """GB/s of a plain copy (``memcpy_gb_per_s``) and of gathering ``rows`` random rows of ``dim`` x
+    ``dtype`` from a pool with ``index_select`` (``row_gather_gb_per_s``: what copying cache hits out costs)."""
+    row_bytes = dim * torch.empty((), dtype=dtype).element_size()
+    pool = torch.ones((max(pool_bytes // row_bytes, rows), dim), dtype=dtype)  # ones: every page touched
+    out = torch.empty((rows, dim), dtype=dtype)
+    idx = torch.randint(0, pool.shape[0], (rows,))
+
+    gather_s = median_seconds(lambda: torch.index_select(pool, 0, idx, out=out), repeats)
+    copy_s = median_seconds(lambda: out.copy_(pool[:rows]), repeats)
+    return {"row_bytes": row_bytes, "memcpy_gb_per_s": rows * row_bytes / copy_s / 1e9,
+            "row_gather_gb_per_s": rows * row_bytes / gather_s / 1e9}
+
+
+def measure_training(cfg, dataset, steps: int = 32, skip: int = 3) -> dict:
+    """The trainer itself for ``steps`` iterations, features from a storage that reads nothing; means of
+    the per-iteration train and sample stages after ``skip`` warm-up iterations."""
+    from lsm_gnn.config import build_config
+    from lsm_gnn.trainer import Trainer
+
+    with tempfile.TemporaryDirectory(prefix="lsm-gnn-plan-") as log_dir:
+        settings = cfg.to_dict()
+        # Epochs enough for the steps however short an epoch is; the iteration limit ends the run.
+        settings["train"].update(max_iterations=steps + skip, eval_splits=[], epochs=steps + skip)
+        settings["log"].update(dir=log_dir, progress=False, tensorboard=False, every=1)
+        settings["checkpoint"].update(dir="")
+        run_cfg = build_config(settings)
+        trainer = Trainer(run_cfg, out=io.StringIO(), features=TraceStorage.like(dataset))
+        trainer.fit()
+        with open(os.path.join(log_dir, "metrics.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+    times = [r["time"] for r in records if "iteration" in r][skip:]
+    if not times:
+        raise ValueError("the training calibration ran no iterations; does the train split have seeds?")
+    # Means, as a run's stage times are: on a shared machine the step time swings between modes (another
+    # job takes a core from training's thread team) for seconds at a time, and a median picks one mode.
+    return {"steps": len(times), "train_ms": 1e3 * statistics.fmean(t["train"] for t in times),
+            "sample_ms": 1e3 * statistics.fmean(t["sample"] for t in times),
+            "torch_threads": torch.get_num_threads()}

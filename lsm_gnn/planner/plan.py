@@ -1,0 +1,222 @@
+"""``make_plan``: predicted hit ratio, bytes read and ms per iteration by stage over a grid of caches.
+
+Steps: record the run's trace (its own loader, no I/O); calibrate storage,
+memcpy and a few training steps (or reuse a stored calibration); replay the
+trace through each cache of the grid; feed the stage times to the model
+(:mod:`lsm_gnn.planner.model`). The run modelled is the trainer's on one
+rank for ``iterations`` iterations, evaluation left out.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from lsm_gnn.config import Config, ConfigError
+from lsm_gnn.loader import NodeLoader
+from lsm_gnn.planner import calibrate
+from lsm_gnn.planner.model import StageMs, bound_stage, contended_ms, recommend, run_ms
+from lsm_gnn.planner.simulate import TraceStorage, on_loader_thread, record_trace, simulate_cache
+from lsm_gnn.storage.base import TORCH_DTYPES
+
+
+#: batches the loader may queue ahead of training (NodeLoader's ``prefetch``, which the tasks leave at its default)
+LOADER_QUEUE = inspect.signature(NodeLoader).parameters["prefetch"].default
+
+
+def stage_times(storage_cal: dict, train_cal: dict, cache_ms: float, reads: float) -> StageMs:
+    """One iteration's stages: the calibrated sample and train, the simulated cache time, and the
+    calibrated cost of ``reads`` storage reads (none: no storage call at all)."""
+    read_ms = storage_cal["fixed_ms"] + 1e-3 * storage_cal["per_read_us"] * reads if reads else 0.0
+    return StageMs(sample=train_cal["sample_ms"], cache=cache_ms, read=read_ms, train=train_cal["train_ms"],
+                   read_cpu=read_ms * storage_cal["cpu_fraction"])
+
+
+def _log_to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def grid_configs(cfg: Config, sizes: list[str], policies: list[str], pvp: list[bool]) -> list[Config]:
+    """One config per (policy, PVP, size), sizes innermost, each checked as a run's would be."""
+    from lsm_gnn.config import validate
+
+    out = []
+    for policy in policies:
+        for on in pvp:
+            for size in sizes:
+                c = copy.deepcopy(cfg)
+                c.cache.policy, c.cache.pvp, c.cache.capacity = policy, on, str(size)
+                try:
+                    out.append(validate(c))
+                except ConfigError as exc:
+                    raise ConfigError(f"plan grid point policy={policy} pvp={on} size={size}: {exc}") from None
+    return out
+
+
+#: backends whose reads the engine's read plan describes (memory reads nothing; gds is untested on hardware)
+PLANNED_BACKENDS = ("auto", "io_uring", "pread", "mmap")
+
+
+def _check_plannable(cfg: Config, dataset) -> None:
+    if cfg.cache.backend not in PLANNED_BACKENDS:
+        raise ConfigError(f"lsm-gnn plan models reads from a file (cache.backend in {', '.join(PLANNED_BACKENDS)}), "
+                          f"got cache.backend={cfg.cache.backend}")
+    if getattr(dataset, "is_hetero", False):
+        raise ConfigError(f"lsm-gnn plan models homogeneous datasets only; {dataset.path} has several node types")
+    if cfg.cache.features != "cache":
+        raise ConfigError(f"lsm-gnn plan models the cached path (cache.features=cache), got "
+                          f"cache.features={cfg.cache.features}")
+
+
+def _training_identity(cfg: Config, dataset) -> dict:
+    d = cfg.to_dict()
+    return {"dataset": calibrate.file_identity(dataset.feature_path),
+            "graph": calibrate.file_identity(os.path.join(dataset.path, "meta.json")),
+            "model": d["model"], "sampler": d["sampler"], "task": d["train"]["task"], "device": d["train"]["device"],
+            "lr": d["train"]["lr"], "window": d["cache"]["window"], "kernels": d["kernels"],
+            "torch_threads": torch.get_num_threads()}
+
+
+def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[bool], iterations: int = 100,
+              cores: int | None = None, calibration_file: str | None = calibrate.DEFAULT_FILE,
+              recalibrate: bool = False, train_steps: int = 32, storage_seconds: float = 0.5,
+              tolerance: float = 0.05, log=_log_to_stderr) -> dict:
+    """The plan of ``cfg``'s run over every (policy, PVP, size); see the module docstring."""
+    from lsm_gnn.build import cache_over, resolve
+    from lsm_gnn.data import open_dataset
+    from lsm_gnn.storage import default_backend
+    from lsm_gnn.tasks import make_task
+
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    if storage_seconds <= 0 or train_steps < 1:
+        raise ValueError(f"storage_seconds must be > 0 and train_steps >= 1, got {storage_seconds} and {train_steps}")
+    if tolerance < 0:
+        raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+    if not sizes or not policies or not pvp:
+        raise ValueError("the plan's grid is empty: give at least one size and one policy")
+    cores = (os.cpu_count() or 1) if cores is None else int(cores)
+    if cores < 1:
+        raise ValueError(f"cores must be >= 1, got {cores}")
+    if not cfg.dataset:
+        raise ConfigError("no dataset: give dataset=<directory> (make one with lsm-gnn prepare)")
+    dataset = open_dataset(cfg.dataset, check="fast")
+    _check_plannable(cfg, dataset)
+    grid = grid_configs(cfg, sizes, policies, pvp)
+    specs = [resolve(c, dataset) for c in grid]  # capacity and policy errors before any work
+    backend = default_backend() if cfg.cache.backend == "auto" else cfg.cache.backend
+    window = cfg.cache.window
+    store = calibrate.CalibrationStore(calibration_file)
+
+    log(f"plan: recording the trace of {iterations} iterations (+{window} of window) ...")
+    t0 = time.perf_counter()
+    task = make_task(cfg, dataset)
+    trace = record_trace(task, dataset, iterations + window)
+    log(f"plan: {len(trace.batches)} batches, {trace.nodes_per_batch:,.0f} input nodes each "
+        f"({time.perf_counter() - t0:.1f} s)")
+
+    def measured(kind, identity, measure, what):
+        log(f"plan: calibrating {what} ...")
+        value, cached = store.get_or_measure(kind, identity, measure, refresh=recalibrate)
+        if cached:
+            log(f"plan: {what}: reused from {calibration_file}")
+        return value
+
+    storage_cal = measured("storage", {"features": calibrate.file_identity(dataset.feature_path), "backend": backend},
+                           lambda: on_loader_thread(calibrate.measure_storage, dataset, backend,
+                                                    seconds=storage_seconds),
+                           f"{backend} random reads")
+    layout = dataset.features
+    memcpy_cal = measured("memcpy", {"dim": layout.dim, "dtype": layout.dtype, "cpus": os.cpu_count()},
+                          lambda: on_loader_thread(calibrate.measure_memcpy, layout.dim, TORCH_DTYPES[layout.dtype]),
+                          "memcpy bandwidth")
+    train_cal = measured("train", {**_training_identity(cfg, dataset), "steps": train_steps},
+                         lambda: calibrate.measure_training(cfg, dataset, steps=train_steps),
+                         f"{train_steps} training steps")
+    log(f"plan: storage {storage_cal['fixed_ms']:.3f} ms + {storage_cal['per_read_us']:.1f} us/read "
+        f"({storage_cal['iops']:,.0f} IOPS at QD {storage_cal['queue_depth']}), memcpy "
+        f"{memcpy_cal['memcpy_gb_per_s']:.1f} GB/s (row gather {memcpy_cal['row_gather_gb_per_s']:.1f}), train "
+        f"{train_cal['train_ms']:.1f} ms, sample {train_cal['sample_ms']:.1f} ms per iteration")
+
+    geometry = calibrate.read_geometry(dataset, storage_cal["alignment"])
+    storage = TraceStorage.like(dataset)
+    threads = train_cal["torch_threads"]
+    fill_sample_ms = 1e3 * statistics.median(trace.sample_s)
+    rows = []
+    for c, spec in zip(grid, specs):
+        def make_cache(s, spec=spec):
+            scores = None if spec.static_score is None else dataset.score(spec.static_score)
+            return cache_over(s, spec, scores, torch.device("cpu"), c.sampler.num_threads)
+
+        try:
+            sim = on_loader_thread(simulate_cache, trace, iterations, storage, geometry, make_cache, window)
+        except ValueError as exc:  # e.g. a cache smaller than one batch: the run would stop the same way
+            rows.append({"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
+                         "capacity_bytes": spec.capacity_bytes, "error": str(exc)})
+            log(f"plan: {spec.policy.name}{'+pvp' if spec.pvp else ''} {c.cache.capacity}: cannot run ({exc})")
+            continue
+        per = sim["per_iteration"]
+        stages = stage_times(storage_cal, train_cal, per["cache_ms"], per["reads"])
+        each = [stage_times(storage_cal, train_cal, cache_ms, reads)
+                for cache_ms, reads in zip(sim["each"]["cache_ms"], sim["each"]["reads"])]
+        timing = {"window": window, "epoch_length": trace.epoch_length, "queue": LOADER_QUEUE}
+        total = run_ms(each, cores, threads, fill_sample_ms=fill_sample_ms, **timing)
+        steady = run_ms(each, cores, threads, fill_sample_ms=0.0, **timing) / iterations
+        train_c, loader_c = contended_ms(stages, cores, threads)
+        row = {"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
+               "capacity_bytes": sim["capacity_bytes"], "lines": sim["lines"],
+               "share_of_nodes": sim["lines"] / dataset.num_nodes, "hit_ratio": sim["hit_ratio"],
+               "bytes_read": sim["bytes_read"], "bytes_read_per_iteration": per["bytes_read"],
+               "misses_per_iteration": per["misses"], "reads_per_iteration": per["reads"],
+               "unique_per_iteration": per["unique"], "stages_ms": stages.as_dict(),
+               "contended_ms": {"train": train_c, "loader": loader_c}, "steady_ms": steady,
+               "ms_per_iteration": total / iterations, "run_ms": total, "bound": bound_stage(stages, cores, threads)}
+        rows.append(row)
+        log(f"plan: {row['policy']}{'+pvp' if row['pvp'] else ''} {row['capacity']}: hit {row['hit_ratio']:.3f}, "
+            f"{row['ms_per_iteration']:.1f} ms/iteration, bound by {row['bound']}")
+    best = recommend([r for r in rows if "error" not in r], tolerance)
+    return {"dataset": {"path": dataset.path, "num_nodes": dataset.num_nodes, "row_bytes": dataset.features.row_bytes,
+                        "row_stride": dataset.features.row_stride},
+            "run": {"fanouts": cfg.sampler.fanouts, "batch_size": cfg.sampler.batch_size, "model": cfg.model.kind,
+                    "hidden": cfg.model.hidden, "window": window, "iterations": iterations, "cores": cores,
+                    "train_threads": train_cal["torch_threads"],
+                    "backend": backend, "epoch_length": trace.epoch_length,
+                    "nodes_per_batch": trace.nodes_per_batch, "fill_sample_ms": fill_sample_ms},
+            "calibration": {"storage": storage_cal, "memcpy": memcpy_cal, "train": train_cal,
+                            "file": calibration_file},
+            "rows": rows, "tolerance": tolerance, "recommendation": best}
+
+
+def format_plan(plan: dict) -> str:
+    """The plan as a table, the bound stage and the recommendation."""
+    from lsm_gnn.units import format_bytes
+
+    run, ds = plan["run"], plan["dataset"]
+    lines = [f"plan for {ds['path']}: {ds['num_nodes']:,} nodes, {ds['row_bytes']} B rows; fanouts {run['fanouts']}, "
+             f"batch {run['batch_size']}, {run['model']} hidden {run['hidden']}, window {run['window']}, "
+             f"{run['iterations']} iterations on {run['cores']} core(s), {run['backend']} storage",
+             f"{'policy':<18}{'size':>9}{'nodes':>7}{'hit':>7}{'read/it':>11}{'sample':>8}{'cache':>8}{'read':>8}"
+             f"{'train':>8}{'steady':>8}{'ms/it':>8}  bound"]
+    for r in plan["rows"]:
+        name = r["policy"] + ("+pvp" if r["pvp"] else "")
+        if "error" in r:
+            lines.append(f"{name:<18}{format_bytes(r['capacity_bytes']):>9}  cannot run: {r['error']}")
+            continue
+        s = r["stages_ms"]
+        lines.append(f"{name:<18}{format_bytes(r['capacity_bytes']):>9}{r['share_of_nodes']:>7.1%}"
+                     f"{r['hit_ratio']:>7.3f}{format_bytes(r['bytes_read_per_iteration']):>11}{s['sample']:>8.1f}"
+                     f"{s['cache']:>8.1f}{s['read']:>8.1f}{s['train']:>8.1f}{r['steady_ms']:>8.1f}"
+                     f"{r['ms_per_iteration']:>8.1f}  {r['bound']}")
+    lines.append("(ms per iteration; sample, cache + read (= gather) run on the loader thread overlapped with train; "
+                 "ms/it includes filling the window at the start)")
+    best = plan["recommendation"]
+    if best is not None:
+        lines.append(f"recommended: {best['policy']}{'+pvp' if best['pvp'] else ''} at {best['capacity']} "
+                     f"({format_bytes(best['capacity_bytes'])}): {best['ms_per_iteration']:.1f} ms/iteration, the "
+                     f"smallest cache within {plan['tolerance']:.0%} of the fastest; bound by {best['bound']}")
+    return "\n".join(lines)

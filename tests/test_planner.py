@@ -1,0 +1,199 @@
+"""lsm-gnn plan: the model's rules on hand-made numbers, the simulation against a real run, the CLI."""
+import json
+
+import pytest
+
+from lsm_gnn.cli import main
+from lsm_gnn.config import load_config
+from lsm_gnn.planner import (StageMs, bound_stage, contended_ms, make_plan, pipeline_ms, recommend, run_ms,
+                             steady_ms)
+from lsm_gnn.testing import write_tiny_dataset
+from lsm_gnn.trainer import Trainer
+
+RUN = ["sampler.fanouts=[4,3]", "sampler.batch_size=16", "model.kind=sage", "model.hidden=16", "cache.window=4",
+       "cache.static_score=none", "train.eval_splits=[]", "log.progress=false", "cache.backend=pread"]
+
+
+# -- the model ------------------------------------------------------------------------------------------------
+
+def test_the_slower_thread_sets_the_pace_with_enough_cores():
+    s = StageMs(sample=1.0, cache=2.0, read=10.0, train=5.0)
+    assert steady_ms(s, cores=8, train_threads=2) == 13.0  # 1 + 2 + 10: the loader
+    assert bound_stage(s, cores=8, train_threads=2) == "read"
+    fast_loader = StageMs(sample=1.0, cache=2.0, read=1.0, train=5.0)
+    assert steady_ms(fast_loader, cores=8, train_threads=2) == 5.0
+    assert bound_stage(fast_loader, cores=8, train_threads=2) == "train"
+    assert bound_stage(StageMs(sample=9.0, cache=2.0, read=1.0, train=5.0), 8, 2) == "sample"
+    assert bound_stage(StageMs(sample=1.0, cache=9.0, read=1.0, train=5.0), 8, 2) == "cache"
+
+
+def test_threads_competing_for_cores_lose_each_others_cpu_time():
+    s = StageMs(sample=1.0, cache=3.0, read=4.0, train=10.0, read_cpu=2.0)  # loader CPU 1 + 3 + 2 = 6
+    assert s.loader_cpu == 6.0
+    # One core: all CPU work adds up on the training side; the loader loses what it overlaps.
+    assert contended_ms(s, cores=1, train_threads=1) == (16.0, 14.0)
+    # Two cores, training on both: three threads on two cores lose half of the other's CPU time.
+    assert contended_ms(s, cores=2, train_threads=2) == (13.0, 11.0)
+    # Enough cores: nothing lost.
+    assert contended_ms(s, cores=4, train_threads=2) == (10.0, 8.0)
+    assert steady_ms(s, cores=2, train_threads=2) == 13.0
+    with pytest.raises(ValueError, match="cores"):
+        steady_ms(s, cores=0)
+
+
+def test_the_pipeline_hides_a_slow_loader_iteration_only_as_far_as_its_queue_reaches():
+    # Steady loader at 2 ms, training at 5: training never waits after the first batch.
+    assert pipeline_ms([5.0] * 4, [2.0] * 4, queue=2) == 2.0 + 4 * 5.0
+    # Loader slower than training: its pace, plus the last step.
+    assert pipeline_ms([1.0] * 4, [3.0] * 4, queue=2) == 4 * 3.0 + 1.0
+    # One 8 ms loader iteration among 1 ms ones, training at 3 ms: the queue absorbs part of it.
+    spiky = pipeline_ms([3.0] * 6, [1.0, 1.0, 1.0, 8.0, 1.0, 1.0], queue=2)
+    assert max(sum([1.0] * 6) / 6, 3.0) * 6 < spiky < 1.0 + sum(max(3.0, x) for x in [1.0, 1.0, 1.0, 8.0, 1.0, 1.0])
+    assert pipeline_ms([3.0] * 6, [1.0, 1.0, 1.0, 8.0, 1.0, 1.0], queue=1) >= spiky  # a shorter queue hides less
+    assert pipeline_ms([5.0], [2.0], queue=2, start_ms=10.0) == 17.0
+    with pytest.raises(ValueError, match="queue"):
+        pipeline_ms([1.0], [1.0], queue=0)
+
+
+def test_run_time_adds_one_window_fill_per_epoch_started():
+    s = StageMs(sample=1.0, cache=1.0, read=1.0, train=5.0)
+    one = run_ms([s] * 10, 8, 1, window=4, fill_sample_ms=2.0, epoch_length=100)
+    assert one == 4 * 2.0 + 3.0 + 10 * 5.0  # fill, the first batch's loader time, ten steps
+    two = run_ms([s] * 10, 8, 1, window=4, fill_sample_ms=2.0, epoch_length=6)
+    assert two == 2 * (4 * 2.0 + 3.0) + 10 * 5.0
+
+
+def test_recommendation_is_the_smallest_cache_within_tolerance():
+    rows = [{"capacity_bytes": 100, "ms_per_iteration": 20.0}, {"capacity_bytes": 200, "ms_per_iteration": 10.4},
+            {"capacity_bytes": 400, "ms_per_iteration": 10.0}, {"capacity_bytes": 800, "ms_per_iteration": 10.1}]
+    assert recommend(rows, 0.05)["capacity_bytes"] == 200
+    assert recommend(rows, 0.0)["capacity_bytes"] == 400
+    assert recommend([], 0.05) is None
+
+
+# -- the simulation against a real run --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    # 512 B rows at a 512 B stride: every missed row is one 512 B block.
+    return write_tiny_dataset(tmp_path_factory.mktemp("plan") / "ds", num_nodes=600, dim=128, row_alignment=512)[0]
+
+
+@pytest.fixture(scope="module")
+def calibration(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cal") / "calibration.json")
+
+
+def quick_plan(cfg, calibration, **grid):
+    return make_plan(cfg, iterations=8, calibration_file=calibration, train_steps=2, storage_seconds=0.05,
+                     log=lambda m: None, **grid)
+
+
+# 22 iterations: the last windows of the run reach past the epoch's 23 batches, where the loader's stop.
+@pytest.mark.parametrize("policy,pvp,iterations", [("hybrid", False, 8), ("rr", False, 8), ("auto", True, 8),
+                                                   ("hybrid", False, 22)])
+def test_predicted_hit_ratio_and_bytes_are_the_runs(dataset, calibration, policy, pvp, iterations):
+    cfg = load_config(None, [f"dataset={dataset.path}", *RUN, f"train.max_iterations={iterations}",
+                             "cache.pvp_queue_capacity=64", f"cache.policy={policy}", f"cache.pvp={str(pvp).lower()}",
+                             "cache.capacity=40%"])
+    row = make_plan(cfg, iterations=iterations, calibration_file=calibration, train_steps=2, storage_seconds=0.05,
+                    log=lambda m: None, sizes=["40%"], policies=[policy], pvp=[pvp])["rows"][0]
+    result = Trainer(cfg, out=open("/dev/null", "w")).fit()
+    measured = result["history"][0]
+    assert row["hit_ratio"] == pytest.approx(measured["hit_ratio"], abs=1e-12)
+    assert row["bytes_read"] == measured["bytes_read"]
+    assert len(result["history"]) == 1
+    assert row["bytes_read"] == row["misses_per_iteration"] * iterations * 512  # misses x bytes per miss
+    assert 0 < row["hit_ratio"] < 1
+
+
+def test_calibration_is_reused_from_its_file(dataset, calibration):
+    cfg = load_config(None, [f"dataset={dataset.path}", *RUN])
+    quick_plan(cfg, calibration, sizes=["30%"], policies=["hybrid"], pvp=[False])
+    messages = []
+    make_plan(cfg, sizes=["30%"], policies=["hybrid"], pvp=[False], iterations=8, calibration_file=calibration,
+              train_steps=2, storage_seconds=0.05, log=messages.append)
+    assert sum("reused from" in m for m in messages) == 3  # storage, memcpy, training
+    with open(calibration, "w") as f:
+        f.write("{not json")
+    messages.clear()
+    make_plan(cfg, sizes=["30%"], policies=["hybrid"], pvp=[False], iterations=8, calibration_file=calibration,
+              train_steps=2, storage_seconds=0.05, log=messages.append)
+    assert not any("reused from" in m for m in messages)  # a damaged file only costs a new measurement
+
+
+# -- the command --------------------------------------------------------------------------------------------
+
+def test_cli_prints_the_table_and_json(dataset, calibration, capsys, tmp_path):
+    out_json = tmp_path / "plan.json"
+    args = ["plan", dataset.path, *RUN, "--sizes", "1%,40%,70%", "--policies", "hybrid,rr", "--iterations", "8",
+            "--train-steps", "2", "--storage-seconds", "0.05", "--calibration", calibration, "--json", str(out_json)]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "policy" in captured.out and "bound" in captured.out and "recommended:" in captured.out
+    assert "cannot run" in captured.out  # 1% of 600 nodes holds less than one batch
+    assert "calibrating" in captured.err  # progress goes to stderr
+    plan = json.loads(out_json.read_text())
+    assert len(plan["rows"]) == 6
+    ok = [r for r in plan["rows"] if "error" not in r]
+    assert len(ok) == 4 and all(r["bound"] in ("train", "sample", "cache", "read") for r in ok)
+    assert plan["recommendation"]["capacity"] in ("40%", "70%")
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--sizes", "0%"], "cache.capacity"),
+    (["--policies", "nope"], "cache.policy"),
+    (["cache.features=memory"], "cache.features=cache"),
+    (["--storage-seconds", "0"], "storage_seconds"),
+    (["cache.backend=memory"], "cache.backend"),
+])
+def test_cli_errors_are_one_clear_line(dataset, calibration, capsys, extra, message):
+    assert main(["plan", dataset.path, *RUN, *extra, "--calibration", calibration]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("lsm-gnn: error:") and message in err and "Traceback" not in err
+
+
+def test_cli_missing_dataset_and_bad_counts(tmp_path, capsys):
+    assert main(["plan", f"dataset={tmp_path / 'missing'}"]) == 1
+    assert "no such dataset directory" in capsys.readouterr().err
+    assert main(["plan"]) == 1
+    assert "no dataset" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["plan", str(tmp_path), "--iterations", "0"])
+
+
+def test_cli_refuses_a_heterogeneous_dataset(tmp_path, capsys):
+    from lsm_gnn.testing import write_tiny_hetero_dataset
+
+    ds = write_tiny_hetero_dataset(tmp_path / "hetero")
+    assert main(["plan", ds.path, "cache.static_score=none"]) == 1
+    assert "homogeneous datasets only" in capsys.readouterr().err
+
+
+def test_work_on_the_loader_thread_returns_or_raises_in_the_caller():
+    import threading
+
+    from lsm_gnn.planner.simulate import on_loader_thread
+
+    assert on_loader_thread(lambda: threading.current_thread().name) == "lsm-gnn-plan"
+    with pytest.raises(KeyError, match="x"):
+        on_loader_thread(lambda: {}["x"])
+
+
+# -- the validation benchmark, smoke-run ----------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_plan_validation_benchmark_runs(tmp_path):
+    import os
+
+    from lsm_gnn.benchmarking import load_script
+
+    script = load_script(os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "plan_validation.py"))
+    out = script.main(["--quick", "--data", str(tmp_path / "data"), "--json", str(tmp_path / "v.json"),
+                       "--configs", "1k-hybrid-20%,128B-hybrid-10%"])
+    assert out["summary"]["configs"] == 2
+    for r in out["results"]:
+        assert r["predicted"]["hit_ratio"] == pytest.approx(r["measured"]["hit_ratio"], abs=1e-12)
+        assert r["predicted"]["bytes_read"] == r["measured"]["bytes_read"]
+        assert r["predicted"]["ms_per_iteration"] > 0 and r["measured"]["ms_per_iteration"] > 0
+    assert json.loads((tmp_path / "v.json").read_text())["summary"]["configs"] == 2
