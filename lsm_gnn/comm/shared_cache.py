@@ -1,18 +1,21 @@
 """The communication layer: per-rank cache slices that behave as one cache.
 
 Every rank holds a :class:`~lsm_gnn.cache.SoftwareCache` for the nodes it
-owns. Each iteration, ``SharedCache.lookup(ids)`` on every rank:
+owns. Each iteration, ``SharedCache.lookup(ids)`` on every rank makes three
+``all_to_all_single`` calls, whatever the window:
 
-1. deduplicates the batch's ids and buckets them by owner;
-2. exchanges counts and ids with ``all_to_all_single`` (uneven splits);
-3. serves what it received from its own slice in one lookup (so an id that
+1. deduplicates the batch's ids and buckets them by owner, and so the
+   distinct ids of each batch newly sampled into the window;
+2. exchanges a fixed-size header of counts (3 integers per pair of ranks);
+3. exchanges, in one int64 message per owner, the ids it asks for and its
+   share of the new window batches (the owners keep a window of what every
+   rank will ask for; it drives their dynamic policies);
+4. serves what it received from its own slice in one lookup (so an id that
    several ranks asked for is looked up, and read from storage, once);
-4. sends the rows (with their hit flags) back and reassembles the batch in
-   the original order.
-
-The future is shared the same way: each batch newly sampled into a rank's
-window is sent, id by owner, to the owners, which keep a window of what
-every rank will ask for; that window drives the owners' dynamic policies.
+5. sends the rows back as raw bytes of the features' dtype, each owner's
+   hit flags (one byte per row) after its rows in the same message: the
+   sizes need no exchange, since a rank gets one row per id it asked;
+6. copies the rows once, from the replies into the batch's request order.
 
 Calls are collective: every rank must call ``lookup`` the same number of
 times with windows of the same length (the loader guarantees it). The
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import numpy as np
@@ -48,12 +51,16 @@ class ExchangeStats:
     requested: int = 0        # distinct ids this rank asked for, summed over iterations
     served: int = 0           # distinct ids this rank served as owner, summed over iterations
     remote_requested: int = 0  # of the requested ids, those owned by another rank
-    exchange_seconds: float = 0.0  # in collectives (ids, rows, future windows)
+    exchange_seconds: float = 0.0  # in the exchange: its collectives and packing the messages
     serve_seconds: float = 0.0     # the local lookup for all ranks' requests
     last_exchange_seconds: float = 0.0
+    collectives: int = 0           # all_to_all_single calls made (3 per lookup)
+    #: seconds in each kind of collective: "counts" (mostly waiting for the slowest rank to arrive),
+    #: "ids and future", "rows"
+    collective_seconds: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return dict(vars(self))
+        return {k: dict(v) if isinstance(v, dict) else v for k, v in vars(self).items()}
 
 
 def exchange_backend(device: torch.device) -> str:
@@ -108,6 +115,7 @@ class SharedCache(StorageShape):
     def _all_to_all(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int], what: str
                     ) -> torch.Tensor:
         recv = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype, device=self.exchange_device)
+        t = time.perf_counter()
         try:
             dist.all_to_all_single(recv, send.to(self.exchange_device).contiguous(), recv_counts, send_counts,
                                    group=self.group)
@@ -116,13 +124,9 @@ class SharedCache(StorageShape):
                 f"rank {self.rank}: exchanging {what} at iteration {self.stats.iterations} failed after at most "
                 f"{self.timeout_s:g} s ({TIMEOUT_ENV}): {self.progress.laggards()}; check its log. "
                 f"({self.backend}: {first_line(exc)})") from None
+        self.stats.collectives += 1
+        self.stats.collective_seconds[what] = self.stats.collective_seconds.get(what, 0.0) + time.perf_counter() - t
         return recv
-
-    def _exchange(self, send: torch.Tensor, send_counts: np.ndarray, what: str) -> tuple[torch.Tensor, list[int]]:
-        counts = torch.as_tensor(send_counts, dtype=torch.int64)
-        recv_counts = self._all_to_all(counts, [1] * self.world_size, [1] * self.world_size, f"{what} counts")
-        recv_counts = recv_counts.tolist()
-        return self._all_to_all(send, counts.tolist(), recv_counts, what), recv_counts
 
     def _by_owner(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(order that groups ids by owner, count per owner)."""
@@ -131,68 +135,86 @@ class SharedCache(StorageShape):
 
     # -- the shared window -----------------------------------------------------------------------------------
 
-    def _forward_future(self, future) -> None:
-        """Mirrors newly sampled future batches into the owners' windows."""
-        if future is not self._window:  # a new epoch (or evaluation) brought a new window
+    def _new_future(self, future) -> list[np.ndarray]:
+        """The distinct ids of each batch newly sampled into ``future`` since the last lookup (a new window,
+        for a new epoch or an evaluation, starts the owners' windows afresh)."""
+        if future is not self._window:
             self._window, self._ahead = future, 0
             self.owner_window = None  # freed before its successor is built: one index per node count, not two
             if future is not None:
                 self.owner_window = WindowBuffer(future.size, self.storage.num_rows)
         if future is None:
-            return
+            return []
         if self._ahead:
             self.owner_window.pop()  # the current iteration's batch has left the future
             self._ahead -= 1
         new = [np.unique(as_id_tensor(future[j]).numpy()) for j in range(self._ahead, len(future))]
-        if not new:
-            return
-        ids = np.concatenate(new)
-        offset = np.repeat(np.arange(len(new), dtype=np.int64), [b.size for b in new])
-        order, counts = self._by_owner(ids)
-        pairs = torch.from_numpy(np.stack([ids[order], offset[order]], axis=1))
-        received, _ = self._exchange(pairs, counts, "future batches")
-        received = received.cpu().numpy()
-        for j in range(len(new)):
-            self.owner_window.push(np.unique(received[received[:, 1] == j, 0]))
         self._ahead += len(new)
+        return new
+
+    def _request(self, unique: np.ndarray, new: list[np.ndarray]):
+        """Sends every owner the ids this rank asks it for and its share of the new future batches.
+
+        Two collectives: a fixed-size header per pair of ranks ``[ids, new batches, future ids]``, then one
+        int64 payload per owner ``[ids | size of each new batch's share | the batches' ids]``.
+        Returns (the order grouping ``unique`` by owner, ids asked of each owner, the ids each rank asks of
+        this one (one array per rank), and each rank's share of the new batches (``[rank][batch]``)).
+        """
+        world = self.world_size
+        order, counts = self._by_owner(unique)
+        future_ids = np.concatenate(new) if new else np.empty(0, dtype=np.int64)
+        batch_of = np.repeat(np.arange(len(new), dtype=np.int64), [b.size for b in new])
+        future_owner = self.owner(future_ids)
+        # (owner, batch) groups in order; the stable sort keeps each batch's ids sorted
+        f_order = np.lexsort((batch_of, future_owner))
+        f_counts = np.bincount(future_owner * len(new) + batch_of, minlength=world * len(new)).reshape(
+            world, len(new)).astype(np.int64)
+        header = np.stack([counts, np.full(world, len(new)), f_counts.sum(axis=1)], axis=1)
+        payload = np.concatenate([np.concatenate([s, c, f]) for s, c, f in zip(
+            np.split(unique[order], np.cumsum(counts)[:-1]), f_counts,
+            np.split(future_ids[f_order], np.cumsum(f_counts.sum(axis=1))[:-1]))])
+        got = self._all_to_all(torch.from_numpy(header.reshape(-1)), [3] * world, [3] * world, "counts")
+        got = got.cpu().numpy().reshape(world, 3)
+        if (got[:, 1] != len(new)).any():
+            raise ExchangeError(f"rank {self.rank}: other ranks forward {got[:, 1].tolist()} new future batches at "
+                                f"iteration {self.stats.iterations}, this one {len(new)}: every rank must gather "
+                                "with windows of the same length")
+        sizes = got.sum(axis=1)
+        received = self._all_to_all(torch.from_numpy(payload), (header.sum(axis=1)).tolist(), sizes.tolist(),
+                                    "ids and future")
+        asked, shares = [], []
+        for part, (n_ids, m, _) in zip(np.split(received.cpu().numpy(), np.cumsum(sizes)[:-1]), got):
+            asked.append(part[:n_ids])
+            per_batch = part[n_ids:n_ids + m]
+            shares.append(np.split(part[n_ids + m:], np.cumsum(per_batch)[:-1]) if m else [])
+        return order, counts, asked, shares
 
     # -- one iteration ---------------------------------------------------------------------------------------
 
     def lookup(self, ids, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows of ``ids`` in request order and their hit mask, served by their owners."""
+        """The rows of ``ids`` in request order and their hit mask, served by their owners.
+
+        Three collectives per call, whatever the window: a header of counts, the ids with the window's new
+        batches, and the rows with their hit flags (whose sizes each side knows from the ids)."""
         with self._lock:
             start = time.perf_counter()
-            serve = 0.0
             self.progress.mark(self.stats.iterations)
             ids = as_id_tensor(ids)
             if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.storage.num_rows):
                 bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
                 raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
-            self._forward_future(future)
+            new = self._new_future(future)
             unique, inverse = unique_ids(ids)
-            order, counts = self._by_owner(unique.numpy())
-            order = torch.from_numpy(order)
-            requested, recv_counts = self._exchange(unique[order], counts, "ids")
+            order, counts, asked, shares = self._request(unique.numpy(), new)
+            for j in range(len(new)):  # each owner's window holds the union of every rank's future
+                self.owner_window.push(np.unique(np.concatenate([s[j] for s in shares])))
             # Serve every rank's requests in one lookup: shared ids are looked up and read once.
             t = time.perf_counter()
-            served, back = unique_ids(requested)
+            served, back = unique_ids(torch.from_numpy(np.concatenate(asked)))
             rows, hit = self.cache.lookup(served, future=self.owner_window)
-            on = self.exchange_device  # over NCCL the cache's own device: no copy
-            rows, hit = rows.to(on), hit.to(on)
-            payload = torch.cat([rows.contiguous().view(torch.uint8).reshape(served.numel(), self.row_bytes),
-                                 hit.to(torch.uint8).reshape(-1, 1)], dim=1)[back.to(on)]
             serve = time.perf_counter() - t
-            answer = self._all_to_all(payload, recv_counts, counts.tolist(), "rows")
-            by_unique = torch.empty_like(answer)
-            by_unique[order.to(on)] = answer
-            dtype = self.cache.data.dtype
-            gathered = by_unique[:, :self.row_bytes].contiguous().view(dtype).reshape(unique.numel(), -1)
-            index = inverse.to(on)
-            if out is None:
-                result = gathered[index]
-            else:
-                result = torch.index_select(gathered, 0, index, out=out)
-            hit_mask = by_unique[:, self.row_bytes].bool()[index]
+            answer = self._reply(rows, hit, back, [a.size for a in asked], counts)
+            result, hit_mask = self._unpack(answer, counts, order, inverse, out)
             s = self.stats
             elapsed = time.perf_counter() - start
             s.iterations += 1
@@ -204,6 +226,51 @@ class SharedCache(StorageShape):
             s.exchange_seconds += elapsed - serve
             self.last_served = served.cpu().numpy()
             return result, hit_mask
+
+    def _flag_rows(self, n: int) -> int:
+        """Rows of ``row_bytes`` that carry ``n`` one-byte hit flags after the rows themselves."""
+        return -(-n // self.row_bytes)
+
+    def _reply(self, rows: torch.Tensor, hit: torch.Tensor, back: torch.Tensor, asked: list[int],
+               counts: np.ndarray) -> torch.Tensor:
+        """Sends each rank its rows (as raw bytes of the features' dtype: never widened) then their hit flags
+        (one byte each, padded to whole rows) in one collective; returns what the owners sent this rank.
+        Both sides know the sizes: a rank gets back one row per id it asked."""
+        on, rb = self.exchange_device, self.row_bytes
+        data = rows.to(on).contiguous().view(torch.uint8).reshape(-1, rb)
+        flags = hit.to(on).to(torch.uint8)
+        back = back.to(on)
+        send_sizes = [n + self._flag_rows(n) for n in asked]
+        send = torch.empty((sum(send_sizes), rb), dtype=torch.uint8, device=on)
+        first = position = 0
+        for n, size in zip(asked, send_sizes):
+            index = back[first:first + n]
+            torch.index_select(data, 0, index, out=send[position:position + n])
+            send[position + n:position + size].view(-1)[:n] = flags[index]
+            first, position = first + n, position + size
+        recv_sizes = [int(n) + self._flag_rows(int(n)) for n in counts]
+        return self._all_to_all(send, send_sizes, recv_sizes, "rows")
+
+    def _unpack(self, answer: torch.Tensor, counts: np.ndarray, order: np.ndarray, inverse: torch.Tensor,
+                out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows in request order, copied once from the owners' replies, and their hit mask."""
+        on = self.exchange_device
+        slot = np.empty(order.size, dtype=np.int64)  # each distinct id's row in ``answer``
+        hit = torch.empty(order.size, dtype=torch.bool, device=on)
+        first = position = 0
+        for n in counts.tolist():
+            mine = order[first:first + n]
+            slot[mine] = np.arange(position, position + n)
+            flags = answer[position + n:position + n + self._flag_rows(n)].view(-1)[:n]
+            hit[torch.from_numpy(mine).to(on)] = flags.bool()
+            first, position = first + n, position + n + self._flag_rows(n)
+        rows = answer.view(self.cache.data.dtype)  # [rows, dim]: each row is row_bytes of that dtype
+        index = torch.from_numpy(slot).to(on)[inverse.to(on)]
+        if out is None:
+            result = rows[index]
+        else:
+            result = torch.index_select(rows, 0, index, out=out)
+        return result, hit[inverse.to(on)]
 
     # -- the Features interface (lsm_gnn.features): a shared cache wraps this rank's slice ----------------------
 
