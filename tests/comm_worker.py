@@ -130,8 +130,8 @@ def protocol(paths, rank, world, out):
                 assert rows.dtype == expected.dtype and hit.dtype == torch.bool and hit.shape == (ids.size,), name
                 assert torch.equal(rows.view(torch.uint8), want.view(torch.uint8)), f"{path} {name}: bytes differ"
                 assert len(calls) - before == 3, f"{name}: {len(calls) - before} collectives"
-                rows_sent = calls[-1]
-                assert rows_sent[1] == "torch.uint8" and rows_sent[2][1:] == [expected.shape[1] * expected.element_size()], rows_sent
+                rows_sent, row_bytes = calls[-1], expected.shape[1] * expected.element_size()
+                assert rows_sent[1] == "torch.uint8" and rows_sent[2][1:] == [row_bytes], rows_sent  # not widened
                 assert np.array_equal(hit.numpy(), seen[ids]), f"{name}: wrong hit flags"
                 for other in everyone:  # every rank's requests fill the shared cache
                     seen[other[i][1]] = True
