@@ -72,7 +72,10 @@ def worker(args) -> None:
     wall = time.perf_counter() - start
     loader.close()
     result = {"rank": rank, "hits": hits, "requests": requests, "gather_s": gather, "exchange_s": exchange,
-              "wall_s": wall, "bytes_read": storage.stats().bytes_read}
+              "wall_s": wall, "bytes_read": storage.stats().bytes_read, "iterations": batch.iteration + 1,
+              "row_bytes": storage.row_bytes, "loadavg": os.getloadavg()}
+    if args.mode == "shared":  # where the exchange's time goes: each collective, and the owner's lookup
+        result["exchange"] = features.stats.as_dict()
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as fh:
         json.dump(result, fh)
     dist.barrier()
@@ -98,7 +101,20 @@ def run(args, world: int, mode: str, capacity: str, out: str) -> dict:
         raise RuntimeError(f"a rank failed ({world} ranks, {mode}, {capacity}):\n" + "\n".join(logs)[-4000:])
     ranks = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(world)]
     gather = sum(r["gather_s"] for r in ranks)
-    return {"world": world, "mode": mode, "capacity_per_rank": capacity,
+    detail = {"ranks": ranks}
+    if mode == "shared":  # shares of the summed gather time of all ranks
+        kinds = sorted({k for r in ranks for k in r["exchange"]["collective_seconds"]})
+        detail["share_of_gather"] = {f"{k} collective": sum(r["exchange"]["collective_seconds"][k] for r in ranks)
+                                     / gather for k in kinds}
+        detail["share_of_gather"]["serve (owner's lookup)"] = sum(r["exchange"]["serve_seconds"]
+                                                                  for r in ranks) / gather
+        for k in sorted({k for r in ranks for k in r["exchange"]["local_seconds"]}):
+            detail["share_of_gather"][k] = sum(r["exchange"]["local_seconds"][k] for r in ranks) / gather
+        accounted = sum(v for k, v in detail["share_of_gather"].items() if not k.startswith("serve"))
+        detail["share_of_gather"]["other"] = sum(r["exchange"]["exchange_seconds"] for r in ranks) / gather - accounted
+        detail["collectives_per_iteration"] = ranks[0]["exchange"]["collectives"] / ranks[0]["iterations"]
+    return {**detail, "loadavg_at_end": ranks[0]["loadavg"],
+            "ms_per_gather": 1000 * gather / sum(r["iterations"] for r in ranks),"world": world, "mode": mode, "capacity_per_rank": capacity,
             "hit_ratio": sum(r["hits"] for r in ranks) / sum(r["requests"] for r in ranks),
             "bytes_read": sum(r["bytes_read"] for r in ranks),
             "exchange_share_of_gather": sum(r["exchange_s"] for r in ranks) / gather if gather else 0.0,
@@ -127,6 +143,7 @@ def main(argv=None) -> dict:
     p.add_argument("--iterations", type=int, default=150)
     p.add_argument("--json", default="docs/results/comm_layer.json")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--no-big", action="store_true", help="skip the isolated N x C caches (timing runs)")
     args = p.parse_args(argv)
     if args.worker:
         worker(args)
@@ -145,24 +162,29 @@ def main(argv=None) -> dict:
     rows = []
     for world in [int(w) for w in args.worlds.split(",")]:
         for capacity in args.capacities.split(","):
-            for mode, cap in (("shared", capacity), ("isolated", capacity), ("isolated", scaled(capacity, world))):
+            runs = [("shared", capacity), ("isolated", capacity), ("isolated", scaled(capacity, world))]
+            for mode, cap in runs[:2] if args.no_big else runs:
                 r = run(args, world, mode, cap, os.path.join(args.out, f"{world}-{mode}-{cap}"))
                 r["capacity_per_rank_base"] = capacity
                 rows.append(r)
                 print(f"{world} ranks {mode:<9} {cap:>6}/rank: hit {r['hit_ratio']:.3f}  read "
-                      f"{r['bytes_read'] / 2**20:.1f} MiB  exchange {r['exchange_share_of_gather']:.1%} of gather",
-                      file=sys.stderr)
+                      f"{r['bytes_read'] / 2**20:.1f} MiB  exchange {r['exchange_share_of_gather']:.1%} of gather, "
+                      f"{r['ms_per_gather']:.1f} ms per gather, load {r['loadavg_at_end'][0]:.2f}", file=sys.stderr)
+                if mode == "shared":
+                    print("   " + ", ".join(f"{k} {v:.1%}" for k, v in r["share_of_gather"].items()), file=sys.stderr)
     print(f"{'ranks':>5} {'C/rank':>7} {'shared':>8} {'isolated':>9} {'isol. NxC':>10} {'read shared/isol.':>18} "
           f"{'exchange/gather':>16} {'rows/s shared':>14} {'rows/s isol.':>13}")
     table = []
     for world in sorted({r["world"] for r in rows}):
         for capacity in args.capacities.split(","):
             group = [r for r in rows if r["world"] == world and r["capacity_per_rank_base"] == capacity]
-            shared, isolated, big = group
+            shared, isolated, big = group if len(group) == 3 else (*group, {"hit_ratio": float("nan")})
             row = {"world": world, "capacity_per_rank": capacity, "hit_shared": shared["hit_ratio"],
                    "hit_isolated": isolated["hit_ratio"], "hit_isolated_NxC": big["hit_ratio"],
                    "read_ratio_shared_vs_isolated": shared["bytes_read"] / max(isolated["bytes_read"], 1),
                    "exchange_share": shared["exchange_share_of_gather"],
+                   "exchange_breakdown": shared["share_of_gather"],
+                   "ms_per_gather_shared": shared["ms_per_gather"], "ms_per_gather_isolated": isolated["ms_per_gather"],
                    "rows_per_s_shared": shared["rows_per_gather_s"],
                    "rows_per_s_isolated": isolated["rows_per_gather_s"]}
             table.append(row)
@@ -171,7 +193,7 @@ def main(argv=None) -> dict:
                   f"{row['exchange_share']:>16.1%} {row['rows_per_s_shared']:>14,.0f} "
                   f"{row['rows_per_s_isolated']:>13,.0f}")
     result = {"settings": {k: v for k, v in vars(args).items() if k not in ("worker", "json")}, "runs": rows,
-              "table": table, "cpus": os.cpu_count()}
+              "table": table, "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()}
     if args.json:
         write_json(args.json, result)
     return result

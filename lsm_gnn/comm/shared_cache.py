@@ -14,8 +14,10 @@ owns. Each iteration, ``SharedCache.lookup(ids)`` on every rank makes three
    several ranks asked for is looked up, and read from storage, once);
 5. sends the rows back as raw bytes of the features' dtype, each owner's
    hit flags (one byte per row) after its rows in the same message: the
-   sizes need no exchange, since a rank gets one row per id it asked;
-6. copies the rows once, from the replies into the batch's request order.
+   sizes need no exchange, since a rank gets one row per id it asked. A
+   rank's own rows never enter a message: its cache writes them into the
+   front of the buffer that receives the other owners' replies;
+6. copies the rows once, from that buffer into the batch's request order.
 
 Calls are collective: every rank must call ``lookup`` the same number of
 times with windows of the same length (the loader guarantees it). The
@@ -58,6 +60,15 @@ class ExchangeStats:
     #: seconds in each kind of collective: "counts" (mostly waiting for the slowest rank to arrive),
     #: "ids and future", "rows"
     collective_seconds: dict = field(default_factory=dict)
+    #: seconds of the exchange's local work: "window" (the owners' windows), "pack" (ids and rows into
+    #: messages), "unpack" (rows into request order)
+    local_seconds: dict = field(default_factory=dict)
+
+    def add(self, what: str, start: float) -> float:
+        """Adds the seconds since ``start`` to ``local_seconds[what]``; returns now."""
+        now = time.perf_counter()
+        self.local_seconds[what] = self.local_seconds.get(what, 0.0) + now - start
+        return now
 
     def as_dict(self) -> dict:
         return {k: dict(v) if isinstance(v, dict) else v for k, v in vars(self).items()}
@@ -112,9 +123,10 @@ class SharedCache(StorageShape):
 
     # -- collectives ---------------------------------------------------------------------------------------------
 
-    def _all_to_all(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int], what: str
-                    ) -> torch.Tensor:
-        recv = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype, device=self.exchange_device)
+    def _all_to_all(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int], what: str,
+                    recv: torch.Tensor | None = None) -> torch.Tensor:
+        if recv is None:
+            recv = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype, device=self.exchange_device)
         t = time.perf_counter()
         try:
             dist.all_to_all_single(recv, send.to(self.exchange_device).contiguous(), recv_counts, send_counts,
@@ -160,7 +172,7 @@ class SharedCache(StorageShape):
         Returns (the order grouping ``unique`` by owner, ids asked of each owner, the ids each rank asks of
         this one (one array per rank), and each rank's share of the new batches (``[rank][batch]``)).
         """
-        world = self.world_size
+        start, world = time.perf_counter(), self.world_size
         order, counts = self._by_owner(unique)
         future_ids = np.concatenate(new) if new else np.empty(0, dtype=np.int64)
         batch_of = np.repeat(np.arange(len(new), dtype=np.int64), [b.size for b in new])
@@ -173,6 +185,7 @@ class SharedCache(StorageShape):
         payload = np.concatenate([np.concatenate([s, c, f]) for s, c, f in zip(
             np.split(unique[order], np.cumsum(counts)[:-1]), f_counts,
             np.split(future_ids[f_order], np.cumsum(f_counts.sum(axis=1))[:-1]))])
+        self.stats.add("pack", start)
         got = self._all_to_all(torch.from_numpy(header.reshape(-1)), [3] * world, [3] * world, "counts")
         got = got.cpu().numpy().reshape(world, 3)
         if (got[:, 1] != len(new)).any():
@@ -203,19 +216,27 @@ class SharedCache(StorageShape):
             if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.storage.num_rows):
                 bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
                 raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
+            s = self.stats
+            t = s.add("pack", start)
             new = self._new_future(future)
+            t = s.add("window", t)
             unique, inverse = unique_ids(ids)
             order, counts, asked, shares = self._request(unique.numpy(), new)
-            for j in range(len(new)):  # each owner's window holds the union of every rank's future
-                self.owner_window.push(np.unique(np.concatenate([s[j] for s in shares])))
-            # Serve every rank's requests in one lookup: shared ids are looked up and read once.
             t = time.perf_counter()
+            for j in range(len(new)):  # each owner's window holds the union of every rank's future
+                self.owner_window.push(np.unique(np.concatenate([share[j] for share in shares])))
+            t = s.add("window", t)
+            # Serve every rank's requests in one lookup: shared ids are looked up and read once.
             served, back = unique_ids(torch.from_numpy(np.concatenate(asked)))
-            rows, hit = self.cache.lookup(served, future=self.owner_window)
+            sizes = [a.size for a in asked]
+            whole, rows, hit = self._serve(served, counts)
             serve = time.perf_counter() - t
-            answer = self._reply(rows, hit, back, [a.size for a in asked], counts)
-            result, hit_mask = self._unpack(answer, counts, order, inverse, out)
-            s = self.stats
+            self._reply(rows, hit, back, sizes, counts, whole)
+            t = time.perf_counter()
+            own = sum(sizes[:self.rank])
+            result, hit_mask = self._unpack(whole, served.numel(), back[own:own + sizes[self.rank]], hit,
+                                            counts, order, inverse, out)
+            s.add("unpack", t)
             elapsed = time.perf_counter() - start
             s.iterations += 1
             s.requested += unique.numel()
@@ -231,40 +252,65 @@ class SharedCache(StorageShape):
         """Rows of ``row_bytes`` that carry ``n`` one-byte hit flags after the rows themselves."""
         return -(-n // self.row_bytes)
 
-    def _reply(self, rows: torch.Tensor, hit: torch.Tensor, back: torch.Tensor, asked: list[int],
-               counts: np.ndarray) -> torch.Tensor:
-        """Sends each rank its rows (as raw bytes of the features' dtype: never widened) then their hit flags
-        (one byte each, padded to whole rows) in one collective; returns what the owners sent this rank.
-        Both sides know the sizes: a rank gets back one row per id it asked."""
+    def _serve(self, served: torch.Tensor, counts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(one byte buffer, this slice's rows of ``served`` at its front, their hit mask): the cache writes the
+        rows there and the other owners' replies land after them, so the batch is copied once, from that
+        buffer into request order, and this rank's own rows never enter a message."""
         on, rb = self.exchange_device, self.row_bytes
-        data = rows.to(on).contiguous().view(torch.uint8).reshape(-1, rb)
-        flags = hit.to(on).to(torch.uint8)
-        back = back.to(on)
-        send_sizes = [n + self._flag_rows(n) for n in asked]
-        send = torch.empty((sum(send_sizes), rb), dtype=torch.uint8, device=on)
+        remote = sum(int(n) + self._flag_rows(int(n)) for d, n in enumerate(counts) if d != self.rank)
+        whole = torch.empty((served.numel() + remote, rb), dtype=torch.uint8, device=on)
+        rows = whole[:served.numel()].view(self.cache.data.dtype)
+        if self.cache.device == on:
+            _, hit = self.cache.lookup(served, future=self.owner_window, out=rows)
+        else:  # a GPU cache exchanging over gloo: its rows are staged in host memory
+            found, hit = self.cache.lookup(served, future=self.owner_window)
+            rows.copy_(found)
+        return whole, rows, hit.to(on)
+
+    def _reply(self, rows: torch.Tensor, hit: torch.Tensor, back: torch.Tensor, asked: list[int],
+               counts: np.ndarray, whole: torch.Tensor) -> None:
+        """Sends each other rank its rows (as raw bytes of the features' dtype: never widened) then their hit
+        flags (one byte each, padded to whole rows) in one collective, received into the back of ``whole``.
+        Both sides know the sizes (a rank gets one row per id it asked), and a rank sends itself nothing."""
+        start = time.perf_counter()
+        rb = self.row_bytes
+        data = rows.view(torch.uint8).reshape(-1, rb)
+        flags = hit.to(torch.uint8)
+        back = back.to(data.device)
+        send_sizes = [0 if d == self.rank else n + self._flag_rows(n) for d, n in enumerate(asked)]
+        send = torch.empty((sum(send_sizes), rb), dtype=torch.uint8, device=data.device)
         first = position = 0
         for n, size in zip(asked, send_sizes):
-            index = back[first:first + n]
-            torch.index_select(data, 0, index, out=send[position:position + n])
-            send[position + n:position + size].view(-1)[:n] = flags[index]
+            if size:
+                index = back[first:first + n]
+                torch.index_select(data, 0, index, out=send[position:position + n])
+                send[position + n:position + size].view(-1)[:n] = flags[index]
             first, position = first + n, position + size
-        recv_sizes = [int(n) + self._flag_rows(int(n)) for n in counts]
-        return self._all_to_all(send, send_sizes, recv_sizes, "rows")
+        recv_sizes = [0 if d == self.rank else int(n) + self._flag_rows(int(n)) for d, n in enumerate(counts)]
+        self.stats.add("pack", start)
+        self._all_to_all(send, send_sizes, recv_sizes, "rows", recv=whole[rows.shape[0]:])
 
-    def _unpack(self, answer: torch.Tensor, counts: np.ndarray, order: np.ndarray, inverse: torch.Tensor,
-                out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows in request order, copied once from the owners' replies, and their hit mask."""
+    def _unpack(self, whole: torch.Tensor, num_served: int, own_back: torch.Tensor, own_hit: torch.Tensor,
+                counts: np.ndarray, order: np.ndarray, inverse: torch.Tensor, out: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows in request order, copied once from ``whole`` (this slice's rows, then the other owners'
+        replies), and their hit mask."""
         on = self.exchange_device
-        slot = np.empty(order.size, dtype=np.int64)  # each distinct id's row in ``answer``
+        slot = np.empty(order.size, dtype=np.int64)  # each distinct id's row in ``whole``
         hit = torch.empty(order.size, dtype=torch.bool, device=on)
-        first = position = 0
-        for n in counts.tolist():
+        first, position = 0, num_served
+        for d, n in enumerate(counts.tolist()):
             mine = order[first:first + n]
-            slot[mine] = np.arange(position, position + n)
-            flags = answer[position + n:position + n + self._flag_rows(n)].view(-1)[:n]
-            hit[torch.from_numpy(mine).to(on)] = flags.bool()
-            first, position = first + n, position + n + self._flag_rows(n)
-        rows = answer.view(self.cache.data.dtype)  # [rows, dim]: each row is row_bytes of that dtype
+            if d == self.rank:  # served here: the rows the cache wrote, in the order this rank asked them
+                slot[mine] = own_back.numpy() if own_back.device.type == "cpu" else own_back.cpu().numpy()
+                hit[torch.from_numpy(mine).to(on)] = own_hit[own_back.to(on)]
+            else:
+                slot[mine] = np.arange(position, position + n)
+                flags = whole[position + n:position + n + self._flag_rows(n)].view(-1)[:n]
+                hit[torch.from_numpy(mine).to(on)] = flags.bool()
+                position += n + self._flag_rows(n)
+            first += n
+        rows = whole.view(self.cache.data.dtype)  # [rows, dim]: each row is row_bytes of that dtype
         index = torch.from_numpy(slot).to(on)[inverse.to(on)]
         if out is None:
             result = rows[index]
