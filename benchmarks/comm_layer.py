@@ -76,11 +76,34 @@ def worker(args) -> None:
               "row_bytes": storage.row_bytes, "loadavg": os.getloadavg()}
     if args.mode == "shared":  # where the exchange's time goes: each collective, and the owner's lookup
         result["exchange"] = features.stats.as_dict()
+        result["bare_rows_all_to_all_s"] = bare_all_to_all(features, storage.row_bytes)
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as fh:
         json.dump(result, fh)
     dist.barrier()
     dist.destroy_process_group()
     del np
+
+
+def bare_all_to_all(shared, row_bytes: int, repeats: int = 9) -> float:
+    """Median seconds of one all_to_all_single moving, between every pair of ranks, the bytes an iteration's
+    rows collective moved on average: what the transport alone costs (ranks aligned by a barrier first)."""
+    import torch
+    import torch.distributed as dist
+
+    s = shared.stats
+    per_peer = torch.tensor([int(s.remote_requested / s.iterations / max(1, shared.world_size - 1)) * row_bytes])
+    dist.all_reduce(per_peer, op=dist.ReduceOp.MAX, group=shared.group)  # every rank sends the same: the larger
+    per_peer = int(per_peer)
+    counts = [0 if r == shared.rank else per_peer for r in range(shared.world_size)]
+    send = torch.zeros(sum(counts), dtype=torch.uint8)
+    recv = torch.empty_like(send)
+    times = []
+    for _ in range(repeats):
+        dist.barrier(group=shared.group)
+        start = time.perf_counter()
+        dist.all_to_all_single(recv, send, counts, counts, group=shared.group)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[repeats // 2]
 
 
 def run(args, world: int, mode: str, capacity: str, out: str) -> dict:
@@ -112,6 +135,9 @@ def run(args, world: int, mode: str, capacity: str, out: str) -> dict:
             detail["share_of_gather"][k] = sum(r["exchange"]["local_seconds"][k] for r in ranks) / gather
         accounted = sum(v for k, v in detail["share_of_gather"].items() if not k.startswith("serve"))
         detail["share_of_gather"]["other"] = sum(r["exchange"]["exchange_seconds"] for r in ranks) / gather - accounted
+        detail["bare_rows_all_to_all_ms"] = 1000 * max(r["bare_rows_all_to_all_s"] for r in ranks)
+        detail["rows_collective_ms"] = 1000 * max(r["exchange"]["collective_seconds"]["rows"] / r["iterations"]
+                                                  for r in ranks)
         detail["collectives_per_iteration"] = ranks[0]["exchange"]["collectives"] / ranks[0]["iterations"]
     return {**detail, "loadavg_at_end": ranks[0]["loadavg"],
             "ms_per_gather": 1000 * gather / sum(r["iterations"] for r in ranks),"world": world, "mode": mode, "capacity_per_rank": capacity,
@@ -171,7 +197,9 @@ def main(argv=None) -> dict:
                       f"{r['bytes_read'] / 2**20:.1f} MiB  exchange {r['exchange_share_of_gather']:.1%} of gather, "
                       f"{r['ms_per_gather']:.1f} ms per gather, load {r['loadavg_at_end'][0]:.2f}", file=sys.stderr)
                 if mode == "shared":
-                    print("   " + ", ".join(f"{k} {v:.1%}" for k, v in r["share_of_gather"].items()), file=sys.stderr)
+                    print("   " + ", ".join(f"{k} {v:.1%}" for k, v in r["share_of_gather"].items()) +
+                          f"; rows collective {r['rows_collective_ms']:.1f} ms/iteration, a bare all_to_all of "
+                          f"its bytes {r['bare_rows_all_to_all_ms']:.1f} ms", file=sys.stderr)
     print(f"{'ranks':>5} {'C/rank':>7} {'shared':>8} {'isolated':>9} {'isol. NxC':>10} {'read shared/isol.':>18} "
           f"{'exchange/gather':>16} {'rows/s shared':>14} {'rows/s isol.':>13}")
     table = []
