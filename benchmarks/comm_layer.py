@@ -148,6 +148,41 @@ def run(args, world: int, mode: str, capacity: str, out: str) -> dict:
             "wall_s": max(r["wall_s"] for r in ranks)}
 
 
+def merged_hit_ratio(args, world: int, capacity: str) -> float:
+    """One cache of ``capacity`` per rank x ``world`` serving the union of every rank's batch each iteration
+    (in one process, same batches, policy and window): what a shared cache of that size could reach with any
+    ownership, set mapping or window, since its slices together hold that many lines."""
+    import numpy as np
+
+    from lsm_gnn import open_dataset, open_storage
+    from lsm_gnn.cache import SoftwareCache, replay
+    from lsm_gnn.config import cache_capacity_bytes
+    from lsm_gnn.loader import NodeLoader
+
+    ds = open_dataset(args.data, check="shape")
+    fanouts = [int(f) for f in args.fanouts.split(",")]
+    per_rank = []
+    for rank in range(world):
+        loader = NodeLoader(ds, open_storage(ds, "memory"), fanouts, args.batch_size, window=args.window,
+                            rank=rank, world_size=world, seed=0)
+        plans = loader._epoch_plans(0)[:args.iterations]
+        per_rank.append([np.unique(loader.sampler.sample(loader._plan_nodes(p), k)[-1].nodes.numpy())
+                         for k, p in enumerate(plans)])
+    union = [np.unique(np.concatenate(batches)) for batches in zip(*per_rank)]
+    storage = open_storage(ds, "memory")
+    cache = SoftwareCache(storage, world * cache_capacity_bytes(capacity, ds.num_nodes, storage.row_bytes),
+                          policy=args.policy, window=args.window, static_scores=ds.score("reverse_pagerank"),
+                          oversubscribe=True)
+    hits = total = 0
+    for k, (ids, window) in enumerate(replay(union, args.window, ds.num_nodes)):
+        _, hit = cache.lookup(ids, future=window)
+        hit_ids = np.asarray(ids)[hit.numpy()]
+        for batches in per_rank:
+            hits += int(np.isin(batches[k], hit_ids, assume_unique=True).sum())
+            total += batches[k].size
+    return hits / total
+
+
 def scaled(capacity: str, factor: int) -> str:
     return f"{float(capacity.rstrip('%')) * factor:g}%"
 
@@ -170,6 +205,8 @@ def main(argv=None) -> dict:
     p.add_argument("--json", default="docs/results/comm_layer.json")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-big", action="store_true", help="skip the isolated N x C caches (timing runs)")
+    p.add_argument("--merged", action="store_true",
+                   help="also replay the ranks' union through one cache of N x C (what any ownership could reach)")
     args = p.parse_args(argv)
     if args.worker:
         worker(args)
@@ -215,6 +252,10 @@ def main(argv=None) -> dict:
                    "ms_per_gather_shared": shared["ms_per_gather"], "ms_per_gather_isolated": isolated["ms_per_gather"],
                    "rows_per_s_shared": shared["rows_per_gather_s"],
                    "rows_per_s_isolated": isolated["rows_per_gather_s"]}
+            if args.merged:
+                row["hit_merged_NxC"] = merged_hit_ratio(args, world, capacity)
+                print(f"{world} ranks, one merged cache of {world} x {capacity}: hit {row['hit_merged_NxC']:.3f}",
+                      file=sys.stderr)
             table.append(row)
             print(f"{world:>5} {capacity:>7} {row['hit_shared']:>8.3f} {row['hit_isolated']:>9.3f} "
                   f"{row['hit_isolated_NxC']:>10.3f} {row['read_ratio_shared_vs_isolated']:>18.2f} "

@@ -133,6 +133,18 @@ def test_a_dead_rank_makes_the_others_fail_fast(dataset, tmp_path):
     assert seconds < 60
 
 
+def test_hashed_ownership_spreads_ids_and_fills_every_set_of_each_owner(dataset):
+    from lsm_gnn.cache.hashing import set_of
+
+    odd = np.arange(1, 200_001, 2)  # hot ids in one residue class: modulo gives them all to one rank
+    assert np.bincount(make_owner("modulo", dataset, 2)(odd), minlength=2).min() == 0
+    owners = make_owner("hashed", dataset, 2)(odd)
+    assert abs(np.bincount(owners, minlength=2)[0] / odd.size - 0.5) < 0.01
+    assert np.array_equal(owners, make_owner("hashed", dataset, 2)(odd))  # the same on every rank
+    for rank in range(2):  # independent of the set index: each owner's ids use all of its sets
+        assert np.bincount(set_of(odd[owners == rank], 64), minlength=64).min() > 0.8 * odd.size / 128
+
+
 def test_ownership_functions(dataset, tmp_path):
     ids = np.arange(dataset.num_nodes)
     assert np.array_equal(make_owner("modulo", dataset, 3)(ids), ids % 3)
