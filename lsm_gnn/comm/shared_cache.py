@@ -60,8 +60,9 @@ class ExchangeStats:
     #: seconds in each kind of collective: "counts" (mostly waiting for the slowest rank to arrive),
     #: "ids and future", "rows"
     collective_seconds: dict = field(default_factory=dict)
-    #: seconds of the exchange's local work: "window" (the owners' windows), "pack" (ids and rows into
-    #: messages), "unpack" (rows into request order)
+    #: seconds of the exchange's local work: "window" (the owners' windows; "window, filled" when a new
+    #: window's whole future is forwarded, once an epoch), "pack" (ids and rows into messages), "unpack"
+    #: (rows into request order)
     local_seconds: dict = field(default_factory=dict)
 
     def add(self, what: str, start: float) -> float:
@@ -219,13 +220,14 @@ class SharedCache(StorageShape):
             s = self.stats
             t = s.add("pack", start)
             new = self._new_future(future)
-            t = s.add("window", t)
+            filling = "window, filled" if len(new) > 1 else "window"  # a new window's whole future: once an epoch
+            t = s.add(filling, t)
             unique, inverse = unique_ids(ids)
             order, counts, asked, shares = self._request(unique.numpy(), new)
             t = time.perf_counter()
             for j in range(len(new)):  # each owner's window holds the union of every rank's future
                 self.owner_window.push(np.unique(np.concatenate([share[j] for share in shares])))
-            t = s.add("window", t)
+            t = s.add(filling, t)
             # Serve every rank's requests in one lookup: shared ids are looked up and read once.
             served, back = unique_ids(torch.from_numpy(np.concatenate(asked)))
             sizes = [a.size for a in asked]
