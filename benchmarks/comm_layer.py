@@ -75,7 +75,8 @@ def worker(args) -> None:
               "wall_s": wall, "bytes_read": storage.stats().bytes_read, "iterations": batch.iteration + 1,
               "row_bytes": storage.row_bytes, "loadavg": os.getloadavg()}
     if args.mode == "shared":  # where the exchange's time goes: each collective, and the owner's lookup
-        result["exchange"] = features.stats.as_dict()
+        result["exchange"] = vars(features.stats)  # as_dict() where it exists; this also reads an older layer
+        result["exchange"] = {k: v for k, v in result["exchange"].items() if isinstance(v, (int, float, dict))}
         result["bare_rows_all_to_all_s"] = bare_all_to_all(features, storage.row_bytes)
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as fh:
         json.dump(result, fh)
@@ -125,7 +126,7 @@ def run(args, world: int, mode: str, capacity: str, out: str) -> dict:
     ranks = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(world)]
     gather = sum(r["gather_s"] for r in ranks)
     detail = {"ranks": ranks}
-    if mode == "shared":  # shares of the summed gather time of all ranks
+    if mode == "shared" and "collective_seconds" in ranks[0]["exchange"]:  # shares of all ranks' gather time
         kinds = sorted({k for r in ranks for k in r["exchange"]["collective_seconds"]})
         detail["share_of_gather"] = {f"{k} collective": sum(r["exchange"]["collective_seconds"][k] for r in ranks)
                                      / gather for k in kinds}
@@ -233,7 +234,7 @@ def main(argv=None) -> dict:
                 print(f"{world} ranks {mode:<9} {cap:>6}/rank: hit {r['hit_ratio']:.3f}  read "
                       f"{r['bytes_read'] / 2**20:.1f} MiB  exchange {r['exchange_share_of_gather']:.1%} of gather, "
                       f"{r['ms_per_gather']:.1f} ms per gather, load {r['loadavg_at_end'][0]:.2f}", file=sys.stderr)
-                if mode == "shared":
+                if "share_of_gather" in r:
                     print("   " + ", ".join(f"{k} {v:.1%}" for k, v in r["share_of_gather"].items()) +
                           f"; rows collective {r['rows_collective_ms']:.1f} ms/iteration, a bare all_to_all of "
                           f"its bytes {r['bare_rows_all_to_all_ms']:.1f} ms", file=sys.stderr)
@@ -248,7 +249,7 @@ def main(argv=None) -> dict:
                    "hit_isolated": isolated["hit_ratio"], "hit_isolated_NxC": big["hit_ratio"],
                    "read_ratio_shared_vs_isolated": shared["bytes_read"] / max(isolated["bytes_read"], 1),
                    "exchange_share": shared["exchange_share_of_gather"],
-                   "exchange_breakdown": shared["share_of_gather"],
+                   "exchange_breakdown": shared.get("share_of_gather"),
                    "ms_per_gather_shared": shared["ms_per_gather"], "ms_per_gather_isolated": isolated["ms_per_gather"],
                    "rows_per_s_shared": shared["rows_per_gather_s"],
                    "rows_per_s_isolated": isolated["rows_per_gather_s"]}

@@ -213,12 +213,13 @@ class SharedCache(StorageShape):
         with self._lock:
             start = time.perf_counter()
             self.progress.mark(self.stats.iterations)
+            t = self.stats.add("progress mark", start)
             ids = as_id_tensor(ids)
             if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.storage.num_rows):
                 bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
                 raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
             s = self.stats
-            t = s.add("pack", start)
+            t = s.add("pack", t)
             new = self._new_future(future)
             filling = "window, filled" if len(new) > 1 else "window"  # a new window's whole future: once an epoch
             t = s.add(filling, t)
