@@ -7,10 +7,14 @@ baseline) and (c) isolated caches of N x C per rank (the paper's Figure 9
 question: does sharing match a private cache N times larger?). Reported:
 global hit ratio (over every rank's distinct requests), bytes read from
 storage by all ranks, the exchange's share of the gather time (the paper:
-under 5%), and aggregate gather throughput (input rows per second of
-gather time, all ranks).
+under 5%) with its breakdown (each collective, the owner's lookup, packing,
+the window; a bare all_to_all of the rows' bytes for the transport alone),
+and aggregate gather throughput (input rows per second of gather time, all
+ranks). ``--merged`` adds one cache of N x C fed the union of the ranks'
+batches: the bound for any ownership. Commands and figures (4-byte and
+4 KiB rows): docs/benchmarks.md, "Communication layer".
 
-    python benchmarks/comm_layer.py                    # ~10 min on 2 cores
+    python benchmarks/comm_layer.py                    # ~20 min on 2 cores
     python benchmarks/comm_layer.py --quick
 """
 from __future__ import annotations
@@ -139,9 +143,10 @@ def run(args, world: int, mode: str, capacity: str, out: str) -> dict:
         detail["bare_rows_all_to_all_ms"] = 1000 * max(r["bare_rows_all_to_all_s"] for r in ranks)
         detail["rows_collective_ms"] = 1000 * max(r["exchange"]["collective_seconds"]["rows"] / r["iterations"]
                                                   for r in ranks)
-        detail["collectives_per_iteration"] = ranks[0]["exchange"]["collectives"] / ranks[0]["iterations"]
+        detail["collectives_per_iteration"] = ranks[0]["exchange"]["collectives"] / ranks[0]["exchange"]["iterations"]
     return {**detail, "loadavg_at_end": ranks[0]["loadavg"],
-            "ms_per_gather": 1000 * gather / sum(r["iterations"] for r in ranks),"world": world, "mode": mode, "capacity_per_rank": capacity,
+            "ms_per_gather": 1000 * gather / sum(r["iterations"] for r in ranks),
+            "world": world, "mode": mode, "capacity_per_rank": capacity,
             "hit_ratio": sum(r["hits"] for r in ranks) / sum(r["requests"] for r in ranks),
             "bytes_read": sum(r["bytes_read"] for r in ranks),
             "exchange_share_of_gather": sum(r["exchange_s"] for r in ranks) / gather if gather else 0.0,
