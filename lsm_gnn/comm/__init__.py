@@ -3,5 +3,5 @@ from lsm_gnn.comm.group import ProgressBoard, RankMismatchError, check_agreement
 from lsm_gnn.comm.ownership import HashedOwner, MapOwner, ModuloOwner, hotness_owner, make_owner
 from lsm_gnn.comm.shared_cache import ExchangeError, ExchangeStats, SharedCache
 
-__all__ = ["ExchangeError", "ExchangeStats", "HashedOwner", "MapOwner", "ModuloOwner", "ProgressBoard", "RankMismatchError",
-           "SharedCache", "check_agreement", "collective_timeout", "hotness_owner", "make_owner"]
+__all__ = ["ExchangeError", "ExchangeStats", "HashedOwner", "MapOwner", "ModuloOwner", "ProgressBoard",
+           "RankMismatchError", "SharedCache", "check_agreement", "collective_timeout", "hotness_owner", "make_owner"]
