@@ -7,10 +7,14 @@ baseline) and (c) isolated caches of N x C per rank (the paper's Figure 9
 question: does sharing match a private cache N times larger?). Reported:
 global hit ratio (over every rank's distinct requests), bytes read from
 storage by all ranks, the exchange's share of the gather time (the paper:
-under 5%), and aggregate gather throughput (input rows per second of
-gather time, all ranks).
+under 5%) with its breakdown (each collective, the owner's lookup, packing,
+the window; a bare all_to_all of the rows' bytes for the transport alone),
+and aggregate gather throughput (input rows per second of gather time, all
+ranks). ``--merged`` adds one cache of N x C fed the union of the ranks'
+batches: the bound for any ownership. Commands and figures (4-byte and
+4 KiB rows): docs/benchmarks.md, "Communication layer".
 
-    python benchmarks/comm_layer.py                    # ~10 min on 2 cores
+    python benchmarks/comm_layer.py                    # ~20 min on 2 cores
     python benchmarks/comm_layer.py --quick
 """
 from __future__ import annotations
@@ -72,12 +76,39 @@ def worker(args) -> None:
     wall = time.perf_counter() - start
     loader.close()
     result = {"rank": rank, "hits": hits, "requests": requests, "gather_s": gather, "exchange_s": exchange,
-              "wall_s": wall, "bytes_read": storage.stats().bytes_read}
+              "wall_s": wall, "bytes_read": storage.stats().bytes_read, "iterations": batch.iteration + 1,
+              "row_bytes": storage.row_bytes, "loadavg": os.getloadavg()}
+    if args.mode == "shared":  # where the exchange's time goes: each collective, and the owner's lookup
+        result["exchange"] = vars(features.stats)  # as_dict() where it exists; this also reads an older layer
+        result["exchange"] = {k: v for k, v in result["exchange"].items() if isinstance(v, (int, float, dict))}
+        result["bare_rows_all_to_all_s"] = bare_all_to_all(features, storage.row_bytes)
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as fh:
         json.dump(result, fh)
     dist.barrier()
     dist.destroy_process_group()
     del np
+
+
+def bare_all_to_all(shared, row_bytes: int, repeats: int = 9) -> float:
+    """Median seconds of one all_to_all_single moving, between every pair of ranks, the bytes an iteration's
+    rows collective moved on average: what the transport alone costs (ranks aligned by a barrier first)."""
+    import torch
+    import torch.distributed as dist
+
+    s = shared.stats
+    per_peer = torch.tensor([int(s.remote_requested / s.iterations / max(1, shared.world_size - 1)) * row_bytes])
+    dist.all_reduce(per_peer, op=dist.ReduceOp.MAX, group=shared.group)  # every rank sends the same: the larger
+    per_peer = int(per_peer)
+    counts = [0 if r == shared.rank else per_peer for r in range(shared.world_size)]
+    send = torch.zeros(sum(counts), dtype=torch.uint8)
+    recv = torch.empty_like(send)
+    times = []
+    for _ in range(repeats):
+        dist.barrier(group=shared.group)
+        start = time.perf_counter()
+        dist.all_to_all_single(recv, send, counts, counts, group=shared.group)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[repeats // 2]
 
 
 def run(args, world: int, mode: str, capacity: str, out: str) -> dict:
@@ -98,12 +129,64 @@ def run(args, world: int, mode: str, capacity: str, out: str) -> dict:
         raise RuntimeError(f"a rank failed ({world} ranks, {mode}, {capacity}):\n" + "\n".join(logs)[-4000:])
     ranks = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(world)]
     gather = sum(r["gather_s"] for r in ranks)
-    return {"world": world, "mode": mode, "capacity_per_rank": capacity,
+    detail = {"ranks": ranks}
+    if mode == "shared" and "collective_seconds" in ranks[0]["exchange"]:  # shares of all ranks' gather time
+        kinds = sorted({k for r in ranks for k in r["exchange"]["collective_seconds"]})
+        detail["share_of_gather"] = {f"{k} collective": sum(r["exchange"]["collective_seconds"][k] for r in ranks)
+                                     / gather for k in kinds}
+        detail["share_of_gather"]["serve (owner's lookup)"] = sum(r["exchange"]["serve_seconds"]
+                                                                  for r in ranks) / gather
+        for k in sorted({k for r in ranks for k in r["exchange"]["local_seconds"]}):
+            detail["share_of_gather"][k] = sum(r["exchange"]["local_seconds"][k] for r in ranks) / gather
+        accounted = sum(v for k, v in detail["share_of_gather"].items() if not k.startswith("serve"))
+        detail["share_of_gather"]["other"] = sum(r["exchange"]["exchange_seconds"] for r in ranks) / gather - accounted
+        detail["bare_rows_all_to_all_ms"] = 1000 * max(r["bare_rows_all_to_all_s"] for r in ranks)
+        detail["rows_collective_ms"] = 1000 * max(r["exchange"]["collective_seconds"]["rows"] / r["iterations"]
+                                                  for r in ranks)
+        detail["collectives_per_iteration"] = ranks[0]["exchange"]["collectives"] / ranks[0]["exchange"]["iterations"]
+    return {**detail, "loadavg_at_end": ranks[0]["loadavg"],
+            "ms_per_gather": 1000 * gather / sum(r["iterations"] for r in ranks),
+            "world": world, "mode": mode, "capacity_per_rank": capacity,
             "hit_ratio": sum(r["hits"] for r in ranks) / sum(r["requests"] for r in ranks),
             "bytes_read": sum(r["bytes_read"] for r in ranks),
             "exchange_share_of_gather": sum(r["exchange_s"] for r in ranks) / gather if gather else 0.0,
             "rows_per_gather_s": sum(r["requests"] for r in ranks) / max(r["gather_s"] for r in ranks),
             "wall_s": max(r["wall_s"] for r in ranks)}
+
+
+def merged_hit_ratio(args, world: int, capacity: str) -> float:
+    """One cache of ``capacity`` per rank x ``world`` serving the union of every rank's batch each iteration
+    (in one process, same batches, policy and window): what a shared cache of that size could reach with any
+    ownership, set mapping or window, since its slices together hold that many lines."""
+    import numpy as np
+
+    from lsm_gnn import open_dataset, open_storage
+    from lsm_gnn.cache import SoftwareCache, replay
+    from lsm_gnn.config import cache_capacity_bytes
+    from lsm_gnn.loader import NodeLoader
+
+    ds = open_dataset(args.data, check="shape")
+    fanouts = [int(f) for f in args.fanouts.split(",")]
+    per_rank = []
+    for rank in range(world):
+        loader = NodeLoader(ds, open_storage(ds, "memory"), fanouts, args.batch_size, window=args.window,
+                            rank=rank, world_size=world, seed=0)
+        plans = loader._epoch_plans(0)[:args.iterations]
+        per_rank.append([np.unique(loader.sampler.sample(loader._plan_nodes(p), k)[-1].nodes.numpy())
+                         for k, p in enumerate(plans)])
+    union = [np.unique(np.concatenate(batches)) for batches in zip(*per_rank)]
+    storage = open_storage(ds, "memory")
+    cache = SoftwareCache(storage, world * cache_capacity_bytes(capacity, ds.num_nodes, storage.row_bytes),
+                          policy=args.policy, window=args.window, static_scores=ds.score("reverse_pagerank"),
+                          oversubscribe=True)
+    hits = total = 0
+    for k, (ids, window) in enumerate(replay(union, args.window, ds.num_nodes)):
+        _, hit = cache.lookup(ids, future=window)
+        hit_ids = np.asarray(ids)[hit.numpy()]
+        for batches in per_rank:
+            hits += int(np.isin(batches[k], hit_ids, assume_unique=True).sum())
+            total += batches[k].size
+    return hits / total
 
 
 def scaled(capacity: str, factor: int) -> str:
@@ -127,6 +210,9 @@ def main(argv=None) -> dict:
     p.add_argument("--iterations", type=int, default=150)
     p.add_argument("--json", default="docs/results/comm_layer.json")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--no-big", action="store_true", help="skip the isolated N x C caches (timing runs)")
+    p.add_argument("--merged", action="store_true",
+                   help="also replay the ranks' union through one cache of N x C (what any ownership could reach)")
     args = p.parse_args(argv)
     if args.worker:
         worker(args)
@@ -145,33 +231,44 @@ def main(argv=None) -> dict:
     rows = []
     for world in [int(w) for w in args.worlds.split(",")]:
         for capacity in args.capacities.split(","):
-            for mode, cap in (("shared", capacity), ("isolated", capacity), ("isolated", scaled(capacity, world))):
+            runs = [("shared", capacity), ("isolated", capacity), ("isolated", scaled(capacity, world))]
+            for mode, cap in runs[:2] if args.no_big else runs:
                 r = run(args, world, mode, cap, os.path.join(args.out, f"{world}-{mode}-{cap}"))
                 r["capacity_per_rank_base"] = capacity
                 rows.append(r)
                 print(f"{world} ranks {mode:<9} {cap:>6}/rank: hit {r['hit_ratio']:.3f}  read "
-                      f"{r['bytes_read'] / 2**20:.1f} MiB  exchange {r['exchange_share_of_gather']:.1%} of gather",
-                      file=sys.stderr)
+                      f"{r['bytes_read'] / 2**20:.1f} MiB  exchange {r['exchange_share_of_gather']:.1%} of gather, "
+                      f"{r['ms_per_gather']:.1f} ms per gather, load {r['loadavg_at_end'][0]:.2f}", file=sys.stderr)
+                if "share_of_gather" in r:
+                    print("   " + ", ".join(f"{k} {v:.1%}" for k, v in r["share_of_gather"].items()) +
+                          f"; rows collective {r['rows_collective_ms']:.1f} ms/iteration, a bare all_to_all of "
+                          f"its bytes {r['bare_rows_all_to_all_ms']:.1f} ms", file=sys.stderr)
     print(f"{'ranks':>5} {'C/rank':>7} {'shared':>8} {'isolated':>9} {'isol. NxC':>10} {'read shared/isol.':>18} "
           f"{'exchange/gather':>16} {'rows/s shared':>14} {'rows/s isol.':>13}")
     table = []
     for world in sorted({r["world"] for r in rows}):
         for capacity in args.capacities.split(","):
             group = [r for r in rows if r["world"] == world and r["capacity_per_rank_base"] == capacity]
-            shared, isolated, big = group
+            shared, isolated, big = group if len(group) == 3 else (*group, {"hit_ratio": float("nan")})
             row = {"world": world, "capacity_per_rank": capacity, "hit_shared": shared["hit_ratio"],
                    "hit_isolated": isolated["hit_ratio"], "hit_isolated_NxC": big["hit_ratio"],
                    "read_ratio_shared_vs_isolated": shared["bytes_read"] / max(isolated["bytes_read"], 1),
                    "exchange_share": shared["exchange_share_of_gather"],
+                   "exchange_breakdown": shared.get("share_of_gather"),
+                   "ms_per_gather_shared": shared["ms_per_gather"], "ms_per_gather_isolated": isolated["ms_per_gather"],
                    "rows_per_s_shared": shared["rows_per_gather_s"],
                    "rows_per_s_isolated": isolated["rows_per_gather_s"]}
+            if args.merged:
+                row["hit_merged_NxC"] = merged_hit_ratio(args, world, capacity)
+                print(f"{world} ranks, one merged cache of {world} x {capacity}: hit {row['hit_merged_NxC']:.3f}",
+                      file=sys.stderr)
             table.append(row)
             print(f"{world:>5} {capacity:>7} {row['hit_shared']:>8.3f} {row['hit_isolated']:>9.3f} "
                   f"{row['hit_isolated_NxC']:>10.3f} {row['read_ratio_shared_vs_isolated']:>18.2f} "
                   f"{row['exchange_share']:>16.1%} {row['rows_per_s_shared']:>14,.0f} "
                   f"{row['rows_per_s_isolated']:>13,.0f}")
     result = {"settings": {k: v for k, v in vars(args).items() if k not in ("worker", "json")}, "runs": rows,
-              "table": table, "cpus": os.cpu_count()}
+              "table": table, "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()}
     if args.json:
         write_json(args.json, result)
     return result

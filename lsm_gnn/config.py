@@ -58,7 +58,7 @@ class CacheConfig:
     static_score: str = "reverse_pagerank"  # a score stored in the dataset, or "none"
     oversubscribe: bool = False  # allow a batch larger than the cache (hit ratio studies)
     mode: str = "shared"       # with several ranks: shared (one cache over all ranks) | isolated (one per rank)
-    owner: str = "modulo"      # who owns a node in shared mode: modulo | hotness | path/to/partition.npy
+    owner: str = "modulo"      # who owns a node in shared mode: modulo | hashed | hotness | path/to/partition.npy
     pvp: bool = False          # the victim-buffer prefetcher (paper section 4.3)
     pvp_queue_bytes: str = defaults.PVP_QUEUE_BYTES  # all victim queues' memory: bytes ("256M") or a share of
     # the cache's bytes ("25%"); the queues (one per future iteration) get as many lines each as fit
@@ -227,8 +227,8 @@ def validate(cfg: Config) -> Config:
     bad_splits = [s for s in cfg.train.eval_splits if s not in ("train", "val", "test")]
     if bad_splits:
         raise ConfigError(f"train.eval_splits has {bad_splits}; valid splits are train, val, test")
-    if cfg.cache.owner not in ("modulo", "hotness") and not cfg.cache.owner.endswith(".npy"):
-        raise ConfigError(f"cache.owner={cfg.cache.owner!r} is not valid; choose modulo, hotness or a path to a "
+    if cfg.cache.owner not in ("modulo", "hashed", "hotness") and not cfg.cache.owner.endswith(".npy"):
+        raise ConfigError(f"cache.owner={cfg.cache.owner!r} is not valid; choose modulo, hashed, hotness or a path to a "
                           ".npy partition map")
     if cfg.cache.pvp and cfg.cache.features != "cache":
         raise ConfigError(f"cache.pvp=true needs cache.features=cache (the victim buffer holds lines the cache "

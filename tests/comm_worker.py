@@ -5,6 +5,7 @@
 import json
 import os
 import sys
+import threading
 from datetime import timedelta
 
 import numpy as np
@@ -12,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from lsm_gnn import open_dataset, open_storage
-from lsm_gnn.cache import SoftwareCache
+from lsm_gnn.cache import SoftwareCache, WindowBuffer
 from lsm_gnn.comm import ExchangeError, ModuloOwner, SharedCache
 from lsm_gnn.loader import NodeLoader
 
@@ -71,11 +72,93 @@ def killed(ds, rank, world, out):
     raise AssertionError(f"rank {rank} finished the epoch although rank 1 died")
 
 
+def count_collectives(calls):
+    """Wraps all_to_all_single so every call is recorded: (thread name, dtype sent, shape sent)."""
+    real = dist.all_to_all_single
+
+    def counted(output, input, *args, **kwargs):
+        calls.append((threading.current_thread().name, str(input.dtype), list(input.shape)))
+        return real(output, input, *args, **kwargs)
+
+    dist.all_to_all_single = counted
+
+
+def adversarial_batches(rank, world, num_nodes):
+    """(name, ids) pairs every rank runs in the same order: random with duplicates, one rank empty, all ids
+    owned by one rank, one id repeated, everyone empty, ids at both ends of the range."""
+    rng = np.random.default_rng(rank)
+    owned_by_0 = np.arange(0, num_nodes, world)
+    return [("random", rng.integers(0, num_nodes, 300)),
+            ("rank 0 empty", np.empty(0, dtype=np.int64) if rank == 0 else rng.integers(0, num_nodes, 200)),
+            ("all owned by rank 0", rng.choice(owned_by_0, 150)),
+            ("one id repeated", np.full(77, 5 + rank)),
+            ("all empty", np.empty(0, dtype=np.int64)),
+            ("range ends", np.array([num_nodes - 1, 0, num_nodes - 1, 1]))]
+
+
+def protocol(paths, rank, world, out):
+    """Exact bytes, hit flags and 3 collectives per lookup, for each dataset (several dtypes and row sizes)."""
+    calls = []
+    count_collectives(calls)
+    report = {}
+    for path in paths.split(os.pathsep):
+        ds = open_dataset(path)
+        expected = torch.from_numpy(ds.read_features_direct(np.arange(ds.num_nodes)))
+        # room for every row (2048 lines per rank), so the hit flags are known: the first lookup of an id
+        # misses and every later one hits
+        cache = SoftwareCache(open_storage(ds, "io_uring"), num_sets=64, ways=32, policy="hybrid", window=4,
+                              oversubscribe=True)
+        seen = np.zeros(ds.num_nodes, dtype=bool)
+        shared = SharedCache(cache, ModuloOwner(world), timeout_s=60)
+        batches = adversarial_batches(rank, world, ds.num_nodes)
+        window = WindowBuffer(len(batches), ds.num_nodes)
+        for name, ids in batches:
+            window.push(np.unique(ids))  # the owners' windows get every batch, some of them empty
+        lookups = 0
+        everyone = [adversarial_batches(r, world, ds.num_nodes) for r in range(world)]
+        for repeat in range(2):
+            for i, (name, ids) in enumerate(batches):
+                before = len(calls)
+                if repeat:
+                    out_rows = torch.empty((ids.size, expected.shape[1]), dtype=expected.dtype)
+                    rows, hit = shared.lookup(ids, future=window, out=out_rows)
+                    assert rows.data_ptr() == out_rows.data_ptr() or ids.size == 0
+                else:
+                    rows, hit = shared.lookup(ids, future=window if name == "random" else None)
+                lookups += 1
+                want = expected[torch.from_numpy(ids).long()]
+                assert rows.dtype == expected.dtype and hit.dtype == torch.bool and hit.shape == (ids.size,), name
+                assert torch.equal(rows.view(torch.uint8), want.view(torch.uint8)), f"{path} {name}: bytes differ"
+                assert len(calls) - before == 3, f"{name}: {len(calls) - before} collectives"
+                rows_sent, row_bytes = calls[-1], expected.shape[1] * expected.element_size()
+                assert rows_sent[1] == "torch.uint8" and rows_sent[2][1:] == [row_bytes], rows_sent  # not widened
+                assert np.array_equal(hit.numpy(), seen[ids]), f"{name}: wrong hit flags"
+                for other in everyone:  # every rank's requests fill the shared cache
+                    seen[other[i][1]] = True
+        report[path] = {"lookups": lookups, "collectives": shared.stats.collectives,
+                        "by_kind": sorted(shared.stats.collective_seconds)}
+    # Through the loader the exchange runs on its background thread, beside training on the main thread.
+    ds = open_dataset(paths.split(os.pathsep)[0])
+    cache = SoftwareCache(open_storage(ds, "io_uring"), num_sets=4, ways=32, oversubscribe=True, window=WINDOW)
+    del calls[:]
+    for batch in make_loader(ds, SharedCache(cache, ModuloOwner(world), timeout_s=60), rank, world):
+        pass
+    report["loader_threads"] = sorted({c[0] for c in calls})
+    report["loader_calls_per_batch"] = len(calls) / (batch.iteration + 1)
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
+        json.dump(report, fh)
+
+
 def main():
     scenario, path, out = sys.argv[1:4]
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
+    if scenario == "protocol":
+        protocol(path, rank, world, out)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     ds = open_dataset(path)
     {"correctness": correctness, "hit_ratios": hit_ratios, "killed": killed}[scenario](ds, rank, world, out)
     if scenario != "killed":

@@ -54,11 +54,16 @@ def test_sampler_throughput_quick(tmp_path):
 
 @pytest.mark.slow
 def test_comm_layer_quick(tmp_path):
-    results = load("comm_layer").main(["--quick", "--out", str(tmp_path), "--json", str(tmp_path / "comm.json")])
+    results = load("comm_layer").main(["--quick", "--merged", "--out", str(tmp_path),
+                                        "--json", str(tmp_path / "comm.json")])
     row = results["table"][0]
     assert row["world"] == 2
     assert 0.0 <= row["hit_isolated"] <= row["hit_shared"] <= 1.0
+    assert abs(row["hit_merged_NxC"] - row["hit_shared"]) < 0.05  # the bound a shared cache's slices come near
     assert 0.0 <= row["exchange_share"] < 1.0
+    shared = next(r for r in results["runs"] if r["mode"] == "shared")
+    assert shared["collectives_per_iteration"] == 3 and shared["bare_rows_all_to_all_ms"] > 0
+    assert set(row["exchange_breakdown"]) >= {"rows collective", "serve (owner's lookup)", "unpack"}
 
 
 def test_window_index_quick():

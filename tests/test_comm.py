@@ -101,6 +101,29 @@ def test_a_shared_cache_beats_isolated_ones_and_matches_one_big_cache(dataset, t
     assert abs(ratio["shared"] - single) < 0.05, (ratio, single)
 
 
+def test_the_exchange_returns_the_file_bytes_in_three_collectives(tmp_path):
+    """Random and adversarial batches (one rank empty, all ids owned by one rank, duplicates), float16 and
+    uint8 rows of odd widths: exactly the file's bytes, hit flags intact, 3 collectives per lookup with the
+    rows sent as bytes of their dtype, and through the loader on its background thread only."""
+    rng = np.random.default_rng(0)
+    f16, _ = write_tiny_dataset(tmp_path / "f16", num_nodes=500, dim=5, dtype="float16",
+                                features=rng.standard_normal((500, 5)).astype(np.float16))
+    u8, _ = write_tiny_dataset(tmp_path / "u8", num_nodes=400, dim=3, dtype="uint8",
+                               features=rng.integers(0, 256, (400, 3), dtype=np.uint8))
+
+    class Paths:
+        path = f"{f16.path}{os.pathsep}{u8.path}"
+
+    codes, logs, _ = run_ranks("protocol", Paths, tmp_path, 2)
+    assert codes == [0, 0], "\n".join(logs)
+    for rank in range(2):
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for path in (f16.path, u8.path):
+            assert report[path]["collectives"] == 3 * report[path]["lookups"]
+            assert report[path]["by_kind"] == ["counts", "ids and future", "rows"]
+        assert report["loader_threads"] == ["lsm-gnn-loader"] and report["loader_calls_per_batch"] == 3
+
+
 def test_a_dead_rank_makes_the_others_fail_fast(dataset, tmp_path):
     codes, logs, seconds = run_ranks("killed", dataset, tmp_path, 2, timeout=120)
     assert codes[1] == 3
@@ -108,6 +131,18 @@ def test_a_dead_rank_makes_the_others_fail_fast(dataset, tmp_path):
     message = (tmp_path / "rank0.txt").read_text()
     assert "rank 0" in message and "failed" in message and "rank 1" in message
     assert seconds < 60
+
+
+def test_hashed_ownership_spreads_ids_and_fills_every_set_of_each_owner(dataset):
+    from lsm_gnn.cache.hashing import set_of
+
+    odd = np.arange(1, 200_001, 2)  # hot ids in one residue class: modulo gives them all to one rank
+    assert np.bincount(make_owner("modulo", dataset, 2)(odd), minlength=2).min() == 0
+    owners = make_owner("hashed", dataset, 2)(odd)
+    assert abs(np.bincount(owners, minlength=2)[0] / odd.size - 0.5) < 0.01
+    assert np.array_equal(owners, make_owner("hashed", dataset, 2)(odd))  # the same on every rank
+    for rank in range(2):  # independent of the set index: each owner's ids use all of its sets
+        assert np.bincount(set_of(odd[owners == rank], 64), minlength=64).min() > 0.8 * odd.size / 128
 
 
 def test_ownership_functions(dataset, tmp_path):

@@ -1,18 +1,23 @@
 """The communication layer: per-rank cache slices that behave as one cache.
 
 Every rank holds a :class:`~lsm_gnn.cache.SoftwareCache` for the nodes it
-owns. Each iteration, ``SharedCache.lookup(ids)`` on every rank:
+owns. Each iteration, ``SharedCache.lookup(ids)`` on every rank makes three
+``all_to_all_single`` calls, whatever the window:
 
-1. deduplicates the batch's ids and buckets them by owner;
-2. exchanges counts and ids with ``all_to_all_single`` (uneven splits);
-3. serves what it received from its own slice in one lookup (so an id that
+1. deduplicates the batch's ids and buckets them by owner, and so the
+   distinct ids of each batch newly sampled into the window;
+2. exchanges a fixed-size header of counts (3 integers per pair of ranks);
+3. exchanges, in one int64 message per owner, the ids it asks for and its
+   share of the new window batches (the owners keep a window of what every
+   rank will ask for; it drives their dynamic policies);
+4. serves what it received from its own slice in one lookup (so an id that
    several ranks asked for is looked up, and read from storage, once);
-4. sends the rows (with their hit flags) back and reassembles the batch in
-   the original order.
-
-The future is shared the same way: each batch newly sampled into a rank's
-window is sent, id by owner, to the owners, which keep a window of what
-every rank will ask for; that window drives the owners' dynamic policies.
+5. sends the rows back as raw bytes of the features' dtype, each owner's
+   hit flags (one byte per row) after its rows in the same message: the
+   sizes need no exchange, since a rank gets one row per id it asked. A
+   rank's own rows never enter a message: its cache writes them into the
+   front of the buffer that receives the other owners' replies;
+6. copies the rows once, from that buffer into the batch's request order.
 
 Calls are collective: every rank must call ``lookup`` the same number of
 times with windows of the same length (the loader guarantees it). The
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import numpy as np
@@ -48,12 +53,26 @@ class ExchangeStats:
     requested: int = 0        # distinct ids this rank asked for, summed over iterations
     served: int = 0           # distinct ids this rank served as owner, summed over iterations
     remote_requested: int = 0  # of the requested ids, those owned by another rank
-    exchange_seconds: float = 0.0  # in collectives (ids, rows, future windows)
+    exchange_seconds: float = 0.0  # in the exchange: its collectives and packing the messages
     serve_seconds: float = 0.0     # the local lookup for all ranks' requests
     last_exchange_seconds: float = 0.0
+    collectives: int = 0           # all_to_all_single calls made (3 per lookup)
+    #: seconds in each kind of collective: "counts" (mostly waiting for the slowest rank to arrive),
+    #: "ids and future", "rows"
+    collective_seconds: dict = field(default_factory=dict)
+    #: seconds of the exchange's local work: "window" (the owners' windows; "window, filled" when a new
+    #: window's whole future is forwarded, once an epoch), "pack" (ids and rows into messages), "unpack"
+    #: (rows into request order)
+    local_seconds: dict = field(default_factory=dict)
+
+    def add(self, what: str, start: float) -> float:
+        """Adds the seconds since ``start`` to ``local_seconds[what]``; returns now."""
+        now = time.perf_counter()
+        self.local_seconds[what] = self.local_seconds.get(what, 0.0) + now - start
+        return now
 
     def as_dict(self) -> dict:
-        return dict(vars(self))
+        return {k: dict(v) if isinstance(v, dict) else v for k, v in vars(self).items()}
 
 
 def exchange_backend(device: torch.device) -> str:
@@ -105,9 +124,11 @@ class SharedCache(StorageShape):
 
     # -- collectives ---------------------------------------------------------------------------------------------
 
-    def _all_to_all(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int], what: str
-                    ) -> torch.Tensor:
-        recv = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype, device=self.exchange_device)
+    def _all_to_all(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int], what: str,
+                    recv: torch.Tensor | None = None) -> torch.Tensor:
+        if recv is None:
+            recv = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype, device=self.exchange_device)
+        t = time.perf_counter()
         try:
             dist.all_to_all_single(recv, send.to(self.exchange_device).contiguous(), recv_counts, send_counts,
                                    group=self.group)
@@ -116,13 +137,9 @@ class SharedCache(StorageShape):
                 f"rank {self.rank}: exchanging {what} at iteration {self.stats.iterations} failed after at most "
                 f"{self.timeout_s:g} s ({TIMEOUT_ENV}): {self.progress.laggards()}; check its log. "
                 f"({self.backend}: {first_line(exc)})") from None
+        self.stats.collectives += 1
+        self.stats.collective_seconds[what] = self.stats.collective_seconds.get(what, 0.0) + time.perf_counter() - t
         return recv
-
-    def _exchange(self, send: torch.Tensor, send_counts: np.ndarray, what: str) -> tuple[torch.Tensor, list[int]]:
-        counts = torch.as_tensor(send_counts, dtype=torch.int64)
-        recv_counts = self._all_to_all(counts, [1] * self.world_size, [1] * self.world_size, f"{what} counts")
-        recv_counts = recv_counts.tolist()
-        return self._all_to_all(send, counts.tolist(), recv_counts, what), recv_counts
 
     def _by_owner(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(order that groups ids by owner, count per owner)."""
@@ -131,69 +148,98 @@ class SharedCache(StorageShape):
 
     # -- the shared window -----------------------------------------------------------------------------------
 
-    def _forward_future(self, future) -> None:
-        """Mirrors newly sampled future batches into the owners' windows."""
-        if future is not self._window:  # a new epoch (or evaluation) brought a new window
+    def _new_future(self, future) -> list[np.ndarray]:
+        """The distinct ids of each batch newly sampled into ``future`` since the last lookup (a new window,
+        for a new epoch or an evaluation, starts the owners' windows afresh)."""
+        if future is not self._window:
             self._window, self._ahead = future, 0
             self.owner_window = None  # freed before its successor is built: one index per node count, not two
             if future is not None:
                 self.owner_window = WindowBuffer(future.size, self.storage.num_rows)
         if future is None:
-            return
+            return []
         if self._ahead:
             self.owner_window.pop()  # the current iteration's batch has left the future
             self._ahead -= 1
         new = [np.unique(as_id_tensor(future[j]).numpy()) for j in range(self._ahead, len(future))]
-        if not new:
-            return
-        ids = np.concatenate(new)
-        offset = np.repeat(np.arange(len(new), dtype=np.int64), [b.size for b in new])
-        order, counts = self._by_owner(ids)
-        pairs = torch.from_numpy(np.stack([ids[order], offset[order]], axis=1))
-        received, _ = self._exchange(pairs, counts, "future batches")
-        received = received.cpu().numpy()
-        for j in range(len(new)):
-            self.owner_window.push(np.unique(received[received[:, 1] == j, 0]))
         self._ahead += len(new)
+        return new
+
+    def _request(self, unique: np.ndarray, new: list[np.ndarray]):
+        """Sends every owner the ids this rank asks it for and its share of the new future batches.
+
+        Two collectives: a fixed-size header per pair of ranks ``[ids, new batches, future ids]``, then one
+        int64 payload per owner ``[ids | size of each new batch's share | the batches' ids]``.
+        Returns (the order grouping ``unique`` by owner, ids asked of each owner, the ids each rank asks of
+        this one (one array per rank), and each rank's share of the new batches (``[rank][batch]``)).
+        """
+        start, world = time.perf_counter(), self.world_size
+        order, counts = self._by_owner(unique)
+        future_ids = np.concatenate(new) if new else np.empty(0, dtype=np.int64)
+        batch_of = np.repeat(np.arange(len(new), dtype=np.int64), [b.size for b in new])
+        future_owner = self.owner(future_ids)
+        # (owner, batch) groups in order; the stable sort keeps each batch's ids sorted
+        f_order = np.lexsort((batch_of, future_owner))
+        f_counts = np.bincount(future_owner * len(new) + batch_of, minlength=world * len(new)).reshape(
+            world, len(new)).astype(np.int64)
+        header = np.stack([counts, np.full(world, len(new)), f_counts.sum(axis=1)], axis=1)
+        payload = np.concatenate([np.concatenate([s, c, f]) for s, c, f in zip(
+            np.split(unique[order], np.cumsum(counts)[:-1]), f_counts,
+            np.split(future_ids[f_order], np.cumsum(f_counts.sum(axis=1))[:-1]))])
+        self.stats.add("pack", start)
+        got = self._all_to_all(torch.from_numpy(header.reshape(-1)), [3] * world, [3] * world, "counts")
+        got = got.cpu().numpy().reshape(world, 3)
+        if (got[:, 1] != len(new)).any():
+            raise ExchangeError(f"rank {self.rank}: other ranks forward {got[:, 1].tolist()} new future batches at "
+                                f"iteration {self.stats.iterations}, this one {len(new)}: every rank must gather "
+                                "with windows of the same length")
+        sizes = got.sum(axis=1)
+        received = self._all_to_all(torch.from_numpy(payload), (header.sum(axis=1)).tolist(), sizes.tolist(),
+                                    "ids and future")
+        asked, shares = [], []
+        for part, (n_ids, m, _) in zip(np.split(received.cpu().numpy(), np.cumsum(sizes)[:-1]), got):
+            asked.append(part[:n_ids])
+            per_batch = part[n_ids:n_ids + m]
+            shares.append(np.split(part[n_ids + m:], np.cumsum(per_batch)[:-1]) if m else [])
+        return order, counts, asked, shares
 
     # -- one iteration ---------------------------------------------------------------------------------------
 
     def lookup(self, ids, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows of ``ids`` in request order and their hit mask, served by their owners."""
+        """The rows of ``ids`` in request order and their hit mask, served by their owners.
+
+        Three collectives per call, whatever the window: a header of counts, the ids with the window's new
+        batches, and the rows with their hit flags (whose sizes each side knows from the ids)."""
         with self._lock:
             start = time.perf_counter()
-            serve = 0.0
             self.progress.mark(self.stats.iterations)
+            t = self.stats.add("progress mark", start)
             ids = as_id_tensor(ids)
             if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.storage.num_rows):
                 bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
                 raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
-            self._forward_future(future)
-            unique, inverse = unique_ids(ids)
-            order, counts = self._by_owner(unique.numpy())
-            order = torch.from_numpy(order)
-            requested, recv_counts = self._exchange(unique[order], counts, "ids")
-            # Serve every rank's requests in one lookup: shared ids are looked up and read once.
-            t = time.perf_counter()
-            served, back = unique_ids(requested)
-            rows, hit = self.cache.lookup(served, future=self.owner_window)
-            on = self.exchange_device  # over NCCL the cache's own device: no copy
-            rows, hit = rows.to(on), hit.to(on)
-            payload = torch.cat([rows.contiguous().view(torch.uint8).reshape(served.numel(), self.row_bytes),
-                                 hit.to(torch.uint8).reshape(-1, 1)], dim=1)[back.to(on)]
-            serve = time.perf_counter() - t
-            answer = self._all_to_all(payload, recv_counts, counts.tolist(), "rows")
-            by_unique = torch.empty_like(answer)
-            by_unique[order.to(on)] = answer
-            dtype = self.cache.data.dtype
-            gathered = by_unique[:, :self.row_bytes].contiguous().view(dtype).reshape(unique.numel(), -1)
-            index = inverse.to(on)
-            if out is None:
-                result = gathered[index]
-            else:
-                result = torch.index_select(gathered, 0, index, out=out)
-            hit_mask = by_unique[:, self.row_bytes].bool()[index]
             s = self.stats
+            t = s.add("pack", t)
+            new = self._new_future(future)
+            filling = "window, filled" if len(new) > 1 else "window"  # a new window's whole future: once an epoch
+            t = s.add(filling, t)
+            unique, inverse = unique_ids(ids)
+            order, counts, asked, shares = self._request(unique.numpy(), new)
+            t = time.perf_counter()
+            for j in range(len(new)):  # each owner's window holds the union of every rank's future
+                self.owner_window.push(np.unique(np.concatenate([share[j] for share in shares])))
+            t = s.add(filling, t)
+            # Serve every rank's requests in one lookup: shared ids are looked up and read once.
+            served, back = unique_ids(torch.from_numpy(np.concatenate(asked)))
+            sizes = [a.size for a in asked]
+            whole, rows, hit = self._serve(served, counts)
+            serve = time.perf_counter() - t
+            self._reply(rows, hit, back, sizes, counts, whole)
+            t = time.perf_counter()
+            own = sum(sizes[:self.rank])
+            result, hit_mask = self._unpack(whole, served.numel(), back[own:own + sizes[self.rank]], hit,
+                                            counts, order, inverse, out)
+            s.add("unpack", t)
             elapsed = time.perf_counter() - start
             s.iterations += 1
             s.requested += unique.numel()
@@ -204,6 +250,76 @@ class SharedCache(StorageShape):
             s.exchange_seconds += elapsed - serve
             self.last_served = served.cpu().numpy()
             return result, hit_mask
+
+    def _flag_rows(self, n: int) -> int:
+        """Rows of ``row_bytes`` that carry ``n`` one-byte hit flags after the rows themselves."""
+        return -(-n // self.row_bytes)
+
+    def _serve(self, served: torch.Tensor, counts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(one byte buffer, this slice's rows of ``served`` at its front, their hit mask): the cache writes the
+        rows there and the other owners' replies land after them, so the batch is copied once, from that
+        buffer into request order, and this rank's own rows never enter a message."""
+        on, rb = self.exchange_device, self.row_bytes
+        remote = sum(int(n) + self._flag_rows(int(n)) for d, n in enumerate(counts) if d != self.rank)
+        whole = torch.empty((served.numel() + remote, rb), dtype=torch.uint8, device=on)
+        rows = whole[:served.numel()].view(self.cache.data.dtype)
+        if self.cache.device == on:
+            _, hit = self.cache.lookup(served, future=self.owner_window, out=rows)
+        else:  # a GPU cache exchanging over gloo: its rows are staged in host memory
+            found, hit = self.cache.lookup(served, future=self.owner_window)
+            rows.copy_(found)
+        return whole, rows, hit.to(on)
+
+    def _reply(self, rows: torch.Tensor, hit: torch.Tensor, back: torch.Tensor, asked: list[int],
+               counts: np.ndarray, whole: torch.Tensor) -> None:
+        """Sends each other rank its rows (as raw bytes of the features' dtype: never widened) then their hit
+        flags (one byte each, padded to whole rows) in one collective, received into the back of ``whole``.
+        Both sides know the sizes (a rank gets one row per id it asked), and a rank sends itself nothing."""
+        start = time.perf_counter()
+        rb = self.row_bytes
+        data = rows.view(torch.uint8).reshape(-1, rb)
+        flags = hit.to(torch.uint8)
+        back = back.to(data.device)
+        send_sizes = [0 if d == self.rank else n + self._flag_rows(n) for d, n in enumerate(asked)]
+        send = torch.empty((sum(send_sizes), rb), dtype=torch.uint8, device=data.device)
+        first = position = 0
+        for n, size in zip(asked, send_sizes):
+            if size:
+                index = back[first:first + n]
+                torch.index_select(data, 0, index, out=send[position:position + n])
+                send[position + n:position + size].view(-1)[:n] = flags[index]
+            first, position = first + n, position + size
+        recv_sizes = [0 if d == self.rank else int(n) + self._flag_rows(int(n)) for d, n in enumerate(counts)]
+        self.stats.add("pack", start)
+        self._all_to_all(send, send_sizes, recv_sizes, "rows", recv=whole[rows.shape[0]:])
+
+    def _unpack(self, whole: torch.Tensor, num_served: int, own_back: torch.Tensor, own_hit: torch.Tensor,
+                counts: np.ndarray, order: np.ndarray, inverse: torch.Tensor, out: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows in request order, copied once from ``whole`` (this slice's rows, then the other owners'
+        replies), and their hit mask."""
+        on = self.exchange_device
+        slot = np.empty(order.size, dtype=np.int64)  # each distinct id's row in ``whole``
+        hit = torch.empty(order.size, dtype=torch.bool, device=on)
+        first, position = 0, num_served
+        for d, n in enumerate(counts.tolist()):
+            mine = order[first:first + n]
+            if d == self.rank:  # served here: the rows the cache wrote, in the order this rank asked them
+                slot[mine] = own_back.numpy() if own_back.device.type == "cpu" else own_back.cpu().numpy()
+                hit[torch.from_numpy(mine).to(on)] = own_hit[own_back.to(on)]
+            else:
+                slot[mine] = np.arange(position, position + n)
+                flags = whole[position + n:position + n + self._flag_rows(n)].view(-1)[:n]
+                hit[torch.from_numpy(mine).to(on)] = flags.bool()
+                position += n + self._flag_rows(n)
+            first += n
+        rows = whole.view(self.cache.data.dtype)  # [rows, dim]: each row is row_bytes of that dtype
+        index = torch.from_numpy(slot).to(on)[inverse.to(on)]
+        if out is None:
+            result = rows[index]
+        else:
+            result = torch.index_select(rows, 0, index, out=out)
+        return result, hit[inverse.to(on)]
 
     # -- the Features interface (lsm_gnn.features): a shared cache wraps this rank's slice ----------------------
 
