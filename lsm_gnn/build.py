@@ -36,7 +36,7 @@ class FeatureSpec:
     pvp_queue_capacity: int | None  # lines per queue, or None: sized by pvp_queue_bytes
     pvp_reinstall: bool          # only ever True with pvp
     shared: bool                 # several ranks share one cache (the communication layer)
-    owner: str                   # who owns a node when shared: modulo | hotness | path to a .npy map
+    owner: str                   # who owns a node when shared: hashed | modulo | hotness | path to a .npy map
     pvp_queue_bytes: str | None = None  # all victim queues' bytes (or a share of the cache), instead of lines
 
 
@@ -167,7 +167,7 @@ def _shared(cache, spec: FeatureSpec, num_rows: int, world_size: int):
 
     if spec.owner == "hotness":
         raise ConfigError("cache.owner=hotness is not available for heterogeneous datasets yet; use "
-                          "cache.owner=modulo")
+                          "cache.owner=hashed")
 
     class _IdSpace:  # what make_owner checks an owner map against
         num_nodes = num_rows

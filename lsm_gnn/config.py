@@ -58,7 +58,7 @@ class CacheConfig:
     static_score: str = "reverse_pagerank"  # a score stored in the dataset, or "none"
     oversubscribe: bool = False  # allow a batch larger than the cache (hit ratio studies)
     mode: str = "shared"       # with several ranks: shared (one cache over all ranks) | isolated (one per rank)
-    owner: str = "modulo"      # who owns a node in shared mode: modulo | hashed | hotness | path/to/partition.npy
+    owner: str = "hashed"      # who owns a node in shared mode: hashed | modulo | hotness | path/to/partition.npy
     pvp: bool = False          # the victim-buffer prefetcher (paper section 4.3)
     pvp_queue_bytes: str = defaults.PVP_QUEUE_BYTES  # all victim queues' memory: bytes ("256M") or a share of
     # the cache's bytes ("25%"); the queues (one per future iteration) get as many lines each as fit
