@@ -6,6 +6,7 @@ iterations with only the feature path changed:
 
   hybrid         this loader with the hybrid cache (io_uring misses)
   rr             the same with round-robin eviction (the M-GIDS baseline)
+  farthest       the same with the farthest policy (the default without PVP)
   hybrid+pvp     the hybrid cache with the victim-buffer prefetcher (cache.pvp=true:
                  policy hybrid_pvp_room, reinstall on; --pvp-queue-capacity lines per queue,
                  or --pvp-queue-bytes for all queues)
@@ -53,7 +54,7 @@ from lsm_gnn.storage.base import CountingStorage
 from lsm_gnn.storage.probe import evict_page_cache
 from lsm_gnn.trainer import STAGES, Trainer
 
-METHODS = ("hybrid", "rr", "hybrid+pvp", "hybrid-same-bytes", "hybrid-in-memory", "memmap", "memmap-bound",
+METHODS = ("hybrid", "rr", "farthest", "hybrid+pvp", "hybrid-same-bytes", "hybrid-in-memory", "memmap", "memmap-bound",
            "memmap-random-bound", "memory")
 BOUND = ("memmap-bound", "memmap-random-bound")  # seconds per batch: they run --bound-iterations only
 
@@ -110,7 +111,7 @@ def run_once(args, ds, method: str) -> dict:
                  "train.eval_splits=[]", "log.progress=false",
                  "train.lr=0.003", f"sampler.num_threads={args.loader_threads}"]
     features = None
-    if method in ("hybrid", "rr"):
+    if method in ("hybrid", "rr", "farthest"):
         overrides += ["cache.features=cache", f"cache.policy={method}", "cache.backend=io_uring"]
     elif method == "hybrid+pvp":
         overrides += ["cache.features=cache", "cache.policy=auto", "cache.backend=io_uring", "cache.pvp=true"]
@@ -215,6 +216,7 @@ def per_repeat_ratios(runs: list[dict], slower: str, faster: str) -> list[float]
 
 PAIRS = {  # name: (numerator, denominator) of wall time per iteration, within one repeat
     "pvp_speedup_vs_hybrid": ("hybrid", "hybrid+pvp"),
+    "farthest_speedup_vs_hybrid": ("hybrid", "farthest"),
     "pvp_speedup_vs_same_bytes": ("hybrid-same-bytes", "hybrid+pvp"),
     "hybrid_slowdown_vs_memory": ("hybrid", "memory"),
     "hybrid_in_memory_slowdown_vs_memory": ("hybrid-in-memory", "memory"),
