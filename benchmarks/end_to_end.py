@@ -142,7 +142,7 @@ def run_once(args, ds, method: str) -> dict:
 
 def pvp_memory(args, ds) -> tuple[int, int]:
     """(cache bytes, all victim queues' bytes) of the hybrid+pvp run, as the cache sizes them."""
-    from lsm_gnn.cache.pvp import LINE_METADATA_BYTES, queue_capacity_for
+    from lsm_gnn.cache.pvp import queue_capacity_for, queue_memory_bytes
     from lsm_gnn.cache.software_cache import cache_geometry
     from lsm_gnn.config import cache_capacity_bytes
 
@@ -153,7 +153,7 @@ def pvp_memory(args, ds) -> tuple[int, int]:
     queues = args.window + 1
     lines = queue_capacity_for(args.pvp_queue_bytes, queues, row_bytes, cache_bytes) if args.pvp_queue_bytes \
         else args.pvp_queue_capacity
-    return cache_bytes, queues * lines * (row_bytes + LINE_METADATA_BYTES)
+    return cache_bytes, queue_memory_bytes(queues, lines, row_bytes)
 
 
 def summarize(runs: list[dict]) -> dict:

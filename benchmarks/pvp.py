@@ -37,7 +37,7 @@ import numpy as np
 
 from lsm_gnn.benchmarking import load_script, write_json
 from lsm_gnn.cache import SoftwareCache, belady_min, replay
-from lsm_gnn.cache.pvp import LINE_METADATA_BYTES, queue_capacity_for
+from lsm_gnn.cache.pvp import queue_capacity_for, queue_memory_bytes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAPER_QUEUE_CAPACITY = 16384
@@ -151,7 +151,7 @@ def same_bytes(args, cp, shares: list[float]) -> dict:
             lines = queue_capacity_for(int(q * cache_bytes), queues, row, cache_bytes)
             pvp = run(trace, n, "hybrid_pvp_room", "reinstall", num_sets, args.window, args.period, args.warmup,
                       setup.static, lines)
-            queue_bytes = queues * lines * (row + LINE_METADATA_BYTES)
+            queue_bytes = queue_memory_bytes(queues, lines, row)
             bigger_sets = max(1, (cache_bytes + queue_bytes) // (32 * row))
             same = run(trace, n, "hybrid", "off", bigger_sets, args.window, args.period, args.warmup, setup.static, 1)
             cells["shares"][f"{q:g}"] = {"queue_lines": lines, "queue_bytes": queue_bytes, "pvp": pvp,

@@ -10,6 +10,7 @@ anonymous maps advised ``MADV_HUGEPAGE``; elsewhere they are plain tensors.
 """
 from __future__ import annotations
 
+import math
 import mmap
 
 import torch
@@ -24,10 +25,7 @@ def host_zeros(shape, dtype: torch.dtype) -> torch.Tensor:
     behaves as ``torch.zeros(shape, dtype=dtype)`` in every other way.
     """
     shape = tuple(int(n) for n in (shape if isinstance(shape, (tuple, list, torch.Size)) else (shape,)))
-    numel = 1
-    for n in shape:
-        numel *= n
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     advise = getattr(mmap, "MADV_HUGEPAGE", None)
     if nbytes < HUGE_PAGE or advise is None or not hasattr(mmap, "MAP_ANONYMOUS"):
         return torch.zeros(shape, dtype=dtype)

@@ -72,6 +72,11 @@ DEFAULT_QUEUE_BYTES = PVP_QUEUE_BYTES
 LINE_METADATA_BYTES = 16  # a queued line's node id and PVP record, beside its row
 
 
+def queue_memory_bytes(num_queues: int, lines_per_queue: int, row_bytes: int) -> int:
+    """Host memory of ``num_queues`` victim queues of ``lines_per_queue`` lines: rows and metadata."""
+    return num_queues * lines_per_queue * (row_bytes + LINE_METADATA_BYTES)
+
+
 def queue_budget(queue_bytes, cache_bytes: int) -> int:
     """Bytes for all victim queues from a byte size (``"64M"``, an int) or a share of the cache (``"25%"``)."""
     text = str(queue_bytes).strip()
@@ -92,7 +97,7 @@ def queue_capacity_for(queue_bytes, num_queues: int, row_bytes: int, cache_bytes
     (:func:`queue_budget`); a budget too small for one line each raises, or (``at_least_one``, for a
     default rather than the user's figure) gives one line each."""
     budget = queue_budget(queue_bytes, cache_bytes)
-    per_line = num_queues * (row_bytes + LINE_METADATA_BYTES)
+    per_line = queue_memory_bytes(num_queues, 1, row_bytes)
     lines = budget // per_line
     if lines < 1 and at_least_one:
         return 1
@@ -182,7 +187,7 @@ class VictimBuffer:
     @property
     def memory_bytes(self) -> int:
         """Bytes of host memory reserved for the queues (rows and metadata)."""
-        return self.data.numel() * self.data.element_size() + 2 * self.node.numel() * 8
+        return queue_memory_bytes(self.num_queues, self.capacity, self.row_bytes)
 
     # -- eviction -----------------------------------------------------------------------------------------------
 
