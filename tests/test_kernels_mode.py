@@ -45,14 +45,15 @@ def test_a_triton_run_equals_a_native_run(graph, tmp_path, monkeypatch, pvp):
     def unused(*args, **kwargs):
         raise AssertionError("kernels=triton called the C++ core")
 
-    for op in ("cache_assign", "cache_scan", "sample_hops", "victim_enqueue", "pvp_match", "pvp_scatter"):
+    for op in ("cache_assign", "cache_scan", "sample_hops", "victim_enqueue", "pvp_match", "pvp_scatter",
+               "pvp_fill"):
         monkeypatch.setattr(_C, op, unused)  # every op with a Triton twin
     triton = run(graph, tmp_path / "triton", "triton", *extra)
     assert kernel_mode() == "triton"
     assert triton == native  # the same losses, hits, bytes read and victim-buffer hits, iteration by iteration
     assert len(native) == 4
     if pvp:
-        assert sum(hits for *_, hits in native) > 0  # the victim buffer served rows: its scatter took part
+        assert sum(hits for *_, hits in native) > 0  # the victim buffer served rows: its fill took part
 
 
 def test_the_mode_is_checked(monkeypatch):

@@ -69,9 +69,10 @@ def assert_same(expected, got, what: str) -> None:
 
 
 NATIVE = {"cache_assign": _C.cache_assign, "cache_scan": _C.cache_scan, "victim_enqueue": _C.victim_enqueue,
-          # PVP serve and scatter take no thread count.
+          # PVP serve, scatter and fill take no thread count.
           "pvp_match": lambda *args: _C.pvp_match(*args[:-1]),
-          "pvp_scatter": lambda *args: _C.pvp_scatter(*args[:-1])}
+          "pvp_scatter": lambda *args: _C.pvp_scatter(*args[:-1]),
+          "pvp_fill": lambda *args: _C.pvp_fill(*args[:-1])}
 
 
 class CheckedKernels:

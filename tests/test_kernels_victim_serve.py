@@ -1,5 +1,6 @@
-"""The PVP serve (pvp_match) and scatter (pvp_scatter) kernels, C++ and Triton (run by Triton's interpreter),
-compute exactly what their torch definitions in lsm_gnn.cache.pvp compute, on random and adversarial batches."""
+"""The PVP serve (pvp_match), scatter (pvp_scatter) and reinstalling fill (pvp_fill) kernels, C++ and Triton
+(run by Triton's interpreter), compute exactly what their torch definitions in lsm_gnn.cache.pvp compute, on
+random and adversarial batches."""
 import os
 
 import numpy as np
@@ -26,7 +27,8 @@ def both_modes(op, *args):
     checked against the op's torch definition; each call gets its own copy of the arguments, which it may
     write."""
     definition = {torch.ops.lsm_gnn.pvp_match: pvp.match_prefetched,
-                  torch.ops.lsm_gnn.pvp_scatter: pvp.scatter_prefetched}[op]
+                  torch.ops.lsm_gnn.pvp_scatter: pvp.scatter_prefetched,
+                  torch.ops.lsm_gnn.pvp_fill: pvp.fill_prefetched}[op]
     copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     expected = (definition(*copies), copies)
     results = []
@@ -162,9 +164,75 @@ def test_scatter_adversarial_cases():
             _C.pvp_scatter(rows.clone(), cache_data.clone(), pf_rows, inverse, ~nothing, entry_, line_)
 
 
+def fill_case(rng, batch, num_lines, cache_lines, dim, dtype):
+    """A batch over 60 nodes, prefetched lines as in random_prefetch, about half the ids hit, distinct lines
+    for the ids (a third without one), and random rows."""
+    ids, inverse, num_unique = batch_of(rng.integers(0, 60, batch))
+    node, records = random_prefetch(rng, ids, num_lines)
+    hit = torch.from_numpy(rng.random(num_unique) < 0.5)
+    line = torch.from_numpy(rng.permutation(cache_lines)[:num_unique])
+    line[torch.from_numpy(rng.random(num_unique) < 0.3)] = -1
+    pf_rows = torch.from_numpy(rng.standard_normal((num_lines, dim))).to(dtype)
+    cache_data = torch.from_numpy(rng.standard_normal((cache_lines, dim))).to(dtype)
+    return ids, inverse, hit, line, node, records, pf_rows, cache_data
+
+
+@pytest.mark.parametrize("seed,batch,num_lines,dim,dtype", [(0, 70, 40, 8, torch.float32),
+                                                            (1, 300, 400, 130, torch.float16),
+                                                            (2, 5, 30, 3, torch.float64)])
+def test_fill_equals_the_torch_one_on_random_batches(seed, batch, num_lines, dim, dtype):
+    rng = np.random.default_rng(seed)
+    args = fill_case(rng, batch, num_lines, 200, dim, dtype)
+    ids, inverse, hit, line, node, records, pf_rows, cache_data = args
+    ((from_pvp, entry), native), ((t_from_pvp, t_entry), triton) = both_modes(torch.ops.lsm_gnn.pvp_fill, *args)
+    assert torch.equal(from_pvp, t_from_pvp) and torch.equal(entry, t_entry)
+    assert torch.equal(native[7], triton[7]), "cache lines differ"
+    served, first, _ = pvp.match_prefetched(ids, inverse, hit.numel(), node, records)
+    assert torch.equal(from_pvp, served & ~hit)  # the match, less the ids the cache hit
+    assert 0 < int(from_pvp.sum()) < int(served.sum())
+    filled = from_pvp & (line >= 0)
+    assert torch.equal(native[7][line[filled]], pf_rows[first[filled]])
+    untouched = torch.ones(cache_data.shape[0], dtype=torch.bool)
+    untouched[line[filled]] = False
+    assert torch.equal(native[7][untouched], cache_data[untouched])
+
+
+def test_fill_adversarial_cases():
+    from lsm_gnn import _C
+
+    ids, inverse, num_unique = batch_of([7, 3, 7, 9, 3, 3])  # distinct 3, 7, 9
+    none = torch.empty(0, dtype=torch.int64)
+    hit, line = torch.zeros(num_unique, dtype=torch.bool), torch.tensor([2, 0, 1])
+    rows = torch.arange(8 * 2, dtype=torch.float32).reshape(8, 2)
+    cache = torch.full((4, 2), -1.0)
+    (result, written), _ = both_modes(torch.ops.lsm_gnn.pvp_fill, ids, inverse, hit, line, none, none, rows[:0],
+                                      cache)  # an empty prefetch buffer
+    assert not result[0].any() and (result[1] == -1).all() and torch.equal(written[7], cache)
+    empty, empty_inverse, _ = batch_of([])
+    both_modes(torch.ops.lsm_gnn.pvp_fill, empty, empty_inverse, hit[:0], none, torch.tensor([7]),
+               torch.tensor([record(0)]), rows[:1], cache)  # an empty batch
+    # As in test_match_adversarial_batches: lines 0-3 never serve; 4 and 6 both match node 3 (4 first);
+    # 7 matches node 7, 5 matches node 9. Node 7 is a cache hit, so line 7 is unused; node 9 has no line.
+    node = torch.tensor([7, 7, 9, 9, 3, 9, 3, 7])
+    records = torch.tensor([record(6), record(INDEX_MASK), record(0), record(2, reuse=0xFFFF), record(4), record(3),
+                            record(1), record(2, reuse=0xFFFF)])
+    hit, line = torch.tensor([False, True, False]), torch.tensor([2, 0, -1])
+    (result, written), _ = both_modes(torch.ops.lsm_gnn.pvp_fill, ids, inverse, hit, line, node, records, rows,
+                                      cache)
+    assert result[0].tolist() == [True, False, True] and result[1].tolist() == [4, -1, 5]
+    assert torch.equal(written[7][2], rows[4]) and torch.equal(written[7][[0, 1, 3]], cache[[0, 1, 3]])
+    bad_line = torch.tensor([4, 0, -1])  # node 3's line past the cache
+    with pytest.raises(ValueError, match="outside"):
+        victim_serve.pvp_fill(ids, inverse, hit, bad_line, node, records, rows, cache.clone())
+    with pytest.raises(ValueError, match=r"line\[0\] = 4 is not a cache line"):
+        _C.pvp_fill(ids, inverse, hit, bad_line, node, records, rows, cache.clone())
+    with pytest.raises(ValueError, match=r"inverse\[1\] = 3 is not in \[0, 3\)"):
+        _C.pvp_fill(ids, torch.tensor([0, 3, 0, 2, 1, 1]), hit, line, node, records, rows, cache.clone())
+
+
 @pytest.mark.parametrize("reinstall", [False, True])
 def test_a_cache_serving_with_the_triton_kernels_equals_one_with_the_cpp_ops(tiny_cache, monkeypatch, reinstall):
-    """The lookup's PVP serve and scatter on the Triton kernels (C++ cache decisions, so the run stays quick):
+    """The lookup's PVP serve, scatter and fill on the Triton kernels (C++ cache decisions, so the run stays quick):
     the same rows, hit masks, cache lines and PVP counts as with the C++ ops, batch by batch."""
     from lsm_gnn import _C
     from lsm_gnn.cache import replay
@@ -178,7 +246,7 @@ def test_a_cache_serving_with_the_triton_kernels_equals_one_with_the_cpp_ops(tin
                              pvp_reinstall=reinstall)
 
     torch_cache, triton_cache = make(), make()
-    calls = {"pvp_match": 0, "pvp_scatter": 0}
+    calls = {"pvp_match": 0, "pvp_scatter": 0, "pvp_fill": 0}
 
     def counted(name):
         def run(*args):
@@ -193,6 +261,7 @@ def test_a_cache_serving_with_the_triton_kernels_equals_one_with_the_cpp_ops(tin
         with monkeypatch.context() as patch:  # the ops' CPU kernels call these: here the Triton ones
             patch.setattr(_C, "pvp_match", counted("pvp_match"))
             patch.setattr(_C, "pvp_scatter", counted("pvp_scatter"))
+            patch.setattr(_C, "pvp_fill", counted("pvp_fill"))
             got = triton_cache.lookup(current, future=future)
         with_lines += triton_cache.pvp.stats.prefetched > prefetched
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), f"batch {k} differs"
@@ -201,5 +270,8 @@ def test_a_cache_serving_with_the_triton_kernels_equals_one_with_the_cpp_ops(tin
         assert torch.equal(triton_cache.state.tags, torch_cache.state.tags)
     assert triton_cache.stats.as_dict() == torch_cache.stats.as_dict()
     assert triton_cache.pvp.stats == torch_cache.pvp.stats
-    assert torch_cache.pvp.stats.hits > 0 and calls["pvp_scatter"] > 0  # the scatter took part
-    assert calls["pvp_match"] == with_lines > 0
+    assert torch_cache.pvp.stats.hits > 0
+    if reinstall:  # one fill per batch with prefetched lines; match and scatter only where a set overflowed
+        assert calls["pvp_fill"] == with_lines > 0 and calls["pvp_match"] == 0
+    else:  # the paper's mode: match before the assign, scatter to the batch
+        assert calls["pvp_match"] == with_lines > 0 and calls["pvp_scatter"] > 0 and calls["pvp_fill"] == 0

@@ -352,10 +352,10 @@ def test_a_cpu_victim_buffer_serves_in_place_without_threads(data, monkeypatch):
 
     dataset, features = data
     started, matched = [], []
-    real_start, real_match = threading.Thread.start, _C.pvp_match
+    real_start, real_fill = threading.Thread.start, _C.pvp_fill
     monkeypatch.setattr(threading.Thread, "start",
                         lambda self: (started.append(self.name), real_start(self))[1])
-    monkeypatch.setattr(_C, "pvp_match", lambda *a: (matched.append(a[3].numel()), real_match(*a))[1])
+    monkeypatch.setattr(_C, "pvp_fill", lambda *a: (matched.append(a[4].numel()), real_fill(*a))[1])
     cache = SoftwareCache(open_storage(dataset, "memory"), num_sets=8, ways=32, oversubscribe=True, pvp=True,
                           pvp_queue_capacity=16, window=8)
     loader = NodeLoader(dataset, cache, [2], 32, window=8)

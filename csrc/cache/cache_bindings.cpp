@@ -138,14 +138,52 @@ py::tuple pvp_match(const torch::Tensor& ids, const torch::Tensor& inverse, int6
   return py::make_tuple(served, entry, position);
 }
 
+// Rows of one dtype and width: the cache's lines and the prefetch buffer (and the batch's rows).
+void check_rows(std::initializer_list<const torch::Tensor*> tensors, const char* names) {
+  const torch::Tensor& first = **tensors.begin();
+  for (const torch::Tensor* t : tensors) {
+    TORCH_CHECK_VALUE(t->device().is_cpu() && t->dim() == 2 && t->is_contiguous() &&
+                          t->scalar_type() == first.scalar_type() && t->size(1) == first.size(1),
+                      names, " must be contiguous 2-D CPU tensors of one dtype and width");
+  }
+}
+
+py::tuple pvp_fill(const torch::Tensor& ids, const torch::Tensor& inverse, const torch::Tensor& hit,
+                   const torch::Tensor& line, const torch::Tensor& node, const torch::Tensor& record,
+                   const torch::Tensor& pf_rows, torch::Tensor& cache_data) {
+  const int64_t n = ids.numel(), num_unique = hit.numel(), lines = node.numel();
+  check(ids, "ids", torch::kInt64, -1);
+  check_inverse(inverse, n, num_unique);
+  check(hit, "hit", torch::kBool, num_unique);
+  check(line, "line", torch::kInt64, num_unique);
+  check(node, "node", torch::kInt64, -1);
+  check(record, "record", torch::kInt64, lines);
+  check_rows({&cache_data, &pf_rows}, "cache_data and pf_rows");
+  TORCH_CHECK_VALUE(pf_rows.size(0) >= lines, "pf_rows has ", pf_rows.size(0), " rows for ", lines,
+                    " prefetched lines");
+  const int64_t* l = line.data_ptr<int64_t>();
+  for (int64_t u = 0; u < num_unique; ++u) {
+    TORCH_CHECK_VALUE(l[u] < cache_data.size(0), "line[", u, "] = ", l[u], " is not a cache line");
+  }
+  auto from_pvp = torch::empty({num_unique}, torch::kBool);
+  auto entry = torch::empty({num_unique}, torch::kInt64);
+  {
+    py::gil_scoped_release release;
+    lsm::cache::fill_prefetched(ids.data_ptr<int64_t>(), n, inverse.data_ptr<int64_t>(), num_unique,
+                                reinterpret_cast<const uint8_t*>(hit.data_ptr<bool>()), l, node.data_ptr<int64_t>(),
+                                reinterpret_cast<const uint64_t*>(record.data_ptr<int64_t>()), lines,
+                                static_cast<const uint8_t*>(pf_rows.data_ptr()),
+                                static_cast<uint8_t*>(cache_data.data_ptr()),
+                                cache_data.size(1) * cache_data.element_size(),
+                                reinterpret_cast<uint8_t*>(from_pvp.data_ptr<bool>()), entry.data_ptr<int64_t>());
+  }
+  return py::make_tuple(from_pvp, entry);
+}
+
 void pvp_scatter(torch::Tensor& rows, torch::Tensor& cache_data, const torch::Tensor& pf_rows,
                  const torch::Tensor& inverse, const torch::Tensor& from_pvp, const torch::Tensor& entry,
                  const std::optional<torch::Tensor>& line) {
-  for (const torch::Tensor* t : std::initializer_list<const torch::Tensor*>{&rows, &cache_data, &pf_rows}) {
-    TORCH_CHECK_VALUE(t->device().is_cpu() && t->dim() == 2 && t->is_contiguous() &&
-                          t->scalar_type() == rows.scalar_type() && t->size(1) == rows.size(1),
-                      "rows, cache_data and pf_rows must be contiguous 2-D CPU tensors of one dtype and width");
-  }
+  check_rows({&rows, &cache_data, &pf_rows}, "rows, cache_data and pf_rows");
   const int64_t num_unique = from_pvp.numel();
   check(from_pvp, "from_pvp", torch::kBool, num_unique);
   check(entry, "entry", torch::kInt64, num_unique);
@@ -273,6 +311,10 @@ void bind_cache(py::module& m) {
         "PVP: offers one batch's victims to their iteration's queue; returns (enqueued, dropped_no_reuse, dropped_full)");
   m.def("pvp_match", &pvp_match, py::arg("ids"), py::arg("inverse"), py::arg("num_unique"), py::arg("node"),
         py::arg("record"), "PVP serve: (served, entry, position) per distinct id of the batch");
+  m.def("pvp_fill", &pvp_fill, py::arg("ids"), py::arg("inverse"), py::arg("hit"), py::arg("line"), py::arg("node"),
+        py::arg("record"), py::arg("pf_rows"), py::arg("cache_data"),
+        "PVP fill (reinstalling): the prefetched rows of the ids the cache missed into their new lines; "
+        "(from_pvp, entry) per distinct id");
   m.def("pvp_scatter", &pvp_scatter, py::arg("rows"), py::arg("cache_data"), py::arg("pf_rows"), py::arg("inverse"),
         py::arg("from_pvp"), py::arg("entry"), py::arg("line") = py::none(),
         "PVP scatter: prefetched rows to every position of their ids and, reinstalling, to their lines");

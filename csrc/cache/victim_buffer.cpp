@@ -63,6 +63,27 @@ void match_prefetched(const int64_t* ids, int64_t n_ids, const int64_t* inverse,
   }
 }
 
+int64_t fill_prefetched(const int64_t* ids, int64_t n_ids, const int64_t* inverse, int64_t num_unique,
+                        const uint8_t* hit, const int64_t* line, const int64_t* node, const uint64_t* record,
+                        int64_t lines, const uint8_t* pf_rows, uint8_t* cache_data, int64_t row_bytes,
+                        uint8_t* from_pvp, int64_t* entry) {
+  std::fill(from_pvp, from_pvp + num_unique, uint8_t{0});
+  std::fill(entry, entry + num_unique, int64_t{-1});
+  const size_t row = static_cast<size_t>(row_bytes);
+  int64_t served = 0;
+  for (int64_t e = 0; e < lines; ++e) {  // in line order: the first valid line of an id serves it
+    const uint64_t p = record[e] & kIndexMask;
+    if (p >= static_cast<uint64_t>(n_ids) || ids[p] != node[e]) continue;
+    const int64_t u = inverse[p];
+    if (hit[u] || from_pvp[u]) continue;  // a cache hit wins over a queued copy
+    from_pvp[u] = 1;
+    entry[u] = e;
+    ++served;
+    if (line[u] >= 0) std::memcpy(cache_data + line[u] * row_bytes, pf_rows + e * row_bytes, row);
+  }
+  return served;
+}
+
 void scatter_prefetched(uint8_t* rows, int64_t n_ids, uint8_t* cache_data, const uint8_t* pf_rows,
                         const int64_t* inverse, const uint8_t* from_pvp, const int64_t* entry, const int64_t* line,
                         int64_t num_unique, int64_t row_bytes) {

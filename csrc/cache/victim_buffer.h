@@ -66,6 +66,15 @@ void match_prefetched(const int64_t* ids, int64_t n_ids, const int64_t* inverse,
                       const int64_t* node, const uint64_t* record, int64_t lines, uint8_t* served, int64_t* entry,
                       int64_t* position);
 
+// PVP fill (reinstalling), match and scatter in one pass after the cache's assign: the first valid line of
+// each distinct id the cache missed (hit[u] == 0) serves it, and its row goes into the id's new cache line
+// (line[u] >= 0), from which the batch's gather then serves it. A valid line of an id the cache hit is
+// unused. Writes from_pvp[u] (0/1) and entry[u] (-1 where no line serves); returns the ids served.
+int64_t fill_prefetched(const int64_t* ids, int64_t n_ids, const int64_t* inverse, int64_t num_unique,
+                        const uint8_t* hit, const int64_t* line, const int64_t* node, const uint64_t* record,
+                        int64_t lines, const uint8_t* pf_rows, uint8_t* cache_data, int64_t row_bytes,
+                        uint8_t* from_pvp, int64_t* entry);
+
 // PVP scatter: every request position j whose distinct id u = inverse[j] has from_pvp[u] gets the
 // prefetched row entry[u]; with `line` (reinstalling, may be null) the row also fills line[u] >= 0.
 void scatter_prefetched(uint8_t* rows, int64_t n_ids, uint8_t* cache_data, const uint8_t* pf_rows,

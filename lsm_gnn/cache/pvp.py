@@ -43,11 +43,17 @@ through the cache as misses whose rows come from the prefetch buffer, so the
 cache evolves exactly as without PVP; with ``pvp_reinstall=False`` (the
 paper's design) they skip the cache too, which looks up only the other ids.
 Invalid lines (an inexact window), repeats of an id, and (reinstalling)
-lines whose id the cache holds anyway are *unused*. The matching and the
-scatter are the ops ``torch.ops.lsm_gnn.pvp_match`` and ``pvp_scatter``:
-the C++ core on CPU tensors, Triton kernels (:mod:`lsm_gnn.kernels.victim_serve`)
-on CUDA ones. :func:`match_prefetched` and :func:`scatter_prefetched` below
-define them in torch ops; the tests hold both kernels to these.
+lines whose id the cache holds anyway are *unused*. Reinstalling, one op
+after the cache's assign does both steps, ``torch.ops.lsm_gnn.pvp_fill``: it
+matches the lines to the ids the cache missed and copies their rows into
+those ids' new lines, so the batch's one gather from the cache serves them
+like hits (a batch that evicts lines it uses also scatters them to their
+positions). The paper's mode matches before the assign
+(``torch.ops.lsm_gnn.pvp_match``) and scatters to the positions
+(``pvp_scatter``). Each op is the C++ core on CPU tensors and a Triton kernel
+(:mod:`lsm_gnn.kernels.victim_serve`) on CUDA ones; :func:`match_prefetched`,
+:func:`fill_prefetched` and :func:`scatter_prefetched` below define them in
+torch ops, and the tests hold both kernels to these.
 
 Counts: ``enqueued = hits + unused + pending`` (pending: lines still in
 queues or in an unserved prefetch buffer), ``offered = enqueued +
@@ -377,6 +383,24 @@ def match_prefetched(ids: torch.Tensor, inverse: torch.Tensor, num_unique: int, 
     position[u[keep]] = pos[keep]
     served[u[keep]] = True
     return served, entry, position
+
+
+def fill_prefetched(ids: torch.Tensor, inverse: torch.Tensor, hit: torch.Tensor, line: torch.Tensor,
+                    node: torch.Tensor, record: torch.Tensor, pf_rows: torch.Tensor,
+                    cache_data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """PVP with reinstall, matching and scattering in one step after the cache's assign: the definition of
+    ``torch.ops.lsm_gnn.pvp_fill`` in torch ops (the kernels are tested against it; call the op).
+
+    Of the ids the cache missed (``~hit``), those a prefetched line serves (:func:`match_prefetched`) get
+    that line's row in their new cache line ``line[u]`` (where it is not -1), from which the batch's gather
+    serves them. Returns (from_pvp [num_unique] bool, entry [num_unique] int64, -1 where not served).
+    """
+    served, entry, _ = match_prefetched(ids, inverse, hit.numel(), node, record)
+    from_pvp = served & ~hit  # a cache hit wins over a queued copy
+    entry = torch.where(from_pvp, entry, torch.full_like(entry, -1))
+    filled = torch.nonzero(from_pvp & (line >= 0)).reshape(-1)
+    cache_data.index_copy_(0, line[filled], pf_rows[entry[filled]])
+    return from_pvp, entry
 
 
 def scatter_prefetched(rows: torch.Tensor, cache_data: torch.Tensor, pf_rows: torch.Tensor, inverse: torch.Tensor,

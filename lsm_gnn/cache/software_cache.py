@@ -100,11 +100,12 @@ class SoftwareCache(StorageShape):
     ``hit_mask`` and ``stats.combined_hit_ratio`` count its hits, while
     ``stats.hit_ratio`` counts the cache's own.
 
-    Defaults: ``policy=None`` is ``"farthest"``, or ``"hybrid_pvp_room"``
-    with PVP; ``pvp_reinstall=None`` is on with PVP. Both were the best
-    measured settings (``docs/benchmarks.md``); ``policy="hybrid"`` is the
-    paper's policy, and ``policy="hybrid_pvp", pvp_reinstall=False`` its
-    PVP design as published.
+    Defaults: ``policy=None`` is ``"farthest"``, with or without PVP;
+    ``pvp_reinstall=None`` is on with PVP, so PVP leaves the cache's
+    decisions as they are without it and only turns misses into PVP hits.
+    Both were the best measured settings (``docs/benchmarks.md``);
+    ``policy="hybrid"`` is the paper's policy, and ``policy="hybrid_pvp",
+    pvp_reinstall=False`` its PVP design as published.
     """
 
     def __init__(self, storage, capacity=None, *, ways: int = WAYS, policy: str | PolicyConfig | None = None,
@@ -153,6 +154,8 @@ class SoftwareCache(StorageShape):
         self._lock = threading.Lock()
         # On a GPU: misses through a reused pinned buffer, each lookup's work on a side stream.
         self._staging = MissStaging(self.device) if self.device.type == "cuda" else None
+        # On the CPU, misses are read straight into their lines where the storage can (FeatureStorage.read_into).
+        self._read_into = getattr(storage, "read_into", None) if self._staging is None else None
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.pvp: VictimBuffer | None = None
         self.pvp_reinstall = bool(pvp_reinstall)
@@ -214,14 +217,17 @@ class SoftwareCache(StorageShape):
                 bad = int(unique[0]) if int(unique[0]) < 0 else int(unique[-1])
                 raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
             pvp = self.pvp
-            # PVP: the lines prefetched for this iteration, matched to the batch by their stored index.
-            served = None  # None: no prefetched line for this batch, so no PVP work below
+            # PVP: the lines prefetched for this iteration. Reinstalling, they are matched after the assign
+            # (pvp_fill below); in the paper's mode now, as the ids they serve bypass the cache.
+            served = None  # paper's mode: the distinct ids a prefetched line serves
+            prefetched = False  # whether any line was prefetched for this batch (else no PVP work below)
             if pvp is not None:
                 pf_node, pf_record, pf_rows = pvp.take(t)
-                if pf_node.numel():
+                prefetched = pf_node.numel() > 0
+                if prefetched and not self.pvp_reinstall:
                     served, entry, _ = torch.ops.lsm_gnn.pvp_match(ids, inverse, unique.numel(), pf_node,
                                                                    pf_record)
-            bypass = served is not None and not self.pvp_reinstall and bool(served.any())
+            bypass = served is not None and bool(served.any())
             keep = torch.nonzero(~served).reshape(-1) if bypass else None  # the ids the cache sees
             cache_ids = unique[keep] if bypass else unique
             if cache_ids.numel() > self.num_lines and not self.oversubscribe:
@@ -255,29 +261,34 @@ class SoftwareCache(StorageShape):
                 one_gather = done.evicted_in_use == 0
                 if not one_gather:
                     torch.index_select(self.data, 0, request_line.clamp_min(0), out=rows)
+                if prefetched and self.pvp_reinstall:  # PVP rows into the new lines of the ids the cache missed
+                    from_pvp, entry = torch.ops.lsm_gnn.pvp_fill(ids, inverse, hit, line, pf_node, pf_record,
+                                                                 pf_rows, self.data)
                 need = ~hit if from_pvp is None else ~hit & ~from_pvp  # read from storage
                 miss = torch.nonzero(need).reshape(-1)
                 if miss.numel():
                     miss_ids = unique[miss].cpu()
-                    fetched = self.storage.read(miss_ids) if self._staging is None else \
-                        self._staging.read(self.storage, miss_ids)
-                    self.stats.bytes_read += miss.numel() * self.storage.row_bytes
                     miss_lines = line[miss]
-                    if one_gather:  # every miss has a line of its own
-                        self.data.index_copy_(0, miss_lines, fetched)
+                    if one_gather and self._read_into is not None:  # every miss has a line of its own: read
+                        self._read_into(miss_ids, self.data, miss_lines)  # straight into it
                     else:
-                        cached = miss_lines >= 0
-                        self.data.index_copy_(0, miss_lines[cached], fetched[cached])
-                        slot = torch.full((unique.numel(),), -1, dtype=torch.int64, device=self.device)
-                        slot[miss] = torch.arange(miss.numel(), device=self.device)
-                        positions = torch.nonzero(need[inverse]).reshape(-1)
-                        rows[positions] = fetched[slot[inverse[positions]]]
-                if one_gather:  # PVP-served ids without a line get their rows from the scatter below
+                        fetched = self.storage.read(miss_ids) if self._staging is None else \
+                            self._staging.read(self.storage, miss_ids)
+                        if one_gather:
+                            self.data.index_copy_(0, miss_lines, fetched)
+                        else:
+                            cached = miss_lines >= 0
+                            self.data.index_copy_(0, miss_lines[cached], fetched[cached])
+                            slot = torch.full((unique.numel(),), -1, dtype=torch.int64, device=self.device)
+                            slot[miss] = torch.arange(miss.numel(), device=self.device)
+                            positions = torch.nonzero(need[inverse]).reshape(-1)
+                            rows[positions] = fetched[slot[inverse[positions]]]
+                    self.stats.bytes_read += miss.numel() * self.storage.row_bytes
+                if one_gather:  # PVP-served ids without a line (the paper's mode) get their rows below
                     torch.index_select(self.data, 0, request_line.clamp_min(0), out=rows)
                 pvp_hits = int(from_pvp.sum()) if from_pvp is not None else 0
-                if pvp_hits:  # the victim-buffer rows into the batch (and, reinstalling, into their new lines)
-                    torch.ops.lsm_gnn.pvp_scatter(rows, self.data, pf_rows, inverse, from_pvp, entry,
-                                                  line if self.pvp_reinstall else None)
+                if pvp_hits and (bypass or not one_gather):  # victim-buffer rows to their positions in the batch
+                    torch.ops.lsm_gnn.pvp_scatter(rows, self.data, pf_rows, inverse, from_pvp, entry, None)
                 if pvp is not None:
                     pvp.consumed(t, pvp_hits)
             except BaseException:

@@ -129,6 +129,31 @@ def _(ids, inverse, num_unique, node, record):
     return triton_module("victim_serve", on_cpu=False).pvp_match(ids, inverse, num_unique, node, record)
 
 
+@custom_op("lsm_gnn::pvp_fill", mutates_args=("cache_data",))
+def pvp_fill(ids: torch.Tensor, inverse: torch.Tensor, hit: torch.Tensor, line: torch.Tensor, node: torch.Tensor,
+             record: torch.Tensor, pf_rows: torch.Tensor, cache_data: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """PVP with reinstall, after the cache's assign: the prefetched rows of the ids the cache missed
+    into their new lines; ``(from_pvp, entry)`` per distinct id (:func:`lsm_gnn.cache.pvp.fill_prefetched`)."""
+    raise _no_kernel("pvp_fill", ids)
+
+
+@pvp_fill.register_kernel("cpu")
+def _(ids, inverse, hit, line, node, record, pf_rows, cache_data):
+    args = (ids, inverse, hit, line, node, record, pf_rows, cache_data)
+    if kernel_mode() == "triton":
+        return triton_module("victim_serve", on_cpu=True).pvp_fill(*args)
+    from lsm_gnn import _C
+
+    return _C.pvp_fill(*args)
+
+
+@pvp_fill.register_kernel("cuda")
+def _(ids, inverse, hit, line, node, record, pf_rows, cache_data):
+    return triton_module("victim_serve", on_cpu=False).pvp_fill(ids, inverse, hit, line, node, record, pf_rows,
+                                                                cache_data)
+
+
 @custom_op("lsm_gnn::pvp_scatter", mutates_args=("rows", "cache_data"))
 def pvp_scatter(rows: torch.Tensor, cache_data: torch.Tensor, pf_rows: torch.Tensor, inverse: torch.Tensor,
                 from_pvp: torch.Tensor, entry: torch.Tensor, line: torch.Tensor | None) -> None:

@@ -6,7 +6,8 @@ node; of several valid lines for one distinct id the first (lowest entry) serves
 its distinct id with an atomic min of its entry; the minimum does not depend on the order programs run
 in, so the winner is deterministic, and a second kernel, launched after the first, reads the claims.
 Scatter: one kernel copies the served rows to every request position of their id, and again into the
-ids' new cache lines when reinstalling. No program waits on another; bad indices raise through a flag
+ids' new cache lines when reinstalling. Fill (reinstalling, after the cache's assign): the match, then
+the rows of the served ids the cache missed into their new lines only. No program waits on another; bad indices raise through a flag
 tensor (the interpreter skips device asserts).
 """
 from __future__ import annotations
@@ -98,23 +99,40 @@ def _copy_served_rows(inverse_ptr, from_pvp_ptr, entry_ptr, line_ptr, src_ptr, d
         tl.store(dst_ptr + dst[:, None] * dst_stride + cols[None, :], row, mask=mask)
 
 
-def pvp_scatter(rows, cache_data, pf_rows, inverse, from_pvp, entry, line=None, block: int = 64) -> None:
-    """Triton twin of :func:`lsm_gnn.cache.pvp.scatter_prefetched` (same arguments, same writes)."""
-    if rows.stride(1) != 1 or pf_rows.stride(1) != 1 or cache_data.stride(1) != 1:
+def _copy_rows(dst, pf_rows, inverse, from_pvp, entry, line, error, by_request: bool, block: int) -> None:
+    """Launches :func:`_copy_served_rows`: to request positions (``by_request``) or to cache lines ``line``."""
+    if pf_rows.stride(1) != 1 or dst.stride(1) != 1:
         raise ValueError("rows, cache_data and pf_rows need contiguous rows")
-    dim, num_unique = rows.shape[1], from_pvp.numel()
-    error = torch.zeros(1, dtype=torch.int8, device=rows.device)
+    n, dim = inverse.numel() if by_request else from_pvp.numel(), dst.shape[1]
+    if n and dim:
+        _copy_served_rows[(triton.cdiv(n, block),)](
+            inverse, from_pvp, entry, entry if line is None else line, pf_rows, dst, error, n, from_pvp.numel(),
+            pf_rows.shape[0], dst.shape[0], dim, pf_rows.stride(0), dst.stride(0), BY_REQUEST=by_request,
+            BLOCK=block, DIM_BLOCK=min(triton.next_power_of_2(dim), 128))
 
-    def copy_to(dst, n, by_request):
-        if n and dim:
-            _copy_served_rows[(triton.cdiv(n, block),)](
-                inverse, from_pvp, entry, entry if line is None else line, pf_rows, dst, error, n, num_unique,
-                pf_rows.shape[0], dst.shape[0], dim, pf_rows.stride(0), dst.stride(0), BY_REQUEST=by_request,
-                BLOCK=block, DIM_BLOCK=min(triton.next_power_of_2(dim), 128))
 
-    copy_to(rows, inverse.numel(), True)
-    if line is not None:  # reinstalling: the served rows fill their new cache lines as well
-        copy_to(cache_data, num_unique, False)
+def _raise_copy_error(error) -> None:
     if bool(error.any()):
         raise ValueError("inverse names an id outside from_pvp, or a served id an entry outside the prefetch buffer "
                          "or a line outside the cache")
+
+
+def pvp_scatter(rows, cache_data, pf_rows, inverse, from_pvp, entry, line=None, block: int = 64) -> None:
+    """Triton twin of :func:`lsm_gnn.cache.pvp.scatter_prefetched` (same arguments, same writes)."""
+    error = torch.zeros(1, dtype=torch.int8, device=rows.device)
+    _copy_rows(rows, pf_rows, inverse, from_pvp, entry, None, error, True, block)
+    if line is not None:  # reinstalling: the served rows fill their new cache lines as well
+        _copy_rows(cache_data, pf_rows, inverse, from_pvp, entry, line, error, False, block)
+    _raise_copy_error(error)
+
+
+def pvp_fill(ids, inverse, hit, line, node, record, pf_rows, cache_data, block: int = 256):
+    """Triton twin of :func:`lsm_gnn.cache.pvp.fill_prefetched`: the match, then the served rows into their
+    lines (two launches; same results, same writes)."""
+    served, entry, _ = pvp_match(ids, inverse, hit.numel(), node, record, block)
+    from_pvp = served & ~hit  # a cache hit wins over a queued copy
+    entry = torch.where(from_pvp, entry, torch.full_like(entry, -1))
+    error = torch.zeros(1, dtype=torch.int8, device=ids.device)
+    _copy_rows(cache_data, pf_rows, inverse, from_pvp, entry, line, error, False, 64)
+    _raise_copy_error(error)
+    return from_pvp, entry
