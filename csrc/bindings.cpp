@@ -54,18 +54,34 @@ class PyRowReader {
     reader_ = lsm::make_row_reader(backend, path, layout, options);
   }
 
-  void read(const torch::Tensor& ids, torch::Tensor& out) {
+  // Rows of ids into out, in request order; with slots, row i into row slots[i] of out (any number of rows).
+  void read(const torch::Tensor& ids, torch::Tensor& out, const std::optional<torch::Tensor>& slots) {
     check_cpu_contiguous(ids, "ids", torch::kInt64);
     check_cpu_contiguous(out, "out", torch::kUInt8);
     TORCH_CHECK_VALUE(ids.dim() == 1, "ids must be one-dimensional, got shape ", ids.sizes());
     const auto row_bytes = static_cast<int64_t>(reader_->layout().row_bytes);
-    TORCH_CHECK_VALUE(out.numel() == ids.numel() * row_bytes, "out must hold ", ids.numel(), " rows of ", row_bytes,
-                      " bytes (", ids.numel() * row_bytes, " bytes), got ", out.numel());
+    const int64_t* slot_ptr = nullptr;
+    if (slots.has_value()) {
+      check_cpu_contiguous(*slots, "slots", torch::kInt64);
+      TORCH_CHECK_VALUE(slots->numel() == ids.numel(), "slots must hold one slot per id: ", slots->numel(),
+                        " for ", ids.numel());
+      TORCH_CHECK_VALUE(out.numel() % row_bytes == 0, "out must hold whole rows of ", row_bytes, " bytes, got ",
+                        out.numel());
+      slot_ptr = slots->data_ptr<int64_t>();
+      const int64_t rows = out.numel() / row_bytes;
+      for (int64_t i = 0; i < ids.numel(); ++i) {
+        TORCH_CHECK_INDEX(slot_ptr[i] >= 0 && slot_ptr[i] < rows, "slots[", i, "] = ", slot_ptr[i],
+                          " is not a row of out (", rows, " rows)");
+      }
+    } else {
+      TORCH_CHECK_VALUE(out.numel() == ids.numel() * row_bytes, "out must hold ", ids.numel(), " rows of ",
+                        row_bytes, " bytes (", ids.numel() * row_bytes, " bytes), got ", out.numel());
+    }
     const int64_t* id_ptr = ids.data_ptr<int64_t>();
     uint8_t* out_ptr = out.data_ptr<uint8_t>();
     const size_t n = static_cast<size_t>(ids.numel());
     py::gil_scoped_release release;
-    reader_->read(id_ptr, n, out_ptr);
+    reader_->read(id_ptr, n, out_ptr, slot_ptr);
   }
 
   py::dict counters() const {
@@ -174,7 +190,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("backend"), py::arg("path"), py::arg("num_rows"), py::arg("row_bytes"), py::arg("row_stride"),
            py::arg("data_offset") = 0, py::arg("queue_depth") = 64, py::arg("direct") = true,
            py::arg("max_request_bytes") = 128 * 1024)
-      .def("read", &PyRowReader::read, py::arg("ids"), py::arg("out"))
+      .def("read", &PyRowReader::read, py::arg("ids"), py::arg("out"), py::arg("slots") = py::none())
       .def("counters", &PyRowReader::counters)
       .def("reset_counters", &PyRowReader::reset_counters)
       .def_property_readonly("backend", &PyRowReader::backend)

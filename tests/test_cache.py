@@ -278,10 +278,22 @@ class FlakyStorage:
         return self._inner.read(ids)
 
 
+class FlakyDirectStorage(FlakyStorage):
+    """The same with the direct read into cache lines; a failing read first leaves garbage in half its
+    slots (rows the disk returned before the error, or a torn read)."""
+
+    def read_into(self, ids, out, slots):
+        if self.fail:
+            out[slots[: len(slots) // 2]] = 7.5
+            raise OSError("injected read error")
+        self._inner.read_into(ids, out, slots)
+
+
+@pytest.mark.parametrize("direct", [False, True])
 @pytest.mark.parametrize("pvp", [False, True])
-def test_a_failed_read_leaves_no_line_with_stale_bytes(tiny_cache, pvp):
+def test_a_failed_read_leaves_no_line_with_stale_bytes(tiny_cache, pvp, direct):
     storage, features, static = tiny_cache
-    flaky = FlakyStorage(storage)
+    flaky = (FlakyDirectStorage if direct else FlakyStorage)(storage)
     trace = power_law_trace(3, 40, 40)
     cache = SoftwareCache(flaky, num_sets=4, ways=16, window=4, period=1, static_scores=static, pvp=pvp,
                           pvp_queue_capacity=8)

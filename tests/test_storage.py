@@ -80,6 +80,38 @@ def test_out_argument_is_filled_and_checked(storage, tiny):
         storage.read(ids, out=torch.empty((2, tiny[0].feature_dim), dtype=storage.dtype))
 
 
+@pytest.mark.parametrize("case", sorted(ADVERSARIAL))
+def test_read_into_places_each_row_in_its_slot_and_nothing_else(storage, tiny, case):
+    """The cache's direct miss path: row of ids[i] into out[slots[i]], every other row of out untouched."""
+    ids = torch.tensor(ADVERSARIAL[case])
+    rng = np.random.default_rng(len(ids))
+    out = torch.full((2 * N + 7, tiny[0].feature_dim), -3.0, dtype=storage.dtype)
+    slots = torch.from_numpy(rng.permutation(out.shape[0])[:ids.numel()])
+    before = out.clone()
+    storage.read_into(ids, out, slots)
+    assert torch.equal(out[slots], tiny[1][ids])
+    untouched = torch.ones(out.shape[0], dtype=torch.bool)
+    untouched[slots] = False
+    assert torch.equal(out[untouched], before[untouched])
+
+
+def test_read_into_checks_its_arguments(storage, tiny):
+    out = torch.zeros((10, tiny[0].feature_dim), dtype=storage.dtype)
+    storage.read_into(torch.empty(0, dtype=torch.int64), out, torch.empty(0, dtype=torch.int64))  # nothing
+    assert not out.any()
+    with pytest.raises(IndexError, match=r"slots must lie in \[0, 10\)"):
+        storage.read_into([1, 2], out, torch.tensor([3, 10]))
+    with pytest.raises(ValueError, match="one row of out per id"):
+        storage.read_into([1, 2], out, torch.tensor([3]))
+    with pytest.raises(ValueError, match="contiguous"):
+        storage.read_into([1, 2], out[:, :2], torch.tensor([3, 4]))
+    with pytest.raises(IndexError, match=str(N)):
+        storage.read_into([1, N], out, torch.tensor([3, 4]))
+    if hasattr(storage, "_reader"):  # the native reader checks slots itself too (its own callers)
+        with pytest.raises(IndexError, match=r"slots\[1\] = 10 is not a row of out \(10 rows\)"):
+            storage._reader.read(torch.tensor([1, 2]), out.view(torch.uint8).view(-1), torch.tensor([3, 10]))
+
+
 def test_read_async_returns_the_same_rows(storage, tiny):
     ids = torch.randint(0, N, (500,))
     assert torch.equal(storage.read_async(ids).result(), tiny[1][ids])

@@ -87,9 +87,12 @@ void RowReader::reset_counters() {
   }
 }
 
-void RowReader::read(const int64_t* ids, size_t n, uint8_t* out) {
+void RowReader::read(const int64_t* ids, size_t n, uint8_t* out, const int64_t* slots) {
   const auto start = std::chrono::steady_clock::now();
   ReadPlan plan = make_read_plan(ids, n, layout_, alignment_, options_.max_request_bytes);
+  if (slots != nullptr) {  // every backend scatters rows to their targets' positions: make those the slots
+    for (ReadTarget& target : plan.targets) target.position = slots[target.position];
+  }
   if (n > 0) execute(plan, out);
   const uint64_t ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());

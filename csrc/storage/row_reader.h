@@ -40,8 +40,9 @@ class RowReader {
   RowReader(const RowReader&) = delete;
   RowReader& operator=(const RowReader&) = delete;
 
-  // Reads rows ids[0..n) into out (n * row_bytes bytes). Thread-safe.
-  void read(const int64_t* ids, size_t n, uint8_t* out);
+  // Reads rows ids[0..n) into out: row i at out + i * row_bytes (n * row_bytes bytes), or with slots at
+  // out + slots[i] * row_bytes (a cache's misses straight into their lines). Thread-safe.
+  void read(const int64_t* ids, size_t n, uint8_t* out, const int64_t* slots = nullptr);
 
   const FileLayout& layout() const { return layout_; }
   const std::string& path() const { return path_; }

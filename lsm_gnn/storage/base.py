@@ -94,6 +94,30 @@ class FeatureStorage(ABC):
             self._read(ids, out)
         return out
 
+    def read_into(self, ids, out: torch.Tensor, slots: torch.Tensor) -> None:
+        """Reads the row of ``ids[i]`` into ``out[slots[i]]`` for every ``i``: a cache's misses straight into
+        their lines, with no batch-sized buffer between. ``out`` is a contiguous ``[*, dim]`` tensor of the
+        storage's dtype on its device; ``slots`` holds one row of ``out`` per id (distinct ones, or rows
+        written twice get either id's row)."""
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} is closed")
+        ids, slots = as_id_tensor(ids), as_id_tensor(slots)
+        if out.dim() != 2 or out.shape[1] != self.dim or out.dtype != self.dtype or not out.is_contiguous() \
+                or out.device != self.device:
+            raise ValueError(f"out must be a contiguous {self.dtype} tensor of shape (rows, {self.dim}) on "
+                             f"{self.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+        if slots.shape != ids.shape:
+            raise ValueError(f"slots must name one row of out per id: {slots.numel()} slots for {ids.numel()} ids")
+        if ids.numel() and (int(slots.min()) < 0 or int(slots.max()) >= out.shape[0]):
+            raise IndexError(f"slots must lie in [0, {out.shape[0]}) (the rows of out), got "
+                             f"{int(slots.min())}..{int(slots.max())}")
+        if ids.numel():
+            self._read_into(ids, out, slots)
+
+    def _read_into(self, ids: torch.Tensor, out: torch.Tensor, slots: torch.Tensor) -> None:
+        """:meth:`read_into` for checked arguments; backends that can place rows themselves override it."""
+        out.index_copy_(0, slots, self.read(ids))
+
     # -- the Features interface (lsm_gnn.features): storage is the source with no cache ---------------------
 
     caches = False

@@ -52,6 +52,9 @@ class NativeStorage(FeatureStorage):
     def _read(self, ids: torch.Tensor, out: torch.Tensor) -> None:
         self._reader.read(ids, out.view(torch.uint8).view(-1))
 
+    def _read_into(self, ids: torch.Tensor, out: torch.Tensor, slots: torch.Tensor) -> None:
+        self._reader.read(ids, out.view(torch.uint8).view(-1), slots)  # each row from its read buffer to its slot
+
     def stats(self) -> StorageStats:
         c = self._reader.counters()
         return StorageStats(
