@@ -10,8 +10,9 @@ iterations with only the feature path changed:
   hybrid+pvp     the hybrid cache with the victim-buffer prefetcher (cache.pvp=true:
                  policy hybrid_pvp_room, reinstall on; --pvp-queue-capacity lines per queue,
                  or --pvp-queue-bytes for all queues)
-  hybrid-same-bytes  the hybrid cache given hybrid+pvp's cache and queue bytes together:
-                 PVP judged against a plain cache of the same memory
+  farthest+pvp   the same with the default policy (farthest): PVP's defaults, to compare with farthest
+  hybrid-same-bytes, farthest-same-bytes  that policy's cache given the +pvp run's cache and queue
+                 bytes together: PVP judged against a plain cache of the same memory
   hybrid-in-memory  the hybrid cache over the in-memory table: the cache's own cost,
                  with the storage taken out of the way (misses cost a memory copy)
   memmap         a plain ``np.memmap`` gather, page cache evicted before the run
@@ -54,8 +55,8 @@ from lsm_gnn.storage.base import CountingStorage
 from lsm_gnn.storage.probe import evict_page_cache
 from lsm_gnn.trainer import STAGES, Trainer
 
-METHODS = ("hybrid", "rr", "farthest", "hybrid+pvp", "hybrid-same-bytes", "hybrid-in-memory", "memmap", "memmap-bound",
-           "memmap-random-bound", "memory")
+METHODS = ("hybrid", "rr", "farthest", "hybrid+pvp", "farthest+pvp", "hybrid-same-bytes", "farthest-same-bytes",
+           "hybrid-in-memory", "memmap", "memmap-bound", "memmap-random-bound", "memory")
 BOUND = ("memmap-bound", "memmap-random-bound")  # seconds per batch: they run --bound-iterations only
 
 
@@ -113,13 +114,14 @@ def run_once(args, ds, method: str) -> dict:
     features = None
     if method in ("hybrid", "rr", "farthest"):
         overrides += ["cache.features=cache", f"cache.policy={method}", "cache.backend=io_uring"]
-    elif method == "hybrid+pvp":
-        overrides += ["cache.features=cache", "cache.policy=auto", "cache.backend=io_uring", "cache.pvp=true"]
+    elif method in ("hybrid+pvp", "farthest+pvp"):
+        policy = "hybrid_pvp_room" if method == "hybrid+pvp" else "farthest"
+        overrides += ["cache.features=cache", f"cache.policy={policy}", "cache.backend=io_uring", "cache.pvp=true"]
         overrides += [f"cache.pvp_queue_bytes={args.pvp_queue_bytes}"] if args.pvp_queue_bytes else \
             [f"cache.pvp_queue_capacity={args.pvp_queue_capacity}"]
-    elif method == "hybrid-same-bytes":
+    elif method in ("hybrid-same-bytes", "farthest-same-bytes"):
         cache_bytes, queue_bytes = pvp_memory(args, ds)
-        overrides += ["cache.features=cache", "cache.policy=hybrid", "cache.backend=io_uring",
+        overrides += ["cache.features=cache", f"cache.policy={method.split('-')[0]}", "cache.backend=io_uring",
                       f"cache.capacity={cache_bytes + queue_bytes}"]
     elif method == "hybrid-in-memory":
         overrides += ["cache.features=cache", "cache.policy=hybrid", "cache.backend=memory"]
@@ -141,7 +143,7 @@ def run_once(args, ds, method: str) -> dict:
 
 
 def pvp_memory(args, ds) -> tuple[int, int]:
-    """(cache bytes, all victim queues' bytes) of the hybrid+pvp run, as the cache sizes them."""
+    """(cache bytes, all victim queues' bytes) of the +pvp runs, as the cache sizes them."""
     from lsm_gnn.cache.pvp import queue_capacity_for, queue_memory_bytes
     from lsm_gnn.cache.software_cache import cache_geometry
     from lsm_gnn.config import cache_capacity_bytes
@@ -218,6 +220,8 @@ PAIRS = {  # name: (numerator, denominator) of wall time per iteration, within o
     "pvp_speedup_vs_hybrid": ("hybrid", "hybrid+pvp"),
     "farthest_speedup_vs_hybrid": ("hybrid", "farthest"),
     "pvp_speedup_vs_same_bytes": ("hybrid-same-bytes", "hybrid+pvp"),
+    "farthest_pvp_speedup_vs_farthest": ("farthest", "farthest+pvp"),
+    "farthest_pvp_speedup_vs_same_bytes": ("farthest-same-bytes", "farthest+pvp"),
     "hybrid_slowdown_vs_memory": ("hybrid", "memory"),
     "hybrid_in_memory_slowdown_vs_memory": ("hybrid-in-memory", "memory"),
 }
@@ -255,10 +259,10 @@ def parse_args(argv=None):
     p.add_argument("--bound-iterations", type=int, default=10, help="iterations of the memmap-*-bound methods")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--pvp-queue-capacity", type=int, default=512,
-                   help="lines per victim queue of hybrid+pvp (default: ~13%% of the ~4,000 distinct nodes of a "
+                   help="lines per victim queue of the +pvp methods (default: ~13%% of the ~4,000 distinct nodes of a "
                         "default batch, near the paper's 16K of 140K)")
     p.add_argument("--pvp-queue-bytes", default=None,
-                   help="all victim queues' bytes for hybrid+pvp (e.g. 16M, or 25%% of the cache); overrides "
+                   help="all victim queues' bytes for the +pvp methods (e.g. 16M, or 25%% of the cache); overrides "
                         "--pvp-queue-capacity")
     p.add_argument("--loader-threads", type=int, default=0,
                    help="threads of the sampler's and the cache's native ops on the loader thread (0: all cores)")

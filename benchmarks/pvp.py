@@ -18,13 +18,16 @@ so the cache evolves exactly as without PVP).
     python benchmarks/pvp.py --quick                 # seconds, for CI
 
 ``--same-bytes 0.25,0.5,1`` judges PVP fairly instead: for each cache size C
-and each share q, ``hybrid_pvp_room`` with reinstall and victim queues of
-q x C bytes in all (rows and 16 B of metadata a line, as
-``pvp_queue_bytes`` sizes them) against plain ``hybrid`` given the same
-(1 + q) x C bytes as cache lines: does the memory pay more as queues or as
-cache?
+and each share q, PVP (``--pvp-policy``, default ``hybrid_pvp_room``) with
+reinstall and victim queues of q x C bytes in all (rows and 16 B of metadata
+a line, as ``pvp_queue_bytes`` sizes them) against the plain cache
+(``--plain-policy``, default ``hybrid``) without PVP, given the cache's C
+bytes and the same (1 + q) x C bytes as cache lines: does the memory pay
+more as queues or as cache?
 
     python benchmarks/pvp.py --batch-size scaled --iterations 3000 --same-bytes 0.1,0.25,0.5,1
+    python benchmarks/pvp.py --batch-size scaled --iterations 3000 --same-bytes 0.25 --pvp-policy farthest \
+        --plain-policy farthest                      # today's defaults, with and without PVP
 """
 from __future__ import annotations
 
@@ -43,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PAPER_QUEUE_CAPACITY = 16384
 PAPER_NODES_PER_BATCH = 140_000  # distinct nodes of one 2048-seed batch on IGB-Full (DESIGN.md 3.3)
 FEATURE_ROW_BYTES = 4096         # bytes read are reported for the paper's 1024 float32 features
-POLICIES = ("rr", "static", "dynamic", "hybrid", "hybrid_far", "hybrid_pvp", "hybrid_pvp_room")
+POLICIES = ("rr", "static", "dynamic", "hybrid", "hybrid_far", "hybrid_pvp", "hybrid_pvp_room", "farthest")
 MODES = ("off", "bypass", "reinstall")
 
 
@@ -91,6 +94,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--same-bytes", default=None,
                         help="queue shares of the cache's bytes (e.g. 0.25,0.5,1): PVP against a plain cache given "
                              "the same memory")
+    parser.add_argument("--pvp-policy", default="hybrid_pvp_room", help="--same-bytes: the policy with PVP")
+    parser.add_argument("--plain-policy", default="hybrid", help="--same-bytes: the policy without PVP")
     args = parser.parse_args(argv)
     if args.same_bytes:
         return same_bytes(args, cp, [float(q) for q in args.same_bytes.split(",")])
@@ -138,22 +143,25 @@ def same_bytes(args, cp, shares: list[float]) -> dict:
     results = {"config": {"num_nodes": n, "batch_size": setup.batch, "iterations": setup.iterations,
                           "warmup": args.warmup, "window": args.window, "nodes_per_batch": setup.nodes_per_batch,
                           "feature_row_bytes": row, "shares": shares}, "sizes": {}}
-    print(f"\nsame bytes: PVP (hybrid_pvp_room, reinstall, queues of q x the cache) against hybrid with "
+    pvp_policy, plain_policy = args.pvp_policy, args.plain_policy
+    results["config"].update(pvp_policy=pvp_policy, plain_policy=plain_policy)
+    print(f"\nsame bytes: PVP ({pvp_policy}, reinstall, queues of q x the cache) against {plain_policy} with "
           f"(1 + q) x the cache; {setup.batch} seeds/batch, {n:,} nodes, window {args.window}")
-    print(f"{'cache':>8}{'q':>6}{'queue lines':>12}{'hybrid C':>10}{'PVP C+qC':>10}{'hybrid (1+q)C':>15}"
+    print(f"{'cache':>8}{'q':>6}{'queue lines':>12}{'plain C':>10}{'PVP C+qC':>10}{'plain (1+q)C':>15}"
           f"{'PVP - same':>12}")
     for frac in (float(x) for x in args.sizes.split(",")):
         num_sets = max(1, int(frac * n) // 32)
         cache_bytes = num_sets * 32 * row
-        plain = run(trace, n, "hybrid", "off", num_sets, args.window, args.period, args.warmup, setup.static, 1)
+        plain = run(trace, n, plain_policy, "off", num_sets, args.window, args.period, args.warmup, setup.static, 1)
         cells = {"cache_bytes": cache_bytes, "plain": plain, "shares": {}}
         for q in shares:
             lines = queue_capacity_for(int(q * cache_bytes), queues, row, cache_bytes)
-            pvp = run(trace, n, "hybrid_pvp_room", "reinstall", num_sets, args.window, args.period, args.warmup,
+            pvp = run(trace, n, pvp_policy, "reinstall", num_sets, args.window, args.period, args.warmup,
                       setup.static, lines)
             queue_bytes = queue_memory_bytes(queues, lines, row)
             bigger_sets = max(1, (cache_bytes + queue_bytes) // (32 * row))
-            same = run(trace, n, "hybrid", "off", bigger_sets, args.window, args.period, args.warmup, setup.static, 1)
+            same = run(trace, n, plain_policy, "off", bigger_sets, args.window, args.period, args.warmup,
+                       setup.static, 1)
             cells["shares"][f"{q:g}"] = {"queue_lines": lines, "queue_bytes": queue_bytes, "pvp": pvp,
                                          "same_bytes": same, "same_bytes_lines": bigger_sets * 32}
             print(f"{frac:>8.2%}{q:>6g}{lines:>12,}{plain['combined_hit_ratio']:>10.4f}"

@@ -51,7 +51,7 @@ class CacheConfig:
     features: str = "cache"    # cache | storage (no cache) | memory (whole file in RAM: the ceiling)
     capacity: str = defaults.CAPACITY  # bytes ("4G", "512M") or a share of the nodes ("1.5%")
     ways: int = defaults.WAYS
-    policy: str = "auto"       # auto: farthest, or hybrid_pvp_room with pvp (docs/cache.md); or any policy
+    policy: str = "auto"       # auto: farthest, the best measured with or without pvp (docs/cache.md)
     window: int = defaults.WINDOW  # future mini-batches sampled ahead
     period: int = defaults.PERIOD  # window scan every `period` iterations
     backend: str = "auto"      # storage backend of the miss path

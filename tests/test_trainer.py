@@ -181,8 +181,8 @@ def test_victim_buffer_adds_hits_and_changes_no_loss(graph, tmp_path):
     assert summary["bytes_read"] < plain_summary["bytes_read"]
 
 
-def test_pvp_picks_its_policy_when_none_is_named(graph, tmp_path):
-    assert Trainer(config(graph, tmp_path / "a", "cache.pvp=true")).features.policy.name == "hybrid_pvp_room"
+def test_the_default_policy_is_farthest_with_and_without_pvp(graph, tmp_path):
+    assert Trainer(config(graph, tmp_path / "a", "cache.pvp=true")).features.policy.name == "farthest"
     assert Trainer(config(graph, tmp_path / "b")).features.policy.name == "farthest"
 
 
