@@ -116,6 +116,12 @@ def test_concat_storage(dataset):
                                dataset.node_type("paper").read_features_direct([299, 0])])
     assert torch.equal(both.read(ids), torch.from_numpy(expected))
     assert both.stats().rows == 5
+    out = torch.zeros((8, both.dim), dtype=both.dtype)  # the direct miss path: each part into its slots
+    slots = torch.tensor([7, 1, 4, 0, 2])
+    both.read_into(ids[:4], out, slots[:4])
+    assert torch.equal(out[slots[:4]], torch.from_numpy(expected[:4])) and not out[[2, 3, 5, 6]].any()
+    with pytest.raises(IndexError, match="550 .* paper \\+ author"):
+        both.read_into(torch.tensor([550]), out, torch.tensor([0]))
     with pytest.raises(IndexError, match="550 .* paper \\+ author"):
         both.read(torch.tensor([550]))
     fos = open_storage(dataset.node_type("fos"), "memory")

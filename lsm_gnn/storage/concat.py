@@ -37,14 +37,22 @@ class ConcatStorage(FeatureStorage):
         return int(self.offsets[self.names.index(name)])
 
     def _read(self, ids: torch.Tensor, out: torch.Tensor) -> None:
+        for k, where in self._by_part(ids):
+            out[where] = self.parts[k].read(ids[where] - int(self.offsets[k]))
+
+    def _read_into(self, ids: torch.Tensor, out: torch.Tensor, slots: torch.Tensor) -> None:
+        for k, where in self._by_part(ids):  # each part places its rows itself
+            self.parts[k].read_into(ids[where] - int(self.offsets[k]), out, slots[where])
+
+    def _by_part(self, ids: torch.Tensor):
+        """(part, positions of ``ids`` in it) for every part that ``ids`` touch; checks the range first."""
         if int(ids.min()) < 0 or int(ids.max()) >= self.num_rows:
             bad = int(torch.nonzero((ids < 0) | (ids >= self.num_rows))[0])
             raise IndexError(f"id {int(ids[bad])} at position {bad} is out of range [0, {self.num_rows}) of "
                              f"{' + '.join(self.names)}")
         part = torch.from_numpy(np.searchsorted(self.offsets[1:], ids.numpy(), side="right"))
         for k in torch.unique(part).tolist():
-            where = torch.nonzero(part == k).reshape(-1)
-            out[where] = self.parts[k].read(ids[where] - int(self.offsets[k]))
+            yield k, torch.nonzero(part == k).reshape(-1)
 
     def stats(self) -> StorageStats:
         """The parts' counters summed (latencies: the sum, and the largest of the maxima)."""
