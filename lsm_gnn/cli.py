@@ -280,11 +280,12 @@ def _in_process_group() -> bool:
 
 
 def _leave_process_group() -> None:
-    # Left to interpreter exit, gloo's threads can abort the process (SIGABRT) after an error on one rank.
-    import torch.distributed as dist
+    # Left to interpreter exit, gloo's threads can abort the process (SIGABRT), after an error on one rank
+    # or after a successful run (lsm_gnn.parallel.leave_process_group).
+    from lsm_gnn.parallel import leave_process_group
 
     try:
-        dist.destroy_process_group()
+        leave_process_group()
     except Exception:
         pass
 

@@ -24,9 +24,34 @@ def distributed_context(device: torch.device) -> tuple[int, int]:
         raise RuntimeError("a distributed launch needs MASTER_ADDR and MASTER_PORT in the environment "
                            "(torchrun sets them; with mpirun use launch/mpirun.sh)")
     backend = "nccl" if device.type == "cuda" else "gloo"
+    _import_modules_binding_the_default_group()
     # A finite timeout, the same for every group: a rank that dies makes the others fail instead of hanging.
     dist.init_process_group(backend, rank=int(rank), world_size=int(world), timeout=collective_timeout())
     return dist.get_rank(), dist.get_world_size()
+
+
+def _import_modules_binding_the_default_group() -> None:
+    # torch.distributed.nn.functional binds the default group into its functions' defaults (group=group.WORLD)
+    # when first imported, and DDP imports it: imported after init_process_group, it keeps the default group
+    # alive past destroy_process_group (see leave_process_group). Imported before, it binds None.
+    import torch.distributed.nn.functional  # noqa: F401
+
+
+def leave_process_group() -> None:
+    """Destroys every process group, joining their threads now, before the interpreter finalizes.
+
+    A gloo group's worker threads release each finished collective's tensors, and with them Python objects,
+    which takes the GIL. Still running while the interpreter finalizes (the group kept alive by a reference),
+    such a thread is ended by Python inside C++ code that may not be unwound, and the process aborts
+    (`terminate called without an active exception`, SIGABRT) after a successful run, now and then.
+    Destroyed here, the group's destructor waits for its queue and joins its threads while the GIL is free.
+    """
+    import gc
+
+    import torch.distributed as dist
+
+    gc.collect()  # in case a model (DDP) or a shared cache caught in a reference cycle still holds a group
+    dist.destroy_process_group()
 
 
 def batch_to(batch, device):

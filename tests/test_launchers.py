@@ -3,6 +3,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -45,6 +46,27 @@ def test_torchrun_two_ranks_shared_and_isolated_train_identically(graph, tmp_pat
     with open(tmp_path / "pvp" / "metrics.jsonl") as fh:
         steps = [json.loads(line) for line in fh if '"iteration"' in line]
     assert sum(r["pvp_hits"] for r in steps) > 0  # rank 0's slice served rows from its victim buffer
+
+
+def test_ranks_leave_no_communication_thread_running_into_interpreter_exit(graph, tmp_path):
+    """After `lsm-gnn train` returns, no gloo thread is left: one still running while the interpreter finalizes
+    can take the GIL to release a finished collective's tensors, and that aborts the rank now and then
+    (`terminate called without an active exception`, SIGABRT) after a successful run."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", LSM_GNN_TIMEOUT_S="120",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    args = [f"dataset={graph}", "model.kind=sage", "model.hidden=16", "sampler.fanouts=[5,5]",
+            "sampler.batch_size=64", "cache.capacity=40%", "train.epochs=1", "log.progress=false",
+            f"log.dir={tmp_path}", "train.eval_splits=[val]"]  # shared cache: the default group and the cache's
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                             f"--master_port={free_port()}", os.path.join(ROOT, "tests", "exit_worker.py"),
+                             str(tmp_path), *args], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for rank in range(2):
+        with open(tmp_path / f"threads-{rank}.json") as fh:
+            report = json.load(fh)
+        assert report["code"] == 0
+        assert not [name for name in report["native"] if "gloo" in name], report
+        assert not [name for name in report["python"] if name.startswith("lsm-gnn")], report
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI is not installed (apt install openmpi-bin)")
