@@ -39,3 +39,21 @@ def test_same_bytes_comparison_quick(tmp_path):
             assert cell["same_bytes_lines"] * row <= total < (cell["same_bytes_lines"] + 32) * row  # one set
             assert cell["pvp"]["pvp_hits"] > 0 and cell["same_bytes"]["pvp_hits"] == 0
         assert 0.0 < size["plain"]["combined_hit_ratio"] <= 1.0
+
+
+def test_pvp_cost_benchmark_quick(tmp_path):
+    """benchmarks/pvp_cost.py on a tiny graph: with reinstall and farthest, PVP adds hits and changes nothing else."""
+    from lsm_gnn.data.synthetic import generate_synthetic
+
+    spec = importlib.util.spec_from_file_location("pvp_cost", os.path.join(ROOT, "benchmarks", "pvp_cost.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ds = generate_synthetic(str(tmp_path / "g"), num_nodes=3000, avg_degree=8, feature_dim=8, num_classes=4, seed=0)
+    out = tmp_path / "cost.json"
+    results = module.main(["--data", ds.path, "--capacity", "0.2", "--lookups", "40", "--skip", "5", "--window", "8",
+                           "--batch-size", "16", "--rounds", "1", "--json", str(out)])
+    assert out.exists()
+    off, pvp = results["summary"]["off:farthest"], results["summary"]["pvp:farthest"]
+    assert off["ms_per_lookup"] > 0 and pvp["ms_per_lookup"] > 0
+    assert pvp["hit_ratio"] == off["hit_ratio"] and pvp["pvp_hits"] > 0
+    assert pvp["misses"] == off["misses"] - pvp["pvp_hits"]
