@@ -17,6 +17,10 @@ graph as 2048 seeds do on IGB-Full's 269M nodes.
     python benchmarks/cache_policies.py                        # paper batch
     python benchmarks/cache_policies.py --batch-size scaled    # scaled batch
     python benchmarks/cache_policies.py --quick                # seconds, for CI
+
+A policy may carry PolicyConfig options after '@': ``farthest@bypass=0`` is
+farthest without Belady's bypass, ``farthest@assign_next_use=0@threshold=56``
+the farthest policy as it was before it read next uses at assign time.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.benchmarking import reusable_dataset, write_json
-from lsm_gnn.cache import POLICIES, SoftwareCache, belady_min, belady_set_associative, replay
+from lsm_gnn.cache import POLICIES, PolicyConfig, SoftwareCache, belady_min, belady_set_associative, replay
 from lsm_gnn.sampling import NeighborSampler
 from lsm_gnn.storage.base import FeatureStorage, StorageStats
 
@@ -85,19 +89,40 @@ def record_trace(ds, fanouts, batch_size: int, iterations: int, seed: int) -> li
     return trace
 
 
-def run_policy(trace, num_nodes, policy, num_sets, window, period, warmup, static):
+def policy_config(spec: str, window: int, period: int) -> PolicyConfig:
+    """A policy name with PolicyConfig options after '@' (``farthest@bypass=0@threshold=56``)."""
+    name, *options = spec.split("@")
+    kwargs = {"window": window, "period": period}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key in ("assign_next_use", "bypass"):
+            kwargs[key] = value.lower() in ("1", "true", "yes")
+        elif key in ("threshold", "window", "period"):
+            kwargs[key] = int(value)
+        else:
+            raise ValueError(f"unknown policy option {key!r} in {spec!r}; use assign_next_use, bypass, threshold, "
+                             "window or period")
+    return PolicyConfig(name, **kwargs)
+
+
+def run_policy(trace, num_nodes, policy, num_sets, window, period, warmup, static, end=None):
+    """Hit ratio of ``policy`` over iterations [warmup, end) of ``trace`` (default: all but the last
+    ``window`` batches, which only feed the window), the iterations the Belady bounds count."""
+    end = len(trace) - window if end is None else end
     # Caches of 0.4-1.5% of a 2M-node graph are smaller than one 2048-seed batch: allow it.
-    cache = SoftwareCache(NullStorage(num_nodes), num_sets=num_sets, ways=32, policy=policy, window=window,
-                          period=period, static_scores=static, oversubscribe=True)
-    hits0 = unique0 = 0
+    cache = SoftwareCache(NullStorage(num_nodes), num_sets=num_sets, ways=32,
+                          policy=policy_config(policy, window, period), static_scores=static, oversubscribe=True)
+    hits0 = unique0 = bypassed0 = 0
     start = time.perf_counter()
     for t, (current, future) in enumerate(replay(trace, window, num_nodes=num_nodes)):
         if t == warmup:
-            hits0, unique0 = cache.stats.hits, cache.stats.unique
+            hits0, unique0, bypassed0 = cache.stats.hits, cache.stats.unique, cache.stats.bypassed
+        if t == end:
+            break
         cache.lookup(current, future)
     hits, unique = cache.stats.hits - hits0, cache.stats.unique - unique0
     return {"hit_ratio": hits / unique, "hits": hits, "requests": unique, "evicted_in_use": cache.stats.evicted_in_use,
-            "seconds": time.perf_counter() - start}
+            "bypassed": cache.stats.bypassed - bypassed0, "seconds": time.perf_counter() - start}
 
 
 def run_peers(trace, lines: int, warmup: int, work_dir: str) -> dict:
@@ -203,7 +228,7 @@ def main(argv=None) -> dict:
             cut = trace[:measured_trace_end + args.window]
             for policy in policies:
                 row[policy] = run_policy(cut, num_nodes, policy, num_sets, args.window, args.period, args.warmup,
-                                         setup.static)
+                                         setup.static, end=measured_trace_end)
                 print(f"size {frac:.2%} {policy:<11} hit ratio {row[policy]['hit_ratio']:.4f} "
                       f"({row[policy]['seconds']:.0f} s)", file=sys.stderr)
             measured = trace[:measured_trace_end]

@@ -17,12 +17,14 @@ def load(name):
 def test_cache_policies_quick(tmp_path):
     out = tmp_path / "policies.json"
     results = load("cache_policies").main(["--quick", "--data-dir", str(tmp_path), "--json", str(out),
-                                           "--policies", "rr,hybrid"])
+                                           "--policies", "rr,hybrid,farthest,farthest@bypass=0"])
     assert out.exists()
     for row in results["sizes"].values():
         # The cache's own geometry bounds its policies; full associativity can only do better.
         assert 0.0 <= row["rr"]["hit_ratio"] <= row["belady_sa"]["hit_ratio"] <= row["belady"]["hit_ratio"] <= 1.0
-        assert row["hybrid"]["hit_ratio"] <= row["belady_sa"]["hit_ratio"]
+        for policy in ("hybrid", "farthest", "farthest@bypass=0"):
+            assert row[policy]["hit_ratio"] <= row["belady_sa"]["hit_ratio"]
+        assert row["farthest"]["bypassed"] > 0 == row["farthest@bypass=0"]["bypassed"]
 
 
 def test_cache_throughput_quick(tmp_path):

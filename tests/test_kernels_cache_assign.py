@@ -15,7 +15,7 @@ from lsm_gnn.kernels.cache_assign import cache_assign  # noqa: E402
 from lsm_gnn.testing import write_tiny_dataset  # noqa: E402
 
 NODES = 400
-OUTPUTS = ("line", "hit", "evicted_tag", "evicted_record", "evicted_line", "evictions", "evicted_in_use")
+OUTPUTS = ("line", "hit", "evicted_tag", "evicted_record", "evicted_line", "evictions", "evicted_in_use", "bypassed")
 STATE = ("tags", "records", "flags", "static_score", "last_use", "rr_pointer")
 
 
@@ -33,13 +33,15 @@ def power_law_batches(rng, count, size):
     return [np.unique(perm[rng.choice(NODES, size, p=weights)]) for _ in range(count)]
 
 
-def assert_same_assign(cache, ids, t):
+def assert_same_assign(cache, ids, t, window=None):
     """Runs the C++ and the Triton assign on copies of ``cache``'s state with the arguments its lookup of
-    iteration ``t`` uses, and compares every output and every state tensor."""
+    iteration ``t`` uses (``window``: the window's first occurrences), and compares every output and every
+    state tensor."""
     p = cache.policy
     room = cache.pvp.room() if cache.pvp is not None and p.name == "hybrid_pvp_room" else None
+    *arrays, front = window if window is not None and p.assign_next_use else (None, None, None, 0)
     args = (torch.from_numpy(ids), cache.node_static, POLICY_CODE[p.name], t, cache.scan_base, p.near_threshold,
-            list(p.level_rank), room)
+            list(p.level_rank), room, *arrays, front, p.window, p.bypass)
     native_state = cache.state.clone().tensors()
     triton_state = cache.state.clone().tensors()
     native = _C.cache_assign(*native_state, cache.ways, *args, 1)
@@ -58,9 +60,10 @@ GEOMETRIES = [
     (2, 8, 50, True),      # oversubscribed: sets get more misses than ways, lines are taken twice
     (8, 4, 30, True),      # narrow sets, victim queues with little room
 ]
-# The interpreter runs programs one by one (~2 s a case): the quick run keeps one hard case, CI runs all.
-CASES = [pytest.param(policy, *geometry, marks=() if (policy, geometry[1]) == ("hybrid_pvp_room", 8)
-                      else pytest.mark.slow)
+# The interpreter runs programs one by one (~2 s a case): the quick run keeps two hard cases (the second with
+# next uses at assign and bypassed misses), CI runs all.
+QUICK = {("hybrid_pvp_room", 8), ("farthest", 8)}
+CASES = [pytest.param(policy, *geometry, marks=() if (policy, geometry[1]) in QUICK else pytest.mark.slow)
          for policy in POLICIES for geometry in GEOMETRIES]
 
 
@@ -75,7 +78,7 @@ def test_triton_assign_equals_the_cpp_core(storage, policy, num_sets, ways, batc
         future = [torch.from_numpy(b) for b in batches[t + 1:t + 7]]
         if (cache.policy.uses_window or pvp) and t % cache.policy.period == 0:
             cache.scan(future)  # what this iteration's lookup does first (a second scan changes nothing)
-        assert_same_assign(cache, ids, t)
+        assert_same_assign(cache, ids, t, cache._first_occurrence(future))
         cache.lookup(ids, future=future)  # the native cache moves on to the next iteration
 
 

@@ -128,7 +128,18 @@ def cache_cases(draw):
                 skew=draw(st.floats(0.0, 1.5)), seed=draw(st.integers(0, 2**32 - 1)), window=window,
                 period=draw(st.integers(1, min(window, 3))),  # scans a short trace twice: victims get next uses
                 static=draw(st.booleans()),
-                pvp=draw(st.sampled_from([None, *range(1, 6)])), reinstall=draw(st.booleans()))
+                pvp=draw(st.sampled_from([None, *range(1, 6)])), reinstall=draw(st.booleans()),
+                next_use=draw(st.sampled_from([None, False, True])), bypass=draw(st.sampled_from([None, False, True])))
+
+
+def policy_config(policy, window, period, next_use, bypass) -> PolicyConfig:
+    """``policy`` with the drawn next-use options (None: its default) where they apply: window policies only,
+    and bypass only with the next use at assign."""
+    config = PolicyConfig(policy, window=window, period=period)
+    if not config.uses_window:
+        return config
+    next_use = config.assign_next_use if next_use is None else next_use
+    return PolicyConfig(policy, window=window, period=period, assign_next_use=next_use, bypass=bypass and next_use)
 
 
 def power_law_batches(seed, nodes, skew, sizes):
@@ -144,10 +155,12 @@ def power_law_batches(seed, nodes, skew, sizes):
 def cache_check(tiny_cache):
     storage, features, scores = tiny_cache
 
-    def check(policy, num_sets, ways, sizes, nodes, skew, seed, window, period, static, pvp, reinstall):
+    def check(policy, num_sets, ways, sizes, nodes, skew, seed, window, period, static, pvp, reinstall, next_use,
+              bypass):
         """A cache on the Triton kernels (each call checked against the C++ core) beside the reference model:
-        rows, hits, line metadata, victim queues and counters after every batch. ``pvp``: queue capacity."""
-        config = PolicyConfig(policy, window=window, period=period)
+        rows, hits, line metadata, victim queues and counters after every batch. ``pvp``: queue capacity;
+        ``next_use``, ``bypass``: the policy's options (None: its default)."""
+        config = policy_config(policy, window, period, next_use, bypass)
         scores_or_none = scores if static else None
         reinstall = reinstall and pvp is not None
         ref = ReferenceCache(storage, num_sets, ways, config, static_scores=scores_or_none, oversubscribe=True,

@@ -40,7 +40,9 @@ py::tuple assign(const torch::Tensor& tags, const torch::Tensor& records, const 
                  const torch::Tensor& static_score, const torch::Tensor& last_use, const torch::Tensor& rr_pointer,
                  int ways, const torch::Tensor& unique, const std::optional<torch::Tensor>& node_static, int policy,
                  int64_t iteration, int64_t scan_base, int64_t threshold, std::vector<int> level_rank,
-                 const std::optional<torch::Tensor>& queue_room, int num_threads) {
+                 const std::optional<torch::Tensor>& queue_room, const std::optional<torch::Tensor>& first_iteration,
+                 const std::optional<torch::Tensor>& first_position, const std::optional<torch::Tensor>& first_rank,
+                 int64_t front, int64_t limit, bool bypass, int num_threads) {
   CacheView v = view_of(tags, records, flags, static_score, last_use, rr_pointer, ways);
   check(unique, "unique", torch::kInt64, -1);
   TORCH_CHECK_VALUE(level_rank.size() == 4, "level_rank must have 4 entries");
@@ -61,6 +63,22 @@ py::tuple assign(const torch::Tensor& tags, const torch::Tensor& records, const 
     p.queue_room = queue_room->data_ptr<uint8_t>();
     p.num_queues = queue_room->numel();
   }
+  TORCH_CHECK_VALUE(first_iteration.has_value() == first_position.has_value() &&
+                        first_iteration.has_value() == first_rank.has_value(),
+                    "give all of first_iteration, first_position and first_rank (a window index's arrays) or none");
+  if (first_iteration.has_value()) {  // next use at assign
+    const int64_t num_nodes = first_iteration->numel();
+    check(*first_iteration, "first_iteration", torch::kInt32, num_nodes);
+    check(*first_position, "first_position", torch::kInt32, num_nodes);
+    check(*first_rank, "first_rank", torch::kUInt8, num_nodes);
+    p.first_iteration = first_iteration->data_ptr<int32_t>();
+    p.first_position = first_position->data_ptr<int32_t>();
+    p.first_rank = first_rank->data_ptr<uint8_t>();
+    p.num_nodes = num_nodes;
+    p.front = front;
+    p.limit = limit;
+    p.bypass = bypass;
+  }
   const int64_t n = unique.numel();
   auto line = torch::empty({n}, torch::kInt64);
   auto hit = torch::empty({n}, torch::kBool);
@@ -77,7 +95,8 @@ py::tuple assign(const torch::Tensor& tags, const torch::Tensor& records, const 
     py::gil_scoped_release release;
     lsm::cache::assign(v, unique.data_ptr<int64_t>(), n, node_static_ptr, p, out, num_threads);
   }
-  return py::make_tuple(line, hit, evicted_tag, evicted_record, evicted_line, out.evictions, out.evicted_in_use);
+  return py::make_tuple(line, hit, evicted_tag, evicted_record, evicted_line, out.evictions, out.evicted_in_use,
+                        out.bypassed);
 }
 
 py::tuple victim_enqueue(const torch::Tensor& count, const torch::Tensor& queue_iteration, const torch::Tensor& node,
@@ -304,7 +323,9 @@ void bind_cache(py::module& m) {
   m.def("cache_assign", &assign, py::arg("tags"), py::arg("records"), py::arg("flags"), py::arg("static_score"),
         py::arg("last_use"), py::arg("rr_pointer"), py::arg("ways"), py::arg("unique"), py::arg("node_static"),
         py::arg("policy"), py::arg("iteration"), py::arg("scan_base"), py::arg("threshold"), py::arg("level_rank"),
-        py::arg("queue_room") = py::none(), py::arg("num_threads") = 0);
+        py::arg("queue_room") = py::none(), py::arg("first_iteration") = py::none(),
+        py::arg("first_position") = py::none(), py::arg("first_rank") = py::none(), py::arg("front") = 0,
+        py::arg("limit") = 0, py::arg("bypass") = false, py::arg("num_threads") = 0);
   m.def("victim_enqueue", &victim_enqueue, py::arg("count"), py::arg("queue_iteration"), py::arg("node"),
         py::arg("record"), py::arg("data"), py::arg("evicted_tag"), py::arg("evicted_record"), py::arg("evicted_line"),
         py::arg("cache_data"), py::arg("iteration"), py::arg("scan_base"), py::arg("num_threads") = 0,

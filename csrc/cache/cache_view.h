@@ -26,14 +26,17 @@ struct AssignOutput {
   int64_t* evicted_line = nullptr;    // [n] the line it was evicted from (its row is still there until the fill), or -1
   int64_t evictions = 0;
   int64_t evicted_in_use = 0;        // evictions of lines this batch had used
+  int64_t bypassed = 0;              // misses left uncached (PolicyParams::bypass)
 };
 
-// Metadata of a line just filled with node `id`: fresh, no known reuse yet.
-LSM_HD void install_line(const CacheView& c, int64_t i, int64_t id, const uint16_t* node_static, int64_t iteration) {
+// Metadata of a line just filled with node `id`: its next use `record` if known (not fresh),
+// else fresh with no known reuse yet.
+LSM_HD void install_line(const CacheView& c, int64_t i, int64_t id, const uint16_t* node_static, int64_t iteration,
+                         bool known, uint64_t record) {
   c.tags[i] = id;
   c.static_score[i] = node_static ? node_static[id] : 0;
-  c.records[i] = kNoReuseRecord;
-  c.flags[i] = kFresh;
+  c.records[i] = known ? record : kNoReuseRecord;
+  c.flags[i] = known ? 0 : kFresh;
   c.last_use[i] = iteration;
 }
 

@@ -51,6 +51,7 @@ int choose_victim(const CacheView& c, int64_t set, const PolicyParams& p) {
 void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t* node_static,
             const PolicyParams& p, AssignOutput& out, int num_threads) {
   if (num_threads <= 0) num_threads = omp_get_max_threads();
+  const bool known = p.first_iteration != nullptr;  // next use at assign
   // Phase 1: hits. Distinct ids map to distinct lines, so writes never collide.
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (n > 4096)
   for (int64_t u = 0; u < n; ++u) {
@@ -66,7 +67,12 @@ void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t
         out.line[u] = i;
         out.hit[u] = 1;
         c.last_use[i] = p.iteration;
-        if (p.iteration > p.scan_base) c.flags[i] |= kFresh;  // the predicted reuse is being consumed
+        if (known) {  // its next use, read now
+          c.records[i] = assign_record(p, unique[u]);
+          c.flags[i] &= static_cast<uint8_t>(~kFresh);
+        } else if (p.iteration > p.scan_base) {
+          c.flags[i] |= kFresh;  // the predicted reuse is being consumed
+        }
         break;
       }
     }
@@ -84,21 +90,32 @@ void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t
   }
   segment_start.push_back(static_cast<int64_t>(misses.size()));
   const int64_t num_segments = static_cast<int64_t>(segment_start.size()) - 1;
-  int64_t evictions = 0, evicted_in_use = 0;
+  int64_t evictions = 0, evicted_in_use = 0, bypassed = 0;
   // One thread owns a whole set: installing needs no atomics.
 #pragma omp parallel num_threads(num_threads) if (num_segments > 256)
   {
     std::vector<int64_t> installed_by(c.ways);  // way -> unique index installed there by this batch
-#pragma omp for schedule(dynamic, 64) reduction(+ : evictions, evicted_in_use)
+#pragma omp for schedule(dynamic, 64) reduction(+ : evictions, evicted_in_use, bypassed)
     for (int64_t s = 0; s < num_segments; ++s) {
       std::fill(installed_by.begin(), installed_by.end(), -1);
       for (int64_t k = segment_start[s]; k < segment_start[s + 1]; ++k) {
         const int64_t set = misses[k].first, u = misses[k].second;
         const int w = choose_victim(c, set, p);
         const int64_t i = set * c.ways + w;
+        const uint64_t record = known ? assign_record(p, unique[u]) : kNoReuseRecord;
+        if (p.bypass && known && c.tags[i] != kInvalidTag) {
+          // Belady's bypass: a miss the policy would evict before its victim is not cached.
+          const uint16_t score = node_static ? node_static[unique[u]] : 0;
+          if (victim_key(record, 0, score, p.iteration, p) <
+              victim_key(c.records[i], c.flags[i], c.static_score[i], c.last_use[i], p)) {
+            ++bypassed;
+            continue;
+          }
+        }
         if (c.tags[i] != kInvalidTag) {
           out.evicted_tag[u] = c.tags[i];
-          out.evicted_record[u] = c.records[i];
+          // A line this batch installed holds no row yet: no victim queue may take it.
+          out.evicted_record[u] = installed_by[w] >= 0 ? kNoReuseRecord : c.records[i];
           out.evicted_line[u] = i;
           ++evictions;
           if (c.last_use[i] == p.iteration) ++evicted_in_use;
@@ -106,13 +123,14 @@ void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t
         // A line taken twice by this batch caches only the later id.
         if (installed_by[w] >= 0) out.line[installed_by[w]] = -1;
         installed_by[w] = u;
-        install_line(c, i, unique[u], node_static, p.iteration);
+        install_line(c, i, unique[u], node_static, p.iteration, known, record);
         out.line[u] = i;
       }
     }
   }
   out.evictions = evictions;
   out.evicted_in_use = evicted_in_use;
+  out.bypassed = bypassed;
 }
 
 void scan(int64_t lines, const int64_t* tags, uint64_t* records, uint8_t* flags, const int32_t* first_iteration,

@@ -13,7 +13,10 @@ namespace lsm::cache {
 
 // Looks up the sorted, distinct ids unique[0..n): marks hits used, then
 // installs every miss (grouped by set, ascending id within a set) in the
-// victim the policy picks (lines this batch used are evicted last). The
+// victim the policy picks (lines this batch used are evicted last). With
+// params' first occurrences, hit and installed lines take their next use
+// (assign_record) instead of the fresh mark, and with params.bypass a miss
+// whose key is below its victim's is left uncached (out.line -1). The
 // caller must copy hit rows out before writing the misses' rows. node_static (may be null) is the quantized score
 // per node. Sets are partitioned among threads, so no locks are needed and
 // the decisions do not depend on the thread count.

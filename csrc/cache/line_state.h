@@ -79,7 +79,28 @@ struct PolicyParams {
   // buffer, so no room anywhere. A pointer on the device of the op that reads it.
   const uint8_t* queue_room = nullptr;
   int64_t num_queues = 0;
+  // Next use at assign (first_iteration null: off, hit and installed lines become fresh): hit and
+  // installed lines take their record from a window index's per-node first occurrences, read as
+  // the scan reads them (`front` is reuse 1, `limit` batches), with the reuse counted from
+  // scan_base; `bypass` then leaves a miss uncached when its own key is below its victim's.
+  const int32_t* first_iteration = nullptr;
+  const int32_t* first_position = nullptr;
+  const uint8_t* first_rank = nullptr;
+  int64_t num_nodes = 0;
+  int64_t front = 0;
+  int64_t limit = 0;
+  bool bypass = false;
 };
+
+// The record of node `id` at assign time (PolicyParams' next use at assign): its next use after
+// this iteration, within `limit` batches of it, with the reuse counted from the last scan as the
+// scan's records are (since_scan < period, so the reuse stays below window + period < 2^16).
+LSM_HD uint64_t assign_record(const PolicyParams& p, int64_t id) {
+  if (id < 0 || id >= p.num_nodes) return kNoReuseRecord;
+  const int64_t since_scan = p.iteration - p.scan_base;
+  return first_record(p.first_iteration, p.first_position, p.first_rank, p.front - since_scan, p.limit + since_scan,
+                      id);
+}
 
 // Dynamic level of a valid line (see reference.py).
 LSM_HD int line_level(uint64_t record, uint8_t flags, const PolicyParams& p, int64_t* distance) {

@@ -31,14 +31,21 @@ POLICIES = {
                        "(else it keeps hybrid's place); without a victim buffer it is hybrid",
     "farthest": "Belady's order as far as the window shows: no reuse first, then farthest known reuse first, "
                 "lines without information ranked as if reused at the threshold (window/4); ties on lowest "
-                "static score",
+                "static score. Hit and installed lines read their next use at once, and a miss needed after "
+                "its victim is not cached (Belady's bypass)",
 }
 POLICY_CODE = {name: code for code, name in enumerate(POLICIES)}
 
 # Default "near" threshold as a fraction of the window: the paper's 1/8, except for farthest, whose lines
 # without information rank as if reused window/4 ahead (the best of 16..128 at window 256 on the policy
-# benchmark's trace, docs/benchmarks.md).
+# benchmark's trace before farthest read next uses at assign, docs/benchmarks.md; since then only lines
+# served without a window are without information).
 NEAR_DIVISOR = {"farthest": 4}
+
+# Policies whose hit and installed lines read their next use from the window at once (assign_next_use), and
+# that then leave uncached a miss they would evict before its victim (bypass), as Belady's MIN does.
+ASSIGN_NEXT_USE = {"farthest": True}
+BYPASS = {"farthest": True}
 
 DEFAULT_LEVEL_ORDER = {
     "hybrid": (LEVEL_NONE, LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR),
@@ -58,6 +65,12 @@ class PolicyConfig:
     period: int = PERIOD         # scan the window every `period` iterations
     threshold: int | None = None  # "near" reuse distance; default window // 8 (farthest: window // 4)
     levels: tuple[str, ...] | None = None  # hybrid eviction order; default per policy
+    # Hit and installed lines take their next use from the window at assign time instead of being "fresh"
+    # until the next scan; default per policy (ASSIGN_NEXT_USE: farthest).
+    assign_next_use: bool | None = None
+    # With assign_next_use: a miss the policy would evict before its victim is served but not cached;
+    # default per policy (BYPASS: farthest).
+    bypass: bool | None = None
 
     def __post_init__(self):
         if self.name not in POLICIES:
@@ -74,6 +87,15 @@ class PolicyConfig:
                 raise ValueError(f"levels must order all of {', '.join(LEVELS)} exactly once, got {self.levels}")
             if self.name not in DEFAULT_LEVEL_ORDER:
                 raise ValueError(f"levels only apply to the hybrid policies, not {self.name!r}")
+        # Frozen: the per-policy defaults are filled in through object.__setattr__.
+        if self.assign_next_use is None:
+            object.__setattr__(self, "assign_next_use", ASSIGN_NEXT_USE.get(self.name, False))
+        if self.bypass is None:
+            object.__setattr__(self, "bypass", BYPASS.get(self.name, False) and self.assign_next_use)
+        if self.assign_next_use and not self.uses_window:
+            raise ValueError(f"assign_next_use needs a window policy (dynamic or a hybrid one), not {self.name!r}")
+        if self.bypass and not self.assign_next_use:
+            raise ValueError("bypass compares a miss's next use with its victim's: it needs assign_next_use=True")
 
     @property
     def near_threshold(self) -> int:

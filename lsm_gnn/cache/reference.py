@@ -25,6 +25,16 @@ and served from it; a miss whose line was taken again by a later miss of
 the same batch is not cached. A batch with more distinct ids than lines is
 an error unless the cache was built with ``oversubscribe=True``.
 
+Next use at assign (``policy.assign_next_use``, on for ``farthest``, and a
+window given): a hit line and a new line instead take their node's first
+occurrence in this iteration's window (``future[k]``, ``k < window``) as their
+record, reuse ``k + 1 + t - scan_base`` (counted from the last scan, as the
+scan's are) or NONE, and are not ``fresh``. With ``policy.bypass`` too, a
+miss whose victim is a valid line is not cached when its own key (its record,
+not fresh, its static score, last use ``t``) is below the victim's (the way
+left out): the policy would evict it first, as Belady's MIN would not
+install it. It is served from storage and counted in ``stats.bypassed``.
+
 Dynamic level of a valid line at iteration ``t``: ``fresh`` if marked fresh
 (or its predicted reuse lies in the past: an inexact window); else ``none``
 if the scan found no reuse; else its distance ``d = scan_base + reuse - t``
@@ -48,7 +58,8 @@ this model, before the cache serves iteration ``t`` the queue of ``t`` is
 taken and matched to the batch; with PVP on, the window is scanned every
 ``period`` iterations for every policy; victims of the batch are offered to
 their queues in ascending order of the id that evicted them, before any row
-is installed.
+is installed; a line installed earlier in the same batch holds no row yet and
+goes to no queue (counted as no reuse).
 """
 from __future__ import annotations
 
@@ -139,36 +150,44 @@ class ReferenceCache:
     # -- victim choice ---------------------------------------------------------
     def level(self, i: int) -> str:
         L = self.lines
-        if L.fresh[i]:
+        return self._level(int(L.reuse[i]), bool(L.fresh[i]))
+
+    def _level(self, reuse: int, fresh: bool) -> str:
+        if fresh:
             return LEVEL_FRESH
-        if L.reuse[i] == NO_REUSE:
+        if reuse == NO_REUSE:
             return LEVEL_NONE
-        d = self.scan_base + int(L.reuse[i]) - self.iteration
+        d = self.scan_base + reuse - self.iteration
         if d <= 0:
             return LEVEL_FRESH
         return LEVEL_NEAR if d <= self.policy.near_threshold else LEVEL_FAR
 
     def _key(self, i: int, way: int):
-        name, L = self.policy.name, self.lines
+        L = self.lines
+        return (*self._key_of(int(L.reuse[i]), bool(L.fresh[i]), int(L.static[i]), int(L.last_use[i])), way)
+
+    def _key_of(self, reuse: int, fresh: bool, static: int, last_use: int) -> tuple:
+        """The victim key of a line with these fields, without the way that breaks its ties."""
+        name = self.policy.name
         if name == "lru":
-            return (int(L.last_use[i]), way)
+            return (last_use,)
         if name == "static":
-            return (int(L.static[i]), way)
-        level = self.level(i)
+            return (static,)
+        level = self._level(reuse, fresh)
         if name == "dynamic":
             if level == LEVEL_NONE:
-                return (0, 0, way)
+                return (0, 0)
             if level == LEVEL_FRESH:
-                return (1, 0, way)
-            return (2, -(self.scan_base + int(L.reuse[i]) - self.iteration), way)
+                return (1, 0)
+            return (2, -(self.scan_base + reuse - self.iteration))
         order = self.policy.level_order
         position = 2 * order.index(level)
         far_term = 0
         if (level == LEVEL_FAR and name in ("hybrid_far", "farthest")) or (level == LEVEL_NEAR and name == "farthest"):
-            far_term = 65535 - (self.scan_base + int(L.reuse[i]) - self.iteration)
-        if name == "hybrid_pvp_room" and level == LEVEL_FAR and not self._room.get(self.scan_base + int(L.reuse[i])):
+            far_term = 65535 - (self.scan_base + reuse - self.iteration)
+        if name == "hybrid_pvp_room" and level == LEVEL_FAR and not self._room.get(self.scan_base + reuse):
             position = 2 * order.index(LEVEL_NONE) + 1
-        return (position, far_term, int(L.static[i]), way)
+        return (position, far_term, static)
 
     def choose_victim(self, set_index: int) -> int:
         """The way to fill in ``set_index`` at this iteration."""
@@ -213,6 +232,8 @@ class ReferenceCache:
             self.scan(future, rank)
         self._room = {T: len(self.queues.get(T, ())) < self.pvp_capacity
                       for T in range(t + 1, t + self.policy.window + 1)} if self.pvp else {}
+        # Next use at assign: (reuse counted from the last scan, index, rank) of each node in the window.
+        known = self._next_uses(future, rank) if self.policy.assign_next_use and future is not None else None
         sets = set_of(unique, self.num_sets)
         where = np.full(unique.size, -1, np.int64)  # line caching each unique id at the end, -1 = not cached
         hit = np.zeros(unique.size, bool)
@@ -223,7 +244,10 @@ class ReferenceCache:
                     i = base + way
                     hit[u], where[u] = True, i
                     L.last_use[i] = t
-                    if t > self.scan_base:
+                    if known is not None:
+                        L.reuse[i], L.pvp_index[i], L.pvp_rank[i] = known.get(int(unique[u]), (NO_REUSE, 0, 0))
+                        L.fresh[i] = False
+                    elif t > self.scan_base:
                         L.fresh[i] = True
                     break
         unique_rows = torch.empty((unique.size, self.storage.dim), dtype=self.storage.dtype)
@@ -234,18 +258,25 @@ class ReferenceCache:
         victims: dict[int, tuple] = {}  # unique index -> (evicted node, reuse, line, index, rank)
         for u in sorted((u for u in cache_u if not hit[u]), key=lambda u: (sets[u], unique[u])):
             i = int(sets[u] * self.ways + self.choose_victim(int(sets[u])))
+            reuse, index, rank_of = (NO_REUSE, 0, 0) if known is None else known.get(int(unique[u]), (NO_REUSE, 0, 0))
+            static = 0 if self.static_scores is None else int(self.static_scores[unique[u]])
+            if (self.policy.bypass and known is not None and L.tags[i] != INVALID_TAG
+                    and self._key_of(reuse, False, static, t) < self._key(i, 0)[:-1]):
+                self.stats.bypassed += 1  # Belady's bypass: the policy would evict this miss before its victim
+                continue
             if L.tags[i] != INVALID_TAG:
                 self.stats.evictions += 1
                 if L.last_use[i] == t:
                     self.stats.evicted_in_use += 1
-                victims[u] = (int(L.tags[i]), int(L.reuse[i]), i, int(L.pvp_index[i]), int(L.pvp_rank[i]))
+                # A line this batch installed holds no row yet: no victim queue may take it.
+                victim_reuse = NO_REUSE if i in installed_by else int(L.reuse[i])
+                victims[u] = (int(L.tags[i]), victim_reuse, i, int(L.pvp_index[i]), int(L.pvp_rank[i]))
             if i in installed_by:
                 where[installed_by[i]] = -1
             installed_by[i] = u
-            L.tags[i] = unique[u]
-            L.static[i] = 0 if self.static_scores is None else self.static_scores[unique[u]]
-            L.reuse[i], L.fresh[i], L.last_use[i] = NO_REUSE, True, t
-            L.pvp_index[i], L.pvp_rank[i] = 0, 0
+            L.tags[i], L.static[i] = unique[u], static
+            L.reuse[i], L.fresh[i], L.last_use[i] = reuse, known is None, t
+            L.pvp_index[i], L.pvp_rank[i] = index, rank_of
             where[u] = i
         if self.pvp:
             self._enqueue(victims)
@@ -278,6 +309,17 @@ class ReferenceCache:
         self.stats.misses += int(miss.size)
         self.iteration += 1
         return unique_rows[inv], torch.from_numpy(hit | from_pvp)[inv]
+
+    def _next_uses(self, future, rank: int = 0) -> dict[int, tuple[int, int, int]]:
+        """Each node's first occurrence in ``future`` (future[0] = next iteration) within the window, as
+        (reuse counted from the last scan, index in that batch, rank): what a hit or installed line records."""
+        since_scan = self.iteration - self.scan_base
+        first: dict[int, tuple[int, int, int]] = {}
+        for k in range(min(len(future), self.policy.window) - 1, -1, -1):
+            batch = as_id_tensor(future[k]).numpy()
+            for pos in range(batch.size - 1, -1, -1):  # first occurrence in the batch wins
+                first[int(batch[pos])] = (k + 1 + since_scan, pos, rank)
+        return first
 
     def _enqueue(self, victims: dict[int, tuple]) -> None:
         """Offers the batch's victims to their queues, in ascending order of the id that evicted them."""

@@ -183,6 +183,10 @@ class SoftwareCache(StorageShape):
 
     def scan(self, future) -> None:
         """Sets every cached line's next reuse from ``future`` (future[0] = next iteration)."""
+        self._scan(self._first_occurrence(future))
+
+    def _first_occurrence(self, future) -> tuple:
+        """``future``'s per-node first occurrences on the cache's device (``WindowBuffer.first_occurrence``)."""
         window = future if isinstance(future, WindowBuffer) and future.index is not None else None
         if window is None:  # a plain list of batches: index it now (O(ids in the window))
             window = WindowBuffer(self.policy.window, self.storage.num_rows)
@@ -190,8 +194,10 @@ class SoftwareCache(StorageShape):
                 if k >= self.policy.window:
                     break
                 window.push(batch)
-        first_iteration, first_position, first_rank, front = window.first_occurrence(self.device)
-        self.state.scan(first_iteration, first_position, first_rank, front, self.policy.window, self.num_threads)
+        return window.first_occurrence(self.device)
+
+    def _scan(self, first_occurrence: tuple) -> None:
+        self.state.scan(*first_occurrence, self.policy.window, self.num_threads)
         self.scan_base = self.iteration
         self.stats.scans += 1
 
@@ -236,12 +242,15 @@ class SoftwareCache(StorageShape):
                     f"({self.capacity_bytes} bytes); raise the capacity to at least "
                     f"{cache_ids.numel() * self.storage.row_bytes} bytes (or pass oversubscribe=True)")
             # PVP needs next-use records for every policy, not only the window-based ones.
-            if ((self.policy.uses_window or pvp is not None) and future is not None
-                    and t % self.policy.period == 0):
-                self.scan(future)
             p = self.policy
+            scan_now = (p.uses_window or pvp is not None) and t % p.period == 0
+            window = self._first_occurrence(future) if future is not None and (scan_now or p.assign_next_use) \
+                else None
+            if scan_now and window is not None:
+                self._scan(window)
             room = pvp.room() if pvp is not None and p.name == "hybrid_pvp_room" else None
-            done = self.state.assign(cache_ids, self.node_static, p, t, self.scan_base, room, self.num_threads)
+            done = self.state.assign(cache_ids, self.node_static, p, t, self.scan_base, room, self.num_threads,
+                                     window)
             line, hit = done.line, done.hit
             try:
                 if pvp is not None and done.evictions:  # victims leave for their queue before the fill overwrites
@@ -258,7 +267,7 @@ class SoftwareCache(StorageShape):
                 # No line this batch uses was evicted (the usual case): after the fill every id's line holds its
                 # row, and one gather serves hits and misses alike. Otherwise hit rows go first, before a later
                 # miss overwrites their line, and each miss row is copied to its positions from the read.
-                one_gather = done.evicted_in_use == 0
+                one_gather = done.evicted_in_use == 0 and done.bypassed == 0
                 if not one_gather:
                     torch.index_select(self.data, 0, request_line.clamp_min(0), out=rows)
                 if prefetched and self.pvp_reinstall:  # PVP rows into the new lines of the ids the cache missed
@@ -269,8 +278,8 @@ class SoftwareCache(StorageShape):
                 if miss.numel():
                     miss_ids = unique[miss].cpu()
                     miss_lines = line[miss]
-                    if one_gather and self._read_into is not None:  # every miss has a line of its own: read
-                        self._read_into(miss_ids, self.data, miss_lines)  # straight into it
+                    if one_gather and self._read_into is not None:  # every miss has a line of its own (none
+                        self._read_into(miss_ids, self.data, miss_lines)  # was bypassed): read straight into it
                     else:
                         fetched = self.storage.read(miss_ids) if self._staging is None else \
                             self._staging.read(self.storage, miss_ids)
@@ -305,6 +314,7 @@ class SoftwareCache(StorageShape):
             s.hits += unique.numel() - miss.numel() - pvp_hits
             s.evictions += done.evictions
             s.evicted_in_use += done.evicted_in_use
+            s.bypassed += done.bypassed
             self.iteration += 1
             if from_pvp is not None:
                 request_hit = request_hit | from_pvp[inverse]

@@ -26,6 +26,7 @@ class Assignment(NamedTuple):
     evicted_line: torch.Tensor    # and its line
     evictions: int                # valid lines evicted
     evicted_in_use: int           # of those, lines this batch had used (oversubscribed sets)
+    bypassed: int                 # misses left uncached (line -1): the policy would evict them first
 
 
 @dataclass
@@ -62,11 +63,20 @@ class CacheState:
         return CacheState(*(t.clone() for t in self.tensors()), ways=self.ways)
 
     def assign(self, unique: torch.Tensor, node_static: torch.Tensor | None, policy: PolicyConfig, iteration: int,
-               scan_base: int, queue_room: torch.Tensor | None = None, num_threads: int = 0) -> Assignment:
-        """Hits, victims and installs of one batch of sorted distinct ids under ``policy``."""
+               scan_base: int, queue_room: torch.Tensor | None = None, num_threads: int = 0,
+               window: tuple | None = None) -> Assignment:
+        """Hits, victims and installs of one batch of sorted distinct ids under ``policy``.
+
+        ``window``: the window's ``(first_iteration, first_position, first_rank, front)``
+        (:meth:`lsm_gnn.cache.WindowBuffer.first_occurrence`) for a policy with ``assign_next_use``:
+        hit and installed lines then get their next use now rather than at the next scan."""
+        arrays, front = (None, None, None), 0
+        if window is not None and policy.assign_next_use:
+            *arrays, front = window
         return Assignment(*torch.ops.lsm_gnn.cache_assign(
             *self.tensors(), self.ways, unique, node_static, POLICY_CODE[policy.name], iteration, scan_base,
-            policy.near_threshold, list(policy.level_rank), queue_room, num_threads))
+            policy.near_threshold, list(policy.level_rank), queue_room, *arrays, front, policy.window,
+            policy.bypass and arrays[0] is not None, num_threads))
 
     def scan(self, first_iteration: torch.Tensor, first_position: torch.Tensor, first_rank: torch.Tensor,
              front: int, limit: int, num_threads: int = 0) -> None:

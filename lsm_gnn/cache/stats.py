@@ -15,6 +15,7 @@ class CacheStats:
     misses: int = 0        # read from storage
     evictions: int = 0     # valid lines replaced
     evicted_in_use: int = 0  # lines evicted by the iteration that used them (cache smaller than a batch)
+    bypassed: int = 0        # misses served but not cached: the policy would have evicted them first
     bytes_read: int = 0      # feature bytes fetched from storage (misses x row bytes)
     scans: int = 0
     pvp_hits: int = 0        # served by the victim buffer (PVP), never reaching storage

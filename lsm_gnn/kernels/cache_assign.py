@@ -4,7 +4,10 @@ The same decisions as ``csrc/cache/cpu_cache.cpp`` (``_C.cache_assign``),
 rule for rule (``csrc/cache/line_state.h``): a hit marks its line used and,
 after a scan, fresh; a miss takes an invalid way first, else the policy's
 victim among the lines this iteration has not used, else among all; a line
-taken twice in one batch caches only the later id.
+taken twice in one batch caches only the later id. Given a window's first
+occurrences (next use at assign), hit and installed lines get their next use
+instead of the fresh mark, and with ``bypass`` a miss whose own key is below
+its victim's is not cached.
 
 Two kernels, neither waiting on another program:
 
@@ -34,6 +37,9 @@ INVALID_TAG = tl.constexpr(layout.INVALID_TAG)
 NO_REUSE = tl.constexpr(layout.NO_REUSE)
 NO_REUSE_RECORD = tl.constexpr(layout.NO_REUSE_RECORD)
 REUSE_SHIFT = tl.constexpr(layout.REUSE_SHIFT)
+RANK_SHIFT = tl.constexpr(layout.RANK_SHIFT)
+INDEX_MASK = tl.constexpr(layout.INDEX_MASK)
+NOT_FRESH = tl.constexpr(0xFF & ~layout.FRESH)
 _RR, _LRU, _STATIC, _DYNAMIC = (tl.constexpr(POLICY_CODE[n]) for n in ("rr", "lru", "static", "dynamic"))
 _HYBRID_FAR, _HYBRID_PVP_ROOM = tl.constexpr(POLICY_CODE["hybrid_far"]), tl.constexpr(POLICY_CODE["hybrid_pvp_room"])
 _FARTHEST = tl.constexpr(POLICY_CODE["farthest"])
@@ -53,8 +59,26 @@ def _set_of(ids, num_sets):
 
 
 @triton.jit
-def _find_hits(unique_ptr, n, tags_ptr, last_use_ptr, flags_ptr, line_ptr, hit_ptr, set_ptr,
-               num_sets, iteration, scan_base, WAYS: tl.constexpr, BLOCK: tl.constexpr):
+def _assign_record(ids, mask, first_iteration_ptr, first_position_ptr, first_rank_ptr, num_nodes, front, limit,
+                   iteration, scan_base):
+    """line_state.h's assign_record: the next use of ``ids`` after this iteration, its reuse counted from the
+    last scan (occurrences beyond ``limit`` batches of this iteration are no reuse)."""
+    known = mask & (ids >= 0) & (ids < num_nodes)
+    node = tl.where(known, ids, 0)
+    first = tl.load(first_iteration_ptr + node, mask=known, other=-1).to(tl.int64)
+    position = tl.load(first_position_ptr + node, mask=known, other=0).to(tl.int64)
+    rank = tl.load(first_rank_ptr + node, mask=known, other=0).to(tl.int64)
+    ahead = first - front + 1  # batches from this iteration to the next use
+    reused = (first >= 0) & (ahead <= limit)
+    reuse = ahead + (iteration - scan_base)
+    record = (reuse << REUSE_SHIFT) | ((rank & 0xFF) << RANK_SHIFT) | (position & INDEX_MASK)
+    return tl.where(reused, record, NO_REUSE_RECORD)
+
+
+@triton.jit
+def _find_hits(unique_ptr, n, tags_ptr, last_use_ptr, flags_ptr, records_ptr, line_ptr, hit_ptr, set_ptr,
+               num_sets, iteration, scan_base, known, first_iteration_ptr, first_position_ptr, first_rank_ptr,
+               num_nodes, front, limit, WAYS: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     u = pid * BLOCK + tl.arange(0, BLOCK)
     valid = u < n
@@ -73,8 +97,14 @@ def _find_hits(unique_ptr, n, tags_ptr, last_use_ptr, flags_ptr, line_ptr, hit_p
     safe = tl.where(hit, line, 0)
     tl.store(last_use_ptr + safe, tl.zeros_like(line) + iteration, mask=hit)
     old = tl.load(flags_ptr + safe, mask=hit, other=0)
-    fresh = tl.where(iteration > scan_base, old | FRESH, old)  # the predicted reuse is being consumed
-    tl.store(flags_ptr + safe, fresh.to(tl.uint8), mask=hit)
+    if known:  # its next use, read now
+        record = _assign_record(ids, hit, first_iteration_ptr, first_position_ptr, first_rank_ptr, num_nodes, front,
+                                limit, iteration, scan_base)
+        tl.store(records_ptr + safe, record, mask=hit)
+        tl.store(flags_ptr + safe, (old & NOT_FRESH).to(tl.uint8), mask=hit)
+    else:
+        fresh = tl.where(iteration > scan_base, old | FRESH, old)  # the predicted reuse is being consumed
+        tl.store(flags_ptr + safe, fresh.to(tl.uint8), mask=hit)
 
 
 @triton.jit
@@ -115,6 +145,7 @@ def _install_misses(miss_ptr, miss_set_ptr, seg_start_ptr, unique_ptr, node_stat
                     tags_ptr, records_ptr, flags_ptr, static_ptr, last_use_ptr, rr_ptr,
                     line_ptr, evicted_tag_ptr, evicted_record_ptr, evicted_line_ptr, counts_ptr,
                     iteration, scan_base, threshold, policy, r0, r1, r2, r3, room_ptr, num_queues,
+                    known, bypass, first_iteration_ptr, first_position_ptr, first_rank_ptr, num_nodes, front, limit,
                     WAYS: tl.constexpr):
     seg = tl.program_id(0)
     start = tl.load(seg_start_ptr + seg)
@@ -125,9 +156,16 @@ def _install_misses(miss_ptr, miss_set_ptr, seg_start_ptr, unique_ptr, node_stat
     installed_by = tl.full([WAYS], -1, tl.int64)  # way -> unique index this batch installed there
     evictions = 0
     in_use_evictions = 0
+    bypassed = 0
     for k in range(start, end):
         u = tl.load(miss_ptr + k)
         node = tl.load(unique_ptr + u)
+        static_of = tl.load(node_static_ptr + node * has_static)  # without scores: a single 0 at index 0
+        record = tl.full((), NO_REUSE_RECORD, tl.int64)
+        skip = u < 0  # False: bypass decides below
+        if known:
+            record = _assign_record(node, known != 0, first_iteration_ptr, first_position_ptr, first_rank_ptr,
+                                    num_nodes, front, limit, iteration, scan_base)
         tags = tl.load(tags_ptr + lines)
         last_use = tl.load(last_use_ptr + lines)
         # An invalid way first (the lowest), then the policy's pick.
@@ -153,40 +191,70 @@ def _install_misses(miss_ptr, miss_set_ptr, seg_start_ptr, unique_ptr, node_stat
             if best >= _NOT_A_CANDIDATE * WAYS:  # every line was used this iteration: choose among all
                 best = tl.min(key * WAYS + ways, axis=0)
             chosen = (best % WAYS).to(tl.int64)
+            victim_key = tl.sum(tl.where(ways == chosen, key, 0), axis=0)
+            # Belady's bypass: a miss the policy would evict before its victim is not cached.
+            if bypass and first_invalid == WAYS:
+                own_key = _victim_keys(record, tl.zeros((), tl.uint8), static_of.to(tl.int64) & 0xFFFF, iteration,
+                                       tl.zeros((), tl.int64), iteration,
+                                       scan_base, threshold, policy, r0, r1, r2, r3, room_ptr, num_queues)
+                skip = own_key < victim_key
         way = tl.where(first_invalid < WAYS, first_invalid.to(tl.int64), chosen)
         line = s * WAYS + way
-        old_tag = tl.load(tags_ptr + line)
-        if old_tag != INVALID_TAG:
-            tl.store(evicted_tag_ptr + u, old_tag)
-            tl.store(evicted_record_ptr + u, tl.load(records_ptr + line))
-            tl.store(evicted_line_ptr + u, line)
-            evictions += 1
-            in_use_evictions += (tl.load(last_use_ptr + line) == iteration).to(tl.int32)
-        previous = tl.max(tl.where(ways == way, installed_by, -1), axis=0)
-        if previous >= 0:  # a line taken twice by this batch caches only the later id
-            tl.store(line_ptr + previous, -1)
-        installed_by = tl.where(ways == way, u, installed_by)
-        static_of = tl.load(node_static_ptr + node * has_static)  # without scores: a single 0 at index 0
-        tl.store(tags_ptr + line, node)
-        tl.store(static_ptr + line, static_of)
-        tl.store(records_ptr + line, NO_REUSE_RECORD)
-        tl.store(flags_ptr + line, tl.full((), FRESH, tl.uint8))
-        tl.store(last_use_ptr + line, iteration)
-        tl.store(line_ptr + u, line)
+        if skip:
+            bypassed += 1
+        else:
+            old_tag = tl.load(tags_ptr + line)
+            previous = tl.max(tl.where(ways == way, installed_by, -1), axis=0)
+            if old_tag != INVALID_TAG:
+                tl.store(evicted_tag_ptr + u, old_tag)
+                # A line this batch installed holds no row yet: no victim queue may take it.
+                old_record = tl.load(records_ptr + line)
+                tl.store(evicted_record_ptr + u, tl.where(previous >= 0, NO_REUSE_RECORD, old_record))
+                tl.store(evicted_line_ptr + u, line)
+                evictions += 1
+                in_use_evictions += (tl.load(last_use_ptr + line) == iteration).to(tl.int32)
+            if previous >= 0:  # a line taken twice by this batch caches only the later id
+                tl.store(line_ptr + previous, -1)
+            installed_by = tl.where(ways == way, u, installed_by)
+            tl.store(tags_ptr + line, node)
+            tl.store(static_ptr + line, static_of)
+            tl.store(records_ptr + line, record)
+            tl.store(flags_ptr + line, tl.where(known != 0, 0, FRESH).to(tl.uint8))  # known next use: not fresh
+            tl.store(last_use_ptr + line, iteration)
+            tl.store(line_ptr + u, line)
         tl.debug_barrier()  # the next miss of this set reads what this one wrote
     tl.atomic_add(counts_ptr + 0, evictions)
     tl.atomic_add(counts_ptr + 1, in_use_evictions)
+    tl.atomic_add(counts_ptr + 2, bypassed)
 
 
 def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways: int, unique, node_static,
                  policy: int, iteration: int, scan_base: int, threshold: int, level_rank, queue_room=None,
-                 block: int = 128):
+                 first_iteration=None, first_position=None, first_rank=None, front: int = 0, limit: int = 0,
+                 bypass: bool = False, block: int = 128):
     """Triton twin of ``_C.cache_assign`` (same arguments, same outputs, same state changes):
-    ``(line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use)``."""
+    ``(line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use, bypassed)``."""
     if ways < 1 or ways & (ways - 1):
         raise ValueError(f"the Triton cache kernels need a power of two ways (a set is one vector), got {ways}; "
                          "use cache.ways=32 (the default), 16, 8, ...")
+    window = (first_iteration, first_position, first_rank)
+    if any(a is None for a in window) != all(a is None for a in window):
+        raise ValueError("give all of first_iteration, first_position and first_rank (a window index's arrays) "
+                         "or none")
+    known = first_iteration is not None  # next use at assign
     device = tags.device
+    if known:
+        num_nodes = first_iteration.numel()
+        for name, array, dtype in zip(("first_iteration", "first_position", "first_rank"), window,
+                                      (torch.int32, torch.int32, torch.uint8)):
+            if array.dtype != dtype or array.numel() != num_nodes or array.device != device:
+                raise ValueError(f"{name} must be a {dtype} tensor of {num_nodes} entries on {device} (a window "
+                                 f"index's array), got {array.dtype} [{array.numel()}] on {array.device}")
+    else:  # the kernels read nothing through these: single entries stand in
+        num_nodes = 0
+        window = (torch.zeros(1, dtype=torch.int32, device=device), torch.zeros(1, dtype=torch.int32, device=device),
+                  torch.zeros(1, dtype=torch.uint8, device=device))
+    bypass = bool(bypass) and known
     n = unique.numel()
     num_sets = tags.numel() // ways
     line = torch.full((n,), -1, dtype=torch.int64, device=device)
@@ -195,10 +263,11 @@ def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways:
     evicted_tag = torch.full((n,), layout.INVALID_TAG, dtype=torch.int64, device=device)
     evicted_record = torch.full((n,), layout.NO_REUSE_RECORD, dtype=torch.int64, device=device)
     evicted_line = torch.full((n,), -1, dtype=torch.int64, device=device)
-    counts = torch.zeros(2, dtype=torch.int32, device=device)
+    counts = torch.zeros(3, dtype=torch.int32, device=device)
     if n:
-        _find_hits[(triton.cdiv(n, block),)](unique, n, tags, last_use, flags, line, hit8, sets, num_sets, iteration,
-                                             scan_base, WAYS=ways, BLOCK=block)
+        _find_hits[(triton.cdiv(n, block),)](unique, n, tags, last_use, flags, records, line, hit8, sets, num_sets,
+                                             iteration, scan_base, int(known), *window, num_nodes, front, limit,
+                                             WAYS=ways, BLOCK=block)
     hit = hit8.bool()
     miss = torch.nonzero(~hit).reshape(-1)  # ascending, like the C++ core's ids
     if miss.numel():
@@ -217,5 +286,6 @@ def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways:
             tags, records, flags, static_score, last_use, rr_pointer,
             line, evicted_tag, evicted_record, evicted_line, counts,
             iteration, scan_base, threshold, policy, r[0], r[1], r[2], r[3], room,
-            0 if queue_room is None else queue_room.numel(), WAYS=ways)
-    return line, hit, evicted_tag, evicted_record, evicted_line, int(counts[0]), int(counts[1])
+            0 if queue_room is None else queue_room.numel(), int(known), int(bypass), *window, num_nodes, front,
+            limit, WAYS=ways)
+    return line, hit, evicted_tag, evicted_record, evicted_line, int(counts[0]), int(counts[1]), int(counts[2])

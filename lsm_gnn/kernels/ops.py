@@ -56,18 +56,25 @@ _CACHE_STATE = ("tags", "records", "flags", "static_score", "last_use", "rr_poin
 def cache_assign(tags: torch.Tensor, records: torch.Tensor, flags: torch.Tensor, static_score: torch.Tensor,
                  last_use: torch.Tensor, rr_pointer: torch.Tensor, ways: int, unique: torch.Tensor,
                  node_static: torch.Tensor | None, policy: int, iteration: int, scan_base: int, threshold: int,
-                 level_rank: list[int], queue_room: torch.Tensor | None, num_threads: int
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
+                 level_rank: list[int], queue_room: torch.Tensor | None, first_iteration: torch.Tensor | None,
+                 first_position: torch.Tensor | None, first_rank: torch.Tensor | None, front: int, limit: int,
+                 bypass: bool, num_threads: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int, int]:
     """Hits, victims and installs of one batch of distinct ids (see ``csrc/cache/cpu_cache.cpp``):
-    ``(line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use)``."""
+    ``(line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use, bypassed)``.
+    With a window's first occurrences (``first_*``, ``front``, ``limit`` as :func:`cache_scan` takes them),
+    hit and installed lines get their next use now; ``bypass`` then leaves uncached a miss the policy would
+    evict before its victim."""
     raise _no_kernel("cache_assign", tags)
 
 
 @cache_assign.register_kernel("cpu")
 def _(tags, records, flags, static_score, last_use, rr_pointer, ways, unique, node_static, policy, iteration,
-      scan_base, threshold, level_rank, queue_room, num_threads):
+      scan_base, threshold, level_rank, queue_room, first_iteration, first_position, first_rank, front, limit,
+      bypass, num_threads):
     args = (tags, records, flags, static_score, last_use, rr_pointer, ways, unique, node_static, policy, iteration,
-            scan_base, threshold, level_rank, queue_room)
+            scan_base, threshold, level_rank, queue_room, first_iteration, first_position, first_rank, front, limit,
+            bypass)
     if kernel_mode() == "triton":
         return triton_module("cache_assign", on_cpu=True).cache_assign(*args)
     from lsm_gnn import _C
@@ -77,10 +84,12 @@ def _(tags, records, flags, static_score, last_use, rr_pointer, ways, unique, no
 
 @cache_assign.register_kernel("cuda")
 def _(tags, records, flags, static_score, last_use, rr_pointer, ways, unique, node_static, policy, iteration,
-      scan_base, threshold, level_rank, queue_room, num_threads):
+      scan_base, threshold, level_rank, queue_room, first_iteration, first_position, first_rank, front, limit,
+      bypass, num_threads):
     return triton_module("cache_assign", on_cpu=False).cache_assign(
         tags, records, flags, static_score, last_use, rr_pointer, ways, unique, node_static, policy, iteration,
-        scan_base, threshold, level_rank, queue_room)
+        scan_base, threshold, level_rank, queue_room, first_iteration, first_position, first_rank, front, limit,
+        bypass)
 
 
 @custom_op("lsm_gnn::cache_scan", mutates_args=("records", "flags"))
