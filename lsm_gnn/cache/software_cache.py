@@ -265,9 +265,10 @@ class SoftwareCache(StorageShape):
                 request_hit = hit[inverse]
                 rows = torch.empty(shape, dtype=self.data.dtype, device=self.device) if out is None else out
                 # No line this batch uses was evicted (the usual case): after the fill every id's line holds its
-                # row, and one gather serves hits and misses alike. Otherwise hit rows go first, before a later
-                # miss overwrites their line, and each miss row is copied to its positions from the read.
-                one_gather = done.evicted_in_use == 0 and done.bypassed == 0
+                # row, and one gather serves hits and misses alike; misses the policy leaves uncached (farthest's
+                # bypass) are read apart and copied to their positions after it. Otherwise hit rows go first,
+                # before a later miss overwrites their line, and each miss row is copied to its positions.
+                one_gather = done.evicted_in_use == 0
                 if not one_gather:
                     torch.index_select(self.data, 0, request_line.clamp_min(0), out=rows)
                 if prefetched and self.pvp_reinstall:  # PVP rows into the new lines of the ids the cache missed
@@ -275,28 +276,42 @@ class SoftwareCache(StorageShape):
                                                                  pf_rows, self.data)
                 need = ~hit if from_pvp is None else ~hit & ~from_pvp  # read from storage
                 miss = torch.nonzero(need).reshape(-1)
+                apart = None  # (distinct ids whose rows go to their positions, not only to a line; their rows)
                 if miss.numel():
                     miss_ids = unique[miss].cpu()
                     miss_lines = line[miss]
-                    if one_gather and self._read_into is not None:  # every miss has a line of its own (none
-                        self._read_into(miss_ids, self.data, miss_lines)  # was bypassed): read straight into it
+                    cached = miss_lines >= 0
+                    # A miss without a line: bypassed, or (sets overflowing) its line taken again by a later id.
+                    every_miss_cached = (one_gather and done.bypassed == 0) or bool(cached.all())
+                    if one_gather and self._read_into is not None:  # read straight into their lines
+                        if every_miss_cached:
+                            self._read_into(miss_ids, self.data, miss_lines)
+                        else:
+                            self._read_into(miss_ids[cached.cpu()], self.data, miss_lines[cached])
+                            uncached = miss[~cached]
+                            apart = (uncached, self.storage.read(unique[uncached].cpu()))
                     else:
                         fetched = self.storage.read(miss_ids) if self._staging is None else \
                             self._staging.read(self.storage, miss_ids)
-                        if one_gather:
+                        if every_miss_cached:
                             self.data.index_copy_(0, miss_lines, fetched)
                         else:
-                            cached = miss_lines >= 0
                             self.data.index_copy_(0, miss_lines[cached], fetched[cached])
-                            slot = torch.full((unique.numel(),), -1, dtype=torch.int64, device=self.device)
-                            slot[miss] = torch.arange(miss.numel(), device=self.device)
-                            positions = torch.nonzero(need[inverse]).reshape(-1)
-                            rows[positions] = fetched[slot[inverse[positions]]]
+                        if not one_gather:
+                            apart = (miss, fetched)
+                        elif not every_miss_cached:
+                            apart = (miss[~cached], fetched[~cached])
                     self.stats.bytes_read += miss.numel() * self.storage.row_bytes
                 if one_gather:  # PVP-served ids without a line (the paper's mode) get their rows below
                     torch.index_select(self.data, 0, request_line.clamp_min(0), out=rows)
+                if apart is not None:  # to every position of those ids
+                    apart_ids, apart_rows = apart
+                    slot = torch.full((unique.numel(),), -1, dtype=torch.int64, device=self.device)
+                    slot[apart_ids] = torch.arange(apart_ids.numel(), device=self.device)
+                    positions = torch.nonzero(slot[inverse] >= 0).reshape(-1)
+                    rows[positions] = apart_rows[slot[inverse[positions]]]
                 pvp_hits = int(from_pvp.sum()) if from_pvp is not None else 0
-                if pvp_hits and (bypass or not one_gather):  # victim-buffer rows to their positions in the batch
+                if pvp_hits and (bypass or not one_gather or done.bypassed):  # PVP rows to their positions too
                     torch.ops.lsm_gnn.pvp_scatter(rows, self.data, pf_rows, inverse, from_pvp, entry, None)
                 if pvp is not None:
                     pvp.consumed(t, pvp_hits)
