@@ -1,9 +1,11 @@
 """Two hosts on one machine (network namespaces joined by a veth pair, tests/virtual_hosts.py): torchrun with
 --nnodes 2 and the rendezvous on the first host's address trains exactly as one host with the same world size,
-shared cache, DDP and checkpoints included."""
+shared cache, DDP and checkpoints included; a link that goes down mid-run fails both hosts within the collective
+timeout, each naming the other."""
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -73,3 +75,25 @@ def test_two_namespaced_hosts_train_as_one_host(graph, tmp_path, ranks_per_host)
     two_hosts, one_host = losses(tmp_path / "two"), losses(tmp_path / "one")
     assert len(two_hosts) >= 5 and two_hosts == one_host  # the same batches, cache and DDP steps, bit for bit
     assert (tmp_path / "ckpt-two" / "last.pt").exists()
+
+
+def test_a_link_down_mid_run_fails_both_hosts_within_the_timeout_naming_the_other(graph, tmp_path):
+    timeout_s = 15
+    with VirtualHosts(2) as hosts:
+        # Many small batches, so the link goes down while the ranks still exchange rows.
+        procs = launch_on(hosts, graph, tmp_path / "down", 1, "sampler.batch_size=8", "train.epochs=50",
+                          timeout_s=timeout_s)
+        metrics = tmp_path / "down" / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while not (metrics.exists() and metrics.stat().st_size > 5000) and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in procs), "a host ended before the link went down"
+            time.sleep(0.2)
+        hosts.set_link(up=False)
+        down_at = time.monotonic()
+        results = finish(procs, timeout=timeout_s * 8)
+        elapsed = time.monotonic() - down_at
+    assert all(code != 0 for code, _ in results), [out[-2000:] for _, out in results]
+    assert elapsed < timeout_s * 4, f"the hosts took {elapsed:.0f} s to fail after the link went down"
+    for rank, (_, out) in enumerate(results):  # each names the other, and the setting that bounds the wait
+        lines = [line for line in out.splitlines() if line.startswith("lsm-gnn")]
+        assert any(f"rank {1 - rank}" in line and "LSM_GNN_TIMEOUT_S" in line for line in lines), out[-3000:]

@@ -119,3 +119,35 @@ def test_a_rank_that_cannot_see_the_checkpoint_is_named(graph, tmp_path):
         code, _, err = finish(proc)
         assert code == 1 and "resumed at iteration is 0 on rank 1 but 4 on rank 0" in err, err[-2000:]
         assert "checkpoint.dir on a file system every rank sees" in err
+
+
+class _Store:
+    """A store stand-in: answers from ``steps``, or blocks in every call (a link that is down: recv waits for
+    the kernel to give up on the connection, whatever the store's own timeout says)."""
+
+    def __init__(self, steps: dict, blocked: bool = False):
+        self.steps, self.blocked = steps, blocked
+
+    def set_timeout(self, _):
+        pass
+
+    def check(self, keys):
+        if self.blocked:
+            time.sleep(30)
+        return all(k in self.steps for k in keys)
+
+    def get(self, key):
+        return str(self.steps[key]).encode()
+
+
+def test_the_progress_board_names_the_rank_behind_or_an_unreachable_store_without_hanging():
+    from lsm_gnn.comm.group import ProgressBoard
+
+    board = ProgressBoard(0, 3, store=_Store({"1": 7, "2": 9}))
+    board.step = 9
+    assert board.laggards() == "rank 1 (last at step 7) did not reach step 9: it stopped, crashed or is stuck"
+    board = ProgressBoard(1, 2, store=_Store({}, blocked=True))
+    start = time.monotonic()
+    assert board._peer_steps([0], timeout_s=0.3) is None and time.monotonic() - start < 2
+    assert board.store is None  # later messages do not wait on it again
+    assert board.laggards() == "rank 0 did not answer: it stopped, crashed or is stuck"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from datetime import timedelta
 
 TIMEOUT_ENV = "LSM_GNN_TIMEOUT_S"
@@ -121,20 +122,43 @@ class ProgressBoard:
             except Exception:
                 self.store = None  # the store's host is gone; the failure that follows says so
 
+    def _peer_steps(self, ranks: list[int], timeout_s: float) -> dict[int, int] | None:
+        """Each rank's last marked step (-1: none) from the store, or None if the store does not answer within
+        ``timeout_s``. The query runs on a daemon thread: with the link to the store's host down, a store
+        call blocks in recv until the kernel gives up on the connection (minutes), whatever the store's
+        timeout says; the error message must not wait for that."""
+        found: dict[int, int] = {}
+        failed: list[BaseException] = []
+
+        def query():
+            try:
+                self.store.set_timeout(timedelta(seconds=timeout_s))
+                for rank in ranks:
+                    found[rank] = int(self.store.get(str(rank))) if self.store.check([str(rank)]) else -1
+            except BaseException as exc:  # reported as "unreachable" below
+                failed.append(exc)
+
+        thread = threading.Thread(target=query, name="lsm-gnn-progress-query", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if thread.is_alive() or failed:
+            self.store = None  # stuck or broken: later calls must not block on it either
+            return None
+        return found
+
     def laggards(self) -> str:
         """Which rank this one is probably waiting for, as a phrase for an error message."""
         others = [r for r in range(self.world_size) if r != self.rank]
         behind = []
         if self.store is not None:
-            try:
-                self.store.set_timeout(timedelta(seconds=5))
-                for rank in others:
-                    step = int(self.store.get(str(rank))) if self.store.check([str(rank)]) else -1
-                    if step < self.step:
-                        behind.append(f"rank {rank} (last at step {step})" if step >= 0 else
-                                      f"rank {rank} (never started)")
-            except Exception:
-                return "rank 0, the host of the rendezvous store, is unreachable: it has probably died"
+            steps = self._peer_steps(others, timeout_s=5.0)
+            if steps is None:
+                return ("rank 0, the host of the rendezvous store, is unreachable: it died, or the network "
+                        "between the hosts is down")
+            for rank, step in steps.items():
+                if step < self.step:
+                    behind.append(f"rank {rank} (last at step {step})" if step >= 0 else
+                                  f"rank {rank} (never started)")
         if behind:
             return f"{', '.join(behind)} did not reach step {self.step}: it stopped, crashed or is stuck"
         if len(others) == 1:
