@@ -7,8 +7,8 @@ its distinct id with an atomic min of its entry; the minimum does not depend on 
 in, so the winner is deterministic, and a second kernel, launched after the first, reads the claims.
 Scatter: one kernel copies the served rows to every request position of their id, and again into the
 ids' new cache lines when reinstalling. Fill (reinstalling, after the cache's assign): the match, then
-the rows of the served ids the cache missed into their new lines only. No program waits on another; bad indices raise through a flag
-tensor (the interpreter skips device asserts).
+the rows of the served ids the cache missed into their new lines only. No program waits on another; bad
+indices raise through a flag tensor (the interpreter skips device asserts).
 """
 from __future__ import annotations
 
