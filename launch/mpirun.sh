@@ -7,6 +7,9 @@
 #   NPROC=2 launch/mpirun.sh configs/default.yaml dataset=data/igb
 #   NPROC=8 HOSTS=node0:4,node1:4 MASTER_ADDR=node0 launch/mpirun.sh ...     # two nodes
 #
+# Across nodes, set GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME) to the interface the nodes share; it and every
+# LSM_GNN_* variable are passed on to the ranks.
+#
 # Arguments go to `lsm-gnn train`. Needs Open MPI (apt install openmpi-bin).
 set -euo pipefail
 NPROC=${NPROC:-2}
@@ -19,6 +22,9 @@ extra=()
 [ "$(id -u)" -eq 0 ] && extra+=(--allow-run-as-root)   # containers often run as root
 [ -n "${HOSTS:-}" ] && extra+=(--host "$HOSTS")
 [ -n "${PYTHONPATH:-}" ] && extra+=(-x PYTHONPATH)
+# Settings the ranks read from their environment (on other hosts too): the interface gloo/NCCL bind to,
+# lsm-gnn's own (LSM_GNN_TIMEOUT_S, ...).
+for v in $(compgen -e | grep -E '^(LSM_GNN_|GLOO_|NCCL_|TORCH_)' || true); do extra+=(-x "$v"); done
 exec mpirun -np "$NPROC" --oversubscribe "${extra[@]}" \
   -x MASTER_ADDR="$MASTER_ADDR" -x MASTER_PORT="$MASTER_PORT" -x OMP_NUM_THREADS="$OMP" \
   "$PYTHON" -m lsm_gnn train "$@"
