@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.data.format import DatasetError
+from lsm_gnn.inference import row_entries
 from lsm_gnn.loader import Batch, NodeLoader
 from lsm_gnn.parallel import all_reduce_sum, batch_to
 from lsm_gnn.sampling import Hop
@@ -147,7 +148,7 @@ class LinkLoader(NodeLoader):
         binary search finds the count. Rows are offset by ``row * num_items`` to search all at once.
         """
         distinct, row = np.unique(users, return_inverse=True)
-        local, items = _row_entries(self._user_indptr, self.dataset.indices, distinct)
+        local, items = row_entries(self._user_indptr, self.dataset.indices, distinct)
         keys = np.unique(local * self.num_items + (items - self.num_users))  # sorted; repeated edges once
         local, items = keys // self.num_items, keys % self.num_items
         known = np.bincount(local, minlength=distinct.size)
@@ -239,15 +240,6 @@ def embed_nodes(model, dataset, features, fanouts, nodes, *, batch_size: int = 1
         model.train(was_training)
 
 
-def _row_entries(indptr, indices, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(j, v)`` for every entry ``v`` of CSR row ``rows[j]``."""
-    starts = np.asarray(indptr[rows], dtype=np.int64)
-    lengths = np.asarray(indptr[rows + 1], dtype=np.int64) - starts
-    local = np.repeat(np.arange(rows.size), lengths)
-    positions = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths - starts, lengths)
-    return local, np.asarray(indices[positions], dtype=np.int64)
-
-
 def _pairs_of(sorted_pairs: np.ndarray, users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(j, item)`` for every pair ``(users[j], item)``; pairs sorted by user, ``users`` sorted."""
     lo = np.searchsorted(sorted_pairs[:, 0], users[0], side="left")
@@ -284,10 +276,12 @@ def user_ranking_metrics(top_hits: torch.Tensor, held: torch.Tensor, k: int) -> 
 
 
 def ranking_sums(model, dataset, features, fanouts, *, k: int = 20, split: str = "test", batch_size: int = 1024,
-                 device=None, rank: int = 0, world_size: int = 1, **options) -> tuple[dict[str, float], int]:
+                 device=None, rank: int = 0, world_size: int = 1, embeddings: torch.Tensor | None = None,
+                 **options) -> tuple[dict[str, float], int]:
     """``({metric: sum over users}, users)`` for the :data:`RANKING_METRICS` over this rank's share of the
     evaluated users (every ``world_size``-th, equal shares); see :func:`recall_at_k`. Sums, so that ranks
-    can add theirs up before dividing."""
+    can add theirs up before dividing. ``embeddings`` (every node's, e.g. from
+    :func:`~lsm_gnn.inference.layerwise_inference`) replaces sampling them with :func:`embed_nodes`."""
     num_users, num_items = user_item_sizes(dataset)
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -303,7 +297,10 @@ def ranking_sums(model, dataset, features, fanouts, *, k: int = 20, split: str =
     if users.size == 0:
         return sums, 0
     nodes = np.concatenate([users, np.arange(num_users, dataset.num_nodes)])  # this rank's users, every item
-    emb = embed_nodes(model, dataset, features, fanouts, nodes, batch_size=batch_size, device=device, **options)
+    if embeddings is None:
+        emb = embed_nodes(model, dataset, features, fanouts, nodes, batch_size=batch_size, device=device, **options)
+    else:
+        emb = embeddings[torch.from_numpy(nodes)]
     user_emb, item_emb = emb[:users.size], emb[users.size:]
     count = 0
     chunk = max(1, SCORE_CHUNK // num_items)
@@ -311,7 +308,7 @@ def ranking_sums(model, dataset, features, fanouts, *, k: int = 20, split: str =
         block = users[start:start + chunk]
         # Known items (training and the other held-out splits) are neither ranked nor counted.
         known = np.zeros((block.size, num_items), dtype=bool)
-        local, items = _row_entries(dataset.indptr, dataset.indices, block)
+        local, items = row_entries(dataset.indptr, dataset.indices, block)
         keep = items >= num_users
         known[local[keep], items[keep] - num_users] = True
         for name, pairs in sorted_pairs.items():
@@ -415,8 +412,16 @@ class LinkPrediction:
         from lsm_gnn.tasks import eval_batch_size, loader_options
 
         c = self.cfg
+        embeddings = None
+        if c.train.eval_mode == "full":  # every node, every neighbour; the same on every rank
+            from lsm_gnn.inference import layerwise_inference
+
+            size = eval_batch_size(c)
+            embeddings = layerwise_inference(model, self.dataset, features, np.arange(self.dataset.num_nodes),
+                                             chunk_size=size, read_rows=size, device=device, rank=rank,
+                                             world_size=world_size)
         sums, count = ranking_sums(model, self.dataset, features, c.sampler.fanouts, k=self.k, split=split,
-                                   batch_size=eval_batch_size(c), device=device,
+                                   batch_size=eval_batch_size(c), device=device, embeddings=embeddings,
                                    **loader_options(c, rank, world_size, evaluation=True))
         *totals, count = all_reduce_sum([*sums.values(), count])
         means = _means(dict(zip(sums, totals)), int(count))

@@ -346,3 +346,21 @@ def test_cli_prepares_a_user_item_dataset(tmp_path, capsys):
     ds = open_dataset(out)
     assert (ds.num_users, ds.num_items, ds.num_nodes) == (300, 200, 500)
     assert sorted(ds.edge_split_names) == ["test", "val"]
+
+
+def test_full_neighbourhood_evaluation_of_link_prediction(ds):
+    """train.eval_mode=full ranks with every neighbour: as sampling all of them (fanouts -1) does, for SAGE."""
+    pytest.importorskip("torch_geometric")
+    from lsm_gnn.config import load_config
+    from lsm_gnn.trainer import Trainer
+
+    overrides = [f"dataset={ds.path}", "train.task=link", "model.kind=sage", "model.hidden=16",
+                 "sampler.fanouts=[5, 3]", "sampler.batch_size=512", "cache.features=memory", "train.lr=0.01",
+                 "train.max_iterations=10", "train.eval_every=10", "train.eval_splits=[test]", "train.eval_mode=full", "log.progress=false"]
+    trainer = Trainer(load_config(None, overrides))
+    full = trainer.fit()["eval"]["test"]
+    every = recall_at_k(trainer.module, ds, open_storage(ds, "memory"), [-1, -1], k=20, split="test")
+    assert full["count"] == every["users"]
+    for name in ("recall", "ndcg", "recall_capped"):  # near-tied scores may swap: float sums in another order
+        assert full[f"{name}@20"] == pytest.approx(every[name], abs=2e-3)
+    assert full["recall@20"] > 2 * full["random_recall@20"]

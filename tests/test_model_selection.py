@@ -117,8 +117,10 @@ def test_bad_selection_settings_are_named(graph, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_ranks_evaluate_mid_epoch_and_stop_together(graph, tmp_path):
-    """Both ranks stop at the same evaluation (rank 0 decides; a rank that went on would hang the other)."""
+@pytest.mark.parametrize("mode", ["sampled", "full"])
+def test_two_ranks_evaluate_mid_epoch_and_stop_together(graph, tmp_path, mode):
+    """Both ranks stop at the same evaluation (rank 0 decides; a rank that went on would hang the other).
+    Full-neighbourhood evaluation shares its chunks between the ranks, through the shared cache."""
     port = free_port()
     procs = []
     for rank in range(2):
@@ -126,7 +128,8 @@ def test_two_ranks_evaluate_mid_epoch_and_stop_together(graph, tmp_path):
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1", LSM_GNN_TIMEOUT_S="60",
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         args = [*common(graph, tmp_path), "sampler.batch_size=100", "train.epochs=5", "train.eval_every=1",
-                "train.early_stopping.patience=2", "train.early_stopping.min_delta=0.01"]
+                "train.early_stopping.patience=2", "train.early_stopping.min_delta=0.01", f"train.eval_mode={mode}",
+                "train.eval_batch_size=64"]
         procs.append(subprocess.Popen([sys.executable, "-m", "lsm_gnn", "train", *args], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outputs = [p.communicate(timeout=300) for p in procs]
@@ -135,3 +138,21 @@ def test_two_ranks_evaluate_mid_epoch_and_stop_together(graph, tmp_path):
     [summary] = log_records(tmp_path, "run_summary")
     assert summary["best"]["stopped_early"] and summary["iterations"] < 25
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["best.pt", "last.pt"]
+    # One process with best.pt's weights scores the same (sampled: each rank sampled its share of the nodes).
+    if mode == "full":
+        trainer = Trainer(config(graph, tmp_path / "one", "train.eval_mode=full", "train.eval_batch_size=64"))
+        trainer.module.load_state_dict(load_checkpoint(str(tmp_path / "ckpt" / "best.pt"))["model"])
+        assert trainer.evaluate("val")["accuracy"] == summary["best"]["value"]
+        trainer.loader.close()
+
+
+def test_evaluations_reach_tensorboard_at_their_iteration(tmp_path):
+    """Without the tensorboard package here, a stand-in writer records what MetricsLog sends it."""
+    from lsm_gnn.trainer import MetricsLog
+
+    scalars = []
+    log = MetricsLog(load_config(None, []), rank=1)  # no file
+    log.board = type("Board", (), {"add_scalar": lambda self, *a: scalars.append(a)})()
+    log.write({"evaluation": {"epoch": 0, "iterations": 4, "val": {"accuracy": 0.5, "count": 10}}})
+    log.write({"epoch_summary": {"epoch": 0, "loss": 1.0}})  # no step: not a scalar
+    assert scalars == [("evaluation/val/accuracy", 0.5, 4), ("evaluation/val/count", 10, 4)]
