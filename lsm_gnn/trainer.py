@@ -548,9 +548,6 @@ class Trainer:
             sel["since_best"] += 1
         if es.patience and sel["since_best"] >= es.patience:
             sel["stopped"] = True
-            self._print(f"early stopping: {split}.{metric} has not improved on {sel['best']:.4f} (epoch "
-                        f"{sel['evaluation']['epoch']}, after {sel['evaluation']['iterations']} iterations) in "
-                        f"{es.patience} evaluation(s)")
 
     def best_summary(self) -> dict | None:
         """The best evaluation by the watched metric: which it is, when, every split's metrics there, best.pt."""
@@ -613,6 +610,9 @@ class Trainer:
                   "checkpoint": self.checkpoint_path}
         for split, metrics in last_eval.items():
             self._print(f"{split}: {_metrics_text(metrics)}")
+        if best is not None and best["stopped_early"]:
+            self._print(f"stopped early: {best['metric']} did not improve on the best in "
+                        f"{cfg.train.early_stopping.patience} evaluation(s) after it")
         if best is not None:
             self._print(f"best {best['metric']} {best['value']:.4f} at epoch {best['epoch']}, after "
                         f"{best['iterations']} iterations{' (stopped early)' if best['stopped_early'] else ''}"

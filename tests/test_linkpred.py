@@ -356,7 +356,8 @@ def test_full_neighbourhood_evaluation_of_link_prediction(ds):
 
     overrides = [f"dataset={ds.path}", "train.task=link", "model.kind=sage", "model.hidden=16",
                  "sampler.fanouts=[5, 3]", "sampler.batch_size=512", "cache.features=memory", "train.lr=0.01",
-                 "train.max_iterations=10", "train.eval_every=10", "train.eval_splits=[test]", "train.eval_mode=full", "log.progress=false"]
+                 "train.max_iterations=10", "train.eval_every=10", "train.eval_splits=[test]", "train.eval_mode=full",
+                 "log.progress=false"]
     trainer = Trainer(load_config(None, overrides))
     full = trainer.fit()["eval"]["test"]
     every = recall_at_k(trainer.module, ds, open_storage(ds, "memory"), [-1, -1], k=20, split="test")

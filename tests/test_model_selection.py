@@ -61,7 +61,8 @@ def test_best_pt_holds_the_best_validation_weights_and_the_summary_reports_test_
     assert trainer.evaluate("val")["accuracy"] == best["value"]
     trainer.loader.close()
     out = capsys.readouterr().out
-    assert f"best val.accuracy {best['value']:.4f} at epoch {best['epoch']}, after {best['iterations']} iterations" in out
+    assert (f"best val.accuracy {best['value']:.4f} at epoch {best['epoch']}, after {best['iterations']} "
+            "iterations") in out
     assert f"test there: accuracy {best['eval']['test']['accuracy']:.4f}" in out
     assert log_records(tmp_path, "evaluation") == evaluations
     [summary] = log_records(tmp_path, "run_summary")
@@ -77,7 +78,7 @@ def test_early_stopping_after_patience_evaluations_without_improvement(graph, tm
     at = [e["iterations"] for e in evaluations].index(best["iterations"])
     assert len(evaluations) - 1 - at == 2  # patience: two evaluations without improvement, then stop
     assert all(e["val"]["accuracy"] <= best["value"] + 0.01 for e in evaluations[at + 1:])
-    assert "early stopping: val.accuracy has not improved" in capsys.readouterr().out
+    assert "stopped early: val.accuracy did not improve on the best in 2 evaluation(s)" in capsys.readouterr().out
     assert not result["history"][-1]["complete"] or result["iterations"] % 5 == 0
     # A stopped run asked to go on stays stopped: resuming trains nothing more.
     again = Trainer(config(graph, tmp_path, "train.epochs=5", "train.eval_every=1",
@@ -134,7 +135,7 @@ def test_two_ranks_evaluate_mid_epoch_and_stop_together(graph, tmp_path, mode):
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outputs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outputs]
-    assert "early stopping" in outputs[0][0]
+    assert "stopped early" in outputs[0][0]
     [summary] = log_records(tmp_path, "run_summary")
     assert summary["best"]["stopped_early"] and summary["iterations"] < 25
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["best.pt", "last.pt"]
