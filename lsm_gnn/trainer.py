@@ -487,7 +487,7 @@ class Trainer:
                    "amplification": totals["bytes_read"] / totals["bytes_useful"] if totals["bytes_useful"] else None}
         if "pvp_hits" in self.features.counters():  # a cache with a victim buffer
             summary.update(pvp_hits=totals["pvp_hits"], bytes_saved=totals["bytes_saved"])
-        if complete and self._epoch_eval_due(state["epoch"]):
+        if complete and self.cfg.train.eval_splits and self._epoch_eval_due(state["epoch"]):
             summary.update({s: m for s, m in self._evaluate_all(state["epoch"]).items()
                             if s in self.cfg.train.eval_splits})
         if self.history and self.history[-1]["epoch"] == summary["epoch"] and not self.history[-1]["complete"]:

@@ -100,8 +100,26 @@ def test_evaluation_every_n_epochs_and_always_after_the_last(graph, tmp_path):
 
 
 def test_no_validation_split_no_selection(graph, tmp_path):
-    result = Trainer(config(graph, tmp_path, "train.max_iterations=3", "train.eval_splits=[test]")).fit()
+    result = Trainer(config(graph, tmp_path, "train.epochs=1", "train.eval_splits=[test]")).fit()
     assert result["best"] is None and not (tmp_path / "ckpt" / "best.pt").exists()
+    assert [set(e) for e in result["evaluations"]] == [{"epoch", "iterations", "test"}]
+    nothing = Trainer(config(graph, tmp_path / "none", "train.epochs=1", "train.eval_splits=[]")).fit()
+    assert nothing["evaluations"] == [] and nothing["eval"] == {} and nothing["best"] is None
+
+
+def test_a_checkpoint_from_before_model_selection_resumes(graph, tmp_path):
+    """A last.pt without evaluations or selection state (lsm-gnn before them) resumes with none so far."""
+    from lsm_gnn.checkpoint import atomic_torch_save
+
+    Trainer(config(graph, tmp_path, "train.epochs=2", "train.max_iterations=7")).fit()
+    path = str(tmp_path / "ckpt" / "last.pt")
+    state = load_checkpoint(path)
+    assert state["evaluations"] and state["selection"]["best"] is not None  # epoch 0 was evaluated
+    del state["evaluations"], state["selection"]
+    atomic_torch_save(state, path)
+    result = Trainer(config(graph, tmp_path, "train.epochs=2")).fit()
+    assert [e["iterations"] for e in result["evaluations"]] == [10]
+    assert result["best"]["iterations"] == 10 and result["eval"]["test"] == result["best"]["eval"]["test"]
 
 
 def test_bad_selection_settings_are_named(graph, tmp_path):
