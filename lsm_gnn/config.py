@@ -67,6 +67,15 @@ class CacheConfig:
 
 
 @dataclass
+class EarlyStoppingConfig:
+    metric: str = "auto"       # split.metric that picks best.pt and stops the run, e.g. val.accuracy, val.recall@20;
+    # auto: the task's first metric on val (none without a val split)
+    patience: int = 0          # stop after this many evaluations without improvement (0: never stop early)
+    mode: str = "auto"         # max | min | auto (min for a metric named loss, else max)
+    min_delta: float = 0.0     # an improvement must exceed this
+
+
+@dataclass
 class TrainConfig:
     task: str = "node"         # node (classification) | link (prediction, BPR)
     epochs: int = 1
@@ -76,6 +85,12 @@ class TrainConfig:
     max_iterations: int = 0    # stop after this many iterations in all (0: no limit)
     eval_batch_size: int = 0   # 0: sampler.batch_size (a larger one must still fit the cache)
     eval_splits: list = field(default_factory=lambda: ["val", "test"])
+    eval_every: int = 0        # also evaluate every N iterations (0: at epoch ends only)
+    eval_every_epochs: int = 1  # evaluate after every N-th epoch (0: never at epoch ends); the last always is
+    eval_mode: str = "sampled"  # sampled (sampler.fanouts) | full (every neighbour, layer by layer; node task)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    num_negatives: int = 1     # link: negative items per positive edge
+    negatives_exclude_positives: bool = False  # link: draw negatives only among the user's non-training items
     device: str = "auto"       # auto | cpu | cuda
 
 
@@ -118,6 +133,8 @@ CHOICES = {
     "cache.backend": ("auto", *BACKENDS),
     "cache.mode": ("shared", "isolated"),
     "train.task": ("node", "link"),
+    "train.eval_mode": ("sampled", "full"),
+    "train.early_stopping.mode": ("auto", "max", "min"),
     "train.device": ("auto", "cpu", "cuda"),
 }
 
@@ -207,17 +224,21 @@ def validate(cfg: Config) -> Config:
         cfg.sampler.relation_fanouts[relation] = ks
     positive = {"sampler.batch_size": cfg.sampler.batch_size, "cache.ways": cfg.cache.ways,
                 "model.hidden": cfg.model.hidden, "model.heads": cfg.model.heads, "train.epochs": cfg.train.epochs,
-                "log.every": cfg.log.every}
+                "log.every": cfg.log.every, "train.num_negatives": cfg.train.num_negatives}
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"{key} must be >= 1, got {value}")
     for key, value in {"train.lr": cfg.train.lr, "train.weight_decay": cfg.train.weight_decay,
-                       "model.dropout": cfg.model.dropout}.items():
+                       "model.dropout": cfg.model.dropout,
+                       "train.early_stopping.min_delta": cfg.train.early_stopping.min_delta}.items():
         if not math.isfinite(value):
             raise ConfigError(f"{key} must be a finite number, got {value}")
     for key, value in {"train.max_iterations": cfg.train.max_iterations,
                        "train.eval_batch_size": cfg.train.eval_batch_size, "checkpoint.every": cfg.checkpoint.every,
-                       "train.lr": cfg.train.lr, "train.weight_decay": cfg.train.weight_decay}.items():
+                       "train.lr": cfg.train.lr, "train.weight_decay": cfg.train.weight_decay,
+                       "train.eval_every": cfg.train.eval_every, "train.eval_every_epochs": cfg.train.eval_every_epochs,
+                       "train.early_stopping.patience": cfg.train.early_stopping.patience,
+                       "train.early_stopping.min_delta": cfg.train.early_stopping.min_delta}.items():
         if value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value}")
     if not 0.0 <= cfg.model.dropout < 1.0:
@@ -227,6 +248,7 @@ def validate(cfg: Config) -> Config:
     bad_splits = [s for s in cfg.train.eval_splits if s not in ("train", "val", "test")]
     if bad_splits:
         raise ConfigError(f"train.eval_splits has {bad_splits}; valid splits are train, val, test")
+    selection_metric(cfg.train, default="?")  # its form; the task checks that it has the metric
     if cfg.cache.owner not in ("modulo", "hashed", "hotness") and not cfg.cache.owner.endswith(".npy"):
         raise ConfigError(f"cache.owner={cfg.cache.owner!r} is not valid; choose modulo, hashed, hotness or a path to a "
                           ".npy partition map")
@@ -250,6 +272,31 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"cache.pvp_queue_bytes: {exc}") from None
     policy_config(cfg.cache)
     return cfg
+
+
+def selection_metric(train: TrainConfig, default: str | None = None) -> tuple[str, str, str] | None:
+    """``(split, metric, mode)`` that ``train.early_stopping`` watches, or None when nothing is watched.
+
+    ``default`` is the task's first metric, which ``metric=auto`` watches on val (if val is evaluated).
+    """
+    es = train.early_stopping
+    if es.metric == "auto":
+        if default is None or "val" not in train.eval_splits:
+            if es.patience:
+                raise ConfigError("train.early_stopping.patience needs a validation split to watch: add val to "
+                                  "train.eval_splits, or set train.early_stopping.metric=<split>.<metric>")
+            return None
+        split, metric = "val", default
+    else:
+        split, dot, metric = es.metric.partition(".")
+        if not dot or not metric or split not in ("train", "val", "test"):
+            raise ConfigError(f"train.early_stopping.metric={es.metric!r} is not <split>.<metric>; e.g. "
+                              "val.accuracy (node task) or val.recall@20 (link task), or auto")
+        if split not in train.eval_splits:
+            raise ConfigError(f"train.early_stopping.metric={es.metric} watches split {split}, which "
+                              f"train.eval_splits={train.eval_splits} does not evaluate; add it there")
+    mode = es.mode if es.mode != "auto" else ("min" if "loss" in metric else "max")
+    return split, metric, mode
 
 
 def policy_name(cache: CacheConfig) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.data.format import DatasetError
+from lsm_gnn.inference import row_entries
 from lsm_gnn.loader import Batch, NodeLoader
 from lsm_gnn.parallel import all_reduce_sum, batch_to
 from lsm_gnn.sampling import Hop
@@ -66,7 +67,10 @@ class LinkLoader(NodeLoader):
     all items, drawn with ``(seed, epoch, batch)``, so a batch is the same
     on resume (:meth:`state_dict`). A negative may, rarely, be one of the
     user's training items (probability ``degree / num_items``), as in most
-    BPR implementations. ``options`` are :class:`NodeLoader`'s (``shuffle``,
+    BPR implementations; ``negatives_exclude_positives=True`` draws each
+    negative uniformly from the items the user has no training edge with
+    instead (LightGCN's sampler redraws such hits, which amounts to the
+    same). ``options`` are :class:`NodeLoader`'s (``shuffle``,
     ``drop_last``, ``window``, ``prefetch``, ``seed``, ``rank``,
     ``world_size``, ``num_threads``); with ``world_size > 1`` each rank gets
     an equal share of the edges.
@@ -79,7 +83,7 @@ class LinkLoader(NodeLoader):
     """
 
     def __init__(self, dataset, features, fanouts, batch_size: int, *, num_negatives: int = 1,
-                 exclude_positives: bool = True, **options):
+                 exclude_positives: bool = True, negatives_exclude_positives: bool = False, **options):
         num_users, num_items = user_item_sizes(dataset)
         if num_negatives < 1:
             raise ValueError(f"num_negatives must be >= 1, got {num_negatives}")
@@ -94,6 +98,7 @@ class LinkLoader(NodeLoader):
                                "rows must list only items (its training interactions). Re-create the dataset")
         self.num_users, self.num_items, self.num_negatives = num_users, num_items, int(num_negatives)
         self.exclude_positives = exclude_positives
+        self.negatives_exclude_positives = bool(negatives_exclude_positives)
         self.num_train_edges, self._user_indptr = num_train, user_indptr
         # NodeLoader's seeds: the users that have training edges (only its sharing checks use them).
         super().__init__(dataset, features, fanouts, batch_size, np.flatnonzero(np.diff(user_indptr)), **options)
@@ -125,11 +130,38 @@ class LinkLoader(NodeLoader):
             users = np.searchsorted(self._user_indptr, plan.positions, side="right") - 1
             items = np.asarray(self.dataset.indices[plan.positions], dtype=np.int64)
             rng = np.random.default_rng([self.seed, plan.epoch, plan.index])
-            neg = rng.integers(self.num_users, self.num_users + self.num_items, (users.size, self.num_negatives))
+            if self.negatives_exclude_positives:
+                neg = self._draw_unknown_items(users, rng)
+            else:
+                neg = rng.integers(self.num_users, self.num_users + self.num_items, (users.size, self.num_negatives))
             nodes, local = np.unique(np.concatenate([users, items, neg.reshape(-1)]), return_inverse=True)
             b = users.size
             plan.resolved = nodes, local[:b], local[b:2 * b], local[2 * b:].reshape(b, self.num_negatives)
         return plan.resolved
+
+    def _draw_unknown_items(self, users: np.ndarray, rng) -> np.ndarray:
+        """``num_negatives`` items per entry of ``users``, each uniform over the items that user has no
+        training edge with: one draw, no rejection loop.
+
+        With the user's training items sorted, ``p_0 < p_1 < ...`` (relative to the first item), the r-th
+        item that is not among them is ``r + #{j : p_j - j <= r}``; ``p_j - j`` is non-decreasing, so a
+        binary search finds the count. Rows are offset by ``row * num_items`` to search all at once.
+        """
+        distinct, row = np.unique(users, return_inverse=True)
+        local, items = row_entries(self._user_indptr, self.dataset.indices, distinct)
+        keys = np.unique(local * self.num_items + (items - self.num_users))  # sorted; repeated edges once
+        local, items = keys // self.num_items, keys % self.num_items
+        known = np.bincount(local, minlength=distinct.size)
+        starts = np.cumsum(known) - known
+        free = self.num_items - known
+        if not free.all():
+            raise DatasetError(f"{self.dataset.path}: user {int(distinct[np.argmin(free)])} has a training edge "
+                               "with every item, so it has no negative; set negatives_exclude_positives=False "
+                               "(train.negatives_exclude_positives=false)")
+        draws = rng.integers(0, free[row][:, None], (users.size, self.num_negatives))
+        shifted = local * self.num_items + (items - (np.arange(keys.size) - starts[local]))
+        below = np.searchsorted(shifted, row[:, None] * self.num_items + draws, side="right") - starts[row][:, None]
+        return self.num_users + draws + below
 
     def _plan_nodes(self, plan: _Plan) -> np.ndarray:
         return self._resolve(plan)[0]
@@ -144,10 +176,12 @@ class LinkLoader(NodeLoader):
     # -- resumable position ------------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "num_train_edges": self.num_train_edges, "num_negatives": self.num_negatives}
+        return {**super().state_dict(), "num_train_edges": self.num_train_edges, "num_negatives": self.num_negatives,
+                "negatives_exclude_positives": self.negatives_exclude_positives}
 
     def load_state_dict(self, state: dict) -> None:
-        for key, have in (("num_train_edges", self.num_train_edges), ("num_negatives", self.num_negatives)):
+        for key, have in (("num_train_edges", self.num_train_edges), ("num_negatives", self.num_negatives),
+                          ("negatives_exclude_positives", self.negatives_exclude_positives)):
             if state.get(key, have) != have:
                 raise ValueError(f"the saved loader state has {key}={state[key]} but this loader has {key}={have}; "
                                  "resume with the same dataset and loader settings")
@@ -206,15 +240,6 @@ def embed_nodes(model, dataset, features, fanouts, nodes, *, batch_size: int = 1
         model.train(was_training)
 
 
-def _row_entries(indptr, indices, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(j, v)`` for every entry ``v`` of CSR row ``rows[j]``."""
-    starts = np.asarray(indptr[rows], dtype=np.int64)
-    lengths = np.asarray(indptr[rows + 1], dtype=np.int64) - starts
-    local = np.repeat(np.arange(rows.size), lengths)
-    positions = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths - starts, lengths)
-    return local, np.asarray(indices[positions], dtype=np.int64)
-
-
 def _pairs_of(sorted_pairs: np.ndarray, users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(j, item)`` for every pair ``(users[j], item)``; pairs sorted by user, ``users`` sorted."""
     lo = np.searchsorted(sorted_pairs[:, 0], users[0], side="left")
@@ -225,14 +250,42 @@ def _pairs_of(sorted_pairs: np.ndarray, users: np.ndarray) -> tuple[np.ndarray, 
     return local[keep], block[keep, 1]
 
 
+#: the metrics :func:`ranking_sums` adds up per user, in the order the task reports them
+RANKING_METRICS = ("recall", "ndcg", "recall_capped", "random_recall")
+
+
+def user_ranking_metrics(top_hits: torch.Tensor, held: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
+    """Per-user metrics of one ranking, as LightGCN's evaluation code computes them.
+
+    ``top_hits[u, r]`` says whether user u's item at rank r (0-based, r < k) is held out; ``held[u]`` is
+    ``|H(u)| > 0``. Returns float64 tensors of shape ``(U,)``:
+
+    - ``recall``: hits / |H(u)|;
+    - ``ndcg``: DCG / IDCG, with gain 1 / log2(r + 2) at rank r and the ideal ranking's ``min(k, |H(u)|)``
+      hits on top;
+    - ``recall_capped``: hits / min(k, |H(u)|), which reaches 1.0 when |H(u)| > k (not LightGCN's recall).
+    """
+    top_hits = top_hits.double()
+    held = held.double()
+    hits = top_hits.sum(1)
+    discount = 1.0 / torch.log2(torch.arange(top_hits.shape[1], dtype=torch.float64) + 2)
+    ideal_discount = torch.cumsum(1.0 / torch.log2(torch.arange(k, dtype=torch.float64) + 2), 0)
+    idcg = ideal_discount[(held.clamp(max=k) - 1).long()]
+    return {"recall": hits / held, "ndcg": (top_hits * discount).sum(1) / idcg,
+            "recall_capped": hits / held.clamp(max=k)}
+
+
 def ranking_sums(model, dataset, features, fanouts, *, k: int = 20, split: str = "test", batch_size: int = 1024,
-                 device=None, rank: int = 0, world_size: int = 1, **options) -> tuple[float, float, int]:
-    """``(sum of recall@k, sum of the random ranking's expected recall@k, users)`` over
-    this rank's share of the evaluated users (every ``world_size``-th, equal shares); see :func:`recall_at_k`.
-    Sums, so that ranks can add theirs up before dividing."""
+                 device=None, rank: int = 0, world_size: int = 1, embeddings: torch.Tensor | None = None,
+                 **options) -> tuple[dict[str, float], int]:
+    """``({metric: sum over users}, users)`` for the :data:`RANKING_METRICS` over this rank's share of the
+    evaluated users (every ``world_size``-th, equal shares); see :func:`recall_at_k`. Sums, so that ranks
+    can add theirs up before dividing. ``embeddings`` (every node's, e.g. from
+    :func:`~lsm_gnn.inference.layerwise_inference`) replaces sampling them with :func:`embed_nodes`."""
     num_users, num_items = user_item_sizes(dataset)
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    sums = dict.fromkeys(RANKING_METRICS, 0.0)
     sorted_pairs = {}
     for name in {split, *dataset.edge_split_names}:
         pairs = np.asarray(dataset.edge_split(name))  # names the fix when the split is missing
@@ -242,18 +295,20 @@ def ranking_sums(model, dataset, features, fanouts, *, k: int = 20, split: str =
     # shared cache's exchange is collective.
     users = users[:users.size // world_size * world_size][rank::world_size]
     if users.size == 0:
-        return 0.0, 0.0, 0
+        return sums, 0
     nodes = np.concatenate([users, np.arange(num_users, dataset.num_nodes)])  # this rank's users, every item
-    emb = embed_nodes(model, dataset, features, fanouts, nodes, batch_size=batch_size, device=device, **options)
+    if embeddings is None:
+        emb = embed_nodes(model, dataset, features, fanouts, nodes, batch_size=batch_size, device=device, **options)
+    else:
+        emb = embeddings[torch.from_numpy(nodes)]
     user_emb, item_emb = emb[:users.size], emb[users.size:]
-    recall_sum = random_sum = 0.0
     count = 0
     chunk = max(1, SCORE_CHUNK // num_items)
     for start in range(0, users.size, chunk):
         block = users[start:start + chunk]
         # Known items (training and the other held-out splits) are neither ranked nor counted.
         known = np.zeros((block.size, num_items), dtype=bool)
-        local, items = _row_entries(dataset.indptr, dataset.indices, block)
+        local, items = row_entries(dataset.indptr, dataset.indices, block)
         keep = items >= num_users
         known[local[keep], items[keep] - num_users] = True
         for name, pairs in sorted_pairs.items():
@@ -267,52 +322,61 @@ def ranking_sums(model, dataset, features, fanouts, *, k: int = 20, split: str =
         known_t, target_t = torch.from_numpy(known), torch.from_numpy(target)
         scores = (user_emb[start:start + block.size] @ item_emb.T).float().cpu().masked_fill_(known_t, float("-inf"))
         top = scores.topk(min(k, num_items), dim=1).indices
-        hits = target_t.gather(1, top).sum(1).double()
-        held = target_t.sum(1).double()
-        candidates = num_items - known_t.sum(1).double()
+        held = target_t.sum(1)
         valid = held > 0
-        denominator = held.clamp(max=k)
-        # A uniformly random ranking of the candidates puts min(k, C) of them in the top k, each held out
-        # with probability held / C (the mean of a hypergeometric draw).
-        expected = candidates.clamp(max=k) * held / candidates.clamp(min=1)
-        recall_sum += float((hits / denominator)[valid].sum())
-        random_sum += float((expected / denominator)[valid].sum())
+        metrics = user_ranking_metrics(target_t.gather(1, top)[valid], held[valid], k)
+        # A uniformly random ranking of the C(u) candidates puts min(k, C) of them in the top k, each held out
+        # with probability |H| / C (the mean of a hypergeometric draw): expected recall min(k, C) / C.
+        candidates = (num_items - known_t.sum(1).double())[valid]
+        metrics["random_recall"] = candidates.clamp(max=k) / candidates
+        for name in RANKING_METRICS:
+            sums[name] += float(metrics[name].sum())
         count += int(valid.sum())
-    return recall_sum, random_sum, count
+    return sums, count
 
 
 def recall_at_k(model, dataset, features, fanouts, *, k: int = 20, split: str = "test", batch_size: int = 1024,
                 device=None, **options) -> dict:
-    """Recall@k of ``model`` on the held-out pairs of ``split``, beside a random ranking's.
+    """Recall@k and NDCG@k of ``model`` on the held-out pairs of ``split``, beside a random ranking's recall.
 
     Users with held-out items and all items are embedded by
     :func:`embed_nodes` (``options`` go to its loader: ``seed``, ``window``,
     ...). For each user u, every item is scored ``<emb(u), emb(i)>``; the
     user's known items (its training items and its pairs in the other edge
     splits) are removed; ``H(u)`` is u's held-out items of ``split`` that
-    are not known, and users with empty ``H(u)`` are skipped. Then::
+    are not known, and users with empty ``H(u)`` are skipped. Then, as in
+    LightGCN's evaluation code (:func:`user_ranking_metrics`)::
 
-        recall@k = mean over users of |top_k(u) & H(u)| / min(k, |H(u)|)
+        recall@k        = mean over users of |top_k(u) & H(u)| / |H(u)|
+        ndcg@k          = mean over users of DCG@k(u) / IDCG@k(u)
+        recall_capped@k = mean over users of |top_k(u) & H(u)| / min(k, |H(u)|)
 
-    ``random_recall`` is the exact expectation of the same quantity under a
-    uniformly random ranking of the ``C(u)`` unknown items:
-    ``min(k, C(u)) * |H(u)| / C(u) / min(k, |H(u)|)``, averaged alike.
-    Returns ``{"recall", "random_recall", "users", "k", "split"}``.
+    ``random_recall`` is the exact expectation of recall@k under a uniformly
+    random ranking of the ``C(u)`` unknown items, ``min(k, C(u)) / C(u)``,
+    averaged alike. Returns ``{"recall", "ndcg", "recall_capped",
+    "random_recall", "users", "k", "split"}``.
     """
-    recall_sum, random_sum, count = ranking_sums(model, dataset, features, fanouts, k=k, split=split,
-                                                 batch_size=batch_size, device=device, **options)
-    nan = float("nan")
-    return {"recall": recall_sum / count if count else nan, "random_recall": random_sum / count if count else nan,
-            "users": count, "k": k, "split": split}
+    sums, count = ranking_sums(model, dataset, features, fanouts, k=k, split=split, batch_size=batch_size,
+                               device=device, **options)
+    return {**_means(sums, count), "users": count, "k": k, "split": split}
+
+
+def _means(sums: dict[str, float], count: int) -> dict[str, float]:
+    return {name: value / count if count else float("nan") for name, value in sums.items()}
 
 
 # -- the trainer's task ---------------------------------------------------------------------------------------------
 
 class LinkPrediction:
-    """``train.task=link``: BPR on the training edges; recall@20 on the held-out edge splits."""
+    """``train.task=link``: BPR on the training edges; recall@20 and NDCG@20 on the held-out edge splits."""
 
     name = "link"
     k = 20
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """What :meth:`evaluate` reports per split; model selection watches the first by default."""
+        return tuple(f"{name}@{self.k}" for name in RANKING_METRICS)
 
     def __init__(self, cfg, dataset):
         from lsm_gnn.config import ConfigError
@@ -330,6 +394,8 @@ class LinkPrediction:
         from lsm_gnn.tasks import loader_options
 
         return LinkLoader(self.dataset, features, c.sampler.fanouts, c.sampler.batch_size, shuffle=True,
+                          num_negatives=c.train.num_negatives,
+                          negatives_exclude_positives=c.train.negatives_exclude_positives,
                           **loader_options(c, rank, world_size))
 
     def loss(self, model, batch: LinkBatch) -> torch.Tensor:
@@ -346,10 +412,17 @@ class LinkPrediction:
         from lsm_gnn.tasks import eval_batch_size, loader_options
 
         c = self.cfg
-        sums = ranking_sums(model, self.dataset, features, c.sampler.fanouts, k=self.k, split=split,
-                            batch_size=eval_batch_size(c), device=device,
-                            **loader_options(c, rank, world_size, evaluation=True))
-        recall_sum, random_sum, count = all_reduce_sum(list(sums))
-        nan = float("nan")
-        return {f"recall@{self.k}": recall_sum / count if count else nan,
-                f"random_recall@{self.k}": random_sum / count if count else nan, "count": int(count)}
+        embeddings = None
+        if c.train.eval_mode == "full":  # every node, every neighbour; the same on every rank
+            from lsm_gnn.inference import layerwise_inference
+
+            size = eval_batch_size(c)
+            embeddings = layerwise_inference(model, self.dataset, features, np.arange(self.dataset.num_nodes),
+                                             chunk_size=size, read_rows=size, device=device, rank=rank,
+                                             world_size=world_size)
+        sums, count = ranking_sums(model, self.dataset, features, c.sampler.fanouts, k=self.k, split=split,
+                                   batch_size=eval_batch_size(c), device=device, embeddings=embeddings,
+                                   **loader_options(c, rank, world_size, evaluation=True))
+        *totals, count = all_reduce_sum([*sums.values(), count])
+        means = _means(dict(zip(sums, totals)), int(count))
+        return {**{f"{name}@{self.k}": value for name, value in means.items()}, "count": int(count)}

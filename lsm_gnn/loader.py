@@ -229,8 +229,8 @@ class NodeLoader:
         after training on a batch resumes with the batch after it.
         """
         epoch, position, first = self._running_epoch, self._position, self._epoch_first
-        if epoch is None:  # between epochs: the next one starts at self.iteration
-            epoch, position, first = self.epoch, 0, self.iteration
+        if epoch is None:  # between epochs, or after load_state_dict: the next iter() starts here
+            epoch, position, first = self.epoch, self._resume_position, self.iteration
         elif position >= self._epoch_length:  # finished: resume at the next epoch
             epoch, position, first = epoch + 1, 0, self._epoch_first + self._epoch_length
         return {"epoch": epoch, "position": position, "iteration": first + position,
@@ -251,6 +251,13 @@ class NodeLoader:
     # -- iteration -----------------------------------------------------------------------------------------------
 
     def __iter__(self):
+        return self.iterate()
+
+    def iterate(self, until: int | None = None):
+        """``iter(loader)``, or only up to position ``until`` of the epoch (a batch count): the background
+        thread then samples and gathers nothing past it, so every rank stops its collective gathers at the
+        same batch (an evaluation in mid-epoch). The next segment starts after :meth:`load_state_dict` with
+        :meth:`state_dict`, as a resumed run does."""
         self.close()  # a new epoch ends any epoch still running
         self._stop = threading.Event()
         ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
@@ -258,7 +265,7 @@ class NodeLoader:
         skip, self._resume_position = self._resume_position, 0
         self._running_epoch, self._epoch_length = self.epoch, len(plans)
         self._epoch_first, self._position = self.iteration, skip
-        self._worker = threading.Thread(target=self._produce, args=(plans[skip:], self.iteration + skip, ready,
+        self._worker = threading.Thread(target=self._produce, args=(plans[skip:until], self.iteration + skip, ready,
                                                                     self._stop),
                                         name="lsm-gnn-loader", daemon=True)
         self._worker.start()
@@ -271,7 +278,8 @@ class NodeLoader:
             while True:
                 item = ready.get()
                 if item is _DONE:
-                    self._running_epoch = None
+                    if self._position >= self._epoch_length:  # else a segment ended: state_dict says where
+                        self._running_epoch = None
                     return
                 if isinstance(item, BaseException):
                     raise item

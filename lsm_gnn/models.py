@@ -35,7 +35,9 @@ class BlockGCNConv(nn.Module):
         self.lin = nn.Linear(in_dim, out_dim, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_dim))
 
-    def forward(self, x, edge_index, size):
+    def forward(self, x, edge_index, size, src_degree: torch.Tensor | None = None):
+        """``src_degree``: the sources' degrees, loop included, counted elsewhere (the whole graph's, for
+        layer-wise inference over hops of every in-edge); by default counted inside the hop."""
         x_src = x[0] if isinstance(x, tuple) else x
         num_src, num_dst = size
         # Loops already in the data are replaced by ours, so none counts twice (PyG's add_remaining_self_loops).
@@ -44,7 +46,8 @@ class BlockGCNConv(nn.Module):
         src = torch.cat([edge_index[0], loops])
         dst = torch.cat([edge_index[1], loops])
         ones = torch.ones(src.numel(), device=x_src.device)
-        deg_src = torch.zeros(num_src, device=x_src.device).index_add_(0, src, ones)
+        deg_src = (torch.zeros(num_src, device=x_src.device).index_add_(0, src, ones) if src_degree is None
+                   else src_degree.to(x_src.device, torch.float32))
         deg_dst = torch.zeros(num_dst, device=x_src.device).index_add_(0, dst, ones)
         norm = (deg_src[src] * deg_dst[dst]).rsqrt()
         h = self.lin(x_src)
@@ -92,10 +95,17 @@ class HopGNN(nn.Module):
             raise ValueError(f"the batch has {len(batch.hops)} hops but the model has {len(self.convs)} layers; "
                              "use as many fanouts as layers")
         x = batch.x.float()
-        for i, (conv, hop) in enumerate(zip(self.convs, reversed(batch.hops))):
-            x = conv((x, x[:hop.num_dst]), hop.edge_index, size=(hop.num_src, hop.num_dst))
-            if i < len(self.convs) - 1:
-                x = nn.functional.dropout(torch.relu(x), self.dropout, self.training)
+        for i, hop in enumerate(reversed(batch.hops)):
+            x = self.layer(i, x, hop.edge_index, (hop.num_src, hop.num_dst))
+        return x
+
+    def layer(self, i: int, x: torch.Tensor, edge_index: torch.Tensor, size: tuple[int, int], **kwargs):
+        """Layer ``i`` over one hop: ``x`` holds the hop's sources, its first ``size[1]`` the destinations;
+        ReLU and dropout follow every layer but the last. ``kwargs`` go to the conv
+        (:mod:`lsm_gnn.inference` gives GCN the whole graph's degrees)."""
+        x = self.convs[i]((x, x[:size[1]]), edge_index, size=size, **kwargs)
+        if i < len(self.convs) - 1:
+            x = nn.functional.dropout(torch.relu(x), self.dropout, self.training)
         return x
 
 

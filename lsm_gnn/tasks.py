@@ -54,6 +54,8 @@ class NodeClassification:
     """
 
     name = "node"
+    #: what :meth:`evaluate` reports per split; model selection watches the first by default
+    metrics = ("accuracy",)
 
     def __init__(self, cfg: Config, dataset):
         self.cfg, self.dataset = cfg, dataset
@@ -80,6 +82,9 @@ class NodeClassification:
             raise ConfigError(f"every node of the train split of {where} is unlabeled (-1); label some, "
                               "or pick another dataset")
         self.fanouts = relation_fanouts(cfg, dataset)
+        if cfg.train.eval_mode == "full" and self.hetero:
+            raise ConfigError(f"train.eval_mode=full (layer-wise) supports one node type; {dataset.path} has "
+                              f"several: use train.eval_mode=sampled")
 
     def labeled(self, split: str) -> np.ndarray:
         """The split's nodes that carry a label (label >= 0)."""
@@ -107,6 +112,15 @@ class NodeClassification:
     @torch.no_grad()
     def evaluate(self, model, features, split: str, device, rank: int, world_size: int) -> dict:
         seeds = self.labeled(split)
+        if self.cfg.train.eval_mode == "full":  # every rank gets every seed's logits
+            from lsm_gnn.inference import layerwise_inference
+
+            size = eval_batch_size(self.cfg)
+            logits = layerwise_inference(model, self.dataset, features, seeds, chunk_size=size, read_rows=size,
+                                         device=device, rank=rank, world_size=world_size)
+            labels = torch.from_numpy(np.asarray(self._labels[seeds], dtype=np.int64))
+            correct = int((logits.argmax(1) == labels).sum())
+            return {"accuracy": correct / seeds.size if seeds.size else float("nan"), "count": int(seeds.size)}
         correct = total = 0
         if seeds.size >= world_size:
             c = self.cfg

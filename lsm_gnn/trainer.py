@@ -27,7 +27,7 @@ from lsm_gnn.checkpoint import (CheckpointError, atomic_torch_save, load_checkpo
                                 remove_stale_checkpoint_temporaries)
 from lsm_gnn.comm.group import (TIMEOUT_ENV, CollectiveError, ProgressBoard, check_agreement, collective_timeout,
                                 first_line, is_collective_failure)
-from lsm_gnn.config import Config, ConfigError
+from lsm_gnn.config import Config, ConfigError, selection_metric
 from lsm_gnn.fileio import reporting_disk_full
 from lsm_gnn.kernels import set_kernel_mode
 from lsm_gnn.parallel import batch_to, distributed_context
@@ -97,10 +97,11 @@ class MetricsLog:
             with reporting_disk_full(self.path):
                 self.file.write(json.dumps(record) + "\n")
                 self.file.flush()
-        if self.board is not None and "iteration" in record:
+        if self.board is not None and ("iteration" in record or "evaluation" in record):
+            step = record["iteration"] if "iteration" in record else record["evaluation"]["iterations"]
             for key, value in _flatten(record).items():
-                if isinstance(value, (int, float)) and key not in ("iteration", "epoch"):
-                    self.board.add_scalar(key, value, record["iteration"])
+                if isinstance(value, (int, float)) and not key.endswith(("iteration", "iterations", "epoch")):
+                    self.board.add_scalar(key, value, step)
 
     def offset(self) -> int | None:
         """Bytes of the JSON-lines file written so far (None without one)."""
@@ -186,6 +187,11 @@ class Trainer:
         if missing:  # fail now, not after the first epoch
             raise ConfigError(f"train.eval_splits has {missing}, which dataset {self.dataset.path} lacks; it has "
                               f"{self.task.splits or 'none'}: set train.eval_splits={self.task.splits}")
+        #: (split, metric, mode) that picks best.pt and stops early, or None
+        self.watch = selection_metric(cfg.train, self.task.metrics[0])
+        if self.watch and self.watch[1] not in self.task.metrics:
+            raise ConfigError(f"train.early_stopping.metric={'.'.join(self.watch[:2])}: the {self.task.name} task "
+                              f"reports {', '.join(self.task.metrics)}; watch one of those")
         #: the resolved feature path (capacity in bytes, policy, PVP, sharing), checked before any work
         self.feature_spec = resolve(cfg, self.dataset, self.world_size)
         if features is not None:
@@ -213,14 +219,21 @@ class Trainer:
         self.loader = self.task.train_loader(self.features, self.rank, self.world_size)
         self.iterations_done = 0
         self.history: list[dict] = []
+        #: every evaluation ({"epoch", "iterations" done, split: metrics}), at epoch ends and every train.eval_every
+        self.evaluations: list[dict] = []
+        #: model selection: the best watched value, its evaluation, evaluations since, and whether the run stopped
+        self.selection = self._new_selection()
         #: the accumulators of the epoch in progress (None between epochs); checkpointed, so a resumed
         #: epoch's summary covers all of its iterations
         self.epoch_state: dict | None = None
         self.log = MetricsLog(cfg, self.rank)
         self.checkpoint_path = os.path.join(cfg.checkpoint.dir, "last.pt") if cfg.checkpoint.dir else None
+        self.best_path = os.path.join(cfg.checkpoint.dir, "best.pt") if cfg.checkpoint.dir and self.watch else None
         self.resumed_from = None
         if self.checkpoint_path and self.rank == 0:
-            remove_stale_checkpoint_temporaries(self.checkpoint_path)
+            for path in (self.checkpoint_path, self.best_path):
+                if path:
+                    remove_stale_checkpoint_temporaries(path)
         if self.checkpoint_path and cfg.checkpoint.resume and os.path.exists(self.checkpoint_path):
             self.resume(self.checkpoint_path)
         if self._distributed():  # a rank that cannot see the checkpoint (another host's disk) would start over
@@ -281,6 +294,7 @@ class Trainer:
         return {"config": self.cfg.to_dict(), "model": self.module.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "loader": self.loader.state_dict(),
                 "iterations_done": self.iterations_done, "history": self.history, "epoch_state": self.epoch_state,
+                "evaluations": self.evaluations, "selection": self.selection,
                 "log_offset": self.log.offset(), "rng": rng, "world_size": self.world_size, "time": time.time()}
 
     def save_checkpoint(self, path: str | None = None) -> str | None:
@@ -320,6 +334,9 @@ class Trainer:
             raise CheckpointError(f"cannot resume from {path}: its state does not fit this run ({exc}); start "
                                   "fresh with checkpoint.resume=false or another checkpoint.dir") from None
         self.epoch_state = ckpt.get("epoch_state")
+        # Written before model selection existed: nothing was selected yet.
+        self.evaluations = list(ckpt.get("evaluations", []))
+        self.selection = ckpt.get("selection") or self._new_selection()
         self.log.rewind(ckpt.get("log_offset"))  # what was logged after the checkpoint is redone
         self.resumed_from = path
         self._print(f"resumed from {path}: epoch {ckpt['loader']['epoch']}, "
@@ -328,8 +345,9 @@ class Trainer:
     # -- training ------------------------------------------------------------------------------------------------
 
     def _limit_reached(self) -> bool:
+        """The run ends here: train.max_iterations reached, or early stopping."""
         limit = self.cfg.train.max_iterations
-        return bool(limit) and self.iterations_done >= limit
+        return (bool(limit) and self.iterations_done >= limit) or self.selection["stopped"]
 
     def _grads_finite(self) -> bool:
         # After DDP's all-reduce every rank holds the same gradients, so every rank stops at once.
@@ -388,7 +406,7 @@ class Trainer:
                    mininterval=0.2 if sys.stderr.isatty() else 10.0)  # keep logs of non-interactive runs short
         cached = self.features.caches
         epoch_start = time.perf_counter()
-        batches = iter(self.loader)
+        batches, until = self._segment()
         try:
             while not self._limit_reached():
                 if self.progress is not None:
@@ -426,16 +444,35 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_value:.4f}",
                                 hit="-" if record["hit_ratio"] is None else f"{record['hit_ratio']:.2f}")
+                position = self.loader.state_dict()
+                if position["position"] == until:  # an evaluation in mid-epoch (before this iteration's checkpoint)
+                    times.wall += time.perf_counter() - epoch_start
+                    batches.close()  # the loader's thread has stopped after this batch on every rank
+                    self._evaluate_all(epoch)
+                    epoch_start = time.perf_counter()
+                    if self._limit_reached():  # stopped early
+                        break
+                    self.loader.load_state_dict(position)
+                    batches, until = self._segment()
                 if cfg.checkpoint.every and self.iterations_done % cfg.checkpoint.every == 0:
-                    state["wall"] += time.perf_counter() - epoch_start
+                    times.wall += time.perf_counter() - epoch_start
                     epoch_start = time.perf_counter()
                     self.save_checkpoint()
         finally:
             bar.close()
             batches.close()
-        times.wall = time.perf_counter() - epoch_start
+        times.wall += time.perf_counter() - epoch_start  # training time only, evaluations left out
         state["wall"] += times.wall
         return times
+
+    def _segment(self):
+        """(the loader's batches up to the next evaluation due by train.eval_every, that position), or
+        (the rest of the epoch, None): the loader's thread must not gather alongside an evaluation."""
+        every, until = self.cfg.train.eval_every, None
+        if every and self.cfg.train.eval_splits:
+            stop = self.loader.state_dict()["position"] + every - self.iterations_done % every
+            until = stop if stop < len(self.loader) else None  # at the epoch's end: evaluated there
+        return self.loader.iterate(until), until
 
     def _summarize_epoch(self, complete: bool) -> dict:
         """The epoch's summary from ``epoch_state``; a complete epoch is also evaluated."""
@@ -450,14 +487,78 @@ class Trainer:
                    "amplification": totals["bytes_read"] / totals["bytes_useful"] if totals["bytes_useful"] else None}
         if "pvp_hits" in self.features.counters():  # a cache with a victim buffer
             summary.update(pvp_hits=totals["pvp_hits"], bytes_saved=totals["bytes_saved"])
-        if complete:
-            for split in self.cfg.train.eval_splits:
-                summary[split] = self.evaluate(split)
+        if complete and self.cfg.train.eval_splits and self._epoch_eval_due(state["epoch"]):
+            summary.update({s: m for s, m in self._evaluate_all(state["epoch"]).items()
+                            if s in self.cfg.train.eval_splits})
         if self.history and self.history[-1]["epoch"] == summary["epoch"] and not self.history[-1]["complete"]:
             self.history[-1] = summary  # a stopped epoch went on: its summary now covers all of it
         else:
             self.history.append(summary)
         return summary
+
+    # -- model selection -----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _new_selection() -> dict:
+        return {"best": None, "evaluation": None, "since_best": 0, "stopped": False}
+
+    def _iteration_eval_due(self) -> bool:
+        every = self.cfg.train.eval_every
+        return bool(every) and bool(self.cfg.train.eval_splits) and self.iterations_done % every == 0
+
+    def _epoch_eval_due(self, epoch: int) -> bool:
+        """Whether a complete epoch ends in an evaluation: every train.eval_every_epochs-th, the last, and one
+        whose last iteration is due by train.eval_every."""
+        every = self.cfg.train.eval_every_epochs
+        return ((bool(every) and (epoch + 1) % every == 0) or epoch + 1 == self.cfg.train.epochs
+                or self._iteration_eval_due())
+
+    def _evaluate_all(self, epoch: int) -> dict:
+        """Evaluates every split of train.eval_splits, logs it, updates the selection (best.pt, early stop)."""
+        record = {"epoch": epoch, "iterations": self.iterations_done}
+        for split in self.cfg.train.eval_splits:
+            record[split] = self.evaluate(split)
+        self.evaluations.append(record)
+        self.log.write({"evaluation": record})
+        if self.watch:
+            self._select(record)
+        return record
+
+    def _select(self, record: dict) -> None:
+        split, metric, mode = self.watch
+        es, sel = self.cfg.train.early_stopping, self.selection
+        value = float(record[split][metric])
+        best = sel["best"]
+        if mode == "max":
+            better = best is None or value > best + es.min_delta
+        else:
+            better = best is None or value < best - es.min_delta
+        better = better and math.isfinite(value)
+        if self._distributed():  # rank 0 decides for all: metrics summed over ranks may differ in the last bit
+            import torch.distributed as dist
+
+            decision = [better]
+            with self._collectives(f"model selection after iteration {self.iterations_done}"):
+                dist.broadcast_object_list(decision, src=0)
+            better = decision[0]
+        if better:
+            sel.update(best=value, evaluation=record, since_best=0)
+            self.save_checkpoint(self.best_path)  # this evaluation's state, the selection included
+        else:
+            sel["since_best"] += 1
+        if es.patience and sel["since_best"] >= es.patience:
+            sel["stopped"] = True
+
+    def best_summary(self) -> dict | None:
+        """The best evaluation by the watched metric: which it is, when, every split's metrics there, best.pt."""
+        if not self.watch or self.selection["evaluation"] is None:
+            return None
+        split, metric, mode = self.watch
+        record = self.selection["evaluation"]
+        return {"metric": f"{split}.{metric}", "mode": mode, "value": self.selection["best"],
+                "epoch": record["epoch"], "iterations": record["iterations"],
+                "eval": {s: record[s] for s in self.cfg.train.eval_splits if s in record},
+                "checkpoint": self.best_path, "stopped_early": self.selection["stopped"]}
 
     def evaluate(self, split: str) -> dict:
         self.model.eval()
@@ -491,18 +592,34 @@ class Trainer:
                 total.wall += times.wall
                 if self._limit_reached() and self.loader.state_dict()["epoch"] == self.epoch_state["epoch"]:
                     self._end_epoch(complete=False)  # stopped inside the epoch: a partial summary
+            return self._finish(total)
         finally:
             self.loader.close()
             self.log.close()
+
+    def _finish(self, total: StageTimes) -> dict:
+        """The run's result: prints the per-stage table, the last and the best evaluation; logs them."""
+        cfg = self.cfg
         self._print("\nper-stage time (this run)\n" + total.table())
         last_eval = {}
-        for summary in self.history:
-            last_eval.update({s: summary[s] for s in cfg.train.eval_splits if s in summary})
-        result = {"iterations": self.iterations_done, "history": self.history, "stages_s": total.seconds,
-                  "wall_s": total.wall, "eval": last_eval, "checkpoint": self.checkpoint_path}
+        for record in self.evaluations or self.history:  # a checkpoint from before evaluations were kept
+            last_eval.update({s: record[s] for s in cfg.train.eval_splits if s in record})
+        best = self.best_summary()
+        result = {"iterations": self.iterations_done, "history": self.history, "evaluations": self.evaluations,
+                  "stages_s": total.seconds, "wall_s": total.wall, "eval": last_eval, "best": best,
+                  "checkpoint": self.checkpoint_path}
         for split, metrics in last_eval.items():
-            self._print(f"{split}: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                                                 for k, v in metrics.items()))
+            self._print(f"{split}: {_metrics_text(metrics)}")
+        if best is not None and best["stopped_early"]:
+            self._print(f"stopped early: {best['metric']} did not improve on the best in "
+                        f"{cfg.train.early_stopping.patience} evaluation(s) after it")
+        if best is not None:
+            self._print(f"best {best['metric']} {best['value']:.4f} at epoch {best['epoch']}, after "
+                        f"{best['iterations']} iterations{' (stopped early)' if best['stopped_early'] else ''}"
+                        f"{', ' + best['checkpoint'] if best['checkpoint'] else ''}")
+            for split, metrics in best["eval"].items():
+                self._print(f"  {split} there: {_metrics_text(metrics)}")
+        self.log.write({"run_summary": {"iterations": self.iterations_done, "eval": last_eval, "best": best}})
         return result
 
     def _end_epoch(self, complete: bool) -> None:
@@ -532,6 +649,10 @@ class Trainer:
                 metric = next(iter(s[split].items()))
                 parts.append(f"{split} {metric[0]} {metric[1]:.4f}")
         return "  ".join(parts)
+
+
+def _metrics_text(metrics: dict) -> str:
+    return ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
 
 
 def _check_writable_dir(directory: str, key: str) -> None:

@@ -110,11 +110,14 @@ def test_every_key_is_documented():
 
     with open(os.path.join(ROOT, "docs", "training.md")) as fh:
         doc = fh.read()
-    keys = []
-    for f in dataclasses.fields(Config):
-        if dataclasses.is_dataclass(f.default_factory) if f.default_factory is not dataclasses.MISSING else False:
-            keys += [f"{f.name}.{g.name}" for g in dataclasses.fields(f.default_factory)]
-        else:
-            keys.append(f.name)
+    def leaves(cls, prefix=""):  # sections nest (train.early_stopping.patience)
+        for f in dataclasses.fields(cls):
+            if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory):
+                yield from leaves(f.default_factory, f"{prefix}{f.name}.")
+            else:
+                yield f"{prefix}{f.name}"
+
+    keys = list(leaves(Config))
+    assert "train.early_stopping.patience" in keys
     missing = [k for k in keys if f"`{k}`" not in doc]
     assert not missing, f"docs/training.md does not describe {missing}"

@@ -9,7 +9,7 @@ import torch
 from lsm_gnn import DatasetError, DatasetWriter, open_dataset, open_storage
 from lsm_gnn.cache import SoftwareCache
 from lsm_gnn.data.bipartite import generate_bipartite
-from lsm_gnn.linkpred import LinkLoader, bpr_loss, recall_at_k
+from lsm_gnn.linkpred import LinkLoader, bpr_loss, recall_at_k, user_ranking_metrics
 from lsm_gnn.testing import write_tiny_dataset
 
 U, I, DIM = 1000, 1000, 16
@@ -144,6 +144,46 @@ def test_a_batch_never_sees_its_own_positive_edges(ds):
     assert ((negatives >= U) & (negatives < U + I)).all()
 
 
+def test_num_negatives_and_negatives_that_exclude_training_positives(ds):
+    storage = open_storage(ds, "memory")
+    train = set(keys(train_pairs(ds)).tolist())
+
+    def known_hits(loader):
+        hits = total = 0
+        for batch in loader:
+            user, neg = batch.seeds[batch.user], batch.seeds[batch.neg]
+            assert neg.shape == (user.numel(), loader.num_negatives) and ((neg >= U) & (neg < U + I)).all()
+            pairs = keys(np.stack([user.repeat_interleave(neg.shape[1]).numpy(), neg.reshape(-1).numpy()], 1))
+            hits += sum(int(p) in train for p in pairs)
+            total += pairs.size
+        return hits, total
+
+    hits, total = known_hits(LinkLoader(ds, storage, [0], 2000, num_negatives=4))
+    assert total == 4 * len(train_pairs(ds)) and hits > 50  # uniform draws hit a training item now and then
+    strict = LinkLoader(ds, storage, [0], 2000, num_negatives=4, negatives_exclude_positives=True)
+    hits, total = known_hits(strict)
+    assert hits == 0 and total == 4 * len(train_pairs(ds))
+    # Still uniform over the rest: every item is drawn, about equally often.
+    drawn = np.concatenate([b.seeds[b.neg].reshape(-1).numpy() for b in strict])
+    counts = np.bincount(drawn - U, minlength=I)
+    assert counts.min() > 0.5 * counts.mean() and counts.max() < 1.6 * counts.mean()
+    first, again = ([b.seeds[b.neg] for b in LinkLoader(ds, storage, [0], 2000, num_negatives=4,
+                                                        negatives_exclude_positives=True)] for _ in range(2))
+    assert all(torch.equal(a, b) for a, b in zip(first, again))  # the same draws again: exact resume holds
+
+
+def test_negatives_that_exclude_positives_of_a_user_with_every_item_are_refused(tmp_path):
+    with DatasetWriter(tmp_path / "full", num_nodes=5, feature_dim=2) as writer:
+        writer.write_features(np.zeros((5, 2), dtype=np.float32))
+        writer.set_bipartite(2, 3)
+        writer.write_edges([(np.array([2, 3, 4, 2]), np.array([0, 0, 0, 1]))], undirected=True)
+        writer.write_edge_split("test", np.array([[1, 3]]))
+        full = writer.commit()
+    loader = LinkLoader(full, open_storage(full, "memory"), [0], 4, negatives_exclude_positives=True, shuffle=False)
+    with pytest.raises(DatasetError, match="user 0 has a training edge with every item"):
+        next(iter(loader))
+
+
 def _batches(loader):
     return [(b.iteration, b.seeds, b.user, b.pos, b.neg, b.input_nodes) for b in loader]
 
@@ -217,8 +257,11 @@ def test_recall_is_one_for_an_oracle_and_matches_the_analytic_random_baseline(ds
     oracle[torch.arange(U), torch.arange(U)] = 1
     oracle[torch.from_numpy(test[:, 1]), torch.from_numpy(test[:, 0])] = 1
     result = recall_at_k(TableModel(oracle), ds, features, [2], k=20)
-    assert result["recall"] == pytest.approx(1.0)
-    assert result["users"] == np.unique(test[:, 0]).size
+    assert result["recall_capped"] == pytest.approx(1.0) and result["ndcg"] == pytest.approx(1.0)
+    held = np.unique(test[:, 0], return_counts=True)[1]  # no test pair is known (disjoint splits)
+    assert result["recall"] == pytest.approx(np.mean(np.minimum(20, held) / held))
+    assert (held > 20).any() and result["recall"] < 1  # users with more than k held-out items exist
+    assert result["users"] == held.size
     # Random embeddings rank items in a uniformly random order.
     g = torch.Generator().manual_seed(0)
     scores = [recall_at_k(TableModel(torch.randn(U + I, 8, generator=g)), ds, features, [2], k=20)
@@ -226,6 +269,18 @@ def test_recall_is_one_for_an_oracle_and_matches_the_analytic_random_baseline(ds
     measured = np.mean([s["recall"] for s in scores])
     assert measured == pytest.approx(result["random_recall"], rel=0.25)
     assert 0.015 < result["random_recall"] < 0.03  # about k / num_items
+
+
+def test_ranking_metrics_match_hand_computed_values():
+    """LightGCN's recall (hits / |H|) and NDCG (IDCG over min(k, |H|) ideal positions), and the capped recall."""
+    top_hits = torch.tensor([[1, 0, 1], [0, 1, 0], [0, 0, 0], [1, 1, 0]], dtype=torch.bool)
+    held = torch.tensor([4, 1, 2, 2])
+    m = user_ranking_metrics(top_hits, held, k=3)
+    log2 = np.log2
+    assert m["recall"].tolist() == pytest.approx([2 / 4, 1.0, 0.0, 1.0])
+    assert m["recall_capped"].tolist() == pytest.approx([2 / 3, 1.0, 0.0, 1.0])
+    assert m["ndcg"].tolist() == pytest.approx([(1 + 1 / log2(4)) / (1 + 1 / log2(3) + 1 / log2(4)),
+                                                (1 / log2(3)) / 1.0, 0.0, 1.0])
 
 
 def test_a_gnn_beats_random_ranking(ds):
@@ -291,3 +346,22 @@ def test_cli_prepares_a_user_item_dataset(tmp_path, capsys):
     ds = open_dataset(out)
     assert (ds.num_users, ds.num_items, ds.num_nodes) == (300, 200, 500)
     assert sorted(ds.edge_split_names) == ["test", "val"]
+
+
+def test_full_neighbourhood_evaluation_of_link_prediction(ds):
+    """train.eval_mode=full ranks with every neighbour: as sampling all of them (fanouts -1) does, for SAGE."""
+    pytest.importorskip("torch_geometric")
+    from lsm_gnn.config import load_config
+    from lsm_gnn.trainer import Trainer
+
+    overrides = [f"dataset={ds.path}", "train.task=link", "model.kind=sage", "model.hidden=16",
+                 "sampler.fanouts=[5, 3]", "sampler.batch_size=512", "cache.features=memory", "train.lr=0.01",
+                 "train.max_iterations=10", "train.eval_every=10", "train.eval_splits=[test]", "train.eval_mode=full",
+                 "log.progress=false"]
+    trainer = Trainer(load_config(None, overrides))
+    full = trainer.fit()["eval"]["test"]
+    every = recall_at_k(trainer.module, ds, open_storage(ds, "memory"), [-1, -1], k=20, split="test")
+    assert full["count"] == every["users"]
+    for name in ("recall", "ndcg", "recall_capped"):  # near-tied scores may swap: float sums in another order
+        assert full[f"{name}@20"] == pytest.approx(every[name], abs=2e-3)
+    assert full["recall@20"] > 2 * full["random_recall@20"]

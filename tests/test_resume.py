@@ -16,7 +16,7 @@ from lsm_gnn.trainer import Trainer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Measured, not decided: what the cache read and how long it took depend on what was cached before a restart.
-VOLATILE = {"wall_s", "stages_s", "hit_ratio", "bytes_read", "amplification", "time"}
+VOLATILE = {"wall_s", "stages_s", "hit_ratio", "bytes_read", "amplification", "time", "checkpoint"}
 
 
 # The graph fixture (conftest.py) generates this once per module.
@@ -99,7 +99,7 @@ def test_a_resumed_run_matches_an_uninterrupted_one(graph, tmp_path, monkeypatch
     assert stable(result["history"]) == history
     assert stable(result["eval"]) == final_eval
     assert log_records(tmp_path) == records  # nothing logged twice, nothing missing
-    assert not [n for n in os.listdir(tmp_path / "ckpt") if n != "last.pt"]
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["best.pt", "last.pt"]  # no temporary left
 
 
 def test_a_finished_run_resumes_to_nothing_and_says_so(graph, tmp_path, uninterrupted):
@@ -171,3 +171,41 @@ def test_a_checkpoint_from_before_a_new_config_key_resumes(graph, tmp_path, unin
     atomic_torch_save(state, path)  # the old checkpoint again: a real change is still one
     with pytest.raises(Exception, match=r"settings changed \(sampler"):
         Trainer(config(graph, tmp_path, "sampler.fanouts=[2,2]"))
+
+
+# Evaluations mid-epoch and early stopping: what a resumed run must also restore (the best so far, the count of
+# evaluations since it, the evaluations themselves).
+SELECTING = ("train.epochs=3", "train.eval_every=2", "train.early_stopping.patience=2",
+             "train.early_stopping.min_delta=0.02")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_selecting(graph, tmp_path_factory):
+    out = tmp_path_factory.mktemp("selecting")
+    result = Trainer(config(graph, out, *SELECTING)).fit()
+    assert result["best"]["stopped_early"] and result["iterations"] < 15  # 3 epochs of 5 iterations
+    return out, stable(result)
+
+
+@pytest.mark.parametrize("where,after_calls", [
+    ("train step", 3),        # between two evaluations, one iteration past the last checkpoint
+    ("train step", 8),        # after the first best.pt, before the evaluation that follows
+    ("evaluation", 3),        # inside a mid-epoch evaluation (val done, test not)
+    ("evaluation", 7),        # inside a later one, the patience count already running
+    ("checkpoint write", 2),  # inside a best.pt write (best.pt, last.pt, then best.pt again at iteration 4)
+    ("checkpoint write", 5),  # later, past several writes of both
+])
+def test_a_resumed_run_selects_and_stops_as_an_uninterrupted_one(graph, tmp_path, monkeypatch, uninterrupted_selecting,
+                                                                  where, after_calls):
+    import torch
+
+    whole, expected = uninterrupted_selecting
+    run_until_crash(Trainer(config(graph, tmp_path, *SELECTING)), where, monkeypatch, after_calls)
+    result = stable(Trainer(config(graph, tmp_path, *SELECTING)).fit())
+    for key in ("history", "evaluations", "eval", "best", "iterations"):
+        assert result[key] == expected[key], key
+    assert log_records(tmp_path) == log_records(whole)
+    best, best_whole = (checkpoint_module.load_checkpoint(str(d / "ckpt" / "best.pt")) for d in (tmp_path, whole))
+    assert best["iterations_done"] == expected["best"]["iterations"] == best_whole["iterations_done"]
+    assert all(torch.equal(best["model"][k], best_whole["model"][k]) for k in best_whole["model"])
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["best.pt", "last.pt"]
