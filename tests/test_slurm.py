@@ -1,8 +1,8 @@
 """launch/slurm.sbatch under a real SLURM: a one-node cluster on this machine (scripts/slurm_one_node.sh: Debian's
 slurm-wlm and munge, its own munged, slurmctld and slurmd) runs the script with `sbatch`. Two ranks train exactly as
-launch/torchrun.sh with NPROC=2 does, whether the ranks come from the GPUs SLURM granted or from NPROC on CPUs, and
-write their checkpoint; `scontrol` and `sacct -c` show the job COMPLETED. A job that cannot train shows FAILED, with
-lsm-gnn's error in its output file."""
+launch/torchrun.sh with NPROC=2 does, whether the ranks come from the GPUs SLURM granted (--gpus-per-node or --gres)
+or from NPROC on CPUs, and write their checkpoint; `scontrol` and `sacct -c` show the job COMPLETED. A job that
+cannot train shows FAILED, with lsm-gnn's error in its output file."""
 import os
 import re
 import shutil
@@ -17,6 +17,7 @@ from lsm_gnn.testing import free_port
 from training_runs import GRAPH, ROOT, TRAIN, losses, rank_env  # noqa: F401 (GRAPH: the graph fixture's)
 
 SCRIPT = os.path.join(ROOT, "scripts", "slurm_one_node.sh")
+SBATCH = os.path.join(ROOT, "launch", "slurm.sbatch")
 GPUS = 2  # the node advertises two GPUs (links to /dev/null) so that jobs can ask for --gpus-per-node=2
 CHECKPOINTS = ["checkpoint.every=5"]
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
@@ -60,16 +61,17 @@ def slurm(conf: str, *argv: str) -> str:
     return result.stdout
 
 
-def sbatch(conf: str, out_dir, *options: str, args=(), cwd=ROOT, timeout_s: int = 300) -> tuple[str, str, str]:
-    """Submits launch/slurm.sbatch (from the checkout unless ``cwd`` says otherwise) for one node with all its CPUs
-    and waits for the job's end: (job id, its JobState and ExitCode in `scontrol show job`, the job's output)."""
+def sbatch(conf: str, out_dir, *options: str, args=(), cwd=ROOT, script=SBATCH,
+           timeout_s: int = 300) -> tuple[str, str, str]:
+    """Submits ``script`` (from the checkout unless ``cwd`` says otherwise) for one node with all its CPUs and waits
+    for the job's end: (job id, its JobState and ExitCode in `scontrol show job`, the job's output)."""
     cpus = slurm(conf, "sinfo", "-h", "-o", "%c").split()[0]
     output = os.path.join(out_dir, "slurm-%j.out")
     env = rank_env(SLURM_CONF=conf, PYTHON=sys.executable, LSM_GNN_TIMEOUT_S=120)
     for inherited in ("NPROC", "MASTER_PORT"):  # what the script derives, unless a test sets it
         env.pop(inherited, None)
     submitted = subprocess.run(["sbatch", "--parsable", "--nodes=1", f"--cpus-per-task={cpus}", "--time=5",
-                                f"--output={output}", *options, os.path.join(ROOT, "launch", "slurm.sbatch"), *args],
+                                f"--output={output}", *options, script, *args],
                                env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
@@ -100,13 +102,25 @@ def torchrun_losses(graph, tmp_path_factory):
     return losses(log_dir)
 
 
-@pytest.mark.parametrize("options", [
-    pytest.param((f"--gpus-per-node={GPUS}",), id="ranks-from-gpus-per-node"),
-    pytest.param(("--gpus-per-node=0", "--export=ALL,NPROC=2"), id="cpu-ranks-from-nproc"),
+def gres_script(directory) -> str:
+    """launch/slurm.sbatch adapted, as docs/distributed.md says, for a cluster that asks for GPUs with --gres."""
+    with open(os.path.join(ROOT, "launch", "slurm.sbatch")) as fh:
+        text = fh.read()
+    assert "#SBATCH --gpus-per-node=4\n" in text
+    path = os.path.join(directory, "slurm-gres.sbatch")
+    with open(path, "w") as fh:
+        fh.write(text.replace("#SBATCH --gpus-per-node=4\n", f"#SBATCH --gres=gpu:{GPUS}\n"))
+    return path
+
+
+@pytest.mark.parametrize("options, for_gres", [
+    pytest.param((f"--gpus-per-node={GPUS}",), False, id="ranks-from-gpus-per-node"),
+    pytest.param((), True, id="ranks-from-gres"),
+    pytest.param(("--gpus-per-node=0", "--export=ALL,NPROC=2"), False, id="cpu-ranks-from-nproc"),
 ])
-def test_a_job_trains_two_ranks_as_torchrun_does(slurm_conf, graph, torchrun_losses, tmp_path, options):
+def test_a_job_trains_two_ranks_as_torchrun_does(slurm_conf, graph, torchrun_losses, tmp_path, options, for_gres):
     run_dir = tmp_path / "a run"  # a space: the arguments reach lsm-gnn whole
-    job, state, output = sbatch(slurm_conf, tmp_path, *options,
+    job, state, output = sbatch(slurm_conf, tmp_path, *options, script=gres_script(tmp_path) if for_gres else SBATCH,
                                 args=[f"dataset={graph}", *TRAIN, f"log.dir={run_dir}",
                                       f"checkpoint.dir={run_dir / 'ckpt'}", *CHECKPOINTS])
     assert state == "COMPLETED 0:0", output[-3000:]
