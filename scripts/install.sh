@@ -6,18 +6,37 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(fio openmpi-bin)  # fio: the storage benchmark's physical limit; openmpi-bin: launch/mpirun.sh
+# Only with --test-packages (CI, .ci/run): a real SLURM for tests/test_slurm.py, which starts its own one-node
+# cluster. Without recommends: they are every optional plugin (HDF5, ROCm, InfluxDB, ...). Installing starts no
+# slurm daemon: their units need /etc/slurm/slurm.conf, which nothing here writes.
+TEST_APT_PACKAGES=(slurm-wlm munge)
 PYTHON=${PYTHON:-python3}
+
+TEST_PACKAGES=0
+for arg in "$@"; do
+  case $arg in
+    --test-packages) TEST_PACKAGES=1 ;;
+    *) echo "install.sh: unknown option '$arg' (only --test-packages)" >&2; exit 2 ;;
+  esac
+done
+
+# apt_install [apt-get options] PACKAGE...: installs those not installed yet, updating the package lists if needed.
+apt_install() {
+  local options=() missing=() p
+  while [[ ${1:-} == -* ]]; do options+=("$1"); shift; done
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -gt 0 ] || return 0
+  local install=($SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${options[@]}" "${missing[@]}")
+  "${install[@]}" >/dev/null 2>&1 || { $SUDO apt-get update -qq && "${install[@]}"; }
+}
 
 if command -v apt-get >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  missing=()
-  for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-  if [ ${#missing[@]} -gt 0 ]; then
-    $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 \
-      || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${missing[@]}"; }
-  fi
+  apt_install "${APT_PACKAGES[@]}"
+  if [ "$TEST_PACKAGES" -eq 1 ]; then apt_install --no-install-recommends "${TEST_APT_PACKAGES[@]}"; fi
 else
   echo "install.sh: no apt-get; install ${APT_PACKAGES[*]} yourself (only the benchmarks need them)" >&2
+  if [ "$TEST_PACKAGES" -eq 1 ]; then echo "install.sh: and ${TEST_APT_PACKAGES[*]} for tests/test_slurm.py" >&2; fi
 fi
 
 # Keep an existing torch (a CUDA build on GPU machines); otherwise pin the

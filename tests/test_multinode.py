@@ -14,26 +14,11 @@ import pytest
 
 from lsm_gnn.testing import free_port
 from lsm_gnn.virtual_hosts import VirtualHosts, relay_unavailable, unavailable
+from training_runs import GRAPH, ROOT, TRAIN, losses, rank_env  # noqa: F401 (GRAPH: the graph fixture's)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytest.importorskip("torch_geometric")
 WHY_NOT = unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=f"no namespaced hosts: {WHY_NOT}")]
-
-GRAPH = dict(num_nodes=2000, avg_degree=6, feature_dim=8, num_classes=4, seed=0)
-TRAIN = ["model.kind=sage", "model.hidden=16", "sampler.fanouts=[5,5]", "sampler.batch_size=64",
-         "cache.capacity=40%", "cache.window=4", "train.epochs=1", "log.progress=false"]
-
-
-def rank_env(**extra) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def losses(log_dir) -> list[float]:
-    with open(os.path.join(log_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line)["loss"] for line in fh if '"iteration"' in line]
 
 
 def launch_on(hosts, graph, log_dir, nproc: int, *overrides, timeout_s: int = 120, launcher: str = "torchrun"):
