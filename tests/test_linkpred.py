@@ -282,6 +282,38 @@ def test_the_trainer_runs_link_prediction_through_the_cache(ds, tmp_path):
         Trainer(load_config(None, [f"dataset={plain.path}", "train.task=link"]))
 
 
+def _docs_block(doc: str, marker: str) -> str:
+    """The fenced code block of ``docs/<doc>`` that contains ``marker``."""
+    import os
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", doc)) as f:
+        text = f.read()
+    return next(block.split("\n", 1)[1] for block in text.split("```")[1::2] if marker in block)
+
+
+def test_the_documented_writer_recipe_trains_with_default_settings(tmp_path):
+    pytest.importorskip("torch_geometric")
+    from lsm_gnn.config import load_config
+    from lsm_gnn.trainer import Trainer
+
+    rng = np.random.default_rng(0)
+    num_users, num_items, dim, n = 60, 40, 4, 600
+    users, items, part = rng.integers(0, num_users, n), rng.integers(0, num_items, n), rng.integers(0, 10, n)
+    train, val, test = part < 8, part == 8, part == 9
+    names = {"U": num_users, "I": num_items, "dim": dim,
+             "features": rng.standard_normal((num_users + num_items, dim)).astype(np.float32),
+             "train_users": users[train], "train_items": items[train], "val_users": users[val],
+             "val_items": items[val], "test_users": users[test], "test_items": items[test]}
+    code = _docs_block("link_prediction.md", 'DatasetWriter("data/books"')
+    exec(code.replace('"data/books"', repr(str(tmp_path / "books"))), names)
+    ds = open_dataset(tmp_path / "books")
+    assert ds.score_names == ["degree", "reverse_pagerank"] and ds.edge_split_names == ["test", "val"]
+    # The defaults (cache.static_score=reverse_pagerank, eval on val and test) but a cache for a toy graph.
+    result = Trainer(load_config(None, [f"dataset={ds.path}", "train.task=link", "train.max_iterations=1",
+                                        "cache.capacity=1M", "log.progress=false"])).fit()
+    assert result["iterations"] == 1 and set(result["eval"]) == {"val", "test"}
+
+
 def test_cli_prepares_a_user_item_dataset(tmp_path, capsys):
     from lsm_gnn.cli import main
 

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from lsm_gnn.data.format import FEATURE_DTYPES, SPLITS, Dataset
-from lsm_gnn.data.scores import SCORE_NAMES, compute_scores
+from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
 from lsm_gnn.data.writer import EDGE_CHUNK, DatasetWriter, csr_edge_chunks
 
 FEATURE_CHUNK_BYTES = 32 << 20  # bytes of source features read per write
@@ -324,16 +324,13 @@ def from_numpy(path, *, features, edge_index=None, indptr=None, indices=None, la
     if not splits and random_split_fractions is not None:
         labeled = None if label_array is None else np.flatnonzero(label_array >= 0)
         splits = random_split(num_nodes, random_split_fractions, seed=seed, candidates=labeled)
-    scores = tuple(scores or ())
-    unknown = sorted(set(scores) - set(SCORE_NAMES))
-    if unknown:
-        raise ValueError(f"unknown score(s) {unknown}; valid names are {', '.join(SCORE_NAMES)}")
+    scores = check_score_names(scores)
 
     meta = dict(extra_meta or {})
     meta["converted"] = {"undirected": bool(undirected), "dedup": bool(dedup),
                          "source_feature_dtype": _dtype_of(features).name, **meta.get("converted", {})}
     with DatasetWriter(path, num_nodes=num_nodes, feature_dim=dim, feature_dtype=target.name, name=name,
-                       overwrite=overwrite, extra_meta=meta) as writer:
+                       overwrite=overwrite, extra_meta=meta, scores=scores) as writer:
         with _progress(progress, total=num_nodes, desc="features", unit="node") as bar:
             write_feature_chunks(writer.write_features, features, target, bar)
         if edge_index is not None:
@@ -349,9 +346,6 @@ def from_numpy(path, *, features, edge_index=None, indptr=None, indices=None, la
             del label_array
         for split_name, ids in splits.items():
             writer.write_split(split_name, ids)
-        if scores:
-            for score_name, values in compute_scores(*writer.csr(), names=scores).items():
-                writer.write_score(score_name, values)
         return writer.commit()
 
 
