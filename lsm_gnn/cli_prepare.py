@@ -205,7 +205,8 @@ def _run_hetero_igbh(args: argparse.Namespace) -> int:
 
 
 def _common_convert_kwargs(args: argparse.Namespace) -> dict:
-    return {"undirected": args.undirected, "feature_dtype": args.dtype, "random_split_fractions": args.random_split,
+    return {"undirected": args.undirected, "dedup": not args.keep_duplicates, "self_loops": not args.drop_self_loops,
+            "feature_dtype": args.dtype, "random_split_fractions": args.random_split,
             "scores": args.scores, "overwrite": args.overwrite, "progress": not args.no_progress}
 
 
@@ -249,6 +250,10 @@ def _add_output_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_convert_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--undirected", action="store_true", help="add the reverse of every edge")
+    p.add_argument("--keep-duplicates", action="store_true",
+                   help="keep parallel (repeated) edges; by default one of each is kept")
+    p.add_argument("--drop-self-loops", action="store_true",
+                   help="drop edges from a node to itself (kept by default)")
     p.add_argument("--dtype", default=None, help="stored feature dtype (default: the input's, float32 for float64)")
     p.add_argument("--random-split", type=parse_fractions, default=None, metavar="TRAIN,VAL,TEST",
                    help="when the input has no split, draw a seeded one over labeled nodes, e.g. 0.6,0.2,0.2")
