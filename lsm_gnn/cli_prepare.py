@@ -73,15 +73,37 @@ def parse_fractions(text: str) -> tuple[float, float, float]:
     return parts
 
 
+def user_item_counts(ds) -> dict | None:
+    """Users, items and interactions per split of a user-item dataset (train: the user rows of the CSR;
+    val and test: its edge splits), None for any other dataset."""
+    if getattr(ds, "is_hetero", False) or ds.num_users is None:
+        return None
+    interactions = {"train": int(ds.indptr[ds.num_users])}
+    interactions.update({name: int(ds.edge_split(name).shape[0]) for name in ds.edge_split_names})
+    return {"num_users": int(ds.num_users), "num_items": int(ds.num_items), "interactions": interactions}
+
+
+def format_interactions(counts: dict) -> str:
+    """``train/val/test 1,000/-/200`` from :func:`user_item_counts`' interactions."""
+    splits = ("train", "val", "test")
+    return "train/val/test " + "/".join(f"{counts[s]:,}" if s in counts else "-" for s in splits)
+
+
 def summarize(ds) -> str:
     """One line describing a dataset (schema 1 or 2)."""
     if getattr(ds, "is_hetero", False):
         return summarize_hetero(ds)
+    features = f"features {ds.feature_dim} x {ds.feature_dtype.name}"
+    scores = f"scores: {', '.join(ds.score_names) or 'none'}"
+    user_item = user_item_counts(ds)
+    if user_item is not None:
+        return (f"{ds.path}: {user_item['num_users']:,} users, {user_item['num_items']:,} items, interactions "
+                f"{format_interactions(user_item['interactions'])}, {ds.num_edges:,} CSR edges (both directions), "
+                f"{features}, {scores}")
     splits = "/".join(f"{len(ds.split(s)):,}" if s in ds.meta.get("splits", {}) else "-"
                       for s in ("train", "val", "test"))
-    return (f"{ds.path}: {ds.num_nodes:,} nodes, {ds.num_edges:,} edges, features {ds.feature_dim} x "
-            f"{ds.feature_dtype.name}, {ds.num_classes if ds.num_classes is not None else 'no'} classes, "
-            f"train/val/test {splits}, scores: {', '.join(ds.score_names) or 'none'}")
+    return (f"{ds.path}: {ds.num_nodes:,} nodes, {ds.num_edges:,} edges, {features}, "
+            f"{ds.num_classes if ds.num_classes is not None else 'no'} classes, train/val/test {splits}, {scores}")
 
 
 def summarize_hetero(ds) -> str:

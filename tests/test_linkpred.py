@@ -323,3 +323,17 @@ def test_cli_prepares_a_user_item_dataset(tmp_path, capsys):
     ds = open_dataset(out)
     assert (ds.num_users, ds.num_items, ds.num_nodes) == (300, 200, 500)
     assert sorted(ds.edge_split_names) == ["test", "val"]
+    train = int(ds.indptr[300])
+    val, test = (len(ds.edge_split(s)) for s in ("val", "test"))
+    counts = f"train/val/test {train:,}/{val:,}/{test:,}"
+    assert f"300 users, 200 items, interactions {counts}" in capsys.readouterr().out
+    assert main(["inspect", str(out)]) == 0
+    assert f"users     300   items 200   interactions {counts}" in capsys.readouterr().out
+    assert main(["inspect", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["num_users"], summary["num_items"]) == (300, 200)
+    assert summary["interactions"] == {"train": train, "val": val, "test": test}
+    assert main(["prepare", "scores", str(out)]) == 0
+    assert f"300 users, 200 items, interactions {counts}" in capsys.readouterr().out
+    assert main(["inspect", str(write_tiny_dataset(tmp_path / "plain", num_nodes=50)[0].path), "--json"]) == 0
+    assert "num_users" not in json.loads(capsys.readouterr().out)  # only user-item datasets have them
