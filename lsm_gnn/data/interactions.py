@@ -26,8 +26,9 @@ the interactions into train (the CSR, both directions), val and test
   split; ``"keep"`` also keeps the repeats as parallel training edges (a
   held-out pair is stored once); ``"error"`` refuses them.
 
-Files are parsed in chunks of ``READ_CHUNK`` rows; what is held in memory is
-about 40 bytes per interaction plus a dictionary of the distinct ids.
+Files are parsed in chunks of ``READ_CHUNK`` rows; memory peaks at about 80
+bytes per interaction (the columns as arrays, then the sorts that find
+repeats and split) plus a dictionary of the distinct ids.
 """
 from __future__ import annotations
 
