@@ -128,5 +128,6 @@ def generate_bipartite(path, *, num_users: int, num_items: int, avg_interactions
         for split_name, part in (("test", _TEST), ("val", _VAL)):
             if split_name == "test" or val_fraction > 0:
                 writer.write_edge_split(split_name, (np.stack([u, i], axis=1) for u, i in pairs(part)))
-        _note(progress, f"committing (scores: {', '.join(scores) or 'none'}; checksums, fsync)")
+        writer.write_scores(note=lambda message: _note(progress, message))
+        _note(progress, "committing (checksums, fsync)")
         return writer.commit()

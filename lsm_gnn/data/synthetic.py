@@ -380,7 +380,8 @@ def generate_synthetic(path, *, num_nodes: int, avg_degree: float = 10, feature_
         # Drawn only now, so the permutation (8 bytes a node) is not held while the CSR is built.
         for split_name, ids in random_split(num_nodes, split, seed=(seed, _STREAM_SPLIT)).items():
             writer.write_split(split_name, ids)
-        _note(progress, f"committing (scores: {', '.join(scores) or 'none'}; checksums, fsync)")
+        writer.write_scores(note=lambda message: _note(progress, message))
+        _note(progress, "committing (checksums, fsync)")
         return writer.commit()
 
 

@@ -404,9 +404,7 @@ class DatasetWriter(AtomicDatasetWriter):
     def _finish(self) -> None:
         if self.meta["graph"] is None:
             raise DatasetError(f"{self.path}: no topology was written; call write_edges() or write_csr()")
-        for name in self.scores:  # one at a time, so each one's memory is freed before the next
-            if name not in self.meta["scores"]:
-                self.write_score(name, compute_scores(*self.csr(), names=(name,))[name])
+        self.write_scores()
         self.meta["checksums"]["features.bin"] = self._features.finish(self.path)
 
     # -- topology ----------------------------------------------------------
@@ -446,6 +444,15 @@ class DatasetWriter(AtomicDatasetWriter):
         file_name = f"{name}_idx.npy"
         save_npy(os.path.join(self.tmp, file_name), ids)
         self.meta["splits"][name] = file_name
+
+    def write_scores(self, note=None) -> None:
+        """Computes the static scores named by ``scores=`` that are not written yet, from the topology written
+        (:meth:`commit` calls it); ``note`` is told ``"computing scores: <name>"`` before each."""
+        for name in self.scores:  # one at a time, so each one's memory is freed before the next
+            if name not in self.meta["scores"]:
+                if note is not None:
+                    note(f"computing scores: {name}")
+                self.write_score(name, compute_scores(*self.csr(), names=(name,))[name])
 
     def write_score(self, name: str, scores: np.ndarray) -> None:
         scores = score_array(name, scores, self.num_nodes)
