@@ -292,8 +292,8 @@ def random_split(num_nodes: int, fractions, *, seed: Any = 0, candidates: np.nda
 def from_numpy(path, *, features, edge_index=None, indptr=None, indices=None, labels=None,
                num_classes: int | None = None, train_idx=None, val_idx=None, test_idx=None, undirected: bool = False,
                dedup: bool = True, self_loops: bool = True, feature_dtype=None, random_split_fractions=None,
-               seed: int = 0, scores=SCORE_NAMES, name: str | None = None, overwrite: bool = False, progress: bool = True,
-               extra_meta: dict | None = None) -> Dataset:
+               seed: int = 0, scores=SCORE_NAMES, name: str | None = None, overwrite: bool = False,
+               progress: bool = True, extra_meta: dict | None = None) -> Dataset:
     """Writes a dataset from array-likes (numpy, ``np.memmap``, torch tensors) and returns it opened.
 
     Topology is either ``edge_index`` of shape ``(2, E)`` (row 0 sources, row
