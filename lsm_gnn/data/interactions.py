@@ -385,58 +385,29 @@ def from_interactions(path, interactions, *, format: str | None = None, user_col
     sources = {side: _feature_source(f, side) for side, f in (("users", user_features), ("items", item_features))}
     spaces = {side: _IdSpace(side, None if array is None else int(array.shape[0]), label)
               for side, (array, label) in sources.items()}
+    feature_info = _feature_layout(sources, feature_dim, feature_dtype)  # checked before the file is read
     columns = {"user": user_col, "item": item_col}
     if time_col is not None:
         columns["time"] = time_col
     if split_col is not None:
         columns["split"] = split_col
-    if fmt == "npy":
-        info, chunks = _npy_chunks(file_path, columns)
-    else:
-        info, chunks = _text_chunks(file_path, fmt, columns, header, delimiter)
-
-    where = f"{file_path} {'row' if fmt == 'npy' else 'line'}"  # errors name the line (or .npy row)
-    parts: dict[str, list] = {role: [] for role in ("user", "item", "time", "split", "line")}
-    time_kind: list = []
-    with _progress(progress, desc="interactions", unit="row") as bar:
-        for cols, lines in chunks:
-            parts["user"].append(spaces["users"].encode(cols["user"], lines, where))
-            parts["item"].append(spaces["items"].encode(cols["item"], lines, where))
-            if "time" in cols:
-                parts["time"].append(_timestamps(cols["time"], lines, where, time_kind))
-            if "split" in cols:
-                parts["split"].append(_split_codes(cols["split"], lines, where))
-            parts["line"].append(lines)
-            bar.update(lines.size)
-    if not parts["line"]:
-        after = "" if info["header"] is None else f" after its header line ({', '.join(map(str, info['header']))})"
-        raise ValueError(f"{file_path} holds no interactions{after}; it needs one row per (user, item) interaction"
-                         + (" (if that line is data, pass header=False, CLI: --no-header)" if after else ""))
-    arrays = {role: np.concatenate(chunks_) for role, chunks_ in parts.items() if chunks_}
-    del parts
+    info, arrays = _read(file_path, fmt, columns, header, delimiter, spaces, progress)
+    where = info["where"]
     num_users, user_ids, user_remap = spaces["users"].finish()
     num_items, item_ids, item_remap = spaces["items"].finish()
     users = arrays["user"] if user_remap is None else user_remap[arrays["user"]]
     items = arrays["item"] if item_remap is None else item_remap[arrays["item"]]
     times, lines = arrays.get("time"), arrays["line"]
 
-    # One representative per (user, item) pair: its earliest interaction, by timestamp then file order.
-    pair = users * num_items + items
-    order = np.lexsort((lines, pair) if times is None else (lines, times, pair))
-    first = np.ones(order.size, dtype=bool)
-    first[1:] = pair[order[1:]] != pair[order[:-1]]
-    representative = order[first]
-    repeats = order.size - representative.size
+    representative, multiplicity = _earliest_of_each_pair(users * num_items + items, times, lines)
+    repeats = users.size - representative.size
     if repeats and duplicates == "error":
-        j = int(np.flatnonzero(~first)[0])
-        user, item = _show(user_ids[users[order[j]]]), _show(item_ids[items[order[j]]])
-        both = sorted((int(lines[order[j - 1]]), int(lines[order[j]])))
-        raise ValueError(f"{file_path}: user {user} and item {item} interact more than once ({where}s {both[0]} and "
-                         f"{both[1]}); "
+        row = representative[np.flatnonzero(multiplicity > 1)[0]]  # the first repeated pair in the file
+        same = np.flatnonzero((users == users[row]) & (items == items[row]))
+        shown = ", ".join(str(n) for n in np.sort(lines[same])[:5])
+        user, item = _show(user_ids[users[row]]), _show(item_ids[items[row]])
+        raise ValueError(f"{file_path}: user {user} and item {item} interact more than once ({where}s {shown}); "
                          f"{repeats:,} rows repeat a pair. Pass duplicates='drop' or 'keep' (CLI: --duplicates)")
-    multiplicity = np.diff(np.append(np.flatnonzero(first), order.size))
-    representative = np.sort(representative)  # file order, so the random split does not depend on the sort
-    multiplicity = multiplicity[np.argsort(order[first], kind="stable")]
     r_users, r_items = users[representative], items[representative]
     if split == "column":
         part = arrays["split"][representative]
@@ -444,7 +415,7 @@ def from_interactions(path, interactions, *, format: str | None = None, user_col
         rng = np.random.default_rng(seed)
         key = times[representative] if split == "temporal" else rng.random(representative.size)
         part = per_user_split(r_users, key, num_users, val_fraction, test_fraction, min_user_interactions)
-    del arrays, users, items, pair, order, first
+    del arrays, users, items
     held = {name_: int((part == code).sum()) for name_, code in (("val", _VAL), ("test", _TEST))}
     if held["test"] == 0:
         raise ValueError(f"{file_path}: no interaction went to test"
@@ -456,7 +427,6 @@ def from_interactions(path, interactions, *, format: str | None = None, user_col
                          "round(val_fraction x n) is 0); raise it, or pass val_fraction=0 and train with "
                          "train.eval_splits=[test]")
 
-    feature_info = _feature_layout(sources, feature_dim, feature_dtype)
     meta = {"converted": {
         "from": "interactions", "file": os.path.abspath(file_path), "format": fmt, "header": info["header"],
         "columns": {role: (c if isinstance(c, str) else int(c)) for role, c in info["columns"].items()},
@@ -486,6 +456,47 @@ def from_interactions(path, interactions, *, format: str | None = None, user_col
         save_npy(os.path.join(writer.tmp, ID_FILES["users"]), user_ids)
         save_npy(os.path.join(writer.tmp, ID_FILES["items"]), item_ids)
         return writer.commit()
+
+
+def _read(file_path: str, fmt: str, columns: dict, header: bool | None, delimiter: str | None, spaces: dict,
+          progress: bool) -> tuple[dict, dict[str, np.ndarray]]:
+    """The file's columns as arrays (ids as codes of ``spaces``, timestamps as floats, split names as part
+    codes, and each row's line number), chunk by chunk; ``info`` says what was read."""
+    if fmt == "npy":
+        info, chunks = _npy_chunks(file_path, columns)
+    else:
+        info, chunks = _text_chunks(file_path, fmt, columns, header, delimiter)
+    where = info["where"] = f"{file_path} {'row' if fmt == 'npy' else 'line'}"  # errors name the line (.npy: row)
+    parts: dict[str, list] = {role: [] for role in ("user", "item", "time", "split", "line")}
+    time_kind: list = []
+    with _progress(progress, desc="interactions", unit="row") as bar:
+        for cols, lines in chunks:
+            parts["user"].append(spaces["users"].encode(cols["user"], lines, where))
+            parts["item"].append(spaces["items"].encode(cols["item"], lines, where))
+            if "time" in cols:
+                parts["time"].append(_timestamps(cols["time"], lines, where, time_kind))
+            if "split" in cols:
+                parts["split"].append(_split_codes(cols["split"], lines, where))
+            parts["line"].append(lines)
+            bar.update(lines.size)
+    if not parts["line"]:
+        after = "" if info["header"] is None else f" after its header line ({', '.join(map(str, info['header']))})"
+        raise ValueError(f"{file_path} holds no interactions{after}; it needs one row per (user, item) interaction"
+                         + (" (if that line is data, pass header=False, CLI: --no-header)" if after else ""))
+    return info, {role: np.concatenate(chunks_) for role, chunks_ in parts.items() if chunks_}
+
+
+def _earliest_of_each_pair(pair: np.ndarray, times: np.ndarray | None, lines: np.ndarray
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, counts)``: for each distinct ``pair`` key, its earliest row (by time, then line), the rows in
+    file order, and how many rows hold that pair."""
+    order = np.lexsort((lines, pair) if times is None else (lines, times, pair))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = pair[order[1:]] != pair[order[:-1]]
+    counts = np.diff(np.append(np.flatnonzero(first), order.size))
+    rows = order[first]
+    by_row = np.argsort(rows, kind="stable")  # file order, so the random split does not depend on the sort
+    return rows[by_row], counts[by_row]
 
 
 def _feature_layout(sources: dict, feature_dim: int, feature_dtype) -> dict:
