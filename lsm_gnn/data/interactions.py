@@ -392,7 +392,6 @@ def from_interactions(path, interactions, *, format: str | None = None, user_col
     if split_col is not None:
         columns["split"] = split_col
     info, arrays = _read(file_path, fmt, columns, header, delimiter, spaces, progress)
-    where = info["where"]
     num_users, user_ids, user_remap = spaces["users"].finish()
     num_items, item_ids, item_remap = spaces["items"].finish()
     users = arrays["user"] if user_remap is None else user_remap[arrays["user"]]
@@ -406,7 +405,7 @@ def from_interactions(path, interactions, *, format: str | None = None, user_col
         same = np.flatnonzero((users == users[row]) & (items == items[row]))
         shown = ", ".join(str(n) for n in np.sort(lines[same])[:5])
         user, item = _show(user_ids[users[row]]), _show(item_ids[items[row]])
-        raise ValueError(f"{file_path}: user {user} and item {item} interact more than once ({where}s {shown}); "
+        raise ValueError(f"{file_path}: user {user} and item {item} interact more than once ({info['unit']}s {shown}); "
                          f"{repeats:,} rows repeat a pair. Pass duplicates='drop' or 'keep' (CLI: --duplicates)")
     r_users, r_items = users[representative], items[representative]
     if split == "column":
@@ -466,7 +465,8 @@ def _read(file_path: str, fmt: str, columns: dict, header: bool | None, delimite
         info, chunks = _npy_chunks(file_path, columns)
     else:
         info, chunks = _text_chunks(file_path, fmt, columns, header, delimiter)
-    where = info["where"] = f"{file_path} {'row' if fmt == 'npy' else 'line'}"  # errors name the line (.npy: row)
+    info["unit"] = "row" if fmt == "npy" else "line"
+    where = info["where"] = f"{file_path} {info['unit']}"  # errors name the line (of a .npy file: the row)
     parts: dict[str, list] = {role: [] for role in ("user", "item", "time", "split", "line")}
     time_kind: list = []
     with _progress(progress, desc="interactions", unit="row") as bar:
