@@ -14,6 +14,7 @@ from lsm_gnn.units import format_bytes
 def _inspect(args) -> int:
     if os.path.isfile(args.path):
         return _inspect_checkpoint(args)
+    from lsm_gnn.cli_prepare import format_interactions, user_item_counts
     from lsm_gnn.data import open_dataset
 
     ds = open_dataset(args.path, check="fast")
@@ -35,6 +36,9 @@ def _inspect(args) -> int:
         "scores": ds.score_names,
         "generator": ds.meta.get("generator"),
     }
+    user_item = user_item_counts(ds)
+    if user_item is not None:
+        summary.update(user_item)
     if _printed_json(summary, args):
         return 0
     print(f"dataset   {ds.name}  ({ds.path})")
@@ -43,6 +47,9 @@ def _inspect(args) -> int:
     packed = f" ({f.rows_per_block} rows per 512 B block)" if f.rows_per_block > 1 else ""
     print(f"features  dim {f.dim} {f.dtype}, row {f.row_bytes} B, stride {f.row_stride} B{packed}, "
           f"file {format_bytes(f.file_bytes)}")
+    if user_item is not None:
+        print(f"users     {user_item['num_users']:,}   items {user_item['num_items']:,}   interactions "
+              f"{format_interactions(user_item['interactions'])} (train: the users' CSR rows)")
     print(f"labels    {ds.num_classes} classes" if ds.num_classes is not None else "labels    none")
     print("splits    " + (", ".join(f"{k} {v:,}" for k, v in summary["splits"].items()) or "none"))
     print("scores    " + (", ".join(summary["scores"]) or "none"))

@@ -73,15 +73,37 @@ def parse_fractions(text: str) -> tuple[float, float, float]:
     return parts
 
 
+def user_item_counts(ds) -> dict | None:
+    """Users, items and interactions per split of a user-item dataset (train: the user rows of the CSR;
+    val and test: its edge splits), None for any other dataset."""
+    if getattr(ds, "is_hetero", False) or ds.num_users is None:
+        return None
+    interactions = {"train": int(ds.indptr[ds.num_users])}
+    interactions.update({name: int(ds.edge_split(name).shape[0]) for name in ds.edge_split_names})
+    return {"num_users": int(ds.num_users), "num_items": int(ds.num_items), "interactions": interactions}
+
+
+def format_interactions(counts: dict) -> str:
+    """``train/val/test 1,000/-/200`` from :func:`user_item_counts`' interactions."""
+    splits = ("train", "val", "test")
+    return "train/val/test " + "/".join(f"{counts[s]:,}" if s in counts else "-" for s in splits)
+
+
 def summarize(ds) -> str:
     """One line describing a dataset (schema 1 or 2)."""
     if getattr(ds, "is_hetero", False):
         return summarize_hetero(ds)
+    features = f"features {ds.feature_dim} x {ds.feature_dtype.name}"
+    scores = f"scores: {', '.join(ds.score_names) or 'none'}"
+    user_item = user_item_counts(ds)
+    if user_item is not None:
+        return (f"{ds.path}: {user_item['num_users']:,} users, {user_item['num_items']:,} items, interactions "
+                f"{format_interactions(user_item['interactions'])}, {ds.num_edges:,} CSR edges (both directions), "
+                f"{features}, {scores}")
     splits = "/".join(f"{len(ds.split(s)):,}" if s in ds.meta.get("splits", {}) else "-"
                       for s in ("train", "val", "test"))
-    return (f"{ds.path}: {ds.num_nodes:,} nodes, {ds.num_edges:,} edges, features {ds.feature_dim} x "
-            f"{ds.feature_dtype.name}, {ds.num_classes if ds.num_classes is not None else 'no'} classes, "
-            f"train/val/test {splits}, scores: {', '.join(ds.score_names) or 'none'}")
+    return (f"{ds.path}: {ds.num_nodes:,} nodes, {ds.num_edges:,} edges, {features}, "
+            f"{ds.num_classes if ds.num_classes is not None else 'no'} classes, train/val/test {splits}, {scores}")
 
 
 def summarize_hetero(ds) -> str:
@@ -205,7 +227,8 @@ def _run_hetero_igbh(args: argparse.Namespace) -> int:
 
 
 def _common_convert_kwargs(args: argparse.Namespace) -> dict:
-    return {"undirected": args.undirected, "feature_dtype": args.dtype, "random_split_fractions": args.random_split,
+    return {"undirected": args.undirected, "dedup": not args.keep_duplicates, "self_loops": not args.drop_self_loops,
+            "feature_dtype": args.dtype, "random_split_fractions": args.random_split,
             "scores": args.scores, "overwrite": args.overwrite, "progress": not args.no_progress}
 
 
@@ -225,6 +248,27 @@ def _run_folder(args: argparse.Namespace) -> int:
     ds = from_folder(args.out, args.src, features=args.features, edge_index=args.edge_index, labels=args.labels,
                      **_common_convert_kwargs(args))
     print(summarize(ds))
+    return 0
+
+
+def _run_interactions(args: argparse.Namespace) -> int:
+    from lsm_gnn.data.interactions import ID_FILES, from_interactions
+
+    ds = from_interactions(args.out, args.interactions, format=args.format, user_col=args.user_col,
+                           item_col=args.item_col, time_col=args.time_col, split_col=args.split_col,
+                           header=args.header, delimiter=args.delimiter, split=args.split,
+                           val_fraction=args.val_fraction, test_fraction=args.test_fraction,
+                           min_user_interactions=args.min_user_interactions, seed=args.seed,
+                           duplicates=args.duplicates, user_features=args.user_features,
+                           item_features=args.item_features, feature_dim=args.feature_dim, feature_dtype=args.dtype,
+                           scores=args.scores, overwrite=args.overwrite, progress=not args.no_progress)
+    print(summarize(ds))
+    converted = ds.meta["converted"]
+    repeats = converted["repeated_rows"]
+    kept = "kept as parallel training edges" if converted["duplicates"] == "keep" else "dropped"
+    print(f"{converted['interactions']:,} distinct (user, item) pairs"
+          + (f" ({repeats:,} repeated rows {kept})" if repeats else "")
+          + f"; node ids map back to the file's ids through {ID_FILES['users']} and {ID_FILES['items']}")
     return 0
 
 
@@ -249,6 +293,10 @@ def _add_output_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_convert_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--undirected", action="store_true", help="add the reverse of every edge")
+    p.add_argument("--keep-duplicates", action="store_true",
+                   help="keep parallel (repeated) edges; by default one of each is kept")
+    p.add_argument("--drop-self-loops", action="store_true",
+                   help="drop edges from a node to itself (kept by default)")
     p.add_argument("--dtype", default=None, help="stored feature dtype (default: the input's, float32 for float64)")
     p.add_argument("--random-split", type=parse_fractions, default=None, metavar="TRAIN,VAL,TEST",
                    help="when the input has no split, draw a seeded one over labeled nodes, e.g. 0.6,0.2,0.2")
@@ -312,13 +360,55 @@ def _add_hetero_parser(sub) -> None:
     p.set_defaults(func=_run_hetero_igbh)
 
 
+def _add_interactions_parser(sub) -> None:
+    p = sub.add_parser("interactions", help="user-item dataset from an interaction file (CSV, TSV, .npy)",
+                       description="Convert a file of (user, item[, timestamp][, split]) interactions into a "
+                                   "user-item dataset for train.task=link (see docs/link_prediction.md). Ids may be "
+                                   "any strings or integers; user_ids.npy and item_ids.npy in the dataset map node "
+                                   "ids back to them.")
+    _add_output_flags(p)
+    p.add_argument("--interactions", required=True, help="the interaction file: .csv, .tsv or .npy (E, k)")
+    p.add_argument("--format", choices=("csv", "tsv", "npy"), help="file format (default: from the extension)")
+    p.add_argument("--delimiter", help="field separator of a text file (default: ',' for csv, tab for tsv)")
+    header = p.add_mutually_exclusive_group()
+    header.add_argument("--header", action="store_true", default=None,
+                        help="the first line names the columns (default: yes when a column is given by name, "
+                             "else guessed)")
+    header.add_argument("--no-header", dest="header", action="store_false", help="the first line is data")
+    p.add_argument("--user-col", default="0", help="user id column: 0-based index or header name (default 0)")
+    p.add_argument("--item-col", default="1", help="item id column: 0-based index or header name (default 1)")
+    p.add_argument("--time-col", help="timestamp column (numbers or ISO 8601 dates), for --split temporal")
+    p.add_argument("--split-col", help="column naming each row's split: train, val (valid) or test")
+    p.add_argument("--split", choices=("user-random", "temporal", "column"),
+                   help="per-user random (default), per-user latest to test (temporal), or --split-col's names "
+                        "(column, the default when --split-col is given)")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="share of each user's interactions to val "
+                   "(default 0.1)")
+    p.add_argument("--test-fraction", type=float, default=0.2, help="share of each user's interactions to test "
+                   "(default 0.2, at least one)")
+    p.add_argument("--min-user-interactions", type=parse_count, default=3,
+                   help="users with fewer interactions keep them all in training (default 3)")
+    p.add_argument("--duplicates", choices=("drop", "keep", "error"), default="drop",
+                   help="repeated (user, item) rows: keep the earliest (drop, default), keep all as parallel "
+                        "training edges (keep), or refuse (error)")
+    p.add_argument("--user-features", help=".npy [num_users, dim]: row r for user id r (ids must be row numbers)")
+    p.add_argument("--item-features", help=".npy [num_items, dim]: row r for item id r (ids must be row numbers)")
+    p.add_argument("--feature-dim", type=parse_count, default=64,
+                   help="columns of the random features given to users and items without a feature file "
+                        "(default 64)")
+    p.add_argument("--dtype", default=None, help="stored feature dtype (default: the input's, else float32)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random split and features")
+    p.set_defaults(func=_run_interactions)
+
+
 def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
-    """Adds ``prepare`` (with ``synthetic``, ``bipartite``, ``npy``, ``folder``, ``hetero``, ``scores``) to
+    """Adds ``prepare`` (``synthetic``, ``bipartite``, ``npy``, ``folder``, ``interactions``, ``hetero``, ``scores``) to
     ``subparsers``."""
     parser = subparsers.add_parser("prepare", help="create a dataset or recompute its static scores",
                                    description="Create datasets in the lsm-gnn format. A full disk stops with an "
                                                "error naming the file and leaves no partial dataset.")
-    sub = parser.add_subparsers(dest="prepare_command", metavar="{synthetic,bipartite,npy,folder,hetero,scores}")
+    sub = parser.add_subparsers(dest="prepare_command",
+                                metavar="{synthetic,bipartite,npy,folder,interactions,hetero,scores}")
     sub.required = True
 
     p = sub.add_parser("synthetic", help="R-MAT power-law graph with learnable communities",
@@ -374,6 +464,7 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     _add_convert_flags(p)
     p.set_defaults(func=_run_folder)
 
+    _add_interactions_parser(sub)
     _add_hetero_parser(sub)
 
     p = sub.add_parser("scores", help="recompute static scores of a dataset in place (atomic)")

@@ -46,6 +46,13 @@ def test_prepare_npy_converts_files(tmp_path, capsys):
     np.testing.assert_array_equal(ds.read_features_direct(np.arange(50)), arrays["features"])
     assert ds.meta["converted"]["undirected"] is True
     assert sorted(ds.meta["splits"]) == ["test", "train"]
+    argv[argv.index(str(tmp_path / "ds"))] = str(tmp_path / "ds2")
+    assert _run(argv + ["--keep-duplicates", "--drop-self-loops"]) == 0
+    kept = open_dataset(tmp_path / "ds2")
+    assert kept.meta["converted"]["dedup"] is False and kept.meta["converted"]["self_loops"] is False
+    edges = arrays["edge-index"]
+    edges = edges[edges[:, 0] != edges[:, 1]]
+    assert kept.num_edges == 2 * len(edges) > ds.num_edges  # both directions, repeats kept, loops gone
 
 
 def test_prepare_folder_with_a_random_split(tmp_path, capsys):

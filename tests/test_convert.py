@@ -84,6 +84,30 @@ def test_undirected_adds_every_reverse_edge_for_edges_and_csr(graph, tmp_path):
     _same(from_csr, from_edges)
 
 
+def test_parallel_edges_and_self_loops_are_options(graph, reference, tmp_path):
+    src, dst = graph["edge_index"]
+    args = {k: v for k, v in graph.items() if k != "edge_index"}
+    assert reference.meta["converted"]["dedup"] and reference.meta["converted"]["self_loops"]  # the defaults
+    assert any(v in reference.indices[reference.indptr[v]:reference.indptr[v + 1]] for v in src[40:45])
+    # Every edge kept: each row lists its sources, repeats included (in no particular order).
+    kept = from_numpy(tmp_path / "dups", edge_index=graph["edge_index"], dedup=False, scores=(), **args,
+                      progress=False)
+    np.testing.assert_array_equal(kept.indptr, np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=N))]))
+    rows = np.repeat(np.arange(N), np.diff(kept.indptr))
+    stored = np.asarray(kept.indices)
+    np.testing.assert_array_equal(stored[np.lexsort((stored, rows))], src[np.lexsort((src, dst))])
+    # No self-loops, from an edge list and from a CSR alike.
+    loop = src == dst
+    indptr, indices = _csr(src[~loop], dst[~loop])
+    no_loops = from_numpy(tmp_path / "nl", edge_index=graph["edge_index"], self_loops=False, **args, progress=False)
+    np.testing.assert_array_equal(no_loops.indptr, indptr)
+    np.testing.assert_array_equal(no_loops.indices, indices)
+    assert no_loops.meta["converted"]["self_loops"] is False
+    full_indptr, full_indices = _csr(src, dst)
+    _same(from_numpy(tmp_path / "nlcsr", indptr=full_indptr, indices=full_indices, self_loops=False, **args,
+                     progress=False), no_loops)
+
+
 def test_memmap_input_and_chunked_features_match(graph, reference, tmp_path, monkeypatch):
     import lsm_gnn.data.convert as convert
 

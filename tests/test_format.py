@@ -36,6 +36,30 @@ def test_edges_become_sorted_deduplicated_in_rows(tmp_path):
     assert rows == [[1, 2], [], [3], [0]]  # dst 0 aggregates from 1 (twice, kept once) and 2; 1->1 dropped
 
 
+def test_commit_computes_the_static_scores_not_written(tmp_path):
+    from lsm_gnn.data.scores import compute_scores
+
+    def write(name, **kw):
+        with DatasetWriter(tmp_path / name, num_nodes=4, feature_dim=1, **kw) as w:
+            w.write_features(np.zeros((4, 1), np.float32))
+            w.write_edges([(np.array([0, 1, 2]), np.array([1, 2, 3]))], undirected=True)
+            if name == "given":
+                w.write_score("degree", np.arange(4, dtype=np.float32))
+            return w.commit()
+
+    default = write("default")
+    assert default.score_names == ["degree", "reverse_pagerank"]  # what the trainer's cache ranks by
+    expected = compute_scores(default.indptr, default.indices)
+    for score_name, values in expected.items():
+        np.testing.assert_array_equal(default.score(score_name), values)
+    given = write("given", scores=("degree",))
+    assert given.score_names == ["degree"] and list(given.score("degree")) == [0, 1, 2, 3]  # not recomputed
+    assert write("none", scores=()).score_names == []
+    with pytest.raises(ValueError, match="unknown score.*pagerank"):
+        DatasetWriter(tmp_path / "bad", num_nodes=4, feature_dim=1, scores=("pagerank",))
+    assert not os.path.exists(tmp_path / "bad") and not [p for p in os.listdir(tmp_path) if p.startswith(".bad")]
+
+
 def test_undirected_adds_reverse_edges(tmp_path):
     with DatasetWriter(tmp_path / "g", num_nodes=3, feature_dim=1) as w:
         w.write_features(np.zeros((3, 1), np.float32))
@@ -233,8 +257,9 @@ def test_checksums_are_crc32_of_the_files(tiny):
 
 
 def test_missing_split_and_score_names_list_what_exists(tiny):
-    with pytest.raises(KeyError, match="reverse_pagerank"):
-        tiny[0].score("reverse_pagerank")
+    edit_meta(tiny[0], lambda m: m["scores"].pop("reverse_pagerank"))
+    with pytest.raises(KeyError, match=r"no 'reverse_pagerank' score; it has: \['degree'\]"):
+        open_dataset(tiny[0].path).score("reverse_pagerank")
     edit_meta(tiny[0], lambda m: m["splits"].pop("test"))
     with pytest.raises(KeyError, match="train, val|'train', 'val'"):
         open_dataset(tiny[0].path).split("test")

@@ -337,6 +337,38 @@ def test_the_trainer_runs_link_prediction_through_the_cache(ds, tmp_path):
         Trainer(load_config(None, [f"dataset={plain.path}", "train.task=link"]))
 
 
+def _docs_block(doc: str, marker: str) -> str:
+    """The fenced code block of ``docs/<doc>`` that contains ``marker``."""
+    import os
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", doc)) as f:
+        text = f.read()
+    return next(block.split("\n", 1)[1] for block in text.split("```")[1::2] if marker in block)
+
+
+def test_the_documented_writer_recipe_trains_with_default_settings(tmp_path):
+    pytest.importorskip("torch_geometric")
+    from lsm_gnn.config import load_config
+    from lsm_gnn.trainer import Trainer
+
+    rng = np.random.default_rng(0)
+    num_users, num_items, dim, n = 60, 40, 4, 600
+    users, items, part = rng.integers(0, num_users, n), rng.integers(0, num_items, n), rng.integers(0, 10, n)
+    train, val, test = part < 8, part == 8, part == 9
+    names = {"U": num_users, "I": num_items, "dim": dim,
+             "features": rng.standard_normal((num_users + num_items, dim)).astype(np.float32),
+             "train_users": users[train], "train_items": items[train], "val_users": users[val],
+             "val_items": items[val], "test_users": users[test], "test_items": items[test]}
+    code = _docs_block("link_prediction.md", 'DatasetWriter("data/books"')
+    exec(code.replace('"data/books"', repr(str(tmp_path / "books"))), names)
+    ds = open_dataset(tmp_path / "books")
+    assert ds.score_names == ["degree", "reverse_pagerank"] and ds.edge_split_names == ["test", "val"]
+    # The defaults (cache.static_score=reverse_pagerank, eval on val and test) but a cache for a toy graph.
+    result = Trainer(load_config(None, [f"dataset={ds.path}", "train.task=link", "train.max_iterations=1",
+                                        "cache.capacity=1M", "log.progress=false"])).fit()
+    assert result["iterations"] == 1 and set(result["eval"]) == {"val", "test"}
+
+
 def test_cli_prepares_a_user_item_dataset(tmp_path, capsys):
     from lsm_gnn.cli import main
 
@@ -346,6 +378,20 @@ def test_cli_prepares_a_user_item_dataset(tmp_path, capsys):
     ds = open_dataset(out)
     assert (ds.num_users, ds.num_items, ds.num_nodes) == (300, 200, 500)
     assert sorted(ds.edge_split_names) == ["test", "val"]
+    train = int(ds.indptr[300])
+    val, test = (len(ds.edge_split(s)) for s in ("val", "test"))
+    counts = f"train/val/test {train:,}/{val:,}/{test:,}"
+    assert f"300 users, 200 items, interactions {counts}" in capsys.readouterr().out
+    assert main(["inspect", str(out)]) == 0
+    assert f"users     300   items 200   interactions {counts}" in capsys.readouterr().out
+    assert main(["inspect", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["num_users"], summary["num_items"]) == (300, 200)
+    assert summary["interactions"] == {"train": train, "val": val, "test": test}
+    assert main(["prepare", "scores", str(out)]) == 0
+    assert f"300 users, 200 items, interactions {counts}" in capsys.readouterr().out
+    assert main(["inspect", str(write_tiny_dataset(tmp_path / "plain", num_nodes=50)[0].path), "--json"]) == 0
+    assert "num_users" not in json.loads(capsys.readouterr().out)  # only user-item datasets have them
 
 
 def test_full_neighbourhood_evaluation_of_link_prediction(ds):

@@ -26,7 +26,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def write_small(path, num_nodes=20, dim=3, overwrite=False, value=1.0):
-    with DatasetWriter(path, num_nodes=num_nodes, feature_dim=dim, overwrite=overwrite) as w:
+    # No static scores: the tests below add them (recompute_scores) or count the files written.
+    with DatasetWriter(path, num_nodes=num_nodes, feature_dim=dim, overwrite=overwrite, scores=()) as w:
         w.write_features(np.full((num_nodes, dim), value, np.float32))
         w.write_edges([(np.arange(num_nodes), (np.arange(num_nodes) + 1) % num_nodes)])
         return w.commit()

@@ -2,6 +2,8 @@
 from lsm_gnn.data.format import Dataset, DatasetError, open_dataset
 from lsm_gnn.data.hetero import HeteroDataset
 from lsm_gnn.data.hetero_writer import HeteroDatasetWriter
+from lsm_gnn.data.interactions import from_interactions
 from lsm_gnn.data.writer import DatasetWriter
 
-__all__ = ["Dataset", "DatasetError", "DatasetWriter", "HeteroDataset", "HeteroDatasetWriter", "open_dataset"]
+__all__ = ["Dataset", "DatasetError", "DatasetWriter", "HeteroDataset", "HeteroDatasetWriter", "from_interactions",
+           "open_dataset"]

@@ -28,7 +28,7 @@ from typing import Iterator
 import numpy as np
 
 from lsm_gnn.data.format import Dataset
-from lsm_gnn.data.scores import SCORE_NAMES, compute_scores
+from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
 from lsm_gnn.data.synthetic import (
     FEATURE_BLOCK, PopularitySampler, _note, _positive_int, _progress, _rng, check_feature_dtype, check_seed,
     class_centroids, community, synthetic_feature_block,
@@ -99,6 +99,7 @@ def generate_bipartite(path, *, num_users: int, num_items: int, avg_interactions
         raise ValueError(f"test_fraction must be > 0, val_fraction >= 0 and their sum < 1, got {test_fraction}, "
                          f"{val_fraction}")
     check_feature_dtype(feature_dtype)
+    scores = check_score_names(scores)
     seed, num_nodes = check_seed(seed), num_users + num_items
     options = dict(seed=seed, avg_interactions=avg_interactions, num_communities=num_communities, affinity=affinity,
                    popularity=popularity, test_fraction=test_fraction, val_fraction=val_fraction)
@@ -114,7 +115,7 @@ def generate_bipartite(path, *, num_users: int, num_items: int, avg_interactions
 
     centroids = class_centroids(seed, num_communities, feature_dim, class_separation)
     with DatasetWriter(path, num_nodes=num_nodes, feature_dim=feature_dim, feature_dtype=feature_dtype, name=name,
-                       overwrite=overwrite, extra_meta={"generator": params}) as writer:
+                       overwrite=overwrite, extra_meta={"generator": params}, scores=scores) as writer:
         writer.set_bipartite(num_users, num_items)
         with _progress(progress, total=num_nodes, desc="features", unit="node", unit_scale=True) as bar:
             for block in range(-(-num_nodes // FEATURE_BLOCK)):
@@ -127,8 +128,6 @@ def generate_bipartite(path, *, num_users: int, num_items: int, avg_interactions
         for split_name, part in (("test", _TEST), ("val", _VAL)):
             if split_name == "test" or val_fraction > 0:
                 writer.write_edge_split(split_name, (np.stack([u, i], axis=1) for u, i in pairs(part)))
-        if scores:
-            _note(progress, f"computing scores: {', '.join(scores)}")
-            for score_name, values in compute_scores(*writer.csr(), names=tuple(scores)).items():
-                writer.write_score(score_name, values)
+        writer.write_scores(note=lambda message: _note(progress, message))
+        _note(progress, "committing (checksums, fsync)")
         return writer.commit()

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from lsm_gnn.data.format import FEATURE_DTYPES, SPLITS, Dataset
-from lsm_gnn.data.scores import SCORE_NAMES, compute_scores
+from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
 from lsm_gnn.data.writer import EDGE_CHUNK, DatasetWriter, csr_edge_chunks
 
 FEATURE_CHUNK_BYTES = 32 << 20  # bytes of source features read per write
@@ -291,16 +291,18 @@ def random_split(num_nodes: int, fractions, *, seed: Any = 0, candidates: np.nda
 
 def from_numpy(path, *, features, edge_index=None, indptr=None, indices=None, labels=None,
                num_classes: int | None = None, train_idx=None, val_idx=None, test_idx=None, undirected: bool = False,
-               dedup: bool = True, feature_dtype=None, random_split_fractions=None, seed: int = 0,
-               scores=SCORE_NAMES, name: str | None = None, overwrite: bool = False, progress: bool = True,
-               extra_meta: dict | None = None) -> Dataset:
+               dedup: bool = True, self_loops: bool = True, feature_dtype=None, random_split_fractions=None,
+               seed: int = 0, scores=SCORE_NAMES, name: str | None = None, overwrite: bool = False,
+               progress: bool = True, extra_meta: dict | None = None) -> Dataset:
     """Writes a dataset from array-likes (numpy, ``np.memmap``, torch tensors) and returns it opened.
 
     Topology is either ``edge_index`` of shape ``(2, E)`` (row 0 sources, row
     1 destinations, as in PyG) or CSR ``indptr``/``indices`` in the dataset's
     orientation (row v lists the nodes v aggregates from). ``undirected`` adds
-    every reverse edge; ``dedup`` drops parallel edges from edge lists (CSR
-    without ``undirected`` is stored exactly as given). Splits take id arrays
+    every reverse edge; ``dedup`` (default) keeps one of parallel edges;
+    ``self_loops=False`` drops edges v -> v (kept by default). A CSR is stored
+    exactly as given unless ``undirected`` or ``self_loops=False`` sends it
+    through the same edge sort as an edge list (``dedup`` then applies). Splits take id arrays
     or boolean masks; with none given, ``random_split_fractions=(train, val,
     test)`` draws a seeded split of the labeled nodes. ``scores`` names the
     static scores to compute (``()`` for none).
@@ -324,24 +326,23 @@ def from_numpy(path, *, features, edge_index=None, indptr=None, indices=None, la
     if not splits and random_split_fractions is not None:
         labeled = None if label_array is None else np.flatnonzero(label_array >= 0)
         splits = random_split(num_nodes, random_split_fractions, seed=seed, candidates=labeled)
-    scores = tuple(scores or ())
-    unknown = sorted(set(scores) - set(SCORE_NAMES))
-    if unknown:
-        raise ValueError(f"unknown score(s) {unknown}; valid names are {', '.join(SCORE_NAMES)}")
+    scores = check_score_names(scores)
 
     meta = dict(extra_meta or {})
-    meta["converted"] = {"undirected": bool(undirected), "dedup": bool(dedup),
+    meta["converted"] = {"undirected": bool(undirected), "dedup": bool(dedup), "self_loops": bool(self_loops),
                          "source_feature_dtype": _dtype_of(features).name, **meta.get("converted", {})}
     with DatasetWriter(path, num_nodes=num_nodes, feature_dim=dim, feature_dtype=target.name, name=name,
-                       overwrite=overwrite, extra_meta=meta) as writer:
+                       overwrite=overwrite, extra_meta=meta, scores=scores) as writer:
         with _progress(progress, total=num_nodes, desc="features", unit="node") as bar:
             write_feature_chunks(writer.write_features, features, target, bar)
         if edge_index is not None:
             with _progress(progress, total=int(edge_index.shape[1]), desc="edges", unit="edge") as bar:
-                writer.write_edges(_edge_index_chunks(edge_index, num_nodes, bar), undirected=undirected, dedup=dedup)
-        elif undirected:
+                writer.write_edges(_edge_index_chunks(edge_index, num_nodes, bar), undirected=undirected, dedup=dedup,
+                                   self_loops=self_loops)
+        elif undirected or not self_loops:
             with _progress(progress, total=int(indptr[-1]), desc="edges", unit="edge") as bar:
-                writer.write_edges(_csr_edge_chunks(indptr, indices, bar), undirected=True, dedup=dedup)
+                writer.write_edges(_csr_edge_chunks(indptr, indices, bar), undirected=undirected, dedup=dedup,
+                                   self_loops=self_loops)
         else:
             writer.write_csr(indptr, indices)
         if label_array is not None:
@@ -349,9 +350,6 @@ def from_numpy(path, *, features, edge_index=None, indptr=None, indices=None, la
             del label_array
         for split_name, ids in splits.items():
             writer.write_split(split_name, ids)
-        if scores:
-            for score_name, values in compute_scores(*writer.csr(), names=scores).items():
-                writer.write_score(score_name, values)
         return writer.commit()
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.data.format import check_neighbor_ids, source_file, topology_error
-from lsm_gnn.data.writer import EDGE_CHUNK
+from lsm_gnn.data.csr_build import EDGE_CHUNK
 
 SCORE_NAMES = ("reverse_pagerank", "degree")
 
@@ -48,11 +48,18 @@ def sampled_degree(indices: np.ndarray, num_nodes: int) -> np.ndarray:
     return counts.astype(np.float32)
 
 
-def compute_scores(indptr: np.ndarray, indices: np.ndarray, names=SCORE_NAMES) -> dict[str, np.ndarray]:
-    """Computes the named scores; unknown names raise ValueError listing the valid ones."""
+def check_score_names(names) -> tuple[str, ...]:
+    """``names`` as a tuple (None or empty: no scores); unknown names raise ValueError listing the valid ones."""
+    names = tuple(names or ())
     unknown = sorted(set(names) - set(SCORE_NAMES))
     if unknown:
         raise ValueError(f"unknown score(s) {unknown}; valid names are {', '.join(SCORE_NAMES)}")
+    return names
+
+
+def compute_scores(indptr: np.ndarray, indices: np.ndarray, names=SCORE_NAMES) -> dict[str, np.ndarray]:
+    """Computes the named scores; unknown names raise ValueError listing the valid ones."""
+    names = check_score_names(names)
     num_nodes = indptr.shape[0] - 1
     out = {}
     for name in names:

@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from lsm_gnn.data.format import Dataset
-from lsm_gnn.data.scores import SCORE_NAMES, compute_scores
+from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
 from lsm_gnn.data.writer import DatasetWriter
 
 EDGE_BLOCK = 1 << 21     # edges per RNG block (~100 MB of temporaries)
@@ -326,14 +326,6 @@ def check_probability(value, what: str) -> float:
     return float(value)
 
 
-def check_score_names(scores) -> tuple[str, ...]:
-    """Checked now, not after hours of writing."""
-    scores = tuple(scores or ())
-    if set(scores) - set(SCORE_NAMES):
-        raise ValueError(f"unknown score(s) {sorted(set(scores) - set(SCORE_NAMES))}; valid: {', '.join(SCORE_NAMES)}")
-    return scores
-
-
 def generate_synthetic(path, *, num_nodes: int, avg_degree: float = 10, feature_dim: int = 128,
                        feature_dtype: str = "float32", num_classes: int = 8, seed: int = 0,
                        rmat: tuple[float, float, float, float] = (0.57, 0.19, 0.19, 0.05),
@@ -373,7 +365,7 @@ def generate_synthetic(path, *, num_nodes: int, avg_degree: float = 10, feature_
     }
     centroids = class_centroids(seed, num_classes, feature_dim, class_separation)
     with DatasetWriter(path, num_nodes=num_nodes, feature_dim=feature_dim, feature_dtype=dtype.name,
-                       name=name, overwrite=overwrite, extra_meta={"generator": params}) as writer:
+                       name=name, overwrite=overwrite, extra_meta={"generator": params}, scores=scores) as writer:
         with _progress(progress, total=num_nodes, desc="features", unit="node", unit_scale=True) as bar:
             for rows in synthetic_feature_chunks(num_nodes, chunk_nodes, seed=seed, centroids=centroids):
                 writer.write_features(rows.astype(dtype, copy=False))
@@ -388,9 +380,7 @@ def generate_synthetic(path, *, num_nodes: int, avg_degree: float = 10, feature_
         # Drawn only now, so the permutation (8 bytes a node) is not held while the CSR is built.
         for split_name, ids in random_split(num_nodes, split, seed=(seed, _STREAM_SPLIT)).items():
             writer.write_split(split_name, ids)
-        for score_name in scores:  # one at a time, so each one's memory is freed before the next
-            _note(progress, f"computing scores: {score_name}")
-            writer.write_score(score_name, compute_scores(*writer.csr(), names=(score_name,))[score_name])
+        writer.write_scores(note=lambda message: _note(progress, message))
         _note(progress, "committing (checksums, fsync)")
         return writer.commit()
 

@@ -31,6 +31,7 @@ from lsm_gnn.data.format import (
 )
 # EDGE_CHUNK, build_csr_files and index_dtype_for are re-exported: the CSR builder lives in csr_build.
 from lsm_gnn.data.csr_build import EDGE_CHUNK, build_csr_files, index_dtype_for  # noqa: F401
+from lsm_gnn.data.scores import SCORE_NAMES, check_score_names, compute_scores
 # DiskFullError and remove_stale_temporaries are re-exported: the writer's errors and clean-up.
 from lsm_gnn.fileio import (  # noqa: F401
     CheckedFile, DiskFullError, fsync_path, remove_stale_temporaries, reporting_disk_full, temp_prefix,
@@ -347,6 +348,11 @@ class DatasetWriter(AtomicDatasetWriter):
     user-item dataset also calls :meth:`set_bipartite` and
     :meth:`write_edge_split` for its held-out interactions.
 
+    ``scores`` names the static scores :meth:`commit` computes from the
+    topology, those not already given with :meth:`write_score` (default:
+    ``reverse_pagerank`` and ``degree``, which the trainer's cache uses by
+    default; ``()`` for none).
+
     Rows under 512 bytes are packed several per aligned 512-byte block
     (``row_alignment=None``, the default); ``row_alignment=512`` (or a larger
     multiple) writes one row per aligned slot, the layout before packing.
@@ -354,7 +360,8 @@ class DatasetWriter(AtomicDatasetWriter):
 
     def __init__(self, path: str | os.PathLike, *, num_nodes: int, feature_dim: int, feature_dtype: str = "float32",
                  name: str | None = None, overwrite: bool = False, row_alignment: int | None = None,
-                 extra_meta: dict | None = None):
+                 extra_meta: dict | None = None, scores=SCORE_NAMES):
+        self.scores = check_score_names(scores)
         if num_nodes <= 0:
             raise ValueError(f"num_nodes must be positive, got {num_nodes}")
         if feature_dim <= 0:
@@ -397,6 +404,7 @@ class DatasetWriter(AtomicDatasetWriter):
     def _finish(self) -> None:
         if self.meta["graph"] is None:
             raise DatasetError(f"{self.path}: no topology was written; call write_edges() or write_csr()")
+        self.write_scores()
         self.meta["checksums"]["features.bin"] = self._features.finish(self.path)
 
     # -- topology ----------------------------------------------------------
@@ -436,6 +444,15 @@ class DatasetWriter(AtomicDatasetWriter):
         file_name = f"{name}_idx.npy"
         save_npy(os.path.join(self.tmp, file_name), ids)
         self.meta["splits"][name] = file_name
+
+    def write_scores(self, note=None) -> None:
+        """Computes the static scores named by ``scores=`` that are not written yet, from the topology written
+        (:meth:`commit` calls it); ``note`` is told ``"computing scores: <name>"`` before each."""
+        for name in self.scores:  # one at a time, so each one's memory is freed before the next
+            if name not in self.meta["scores"]:
+                if note is not None:
+                    note(f"computing scores: {name}")
+                self.write_score(name, compute_scores(*self.csr(), names=(name,))[name])
 
     def write_score(self, name: str, scores: np.ndarray) -> None:
         scores = score_array(name, scores, self.num_nodes)

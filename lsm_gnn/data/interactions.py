@@ -1,0 +1,544 @@
+"""User-item datasets from interaction files (CSV, TSV, ``.npy``), for link prediction.
+
+:func:`from_interactions` reads one row per interaction (a user id, an item
+id, optionally a timestamp and a split name), gives users the dense node ids
+``[0, num_users)`` and items ``[num_users, num_users + num_items)``, splits
+the interactions into train (the CSR, both directions), val and test
+(``val_edges.npy``, ``test_edges.npy``) and writes a dataset that
+``train.task=link`` accepts as is (static scores included).
+
+* **Ids.** Users and items are separate id spaces (a user id may equal an
+  item id). Without a feature file, ids are any strings or integers,
+  numbered in sorted order (numerically when every id of a side is an
+  integer); with one, ids must be the feature file's row numbers and every
+  row becomes a node, in order. ``user_ids.npy`` and ``item_ids.npy`` map
+  node ids back (:func:`id_maps`).
+* **Splits.** ``user-random``: each user with at least
+  ``min_user_interactions`` interactions gives ``round(test_fraction * n)``
+  of them (at least one) to test and ``round(val_fraction * n)`` to val,
+  chosen at random with ``seed``, keeping one or more for training; users
+  with fewer keep all theirs in training. ``temporal``: the same counts, but
+  a user's latest interactions are held out (ties in file order). ``column``:
+  a column names each interaction's split (train, val/valid/validation,
+  test).
+* **Repeats** of a (user, item) pair: ``duplicates="drop"`` keeps one, the
+  earliest (by timestamp, then file order), which alone decides the pair's
+  split; ``"keep"`` also keeps the repeats as parallel training edges (a
+  held-out pair is stored once); ``"error"`` refuses them.
+
+Files are parsed in chunks of ``READ_CHUNK`` rows; memory peaks at about 80
+bytes per interaction (the columns as arrays, then the sorts that find
+repeats and split) plus a dictionary of the distinct ids.
+"""
+from __future__ import annotations
+
+import csv
+import os
+from typing import Any, Iterator
+
+import numpy as np
+
+from lsm_gnn.data.convert import _dtype_of, _feature_dtype, _open_npy, _progress, write_feature_chunks
+from lsm_gnn.data.format import Dataset
+from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
+from lsm_gnn.data.writer import DatasetWriter, save_npy
+
+READ_CHUNK = 1 << 18          # rows parsed per chunk
+RANDOM_FEATURE_BLOCK = 1 << 16  # rows per RNG block of generated features (output independent of chunking)
+SPLIT_MODES = ("user-random", "temporal", "column")
+DUPLICATE_MODES = ("drop", "keep", "error")
+SPLIT_VALUES = {"train": 0, "val": 1, "valid": 1, "validation": 1, "test": 2}
+_TRAIN, _VAL, _TEST = 0, 1, 2
+ID_FILES = {"users": "user_ids.npy", "items": "item_ids.npy"}
+
+
+# -- reading the file in chunks ---------------------------------------------------------------------------------
+
+def _file_format(file_path: str, fmt: str | None) -> str:
+    if fmt is not None:
+        if fmt not in ("csv", "tsv", "npy"):
+            raise ValueError(f"format={fmt!r} is not supported; use csv, tsv or npy")
+        return fmt
+    ext = os.path.splitext(file_path)[1].lower()
+    return {".npy": "npy", ".tsv": "tsv", ".tab": "tsv"}.get(ext, "csv")
+
+
+def _column_index(spec: Any, names: list[str] | None, role: str, where: str) -> int:
+    """A column given by 0-based index or by header name, as an index."""
+    if isinstance(spec, (int, np.integer)) or (isinstance(spec, str) and spec.isdigit()):
+        return int(spec)
+    if names is None:
+        raise ValueError(f"{role} column {spec!r} is a name, but {where} has no header; pass its 0-based index "
+                         "or a file whose first row names the columns (CLI: --header)")
+    if spec not in names:
+        raise ValueError(f"{role} column {spec!r} is not in {where}'s header ({', '.join(names)}); pass one of "
+                         "these names or a 0-based index")
+    return names.index(spec)
+
+
+def _text_chunks(file_path: str, fmt: str, columns: dict[str, Any], header: bool | None, delimiter: str | None
+                 ) -> tuple[dict, Iterator[tuple[dict[str, list], np.ndarray]]]:
+    """``(info, chunks)``: each chunk maps a role to its column's strings, with the file's line numbers."""
+    delimiter = delimiter or ("\t" if fmt == "tsv" else ",")
+    f = open(file_path, newline="", encoding="utf-8-sig")  # closed by the generator
+    try:
+        sample = f.read(1 << 16)
+        f.seek(0)
+        if header is None:  # a name asks for a header; otherwise guess from the first rows' value types
+            named = any(isinstance(s, str) and not s.isdigit() for s in columns.values())
+            try:
+                header = named or csv.Sniffer().has_header(sample)
+            except csv.Error:
+                header = False
+        reader = csv.reader(f, delimiter=delimiter)
+        names = None
+        if header:
+            names = next(reader, None)
+            if names is None:
+                raise ValueError(f"{file_path} is empty; it must hold one interaction per line")
+            names = [n.strip() for n in names]
+        index = {role: _column_index(spec, names, role, file_path) for role, spec in columns.items()}
+    except BaseException:
+        f.close()
+        raise
+    width = max(index.values()) + 1
+
+    def chunks():
+        with f:
+            rows, lines = [], []
+            for row in reader:
+                if not row or (len(row) == 1 and not row[0].strip()):
+                    continue  # blank line
+                if len(row) < width:
+                    role = next(r for r, i in index.items() if i >= len(row))
+                    raise ValueError(f"{file_path} line {reader.line_num} has {len(row)} field(s) but the {role} "
+                                     f"column is column {index[role]} (0-based); check the delimiter "
+                                     f"({delimiter!r}) and the column options")
+                rows.append(row)
+                lines.append(reader.line_num)
+                if len(rows) == READ_CHUNK:
+                    yield {role: [r[i].strip() for r in rows] for role, i in index.items()}, np.array(lines)
+                    rows, lines = [], []
+            if rows:
+                yield {role: [r[i].strip() for r in rows] for role, i in index.items()}, np.array(lines)
+
+    info = {"header": names, "delimiter": delimiter, "columns": index}
+    return info, chunks()
+
+
+def _npy_chunks(file_path: str, columns: dict[str, Any]) -> tuple[dict, Iterator[tuple[dict, np.ndarray]]]:
+    """Chunks of an ``(E, k)`` array (columns by index) or of a structured array (columns by field name)."""
+    array = _open_npy(file_path, "interactions")
+    names = list(array.dtype.names) if array.dtype.names else None
+    if names is None and array.ndim != 2:
+        raise ValueError(f"{file_path} has shape {array.shape}; an interaction array must be (E, k), one row per "
+                         "interaction, with user ids in one column and item ids in another")
+    if names is not None:
+        index = {role: names[_column_index(spec, names, role, file_path)] for role, spec in columns.items()}
+    else:
+        index = {role: _column_index(spec, None, role, file_path) for role, spec in columns.items()}
+        bad = {role: i for role, i in index.items() if i >= array.shape[1]}
+        if bad:
+            raise ValueError(f"{file_path} has {array.shape[1]} columns but the {', '.join(bad)} column is "
+                             f"{', '.join(map(str, bad.values()))} (0-based)")
+
+    def chunks():
+        for start in range(0, array.shape[0], READ_CHUNK):
+            block = np.asarray(array[start:start + READ_CHUNK])
+            cols = {role: block[i] if names else block[:, i] for role, i in index.items()}
+            yield cols, np.arange(start, start + block.shape[0])  # 0-based row numbers
+
+    return {"header": names, "columns": index}, chunks()
+
+
+# -- ids -----------------------------------------------------------------------------------------------------
+
+class _IdSpace:
+    """Dense ids of one side (users or items). With ``rows`` (a feature file's), raw ids are those row numbers;
+    without, raw ids get codes in order of first appearance, renumbered in sorted order by :meth:`finish`."""
+
+    def __init__(self, side: str, rows: int | None, feature_file: str | None):
+        self.side, self.rows, self.feature_file = side, rows, feature_file
+        self.codes: dict = {}
+
+    def encode(self, values, lines: np.ndarray, where: str) -> np.ndarray:
+        values = np.asarray(values)
+        if self.rows is not None:
+            ids = self._integers(values, lines, where)
+            bad = np.flatnonzero((ids < 0) | (ids >= self.rows))
+            if bad.size:
+                raise ValueError(f"{where} {lines[bad[0]]}: {self.side[:-1]} id {ids[bad[0]]} is outside the "
+                                 f"{self.rows:,} rows of {self.feature_file}; with a feature file, {self.side[:-1]} "
+                                 f"ids must be its row numbers 0..{self.rows - 1}")
+            return ids
+        if values.dtype.kind == "f":
+            values = self._integers(values, lines, where)
+        elif values.dtype.kind in "US":
+            empty = np.flatnonzero(values == "")
+            if empty.size:
+                raise ValueError(f"{where} {lines[empty[0]]}: the {self.side[:-1]} id is empty")
+        uniques, inverse = np.unique(values, return_inverse=True)
+        codes = np.fromiter((self.codes.setdefault(v, len(self.codes)) for v in uniques.tolist()), np.int64,
+                            uniques.size)
+        return codes[inverse.reshape(-1)]
+
+    def _integers(self, values: np.ndarray, lines: np.ndarray, where: str) -> np.ndarray:
+        try:
+            as_float = values.astype(np.float64)
+        except ValueError:
+            bad = next(j for j, v in enumerate(values.tolist()) if not _is_number(v))
+            raise ValueError(f"{where} {lines[bad]}: {self.side[:-1]} id {_show(values[bad])} is not an integer"
+                             + (f"; with {self.feature_file}, ids must be its row numbers" if self.feature_file
+                                else "")) from None
+        wrong = np.flatnonzero(~np.isfinite(as_float) | (as_float != np.round(as_float)))
+        if wrong.size:
+            raise ValueError(f"{where} {lines[wrong[0]]}: {self.side[:-1]} id {_show(values[wrong[0]])} is not an "
+                             "integer")
+        return values.astype(np.int64) if values.dtype.kind in "iu" else as_float.astype(np.int64)
+
+    def finish(self) -> tuple[int, np.ndarray, np.ndarray | None]:
+        """``(count, raw ids in node order, remap of the codes or None)``."""
+        if self.rows is not None:
+            return self.rows, np.arange(self.rows, dtype=np.int64), None
+        keys = list(self.codes)
+        raw = np.array(keys)
+        if raw.dtype.kind in "US":
+            try:  # integer ids read as text are numbered, and stored, as integers ("007" and "7" stay text)
+                numbers = raw.astype(np.int64)
+                if [str(n) for n in numbers.tolist()] == keys:
+                    raw = numbers
+            except ValueError:
+                pass
+        order = np.argsort(raw, kind="stable")
+        remap = np.empty(len(keys), dtype=np.int64)
+        remap[order] = np.arange(len(keys))
+        return len(keys), raw[order], remap
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it (numpy scalars as plain Python)."""
+    return repr(value.item() if hasattr(value, "item") else value)
+
+
+def _is_number(text: Any) -> bool:
+    try:
+        float(text)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def id_maps(dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """``(user_ids, item_ids)`` of a dataset made by :func:`from_interactions`: node ``u`` is the file's user
+    ``user_ids[u]``, node ``num_users + j`` its item ``item_ids[j]``."""
+    files = dataset.meta.get("id_maps")
+    if not files:
+        raise KeyError(f"dataset {dataset.path} has no id maps; only lsm_gnn.data.from_interactions "
+                       "(lsm-gnn prepare interactions) writes them")
+    return tuple(np.load(dataset.file_path(files[side])) for side in ("users", "items"))
+
+
+# -- timestamps and split names -----------------------------------------------------------------------------------
+
+def _timestamps(values, lines: np.ndarray, where: str, kind: list) -> np.ndarray:
+    """Seconds (or the file's own numeric unit) as float64; ``kind`` keeps numeric vs date across chunks."""
+    values = np.asarray(values)
+    if values.dtype.kind in "iuf":
+        parsed, this = values.astype(np.float64), "number"
+    else:
+        try:
+            parsed, this = values.astype(np.float64), "number"
+        except ValueError:
+            try:
+                dates = values.astype("datetime64[s]")
+            except ValueError:
+                bad = next((j for j, v in enumerate(values.tolist()) if not _is_date_or_number(v)), 0)
+                raise ValueError(f"{where} {lines[bad]}: timestamp {_show(values[bad])} is neither a number nor an "
+                                 "ISO 8601 date (e.g. 2024-05-01 or 2024-05-01T12:30:00)") from None
+            parsed = np.where(np.isnat(dates), np.nan, dates.astype(np.int64).astype(np.float64))
+            this = "date"
+    if kind and kind[0] != this:
+        raise ValueError(f"{where} {lines[0]}: timestamps mix numbers and dates ({this}s after {kind[0]}s); "
+                         "use one kind")
+    kind[:] = [this]
+    missing = np.flatnonzero(~np.isfinite(parsed))
+    if missing.size:
+        raise ValueError(f"{where} {lines[missing[0]]}: the timestamp is missing, NaN or infinite "
+                         f"({_show(values[missing[0]])}); fill it in or drop the row")
+    return parsed
+
+
+def _is_date_or_number(text: Any) -> bool:
+    if _is_number(text):
+        return True
+    try:
+        np.datetime64(text, "s")
+    except ValueError:
+        return False
+    return True
+
+
+def _split_codes(values, lines: np.ndarray, where: str) -> np.ndarray:
+    values = np.char.lower(np.char.strip(np.asarray(values).astype(str)))
+    uniques, inverse = np.unique(values, return_inverse=True)
+    unknown = [u for u in uniques.tolist() if u not in SPLIT_VALUES]
+    if unknown:
+        bad = int(np.flatnonzero(values == unknown[0])[0])
+        raise ValueError(f"{where} {lines[bad]}: split {unknown[0]!r} is not one of "
+                         f"{', '.join(SPLIT_VALUES)}")
+    return np.array([SPLIT_VALUES[u] for u in uniques.tolist()], dtype=np.int8)[inverse.reshape(-1)]
+
+
+# -- splitting -------------------------------------------------------------------------------------------------
+
+def held_out_counts(n: np.ndarray, val_fraction: float, test_fraction: float, min_user_interactions: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """``(test, val)`` counts per user from its interaction count ``n``: round(fraction x n), test at least one,
+    one interaction or more always left for training; users under ``min_user_interactions`` hold none out."""
+    eligible = n >= max(min_user_interactions, 2)
+    test = np.where(eligible, np.floor(test_fraction * n + 0.5), 0).astype(np.int64)
+    if test_fraction > 0:
+        test = np.where(eligible, np.maximum(test, 1), 0)
+    test = np.minimum(test, np.maximum(n - 1, 0))
+    val = np.where(eligible, np.floor(val_fraction * n + 0.5), 0).astype(np.int64)
+    val = np.minimum(val, np.maximum(n - 1 - test, 0))
+    return test, val
+
+
+def per_user_split(users: np.ndarray, order_key: np.ndarray, num_users: int, val_fraction: float,
+                   test_fraction: float, min_user_interactions: int) -> np.ndarray:
+    """Part (0 train, 1 val, 2 test) of each interaction: a user's interactions sorted by ``order_key`` (ties by
+    position) give their last ones to test and the ones before those to val."""
+    n = np.bincount(users, minlength=num_users)
+    test, val = held_out_counts(n, val_fraction, test_fraction, min_user_interactions)
+    order = np.lexsort((np.arange(users.size), order_key, users))
+    by_user = users[order]
+    from_end = (np.cumsum(n) - 1)[by_user] - np.arange(users.size)  # 0 for a user's last interaction
+    parts = np.full(users.size, _TRAIN, dtype=np.int8)
+    parts[order] = np.where(from_end < test[by_user], _TEST,
+                            np.where(from_end < test[by_user] + val[by_user], _VAL, _TRAIN))
+    return parts
+
+
+# -- the converter -----------------------------------------------------------------------------------------------
+
+def _check_fraction(value: float, what: str) -> float:
+    value = float(value)
+    if not 0 <= value < 1:
+        raise ValueError(f"{what} must be in [0, 1), got {value}")
+    return value
+
+
+def _feature_source(features: Any, side: str) -> tuple[Any, str | None]:
+    if features is None:
+        return None, None
+    label = os.fspath(features) if isinstance(features, (str, os.PathLike)) else f"the {side[:-1]} feature array"
+    array = _open_npy(features, f"{side[:-1]}_features")
+    if not hasattr(array, "shape") or len(array.shape) != 2 or array.shape[0] == 0 or array.shape[1] == 0:
+        shape = getattr(array, "shape", None)
+        raise ValueError(f"{label} must be a 2-D array with one row per {side[:-1]} id, got shape {shape}")
+    return array, label
+
+
+def from_interactions(path, interactions, *, format: str | None = None, user_col: Any = 0, item_col: Any = 1,
+                      time_col: Any = None, split_col: Any = None, header: bool | None = None,
+                      delimiter: str | None = None, split: str | None = None, val_fraction: float = 0.1,
+                      test_fraction: float = 0.2, min_user_interactions: int = 3, seed: int = 0,
+                      duplicates: str = "drop", user_features=None, item_features=None, feature_dim: int = 64,
+                      feature_dtype=None, scores=SCORE_NAMES, name: str | None = None, overwrite: bool = False,
+                      progress: bool = True) -> Dataset:
+    """Writes a user-item dataset from an interaction file and returns it opened (see the module docstring).
+
+    ``interactions`` is a CSV or TSV file (``format`` from the extension,
+    ``.tsv`` for TSV, else CSV; ``delimiter`` overrides) or a ``.npy`` array
+    ``(E, k)`` (or structured, columns by field name). Columns are 0-based
+    indices or header names; ``header=None`` reads a header when a column is
+    given by name, else guesses from the first rows (``csv.Sniffer``).
+    ``split`` is ``"user-random"`` (default), ``"temporal"`` (needs
+    ``time_col``) or ``"column"`` (default when ``split_col`` is given).
+    Timestamps are numbers or ISO 8601 dates. ``user_features`` /
+    ``item_features`` are ``.npy`` files or arrays, row r for id r; of equal
+    width they share the feature columns, else the users' come first and the
+    items' after them (zeros elsewhere). A side without one gets seeded
+    standard-normal features, of the other side's width or ``feature_dim``.
+    ``scores`` as in :class:`~lsm_gnn.data.writer.DatasetWriter`.
+    """
+    file_path = os.fspath(interactions)
+    if not os.path.isfile(file_path):
+        raise FileNotFoundError(f"interactions: no such file {file_path}")
+    fmt = _file_format(file_path, format)
+    split = split or ("column" if split_col is not None else "user-random")
+    if split not in SPLIT_MODES:
+        raise ValueError(f"split={split!r} is not one of {', '.join(SPLIT_MODES)}")
+    if split == "temporal" and time_col is None:
+        raise ValueError("split='temporal' needs the timestamp column: pass time_col (CLI: --time-col)")
+    if split == "column" and split_col is None:
+        raise ValueError("split='column' needs the column naming each row's split: pass split_col (CLI: --split-col)")
+    if duplicates not in DUPLICATE_MODES:
+        raise ValueError(f"duplicates={duplicates!r} is not one of {', '.join(DUPLICATE_MODES)}")
+    val_fraction, test_fraction = _check_fraction(val_fraction, "val_fraction"), _check_fraction(test_fraction,
+                                                                                                 "test_fraction")
+    if split != "column" and (test_fraction == 0 or val_fraction + test_fraction >= 1):
+        raise ValueError(f"test_fraction must be > 0 and val_fraction + test_fraction < 1, got {val_fraction}, "
+                         f"{test_fraction}")
+    scores = check_score_names(scores)
+    sources = {side: _feature_source(f, side) for side, f in (("users", user_features), ("items", item_features))}
+    spaces = {side: _IdSpace(side, None if array is None else int(array.shape[0]), label)
+              for side, (array, label) in sources.items()}
+    feature_info = _feature_layout(sources, feature_dim, feature_dtype)  # checked before the file is read
+    columns = {"user": user_col, "item": item_col}
+    if time_col is not None:
+        columns["time"] = time_col
+    if split_col is not None:
+        columns["split"] = split_col
+    info, arrays = _read(file_path, fmt, columns, header, delimiter, spaces, progress)
+    num_users, user_ids, user_remap = spaces["users"].finish()
+    num_items, item_ids, item_remap = spaces["items"].finish()
+    users = arrays["user"] if user_remap is None else user_remap[arrays["user"]]
+    items = arrays["item"] if item_remap is None else item_remap[arrays["item"]]
+    times, lines = arrays.get("time"), arrays["line"]
+
+    representative, multiplicity = _earliest_of_each_pair(users * num_items + items, times, lines)
+    repeats = users.size - representative.size
+    if repeats and duplicates == "error":
+        row = representative[np.flatnonzero(multiplicity > 1)[0]]  # the first repeated pair in the file
+        same = np.flatnonzero((users == users[row]) & (items == items[row]))
+        shown = ", ".join(str(n) for n in np.sort(lines[same])[:5])
+        user, item = _show(user_ids[users[row]]), _show(item_ids[items[row]])
+        raise ValueError(f"{file_path}: user {user} and item {item} interact more than once ({info['unit']}s {shown}); "
+                         f"{repeats:,} rows repeat a pair. Pass duplicates='drop' or 'keep' (CLI: --duplicates)")
+    r_users, r_items = users[representative], items[representative]
+    if split == "column":
+        part = arrays["split"][representative]
+    else:
+        rng = np.random.default_rng(seed)
+        key = times[representative] if split == "temporal" else rng.random(representative.size)
+        part = per_user_split(r_users, key, num_users, val_fraction, test_fraction, min_user_interactions)
+    del arrays, users, items
+    held = {name_: int((part == code).sum()) for name_, code in (("val", _VAL), ("test", _TEST))}
+    if held["test"] == 0:
+        raise ValueError(f"{file_path}: no interaction went to test"
+                         + (" (the split column names none)" if split == "column" else
+                            f": no user has {max(min_user_interactions, 2)} or more interactions; lower "
+                            "min_user_interactions (CLI: --min-user-interactions)"))
+    if split != "column" and val_fraction > 0 and held["val"] == 0:
+        raise ValueError(f"{file_path}: val_fraction={val_fraction} held out no interaction (every user's "
+                         "round(val_fraction x n) is 0); raise it, or pass val_fraction=0 and train with "
+                         "train.eval_splits=[test]")
+
+    meta = {"converted": {
+        "from": "interactions", "file": os.path.abspath(file_path), "format": fmt, "header": info["header"],
+        "columns": {role: (c if isinstance(c, str) else int(c)) for role, c in info["columns"].items()},
+        "split": split, "val_fraction": val_fraction, "test_fraction": test_fraction,
+        "min_user_interactions": int(min_user_interactions), "seed": int(seed), "duplicates": duplicates,
+        "repeated_rows": int(repeats), "interactions": int(representative.size),
+        "features": {side: label or "random" for side, (_, label) in sources.items()},
+    }, "id_maps": dict(ID_FILES)}
+    if "delimiter" in info:
+        meta["converted"]["delimiter"] = info["delimiter"]
+    with DatasetWriter(path, num_nodes=num_users + num_items, feature_dim=feature_info["dim"],
+                       feature_dtype=feature_info["dtype"].name, name=name, overwrite=overwrite, extra_meta=meta,
+                       scores=scores) as writer:
+        _write_features(writer, sources, feature_info, (num_users, num_items), seed, progress)
+        writer.set_bipartite(num_users, num_items)
+        train = part == _TRAIN
+        t_users, t_items = r_users[train], r_items[train]
+        if duplicates == "keep":
+            t_users, t_items = np.repeat(t_users, multiplicity[train]), np.repeat(t_items, multiplicity[train])
+        # An item -> user message and its reverse: a user's row lists its items, an item's row its users.
+        writer.write_edges([(t_items + num_users, t_users)], undirected=True, dedup=duplicates != "keep")
+        for split_name, code in (("val", _VAL), ("test", _TEST)):
+            if held[split_name]:
+                chosen = part == code
+                pairs = np.stack([r_users[chosen], r_items[chosen] + num_users], axis=1)
+                writer.write_edge_split(split_name, pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))])
+        save_npy(os.path.join(writer.tmp, ID_FILES["users"]), user_ids)
+        save_npy(os.path.join(writer.tmp, ID_FILES["items"]), item_ids)
+        return writer.commit()
+
+
+def _read(file_path: str, fmt: str, columns: dict, header: bool | None, delimiter: str | None, spaces: dict,
+          progress: bool) -> tuple[dict, dict[str, np.ndarray]]:
+    """The file's columns as arrays (ids as codes of ``spaces``, timestamps as floats, split names as part
+    codes, and each row's line number), chunk by chunk; ``info`` says what was read."""
+    if fmt == "npy":
+        info, chunks = _npy_chunks(file_path, columns)
+    else:
+        info, chunks = _text_chunks(file_path, fmt, columns, header, delimiter)
+    info["unit"] = "row" if fmt == "npy" else "line"
+    where = info["where"] = f"{file_path} {info['unit']}"  # errors name the line (of a .npy file: the row)
+    parts: dict[str, list] = {role: [] for role in ("user", "item", "time", "split", "line")}
+    time_kind: list = []
+    with _progress(progress, desc="interactions", unit="row") as bar:
+        for cols, lines in chunks:
+            parts["user"].append(spaces["users"].encode(cols["user"], lines, where))
+            parts["item"].append(spaces["items"].encode(cols["item"], lines, where))
+            if "time" in cols:
+                parts["time"].append(_timestamps(cols["time"], lines, where, time_kind))
+            if "split" in cols:
+                parts["split"].append(_split_codes(cols["split"], lines, where))
+            parts["line"].append(lines)
+            bar.update(lines.size)
+    if not parts["line"]:
+        after = "" if info["header"] is None else f" after its header line ({', '.join(map(str, info['header']))})"
+        raise ValueError(f"{file_path} holds no interactions{after}; it needs one row per (user, item) interaction"
+                         + (" (if that line is data, pass header=False, CLI: --no-header)" if after else ""))
+    return info, {role: np.concatenate(chunks_) for role, chunks_ in parts.items() if chunks_}
+
+
+def _earliest_of_each_pair(pair: np.ndarray, times: np.ndarray | None, lines: np.ndarray
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, counts)``: for each distinct ``pair`` key, its earliest row (by time, then line), the rows in
+    file order, and how many rows hold that pair."""
+    order = np.lexsort((lines, pair) if times is None else (lines, times, pair))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = pair[order[1:]] != pair[order[:-1]]
+    counts = np.diff(np.append(np.flatnonzero(first), order.size))
+    rows = order[first]
+    by_row = np.argsort(rows, kind="stable")  # file order, so the random split does not depend on the sort
+    return rows[by_row], counts[by_row]
+
+
+def _feature_layout(sources: dict, feature_dim: int, feature_dtype) -> dict:
+    """Width, per-side column offset and stored dtype of the features."""
+    dims = {side: None if array is None else int(array.shape[1]) for side, (array, _) in sources.items()}
+    given = [d for d in dims.values() if d is not None]
+    if not given and (isinstance(feature_dim, bool) or int(feature_dim) != feature_dim or feature_dim <= 0):
+        raise ValueError(f"feature_dim must be a positive integer, got {feature_dim!r}")
+    if len(given) == 2 and given[0] != given[1]:  # side by side: users' columns, then items'
+        dim, offsets = sum(given), {"users": 0, "items": dims["users"]}
+        widths = dims
+    else:
+        dim = given[0] if given else int(feature_dim)
+        offsets, widths = {"users": 0, "items": 0}, {"users": dim, "items": dim}
+    source_dtypes = [_dtype_of(array) for array, _ in sources.values() if array is not None]
+    source = np.result_type(*source_dtypes) if source_dtypes else np.dtype(np.float32)
+    if len(given) < 2 and np.issubdtype(source, np.integer) and feature_dtype is None:
+        source = np.dtype(np.float32)  # the generated side is Gaussian
+    return {"dim": dim, "offsets": offsets, "widths": widths, "dtype": _feature_dtype(source, feature_dtype)}
+
+
+def _write_features(writer: DatasetWriter, sources: dict, layout: dict, counts: tuple[int, int], seed: int,
+                    progress: bool) -> None:
+    """Users' rows then items', each from its file or generated, placed at the side's column offset."""
+    dim, dtype = layout["dim"], layout["dtype"]
+    with _progress(progress, total=sum(counts), desc="features", unit="node") as bar:
+        for stream, ((side, (array, _)), count) in enumerate(zip(sources.items(), counts)):
+            offset, width = layout["offsets"][side], layout["widths"][side]
+
+            def write(rows, offset=offset, width=width):
+                if width == dim:
+                    writer.write_features(rows)
+                else:
+                    placed = np.zeros((rows.shape[0], dim), dtype=dtype)
+                    placed[:, offset:offset + width] = rows
+                    writer.write_features(placed)
+
+            if array is not None:
+                write_feature_chunks(write, array, dtype, bar)
+                continue
+            for block, start in enumerate(range(0, count, RANDOM_FEATURE_BLOCK)):
+                rng = np.random.default_rng([seed, stream, block])
+                rows = rng.standard_normal((min(RANDOM_FEATURE_BLOCK, count - start), width), dtype=np.float32)
+                write(rows.astype(dtype))
+                bar.update(rows.shape[0])
