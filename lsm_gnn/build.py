@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lsm_gnn import defaults
 from lsm_gnn.cache import PolicyConfig, SoftwareCache, every_row_sets
 from lsm_gnn.config import Config, ConfigError, cache_capacity_bytes, capacity_spec, policy_config
 from lsm_gnn.features import Features
@@ -62,7 +63,10 @@ def resolve(cfg: Config, dataset, world_size: int = 1) -> FeatureSpec:
         capacity_bytes=cache_capacity_bytes(c.capacity, rows, row_bytes), ways=c.ways,
         policy=policy_config(c), static_score=static, oversubscribe=c.oversubscribe, pvp=c.pvp,
         pvp_queue_capacity=c.pvp_queue_capacity or None,
-        pvp_queue_bytes=None if c.pvp_queue_capacity else c.pvp_queue_bytes, pvp_reinstall=c.pvp and c.pvp_reinstall,
+        # The default budget left as None: the cache then gives each queue at least one line, as it does for a
+        # default, where a figure the user gave that holds none is refused.
+        pvp_queue_bytes=None if c.pvp_queue_capacity or c.pvp_queue_bytes == defaults.PVP_QUEUE_BYTES
+        else c.pvp_queue_bytes, pvp_reinstall=c.pvp and c.pvp_reinstall,
         shared=world_size > 1 and c.mode == "shared", owner=c.owner,
         every_row=capacity_spec(c.capacity) == ("share", 1))
 

@@ -32,7 +32,7 @@ import torch
 
 from lsm_gnn.cache import SoftwareCache
 from lsm_gnn.cache.software_cache import HEADROOM
-from lsm_gnn.config import capacity_spec
+from lsm_gnn.config import ConfigError, capacity_spec
 from lsm_gnn.units import round_up, suggest_bytes
 
 #: batches sampled before training, all ranks together (at least MIN_PER_RANK on each)
@@ -59,7 +59,7 @@ class CacheFit:
 
     def describe(self) -> str:
         asks = "asks one owner for" if "slice" in self.what else "has"
-        return (f"the largest of {self.sampled} sampled batches {asks} {self.largest:,} distinct nodes; "
+        return (f"{_sampled(self.sampled)} sampled {asks} {self.largest:,} distinct nodes; "
                 f"{self.what} holds {self.lines:,} lines ({self.lines / max(self.largest, 1):.2f}x)")
 
 
@@ -94,12 +94,12 @@ def _ids(nodes) -> np.ndarray:
     return nodes.numpy() if isinstance(nodes, torch.Tensor) else np.asarray(nodes)
 
 
-def suggested_capacity(capacity: str, lines: int, distinct: int, ways: int) -> str:
-    """A capacity, in the unit of ``capacity`` (the one that gives ``lines``), whose cache holds
-    :data:`HEADROOM` times ``distinct`` lines: lines grow with the capacity, in whole sets of ``ways``."""
+def suggested_capacity(capacity: str, lines: int, distinct: int, ways: int, headroom: float = HEADROOM) -> str:
+    """A capacity, in the unit of ``capacity`` (the one that gives ``lines``), whose cache holds ``headroom``
+    times ``distinct`` lines: lines grow with the capacity, in whole sets of ``ways``."""
     kind, value = capacity_spec(capacity)
-    # One set more than the ratio says: a share's lines round to whole sets.
-    scale = (math.ceil(distinct * HEADROOM) + ways) / max(lines, 1)
+    # Lines come in whole sets (rounded down), a share's rows to the nearest row: a row more than whole sets.
+    scale = (math.ceil(distinct * headroom / ways) * ways + 1) / max(lines, 1)
     if kind == "share":
         return f"{min(100.0, round_up(100 * value * scale)):g}%"
     return suggest_bytes(value * scale)
@@ -107,14 +107,33 @@ def suggested_capacity(capacity: str, lines: int, distinct: int, ways: int) -> s
 
 def config_fix(capacity: str, lines: int, distinct: int, ways: int) -> str:
     """What to set, in config keys (``cache.capacity``), for a cache of ``lines`` to take ``distinct`` ids."""
-    return (f"set cache.capacity={suggested_capacity(capacity, lines, distinct, ways)} or more ({HEADROOM:g}x "
-            "that batch: batches vary), or cache.oversubscribe=true to run a cache smaller than a batch anyway "
+    suggested = suggested_capacity(capacity, lines, distinct, ways)
+    size = f"{suggested} (every node)" if suggested == "100%" else f"{suggested} or more ({HEADROOM:g}x that batch: " \
+        "batches vary)"
+    return (f"set cache.capacity={size}, or cache.oversubscribe=true to run a cache smaller than a batch anyway "
             "(it thrashes)")
+
+
+def check_one_set(spec, capacity: str, dataset) -> None:
+    """Raises a ConfigError naming ``cache.capacity`` when ``spec`` gives a one-type dataset's cache fewer lines
+    than one set (a heterogeneous dataset's caches get one set at least)."""
+    if spec.source != "cache" or spec.every_row or getattr(dataset, "is_hetero", False):
+        return
+    row_bytes = dataset.feature_dim * dataset.feature_dtype.itemsize
+    lines = spec.capacity_bytes // row_bytes
+    if lines < min(spec.ways, dataset.num_nodes):
+        raise ConfigError(f"cache.capacity={capacity} is {lines} lines of {row_bytes} bytes, fewer than one set of "
+                          f"cache.ways={spec.ways}; set cache.capacity="
+                          f"{suggested_capacity(capacity, lines, spec.ways, spec.ways, headroom=1)} or more")
+
+
+def _sampled(count: int) -> str:
+    return "the one batch" if count == 1 else f"the largest of {count} batches"
 
 
 def too_small_message(fit: CacheFit, capacity: str, ways: int) -> str:
     """The fail-fast message of a cache that sampled batches do not fit."""
     asks = "asks one owner for" if "slice" in fit.what else "has"
-    return (f"cache.capacity={capacity} gives {fit.what} {fit.lines:,} lines, but the largest of {fit.sampled} "
-            f"batches sampled before training {asks} {fit.largest:,} distinct nodes; "
+    return (f"cache.capacity={capacity} gives {fit.what} {fit.lines:,} lines, but {_sampled(fit.sampled)} "
+            f"sampled before training {asks} {fit.largest:,} distinct nodes; "
             + config_fix(capacity, fit.lines, fit.largest, ways))

@@ -188,6 +188,10 @@ class Trainer:
                               f"{self.task.splits or 'none'}: set train.eval_splits={self.task.splits}")
         #: the resolved feature path (capacity in bytes, policy, PVP, sharing), checked before any work
         self.feature_spec = resolve(cfg, self.dataset, self.world_size)
+        if features is None:
+            from lsm_gnn.sizing import check_one_set
+
+            check_one_set(self.feature_spec, cfg.cache.capacity, self.dataset)
         if features is not None:
             self.features = features
         elif self.hetero:

@@ -150,3 +150,22 @@ def test_capacity_100_percent_holds_every_node(graph, tmp_path):
     for batch in ids.split(500):
         assert cache.lookup(batch)[1].all()
     assert cache.stats.evictions == 0
+
+
+def test_the_default_victim_queue_budget_never_refuses_a_small_cache(graph, tmp_path):
+    """cache.pvp_queue_bytes left at its default behaves as the cache's own default: one line a queue at
+    least. A small cache with PVP used to stop on a budget its user never set (here 257 queues of 80 B
+    rows against 25% of 96 lines); sizing then names the capacity the batches need."""
+    with pytest.raises(ConfigError, match="before training"):
+        Trainer(config(graph, tmp_path, "cache.capacity=4%", "cache.pvp=true", "cache.window=256"))
+    with pytest.raises(ValueError, match="pvp_queue_bytes '1K'"):  # a figure the user gave is still checked
+        Trainer(config(graph, tmp_path, "cache.capacity=4%", "cache.pvp=true", "cache.window=256",
+                       "cache.pvp_queue_bytes=1K"))
+
+
+def test_less_than_one_set_names_the_smallest_share_that_makes_one(graph, tmp_path):
+    with pytest.raises(ConfigError, match=r"cache.capacity=0.5% is 15 lines of 64 bytes, fewer than one set of "
+                                          r"cache.ways=32; set cache.capacity=1.1% or more"):
+        Trainer(config(graph, tmp_path, "cache.capacity=0.5%"))
+    with pytest.raises(ConfigError, match=r"cache.capacity=1.1% gives the cache 32 lines, but the largest"):
+        Trainer(config(graph, tmp_path, "cache.capacity=1.1%"))  # one set: now the batches are what is short
