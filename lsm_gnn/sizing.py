@@ -91,7 +91,7 @@ def cache_fits(features, batches: list[list], what: str = "the cache") -> list[C
 
 
 def _ids(nodes) -> np.ndarray:
-    return nodes.numpy() if isinstance(nodes, torch.Tensor) else np.asarray(nodes)
+    return nodes.cpu().numpy() if isinstance(nodes, torch.Tensor) else np.asarray(nodes)
 
 
 def suggested_capacity(capacity: str, lines: int, distinct: int, ways: int, headroom: float = HEADROOM) -> str:
