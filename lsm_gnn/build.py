@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lsm_gnn.cache import PolicyConfig, SoftwareCache
-from lsm_gnn.config import Config, ConfigError, cache_capacity_bytes, policy_config
+from lsm_gnn import defaults
+from lsm_gnn.cache import PolicyConfig, SoftwareCache, every_row_sets
+from lsm_gnn.config import Config, ConfigError, cache_capacity_bytes, capacity_spec, policy_config
 from lsm_gnn.features import Features
 from lsm_gnn.storage import open_storage
 
@@ -38,6 +39,7 @@ class FeatureSpec:
     shared: bool                 # several ranks share one cache (the communication layer)
     owner: str                   # who owns a node when shared: hashed | modulo | hotness | path to a .npy map
     pvp_queue_bytes: str | None = None  # all victim queues' bytes (or a share of the cache), instead of lines
+    every_row: bool = False      # capacity 100%: each cache gets the sets that hold all its rows (every_row_sets)
 
 
 def resolve(cfg: Config, dataset, world_size: int = 1) -> FeatureSpec:
@@ -61,8 +63,12 @@ def resolve(cfg: Config, dataset, world_size: int = 1) -> FeatureSpec:
         capacity_bytes=cache_capacity_bytes(c.capacity, rows, row_bytes), ways=c.ways,
         policy=policy_config(c), static_score=static, oversubscribe=c.oversubscribe, pvp=c.pvp,
         pvp_queue_capacity=c.pvp_queue_capacity or None,
-        pvp_queue_bytes=None if c.pvp_queue_capacity else c.pvp_queue_bytes, pvp_reinstall=c.pvp and c.pvp_reinstall,
-        shared=world_size > 1 and c.mode == "shared", owner=c.owner)
+        # The default budget left as None: the cache then gives each queue at least one line, as it does for a
+        # default, where a figure the user gave that holds none is refused.
+        pvp_queue_bytes=None if c.pvp_queue_capacity or c.pvp_queue_bytes == defaults.PVP_QUEUE_BYTES
+        else c.pvp_queue_bytes, pvp_reinstall=c.pvp and c.pvp_reinstall,
+        shared=world_size > 1 and c.mode == "shared", owner=c.owner,
+        every_row=capacity_spec(c.capacity) == ("share", 1))
 
 
 def _row_bytes(features_of) -> int:
@@ -98,7 +104,10 @@ def cache_over(storage, spec: FeatureSpec, static_scores, device: torch.device, 
                capacity_bytes: int | None = None) -> SoftwareCache:
     """The cache ``spec`` describes in front of ``storage`` (``capacity_bytes`` replaces the spec's, for a
     share of it); the planner builds its simulated caches here too, so they are the run's."""
+    # 100% means every row cached: N lines in hashed sets would leave rows of the fullest sets without a way
+    num_sets = every_row_sets(storage.num_rows, spec.ways) if spec.every_row else None
     return SoftwareCache(storage, spec.capacity_bytes if capacity_bytes is None else capacity_bytes, ways=spec.ways,
+                         num_sets=num_sets,
                          policy=spec.policy, static_scores=static_scores, oversubscribe=spec.oversubscribe,
                          device=device, num_threads=num_threads, pvp=spec.pvp,
                          pvp_queue_capacity=spec.pvp_queue_capacity, pvp_queue_bytes=spec.pvp_queue_bytes,

@@ -118,11 +118,12 @@ class LinkLoader(NodeLoader):
 
     # -- NodeLoader hooks ------------------------------------------------------------------------------------------
 
-    def _epoch_plans(self, epoch: int) -> list:
+    def _epoch_plans(self, epoch: int, rank: int | None = None) -> list:
         order = (np.random.default_rng([self.seed, epoch]).permutation(self.num_train_edges) if self.shuffle
                  else np.arange(self.num_train_edges))
         if self.world_size > 1:  # the same permutation on every rank, dealt out in turn
-            order = order[:self.edges_per_rank * self.world_size][self.rank::self.world_size]
+            rank = self.rank if rank is None else rank
+            order = order[:self.edges_per_rank * self.world_size][rank::self.world_size]
         return [_Plan(epoch, i, order[i * self.batch_size:(i + 1) * self.batch_size]) for i in range(len(self))]
 
     def _resolve(self, plan: _Plan) -> tuple:

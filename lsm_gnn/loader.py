@@ -190,8 +190,9 @@ class NodeLoader:
     def _gather(self, nodes, window):
         return self.features.gather(nodes, future=window)
 
-    def _epoch_plans(self, epoch: int) -> list:
-        """The epoch's batches, in order; here positions into ``seeds`` (see :meth:`_plan_seeds`).
+    def _epoch_plans(self, epoch: int, rank: int | None = None) -> list:
+        """The epoch's batches on ``rank`` (default: this loader's), in order; here positions into ``seeds``
+        (see :meth:`_plan_seeds`).
 
         Positions rather than ids: the shuffle is held as int32 where the seeds allow (4 bytes a seed for
         the epoch instead of 8; at 10^8 nodes with 60% training nodes, 240 MB less), and ``seeds`` stays
@@ -201,7 +202,8 @@ class NodeLoader:
         if self.shuffle:
             np.random.default_rng([self.seed, epoch]).shuffle(positions)
         if self.world_size > 1:  # the same permutation on every rank, dealt out in turn
-            positions = positions[:self.seeds_per_rank * self.world_size][self.rank::self.world_size]
+            rank = self.rank if rank is None else rank
+            positions = positions[:self.seeds_per_rank * self.world_size][rank::self.world_size]
         return [positions[i * self.batch_size:(i + 1) * self.batch_size] for i in range(len(self))]
 
     def _plan_seeds(self, plan) -> np.ndarray:
@@ -219,6 +221,15 @@ class NodeLoader:
     def _labels_of(self, seeds: torch.Tensor) -> torch.Tensor | None:
         """The seeds' labels, in the dtype of the dataset's label file."""
         return None if self.labels is None else self.labels[seeds].to(self._label_dtype)
+
+    def sample_input_nodes(self, count: int, epoch: int = 0, rank: int | None = None) -> list:
+        """The input nodes (``hops[-1].nodes``) of ``count`` batches spread evenly over ``epoch`` on ``rank``
+        (default: this loader's), sampled exactly as training samples them but without gathering a row:
+        what sizing a cache needs before any training (:mod:`lsm_gnn.sizing`)."""
+        plans = self._epoch_plans(epoch, rank)
+        picks = np.unique(np.linspace(0, len(plans) - 1, min(count, len(plans))).round().astype(np.int64))
+        return [self.sampler.sample(self._plan_nodes(plans[k]), epoch * len(plans) + int(k))[-1].nodes
+                for k in picks]
 
     # -- resumable position --------------------------------------------------------------------------------------
 

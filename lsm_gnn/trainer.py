@@ -194,6 +194,10 @@ class Trainer:
                               f"reports {', '.join(self.task.metrics)}; watch one of those")
         #: the resolved feature path (capacity in bytes, policy, PVP, sharing), checked before any work
         self.feature_spec = resolve(cfg, self.dataset, self.world_size)
+        if features is None:
+            from lsm_gnn.sizing import check_one_set
+
+            check_one_set(self.feature_spec, cfg.cache.capacity, self.dataset)
         if features is not None:
             self.features = features
         elif self.hetero:
@@ -217,6 +221,8 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=cfg.train.lr,
                                           weight_decay=cfg.train.weight_decay)
         self.loader = self.task.train_loader(self.features, self.rank, self.world_size)
+        #: each cache against batches sampled before training (lsm_gnn.sizing); empty without a config-built cache
+        self.cache_fits = self._check_cache_size() if features is None else []
         self.iterations_done = 0
         self.history: list[dict] = []
         #: every evaluation ({"epoch", "iterations" done, split: metrics}), at epoch ends and every train.eval_every
@@ -239,6 +245,39 @@ class Trainer:
         if self._distributed():  # a rank that cannot see the checkpoint (another host's disk) would start over
             check_agreement({"resumed at iteration": self.iterations_done},
                             fix="Put checkpoint.dir on a file system every rank sees")
+
+    def _check_cache_size(self) -> list:
+        """Samples a few batches (every rank's, so every rank decides alike) and raises a ConfigError naming
+        a capacity with headroom when the largest would not fit: before any training, not at that batch."""
+        from lsm_gnn.sizing import batches_per_rank, cache_fits, too_small_message
+
+        c = self.cfg.cache
+        if self.feature_spec.source != "cache" or c.oversubscribe:
+            return []
+        count = batches_per_rank(self.world_size)
+        batches = [self.loader.sample_input_nodes(count, rank=r) for r in range(self.world_size)]
+        fits = cache_fits(self.features, batches)
+        tight = min(fits, key=lambda f: f.lines / max(f.largest, 1), default=None)
+        if tight is not None and not tight.fits:
+            self.loader.close()
+            raise ConfigError(too_small_message(tight, c.capacity, c.ways))
+        return fits
+
+    @contextlib.contextmanager
+    def _sized(self, where: str):
+        """A batch the cache refuses mid-run (sampling missed one as large) names the config keys to change."""
+        from lsm_gnn.cache import CacheTooSmall
+        from lsm_gnn.sizing import config_fix
+
+        try:
+            yield
+        except CacheTooSmall as exc:
+            if not self.cache_fits:  # a cache the caller built: its own keywords apply
+                raise
+            c = self.cfg.cache
+            raise ConfigError(f"{where}, a batch has {exc.distinct:,} distinct nodes but the cache holds "
+                              f"{exc.lines:,} lines (cache.capacity={c.capacity}); "
+                              + config_fix(c.capacity, exc.lines, exc.distinct, c.ways)) from exc
 
     def _model(self) -> torch.nn.Module:
         from lsm_gnn.models import HETERO_MODEL_KINDS, HeteroHopGNN, HopGNN
@@ -412,7 +451,8 @@ class Trainer:
                 if self.progress is not None:
                     self.progress.mark(self.iterations_done)
                 t0 = time.perf_counter()
-                batch = next(batches, None)
+                with self._sized(f"at iteration {self.iterations_done}"):
+                    batch = next(batches, None)
                 if batch is None:
                     break
                 wait = time.perf_counter() - t0
@@ -564,7 +604,8 @@ class Trainer:
         self.model.eval()
         if self.progress is not None:
             self.progress.mark(self.iterations_done)  # ranks that have not finished the epoch are behind
-        with self._collectives(f"the evaluation on {split} after iteration {self.iterations_done}"):
+        with self._collectives(f"the evaluation on {split} after iteration {self.iterations_done}"), \
+                self._sized(f"evaluating on {split}"):
             result = self.task.evaluate(self.module, self.features, split, self.device, self.rank, self.world_size)
         self.model.train()
         return result
@@ -576,6 +617,8 @@ class Trainer:
         self._print(f"training {cfg.model.kind} on {self.dataset.name} ({size}) "
                     f"with features from {self._describe_features()}; {self.world_size} rank(s), "
                     f"device {self.device}")
+        for fit in self.cache_fits:
+            self._print(f"cache sizing: {fit.describe()}")
         total = StageTimes()
         try:
             while True:

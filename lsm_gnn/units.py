@@ -1,6 +1,7 @@
 """Byte sizes: one unit everywhere (bytes), with human strings accepted."""
 from __future__ import annotations
 
+import math
 import re
 
 _SUFFIXES = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -35,3 +36,21 @@ def format_bytes(value: float) -> str:
             return f"{value:.0f} {suffix}" if suffix == "B" else f"{value:.1f} {suffix}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def round_up(value: float, digits: int = 2) -> float:
+    """``value`` rounded up to ``digits`` significant digits (83.1 -> 84, 0.8306 -> 0.84): a size to suggest."""
+    if value <= 0:
+        return 0.0
+    step = 10.0 ** (math.floor(math.log10(value)) - digits + 1)
+    # float(repr) drops the binary noise of the product (0.84000000000000008 -> 0.84)
+    return float(f"{math.ceil(value / step - 1e-9) * step:.{digits + 12}g}")
+
+
+def suggest_bytes(value: float) -> str:
+    """A byte count rounded up to two significant digits in the largest unit it reaches, as
+    :func:`parse_bytes` reads it: 83,060,000 -> ``"80M"``, 1.37 * 2**30 -> ``"1.4G"``."""
+    for suffix in ("T", "G", "M", "K"):
+        if value >= _SUFFIXES[suffix]:
+            return f"{round_up(value / _SUFFIXES[suffix]):g}{suffix}"
+    return f"{math.ceil(value)}"

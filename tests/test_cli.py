@@ -44,3 +44,17 @@ def test_errors_are_one_clear_line(tmp_path, capsys):
 def test_no_command_prints_help(capsys):
     assert main([]) == 2
     assert "prepare" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["train", "missing.yaml", "--grid", "train.epochs=2"],
+                                  ["plan", "missing.yaml", "--sizes", "1%", "model.kind=sage"]])
+def test_overrides_after_an_option_are_overrides(argv, capsys):
+    """The documented `train configs/ablation.yaml --grid dataset=...` and `plan data/g --sizes ... key=value`."""
+    assert main(argv) == 1  # past argument parsing: the config file is what is missing
+    assert "config file missing.yaml does not exist" in capsys.readouterr().err
+
+
+def test_an_unknown_option_after_overrides_is_still_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "missing.yaml", "model.kind=sage", "--bogus"])
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err

@@ -24,8 +24,26 @@ from lsm_gnn.features import StorageShape
 from lsm_gnn.hostmem import host_zeros
 from lsm_gnn.ids import as_id_tensor, unique_ids
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
-from lsm_gnn.units import parse_bytes
+from lsm_gnn.units import parse_bytes, suggest_bytes
 
+#: a suggested cache holds this many times the distinct ids of the batch it was sized for: batches vary
+HEADROOM = 1.25
+
+
+class CacheTooSmall(ValueError):
+    """A batch has more distinct ids than the cache has lines (and the cache was not built to oversubscribe).
+
+    ``distinct`` and ``lines`` are the two numbers; ``row_bytes`` sizes a fix. The trainer catches it to
+    name its config keys instead of this Python API's keywords.
+    """
+
+    def __init__(self, distinct: int, lines: int, row_bytes: int):
+        self.distinct, self.lines, self.row_bytes = int(distinct), int(lines), int(row_bytes)
+        super().__init__(
+            f"this batch has {self.distinct} distinct ids but the cache holds {self.lines} lines "
+            f"({self.lines * self.row_bytes} bytes); batches vary, so give it room: capacity="
+            f"{suggest_bytes(self.distinct * HEADROOM * self.row_bytes)!r} or more ({HEADROOM:g}x this batch), or "
+            "pass oversubscribe=True to run it smaller than a batch (it thrashes)")
 
 
 def cache_geometry(capacity, row_bytes: int, ways: int, num_rows: int | None = None) -> tuple[int, int]:
@@ -47,6 +65,17 @@ def cache_geometry(capacity, row_bytes: int, ways: int, num_rows: int | None = N
         raise ValueError(f"a cache of {capacity} bytes holds {lines} rows of {row_bytes} bytes, fewer than one set "
                          f"of {ways} ways; give it at least {ways * row_bytes} bytes")
     return lines // ways, ways
+
+
+#: a cache of the whole file gets at most this many times the file's lines (with few ways, hashed sets need more)
+EVERY_ROW_LIMIT = 8
+
+
+def every_row_sets(num_rows: int, ways: int) -> int:
+    """The fewest sets in which every one of ``num_rows`` rows has a way of its own: a cache that holds the
+    whole file. Sets are chosen by hash and fill unevenly, so it has more lines than the file has rows
+    (1.6x for 10^4 rows, 2.6x for 10^6 with 32 ways: ``docs/cache.md``), at most :data:`EVERY_ROW_LIMIT` x."""
+    return _sets_holding_every_row(num_rows, ways, max_sets=EVERY_ROW_LIMIT * max(1, -(-num_rows // ways)))
 
 
 def _sets_holding_every_row(num_rows: int, ways: int, max_sets: int, chunk: int = 1 << 22) -> int:
@@ -83,7 +112,7 @@ class SoftwareCache(StorageShape):
     Concurrent lookups are serialized batch by batch; each batch runs in parallel.
 
     A batch with more distinct ids than the cache has lines raises
-    ValueError, since such a cache thrashes; ``oversubscribe=True`` allows it
+    :class:`CacheTooSmall` (a ValueError), since such a cache thrashes; ``oversubscribe=True`` allows it
     (lines of the current batch are then evicted last), for studies that
     scale caches below one batch.
 
@@ -237,10 +266,7 @@ class SoftwareCache(StorageShape):
             keep = torch.nonzero(~served).reshape(-1) if bypass else None  # the ids the cache sees
             cache_ids = unique[keep] if bypass else unique
             if cache_ids.numel() > self.num_lines and not self.oversubscribe:
-                raise ValueError(
-                    f"this batch has {cache_ids.numel()} distinct ids but the cache holds {self.num_lines} lines "
-                    f"({self.capacity_bytes} bytes); raise the capacity to at least "
-                    f"{cache_ids.numel() * self.storage.row_bytes} bytes (or pass oversubscribe=True)")
+                raise CacheTooSmall(cache_ids.numel(), self.num_lines, self.storage.row_bytes)
             # PVP needs next-use records for every policy, not only the window-based ones.
             p = self.policy
             scan_now = (p.uses_window or pvp is not None) and t % p.period == 0

@@ -88,6 +88,8 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
               tolerance: float = 0.05, log=_log_to_stderr) -> dict:
     """The plan of ``cfg``'s run over every (policy, PVP, size); see the module docstring."""
     from lsm_gnn.build import cache_over, resolve
+    from lsm_gnn.cache import CacheTooSmall
+    from lsm_gnn.sizing import config_fix
     from lsm_gnn.data import open_dataset
     from lsm_gnn.storage import default_backend
     from lsm_gnn.tasks import make_task
@@ -156,9 +158,13 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
         try:
             sim = on_loader_thread(simulate_cache, trace, iterations, storage, geometry, make_cache, window)
         except ValueError as exc:  # e.g. a cache smaller than one batch: the run would stop the same way
+            error = str(exc)
+            if isinstance(exc, CacheTooSmall):  # in config keys, as the run's own message
+                error = (f"a batch has {exc.distinct:,} distinct nodes, the cache {exc.lines:,} lines; "
+                         + config_fix(c.cache.capacity, exc.lines, exc.distinct, c.cache.ways))
             rows.append({"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
-                         "capacity_bytes": spec.capacity_bytes, "error": str(exc)})
-            log(f"plan: {spec.policy.name}{'+pvp' if spec.pvp else ''} {c.cache.capacity}: cannot run ({exc})")
+                         "capacity_bytes": spec.capacity_bytes, "error": error})
+            log(f"plan: {spec.policy.name}{'+pvp' if spec.pvp else ''} {c.cache.capacity}: cannot run ({error})")
             continue
         per = sim["per_iteration"]
         stages = stage_times(storage_cal, train_cal, per["cache_ms"], per["reads"])

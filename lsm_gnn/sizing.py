@@ -1,0 +1,139 @@
+"""Sizing the cache before training: the largest batch, estimated from sampled batches, against its lines.
+
+A cache refuses a batch with more distinct ids than it has lines
+(:class:`~lsm_gnn.cache.CacheTooSmall`). Found by the first such batch, that
+costs a start-up (the loader samples its whole window first) and names the
+size of that one batch, which the next one exceeds. So before any training
+the trainer samples a few batches of the first epoch, on every rank, exactly
+as training will (:meth:`~lsm_gnn.loader.NodeLoader.sample_input_nodes`),
+and :func:`cache_fits` finds what each cache must hold:
+
+- a cache of its own (one rank, or ``cache.mode=isolated``): the distinct
+  ids of a batch;
+- a rank's slice of a shared cache: the distinct ids all ranks' batches of
+  one iteration ask of its owner (the slice serves their union);
+- a heterogeneous dataset's caches (one per row format): the ids of their
+  node types.
+
+Only the count matters, not how ids fall into sets: a batch that overflows
+one 32-way set while the cache has lines enough is served exactly (its
+later misses take lines an earlier miss of the batch took; docs/cache.md).
+Batches of one epoch vary by a few percent, so a suggested capacity holds
+:data:`~lsm_gnn.cache.software_cache.HEADROOM` times the largest, in the
+unit the user gave (a share of the nodes, or bytes).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lsm_gnn.cache import SoftwareCache
+from lsm_gnn.cache.software_cache import HEADROOM
+from lsm_gnn.config import ConfigError, capacity_spec
+from lsm_gnn.units import round_up, suggest_bytes
+
+#: batches sampled before training, all ranks together (at least MIN_PER_RANK on each)
+SAMPLED_BATCHES = 16
+MIN_PER_RANK = 4
+
+
+def batches_per_rank(world_size: int) -> int:
+    return max(MIN_PER_RANK, math.ceil(SAMPLED_BATCHES / world_size))
+
+
+@dataclass(frozen=True)
+class CacheFit:
+    """One cache against the sampled batches."""
+
+    what: str      # which cache, for a message: "the cache", "each rank's cache slice", "the cache of paper"
+    lines: int     # its lines (a rank's slice: that slice's)
+    largest: int   # the most distinct ids one sampled batch (one iteration of all ranks, when shared) asks of it
+    sampled: int   # batches sampled on each rank
+
+    @property
+    def fits(self) -> bool:
+        return self.largest <= self.lines
+
+    def describe(self) -> str:
+        asks = "asks one owner for" if "slice" in self.what else "has"
+        return (f"{_sampled(self.sampled)} sampled {asks} {self.largest:,} distinct nodes; "
+                f"{self.what} holds {self.lines:,} lines ({self.lines / max(self.largest, 1):.2f}x)")
+
+
+def cache_fits(features, batches: list[list], what: str = "the cache") -> list[CacheFit]:
+    """Each cache of ``features`` against ``batches[rank][i]``, the input nodes of sampled batch ``i`` on
+    each rank (``torch`` or numpy ids; per node type for a heterogeneous dataset). Features without a
+    cache give no entry."""
+    from lsm_gnn.comm import SharedCache
+    from lsm_gnn.typed_features import TypedFeatures
+
+    sampled = len(batches[0]) if batches else 0
+    if isinstance(features, TypedFeatures):
+        fits = []
+        for group in features.groups:
+            ids = [[group.ids(nodes)[0] for nodes in per_rank] for per_rank in batches]
+            fits += cache_fits(group.features, ids, f"the cache of {'+'.join(group.types)}")
+        return fits
+    if isinstance(features, SharedCache):
+        largest = 0
+        for i in range(sampled):  # an owner serves the union of what every rank asks of it in one iteration
+            ids = np.unique(np.concatenate([_ids(per_rank[i]) for per_rank in batches]))
+            largest = max(largest, int(np.bincount(features.owner(ids), minlength=1).max(initial=0)))
+        slice_what = "each rank's cache slice" if what == "the cache" else f"each rank's slice of {what[4:]}"
+        return [CacheFit(slice_what, features.cache.num_lines, largest, sampled)]
+    if isinstance(features, SoftwareCache):
+        largest = max((np.unique(_ids(b)).size for per_rank in batches for b in per_rank), default=0)
+        return [CacheFit(what, features.num_lines, int(largest), sampled)]
+    return []
+
+
+def _ids(nodes) -> np.ndarray:
+    return nodes.cpu().numpy() if isinstance(nodes, torch.Tensor) else np.asarray(nodes)
+
+
+def suggested_capacity(capacity: str, lines: int, distinct: int, ways: int, headroom: float = HEADROOM) -> str:
+    """A capacity, in the unit of ``capacity`` (the one that gives ``lines``), whose cache holds ``headroom``
+    times ``distinct`` lines: lines grow with the capacity, in whole sets of ``ways``."""
+    kind, value = capacity_spec(capacity)
+    # Lines come in whole sets (rounded down), a share's rows to the nearest row: a row more than whole sets.
+    scale = (math.ceil(distinct * headroom / ways) * ways + 1) / max(lines, 1)
+    if kind == "share":
+        return f"{min(100.0, round_up(100 * value * scale)):g}%"
+    return suggest_bytes(value * scale)
+
+
+def config_fix(capacity: str, lines: int, distinct: int, ways: int) -> str:
+    """What to set, in config keys (``cache.capacity``), for a cache of ``lines`` to take ``distinct`` ids."""
+    suggested = suggested_capacity(capacity, lines, distinct, ways)
+    size = f"{suggested} (every node)" if suggested == "100%" else f"{suggested} or more ({HEADROOM:g}x that batch: " \
+        "batches vary)"
+    return (f"set cache.capacity={size}, or cache.oversubscribe=true to run a cache smaller than a batch anyway "
+            "(it thrashes)")
+
+
+def check_one_set(spec, capacity: str, dataset) -> None:
+    """Raises a ConfigError naming ``cache.capacity`` when ``spec`` gives a one-type dataset's cache fewer lines
+    than one set (a heterogeneous dataset's caches get one set at least)."""
+    if spec.source != "cache" or spec.every_row or getattr(dataset, "is_hetero", False):
+        return
+    row_bytes = dataset.feature_dim * dataset.feature_dtype.itemsize
+    lines = spec.capacity_bytes // row_bytes
+    if lines < min(spec.ways, dataset.num_nodes):
+        raise ConfigError(f"cache.capacity={capacity} is {lines} lines of {row_bytes} bytes, fewer than one set of "
+                          f"cache.ways={spec.ways}; set cache.capacity="
+                          f"{suggested_capacity(capacity, lines, spec.ways, spec.ways, headroom=1)} or more")
+
+
+def _sampled(count: int) -> str:
+    return "the one batch" if count == 1 else f"the largest of {count} batches"
+
+
+def too_small_message(fit: CacheFit, capacity: str, ways: int) -> str:
+    """The fail-fast message of a cache that sampled batches do not fit."""
+    asks = "asks one owner for" if "slice" in fit.what else "has"
+    return (f"cache.capacity={capacity} gives {fit.what} {fit.lines:,} lines, but {_sampled(fit.sampled)} "
+            f"sampled before training {asks} {fit.largest:,} distinct nodes; "
+            + config_fix(capacity, fit.lines, fit.largest, ways))
