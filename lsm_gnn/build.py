@@ -17,6 +17,7 @@ import torch
 
 from lsm_gnn import defaults
 from lsm_gnn.cache import PolicyConfig, SoftwareCache, every_row_sets
+from lsm_gnn.cache.pvp import QueueBudgetTooSmall
 from lsm_gnn.config import Config, ConfigError, cache_capacity_bytes, capacity_spec, policy_config
 from lsm_gnn.features import Features
 from lsm_gnn.storage import open_storage
@@ -106,12 +107,15 @@ def cache_over(storage, spec: FeatureSpec, static_scores, device: torch.device, 
     share of it); the planner builds its simulated caches here too, so they are the run's."""
     # 100% means every row cached: N lines in hashed sets would leave rows of the fullest sets without a way
     num_sets = every_row_sets(storage.num_rows, spec.ways) if spec.every_row else None
-    return SoftwareCache(storage, spec.capacity_bytes if capacity_bytes is None else capacity_bytes, ways=spec.ways,
-                         num_sets=num_sets,
-                         policy=spec.policy, static_scores=static_scores, oversubscribe=spec.oversubscribe,
-                         device=device, num_threads=num_threads, pvp=spec.pvp,
-                         pvp_queue_capacity=spec.pvp_queue_capacity, pvp_queue_bytes=spec.pvp_queue_bytes,
-                         pvp_reinstall=spec.pvp_reinstall)
+    try:
+        return SoftwareCache(storage, spec.capacity_bytes if capacity_bytes is None else capacity_bytes,
+                             ways=spec.ways, num_sets=num_sets, policy=spec.policy, static_scores=static_scores,
+                             oversubscribe=spec.oversubscribe, device=device, num_threads=num_threads, pvp=spec.pvp,
+                             pvp_queue_capacity=spec.pvp_queue_capacity, pvp_queue_bytes=spec.pvp_queue_bytes,
+                             pvp_reinstall=spec.pvp_reinstall)
+    except QueueBudgetTooSmall as exc:  # the spec came from config keys: name them, not the Python keyword
+        raise ConfigError(f"cache.pvp_queue_bytes={spec.pvp_queue_bytes}: {exc}; or set "
+                          "cache.pvp_queue_capacity (lines per queue)") from None
 
 
 def feature_groups(dataset) -> list[list[str]]:

@@ -97,6 +97,10 @@ def queue_budget(queue_bytes, cache_bytes: int) -> int:
     return int(cache_bytes * share / 100)
 
 
+class QueueBudgetTooSmall(ValueError):
+    """A victim-queue budget that cannot hold one line in each queue."""
+
+
 def queue_capacity_for(queue_bytes, num_queues: int, row_bytes: int, cache_bytes: int,
                        at_least_one: bool = False) -> int:
     """Lines per victim queue such that all ``num_queues`` queues (rows and metadata) fit in ``queue_bytes``
@@ -108,7 +112,7 @@ def queue_capacity_for(queue_bytes, num_queues: int, row_bytes: int, cache_bytes
     if lines < 1 and at_least_one:
         return 1
     if lines < 1:
-        raise ValueError(f"pvp_queue_bytes {queue_bytes!r} ({budget:,} bytes) cannot hold one line in each of the "
+        raise QueueBudgetTooSmall(f"pvp_queue_bytes {queue_bytes!r} ({budget:,} bytes) cannot hold one line in each of the "
                          f"{num_queues} victim queues ({per_line:,} bytes); give at least {per_line} bytes or a "
                          "shorter window")
     return int(lines)
