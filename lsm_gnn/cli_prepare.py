@@ -260,7 +260,9 @@ def _run_interactions(args: argparse.Namespace) -> int:
                            val_fraction=args.val_fraction, test_fraction=args.test_fraction,
                            min_user_interactions=args.min_user_interactions, seed=args.seed,
                            duplicates=args.duplicates, user_features=args.user_features,
-                           item_features=args.item_features, feature_dim=args.feature_dim, feature_dtype=args.dtype,
+                           item_features=args.item_features, user_feature_ids=args.user_feature_ids,
+                           item_feature_ids=args.item_feature_ids, feature_dim=args.feature_dim,
+                           feature_dtype=args.dtype,
                            scores=args.scores, overwrite=args.overwrite, progress=not args.no_progress)
     print(summarize(ds))
     converted = ds.meta["converted"]
@@ -391,8 +393,11 @@ def _add_interactions_parser(sub) -> None:
     p.add_argument("--duplicates", choices=("drop", "keep", "error"), default="drop",
                    help="repeated (user, item) rows: keep the earliest (drop, default), keep all as parallel "
                         "training edges (keep), or refuse (error)")
-    p.add_argument("--user-features", help=".npy [num_users, dim]: row r for user id r (ids must be row numbers)")
-    p.add_argument("--item-features", help=".npy [num_items, dim]: row r for item id r (ids must be row numbers)")
+    p.add_argument("--user-features", help=".npy [num_users, dim]: row r for user id r (or --user-feature-ids[r])")
+    p.add_argument("--item-features", help=".npy [num_items, dim]: row r for item id r (or --item-feature-ids[r])")
+    p.add_argument("--user-feature-ids", help="the user id of each row of --user-features, in row order: .npy, or "
+                                              "text with one id per line (default: ids are row numbers)")
+    p.add_argument("--item-feature-ids", help="the item id of each row of --item-features (as --user-feature-ids)")
     p.add_argument("--feature-dim", type=parse_count, default=64,
                    help="columns of the random features given to users and items without a feature file "
                         "(default 64)")

@@ -163,6 +163,38 @@ def test_feature_files_give_rows_by_id_side_by_side_when_widths_differ(tmp_path)
         from_interactions(tmp_path / "bad", path, user_features=np.zeros(5), progress=False)
 
 
+def test_feature_files_keyed_by_their_own_ids(tmp_path, log):
+    """String ids with feature files: each file's rows named by an id file (.npy or text); every row is a node,
+    in row order, and every interaction's row is the one its id names."""
+    users = sorted({u for u, _, _ in log}, reverse=True) + ["u-never"]  # not sorted; one user with no interaction
+    items = sorted({i for _, i, _ in log})
+    user_rows = np.arange(len(users) * 2, dtype=np.float32).reshape(-1, 2)
+    item_rows = np.arange(len(items) * 2, dtype=np.float32).reshape(-1, 2) + 1000
+    np.save(tmp_path / "user_ids.npy", np.array(users))
+    (tmp_path / "item_ids.txt").write_text("".join(f"{i}\n" for i in items))
+    path = write_csv(tmp_path / "log.csv", log)
+    ds = from_interactions(tmp_path / "ds", path, user_features=user_rows, item_features=item_rows,
+                           user_feature_ids=tmp_path / "user_ids.npy", item_feature_ids=tmp_path / "item_ids.txt",
+                           time_col=2, split="temporal", progress=False)
+    assert (ds.num_users, ds.num_items) == (len(users), len(items))
+    user_ids, item_ids = id_maps(ds)
+    assert list(user_ids) == users and list(item_ids) == items
+    np.testing.assert_array_equal(ds.read_features_direct(np.arange(ds.num_nodes)), np.vstack([user_rows, item_rows]))
+    # Every interaction of the file is in some split, by the rows its ids name.
+    assert {pair for part in pairs_of(ds).values() for pair in part} == {(u, i) for u, i, _ in log}
+    with pytest.raises(ValueError, match=rf"line \d+: user id '{users[0]}' is not among the ids of .*user_feature_ids"):
+        from_interactions(tmp_path / "bad", path, user_features=user_rows[1:], user_feature_ids=np.array(users[1:]),
+                          progress=False)  # users[0] has interactions, but no row
+    with pytest.raises(ValueError, match=r"user_feature_ids has 3 ids but the feature file has 2 rows"):
+        from_interactions(tmp_path / "bad", path, user_features=np.zeros((2, 2)), user_feature_ids=["a", "b", "c"],
+                          progress=False)
+    with pytest.raises(ValueError, match=r"user_feature_ids: id 'a' names 2 rows"):
+        from_interactions(tmp_path / "bad", path, user_features=np.zeros((2, 2)), user_feature_ids=["a", "a"],
+                          progress=False)
+    with pytest.raises(ValueError, match=r"pass user_features too"):
+        from_interactions(tmp_path / "bad", path, user_feature_ids=["a"], progress=False)
+
+
 def test_npy_interactions_by_index_or_by_field_name(tmp_path, monkeypatch):
     import lsm_gnn.data.interactions as interactions
 

@@ -10,8 +10,9 @@ the interactions into train (the CSR, both directions), val and test
 * **Ids.** Users and items are separate id spaces (a user id may equal an
   item id). Without a feature file, ids are any strings or integers,
   numbered in sorted order (numerically when every id of a side is an
-  integer); with one, ids must be the feature file's row numbers and every
-  row becomes a node, in order. ``user_ids.npy`` and ``item_ids.npy`` map
+  integer); with one, every row becomes a node, in order, and ids are its
+  row numbers, or the ids a ``user_feature_ids``/``item_feature_ids`` file
+  gives its rows. ``user_ids.npy`` and ``item_ids.npy`` map
   node ids back (:func:`id_maps`).
 * **Splits.** ``user-random``: each user with at least
   ``min_user_interactions`` interactions gives ``round(test_fraction * n)``
@@ -157,12 +158,27 @@ class _IdSpace:
     """Dense ids of one side (users or items). With ``rows`` (a feature file's), raw ids are those row numbers;
     without, raw ids get codes in order of first appearance, renumbered in sorted order by :meth:`finish`."""
 
-    def __init__(self, side: str, rows: int | None, feature_file: str | None):
+    def __init__(self, side: str, rows: int | None, feature_file: str | None, row_ids: np.ndarray | None = None):
         self.side, self.rows, self.feature_file = side, rows, feature_file
         self.codes: dict = {}
+        #: the ids of the feature file's rows, in row order (compared as text), or None: ids are row numbers
+        self.row_ids = row_ids
+        self.row_of = None if row_ids is None else {str(v): r for r, v in enumerate(row_ids.tolist())}
 
     def encode(self, values, lines: np.ndarray, where: str) -> np.ndarray:
         values = np.asarray(values)
+        if self.row_of is not None:
+            if values.dtype.kind == "f":
+                values = self._integers(values, lines, where)
+            uniques, inverse = np.unique(values.astype(str), return_inverse=True)
+            rows = np.fromiter((self.row_of.get(v, -1) for v in uniques.tolist()), np.int64, uniques.size)
+            missing = np.flatnonzero(rows < 0)
+            if missing.size:
+                first = np.flatnonzero(inverse.reshape(-1) == missing[0])[0]
+                raise ValueError(f"{where} {lines[first]}: {self.side[:-1]} id {_show(values[first])} is not among "
+                                 f"the ids of {self.feature_file}'s rows ({self.side[:-1]}_feature_ids); "
+                                 f"{missing.size:,} such ids in this chunk")
+            return rows[inverse.reshape(-1)]
         if self.rows is not None:
             ids = self._integers(values, lines, where)
             bad = np.flatnonzero((ids < 0) | (ids >= self.rows))
@@ -198,6 +214,8 @@ class _IdSpace:
 
     def finish(self) -> tuple[int, np.ndarray, np.ndarray | None]:
         """``(count, raw ids in node order, remap of the codes or None)``."""
+        if self.row_ids is not None:
+            return self.rows, self.row_ids, None
         if self.rows is not None:
             return self.rows, np.arange(self.rows, dtype=np.int64), None
         keys = list(self.codes)
@@ -340,11 +358,33 @@ def _feature_source(features: Any, side: str) -> tuple[Any, str | None]:
     return array, label
 
 
+def _feature_row_ids(ids: Any, side: str, rows: int | None) -> np.ndarray | None:
+    """The ids of a feature file's rows: an array, a ``.npy`` file, or a text file of one id per line."""
+    if ids is None:
+        return None
+    what = f"{side[:-1]}_feature_ids"
+    if rows is None:
+        raise ValueError(f"{what} names the ids of {side[:-1]}_features' rows; pass {side[:-1]}_features too")
+    if isinstance(ids, (str, os.PathLike)) and not os.fspath(ids).endswith(".npy"):
+        with open(ids) as fh:
+            values = np.array([line.strip() for line in fh if line.strip()])
+    else:
+        values = np.asarray(_open_npy(ids, what)).reshape(-1)
+    if len(values) != rows:
+        raise ValueError(f"{what} has {len(values):,} ids but the feature file has {rows:,} rows: one id per row")
+    texts = values.astype(str)
+    uniques, counts = np.unique(texts, return_counts=True)
+    if uniques.size != texts.size:
+        raise ValueError(f"{what}: id {_show(uniques[np.argmax(counts)])} names {counts.max()} rows; each id names one")
+    return values
+
+
 def from_interactions(path, interactions, *, format: str | None = None, user_col: Any = 0, item_col: Any = 1,
                       time_col: Any = None, split_col: Any = None, header: bool | None = None,
                       delimiter: str | None = None, split: str | None = None, val_fraction: float = 0.1,
                       test_fraction: float = 0.2, min_user_interactions: int = 3, seed: int = 0,
-                      duplicates: str = "drop", user_features=None, item_features=None, feature_dim: int = 64,
+                      duplicates: str = "drop", user_features=None, item_features=None,
+                      user_feature_ids=None, item_feature_ids=None, feature_dim: int = 64,
                       feature_dtype=None, scores=SCORE_NAMES, name: str | None = None, overwrite: bool = False,
                       progress: bool = True) -> Dataset:
     """Writes a user-item dataset from an interaction file and returns it opened (see the module docstring).
@@ -357,7 +397,10 @@ def from_interactions(path, interactions, *, format: str | None = None, user_col
     ``split`` is ``"user-random"`` (default), ``"temporal"`` (needs
     ``time_col``) or ``"column"`` (default when ``split_col`` is given).
     Timestamps are numbers or ISO 8601 dates. ``user_features`` /
-    ``item_features`` are ``.npy`` files or arrays, row r for id r; of equal
+    ``item_features`` are ``.npy`` files or arrays, row r for id r, or for
+    id ``user_feature_ids[r]`` / ``item_feature_ids[r]`` where given (an
+    array, a ``.npy`` or a text file of one id per line; ids are compared as
+    text, and an interaction whose id has no row is refused); of equal
     width they share the feature columns, else the users' come first and the
     items' after them (zeros elsewhere). A side without one gets seeded
     standard-normal features, of the other side's width or ``feature_dim``.
@@ -383,8 +426,11 @@ def from_interactions(path, interactions, *, format: str | None = None, user_col
                          f"{test_fraction}")
     scores = check_score_names(scores)
     sources = {side: _feature_source(f, side) for side, f in (("users", user_features), ("items", item_features))}
-    spaces = {side: _IdSpace(side, None if array is None else int(array.shape[0]), label)
-              for side, (array, label) in sources.items()}
+    given_ids = {"users": user_feature_ids, "items": item_feature_ids}
+    spaces = {}
+    for side, (array, label) in sources.items():
+        rows = None if array is None else int(array.shape[0])
+        spaces[side] = _IdSpace(side, rows, label, _feature_row_ids(given_ids[side], side, rows))
     feature_info = _feature_layout(sources, feature_dim, feature_dtype)  # checked before the file is read
     columns = {"user": user_col, "item": item_col}
     if time_col is not None:
