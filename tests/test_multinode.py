@@ -133,5 +133,6 @@ def test_the_latency_benchmark_runs_and_measures_its_links(tmp_path):
     table = json.loads(out.read_text())["table"]
     assert set(table) == {"veth", "relay +1 ms"}
     assert table["relay +1 ms"]["rtt_ms"] >= 2.0 > table["veth"]["rtt_ms"]  # 1 ms each way, measured
-    for row in table.values():
-        assert row["iteration_ms"] > 0 and 0 <= row["exchange_share"] <= 1
+    for row in table.values():  # the exchange overlaps training (the loader's thread): its share may pass 1
+        assert row["iteration_ms"] > 0 and row["exchange_ms"] > 0
+        assert row["exchange_share"] == pytest.approx(row["exchange_ms"] / row["iteration_ms"])
