@@ -57,9 +57,13 @@ class CacheFit:
     def fits(self) -> bool:
         return self.largest <= self.lines
 
+    @property
+    def asks(self) -> str:
+        """The verb of a message: a slice is asked for the ids (by every rank), a cache's batch has them."""
+        return "asks one owner for" if "slice" in self.what else "has"
+
     def describe(self) -> str:
-        asks = "asks one owner for" if "slice" in self.what else "has"
-        return (f"{_sampled(self.sampled)} sampled {asks} {self.largest:,} distinct nodes; "
+        return (f"{_sampled(self.sampled)} sampled {self.asks} {self.largest:,} distinct nodes; "
                 f"{self.what} holds {self.lines:,} lines ({self.lines / max(self.largest, 1):.2f}x)")
 
 
@@ -133,7 +137,6 @@ def _sampled(count: int) -> str:
 
 def too_small_message(fit: CacheFit, capacity: str, ways: int) -> str:
     """The fail-fast message of a cache that sampled batches do not fit."""
-    asks = "asks one owner for" if "slice" in fit.what else "has"
     return (f"cache.capacity={capacity} gives {fit.what} {fit.lines:,} lines, but {_sampled(fit.sampled)} "
-            f"sampled before training {asks} {fit.largest:,} distinct nodes; "
+            f"sampled before training {fit.asks} {fit.largest:,} distinct nodes; "
             + config_fix(capacity, fit.lines, fit.largest, ways))
