@@ -7,12 +7,13 @@ torch index ops. State lives in tensors owned by this object.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import torch
 
 from lsm_gnn.cache.hashing import set_of
-from lsm_gnn.cache.layout import INDEX_MASK, REUSE_SHIFT
+from lsm_gnn.cache.layout import INDEX_MASK, INVALID_TAG, REUSE_SHIFT
 from lsm_gnn.cache.policies import PolicyConfig, quantize_scores
 from lsm_gnn.cache.pvp import DEFAULT_QUEUE_BYTES, VictimBuffer, queue_capacity_for
 from lsm_gnn.cache.staging import MissStaging, side_stream
@@ -129,6 +130,11 @@ class SoftwareCache(StorageShape):
     ``hit_mask`` and ``stats.combined_hit_ratio`` count its hits, while
     ``stats.hit_ratio`` counts the cache's own.
 
+    Over a writable storage (``storage.writable``: an embedding table) the cache is write-back:
+    :meth:`update` changes rows in their lines, which become dirty; a dirty line is written to the storage
+    when it is evicted (before its victim-buffer copy is made, so a parked line is always clean) and by
+    :meth:`flush`. ``stats`` counts the rows written back and ``last_timings["write-back"]`` their seconds.
+
     Defaults: ``policy=None`` is ``"farthest"``, with or without PVP;
     ``pvp_reinstall=None`` is on with PVP, so PVP leaves the cache's
     decisions as they are without it and only turns misses into PVP hits.
@@ -181,6 +187,10 @@ class SoftwareCache(StorageShape):
         self.scan_base = 0
         self.stats = CacheStats()
         self._lock = threading.Lock()
+        # Write-back over a writable storage: lines changed since they were read or last written back.
+        self.dirty = torch.zeros(self.num_lines, dtype=torch.bool, device=self.device) if storage.writable else None
+        self.last_timings = {"write-back": 0.0} if storage.writable else {}
+        self._failed: BaseException | None = None  # a write-back that failed: the dirty rows it held are gone
         # On a GPU: misses through a reused pinned buffer, each lookup's work on a side stream.
         self._staging = MissStaging(self.device) if self.device.type == "cuda" else None
         # On the CPU, misses are read straight into their lines where the storage can (FeatureStorage.read_into).
@@ -246,6 +256,7 @@ class SoftwareCache(StorageShape):
             raise ValueError(f"out must be a contiguous {self.data.dtype} tensor of shape {shape} on {self.device}, "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
         with self._lock, side_stream(self._stream) as caller:
+            self._check_intact()
             t = self.iteration
             unique, inverse = unique_ids(ids)
             if unique.numel() and (int(unique[0]) < 0 or int(unique[-1]) >= self.storage.num_rows):
@@ -279,6 +290,10 @@ class SoftwareCache(StorageShape):
                                      window)
             line, hit = done.line, done.hit
             try:
+                if self.dirty is not None:
+                    self.last_timings["write-back"] = 0.0
+                    if done.evictions:  # dirty victims reach the storage before anything overwrites their lines
+                        self._write_back(done, cache_ids)
                 if pvp is not None and done.evictions:  # victims leave for their queue before the fill overwrites
                     pvp.enqueue(done.evicted_tag, done.evicted_record, done.evicted_line, self.data, t, self.scan_base)
                 if bypass:  # back to every distinct id of the batch; PVP-served ids have no line
@@ -364,10 +379,86 @@ class SoftwareCache(StorageShape):
                 request_hit.record_stream(caller)
             return rows, request_hit
 
+    # -- writes (over a writable storage) ------------------------------------------------------------------------
+
+    def _check_intact(self) -> None:
+        if self._failed is not None:
+            raise RuntimeError(f"this cache lost dirty rows when writing them back failed ({self._failed}); "
+                               "resume from the last checkpoint (its table is intact)") from self._failed
+
+    def _write_back(self, done, assigned: torch.Tensor) -> None:
+        """Writes the dirty lines among one batch's victims (``done``: the assignment of the sorted distinct
+        ``assigned``) to the storage and marks them clean."""
+        tags, lines = done.evicted_tag, done.evicted_line
+        # A line taken twice in one batch (a set given more ids than ways) also evicts a row installed by this
+        # batch: only the line's earlier occupant, never one of the batch's misses, can hold changes.
+        position = torch.searchsorted(assigned, tags).clamp_max(max(assigned.numel() - 1, 0))
+        installed_now = (assigned[position] == tags) & ~done.hit[position] if assigned.numel() else False
+        victim = (tags != INVALID_TAG) & ~installed_now
+        victim[victim.clone()] = self.dirty[lines[victim]]
+        if bool(victim.any()):
+            self._write_lines(tags[victim], lines[victim])
+
+    def _write_lines(self, tags: torch.Tensor, lines: torch.Tensor) -> None:
+        """Writes ``lines`` (holding rows of ``tags``) to the storage in id order and marks them clean; a failure
+        leaves the cache refusing every later call (those rows exist nowhere else)."""
+        start = time.perf_counter()
+        order = torch.argsort(tags)
+        tags, lines = tags[order], lines[order]
+        try:
+            self.storage.write(tags.cpu(), self.data[lines])
+        except BaseException as exc:
+            self._failed = exc
+            raise
+        self.dirty[lines] = False
+        self.stats.written_back += tags.numel()
+        self.stats.bytes_written += tags.numel() * self.storage.row_bytes
+        self.last_timings["write-back"] = self.last_timings.get("write-back", 0.0) + time.perf_counter() - start
+
+    def lines_of(self, ids) -> torch.Tensor:
+        """The line holding each of ``ids`` (-1: not cached), without touching the policy's state."""
+        ids = as_id_tensor(ids).to(self.device)
+        sets = torch.from_numpy(set_of(ids.cpu().numpy(), self.num_sets)).to(self.device)
+        match = self.state.tags.view(self.num_sets, self.ways)[sets] == ids[:, None]
+        way = match.to(torch.uint8).argmax(1)
+        return torch.where(match.any(1), sets * self.ways + way, torch.full_like(sets, -1))
+
+    def update(self, ids, grads: torch.Tensor, apply) -> None:
+        """Read-modify-write of the rows of distinct ``ids``: row ``i`` becomes row ``i`` of
+        ``apply(rows, grads)`` (``grads[i]`` belongs to ``ids[i]``). Cached rows change in their lines, which
+        become dirty; the others (left uncached by the policy) are read from and written to the storage."""
+        if self.dirty is None:
+            raise TypeError(f"{self.describe()}: its storage is read-only; only an embedding table's rows can be "
+                            "updated")
+        ids = as_id_tensor(ids)
+        with self._lock:
+            self._check_intact()
+            line = self.lines_of(ids)
+            cached = line >= 0
+            rows = torch.empty((ids.numel(), self.storage.dim), dtype=self.data.dtype, device=self.device)
+            rows[cached] = self.data[line[cached]]
+            apart = torch.nonzero(~cached).reshape(-1)
+            if apart.numel():
+                rows[apart] = self.storage.read(ids[apart.cpu()]).to(self.device)
+            new = apply(rows, grads)
+            self.data[line[cached]] = new[cached].to(self.data.dtype)
+            self.dirty[line[cached]] = True
+            if apart.numel():
+                self.storage.write(ids[apart.cpu()], new[apart].cpu())
+
+    def flush(self) -> None:
+        """Writes every dirty line to the storage (a checkpoint calls it, then syncs the storage)."""
+        if self.dirty is None:
+            return
+        with self._lock:
+            self._check_intact()
+            lines = torch.nonzero(self.dirty).reshape(-1)
+            if lines.numel():
+                self._write_lines(self.state.tags[lines], lines)
+
     # -- the Features interface (lsm_gnn.features): a cache wraps a storage -------------------------------------
 
     caches = True
-    last_timings: dict = {}
 
     def gather(self, ids, *, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`lookup`: the rows and which of them were served without reading storage."""

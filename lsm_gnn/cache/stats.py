@@ -19,6 +19,8 @@ class CacheStats:
     bytes_read: int = 0      # feature bytes fetched from storage (misses x row bytes)
     scans: int = 0
     pvp_hits: int = 0        # served by the victim buffer (PVP), never reaching storage
+    written_back: int = 0    # dirty rows written to a writable storage (on eviction and flush)
+    bytes_written: int = 0   # their bytes
 
     @property
     def hit_ratio(self) -> float:

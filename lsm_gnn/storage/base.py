@@ -118,6 +118,42 @@ class FeatureStorage(ABC):
         """:meth:`read_into` for checked arguments; backends that can place rows themselves override it."""
         out.index_copy_(0, slots, self.read(ids))
 
+    # -- writes (a writable storage: an embedding table) ----------------------------------------------------
+
+    #: whether :meth:`write` works (a feature file is read-only; a trainable embedding table is not)
+    writable = False
+
+    def write(self, ids, rows: torch.Tensor) -> None:
+        """Stores ``rows[i]`` as the row of ``ids[i]``: distinct ids, ``rows`` ``[len(ids), dim]`` of the
+        storage's dtype. Only a writable storage (``writable``) takes writes."""
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} is closed")
+        if not self.writable:
+            raise TypeError(f"{self!r} is read-only: feature files are never written; trainable rows live in "
+                            "an embedding table (lsm_gnn.storage.EmbeddingTable)")
+        ids = as_id_tensor(ids)
+        if rows.shape != (ids.numel(), self.dim) or rows.dtype != self.dtype:
+            raise ValueError(f"rows must be a {self.dtype} tensor of shape ({ids.numel()}, {self.dim}), got "
+                             f"{rows.dtype} {tuple(rows.shape)}")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_rows):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise IndexError(f"node id {bad} is out of range [0, {self.num_rows})")
+        if ids.numel():
+            self._write(ids, rows.cpu().contiguous())
+
+    def _write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """:meth:`write` for checked arguments (a CPU int64 tensor of distinct ids and contiguous CPU rows)."""
+        raise NotImplementedError
+
+    def update(self, ids, grads: torch.Tensor, apply) -> None:
+        """Read-modify-write of the rows of distinct ``ids``: each becomes ``apply(rows, grads)``'s row
+        (``grads[i]`` belongs to ``ids[i]``). A cache does the same on its lines; a shared cache at the owner."""
+        ids = as_id_tensor(ids)
+        self.write(ids, apply(self.read(ids), grads))
+
+    def flush(self) -> None:
+        """Nothing is held back: every write already reached the storage."""
+
     # -- the Features interface (lsm_gnn.features): storage is the source with no cache ---------------------
 
     caches = False

@@ -36,6 +36,12 @@ class MemoryStorage(CountingStorage):
                 table[start:start + count] = torch.from_numpy(rows)
         self._rows = table.view(self.dtype)
 
+    #: rows written stay in memory: the file is never changed (a trainable table held in RAM)
+    writable = True
+
+    def _write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        self._rows.index_copy_(0, ids, rows)
+
     def _read(self, ids: torch.Tensor, out: torch.Tensor) -> None:
         start = time.perf_counter()
         if int(ids.min()) < 0 or int(ids.max()) >= self.num_rows:
