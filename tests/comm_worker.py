@@ -149,6 +149,42 @@ def protocol(paths, rank, world, out):
         json.dump(report, fh)
 
 
+def write_back(ds, rank, world, out):
+    """Every rank looks up and changes random rows each iteration; owners apply the changes. Every lookup must
+    return the rows a dense table given every rank's changes holds, and after a flush each owner's storage too."""
+    num, dim = ds.num_nodes, ds.feature_dim
+    reference = torch.from_numpy(ds.read_features_direct(np.arange(num)))
+    storage = open_storage(ds, "memory")  # writable, in this process only: each owner writes its own rows
+    cache = SoftwareCache(storage, num_sets=5, ways=32, policy="farthest", window=4, pvp=True,
+                          pvp_queue_capacity=16)
+    shared = SharedCache(cache, ModuloOwner(world), timeout_s=60)
+    streams = [np.random.default_rng([7, r]) for r in range(world)]  # every rank replays every rank's draws
+    iterations, window = 30, 4
+    batches = [[np.unique(s.integers(0, num, 120)) for s in streams] for _ in range(iterations + window)]
+    future = WindowBuffer(window, num)
+    for t in range(window):
+        future.push(torch.from_numpy(batches[t][rank]))
+    for t in range(iterations):
+        future.pop()
+        future.push(torch.from_numpy(batches[t + window][rank]))
+        rows, _ = shared.lookup(torch.from_numpy(batches[t][rank]), future)
+        if not torch.equal(rows, reference[batches[t][rank]]):
+            raise AssertionError(f"rank {rank}: iteration {t} read a row without every rank's earlier changes")
+        grads = [torch.from_numpy(np.random.default_rng([t, r]).standard_normal((batches[t][r].size, dim))
+                                  .astype(np.float32)) for r in range(world)]
+        shared.update(torch.from_numpy(batches[t][rank]), grads[rank], lambda old, g: old + g)
+        total = torch.zeros_like(reference)
+        for r in range(world):  # summed in rank order, as the owner sums
+            total.index_add_(0, torch.from_numpy(batches[t][r]), grads[r])
+        reference += total
+    shared.flush()
+    mine = np.flatnonzero(np.arange(num) % world == rank)
+    if not torch.equal(storage.read(torch.from_numpy(mine)), reference[mine]):
+        raise AssertionError(f"rank {rank}: after flush its rows on storage differ from every rank's changes")
+    if cache.stats.written_back == 0:
+        raise AssertionError(f"rank {rank}: no dirty line was ever evicted; the test is too easy")
+
+
 def main():
     scenario, path, out = sys.argv[1:4]
     torch.set_num_threads(1)
@@ -160,7 +196,7 @@ def main():
         dist.destroy_process_group()
         return
     ds = open_dataset(path)
-    {"correctness": correctness, "hit_ratios": hit_ratios, "killed": killed}[scenario](ds, rank, world, out)
+    {"correctness": correctness, "hit_ratios": hit_ratios, "killed": killed, "write_back": write_back}[scenario](ds, rank, world, out)
     if scenario != "killed":
         dist.barrier()
         dist.destroy_process_group()

@@ -67,6 +67,13 @@ def test_every_rank_gets_the_file_bytes_and_each_id_is_served_once_by_its_owner(
             assert (r["served"][t] % world == owner).all(), f"iteration {t}: rank {owner} served ids it does not own"
 
 
+def test_owners_apply_every_ranks_changes_and_write_them_back(dataset, tmp_path):
+    """``SharedCache.update`` over 2 ranks: each row changes at its owner only, with the changes of every rank
+    summed, and every later lookup sees them (the worker checks each against a dense table)."""
+    codes, logs, _ = run_ranks("write_back", dataset, tmp_path, 2)
+    assert codes == [0, 0], "\n".join(logs)
+
+
 def single_cache_hit_ratio(dataset, world, lines):
     """One cache of ``lines`` lines fed every rank's batches of each iteration at once (same trace)."""
     from lsm_gnn import open_storage

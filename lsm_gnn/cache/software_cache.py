@@ -188,8 +188,9 @@ class SoftwareCache(StorageShape):
         self.stats = CacheStats()
         self._lock = threading.Lock()
         # Write-back over a writable storage: lines changed since they were read or last written back.
-        self.dirty = torch.zeros(self.num_lines, dtype=torch.bool, device=self.device) if storage.writable else None
-        self.last_timings = {"write-back": 0.0} if storage.writable else {}
+        writable = getattr(storage, "writable", False)
+        self.dirty = torch.zeros(self.num_lines, dtype=torch.bool, device=self.device) if writable else None
+        self.last_timings = {"write-back": 0.0} if writable else {}
         self._failed: BaseException | None = None  # a write-back that failed: the dirty rows it held are gone
         # On a GPU: misses through a reused pinned buffer, each lookup's work on a side stream.
         self._staging = MissStaging(self.device) if self.device.type == "cuda" else None

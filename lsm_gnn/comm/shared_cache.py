@@ -321,6 +321,40 @@ class SharedCache(StorageShape):
             result = torch.index_select(rows, 0, index, out=out)
         return result, hit[inverse.to(on)]
 
+    # -- writes: every row changes at its owner --------------------------------------------------------------
+
+    @property
+    def writable(self) -> bool:
+        return self.cache.dirty is not None
+
+    def update(self, ids, grads: torch.Tensor, apply) -> None:
+        """Read-modify-write across ranks (collective): each rank sends the distinct ``ids`` it changes, with
+        their ``grads`` rows, to their owners; an owner sums the rows every rank sent for one id and applies
+        ``apply(rows, summed)`` to its slice once (:meth:`SoftwareCache.update`). So every row has one writer
+        and every rank's next lookup sees the change. Three collectives: counts, ids, rows."""
+        with self._lock:
+            start = time.perf_counter()
+            ids = as_id_tensor(ids)
+            grads = grads.detach().cpu().contiguous() if self.exchange_device.type == "cpu" else grads.detach()
+            order, counts = self._by_owner(ids.numpy())
+            order = torch.from_numpy(order)
+            world = self.world_size
+            got = self._all_to_all(torch.from_numpy(counts.astype(np.int64)), [1] * world, [1] * world,
+                                   "update counts").cpu()
+            sends, receives = counts.tolist(), got.tolist()
+            asked = self._all_to_all(ids[order], sends, receives, "update ids").cpu()
+            rows = self._all_to_all(grads[order.to(grads.device)], sends, receives, "update rows")
+            # Every rank's rows for one id summed in rank order: the same sum whoever computes it.
+            unique, inverse = unique_ids(asked)
+            summed = torch.zeros((unique.numel(), *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+            summed.index_add_(0, inverse.to(rows.device), rows)
+            self.stats.add("update", start)
+            self.cache.update(unique, summed, apply)
+
+    def flush(self) -> None:
+        """Writes this rank's dirty lines (its slice's rows) to the storage; every rank flushes its own."""
+        self.cache.flush()
+
     # -- the Features interface (lsm_gnn.features): a shared cache wraps this rank's slice ----------------------
 
     caches = True
