@@ -10,6 +10,7 @@ place that knows which concrete layers it composes.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,8 +89,16 @@ def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_si
     storage = open_storage(dataset, spec.backend)
     if spec.source == "storage":
         return storage
+    return cached(storage, spec, dataset, device, world_size=world_size, fanouts=fanouts, batch_size=batch_size,
+                  seed=seed, num_threads=num_threads)
+
+
+def cached(storage, spec: FeatureSpec, dataset, device: torch.device, *, world_size: int = 1, fanouts=None,
+           batch_size: int = 1024, seed: int = 0, num_threads: int = 0, capacity_bytes: int | None = None) -> Features:
+    """The cache over ``storage`` (rows by ``dataset``'s node ids: its features, or a trainable embedding table),
+    and with several ranks sharing, the communication layer over it."""
     cache = cache_over(storage, spec, None if spec.static_score is None else dataset.score(spec.static_score),
-                       device, num_threads)
+                       device, num_threads, capacity_bytes)
     if not spec.shared:
         return cache
     from lsm_gnn.comm import SharedCache, make_owner
@@ -186,3 +195,31 @@ def _shared(cache, spec: FeatureSpec, num_rows: int, world_size: int):
         num_nodes = num_rows
 
     return SharedCache(cache, make_owner(spec.owner, _IdSpace, world_size))
+
+
+def build_node_embedding(spec: FeatureSpec, cfg: Config, dataset, path: str, device: torch.device, *, rank: int = 0,
+                         world_size: int = 1, state: dict | None = None, barrier=lambda: None):
+    """``model.node_embedding``: its table at ``path`` (made on a fresh start; opened at the generation
+    ``state``, the resumed checkpoint's record, names), behind a write-back cache like the features' (same
+    policy and victim buffer, sized by ``model.node_embedding.capacity``), shared over ranks like them."""
+    from lsm_gnn.embedding import NodeEmbedding, RowLayout, RowOptimizer, open_table
+
+    e = cfg.model.node_embedding
+    if world_size > 1 and not (spec.source == "cache" and spec.shared):
+        raise ConfigError("node embeddings over several ranks need one writer per row: set cache.features=cache and "
+                          "cache.mode=shared (the owner of each row applies every rank's updates)")
+    layout = RowLayout(e.dim, e.dtype, e.optimizer)
+    table = open_table(path, layout, dataset.num_nodes, seed=cfg.train.seed, init_std=e.init_std, rank=rank,
+                       generation=None if state is None else int(state["generation"]), barrier=barrier)
+    source = cache = table
+    if spec.source == "cache":
+        capacity = cache_capacity_bytes(e.capacity or cfg.cache.capacity, dataset.num_nodes, layout.row_bytes)
+        every_row = capacity_spec(e.capacity or cfg.cache.capacity) == ("share", 1)
+        source = cached(table, dataclasses.replace(spec, every_row=every_row), dataset, device, world_size=world_size,
+                        fanouts=cfg.sampler.fanouts, batch_size=cfg.sampler.batch_size, seed=cfg.train.seed,
+                        num_threads=cfg.sampler.num_threads, capacity_bytes=capacity)
+        cache = getattr(source, "cache", source)
+    else:
+        cache = None
+    return NodeEmbedding(source, layout, RowOptimizer(layout, e.lr), table=table, cache=cache, world_size=world_size,
+                         steps=0 if state is None else int(state["steps"]))

@@ -30,11 +30,26 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class NodeEmbeddingConfig:
+    """Trainable per-node embeddings in an on-disk table, read and updated through the cache (docs/embeddings.md)."""
+
+    dim: int = 0               # 0: none; else each node's embedding has this many values
+    dtype: str = "float32"     # float32 | float16: how the embedding is stored (optimizer state is float32)
+    optimizer: str = "adagrad"  # sgd | adagrad | adam: sparse and row-wise, only the batch's rows change
+    lr: float = 0.01
+    init_std: float = 0.1      # initial values ~ N(0, init_std^2), seeded by train.seed
+    features: bool = True      # also feed the dataset's features (before the embedding); false: embeddings only
+    capacity: str = ""         # the table's cache: bytes ("1G") or a share of its rows ("10%"); "": cache.capacity
+    path: str = ""             # the table's directory; "": checkpoint.dir/node_embedding
+
+
+@dataclass
 class ModelConfig:
     kind: str = "gat"          # gat | sage | gcn
     hidden: int = 512
     heads: int = 4             # GAT only
     dropout: float = 0.0
+    node_embedding: NodeEmbeddingConfig = field(default_factory=NodeEmbeddingConfig)
 
 
 @dataclass
@@ -128,6 +143,8 @@ class Config:
 CHOICES = {
     "kernels": ("native", "triton"),
     "model.kind": ("gat", "sage", "gcn"),
+    "model.node_embedding.dtype": ("float32", "float16"),
+    "model.node_embedding.optimizer": ("sgd", "adagrad", "adam"),
     "cache.features": ("cache", "storage", "memory"),
     "cache.policy": ("auto", *POLICIES),
     "cache.backend": ("auto", *BACKENDS),
@@ -271,7 +288,33 @@ def validate(cfg: Config) -> Config:
         except ValueError as exc:
             raise ConfigError(f"cache.pvp_queue_bytes: {exc}") from None
     policy_config(cfg.cache)
+    check_node_embedding(cfg)
     return cfg
+
+
+def check_node_embedding(cfg: Config) -> None:
+    """``model.node_embedding``'s values and what they need from the rest of the config."""
+    e = cfg.model.node_embedding
+    if e.dim < 0:
+        raise ConfigError(f"model.node_embedding.dim must be >= 0 (0: no embeddings), got {e.dim}")
+    if not e.dim:
+        if not e.features:
+            raise ConfigError("model.node_embedding.features=false leaves the model no input: set "
+                              "model.node_embedding.dim to a size (e.g. 64) or features=true")
+        return
+    if not e.lr > 0 or not e.init_std >= 0:
+        raise ConfigError(f"model.node_embedding.lr must be > 0 and init_std >= 0, got lr={e.lr}, "
+                          f"init_std={e.init_std}")
+    if e.capacity:
+        try:
+            capacity_spec(e.capacity)
+        except ValueError as exc:
+            raise ConfigError(f"model.node_embedding.capacity: {exc}") from None
+    if not e.path and not cfg.checkpoint.dir:
+        raise ConfigError("model.node_embedding needs a directory for its table: set checkpoint.dir (the table goes "
+                          "to checkpoint.dir/node_embedding) or model.node_embedding.path")
+    if cfg.train.eval_mode == "full":
+        raise ConfigError("train.eval_mode=full does not read node embeddings yet; use train.eval_mode=sampled")
 
 
 def selection_metric(train: TrainConfig, default: str | None = None) -> tuple[str, str, str] | None:

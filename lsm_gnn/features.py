@@ -75,3 +75,33 @@ class StorageShape:
     @property
     def row_bytes(self) -> int:
         return self.storage.row_bytes
+
+
+class NoFeatures:
+    """Rows of width 0 for every node: what a model reads when it takes only trainable embeddings
+    (``model.node_embedding.features=false``). Reads nothing."""
+
+    caches = False
+    last_timings: dict = {}
+    dim = 0
+    dtype = torch.float32
+    row_bytes = 0
+
+    def __init__(self, num_rows: int):
+        self.num_rows = int(num_rows)
+
+    def gather(self, ids, *, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(ids)
+        return torch.empty((n, 0), dtype=self.dtype), torch.zeros(n, dtype=torch.bool)
+
+    def counters(self) -> dict[str, int]:
+        return dict.fromkeys(BASE_COUNTERS, 0)
+
+    def prefetch(self) -> None:
+        """Nothing to prefetch."""
+
+    def settle(self) -> None:
+        """Nothing runs in the background."""
+
+    def describe(self) -> str:
+        return "no input features (node embeddings only)"

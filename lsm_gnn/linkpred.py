@@ -373,6 +373,8 @@ class LinkPrediction:
 
     name = "link"
     k = 20
+    #: the run's trainable node embeddings, which every loader gathers (the trainer sets it), or None
+    embedding = None
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -397,7 +399,7 @@ class LinkPrediction:
         return LinkLoader(self.dataset, features, c.sampler.fanouts, c.sampler.batch_size, shuffle=True,
                           num_negatives=c.train.num_negatives,
                           negatives_exclude_positives=c.train.negatives_exclude_positives,
-                          **loader_options(c, rank, world_size))
+                          **loader_options(c, rank, world_size, embedding=self.embedding))
 
     def loss(self, model, batch: LinkBatch) -> torch.Tensor:
         emb = model(batch)
@@ -423,7 +425,8 @@ class LinkPrediction:
                                              world_size=world_size)
         sums, count = ranking_sums(model, self.dataset, features, c.sampler.fanouts, k=self.k, split=split,
                                    batch_size=eval_batch_size(c), device=device, embeddings=embeddings,
-                                   **loader_options(c, rank, world_size, evaluation=True))
+                                   **loader_options(c, rank, world_size, evaluation=True,
+                                                    embedding=self.embedding))
         *totals, count = all_reduce_sum([*sums.values(), count])
         means = _means(dict(zip(sums, totals)), int(count))
         return {**{f"{name}@{self.k}": value for name, value in means.items()}, "count": int(count)}

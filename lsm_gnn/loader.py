@@ -82,6 +82,8 @@ class Batch:
     #: what gathering this batch read from storage: "bytes_read" (from the file) and "bytes_useful";
     #: with a victim-buffer prefetcher also "pvp_hits" (rows it served) and "bytes_saved"
     io: dict = field(default_factory=dict)
+    #: the input nodes' trainable embeddings (``model.node_embedding``; float32 ``[len(input_nodes), dim]``), or None
+    emb: torch.Tensor | None = None
 
     @property
     def hit_ratio(self) -> float:
@@ -116,11 +118,16 @@ class NodeLoader:
     ``prefetch()`` for the next one (a cache with a victim buffer then moves
     that iteration's queue on a background thread while the batch trains);
     ``prefetch_features=False`` leaves every move to the gather itself.
+
+    ``embedding`` (a :class:`~lsm_gnn.embedding.NodeEmbedding`) adds each batch's trainable embeddings
+    (``batch.emb``), gathered after its features; a training loader's gather of batch ``i`` waits until the
+    trainer has applied batch ``i - 1``'s update, so every batch reads the rows as they are after the last.
     """
 
     def __init__(self, dataset, features, fanouts, batch_size: int, seeds=None, *, shuffle: bool = True,
                  drop_last: bool = False, window: int = WINDOW, prefetch: int = 2, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, num_threads: int = 0, prefetch_features: bool = True):
+                 rank: int = 0, world_size: int = 1, num_threads: int = 0, prefetch_features: bool = True,
+                 embedding=None):
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
         if batch_size < 1:
@@ -130,6 +137,7 @@ class NodeLoader:
         self._check_features(features)
         self.dataset = dataset
         self.features = features
+        self.embedding = embedding
         self.prefetch_features = bool(prefetch_features)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
@@ -343,6 +351,13 @@ class NodeLoader:
                 batch = self._make_batch(first + k, plans[k], hops, x, hit)
                 batch.timings = {"sample": sample_s, "gather": gather_s, **self.features.last_timings}
                 batch.io = {key: after[key] - before[key] for key in after}
+                if self.embedding is not None:
+                    found = self.embedding.gather(nodes, window, iteration=first + k, stop=stop)
+                    if found is None:  # stopped while waiting for the previous batch's update
+                        return
+                    batch.emb, timings, io = found
+                    batch.timings.update(timings)
+                    batch.io.update(io)
                 if not put(batch):
                     return
             put(_DONE)

@@ -77,6 +77,14 @@ def _conv(kind: str, in_dim: int, out_dim: int, heads: int, last: bool):
     raise ValueError(f"unknown model {kind!r}; valid names are {', '.join(MODEL_KINDS)}")
 
 
+def model_inputs(batch) -> torch.Tensor:
+    """What a model reads for a batch's input nodes: their features, then their trainable embeddings
+    (``batch.emb``, with ``model.node_embedding``) if the batch has them."""
+    x = batch.x.float()
+    emb = getattr(batch, "emb", None)
+    return x if emb is None else torch.cat([x, emb], dim=1)
+
+
 class HopGNN(nn.Module):
     """A stack of bipartite message-passing layers, one per sampled hop."""
 
@@ -94,7 +102,7 @@ class HopGNN(nn.Module):
         if len(batch.hops) != len(self.convs):
             raise ValueError(f"the batch has {len(batch.hops)} hops but the model has {len(self.convs)} layers; "
                              "use as many fanouts as layers")
-        x = batch.x.float()
+        x = model_inputs(batch)
         for i, hop in enumerate(reversed(batch.hops)):
             x = self.layer(i, x, hop.edge_index, (hop.num_src, hop.num_dst))
         return x

@@ -63,6 +63,8 @@ def batch_to(batch, device):
     for hop in batch.hops:
         hop.edge_index = hop.edge_index.to(device, non_blocking=True)
     batch.x = batch.x.to(device, non_blocking=True)
+    if getattr(batch, "emb", None) is not None:
+        batch.emb = batch.emb.to(device, non_blocking=True)
     if getattr(batch, "y", None) is not None:
         batch.y = batch.y.to(device, non_blocking=True)
     return batch

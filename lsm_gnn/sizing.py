@@ -109,12 +109,13 @@ def suggested_capacity(capacity: str, lines: int, distinct: int, ways: int, head
     return suggest_bytes(value * scale)
 
 
-def config_fix(capacity: str, lines: int, distinct: int, ways: int) -> str:
-    """What to set, in config keys (``cache.capacity``), for a cache of ``lines`` to take ``distinct`` ids."""
+def config_fix(capacity: str, lines: int, distinct: int, ways: int, key: str = "cache.capacity") -> str:
+    """What to set, in config keys (``key``: ``cache.capacity``), for a cache of ``lines`` to take ``distinct``
+    ids."""
     suggested = suggested_capacity(capacity, lines, distinct, ways)
     size = f"{suggested} (every node)" if suggested == "100%" else f"{suggested} or more ({HEADROOM:g}x that batch: " \
         "batches vary)"
-    return (f"set cache.capacity={size}, or cache.oversubscribe=true to run a cache smaller than a batch anyway "
+    return (f"set {key}={size}, or cache.oversubscribe=true to run a cache smaller than a batch anyway "
             "(it thrashes)")
 
 
@@ -135,8 +136,8 @@ def _sampled(count: int) -> str:
     return "the one batch" if count == 1 else f"the largest of {count} batches"
 
 
-def too_small_message(fit: CacheFit, capacity: str, ways: int) -> str:
-    """The fail-fast message of a cache that sampled batches do not fit."""
-    return (f"cache.capacity={capacity} gives {fit.what} {fit.lines:,} lines, but {_sampled(fit.sampled)} "
+def too_small_message(fit: CacheFit, capacity: str, ways: int, key: str = "cache.capacity") -> str:
+    """The fail-fast message of a cache that sampled batches do not fit (its size is config key ``key``)."""
+    return (f"{key}={capacity} gives {fit.what} {fit.lines:,} lines, but {_sampled(fit.sampled)} "
             f"sampled before training {fit.asks} {fit.largest:,} distinct nodes; "
-            + config_fix(capacity, fit.lines, fit.largest, ways))
+            + config_fix(capacity, fit.lines, fit.largest, ways, key))

@@ -15,10 +15,14 @@ from lsm_gnn.loader import NodeLoader
 from lsm_gnn.parallel import all_reduce_sum, batch_to
 
 
-def loader_options(cfg: Config, rank: int, world_size: int, evaluation: bool = False) -> dict:
-    """The loader keywords every task takes from the config; evaluation draws its own sampling stream."""
-    return {"window": cfg.cache.window, "seed": cfg.train.seed + (1 if evaluation else 0), "rank": rank,
-            "world_size": world_size, "num_threads": cfg.sampler.num_threads}
+def loader_options(cfg: Config, rank: int, world_size: int, evaluation: bool = False, embedding=None) -> dict:
+    """The loader keywords every task takes from the config; evaluation draws its own sampling stream.
+    ``embedding``: the run's node embeddings (:class:`~lsm_gnn.embedding.NodeEmbedding`), or None."""
+    options = {"window": cfg.cache.window, "seed": cfg.train.seed + (1 if evaluation else 0), "rank": rank,
+               "world_size": world_size, "num_threads": cfg.sampler.num_threads}
+    if embedding is not None:
+        options["embedding"] = embedding
+    return options
 
 
 def eval_batch_size(cfg: Config) -> int:
@@ -56,6 +60,8 @@ class NodeClassification:
     name = "node"
     #: what :meth:`evaluate` reports per split; model selection watches the first by default
     metrics = ("accuracy",)
+    #: the run's trainable node embeddings, which every loader gathers (the trainer sets it), or None
+    embedding = None
 
     def __init__(self, cfg: Config, dataset):
         self.cfg, self.dataset = cfg, dataset
@@ -103,7 +109,7 @@ class NodeClassification:
     def train_loader(self, features, rank: int, world_size: int) -> NodeLoader:
         c = self.cfg
         return self._loader(features, self.labeled("train"), c.sampler.batch_size, True,
-                            loader_options(c, rank, world_size))
+                            loader_options(c, rank, world_size, embedding=self.embedding))
 
     def loss(self, model, batch) -> torch.Tensor:
         # ignore_index guards loaders given unlabeled seeds by a caller
@@ -126,7 +132,8 @@ class NodeClassification:
             c = self.cfg
             # Equal shares per rank (fewer than world_size nodes left out): the exchange is collective.
             loader = self._loader(features, seeds, eval_batch_size(c), False,
-                                  loader_options(c, rank, world_size, evaluation=True))
+                                  loader_options(c, rank, world_size, evaluation=True,
+                                                 embedding=self.embedding))
             for batch in loader:
                 batch = batch_to(batch, device)
                 correct += int((model(batch).argmax(1) == batch.y).sum())

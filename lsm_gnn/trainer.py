@@ -28,6 +28,7 @@ from lsm_gnn.checkpoint import (CheckpointError, atomic_torch_save, load_checkpo
 from lsm_gnn.comm.group import (TIMEOUT_ENV, CollectiveError, ProgressBoard, check_agreement, collective_timeout,
                                 first_line, is_collective_failure)
 from lsm_gnn.config import Config, ConfigError, selection_metric
+from lsm_gnn.features import NoFeatures
 from lsm_gnn.fileio import reporting_disk_full
 from lsm_gnn.kernels import set_kernel_mode
 from lsm_gnn.parallel import batch_to, distributed_context
@@ -36,10 +37,15 @@ from lsm_gnn.tasks import make_task
 __all__ = ["CheckpointError", "Trainer", "TrainingDiverged", "atomic_torch_save", "load_checkpoint", "train"]
 
 STAGES = ("sample", "gather", "exchange", "wait", "train")  # exchange: the part of gather spent between ranks
+# With model.node_embedding: reading the rows (in the loader's thread; write-back is the part of it spent writing
+# dirty victims), and applying the batch's update (in training's).
+EMBEDDING_STAGES = ("embedding", "write-back", "update")
+ALL_STAGES = STAGES + EMBEDDING_STAGES
 # Settings a resumed run must share with the checkpoint, or its losses would differ.
 RESUME_KEYS = ("dataset", "model", "sampler", "train.task", "train.seed", "train.lr", "train.weight_decay")
 # Counters summed over an epoch's iterations for its summary.
-TOTALS = ("hits", "unique", "bytes_read", "bytes_useful", "pvp_hits", "bytes_saved")
+TOTALS = ("hits", "unique", "bytes_read", "bytes_useful", "pvp_hits", "bytes_saved", "embedding_bytes_read",
+          "embedding_bytes_written")
 
 
 class TrainingDiverged(RuntimeError):
@@ -54,19 +60,19 @@ class StageTimes:
     loader's thread, overlapped with training; wait is what training lost
     waiting for them."""
 
-    seconds: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    seconds: dict = field(default_factory=lambda: dict.fromkeys(ALL_STAGES, 0.0))
     iterations: int = 0
     wall: float = 0.0
 
     def add(self, times: dict) -> None:
-        for k in STAGES:
+        for k in ALL_STAGES:
             self.seconds[k] += times.get(k, 0.0)
         self.iterations += 1
 
     def table(self) -> str:
         n = max(self.iterations, 1)
         rows = [f"{'stage':<10}{'total s':>10}{'ms/iter':>10}{'of wall':>9}"]
-        for k in STAGES:
+        for k in STAGES + tuple(k for k in EMBEDDING_STAGES if self.seconds[k]):
             share = self.seconds[k] / self.wall if self.wall else 0.0
             rows.append(f"{k:<10}{self.seconds[k]:>10.2f}{1e3 * self.seconds[k] / n:>10.1f}{share:>9.1%}")
         rows.append(f"{'wall':<10}{self.wall:>10.2f}{1e3 * self.wall / n:>10.1f}{1:>9.0%}")
@@ -194,12 +200,18 @@ class Trainer:
                               f"reports {', '.join(self.task.metrics)}; watch one of those")
         #: the resolved feature path (capacity in bytes, policy, PVP, sharing), checked before any work
         self.feature_spec = resolve(cfg, self.dataset, self.world_size)
-        if features is None:
+        if features is None and cfg.model.node_embedding.features:
             from lsm_gnn.sizing import check_one_set
 
             check_one_set(self.feature_spec, cfg.cache.capacity, self.dataset)
+        emb = cfg.model.node_embedding
+        if emb.dim and self.hetero:
+            raise ConfigError("model.node_embedding supports datasets of one node type; "
+                              f"{self.dataset.path} has several")
         if features is not None:
             self.features = features
+        elif not emb.features:
+            self.features = NoFeatures(self.dataset.num_nodes)
         elif self.hetero:
             self.features = build_typed_features(
                 self.feature_spec, self.dataset, self.device, world_size=self.world_size,
@@ -210,6 +222,13 @@ class Trainer:
                 self.feature_spec, self.dataset, self.device, world_size=self.world_size,
                 fanouts=cfg.sampler.fanouts, batch_size=cfg.sampler.batch_size, seed=cfg.train.seed,
                 num_threads=cfg.sampler.num_threads)
+        self.checkpoint_path = os.path.join(cfg.checkpoint.dir, "last.pt") if cfg.checkpoint.dir else None
+        saved = None  # the checkpoint this run resumes from
+        if self.checkpoint_path and cfg.checkpoint.resume and os.path.exists(self.checkpoint_path):
+            saved = load_checkpoint(self.checkpoint_path)
+        #: trainable node embeddings (model.node_embedding), or None
+        self.embedding = self._node_embedding(saved) if emb.dim else None
+        self.task.embedding = self.embedding
         torch.manual_seed(cfg.train.seed)
         self.module = self._model().to(self.device)
         self.model = self.module
@@ -233,15 +252,16 @@ class Trainer:
         #: epoch's summary covers all of its iterations
         self.epoch_state: dict | None = None
         self.log = MetricsLog(cfg, self.rank)
-        self.checkpoint_path = os.path.join(cfg.checkpoint.dir, "last.pt") if cfg.checkpoint.dir else None
-        self.best_path = os.path.join(cfg.checkpoint.dir, "best.pt") if cfg.checkpoint.dir and self.watch else None
+        # The embedding table is not copied at each better evaluation, so no best.pt could pair with it.
+        self.best_path = os.path.join(cfg.checkpoint.dir, "best.pt") \
+            if cfg.checkpoint.dir and self.watch and self.embedding is None else None
         self.resumed_from = None
         if self.checkpoint_path and self.rank == 0:
             for path in (self.checkpoint_path, self.best_path):
                 if path:
                     remove_stale_checkpoint_temporaries(path)
-        if self.checkpoint_path and cfg.checkpoint.resume and os.path.exists(self.checkpoint_path):
-            self.resume(self.checkpoint_path)
+        if saved is not None:
+            self.resume(self.checkpoint_path, saved)
         if self._distributed():  # a rank that cannot see the checkpoint (another host's disk) would start over
             check_agreement({"resumed at iteration": self.iterations_done},
                             fix="Put checkpoint.dir on a file system every rank sees")
@@ -251,16 +271,22 @@ class Trainer:
         a capacity with headroom when the largest would not fit: before any training, not at that batch."""
         from lsm_gnn.sizing import batches_per_rank, cache_fits, too_small_message
 
-        c = self.cfg.cache
+        c, e = self.cfg.cache, self.cfg.model.node_embedding
         if self.feature_spec.source != "cache" or c.oversubscribe:
             return []
         count = batches_per_rank(self.world_size)
         batches = [self.loader.sample_input_nodes(count, rank=r) for r in range(self.world_size)]
-        fits = cache_fits(self.features, batches)
-        tight = min(fits, key=lambda f: f.lines / max(f.largest, 1), default=None)
-        if tight is not None and not tight.fits:
-            self.loader.close()
-            raise ConfigError(too_small_message(tight, c.capacity, c.ways))
+        fits = []
+        for features, what, key, capacity in (
+                (self.features, "the cache", "cache.capacity", c.capacity),
+                (self.embedding.source if self.embedding else None, "the node embeddings' cache",
+                 "model.node_embedding.capacity", e.capacity or c.capacity)):
+            found = cache_fits(features, batches, what) if features is not None else []
+            tight = min(found, key=lambda f: f.lines / max(f.largest, 1), default=None)
+            if tight is not None and not tight.fits:
+                self.loader.close()
+                raise ConfigError(too_small_message(tight, capacity, c.ways, key))
+            fits += found
         return fits
 
     @contextlib.contextmanager
@@ -284,7 +310,8 @@ class Trainer:
 
         m, layers = self.cfg.model, len(self.cfg.sampler.fanouts)
         if not self.hetero:
-            return HopGNN(m.kind, self.dataset.feature_dim, m.hidden, self.task.out_dim, num_layers=layers,
+            in_dim = (self.dataset.feature_dim if m.node_embedding.features else 0) + m.node_embedding.dim
+            return HopGNN(m.kind, in_dim, m.hidden, self.task.out_dim, num_layers=layers,
                           heads=m.heads, dropout=m.dropout)
         if m.kind not in HETERO_MODEL_KINDS:
             raise ConfigError(f"model.kind={m.kind} has no heterogeneous form; use one of "
@@ -293,6 +320,28 @@ class Trainer:
         return HeteroHopGNN(m.kind, {t: dims.get(t, 0) for t in self.dataset.node_types}, self.dataset.relations,
                             self.dataset.target, m.hidden, self.task.out_dim, num_layers=layers, heads=m.heads,
                             dropout=m.dropout)
+
+    def _node_embedding(self, saved: dict | None):
+        """The run's trainable node embeddings: the table opened (made on a fresh start) at the generation
+        ``saved`` (the checkpoint resumed from) recorded, behind the cache the config describes."""
+        from lsm_gnn.build import build_node_embedding
+
+        state = (saved or {}).get("embedding")
+        if saved is not None and state is None:
+            raise ConfigError(f"{self.checkpoint_path} was trained without model.node_embedding; resume without it, "
+                              "or start fresh with checkpoint.resume=false or another checkpoint.dir")
+        e = self.cfg.model.node_embedding
+        path = e.path or os.path.join(self.cfg.checkpoint.dir, "node_embedding")
+        return build_node_embedding(self.feature_spec, self.cfg, self.dataset, path, self.device,
+                                    rank=self.rank, world_size=self.world_size, state=state,
+                                    barrier=self._barrier)
+
+    def _barrier(self) -> None:
+        if self._distributed():
+            import torch.distributed as dist
+
+            with self._collectives("a barrier of the embedding table"):
+                dist.barrier()
 
     @staticmethod
     def _device(name: str) -> torch.device:
@@ -340,12 +389,32 @@ class Trainer:
         path = path or self.checkpoint_path
         if path is None:
             return None
+        if self.embedding is None:
+            if self.rank == 0:
+                atomic_torch_save(self.state_dict(), path)
+            return path
+        # Every rank's dirty rows on disk first; then the checkpoint names the table's next generation, and only
+        # then does the table take it (a crash in between: the table is rolled forward or back to match last.pt).
+        self.embedding.flush()
+        self._barrier()
+        generation = self.embedding.table.generation + 1
         if self.rank == 0:
-            atomic_torch_save(self.state_dict(), path)
+            state = self.state_dict()
+            state["embedding"] = {**self.embedding.state_dict(), "generation": generation}
+            atomic_torch_save(state, path)
+        self._commit_table(generation)
         return path
 
-    def resume(self, path: str) -> None:
-        ckpt = load_checkpoint(path)
+    def _commit_table(self, generation: int) -> None:
+        """The table's generation recorded (rank 0) and every rank's undo journal started afresh for it."""
+        self._barrier()
+        if self.rank == 0:
+            self.embedding.table.set_generation(generation)
+        self._barrier()
+        self.embedding.table.reset_journal(generation)
+
+    def resume(self, path: str, ckpt: dict | None = None) -> None:
+        ckpt = load_checkpoint(path) if ckpt is None else ckpt
         try:
             # Keys added to the config since the checkpoint was written count with their defaults.
             saved, now = _with_defaults(ckpt["config"], Config().to_dict()), self.cfg.to_dict()
@@ -369,6 +438,8 @@ class Trainer:
                 torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
             self.iterations_done = int(ckpt["iterations_done"])
             self.history = list(ckpt["history"])
+            if self.embedding is not None:
+                self.embedding.steps = int(ckpt["embedding"]["steps"])
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise CheckpointError(f"cannot resume from {path}: its state does not fit this run ({exc}); start "
                                   "fresh with checkpoint.resume=false or another checkpoint.dir") from None
@@ -413,19 +484,29 @@ class Trainer:
 
     def _train_step(self, batch) -> float:
         self.optimizer.zero_grad(set_to_none=True)
+        if batch.emb is not None:
+            batch.emb.requires_grad_(True)  # a leaf: its gradient is the rows' sparse gradient
         loss = self.task.loss(self.model, batch)
         loss.backward()
         loss_value = float(loss.detach())  # syncs the device, so the train time is complete
-        if not math.isfinite(loss_value) or not self._grads_finite():
+        if batch.emb is not None and batch.emb.grad is None:  # a model that left them out of the loss
+            batch.emb.grad = torch.zeros_like(batch.emb)
+        emb_finite = batch.emb is None or bool(torch.isfinite(batch.emb.grad).all())
+        if not math.isfinite(loss_value) or not self._grads_finite() or not emb_finite:
             raise TrainingDiverged(
                 f"the loss or its gradients became {loss_value if not math.isfinite(loss_value) else 'non-finite'} "
                 f"at iteration {self.iterations_done}; the weights were not updated. Lower train.lr (now "
                 f"{self.cfg.train.lr:g}), check the features for NaN/inf, and resume from the last checkpoint")
         self.optimizer.step()
+        if batch.emb is not None:
+            start = time.perf_counter()
+            with self._collectives(f"the node embeddings' update in iteration {self.iterations_done}"):
+                self.embedding.step(batch.input_nodes, batch.emb.grad)
+            batch.timings["update"] = time.perf_counter() - start
         return loss_value
 
     def _new_epoch_state(self, epoch: int) -> dict:
-        return {"epoch": epoch, "losses": [], "stages": dict.fromkeys(STAGES, 0.0), "wall": 0.0,
+        return {"epoch": epoch, "losses": [], "stages": dict.fromkeys(ALL_STAGES, 0.0), "wall": 0.0,
                 "totals": dict.fromkeys(TOTALS, 0)}
 
     def train_epoch(self, progress: bool) -> StageTimes:
@@ -458,10 +539,11 @@ class Trainer:
                 wait = time.perf_counter() - t0
                 t1 = time.perf_counter()
                 loss_value = self._step(batch_to(batch, self.device))
-                stage = {**batch.timings, "wait": wait, "train": time.perf_counter() - t1}
+                stage = {**batch.timings, "wait": wait, "train": time.perf_counter() - t1 - batch.timings.get(
+                    "update", 0.0)}
                 times.add(stage)
-                for k in STAGES:
-                    state["stages"][k] += stage.get(k, 0.0)
+                for k in ALL_STAGES:  # a checkpoint from before the embedding stages lacks them
+                    state["stages"][k] = state["stages"].get(k, 0.0) + stage.get(k, 0.0)
                 state["losses"].append(loss_value)
                 self.iterations_done += 1
                 io = batch.io
@@ -469,8 +551,8 @@ class Trainer:
                 totals["unique"] += batch.gathered
                 totals["bytes_read"] += io["bytes_read"]
                 totals["bytes_useful"] += io["bytes_useful"]
-                for key in ("pvp_hits", "bytes_saved"):  # with the victim-buffer prefetcher on
-                    totals[key] += io.get(key, 0)
+                for key in ("pvp_hits", "bytes_saved", "embedding_bytes_read", "embedding_bytes_written"):
+                    totals[key] = totals.get(key, 0) + io.get(key, 0)  # with PVP, with node embeddings
                 record = {"iteration": batch.iteration, "epoch": epoch, "loss": loss_value,
                           "time": {k: round(stage.get(k, 0.0), 6) for k in STAGES},
                           "hit_ratio": batch.hit_ratio if cached else None, "bytes_read": io["bytes_read"],
@@ -488,6 +570,8 @@ class Trainer:
                 if position["position"] == until:  # an evaluation in mid-epoch (before this iteration's checkpoint)
                     times.wall += time.perf_counter() - epoch_start
                     batches.close()  # the loader's thread has stopped after this batch on every rank
+                    if self.embedding is not None:
+                        self.embedding.open()
                     self._evaluate_all(epoch)
                     epoch_start = time.perf_counter()
                     if self._limit_reached():  # stopped early
@@ -498,9 +582,13 @@ class Trainer:
                     times.wall += time.perf_counter() - epoch_start
                     epoch_start = time.perf_counter()
                     self.save_checkpoint()
+                if self.embedding is not None:  # the next batch may read the rows now
+                    self.embedding.release(batch.iteration + 1)
         finally:
             bar.close()
             batches.close()
+            if self.embedding is not None:
+                self.embedding.open()
         times.wall += time.perf_counter() - epoch_start  # training time only, evaluations left out
         state["wall"] += times.wall
         return times
@@ -512,6 +600,8 @@ class Trainer:
         if every and self.cfg.train.eval_splits:
             stop = self.loader.state_dict()["position"] + every - self.iterations_done % every
             until = stop if stop < len(self.loader) else None  # at the epoch's end: evaluated there
+        if self.embedding is not None:  # each batch reads the rows after the update of the one before
+            self.embedding.hold(self.loader.state_dict()["iteration"])
         return self.loader.iterate(until), until
 
     def _summarize_epoch(self, complete: bool) -> dict:
@@ -617,6 +707,8 @@ class Trainer:
         self._print(f"training {cfg.model.kind} on {self.dataset.name} ({size}) "
                     f"with features from {self._describe_features()}; {self.world_size} rank(s), "
                     f"device {self.device}")
+        if self.embedding is not None:
+            self._print(f"with {self.embedding.describe()}")
         for fit in self.cache_fits:
             self._print(f"cache sizing: {fit.describe()}")
         total = StageTimes()
@@ -629,16 +721,21 @@ class Trainer:
                 if self.loader.state_dict()["epoch"] >= cfg.train.epochs or self._limit_reached():
                     break
                 times = self.train_epoch(cfg.log.progress)
-                for k in STAGES:
+                for k in ALL_STAGES:
                     total.seconds[k] += times.seconds[k]
                 total.iterations += times.iterations
                 total.wall += times.wall
                 if self._limit_reached() and self.loader.state_dict()["epoch"] == self.epoch_state["epoch"]:
                     self._end_epoch(complete=False)  # stopped inside the epoch: a partial summary
+            if self.embedding is not None and self.checkpoint_path is None:  # no checkpoint committed the table
+                total.seconds["write-back"] += self.embedding.flush()
+                self._commit_table(self.embedding.table.generation + 1)
             return self._finish(total)
         finally:
             self.loader.close()
             self.log.close()
+            if self.embedding is not None:
+                self.embedding.close()
 
     def _finish(self, total: StageTimes) -> dict:
         """The run's result: prints the per-stage table, the last and the best evaluation; logs them."""

@@ -1,0 +1,206 @@
+"""Trainable node embeddings on disk, through the write-back cache (``model.node_embedding``).
+
+The claims: the table after training is the same, byte for byte, whatever the cache does (every policy, with
+and without the victim buffer, a cache of every row, no cache at all), and equals a dense ``nn.Embedding``
+trained by PyTorch's own sparse optimizer on the same gradients; every batch reads the rows as the dense
+embedding held them; a run killed anywhere (in a write-back too) resumes to the same table and losses; two
+ranks train one consistent table.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("torch_geometric")
+
+from lsm_gnn.config import ConfigError, load_config  # noqa: E402
+from lsm_gnn.embedding import NodeEmbedding, RowLayout  # noqa: E402
+from lsm_gnn.storage import EmbeddingTable  # noqa: E402
+from lsm_gnn.testing import free_port  # noqa: E402
+from lsm_gnn.trainer import Trainer  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The graph fixture (conftest.py) generates this once per module: 1200 train nodes, 12 batches an epoch.
+GRAPH = dict(num_nodes=1500, avg_degree=6, feature_dim=8, num_classes=3, seed=2)
+DIM = 8
+
+
+def overrides(graph, out, *more):
+    # Batches of 100 seeds reach up to ~700 distinct input nodes; the embedding cache of 60% (900 lines) evicts
+    # rows, dirty ones among them, every batch.
+    return [f"dataset={graph}", "model.kind=sage", "model.hidden=16", "sampler.fanouts=[2,2]",
+            "sampler.batch_size=100", "cache.capacity=60%", "cache.window=4", "train.lr=0.01", "train.epochs=2",
+            "train.eval_splits=[val]", "checkpoint.every=5", "log.progress=false", f"log.dir={out / 'log'}",
+            f"checkpoint.dir={out / 'ckpt'}", f"model.node_embedding.dim={DIM}", "model.node_embedding.lr=0.05",
+            *more]
+
+
+def run(graph, out, *more) -> dict:
+    return Trainer(load_config(None, overrides(graph, out, *more))).fit()
+
+
+def table_bytes(out) -> np.ndarray:
+    table = EmbeddingTable.open(str(out / "ckpt" / "node_embedding"))
+    try:
+        return table.read(torch.arange(table.num_rows)).numpy().copy()
+    finally:
+        table.close()
+
+
+def losses(out) -> list[float]:
+    with open(out / "log" / "metrics.jsonl") as fh:
+        return [json.loads(line)["loss"] for line in fh if '"iteration"' in line]
+
+
+@pytest.fixture(scope="module")
+def every_row(graph, tmp_path_factory):
+    """The reference run: the embedding cache holds every row, so nothing is ever written back before the end."""
+    out = tmp_path_factory.mktemp("every_row")
+    result = run(graph, out, "model.node_embedding.capacity=100%")
+    return table_bytes(out), losses(out), result
+
+
+@pytest.mark.parametrize("cache", [
+    ["cache.policy=farthest"],
+    ["cache.policy=hybrid"],
+    ["cache.policy=rr"],
+    ["cache.policy=static"],
+    ["cache.pvp=true", "cache.pvp_queue_capacity=64"],
+    ["cache.pvp=true", "cache.pvp_queue_capacity=64", "cache.policy=hybrid_pvp", "cache.pvp_reinstall=false"],
+    ["cache.features=storage"],  # no cache: every row read from and written to the table
+])
+def test_the_table_is_the_same_whatever_the_cache_does(graph, tmp_path, every_row, cache):
+    reference, reference_losses, _ = every_row
+    result = run(graph, tmp_path, *cache)
+    assert losses(tmp_path) == reference_losses
+    assert np.array_equal(table_bytes(tmp_path), reference)
+    if "cache.features=storage" not in cache:
+        assert result["stages_s"]["write-back"] > 0  # dirty rows were evicted, not only flushed at the end
+
+
+def test_an_epoch_equals_a_dense_embedding_trained_by_pytorchs_sparse_optimizer(graph, tmp_path, monkeypatch):
+    """Every batch's rows as a dense ``nn.Embedding(sparse=True)`` holds them at that step, and the final
+    table as ``torch.optim.Adagrad`` leaves it, given the gradients the run computed."""
+    steps = []
+    original = NodeEmbedding.step
+
+    def record(self, nodes, grad):
+        steps.append((nodes.clone(), grad.clone()))
+        return original(self, nodes, grad)
+
+    monkeypatch.setattr(NodeEmbedding, "step", record)
+    reads = []
+    monkeypatch.setattr(Trainer, "_step", lambda self, batch: (reads.append(batch.emb.detach().clone()),
+                                                               Trainer._train_step(self, batch))[1])
+    run(graph, tmp_path, "train.epochs=1", "train.eval_splits=[]")
+    layout = RowLayout(DIM, "float32", "adagrad")
+    start = EmbeddingTable.open(str(tmp_path / "ckpt" / "node_embedding"))
+    from lsm_gnn.embedding import initial_rows
+
+    initial = layout.embeddings(torch.from_numpy(initial_rows(layout, 0, start.num_rows, seed=0, std=0.1)))
+    start.close()
+    dense = torch.nn.Embedding.from_pretrained(initial.clone(), freeze=False, sparse=True)
+    optimizer = torch.optim.Adagrad(dense.parameters(), lr=0.05)
+    assert len(steps) == len(reads) == 12
+    for (nodes, grad), read in zip(steps, reads):
+        torch.testing.assert_close(read, dense.weight.detach()[nodes], rtol=1e-5, atol=1e-6)
+        optimizer.zero_grad()
+        dense(nodes).backward(grad)
+        optimizer.step()
+    final = layout.embeddings(torch.from_numpy(table_bytes(tmp_path)))
+    torch.testing.assert_close(final, dense.weight.detach(), rtol=1e-5, atol=1e-6)
+    assert not torch.equal(final, initial)
+
+
+class Crash(Exception):
+    """Stands in for a kill: nothing after it runs."""
+
+
+@pytest.mark.parametrize("where,after_calls", [
+    ("train step", 7),   # after the checkpoint at iteration 5: the table has rows written back past it
+    ("train step", 13),  # in the second epoch, after the end-of-epoch checkpoint
+    ("write", 9),        # inside a write-back, after half of the rows reached the file (a torn write)
+])
+def test_a_killed_run_resumes_to_the_same_table(graph, tmp_path, every_row, monkeypatch, where, after_calls):
+    reference, reference_losses, _ = every_row
+    calls = {"n": 0}
+    trainer = Trainer(load_config(None, overrides(graph, tmp_path)))
+    if where == "train step":
+        original = trainer._step
+
+        def step(batch):
+            calls["n"] += 1
+            if calls["n"] > after_calls:
+                raise Crash(where)
+            return original(batch)
+
+        monkeypatch.setattr(trainer, "_step", step)
+    else:
+        original = EmbeddingTable.write
+
+        def write(self, ids, rows):
+            calls["n"] += 1
+            if calls["n"] > after_calls:  # half of the rows land, then the process "dies"
+                half = max(1, len(ids) // 2)
+                original(self, ids[:half], rows[:half])
+                raise Crash(where)
+            return original(self, ids, rows)
+
+        monkeypatch.setattr(EmbeddingTable, "write", write)
+    with pytest.raises(Crash):
+        trainer.fit()
+    monkeypatch.undo()
+    resumed = Trainer(load_config(None, overrides(graph, tmp_path)))
+    assert resumed.resumed_from is not None
+    resumed.fit()
+    assert losses(tmp_path) == reference_losses
+    assert np.array_equal(table_bytes(tmp_path), reference)
+
+
+def test_a_fresh_run_never_trains_a_trained_table_again(graph, tmp_path, every_row):
+    run(graph, tmp_path, "train.epochs=1", "train.eval_splits=[]")
+    with pytest.raises(ConfigError, match="was trained already"):
+        run(graph, tmp_path, "train.epochs=1", "checkpoint.resume=false")
+    with pytest.raises(ConfigError, match="this run asks for"):
+        run(graph, tmp_path, "model.node_embedding.dim=4", "checkpoint.resume=false",
+            f"model.node_embedding.path={tmp_path / 'ckpt' / 'node_embedding'}")
+
+
+def test_embeddings_alone_and_in_link_prediction(tmp_path):
+    """Without input features the model reads only the embeddings; a user-item graph trains with them too."""
+    from lsm_gnn.data.bipartite import generate_bipartite
+
+    ds = tmp_path / "ui"
+    generate_bipartite(ds, num_users=300, num_items=200, avg_interactions=8, feature_dim=4, seed=0,
+                       progress=False)
+    result = Trainer(load_config(None, [
+        f"dataset={ds}", "train.task=link", "model.kind=sage", "model.hidden=16", "sampler.fanouts=[3,2]",
+        "sampler.batch_size=256", "train.epochs=2", "log.progress=false", f"checkpoint.dir={tmp_path / 'ck'}",
+        f"model.node_embedding.dim={DIM}", "model.node_embedding.features=false", "model.node_embedding.lr=0.1",
+        "train.eval_splits=[test]"])).fit()
+    assert result["eval"]["test"]["recall@20"] > 0
+    assert result["stages_s"]["update"] > 0
+
+
+@pytest.mark.slow
+def test_two_ranks_train_one_table_whatever_the_cache_does(graph, tmp_path):
+    """Over 2 gloo ranks the owner of each row applies both ranks' gradients: a shared cache too small for the
+    table, with the victim buffer, ends with the table and losses of one that holds every row."""
+    def launch(name, *more):
+        out = tmp_path / name
+        env = dict(os.environ, NPROC="2", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",
+                   LSM_GNN_TIMEOUT_S="120", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        done = subprocess.run(["bash", os.path.join(ROOT, "launch", "torchrun.sh"), *overrides(graph, out, *more)],
+                              env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return table_bytes(out), losses(out)
+
+    full_table, full_losses = launch("full", "model.node_embedding.capacity=100%", "cache.capacity=100%")
+    small_table, small_losses = launch("small", "model.node_embedding.capacity=35%", "cache.pvp=true",
+                                       "cache.pvp_queue_capacity=64")
+    assert small_losses == full_losses
+    assert np.array_equal(small_table, full_table)
