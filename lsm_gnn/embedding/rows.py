@@ -70,9 +70,9 @@ class RowLayout:
         if isinstance(self.dim, bool) or not isinstance(self.dim, (int, np.integer)) or self.dim < 1:
             raise ValueError(f"RowLayout.dim must be a positive integer (the embedding width), got {self.dim!r}")
         object.__setattr__(self, "dim", int(self.dim))
-        if self.dtype not in _TORCH_DTYPES:
+        if not isinstance(self.dtype, str) or self.dtype not in _TORCH_DTYPES:
             raise ValueError(f"RowLayout.dtype must be one of {EMBEDDING_DTYPES}, got {self.dtype!r}")
-        if self.optimizer not in _STATE_SLOTS:
+        if not isinstance(self.optimizer, str) or self.optimizer not in _STATE_SLOTS:
             raise ValueError(f"RowLayout.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
 
     @property
