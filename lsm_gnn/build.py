@@ -211,15 +211,21 @@ def build_node_embedding(spec: FeatureSpec, cfg: Config, dataset, path: str, dev
     layout = RowLayout(e.dim, e.dtype, e.optimizer)
     table = open_table(path, layout, dataset.num_nodes, seed=cfg.train.seed, init_std=e.init_std, rank=rank,
                        generation=None if state is None else int(state["generation"]), barrier=barrier)
-    source = cache = table
+    source, cache = table, None
     if spec.source == "cache":
-        capacity = cache_capacity_bytes(e.capacity or cfg.cache.capacity, dataset.num_nodes, layout.row_bytes)
-        every_row = capacity_spec(e.capacity or cfg.cache.capacity) == ("share", 1)
-        source = cached(table, dataclasses.replace(spec, every_row=every_row), dataset, device, world_size=world_size,
-                        fanouts=cfg.sampler.fanouts, batch_size=cfg.sampler.batch_size, seed=cfg.train.seed,
-                        num_threads=cfg.sampler.num_threads, capacity_bytes=capacity)
+        from lsm_gnn.sizing import check_one_set
+
+        text = e.capacity or cfg.cache.capacity
+        capacity = cache_capacity_bytes(text, dataset.num_nodes, layout.row_bytes)
+        spec = dataclasses.replace(spec, every_row=capacity_spec(text) == ("share", 1))
+        try:
+            check_one_set(spec, text, dataset, layout.row_bytes, capacity, key="model.node_embedding.capacity")
+        except ConfigError:
+            table.close()
+            raise
+        source = cached(table, spec, dataset, device, world_size=world_size, fanouts=cfg.sampler.fanouts,
+                        batch_size=cfg.sampler.batch_size, seed=cfg.train.seed, num_threads=cfg.sampler.num_threads,
+                        capacity_bytes=capacity)
         cache = getattr(source, "cache", source)
-    else:
-        cache = None
     return NodeEmbedding(source, layout, RowOptimizer(layout, e.lr), table=table, cache=cache, world_size=world_size,
                          steps=0 if state is None else int(state["steps"]))

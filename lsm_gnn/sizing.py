@@ -119,16 +119,18 @@ def config_fix(capacity: str, lines: int, distinct: int, ways: int, key: str = "
             "(it thrashes)")
 
 
-def check_one_set(spec, capacity: str, dataset) -> None:
-    """Raises a ConfigError naming ``cache.capacity`` when ``spec`` gives a one-type dataset's cache fewer lines
-    than one set (a heterogeneous dataset's caches get one set at least)."""
+def check_one_set(spec, capacity: str, dataset, row_bytes: int | None = None, capacity_bytes: int | None = None,
+                  key: str = "cache.capacity") -> None:
+    """Raises a ConfigError naming ``key`` when ``spec`` gives a one-type dataset's cache fewer lines than one
+    set (a heterogeneous dataset's caches get one set at least). ``row_bytes`` and ``capacity_bytes`` size
+    another cache of rows by node id (the node embeddings'), instead of the features' cache of the spec."""
     if spec.source != "cache" or spec.every_row or getattr(dataset, "is_hetero", False):
         return
-    row_bytes = dataset.feature_dim * dataset.feature_dtype.itemsize
-    lines = spec.capacity_bytes // row_bytes
+    row_bytes = row_bytes or dataset.feature_dim * dataset.feature_dtype.itemsize
+    lines = (spec.capacity_bytes if capacity_bytes is None else capacity_bytes) // row_bytes
     if lines < min(spec.ways, dataset.num_nodes):
-        raise ConfigError(f"cache.capacity={capacity} is {lines} lines of {row_bytes} bytes, fewer than one set of "
-                          f"cache.ways={spec.ways}; set cache.capacity="
+        raise ConfigError(f"{key}={capacity} is {lines} lines of {row_bytes} bytes, fewer than one set of "
+                          f"cache.ways={spec.ways}; set {key}="
                           f"{suggested_capacity(capacity, lines, spec.ways, spec.ways, headroom=1)} or more")
 
 

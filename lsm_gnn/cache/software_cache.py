@@ -416,6 +416,11 @@ class SoftwareCache(StorageShape):
         self.stats.bytes_written += tags.numel() * self.storage.row_bytes
         self.last_timings["write-back"] = self.last_timings.get("write-back", 0.0) + time.perf_counter() - start
 
+    @property
+    def writable(self) -> bool:
+        """Whether :meth:`update` works: the storage is writable and the cache writes back."""
+        return self.dirty is not None
+
     def lines_of(self, ids) -> torch.Tensor:
         """The line holding each of ``ids`` (-1: not cached), without touching the policy's state."""
         ids = as_id_tensor(ids).to(self.device)

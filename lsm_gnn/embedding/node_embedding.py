@@ -102,13 +102,12 @@ class NodeEmbedding:
     def hold(self, next_iteration: int) -> None:
         """Training starts at ``next_iteration``: that batch may gather now, each later one after the update of
         the batch before it (:meth:`release`)."""
-        with self._turn:
-            self._released = int(next_iteration)
+        self.release(next_iteration)
 
-    def release(self, next_iteration: int) -> None:
+    def release(self, next_iteration: float) -> None:
         """The batch before ``next_iteration`` is applied (and checkpointed, if due): ``next_iteration`` may gather."""
         with self._turn:
-            self._released = int(next_iteration)
+            self._released = next_iteration
             self._turn.notify_all()
 
     def open(self) -> None:
