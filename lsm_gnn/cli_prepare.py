@@ -15,7 +15,7 @@ import secrets
 
 import numpy as np
 
-from lsm_gnn.data.format import META_FILE, Dataset, crc32_file, open_dataset
+from lsm_gnn.data.format import META_FILE, Dataset, DatasetError, crc32_file, open_dataset
 from lsm_gnn.data.scores import SCORE_NAMES, compute_scores
 from lsm_gnn.data.writer import save_npy
 from lsm_gnn.fileio import atomic_write_bytes, fsync_path
@@ -279,6 +279,30 @@ def _run_scores(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_embedding(args: argparse.Namespace) -> int:
+    from lsm_gnn.embedding import RowLayout, initial_rows
+    from lsm_gnn.storage import EmbeddingTable
+    from lsm_gnn.units import format_bytes
+
+    ds = open_dataset(args.dataset, check="shape")
+    if getattr(ds, "is_hetero", False):
+        raise DatasetError(f"{args.dataset} has several node types; node embeddings are for datasets of one type")
+    try:
+        layout = RowLayout(args.dim, args.dtype, args.optimizer)
+    except ValueError as exc:
+        raise DatasetError(f"--dim/--dtype/--optimizer: {exc}") from None
+    EmbeddingTable.create(args.out, ds.num_nodes, layout.row_bytes, layout=layout.as_dict(),
+                          progress=not args.no_progress,
+                          init=lambda start, stop: initial_rows(layout, start, stop, seed=args.seed,
+                                                                std=args.init_std)).close()
+    size = format_bytes(ds.num_nodes * layout.row_bytes)
+    print(f"{args.out}: {ds.num_nodes:,} embeddings of {layout.dim} {layout.dtype} values with {layout.optimizer} "
+          f"state, {layout.row_bytes} bytes a row ({size}); train it with model.node_embedding.path={args.out} "
+          f"model.node_embedding.dim={layout.dim} model.node_embedding.dtype={layout.dtype} "
+          f"model.node_embedding.optimizer={layout.optimizer}")
+    return 0
+
+
 # -- the parser ---------------------------------------------------------------------------
 
 def _add_output_flags(p: argparse.ArgumentParser) -> None:
@@ -471,6 +495,18 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
 
     _add_interactions_parser(sub)
     _add_hetero_parser(sub)
+
+    p = sub.add_parser("embedding", help="a trainable node embedding table for a dataset (docs/embeddings.md)")
+    p.add_argument("dataset", help="dataset directory whose nodes get an embedding each")
+    p.add_argument("--out", required=True, help="the table's directory to create (refused if it exists)")
+    p.add_argument("--dim", type=int, required=True, help="values per node")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float16"), help="stored embedding dtype")
+    p.add_argument("--optimizer", default="adagrad", choices=("sgd", "adagrad", "adam"),
+                   help="the row-wise optimizer whose state each row carries (default: adagrad)")
+    p.add_argument("--init-std", type=float, default=0.1, help="initial values ~ N(0, std^2) (default: 0.1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run_embedding)
 
     p = sub.add_parser("scores", help="recompute static scores of a dataset in place (atomic)")
     p.add_argument("dataset", help="dataset directory")

@@ -77,6 +77,9 @@ class StageTimes:
             rows.append(f"{k:<10}{self.seconds[k]:>10.2f}{1e3 * self.seconds[k] / n:>10.1f}{share:>9.1%}")
         rows.append(f"{'wall':<10}{self.wall:>10.2f}{1e3 * self.wall / n:>10.1f}{1:>9.0%}")
         rows.append("(sample and gather run in the background, overlapped with train; wait is the stall they caused)")
+        if self.seconds["embedding"]:
+            rows.append("(embedding: reading the batch's rows, in the background after the last update; write-back:"
+                        " the part of it writing dirty victims; update: the optimizer step on the rows)")
         return "\n".join(rows)
 
 
@@ -617,6 +620,9 @@ class Trainer:
                    "amplification": totals["bytes_read"] / totals["bytes_useful"] if totals["bytes_useful"] else None}
         if "pvp_hits" in self.features.counters():  # a cache with a victim buffer
             summary.update(pvp_hits=totals["pvp_hits"], bytes_saved=totals["bytes_saved"])
+        if self.embedding is not None:  # this rank's reads of the table and write-backs to it (checkpoints aside)
+            summary.update(embedding_bytes_read=totals.get("embedding_bytes_read", 0),
+                           embedding_bytes_written=totals.get("embedding_bytes_written", 0))
         if complete and self.cfg.train.eval_splits and self._epoch_eval_due(state["epoch"]):
             summary.update({s: m for s, m in self._evaluate_all(state["epoch"]).items()
                             if s in self.cfg.train.eval_splits})
@@ -784,6 +790,9 @@ class Trainer:
             parts.append(f"pvp hits {s['pvp_hits']:,} ({s['bytes_saved'] / 2**20:.1f} MiB saved)")
         if s["amplification"] is not None:
             parts.append(f"read {s['bytes_read'] / 2**20:.1f} MiB (ampl. {s['amplification']:.2f})")
+        if "embedding_bytes_read" in s:
+            parts.append(f"table read {s['embedding_bytes_read'] / 2**20:.1f} MiB, written back "
+                         f"{s['embedding_bytes_written'] / 2**20:.1f} MiB")
         for split in ("val", "test", "train"):
             if split in s:
                 metric = next(iter(s[split].items()))

@@ -196,7 +196,8 @@ def main():
         dist.destroy_process_group()
         return
     ds = open_dataset(path)
-    {"correctness": correctness, "hit_ratios": hit_ratios, "killed": killed, "write_back": write_back}[scenario](ds, rank, world, out)
+    scenarios = {"correctness": correctness, "hit_ratios": hit_ratios, "killed": killed, "write_back": write_back}
+    scenarios[scenario](ds, rank, world, out)
     if scenario != "killed":
         dist.barrier()
         dist.destroy_process_group()

@@ -84,9 +84,14 @@ def test_the_table_is_the_same_whatever_the_cache_does(graph, tmp_path, every_ro
         assert result["stages_s"]["write-back"] > 0  # dirty rows were evicted, not only flushed at the end
 
 
-def test_an_epoch_equals_a_dense_embedding_trained_by_pytorchs_sparse_optimizer(graph, tmp_path, monkeypatch):
+TORCH_OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.SparseAdam}
+
+
+@pytest.mark.parametrize("optimizer", sorted(TORCH_OPTIMIZERS))
+def test_an_epoch_equals_a_dense_embedding_trained_by_pytorchs_sparse_optimizer(graph, tmp_path, monkeypatch,
+                                                                                 optimizer):
     """Every batch's rows as a dense ``nn.Embedding(sparse=True)`` holds them at that step, and the final
-    table as ``torch.optim.Adagrad`` leaves it, given the gradients the run computed."""
+    table as PyTorch's sparse optimizer leaves it, given the gradients the run computed."""
     steps = []
     original = NodeEmbedding.step
 
@@ -98,21 +103,22 @@ def test_an_epoch_equals_a_dense_embedding_trained_by_pytorchs_sparse_optimizer(
     reads = []
     monkeypatch.setattr(Trainer, "_step", lambda self, batch: (reads.append(batch.emb.detach().clone()),
                                                                Trainer._train_step(self, batch))[1])
-    result = run(graph, tmp_path, "train.epochs=1", "train.eval_splits=[]")
-    layout = RowLayout(DIM, "float32", "adagrad")
+    result = run(graph, tmp_path, "train.epochs=1", "train.eval_splits=[]",
+                 f"model.node_embedding.optimizer={optimizer}")
+    layout = RowLayout(DIM, "float32", optimizer)
     start = EmbeddingTable.open(str(tmp_path / "ckpt" / "node_embedding"))
     from lsm_gnn.embedding import initial_rows
 
     initial = layout.embeddings(torch.from_numpy(initial_rows(layout, 0, start.num_rows, seed=0, std=0.1)))
     start.close()
     dense = torch.nn.Embedding.from_pretrained(initial.clone(), freeze=False, sparse=True)
-    optimizer = torch.optim.Adagrad(dense.parameters(), lr=0.05)
+    reference = TORCH_OPTIMIZERS[optimizer](dense.parameters(), lr=0.05)
     assert len(steps) == len(reads) == result["iterations"] > 5
     for (nodes, grad), read in zip(steps, reads):
         torch.testing.assert_close(read, dense.weight.detach()[nodes], rtol=1e-5, atol=1e-6)
-        optimizer.zero_grad()
+        reference.zero_grad()
         dense(nodes).backward(grad)
-        optimizer.step()
+        reference.step()
     final = layout.embeddings(torch.from_numpy(table_bytes(tmp_path)))
     torch.testing.assert_close(final, dense.weight.detach(), rtol=1e-5, atol=1e-6)
     assert not torch.equal(final, initial)
@@ -161,6 +167,14 @@ def test_a_killed_run_resumes_to_the_same_table(graph, tmp_path, every_row, monk
     resumed.fit()
     assert losses(tmp_path) == reference_losses
     assert np.array_equal(table_bytes(tmp_path), reference)
+
+
+def test_float16_tables_are_the_same_whatever_the_cache_does(graph, tmp_path):
+    run(graph, tmp_path / "all", "model.node_embedding.dtype=float16", "model.node_embedding.capacity=100%",
+        "train.epochs=1")
+    run(graph, tmp_path / "some", "model.node_embedding.dtype=float16", "cache.pvp=true", "train.epochs=1")
+    assert np.array_equal(table_bytes(tmp_path / "all"), table_bytes(tmp_path / "some"))
+    assert losses(tmp_path / "all") == losses(tmp_path / "some")
 
 
 def test_a_fresh_run_never_trains_a_trained_table_again(graph, tmp_path, every_row):
