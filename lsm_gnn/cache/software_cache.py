@@ -441,14 +441,18 @@ class SoftwareCache(StorageShape):
             self._check_intact()
             line = self.lines_of(ids)
             cached = line >= 0
-            rows = torch.empty((ids.numel(), self.storage.dim), dtype=self.data.dtype, device=self.device)
-            rows[cached] = self.data[line[cached]]
+            held = torch.nonzero(cached).reshape(-1)
             apart = torch.nonzero(~cached).reshape(-1)
-            if apart.numel():
-                rows[apart] = self.storage.read(ids[apart.cpu()]).to(self.device)
-            new = apply(rows, grads)
-            self.data[line[cached]] = new[cached].to(self.data.dtype)
-            self.dirty[line[cached]] = True
+            lines = line[held]
+            if apart.numel() == 0:  # the usual case: every row is in its line
+                rows = torch.index_select(self.data, 0, lines)
+            else:
+                rows = torch.empty((ids.numel(), self.storage.dim), dtype=self.data.dtype, device=self.device)
+                rows.index_copy_(0, held, torch.index_select(self.data, 0, lines))
+                rows.index_copy_(0, apart, self.storage.read(ids[apart.cpu()]).to(self.device))
+            new = apply(rows, grads).to(self.data.dtype)
+            self.data.index_copy_(0, lines, new if apart.numel() == 0 else new[held])
+            self.dirty[lines] = True
             if apart.numel():
                 self.storage.write(ids[apart.cpu()], new[apart].cpu())
 

@@ -30,7 +30,7 @@ from lsm_gnn.storage import EmbeddingTable
 
 
 def open_table(path: str, layout: RowLayout, num_rows: int, *, seed: int, init_std: float, rank: int = 0,
-               generation: int | None = None, barrier=lambda: None) -> EmbeddingTable:
+               generation: int | None = None, barrier=lambda: None, progress: bool = False) -> EmbeddingTable:
     """The embedding table at ``path`` for this rank, as a run needs it.
 
     Resuming (``generation``: what the checkpoint recorded), rank 0 rolls the table back or forward to that
@@ -44,7 +44,7 @@ def open_table(path: str, layout: RowLayout, num_rows: int, *, seed: int, init_s
             if not fresh:
                 raise ConfigError(f"the checkpoint was trained with the node embedding table {path}, which is gone; "
                                   "restore it, or start fresh with checkpoint.resume=false or another checkpoint.dir")
-            EmbeddingTable.create(path, num_rows, layout.row_bytes, layout=layout.as_dict(), progress=True,
+            EmbeddingTable.create(path, num_rows, layout.row_bytes, layout=layout.as_dict(), progress=progress,
                                   init=lambda start, stop: initial_rows(layout, start, stop, seed=seed,
                                                                         std=init_std)).close()
         table = EmbeddingTable.open(path, rank=0, expect_generation=generation, recover=True)
