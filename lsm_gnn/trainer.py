@@ -487,24 +487,25 @@ class Trainer:
 
     def _train_step(self, batch) -> float:
         self.optimizer.zero_grad(set_to_none=True)
-        if batch.emb is not None:
-            batch.emb.requires_grad_(True)  # a leaf: its gradient is the rows' sparse gradient
+        emb = getattr(batch, "emb", None)  # a heterogeneous batch has none
+        if emb is not None:
+            emb.requires_grad_(True)  # a leaf: its gradient is the rows' sparse gradient
         loss = self.task.loss(self.model, batch)
         loss.backward()
         loss_value = float(loss.detach())  # syncs the device, so the train time is complete
-        if batch.emb is not None and batch.emb.grad is None:  # a model that left them out of the loss
-            batch.emb.grad = torch.zeros_like(batch.emb)
-        emb_finite = batch.emb is None or bool(torch.isfinite(batch.emb.grad).all())
+        if emb is not None and emb.grad is None:  # a model that left them out of the loss
+            emb.grad = torch.zeros_like(emb)
+        emb_finite = emb is None or bool(torch.isfinite(emb.grad).all())
         if not math.isfinite(loss_value) or not self._grads_finite() or not emb_finite:
             raise TrainingDiverged(
                 f"the loss or its gradients became {loss_value if not math.isfinite(loss_value) else 'non-finite'} "
                 f"at iteration {self.iterations_done}; the weights were not updated. Lower train.lr (now "
                 f"{self.cfg.train.lr:g}), check the features for NaN/inf, and resume from the last checkpoint")
         self.optimizer.step()
-        if batch.emb is not None:
+        if emb is not None:
             start = time.perf_counter()
             with self._collectives(f"the node embeddings' update in iteration {self.iterations_done}"):
-                self.embedding.step(batch.input_nodes, batch.emb.grad)
+                self.embedding.step(batch.input_nodes, emb.grad)
             batch.timings["update"] = time.perf_counter() - start
         return loss_value
 
