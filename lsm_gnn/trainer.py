@@ -177,6 +177,9 @@ class Trainer:
         set_kernel_mode(cfg.kernels)  # CPU tensors: the C++ core, or the Triton kernels under the interpreter
         self.dataset = open_dataset(cfg.dataset, check="fast")
         self.hetero = getattr(self.dataset, "is_hetero", False)  # several node types (schema 2)
+        if cfg.model.node_embedding.dim and self.hetero:
+            raise ConfigError("model.node_embedding supports datasets of one node type; "
+                              f"{self.dataset.path} has several")
         self.device = self._device(cfg.train.device)
         if self.device.type == "cuda" and self.device.index is None:
             # One GPU per rank on a node: the launcher's local rank picks it.
@@ -208,9 +211,6 @@ class Trainer:
 
             check_one_set(self.feature_spec, cfg.cache.capacity, self.dataset)
         emb = cfg.model.node_embedding
-        if emb.dim and self.hetero:
-            raise ConfigError("model.node_embedding supports datasets of one node type; "
-                              f"{self.dataset.path} has several")
         if features is not None:
             self.features = features
         elif not emb.features:

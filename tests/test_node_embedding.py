@@ -254,3 +254,51 @@ def test_two_ranks_equal_a_dense_embedding_given_both_ranks_gradients(graph, tmp
         optimizer.step()
     final = layout.embeddings(torch.from_numpy(table_bytes(out)))
     torch.testing.assert_close(final, dense.weight.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_prepare_embedding_makes_a_table_a_run_trains(graph, tmp_path, capsys):
+    from lsm_gnn.cli import main
+
+    table = tmp_path / "emb"
+    assert main(["prepare", "embedding", graph, "--out", str(table), "--dim", "4", "--optimizer", "adam",
+                 "--no-progress"]) == 0
+    assert "model.node_embedding.path=" in capsys.readouterr().out
+    opened = EmbeddingTable.open(str(table))
+    assert RowLayout.from_dict(opened.layout) == RowLayout(4, "float32", "adam") and opened.generation == 0
+    opened.close()
+    assert main(["prepare", "embedding", graph, "--out", str(table), "--dim", "4", "--no-progress"]) == 1
+    assert "exists" in capsys.readouterr().err
+    run(graph, tmp_path, "model.node_embedding.dim=4", "model.node_embedding.optimizer=adam",
+        f"model.node_embedding.path={table}", "train.epochs=1", "train.eval_splits=[]")
+    assert EmbeddingTable.open(str(table)).generation > 0
+
+
+@pytest.mark.parametrize("more,message", [
+    (["model.node_embedding.dim=0", "model.node_embedding.features=false"], "leaves the model no input"),
+    (["checkpoint.dir="], "needs a directory for its table"),
+    (["train.eval_mode=full"], "does not read node embeddings"),
+    (["model.node_embedding.capacity=lots"], "model.node_embedding.capacity"),
+])
+def test_settings_that_cannot_work_are_refused_before_any_work(graph, tmp_path, more, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides(graph, tmp_path, *more))
+
+
+def test_several_ranks_need_one_writer_per_row(graph, tmp_path):
+    from lsm_gnn.build import build_node_embedding, resolve
+    from lsm_gnn.data import open_dataset
+
+    cfg = load_config(None, overrides(graph, tmp_path, "cache.mode=isolated"))
+    dataset = open_dataset(graph)
+    with pytest.raises(ConfigError, match="cache.mode=shared"):
+        build_node_embedding(resolve(cfg, dataset, 2), cfg, dataset, str(tmp_path / "t"), torch.device("cpu"),
+                             world_size=2)
+
+
+def test_heterogeneous_datasets_are_refused_with_the_reason(tmp_path):
+    from lsm_gnn.testing import write_tiny_hetero_dataset
+
+    ds = write_tiny_hetero_dataset(tmp_path / "h")
+    with pytest.raises(ConfigError, match="one node type"):
+        Trainer(load_config(None, [f"dataset={getattr(ds, 'path', ds)}", "model.kind=sage",
+                                   f"checkpoint.dir={tmp_path / 'ck'}", "model.node_embedding.dim=4"]))
