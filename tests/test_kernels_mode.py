@@ -79,3 +79,34 @@ def test_the_gpu_benchmark_script_runs_under_the_interpreter(tmp_path):
     assert figures["cache_all_hit"]["hit_ratio"] == 1.0  # the hot batch is served from the cache
     assert figures["sampler"]["edges_per_batch"] > 0
 
+
+
+@pytest.mark.slow
+def test_node_embeddings_train_the_same_table_with_the_triton_kernels(graph, tmp_path, monkeypatch):
+    """The write-back cache under kernels=triton (its assign reports the victims whose dirty rows go back):
+    the same losses and the same table bytes as with the C++ core."""
+    import numpy as np
+    import torch
+
+    from lsm_gnn import _C
+    from lsm_gnn.storage import EmbeddingTable
+
+    def table(out):
+        opened = EmbeddingTable.open(os.path.join(out, "ckpt", "node_embedding"))
+        try:
+            return opened.read(torch.arange(opened.num_rows)).numpy().copy()
+        finally:
+            opened.close()
+
+    extra = ["model.node_embedding.dim=4", "model.node_embedding.capacity=60%", "cache.period=1",
+             "train.max_iterations=8"]
+    native = run(graph, tmp_path / "native", "native", *extra, f"checkpoint.dir={tmp_path / 'native' / 'ckpt'}")
+
+    def unused(*args, **kwargs):
+        raise AssertionError("kernels=triton called the C++ core")
+
+    for op in ("cache_assign", "cache_scan", "sample_hops"):
+        monkeypatch.setattr(_C, op, unused)
+    triton = run(graph, tmp_path / "triton", "triton", *extra, f"checkpoint.dir={tmp_path / 'triton' / 'ckpt'}")
+    assert triton == native
+    assert np.array_equal(table(tmp_path / "triton"), table(tmp_path / "native"))

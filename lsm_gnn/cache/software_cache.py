@@ -450,7 +450,7 @@ class SoftwareCache(StorageShape):
                 rows = torch.empty((ids.numel(), self.storage.dim), dtype=self.data.dtype, device=self.device)
                 rows.index_copy_(0, held, torch.index_select(self.data, 0, lines))
                 rows.index_copy_(0, apart, self.storage.read(ids[apart.cpu()]).to(self.device))
-            new = apply(rows, grads).to(self.data.dtype)
+            new = apply(rows, grads.to(self.device)).to(self.data.dtype)
             self.data.index_copy_(0, lines, new if apart.numel() == 0 else new[held])
             self.dirty[lines] = True
             if apart.numel():
