@@ -302,3 +302,31 @@ def test_heterogeneous_datasets_are_refused_with_the_reason(tmp_path):
     with pytest.raises(ConfigError, match="one node type"):
         Trainer(load_config(None, [f"dataset={getattr(ds, 'path', ds)}", "model.kind=sage",
                                    f"checkpoint.dir={tmp_path / 'ck'}", "model.node_embedding.dim=4"]))
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume_from_the_cli(graph, tmp_path, every_row):
+    """A real kill (SIGKILL, while rows are being written back between checkpoints); the CLI run started again
+    rolls the table back to the checkpoint and ends with the uninterrupted run's table and losses."""
+    import signal
+    import time
+
+    reference, reference_losses, _ = every_row
+    args = [sys.executable, "-m", "lsm_gnn", "train", *overrides(graph, tmp_path)]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "log" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and sum(1 for line in open(metrics) if '"iteration"' in line) >= 7:
+            break
+        time.sleep(0.01)
+    if proc.poll() is not None:
+        pytest.skip("the run finished before it could be killed")  # the in-process crashes above cover it
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resumed from" in done.stdout
+    assert losses(tmp_path) == reference_losses
+    assert np.array_equal(table_bytes(tmp_path), reference)
