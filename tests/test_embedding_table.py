@@ -116,6 +116,30 @@ def test_a_row_is_journaled_once_per_generation(tmp_path):
     table.close()
 
 
+def test_the_journal_is_fsynced_once_before_any_row_is_overwritten(tmp_path, monkeypatch):
+    table, _ = make_table(tmp_path / "t", row_bytes=40)
+    events = []
+    real_pwrite, real_fsync = os.pwrite, os.fsync
+    name = {table._fd: "table", table._journal_fd: "journal"}
+
+    def pwrite(fd, data, offset):
+        events.append(("pwrite", name[fd]))
+        return real_pwrite(fd, data, offset)
+
+    def fsync(fd):
+        events.append(("fsync", name[fd]))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    monkeypatch.setattr(os, "fsync", fsync)
+    table.write([1, 2, 3, 50, 90, 91], np.zeros((6, 40), dtype=np.uint8))
+    assert events == [("pwrite", "journal"), ("fsync", "journal")] + [("pwrite", "table")] * 3  # 3 runs
+    events.clear()
+    table.write([2, 3], np.ones((2, 40), dtype=np.uint8))  # journaled already: no journal I/O
+    assert events == [("pwrite", "table")]
+    table.close()
+
+
 def test_bad_ids_and_rows_are_refused(tmp_path):
     table, init = make_table(tmp_path / "t", num_rows=50, row_bytes=40)
     row = np.zeros((1, 40), dtype=np.uint8)
@@ -162,6 +186,15 @@ def test_checkpointed_rows_survive_and_later_ones_roll_back(tmp_path):
     table.close()
 
 
+def journal_records(ids, fill: int, row_bytes: int = 40) -> np.ndarray:
+    """Intact journal records (right crc) of ``ids`` whose before-images are all ``fill``."""
+    records = np.zeros(len(ids), dtype=_record_dtype(row_bytes))
+    records["id"], records["row"] = ids, fill
+    for record, raw in zip(records, records.view(np.uint8).reshape(len(ids), -1)):
+        record["crc"] = zlib.crc32(raw[12:].tobytes(), zlib.crc32(raw[:8].tobytes()))
+    return records
+
+
 def test_a_torn_journal_record_ends_recovery(tmp_path):
     """Only records before the first torn or crc-bad one are before-images of overwritten rows."""
     path = tmp_path / "t"
@@ -169,12 +202,8 @@ def test_a_torn_journal_record_ends_recovery(tmp_path):
     table, init = make_table(path)
     table.write([10, 11, 12], random_rows(rng, 3, 40))
     table.close()
-    garbage = np.zeros(2, dtype=_record_dtype(40))
-    garbage["id"] = [20, 21]
-    garbage["row"] = 0xAB
-    garbage["crc"] = [12345, 0]
-    second = garbage.view(np.uint8).reshape(2, -1)[1]
-    garbage["crc"][1] = zlib.crc32(second[12:].tobytes(), zlib.crc32(second[:8].tobytes()))  # intact, after a bad one
+    garbage = journal_records([20, 21], fill=0xAB)
+    garbage["crc"][0] ^= 1  # a bad record, then an intact one after it
     with open(path / "undo.0.log", "ab") as fh:
         fh.write(garbage.tobytes())
         fh.write(garbage.tobytes()[:30])  # and a torn tail
@@ -182,6 +211,28 @@ def test_a_torn_journal_record_ends_recovery(tmp_path):
     np.testing.assert_array_equal(all_rows(table), init)
     assert sorted(os.listdir(path)) == ["table.bin", "table.json", "undo.0.log"]
     assert os.path.getsize(path / "undo.0.log") == 32
+    table.close()
+
+
+def test_a_row_journaled_twice_gets_its_first_before_image(tmp_path):
+    path = tmp_path / "t"
+    table, init = make_table(path)
+    table.write([7], random_rows(np.random.default_rng(6), 1, 40))
+    table.close()
+    with open(path / "undo.0.log", "ab") as fh:
+        fh.write(journal_records([7], fill=0xCD).tobytes())
+    table = EmbeddingTable.open(path)
+    np.testing.assert_array_equal(all_rows(table), init)
+    table.close()
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_reads_see_writes_buffered_or_direct(tmp_path, direct):
+    make_table(tmp_path / "t")[0].close()
+    table = EmbeddingTable.open(tmp_path / "t", direct=direct)
+    rows = random_rows(np.random.default_rng(7), 3, 40)
+    table.write([0, 1, 199], rows)
+    np.testing.assert_array_equal(table.read([199, 0, 1]).numpy(), rows[[2, 0, 1]])
     table.close()
 
 
@@ -394,8 +445,11 @@ def closed_table(tmp_path):
 
 
 def test_a_missing_directory_is_named(tmp_path):
-    with pytest.raises(TableError, match="no embedding table here.*EmbeddingTable.create"):
+    with pytest.raises(TableError, match="nope: no embedding table here.*EmbeddingTable.create"):
         EmbeddingTable.open(tmp_path / "nope")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(TableError, match="file: no embedding table here"):
+        EmbeddingTable.open(tmp_path / "file")
 
 
 @pytest.mark.parametrize("damage,message", [
@@ -438,7 +492,7 @@ def test_create_refuses_an_existing_path_and_bad_arguments(tmp_path):
                               layout={}, chunk_rows=4)
     assert sorted(os.listdir(tmp_path)) == ["taken"]  # a failed create leaves nothing, not even its temporary
     table = EmbeddingTable.create(tmp_path / "t", 10, 8, lambda s, e: torch.ones((e - s, 8), dtype=torch.uint8),
-                                  layout={})
+                                  layout={}, progress=True)
     assert table.read([9]).tolist() == [[1] * 8]
     with pytest.raises(ValueError, match="generation must be an integer >= the current generation 0"):
         table.set_generation(-1)

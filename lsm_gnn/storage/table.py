@@ -99,6 +99,7 @@ class WriteStats:
     ``bytes_written`` counts what went to table.bin (a run of consecutive packed rows includes the
     padding between them); ``journal_bytes`` the records appended to the journal. ``journal_seconds``
     covers reading the before-images, appending and fsyncing them; ``write_seconds`` the row writes.
+    The before-image reads also count in ``stats()``, as reads of the file.
     """
 
     rows_written: int = 0
@@ -196,7 +197,7 @@ def _positive_int(value, name: str) -> int:
 def _load_meta(path: str) -> dict:
     """table.json of table directory ``path``, validated against table.bin; TableError naming the problem."""
     if not os.path.isdir(path):
-        raise TableError(f"{path}: no embedding table here (the directory does not exist); check the path, or "
+        raise TableError(f"{path}: no embedding table here (no such directory); check the path, or "
                          f"create the table with EmbeddingTable.create")
     meta_path = os.path.join(path, META_FILE)
     fix = f"{_FRESH_FIX} (delete {path} and create it again)"
@@ -246,12 +247,12 @@ class EmbeddingTable(NativeStorage):
     :meth:`open`.
 
     ``read(ids)`` / ``read_into`` are :class:`~lsm_gnn.storage.base.FeatureStorage`'s: ``read(ids)[i]``
-    equals the bytes of row ``ids[i]`` as last written. One thread writes; reads may run beside it.
+    equals the bytes of row ``ids[i]`` as last written. One thread writes; reads of rows not being written
+    may run beside it.
     """
 
     def __init__(self, path: str, meta: dict, *, rank: int, direct: bool):
         """Internal: :meth:`open` validates ``meta`` and recovers first."""
-        self.path = path
         self.rank = rank
         self.layout = meta["layout"]
         self.generation = meta["generation"]
@@ -286,6 +287,8 @@ class EmbeddingTable(NativeStorage):
         path = os.path.abspath(os.fspath(path))
         num_rows, row_bytes = _positive_int(num_rows, "num_rows"), _positive_int(row_bytes, "row_bytes")
         chunk_rows = _positive_int(chunk_rows, "chunk_rows")
+        if row_bytes >= 1 << 32:  # the journal header holds it in 32 bits
+            raise ValueError(f"row_bytes must be below 4 GiB, got {row_bytes}")
         if not isinstance(layout, dict):
             raise ValueError(f"layout must be a dict (stored in {META_FILE}), got {type(layout).__name__}")
         if os.path.lexists(path):
