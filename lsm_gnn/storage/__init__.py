@@ -5,6 +5,7 @@ import os
 import warnings
 
 from lsm_gnn.storage.base import FeatureStorage, StorageStats
+from lsm_gnn.storage.table import EmbeddingTable, TableError
 
 # The one table of backend names; the CLI, configs and docs read it.
 BACKENDS = {
@@ -62,4 +63,5 @@ def open_storage(dataset, backend: str = "auto", **options) -> FeatureStorage:
     return GdsStorage(dataset, **options)
 
 
-__all__ = ["BACKENDS", "FeatureStorage", "StorageStats", "default_backend", "open_storage"]
+__all__ = ["BACKENDS", "EmbeddingTable", "FeatureStorage", "StorageStats", "TableError", "default_backend",
+           "open_storage"]

@@ -1,0 +1,601 @@
+"""A durable on-disk table of fixed-size rows that training writes in place: trainable embeddings on SSD.
+
+A table is a directory::
+
+    table.json     format name and version, num_rows, row_bytes, row_stride, file_bytes, the
+                   committed ``generation`` and the caller's ``layout`` (an opaque JSON object)
+    table.bin      num_rows rows of ``row_stride`` bytes (:func:`~lsm_gnn.data.format.row_stride_for`:
+                   packed small rows or 512-aligned large ones), zero padded, padded to a whole page
+    undo.<rank>.log   one undo journal per writing rank (below)
+
+Rows are opaque bytes here (``dtype="uint8"``, ``dim=row_bytes``); only the embedding layer knows what
+they hold. Reads are :class:`~lsm_gnn.storage.native.NativeStorage`'s (the ``pread`` reader, buffered by
+default so that it sees the writes, which go through the page cache).
+
+**Generations.** The table between two checkpoints is one generation. A checkpoint ends generation ``g``
+and starts ``g + 1`` in this order: every rank writes its dirty rows and calls :meth:`EmbeddingTable.sync`;
+the caller writes its checkpoint, recording ``g + 1``; rank 0 calls :meth:`~EmbeddingTable.set_generation`
+``(g + 1)``; every rank calls :meth:`~EmbeddingTable.reset_journal` ``(g + 1)``. A rank writes nothing
+between its ``sync`` and its ``reset_journal``.
+
+**Undo journal.** Before the first overwrite of a row in a generation, :meth:`~EmbeddingTable.write`
+appends the row's before-image (its committed bytes) to the rank's journal and fsyncs the journal, then
+overwrites the row with ``pwrite``. Format (little endian)::
+
+    header (32 bytes): magic b"LSMUNDO1", uint32 format version (1), uint32 row_bytes, int64 generation,
+                       uint32 crc32 of the 24 bytes before it, 4 zero bytes
+    record (12 + row_bytes bytes each): int64 row id, uint32 crc32 of (id bytes + row bytes), row bytes
+
+The header is written whole (temporary file, fsync, rename, fsync of the directory), so a journal on
+disk always has one. Records are appended; a crash may leave the last ones torn or missing, but only
+records after the last fsync, whose rows had not been overwritten yet.
+
+**Recovery** to generation ``E`` (the checkpoint's; by default the one table.json records), by the rank
+that opens with ``recover=True``, for every ``undo.*.log``:
+
+- journal generation == E: the generation's rows were being overwritten. Every intact record's
+  before-image is written back, stopping at the first torn or crc-bad record (its row was never
+  overwritten: the journal is synced before the overwrite); table.bin is fsynced, the journal deleted.
+- journal generation < E: stale (the table was synced and the checkpoint for E written after it);
+  deleted.
+- journal generation > E, or table.json generation > E: the table is newer than the checkpoint and
+  cannot be rolled back that far: :class:`TableError`.
+
+Then table.json's generation, if below E (a crash after the checkpoint but before ``set_generation``), is
+set to E. Each step is idempotent, so a crash during recovery is recovered by the next open.
+
+Ranks write disjoint rows within a generation (each row has one owner); a row in two journals of one
+generation cannot be ordered, and recovery refuses it with a :class:`TableError`.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import struct
+import tempfile
+import time
+import types
+import zlib
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from lsm_gnn.data.format import PAGE_SIZE, FeatureLayout, feature_file_bytes, row_stride_for, row_stride_problem
+from lsm_gnn.fileio import (
+    CheckedFile, atomic_write_bytes, fsync_path, remove_stale_temporaries, reporting_disk_full, temp_prefix,
+)
+from lsm_gnn.ids import as_id_tensor
+from lsm_gnn.storage.native import NativeStorage
+
+FORMAT_NAME = "lsm-gnn-embedding-table"
+FORMAT_VERSION = 1
+META_FILE = "table.json"
+DATA_FILE = "table.bin"
+JOURNAL_MAGIC = b"LSMUNDO1"
+JOURNAL_VERSION = 1
+_HEADER = struct.Struct("<8sIIqI4x")  # magic, version, row_bytes, generation, crc32 of the fields before it
+_HEADER_CRC_SPAN = _HEADER.size - 8
+_RECORD_PREFIX = 12                   # int64 id + uint32 crc32, then the row
+_JOURNAL_NAME = re.compile(r"undo\.(\d+)\.log")
+_RECOVER_CHUNK_BYTES = 16 << 20       # journal bytes read per step of recovery
+_FRESH_FIX = "start fresh (delete the table directory and train from scratch) or restore the table from a backup"
+assert _HEADER.size == 32
+
+__all__ = ["EmbeddingTable", "TableError", "WriteStats"]
+
+
+class TableError(ValueError):
+    """A table directory is missing, malformed, or does not fit the checkpoint."""
+
+
+@dataclass
+class WriteStats:
+    """Write counters since open (or the last ``reset_stats``).
+
+    ``bytes_written`` counts what went to table.bin (a run of consecutive packed rows includes the
+    padding between them); ``journal_bytes`` the records appended to the journal. ``journal_seconds``
+    covers reading the before-images, appending and fsyncing them; ``write_seconds`` the row writes.
+    The before-image reads also count in ``stats()``, as reads of the file.
+    """
+
+    rows_written: int = 0
+    bytes_written: int = 0
+    journal_rows: int = 0
+    journal_bytes: int = 0
+    write_seconds: float = 0.0
+    journal_seconds: float = 0.0
+
+
+class _RowSet:
+    """A set of row ids in [0, num_rows) as one bit per row."""
+
+    def __init__(self, num_rows: int):
+        self._bits = np.zeros((num_rows + 7) // 8, dtype=np.uint8)
+
+    def contains(self, ids: np.ndarray) -> np.ndarray:
+        return ((self._bits[ids >> 3] >> (ids & 7).astype(np.uint8)) & 1).astype(bool)
+
+    def add(self, ids: np.ndarray) -> None:
+        np.bitwise_or.at(self._bits, ids >> 3, np.left_shift(1, ids & 7).astype(np.uint8))
+
+    def update(self, other: "_RowSet") -> None:
+        self._bits |= other._bits
+
+    def intersects(self, other: "_RowSet") -> bool:
+        return bool((self._bits & other._bits).any())
+
+    def clear(self) -> None:
+        self._bits.fill(0)
+
+
+def _record_dtype(row_bytes: int) -> np.dtype:
+    return np.dtype([("id", "<i8"), ("crc", "<u4"), ("row", np.uint8, (row_bytes,))])  # packed: 12 + row_bytes
+
+
+def _record_crcs(records: np.ndarray) -> np.ndarray:
+    """crc32 of (id bytes + row bytes) of every record."""
+    raw = records.view(np.uint8).reshape(len(records), records.dtype.itemsize)
+    return np.fromiter((zlib.crc32(r[_RECORD_PREFIX:], zlib.crc32(r[:8])) for r in raw), dtype=np.uint32,
+                       count=len(records))
+
+
+def _journal_header(row_bytes: int, generation: int) -> bytes:
+    fields = _HEADER.pack(JOURNAL_MAGIC, JOURNAL_VERSION, row_bytes, generation, 0)[:_HEADER_CRC_SPAN]
+    return _HEADER.pack(JOURNAL_MAGIC, JOURNAL_VERSION, row_bytes, generation, zlib.crc32(fields))
+
+
+def _read_journal_header(path: str, row_bytes: int) -> int:
+    """The generation a journal records; TableError naming the file when it is no journal of this table."""
+    with open(path, "rb") as fh:
+        raw = fh.read(_HEADER.size)
+    if len(raw) < _HEADER.size:
+        raise TableError(f"{path}: the undo journal is shorter than its {_HEADER.size}-byte header; the rows it "
+                         f"protects cannot be rolled back: {_FRESH_FIX}")
+    magic, version, journal_row_bytes, generation, crc = _HEADER.unpack(raw)
+    if magic != JOURNAL_MAGIC or crc != zlib.crc32(raw[:_HEADER_CRC_SPAN]):
+        raise TableError(f"{path}: not an undo journal (bad magic or header checksum); the rows it protects "
+                         f"cannot be rolled back: {_FRESH_FIX}")
+    if version != JOURNAL_VERSION:
+        raise TableError(f"{path}: undo journal format version {version}, this lsm-gnn reads version "
+                         f"{JOURNAL_VERSION}; open the table with the lsm-gnn that wrote it")
+    if journal_row_bytes != row_bytes:
+        raise TableError(f"{path}: the undo journal holds rows of {journal_row_bytes} bytes, the table rows of "
+                         f"{row_bytes}; it belongs to another table: {_FRESH_FIX}")
+    return generation
+
+
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    """pwrite until every byte is out (pwrite may write less than asked)."""
+    view = memoryview(data).cast("B")
+    while view.nbytes:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "short write")  # reporting_disk_full names the file
+        view, offset = view[n:], offset + n
+
+
+def _check_init_rows(rows, start: int, stop: int, row_bytes: int) -> np.ndarray:
+    if isinstance(rows, torch.Tensor):
+        rows = rows.cpu().numpy()
+    rows = np.asarray(rows)
+    if rows.dtype != np.uint8 or rows.shape != (stop - start, row_bytes):
+        raise ValueError(f"init({start}, {stop}) must return a uint8 array of shape ({stop - start}, {row_bytes}) "
+                         f"(one row of row_bytes per table row), got {rows.dtype} {tuple(rows.shape)}")
+    return np.ascontiguousarray(rows)
+
+
+def _positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _load_meta(path: str) -> dict:
+    """table.json of table directory ``path``, validated against table.bin; TableError naming the problem."""
+    if not os.path.isdir(path):
+        raise TableError(f"{path}: no embedding table here (no such directory); check the path, or "
+                         f"create the table with EmbeddingTable.create")
+    meta_path = os.path.join(path, META_FILE)
+    fix = f"{_FRESH_FIX} (delete {path} and create it again)"
+    try:
+        with open(meta_path) as fh:
+            meta = json.load(fh)
+    except FileNotFoundError:
+        raise TableError(f"{meta_path} is missing: {path} is no embedding table (or a copy of one lost it); "
+                         f"{fix}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TableError(f"{meta_path} is not valid JSON ({exc}); {fix}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise TableError(f"{meta_path}: format is {found!r}, expected {FORMAT_NAME!r}; this is no embedding "
+                         f"table's metadata; {fix}")
+    if meta.get("version") != FORMAT_VERSION:
+        raise TableError(f"{meta_path}: format version {meta.get('version')!r}, this lsm-gnn reads version "
+                         f"{FORMAT_VERSION}; open the table with the lsm-gnn that wrote it")
+    for key, low in (("num_rows", 1), ("row_bytes", 1), ("row_stride", 1), ("file_bytes", 1), ("generation", 0)):
+        value = meta.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise TableError(f"{meta_path}: {key} must be an integer >= {low}, got {value!r}; {fix}")
+    if not isinstance(meta.get("layout"), dict):
+        raise TableError(f"{meta_path}: layout must be a JSON object, got {meta.get('layout')!r}; {fix}")
+    problem = row_stride_problem(meta["row_bytes"], meta["row_stride"])
+    if problem:
+        raise TableError(f"{meta_path}: {problem}; {fix}")
+    expected = feature_file_bytes(meta["num_rows"], meta["row_stride"])
+    if meta["file_bytes"] != expected:
+        raise TableError(f"{meta_path}: file_bytes={meta['file_bytes']} disagrees with num_rows={meta['num_rows']} "
+                         f"rows of row_stride={meta['row_stride']} ({expected} bytes with page padding); {fix}")
+    data_path = os.path.join(path, DATA_FILE)
+    try:
+        size = os.path.getsize(data_path)
+    except FileNotFoundError:
+        raise TableError(f"{data_path} is missing: the table's rows are gone; {fix}") from None
+    if size != expected:
+        what = "truncated" if size < expected else "longer than its metadata says"
+        raise TableError(f"{data_path} is {what}: {size} bytes, but {meta_path} records {meta['num_rows']} rows of "
+                         f"{meta['row_stride']} bytes ({expected} bytes); {fix}")
+    return meta
+
+
+class EmbeddingTable(NativeStorage):
+    """A table of ``num_rows`` rows of ``row_bytes`` raw bytes, read like features and written in place
+    under an undo journal (see the module docstring). Make one with :meth:`create`, open one with
+    :meth:`open`.
+
+    ``read(ids)`` / ``read_into`` are :class:`~lsm_gnn.storage.base.FeatureStorage`'s: ``read(ids)[i]``
+    equals the bytes of row ``ids[i]`` as last written. One thread writes; reads of rows not being written
+    may run beside it.
+    """
+
+    def __init__(self, path: str, meta: dict, *, rank: int, direct: bool):
+        """Internal: :meth:`open` validates ``meta`` and recovers first."""
+        self.rank = rank
+        self.layout = meta["layout"]
+        self.generation = meta["generation"]
+        self.row_stride = meta["row_stride"]
+        data_path = os.path.join(path, DATA_FILE)
+        features = FeatureLayout(file=DATA_FILE, dtype="uint8", dim=meta["row_bytes"], row_bytes=meta["row_bytes"],
+                                 row_stride=meta["row_stride"], page_size=PAGE_SIZE, file_bytes=meta["file_bytes"])
+        view = types.SimpleNamespace(num_nodes=meta["num_rows"], features=features, feature_path=data_path)
+        super().__init__(view, "pread", direct=direct)
+        self.backend = "table"
+        self.path = path  # NativeStorage names its file `path`; here it is the table's directory
+        self.data_path = data_path
+        self.journal_path = os.path.join(path, f"undo.{rank}.log")
+        self._record_dtype = _record_dtype(self.row_bytes)
+        self._journaled = _RowSet(self.num_rows)
+        self._writes = WriteStats()
+        self._journal_fd: int | None = None
+        self._journal_end = 0
+        self._fd = os.open(data_path, os.O_RDWR)
+
+    # -- making and opening --------------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, path, num_rows: int, row_bytes: int, init, *, layout: dict, chunk_rows: int = 1 << 16,
+               progress: bool = False) -> "EmbeddingTable":
+        """Creates table directory ``path`` with rows ``init(start, stop)`` (a uint8 ``[stop - start,
+        row_bytes]`` array, asked for in chunks of ``chunk_rows``) at generation 0, and opens it as rank 0.
+
+        The directory appears whole or not at all (built in a temporary sibling, then renamed). ``layout`` is
+        stored as given, for callers to compare when they open the table.
+        """
+        path = os.path.abspath(os.fspath(path))
+        num_rows, row_bytes = _positive_int(num_rows, "num_rows"), _positive_int(row_bytes, "row_bytes")
+        chunk_rows = _positive_int(chunk_rows, "chunk_rows")
+        if row_bytes >= 1 << 32:  # the journal header holds it in 32 bits
+            raise ValueError(f"row_bytes must be below 4 GiB, got {row_bytes}")
+        if not isinstance(layout, dict):
+            raise ValueError(f"layout must be a dict (stored in {META_FILE}), got {type(layout).__name__}")
+        if os.path.lexists(path):
+            raise TableError(f"{path} already exists; open it with EmbeddingTable.open, or delete it or choose "
+                             f"another path to create a new table")
+        stride = row_stride_for(row_bytes)
+        meta = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "num_rows": num_rows, "row_bytes": row_bytes,
+                "row_stride": stride, "file_bytes": feature_file_bytes(num_rows, stride), "generation": 0,
+                "layout": layout}
+        try:
+            meta_bytes = json.dumps(meta, indent=1).encode()
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"layout must be JSON serializable (it is stored in {META_FILE}): {exc}") from None
+        parent = os.path.dirname(path)
+        os.makedirs(parent, exist_ok=True)
+        remove_stale_temporaries(path)
+        tmp = tempfile.mkdtemp(prefix=temp_prefix(path), dir=parent)
+        try:
+            _write_rows_file(os.path.join(tmp, DATA_FILE), meta, init, chunk_rows, progress)
+            with CheckedFile(os.path.join(tmp, META_FILE), size=len(meta_bytes)) as fh:
+                fh.write(meta_bytes)
+                fh.close(sync=True)
+            fsync_path(tmp)
+            if os.path.lexists(path):
+                raise TableError(f"{path} appeared while the table was being created (another writer?); delete "
+                                 f"it or choose another path")
+            os.rename(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        fsync_path(parent)
+        return cls.open(path)
+
+    @classmethod
+    def open(cls, path, *, rank: int = 0, expect_generation: int | None = None, recover: bool = True,
+             direct: bool = False) -> "EmbeddingTable":
+        """Opens table directory ``path`` as ``rank`` (whose journal is ``undo.<rank>.log``).
+
+        With ``recover=True`` every journal in the directory is first rolled back to ``expect_generation``
+        (None: the generation table.json records), see the module docstring. With several ranks, rank 0
+        opens with ``recover=True`` and the others, after a barrier, with ``recover=False``. Every problem
+        raises :class:`TableError` naming the file and the fix.
+        """
+        path = os.path.abspath(os.fspath(path))
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
+        if expect_generation is not None and (isinstance(expect_generation, bool)
+                                              or not isinstance(expect_generation, int) or expect_generation < 0):
+            raise ValueError(f"expect_generation must be None or a non-negative integer, got {expect_generation!r}")
+        meta = _load_meta(path)
+        if recover:
+            meta = _recover(path, meta, meta["generation"] if expect_generation is None else expect_generation)
+        elif expect_generation is not None and meta["generation"] != expect_generation:
+            raise TableError(f"{os.path.join(path, META_FILE)} records generation {meta['generation']}, the "
+                             f"checkpoint generation {expect_generation}; open the table on rank 0 with "
+                             f"recover=True (before the barrier) so it is rolled to the checkpoint first")
+        table = cls(path, meta, rank=rank, direct=direct)
+        try:
+            table._start_journal(check_existing=not recover)
+        except BaseException:
+            table.close()
+            raise
+        return table
+
+    # -- writing -------------------------------------------------------------------------------------------
+
+    def write(self, ids, rows) -> None:
+        """Writes ``rows[i]`` (uint8 ``[len(ids), row_bytes]``, a CPU tensor or array) as row ``ids[i]``
+        (distinct ids). Rows not yet overwritten in this generation are journaled first (one fsync)."""
+        if self._closed:
+            raise RuntimeError("EmbeddingTable is closed")
+        ids = as_id_tensor(ids).numpy()
+        if isinstance(rows, torch.Tensor):
+            if rows.device.type != "cpu":
+                raise ValueError(f"rows must be on the CPU, got a tensor on {rows.device}; pass rows.cpu()")
+            rows = rows.detach().numpy()
+        rows = np.asarray(rows)
+        if rows.dtype != np.uint8 or rows.shape != (len(ids), self.row_bytes):
+            raise ValueError(f"rows must be uint8 of shape ({len(ids)}, {self.row_bytes}) (one row of row_bytes "
+                             f"per id), got {rows.dtype} {tuple(rows.shape)}")
+        if not len(ids):
+            return
+        order = np.argsort(ids, kind="stable")
+        ids = ids[order]
+        if ids[0] < 0 or ids[-1] >= self.num_rows:
+            bad = int(ids[0] if ids[0] < 0 else ids[-1])
+            raise IndexError(f"row id {bad} is out of range: the table has {self.num_rows} rows")
+        repeated = np.flatnonzero(ids[1:] == ids[:-1])
+        if len(repeated):
+            raise ValueError(f"row id {int(ids[repeated[0]])} appears more than once; write each row once per call")
+        rows = rows[order]
+        new = ids[~self._journaled.contains(ids)]
+        if len(new):
+            self._journal(new)
+        start = time.perf_counter()
+        written = _write_runs(self._fd, self.data_path, ids, rows, self.row_stride)
+        w = self._writes
+        w.rows_written += len(ids)
+        w.bytes_written += written
+        w.write_seconds += time.perf_counter() - start
+
+    def _journal(self, ids: np.ndarray) -> None:
+        """Appends the before-images of sorted ``ids`` to the journal and fsyncs it."""
+        start = time.perf_counter()
+        before = torch.empty((len(ids), self.row_bytes), dtype=torch.uint8)
+        self._read(torch.from_numpy(ids), before)
+        records = np.empty(len(ids), dtype=self._record_dtype)
+        records["id"] = ids
+        records["row"] = before.numpy()
+        records["crc"] = _record_crcs(records)
+        with reporting_disk_full(self.journal_path, self._journal_end + records.nbytes):
+            _pwrite_all(self._journal_fd, records, self._journal_end)
+            os.fsync(self._journal_fd)  # before any row it protects is overwritten
+        self._journal_end += records.nbytes
+        self._journaled.add(ids)
+        w = self._writes
+        w.journal_rows += len(ids)
+        w.journal_bytes += records.nbytes
+        w.journal_seconds += time.perf_counter() - start
+
+    def sync(self) -> None:
+        """fsyncs table.bin: every row written so far is durable (a checkpoint's last step on each rank)."""
+        if self._closed:
+            raise RuntimeError("EmbeddingTable is closed")
+        with reporting_disk_full(self.data_path):
+            os.fsync(self._fd)
+
+    def set_generation(self, generation: int) -> None:
+        """Rank 0, after every rank's :meth:`sync` and the checkpoint: records ``generation`` in table.json."""
+        if self.rank != 0:
+            raise RuntimeError(f"set_generation runs on rank 0 only (this is rank {self.rank}); the other ranks "
+                               f"call reset_journal after it")
+        if isinstance(generation, bool) or not isinstance(generation, int) or generation < self.generation:
+            raise ValueError(f"generation must be an integer >= the current generation {self.generation}, got "
+                             f"{generation!r}")
+        meta = _load_meta(self.path)
+        meta["generation"] = generation
+        atomic_write_bytes(json.dumps(meta, indent=1).encode(), os.path.join(self.path, META_FILE))
+        self.generation = generation
+
+    def reset_journal(self, generation: int) -> None:
+        """Every rank, after rank 0's :meth:`set_generation`: starts this rank's journal for ``generation``."""
+        if self._closed:
+            raise RuntimeError("EmbeddingTable is closed")
+        recorded = _load_meta(self.path)["generation"]
+        if generation != recorded:
+            raise TableError(f"reset_journal({generation!r}), but {os.path.join(self.path, META_FILE)} records "
+                             f"generation {recorded}; call set_generation({generation!r}) on rank 0 first (after "
+                             f"every rank's sync)")
+        self.generation = generation
+        self._start_journal(check_existing=False)
+
+    def _start_journal(self, check_existing: bool) -> None:
+        """Replaces this rank's journal with an empty one for the current generation. With ``check_existing``
+        (a rank that did not recover), a journal that still protects rows of this generation is refused."""
+        remove_stale_temporaries(self.journal_path, kind="file")
+        if check_existing and os.path.exists(self.journal_path):
+            generation = _read_journal_header(self.journal_path, self.row_bytes)
+            if generation >= self.generation and os.path.getsize(self.journal_path) > _HEADER.size:
+                raise TableError(f"{self.journal_path} still holds before-images of generation {generation} that "
+                                 f"were never rolled back; open the table on rank 0 with recover=True (before the "
+                                 f"barrier) first")
+        if self._journal_fd is not None:
+            os.close(self._journal_fd)
+            self._journal_fd = None
+        atomic_write_bytes(_journal_header(self.row_bytes, self.generation), self.journal_path)
+        self._journal_fd = os.open(self.journal_path, os.O_WRONLY)
+        self._journal_end = _HEADER.size
+        self._journaled.clear()
+
+    # -- counters and closing ------------------------------------------------------------------------------
+
+    def write_counters(self) -> dict:
+        """Cumulative write counters (:class:`WriteStats` as a dict)."""
+        return asdict(self._writes)
+
+    def reset_stats(self) -> None:
+        super().reset_stats()
+        self._writes = WriteStats()
+
+    def close(self) -> None:
+        """Closes the files; syncs nothing (a checkpoint's :meth:`sync` does)."""
+        if self._closed:
+            return
+        super().close()
+        for name in ("_fd", "_journal_fd"):
+            fd = getattr(self, name, None)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
+
+    def __repr__(self) -> str:
+        return (f"EmbeddingTable({self.path!r}, rows={self.num_rows}, row_bytes={self.row_bytes}, "
+                f"generation={self.generation}, rank={self.rank})")
+
+
+def _write_runs(fd: int, file_name: str, ids: np.ndarray, rows: np.ndarray, stride: int) -> int:
+    """pwrites ``rows`` at sorted distinct ``ids``, one call per run of consecutive ids; returns the bytes."""
+    n, row_bytes = rows.shape
+    if stride != row_bytes:  # a run spans the zero padding between its rows, so it is one buffer
+        staged = np.zeros((n, stride), dtype=np.uint8)
+        staged[:, :row_bytes] = rows
+    else:
+        staged = np.ascontiguousarray(rows)
+    flat = staged.reshape(-1)
+    bounds = np.flatnonzero(np.diff(ids) != 1) + 1
+    starts, ends = np.concatenate(([0], bounds)), np.concatenate((bounds, [n]))
+    total = 0
+    with reporting_disk_full(file_name):
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            length = (e - s - 1) * stride + row_bytes
+            _pwrite_all(fd, flat[s * stride:s * stride + length], int(ids[s]) * stride)
+            total += length
+    return total
+
+
+def _write_rows_file(path: str, meta: dict, init, chunk_rows: int, progress: bool) -> None:
+    """Writes table.bin of a new table: the rows from ``init`` in chunks, zero padded, fsynced."""
+    from tqdm.auto import tqdm
+
+    num_rows, row_bytes, stride = meta["num_rows"], meta["row_bytes"], meta["row_stride"]
+    with CheckedFile(path, size=meta["file_bytes"]) as fh, \
+            tqdm(total=num_rows, desc="table rows", unit="row", unit_scale=True, disable=not progress) as bar:
+        for start in range(0, num_rows, chunk_rows):
+            stop = min(start + chunk_rows, num_rows)
+            rows = _check_init_rows(init(start, stop), start, stop, row_bytes)
+            if stride != row_bytes:
+                padded = np.zeros((stop - start, stride), dtype=np.uint8)
+                padded[:, :row_bytes] = rows
+                rows = padded
+            fh.write(rows)
+            bar.update(stop - start)
+        fh.write(bytes(meta["file_bytes"] - num_rows * stride))
+        fh.close(sync=True)
+
+
+def _recover(path: str, meta: dict, target: int) -> dict:
+    """Rolls the table directory back to generation ``target`` (see the module docstring); returns the
+    metadata as it then stands."""
+    meta_path = os.path.join(path, META_FILE)
+    if meta["generation"] > target:
+        raise TableError(f"{meta_path} records generation {meta['generation']}, newer than the checkpoint's "
+                         f"generation {target}: the table cannot be rolled back that far; {_FRESH_FIX}, or resume "
+                         f"from the checkpoint of generation {meta['generation']}")
+    journals = []
+    for name in sorted(os.listdir(path)):
+        match = _JOURNAL_NAME.fullmatch(name)
+        if match:
+            journal = os.path.join(path, name)
+            generation = _read_journal_header(journal, meta["row_bytes"])
+            if generation > target:
+                raise TableError(f"{journal} is a journal of generation {generation}, newer than the checkpoint's "
+                                 f"generation {target}: the table cannot be rolled back that far; {_FRESH_FIX}")
+            journals.append((journal, generation))
+    live = [journal for journal, generation in journals if generation == target]
+    if live:
+        fd = os.open(os.path.join(path, DATA_FILE), os.O_RDWR)
+        try:
+            restored = _RowSet(meta["num_rows"])
+            for journal in live:
+                rows = _undo(journal, fd, meta)
+                if restored.intersects(rows):
+                    raise TableError(f"{journal} holds rows that another rank's journal of generation {target} "
+                                     f"holds too, so which before-image is the committed row is unknown (ranks "
+                                     f"must write disjoint rows); {_FRESH_FIX}")
+                restored.update(rows)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for journal, _ in journals:
+        os.unlink(journal)
+    if journals:
+        fsync_path(path)
+    if meta["generation"] < target:
+        meta = dict(meta, generation=target)
+        atomic_write_bytes(json.dumps(meta, indent=1).encode(), meta_path)
+    return meta
+
+
+def _undo(journal: str, fd: int, meta: dict) -> _RowSet:
+    """Writes the intact before-images of ``journal`` back into table.bin (file descriptor ``fd``); returns
+    the rows restored."""
+    num_rows, row_bytes = meta["num_rows"], meta["row_bytes"]
+    dtype = _record_dtype(row_bytes)
+    restored = _RowSet(num_rows)
+    per_chunk = max(1, _RECOVER_CHUNK_BYTES // dtype.itemsize)
+    offset = _HEADER.size
+    with open(journal, "rb") as fh:
+        while True:
+            fh.seek(offset)
+            raw = fh.read(per_chunk * dtype.itemsize)
+            records = np.frombuffer(raw[:len(raw) - len(raw) % dtype.itemsize], dtype=dtype)  # a torn tail: out
+            bad = np.flatnonzero(_record_crcs(records) != records["crc"])
+            intact = records[:bad[0]] if len(bad) else records
+            ids = intact["id"].astype(np.int64)
+            outside = ids[(ids < 0) | (ids >= num_rows)]
+            if len(outside):
+                raise TableError(f"{journal}: an intact record names row {int(outside[0])}, outside the table's "
+                                 f"{num_rows} rows; the journal is not this table's: {_FRESH_FIX}")
+            # write() journals a row once per generation; were one there twice, its first image is the committed one
+            ids, first = np.unique(ids, return_index=True)
+            keep = ~restored.contains(ids)
+            ids, first = ids[keep], first[keep]
+            if len(ids):
+                _write_runs(fd, os.path.join(os.path.dirname(journal), DATA_FILE), ids,
+                            np.ascontiguousarray(intact["row"][first]), meta["row_stride"])
+                restored.add(ids)
+            if len(bad) or len(records) < per_chunk:
+                return restored
+            offset += records.nbytes
