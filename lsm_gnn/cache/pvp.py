@@ -216,6 +216,17 @@ class VictimBuffer:
         self.stats.dropped_no_reuse += no_reuse
         self.stats.dropped_full += full
 
+    def discard(self, nodes: torch.Tensor) -> None:
+        """Drops every parked or prefetched copy of ``nodes``: their rows changed in storage (a write-back
+        cache updated them outside its lines), so a copy would serve stale bytes. Dropped lines count as unused
+        when their iteration comes."""
+        self.close()  # a background move must not copy a line while it is dropped
+        with self._state_lock:
+            nodes = nodes.to(self.node.device)
+            self.node[torch.isin(self.node, nodes)] = -1  # no batch holds id -1: never matched
+            if self.prefetch_node is not None:
+                self.prefetch_node[torch.isin(self.prefetch_node, nodes.to(self.device))] = -1
+
     # -- prefetch -----------------------------------------------------------------------------------------------
 
     def prefetch(self, iteration: int) -> None:

@@ -451,10 +451,19 @@ class SoftwareCache(StorageShape):
                 rows.index_copy_(0, held, torch.index_select(self.data, 0, lines))
                 rows.index_copy_(0, apart, self.storage.read(ids[apart.cpu()]).to(self.device))
             new = apply(rows, grads.to(self.device)).to(self.data.dtype)
+            keep_before = getattr(self.storage, "before_change", None)
+            if keep_before is not None:  # a clean line holds its row's stored bytes: a journal can keep them now
+                clean = torch.nonzero(~self.dirty[lines]).reshape(-1)
+                if clean.numel():
+                    first = held[clean]
+                    keep_before(ids[first.cpu()], rows[first].cpu())
             self.data.index_copy_(0, lines, new if apart.numel() == 0 else new[held])
             self.dirty[lines] = True
             if apart.numel():
-                self.storage.write(ids[apart.cpu()], new[apart].cpu())
+                changed = ids[apart.cpu()]
+                self.storage.write(changed, new[apart].cpu())
+                if self.pvp is not None:  # a row evicted by its own batch may be parked: that copy is now stale
+                    self.pvp.discard(changed)
 
     def flush(self) -> None:
         """Writes every dirty line to the storage (a checkpoint calls it, then syncs the storage)."""

@@ -251,6 +251,8 @@ class EmbeddingTable(NativeStorage):
     may run beside it.
     """
 
+    writable = True
+
     def __init__(self, path: str, meta: dict, *, rank: int, direct: bool):
         """Internal: :meth:`open` validates ``meta`` and recovers first."""
         self.rank = rank
@@ -271,6 +273,7 @@ class EmbeddingTable(NativeStorage):
         self._writes = WriteStats()
         self._journal_fd: int | None = None
         self._journal_end = 0
+        self._journal_unsynced = False  # records appended by before_change and not yet fsynced
         self._fd = os.open(data_path, os.O_RDWR)
 
     # -- making and opening --------------------------------------------------------------------------------
@@ -383,6 +386,8 @@ class EmbeddingTable(NativeStorage):
         new = ids[~self._journaled.contains(ids)]
         if len(new):
             self._journal(new)
+        elif self._journal_unsynced:  # before-images kept by before_change protect these rows: durable first
+            self._sync_journal()
         start = time.perf_counter()
         written = _write_runs(self._fd, self.data_path, ids, rows, self.row_stride)
         w = self._writes
@@ -391,23 +396,44 @@ class EmbeddingTable(NativeStorage):
         w.write_seconds += time.perf_counter() - start
 
     def _journal(self, ids: np.ndarray) -> None:
-        """Appends the before-images of sorted ``ids`` to the journal and fsyncs it."""
-        start = time.perf_counter()
+        """Appends the before-images of sorted ``ids`` (read from the file) to the journal and fsyncs it."""
         before = torch.empty((len(ids), self.row_bytes), dtype=torch.uint8)
         self._read(torch.from_numpy(ids), before)
+        self._append_journal(ids, before.numpy())
+        self._sync_journal()  # before any row it protects is overwritten
+
+    def before_change(self, ids, rows) -> None:
+        """A cache is about to change the rows of distinct ``ids`` in memory; ``rows`` (uint8) are their bytes
+        as stored now. Those not journaled in this generation are journaled from these bytes (synced before
+        any overwrite), so writing them back later reads nothing first."""
+        ids = as_id_tensor(ids).numpy()
+        rows = rows.numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
+        new = ~self._journaled.contains(ids)
+        if new.any():
+            self._append_journal(ids[new], rows[new])
+            self._journal_unsynced = True
+
+    def _append_journal(self, ids: np.ndarray, before: np.ndarray) -> None:
+        start = time.perf_counter()
         records = np.empty(len(ids), dtype=self._record_dtype)
         records["id"] = ids
-        records["row"] = before.numpy()
+        records["row"] = before
         records["crc"] = _record_crcs(records)
         with reporting_disk_full(self.journal_path, self._journal_end + records.nbytes):
             _pwrite_all(self._journal_fd, records, self._journal_end)
-            os.fsync(self._journal_fd)  # before any row it protects is overwritten
         self._journal_end += records.nbytes
         self._journaled.add(ids)
         w = self._writes
         w.journal_rows += len(ids)
         w.journal_bytes += records.nbytes
         w.journal_seconds += time.perf_counter() - start
+
+    def _sync_journal(self) -> None:
+        start = time.perf_counter()
+        with reporting_disk_full(self.journal_path):
+            os.fsync(self._journal_fd)
+        self._journal_unsynced = False
+        self._writes.journal_seconds += time.perf_counter() - start
 
     def sync(self) -> None:
         """fsyncs table.bin: every row written so far is durable (a checkpoint's last step on each rank)."""
@@ -457,6 +483,7 @@ class EmbeddingTable(NativeStorage):
         atomic_write_bytes(_journal_header(self.row_bytes, self.generation), self.journal_path)
         self._journal_fd = os.open(self.journal_path, os.O_WRONLY)
         self._journal_end = _HEADER.size
+        self._journal_unsynced = False
         self._journaled.clear()
 
     # -- counters and closing ------------------------------------------------------------------------------
