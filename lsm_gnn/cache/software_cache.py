@@ -31,6 +31,14 @@ from lsm_gnn.units import parse_bytes, suggest_bytes
 HEADROOM = 1.25
 
 
+def _words(rows: torch.Tensor) -> torch.Tensor:
+    """A contiguous 2-D tensor of bytes (an embedding table's rows) as int64 words where its rows allow,
+    for index copies; any other tensor as it is."""
+    if rows.dtype == torch.uint8 and rows.dim() == 2 and rows.shape[1] % 8 == 0 and rows.is_contiguous():
+        return rows.view(torch.int64)
+    return rows
+
+
 class CacheTooSmall(ValueError):
     """A batch has more distinct ids than the cache has lines (and the cache was not built to oversubscribe).
 
@@ -192,6 +200,8 @@ class SoftwareCache(StorageShape):
         self.dirty = torch.zeros(self.num_lines, dtype=torch.bool, device=self.device) if writable else None
         self.last_timings = {"write-back": 0.0} if writable else {}
         self._failed: BaseException | None = None  # a write-back that failed: the dirty rows it held are gone
+        # The last lookup's rows that got no line (bypassed), which an update before the next lookup needs.
+        self._lineless: tuple[torch.Tensor, torch.Tensor] | None = None
         # On a GPU: misses through a reused pinned buffer, each lookup's work on a side stream.
         self._staging = MissStaging(self.device) if self.device.type == "cuda" else None
         # On the CPU, misses are read straight into their lines where the storage can (FeatureStorage.read_into).
@@ -375,6 +385,8 @@ class SoftwareCache(StorageShape):
             self.iteration += 1
             if from_pvp is not None:
                 request_hit = request_hit | from_pvp[inverse]
+            if self.dirty is not None:
+                self._remember_lineless(unique, inverse, line, rows)
             if caller is not None:  # made on the side stream, used on the caller's: not freed before
                 rows.record_stream(caller)
                 request_hit.record_stream(caller)
@@ -416,6 +428,34 @@ class SoftwareCache(StorageShape):
         self.stats.bytes_written += tags.numel() * self.storage.row_bytes
         self.last_timings["write-back"] = self.last_timings.get("write-back", 0.0) + time.perf_counter() - start
 
+    def _remember_lineless(self, unique: torch.Tensor, inverse: torch.Tensor, line: torch.Tensor,
+                           rows: torch.Tensor) -> None:
+        """Keeps the rows of this lookup's distinct ids that have no line (sorted by id), so that updating them
+        before the next lookup does not read them from storage again."""
+        lost = torch.nonzero(line < 0).reshape(-1)
+        if lost.numel() == 0:
+            self._lineless = None
+            return
+        position = torch.empty(unique.numel(), dtype=torch.int64, device=self.device)
+        position.scatter_(0, inverse, torch.arange(inverse.numel(), device=self.device))
+        self._lineless = (unique[lost], rows[position[lost]])
+
+    def _stored_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of uncached ``ids`` as stored: kept from the last lookup where it had them, else read."""
+        out = torch.empty((ids.numel(), self.storage.dim), dtype=self.data.dtype, device=self.device)
+        missing = torch.ones(ids.numel(), dtype=torch.bool, device=self.device)
+        if self._lineless is not None:
+            known, known_rows = self._lineless
+            ids_here = ids.to(self.device)
+            at = torch.searchsorted(known, ids_here).clamp_max(known.numel() - 1)
+            found = torch.nonzero(known[at] == ids_here).reshape(-1)
+            out.index_copy_(0, found, known_rows[at[found]])
+            missing[found] = False
+        read = torch.nonzero(missing).reshape(-1)
+        if read.numel():
+            out.index_copy_(0, read, self.storage.read(ids[read.cpu()]).to(self.device))
+        return out
+
     @property
     def writable(self) -> bool:
         """Whether :meth:`update` works: the storage is writable and the cache writes back."""
@@ -444,12 +484,14 @@ class SoftwareCache(StorageShape):
             held = torch.nonzero(cached).reshape(-1)
             apart = torch.nonzero(~cached).reshape(-1)
             lines = line[held]
+            data = _words(self.data)  # rows of bytes moved as 8-byte words: several times faster
             if apart.numel() == 0:  # the usual case: every row is in its line
-                rows = torch.index_select(self.data, 0, lines)
+                rows = torch.index_select(data, 0, lines)
             else:
-                rows = torch.empty((ids.numel(), self.storage.dim), dtype=self.data.dtype, device=self.device)
-                rows.index_copy_(0, held, torch.index_select(self.data, 0, lines))
-                rows.index_copy_(0, apart, self.storage.read(ids[apart.cpu()]).to(self.device))
+                rows = torch.empty((ids.numel(), data.shape[1]), dtype=data.dtype, device=self.device)
+                rows.index_copy_(0, held, torch.index_select(data, 0, lines))
+                rows.index_copy_(0, apart, _words(self._stored_rows(ids[apart.cpu()])))
+            rows = rows.view(self.data.dtype)
             new = apply(rows, grads.to(self.device)).to(self.data.dtype)
             keep_before = getattr(self.storage, "before_change", None)
             if keep_before is not None:  # a clean line holds its row's stored bytes: a journal can keep them now
@@ -457,8 +499,9 @@ class SoftwareCache(StorageShape):
                 if clean.numel():
                     first = held[clean]
                     keep_before(ids[first.cpu()], rows[first].cpu())
-            self.data.index_copy_(0, lines, new if apart.numel() == 0 else new[held])
+            data.index_copy_(0, lines, _words(new.contiguous() if apart.numel() == 0 else new[held]))
             self.dirty[lines] = True
+            self._lineless = None  # changed below, or not asked for: the next lookup keeps its own
             if apart.numel():
                 changed = ids[apart.cpu()]
                 self.storage.write(changed, new[apart].cpu())
