@@ -4,6 +4,9 @@
 
 #include <system_error>
 
+#include <unistd.h>
+#include <cerrno>
+
 #include "common/unique_ids.h"
 #include "graph/pagerank.h"
 #include "storage/row_reader.h"
@@ -168,6 +171,40 @@ py::tuple reverse_pagerank(const torch::Tensor& indptr, const torch::Tensor& ind
   return py::make_tuple(scores, result.iterations, result.residual);
 }
 
+// Writes rows[i] (row_bytes each) at byte ids[i] * row_stride of file descriptor fd: one pwrite per row, in C
+// and without the GIL, for an embedding table's scattered write-backs. Returns the bytes written; a failed
+// write raises OSError with its errno (ENOSPC: the disk is full).
+int64_t write_rows(int fd, const torch::Tensor& ids, const torch::Tensor& rows, uint64_t row_stride) {
+  check_cpu_contiguous(ids, "ids", torch::kInt64);
+  check_cpu_contiguous(rows, "rows", torch::kUInt8);
+  TORCH_CHECK_VALUE(ids.dim() == 1 && rows.dim() == 2 && rows.size(0) == ids.numel(),
+                    "rows must hold one row per id, got ", rows.sizes(), " for ", ids.numel(), " ids");
+  const int64_t n = ids.numel();
+  const auto row_bytes = static_cast<uint64_t>(rows.size(1));
+  TORCH_CHECK_VALUE(row_bytes > 0 && row_bytes <= row_stride, "need 0 < row_bytes <= row_stride, got ", row_bytes,
+                    " and ", row_stride);
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const uint8_t* source = rows.data_ptr<uint8_t>();
+  py::gil_scoped_release release;
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK_VALUE(id[i] >= 0, "row ids must be >= 0, got ", id[i]);
+    const uint8_t* from = source + static_cast<uint64_t>(i) * row_bytes;
+    uint64_t left = row_bytes;
+    auto offset = static_cast<off_t>(static_cast<uint64_t>(id[i]) * row_stride);
+    while (left > 0) {
+      const ssize_t done = ::pwrite(fd, from, left, offset);
+      if (done < 0) {
+        if (errno == EINTR) continue;
+        throw std::system_error(errno, std::generic_category(), "writing an embedding table row");
+      }
+      from += done;
+      left -= static_cast<uint64_t>(done);
+      offset += done;
+    }
+  }
+  return n * static_cast<int64_t>(row_bytes);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -205,6 +242,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "unique_rows, max_run_bytes");
   m.def("unique_inverse", &unique_inverse, py::arg("ids"),
         "(sorted distinct ids, index of each id among them) in linear time; None if an id is negative");
+  m.def("write_rows", &write_rows, py::arg("fd"), py::arg("ids"), py::arg("rows"), py::arg("row_stride"),
+        "pwrite rows[i] at ids[i] * row_stride of fd, one call per row without the GIL; returns the bytes");
   m.def("io_uring_available", &lsm::io_uring_available, "Whether the kernel allows io_uring for this process");
   m.def("reverse_pagerank", &reverse_pagerank, py::arg("indptr"), py::arg("indices"), py::arg("damping") = 0.85,
         py::arg("max_iterations") = 100, py::arg("tolerance") = 1e-7, py::arg("num_threads") = 0);

@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 
+from lsm_gnn.storage import table as table_module
 from lsm_gnn.storage.table import EmbeddingTable
 
 CRASHED = 71
@@ -44,6 +45,7 @@ def main(path: str, where: str, writes: str) -> int:
         if fd == table._journal_fd and where == "after journal fsync":
             os._exit(CRASHED)
 
+    table_module.NATIVE_WRITES = False  # rows through os.pwrite too, so the crash can fall between two of them
     os.pwrite, os.fsync = pwrite, fsync  # table.py calls them through the os module
     table.write(data["ids"], data["rows"])
     return 1

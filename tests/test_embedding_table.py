@@ -13,10 +13,41 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lsm_gnn.storage import EmbeddingTable, FeatureStorage, TableError
+from lsm_gnn.storage import table as table_module
 from lsm_gnn.storage.table import _journal_header, _record_dtype
 
 def random_rows(rng, n: int, row_bytes: int) -> np.ndarray:
     return rng.integers(0, 256, (n, row_bytes), dtype=np.uint8)
+
+
+@pytest.fixture(autouse=True)
+def python_row_writes(monkeypatch):
+    """Rows through ``os.pwrite`` (one call per run), which these tests instrument; the native writer, which
+    production uses, is held to it by test_the_native_row_writer_writes_what_pwrite_writes."""
+    monkeypatch.setattr(table_module, "NATIVE_WRITES", False)
+
+
+def test_the_native_row_writer_writes_what_pwrite_writes(tmp_path, monkeypatch):
+    for row_bytes in (40, 1000):  # packed rows (stride 64) and padded ones (stride 1024)
+        tables = {}
+        for native in (False, True):
+            rng = np.random.default_rng(3)  # the same writes both ways
+            monkeypatch.setattr(table_module, "NATIVE_WRITES", native)
+            table, _ = make_table(tmp_path / f"{row_bytes}-{native}", row_bytes=row_bytes)
+            for _ in range(3):
+                ids = np.sort(rng.choice(200, 60, replace=False))
+                table.write(ids, random_rows(np.random.default_rng(int(ids.sum())), 60, row_bytes))
+            tables[native] = all_rows(table)
+            with open(table.data_path, "rb") as fh:  # the padding between rows stays zero
+                raw = np.frombuffer(fh.read(), dtype=np.uint8)
+            assert not raw[:200 * table.row_stride].reshape(200, -1)[:, row_bytes:].any()
+            table.close()
+        np.testing.assert_array_equal(tables[True], tables[False])
+    from lsm_gnn import _C
+
+    with pytest.raises(OSError) as error:  # a failed write keeps its errno (ENOSPC, EIO, ...)
+        _C.write_rows(-1, torch.zeros(1, dtype=torch.int64), torch.zeros((1, 8), dtype=torch.uint8), 8)
+    assert error.value.errno == 9  # EBADF
 
 
 def make_table(path, num_rows=200, row_bytes=40, seed=0, chunk_rows=64):

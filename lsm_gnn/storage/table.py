@@ -512,8 +512,19 @@ class EmbeddingTable(NativeStorage):
                 f"generation={self.generation}, rank={self.rank})")
 
 
+#: rows are written by one native call (``lsm_gnn._C.write_rows``: a pwrite per row, in C, without the GIL);
+#: False: one ``os.pwrite`` per run of consecutive ids, which the crash tests instrument between any two writes
+NATIVE_WRITES = True
+
+
 def _write_runs(fd: int, file_name: str, ids: np.ndarray, rows: np.ndarray, stride: int) -> int:
-    """pwrites ``rows`` at sorted distinct ``ids``, one call per run of consecutive ids; returns the bytes."""
+    """pwrites ``rows`` at sorted distinct ``ids``; returns the bytes written."""
+    if NATIVE_WRITES:
+        from lsm_gnn import _C
+
+        with reporting_disk_full(file_name):
+            return _C.write_rows(fd, torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)),
+                                 torch.from_numpy(np.ascontiguousarray(rows)), stride)
     n, row_bytes = rows.shape
     if stride != row_bytes:  # a run spans the zero padding between its rows, so it is one buffer
         staged = np.zeros((n, stride), dtype=np.uint8)
