@@ -11,8 +11,9 @@ one wrote (a checkpoint, a dataset). Only these change, all listed below:
 - inputs a command converts (``feat.npy``...) are generated, and so is a dataset a document's commands
   read but none of them writes (a synthetic graph);
 - a cache share chosen for the documented graph can be too small for a graph of 2,000 nodes (a batch
-  covers most of it): such a run stops before training with the capacity it needs (``lsm_gnn.sizing``),
-  and is run again with that advice, as its user would; the advice must work.
+  covers most of it): such a run stops before training with the capacity it needs (``lsm_gnn.sizing``;
+  ``cache.capacity`` or ``model.node_embedding.capacity``), and is run again with that advice, as its
+  user would; the advice must work.
 
 :data:`SKIP` names the commands that need what a test cannot have (a download, two hosts, minutes),
 each with its reason; :data:`EXPECTED_ERRORS` the ones shown failing on purpose.
@@ -172,10 +173,12 @@ def test_every_documented_command_runs(doc, tmp_path):
         result = _run(argv, env, cwd)
         expected = EXPECTED_ERRORS.get(command)
         for _ in range(0 if expected else 3):  # a share for the documented graph, too small here: follow the advice
-            advice = re.search(r"error: cache\.capacity=.* set (cache\.capacity=[^\s,]+)", result.stderr)
+            advice = re.search(r"error: ((?:cache|model\.node_embedding)\.capacity)=.* set (\1=[^\s,]+)",
+                               result.stderr)
             if not (result.returncode and advice):
                 break
-            result = _run(argv + [advice.group(1)], env, cwd)
+            argv = argv + [advice.group(2)]  # each cache's advice in turn (the features', the embeddings')
+            result = _run(argv, env, cwd)
         print(f"{time.perf_counter() - start:6.1f} s  {command}")
         if expected is not None:
             ok = result.returncode != 0 and expected in result.stderr
