@@ -741,8 +741,6 @@ class Trainer:
         finally:
             self.loader.close()
             self.log.close()
-            if self.embedding is not None:
-                self.embedding.close()
 
     def _finish(self, total: StageTimes) -> dict:
         """The run's result: prints the per-stage table, the last and the best evaluation; logs them."""

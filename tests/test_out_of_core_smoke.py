@@ -47,3 +47,17 @@ def test_bounded_memory_reports_bytes_per_node_and_each_epoch(children_import_th
     assert all(r["peak_rss_anon"] > 0 and r["cgroup_peak"] > 0 for r in rows)
     assert result["sweep"]["bytes_per_node"]["peak_rss_anon"] is not None
     assert len(result["epochs"]["anon_after_epoch"]) == 2
+
+
+def test_embedding_out_of_core_trains_the_same_table_both_ways(children_import_this_checkout, tmp_path):
+    """benchmarks/embedding_out_of_core.py --quick: the table on disk behind a small cache (capped) and held in
+    memory (uncapped) end with the same losses, table bytes and recall@20."""
+    bench = load_script(os.path.join(BENCH_DIR, "embedding_out_of_core.py"))
+    out = tmp_path / "out.json"
+    assert bench.main(["--quick", "--data", str(tmp_path / "ui"), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    summary = result["summary"]
+    assert summary["same_training"] and summary["same_recall"], result["runs"]
+    assert summary["disk"]["table_written_per_iter"] > 0 and summary["memory"]["table_written_per_iter"] == 0
+    assert summary["disk"]["stages_ms"]["write-back"] > 0 and summary["disk_over_memory"] > 0
+    assert 0 < summary["disk"]["peak_bytes"] <= bench.parse_bytes(result["args"]["cap"])
