@@ -103,8 +103,10 @@ def run_method(args, method: str) -> dict:
     limit = harness.ram_bytes() if method == "memory" else args.cap_bytes
     spec = json.dumps(vars(args))
     cmd = [sys.executable, os.path.abspath(__file__), "--child", method, "--child-spec", spec]
-    # One malloc arena, large blocks returned on free: what docs/training.md advises under a tight cap.
-    env = dict(os.environ, MALLOC_ARENA_MAX="1", MALLOC_MMAP_THRESHOLD_="1048576")
+    # One malloc arena, large blocks returned on free: what docs/training.md advises under a tight cap. One
+    # OpenMP thread per op: with two, link training on this graph is not bit-reproducible from run to run (with
+    # or without node embeddings; docs/benchmarks.md), and the two methods must be shown to train alike.
+    env = dict(os.environ, MALLOC_ARENA_MAX="1", MALLOC_MMAP_THRESHOLD_="1048576", OMP_NUM_THREADS="1")
     with MemoryCap(limit) as cap:
         run = cap.run(cmd, timeout=args.timeout, env=env)
     out = {"method": method, "limit_bytes": limit, "capped": method != "memory", "peak_bytes": run.peak_bytes,
@@ -181,7 +183,8 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra config overrides")
-    p.add_argument("--out", default=os.path.join(HERE, "results", "embedding_out_of_core.json"))
+    p.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "docs", "results",
+                                                 "embedding_out_of_core.json"))
     p.add_argument("--quick", action="store_true", help="a smoke run: a small graph, 1 repeat, seconds")
     p.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     p.add_argument("--child-spec", help=argparse.SUPPRESS)
