@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from lsm_gnn.cache import POLICIES, SoftwareCache, WindowBuffer
+from lsm_gnn.cache import POLICIES, SoftwareCache, WindowBuffer, software_cache
 from lsm_gnn.testing import tiny_cache_setup
 
 NUM_NODES, DIM = 600, 8
@@ -71,6 +71,24 @@ def test_batches_larger_than_the_cache(tmp_path, seed):
     cache = SoftwareCache(storage, num_sets=1, ways=32, policy="rr", oversubscribe=True)
     run_random(cache, features.clone(), seed=seed, batch=150)
     assert cache.stats.evicted_in_use > 0
+
+
+def test_flush_writes_bounded_chunks_in_id_order(tmp_path, monkeypatch):
+    """A flush hands the storage at most FLUSH_BYTES a write (each write copies its rows: a cache that fills a
+    memory cap has no room for a copy of every line), in id order, and leaves every row on disk."""
+    storage, features, _ = tiny_cache_setup(tmp_path, NUM_NODES, DIM)
+    cache = SoftwareCache(storage, num_sets=4, ways=32, policy="rr")
+    ids = torch.arange(0, NUM_NODES, 10)
+    cache.lookup(ids)
+    cache.update(ids, torch.ones(ids.numel(), DIM), add)
+    monkeypatch.setattr(software_cache, "FLUSH_BYTES", 7 * storage.row_bytes)
+    writes, write = [], storage.write
+    monkeypatch.setattr(storage, "write", lambda i, rows: (writes.append(i.clone()), write(i, rows))[1])
+    cache.flush()
+    assert max(w.numel() for w in writes) == 7 and torch.equal(torch.cat(writes), ids)
+    expected = features.clone()
+    expected[ids] += 1
+    assert torch.equal(storage.read(torch.arange(NUM_NODES)), expected) and not bool(cache.dirty.any())
 
 
 def test_lines_of_names_the_line_each_row_is_in(tmp_path):

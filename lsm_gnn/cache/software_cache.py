@@ -78,6 +78,8 @@ def cache_geometry(capacity, row_bytes: int, ways: int, num_rows: int | None = N
 
 #: a cache of the whole file gets at most this many times the file's lines (with few ways, hashed sets need more)
 EVERY_ROW_LIMIT = 8
+#: bytes of dirty lines :meth:`SoftwareCache.flush` hands the storage per write (bounds the copies it makes)
+FLUSH_BYTES = 16 << 20
 
 
 def every_row_sets(num_rows: int, ways: int) -> int:
@@ -509,14 +511,17 @@ class SoftwareCache(StorageShape):
                     self.pvp.discard(changed)
 
     def flush(self) -> None:
-        """Writes every dirty line to the storage (a checkpoint calls it, then syncs the storage)."""
+        """Writes every dirty line to the storage (a checkpoint calls it, then syncs the storage), in id order,
+        :data:`FLUSH_BYTES` at a time: each write copies its rows, and a cache sized to fit a memory cap has
+        no room for copies of all its lines at once."""
         if self.dirty is None:
             return
         with self._lock:
             self._check_intact()
             lines = torch.nonzero(self.dirty).reshape(-1)
-            if lines.numel():
-                self._write_lines(self.state.tags[lines], lines)
+            lines = lines[torch.argsort(self.state.tags[lines])]
+            for part in lines.split(max(1, FLUSH_BYTES // self.storage.row_bytes)):
+                self._write_lines(self.state.tags[part], part)
 
     # -- the Features interface (lsm_gnn.features): a cache wraps a storage -------------------------------------
 
