@@ -505,8 +505,9 @@ class Trainer:
         if emb is not None:
             start = time.perf_counter()
             with self._collectives(f"the node embeddings' update in iteration {self.iterations_done}"):
-                self.embedding.step(batch.input_nodes, emb.grad)
+                io = self.embedding.step(batch.input_nodes, emb.grad)
             batch.timings["update"] = time.perf_counter() - start
+            batch.io = {**batch.io, **{k: batch.io.get(k, 0) + v for k, v in io.items()}}
         return loss_value
 
     def _new_epoch_state(self, epoch: int) -> dict:
@@ -621,7 +622,7 @@ class Trainer:
                    "amplification": totals["bytes_read"] / totals["bytes_useful"] if totals["bytes_useful"] else None}
         if "pvp_hits" in self.features.counters():  # a cache with a victim buffer
             summary.update(pvp_hits=totals["pvp_hits"], bytes_saved=totals["bytes_saved"])
-        if self.embedding is not None:  # this rank's reads of the table and write-backs to it (checkpoints aside)
+        if self.embedding is not None:  # this rank's reads of the table and writes to it (checkpoint flushes aside)
             summary.update(embedding_bytes_read=totals.get("embedding_bytes_read", 0),
                            embedding_bytes_written=totals.get("embedding_bytes_written", 0))
         if complete and self.cfg.train.eval_splits and self._epoch_eval_due(state["epoch"]):
@@ -790,7 +791,7 @@ class Trainer:
         if s["amplification"] is not None:
             parts.append(f"read {s['bytes_read'] / 2**20:.1f} MiB (ampl. {s['amplification']:.2f})")
         if "embedding_bytes_read" in s:
-            parts.append(f"table read {s['embedding_bytes_read'] / 2**20:.1f} MiB, written back "
+            parts.append(f"table read {s['embedding_bytes_read'] / 2**20:.1f} MiB, written "
                          f"{s['embedding_bytes_written'] / 2**20:.1f} MiB")
         for split in ("val", "test", "train"):
             if split in s:

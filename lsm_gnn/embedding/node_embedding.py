@@ -125,11 +125,17 @@ class NodeEmbedding:
     # -- reading and updating --------------------------------------------------------------------------------
 
     def _io(self) -> dict:
-        counters = self.source.counters()
-        written = self.cache.stats.bytes_written if self.cache is not None else 0
-        if self.table is not None and self.cache is None:
-            written = self.table.write_counters()["bytes_written"]
-        return {"embedding_bytes_read": counters["bytes_read"], "embedding_bytes_written": written}
+        """This process's reads of the table and writes to it so far: misses, before-images for the journal,
+        write-backs and rows written in place (the table's own counters; a shared cache's other slices are
+        other processes')."""
+        if self.table is None:
+            return {"embedding_bytes_read": self.source.counters()["bytes_read"], "embedding_bytes_written": 0}
+        return {"embedding_bytes_read": self.table.stats().bytes_read,
+                "embedding_bytes_written": self.table.write_counters()["bytes_written"]}
+
+    def _since(self, before: dict) -> dict:
+        after = self._io()
+        return {key: after[key] - before[key] for key in after}
 
     def gather(self, nodes, future=None, *, iteration: int | None = None, stop: threading.Event | None = None):
         """(float32 embeddings ``[len(nodes), dim]``, seconds by stage, bytes read and written) of ``nodes``;
@@ -144,13 +150,14 @@ class NodeEmbedding:
         timings = {"embedding": time.perf_counter() - start}
         if self.cache is not None:
             timings["write-back"] = self.cache.last_timings.get("write-back", 0.0)
-        after = self._io()
-        return emb, timings, {key: after[key] - before[key] for key in after}
+        return emb, timings, self._since(before)
 
-    def step(self, nodes, grad: torch.Tensor) -> None:
+    def step(self, nodes, grad: torch.Tensor) -> dict:
         """Applies one optimizer step to the rows of ``nodes`` (repeats allowed) given ``grad`` (``[len(nodes),
         dim]``: the gradient of this rank's loss): summed per node, averaged over ranks, at each row's owner.
-        Collective over ranks: every rank steps once per iteration."""
+        Collective over ranks: every rank steps once per iteration. Returns the table bytes it read and wrote
+        (rows the cache holds none of are read and written in place)."""
+        before = self._io()
         nodes = as_id_tensor(nodes)
         unique, inverse = unique_ids(nodes)
         summed = torch.zeros((unique.numel(), self.dim), dtype=torch.float32)
@@ -162,6 +169,7 @@ class NodeEmbedding:
             return self.optimizer.step(rows, grads * scale if self.world_size > 1 else grads, step)
 
         self.source.update(unique, summed, apply)
+        return self._since(before)
 
     def flush(self) -> float:
         """Writes every dirty row this rank holds to the table and syncs it (before a checkpoint records the
