@@ -1,21 +1,74 @@
 #!/usr/bin/env bash
-# For a GPU owner: runs the GPU tests and writes the GPU figures to $OUT (default bench-results/gpu).
-# What it measures and what is already checked without a GPU: docs/gpu.md.
+# For a GPU owner: builds the native core in place, runs the GPU tests and writes the GPU figures to $OUT
+# (default bench-results/gpu). Works offline on a machine that already has a CUDA torch, triton, numpy,
+# pyyaml, tqdm, scipy, pytest and torch_geometric: nothing is downloaded. What it measures and what is
+# already checked without a GPU: docs/gpu.md.
+#
+#   bash benchmarks/gpu_suite.sh             # on a GPU machine, about 8 minutes
+#   bash benchmarks/gpu_suite.sh --dry-run   # anywhere: the offline build and the steps' imports, no GPU
 set -uo pipefail
 cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
 OUT=${OUT:-bench-results/gpu}
+DRY_RUN=0
+for arg in "$@"; do
+  case $arg in
+    --dry-run) DRY_RUN=1 ;;
+    *) echo "gpu_suite.sh: unknown option '$arg' (only --dry-run)" >&2; exit 2 ;;
+  esac
+done
 mkdir -p "$OUT"
-if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  echo "gpu_suite.sh: torch sees no CUDA device; run this on a GPU machine" >&2
+export PYTHONUNBUFFERED=1
+
+echo "== environment"
+$PY - <<'EOF' 2>&1 | tee "$OUT/environment.txt"
+import platform, sys
+import torch
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda)
+try:
+    import triton
+    print("triton", triton.__version__)
+except ImportError:
+    print("triton missing")
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print("device", p.name, f"{p.total_memory / 2**30:.0f} GiB,", p.multi_processor_count, "SMs,",
+          f"capability {p.major}.{p.minor}")
+EOF
+
+echo "== native core (lsm_gnn._C), built in place against this torch, offline"
+if ! $PY -c "import lsm_gnn._C" >/dev/null 2>&1; then
+  # build_ext alone: pip would try to resolve build requirements from an index.
+  MAX_JOBS=${MAX_JOBS:-$(nproc)} $PY setup.py -q build_ext --inplace >"$OUT/build.txt" 2>&1 \
+    || { tail -40 "$OUT/build.txt"; echo "gpu_suite.sh: building lsm_gnn._C failed (log: $OUT/build.txt)" >&2; exit 1; }
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+$PY -c "import lsm_gnn, lsm_gnn._C; print('lsm_gnn._C imports')" || exit 1
+
+if [ "$DRY_RUN" -eq 1 ]; then
+  # Every step's script must import; the GPU tests must be collected.
+  $PY -m pytest -q --collect-only tests/test_sampler_cuda.py tests/test_device_path.py tests/test_gpu_paths.py \
+    >"$OUT/collect.txt" 2>&1 || { cat "$OUT/collect.txt"; exit 1; }
+  for script in benchmarks/gpu_kernels.py benchmarks/end_to_end.py; do
+    $PY "$script" --help >/dev/null || { echo "gpu_suite.sh: $script does not start" >&2; exit 1; }
+  done
+  echo "dry run: build, imports and test collection fine"
+  exit 0
+fi
+
+if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "gpu_suite.sh: torch sees no CUDA device; run this on a GPU machine (or --dry-run)" >&2
   exit 2
 fi
 status=0
-echo "== GPU tests (the Triton sampler and a cache on the device against the CPU implementations)"
-python -m pytest -q tests/test_sampler_cuda.py tests/test_device_path.py 2>&1 | tee "$OUT/tests.txt" || status=1
+GPU_TESTS=(tests/test_sampler_cuda.py tests/test_device_path.py)
+[ -f tests/test_gpu_paths.py ] && GPU_TESTS+=(tests/test_gpu_paths.py)
+echo "== GPU tests (a cache on the device against the CPU cache, the sampler, embeddings, evaluation)"
+timeout 240 $PY -m pytest -q -p no:cacheprovider "${GPU_TESTS[@]}" 2>&1 | tee "$OUT/tests.txt" || status=1
 echo "== kernel figures: cache all-hit beside a device copy, sampler edges/s"
-python benchmarks/gpu_kernels.py --json "$OUT/gpu_kernels.json" 2>&1 | tee "$OUT/gpu_kernels.txt" || status=1
+timeout 120 $PY benchmarks/gpu_kernels.py --json "$OUT/gpu_kernels.json" 2>&1 | tee "$OUT/gpu_kernels.txt" || status=1
 echo "== end to end on one GPU (hybrid cache vs in-memory features)"
-python benchmarks/end_to_end.py --methods hybrid,memory --json "$OUT/end_to_end.json" 2>&1 \
+timeout 150 $PY benchmarks/end_to_end.py --methods hybrid,memory --json "$OUT/end_to_end.json" 2>&1 \
   | tee "$OUT/end_to_end.txt" || status=1
-echo "results in $OUT"
+echo "results in $OUT (status $status)"
 exit $status
