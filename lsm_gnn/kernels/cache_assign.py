@@ -46,6 +46,8 @@ _FARTHEST = tl.constexpr(POLICY_CODE["farthest"])
 _LEVEL_NONE, _LEVEL_FAR, _LEVEL_FRESH, _LEVEL_NEAR = (tl.constexpr(LEVEL_CODE[n]) for n in
                                                       ("none", "far", "fresh", "near"))
 _NOT_A_CANDIDATE = tl.constexpr(1 << 50)  # above every eviction key (keys use at most 35 bits; LRU's an iteration)
+#: Elements of _find_hits' [ids, ways] tile: 128 ids of 32 ways by default; 32 ids at 128 ways (which spilled at 128).
+FIND_HITS_TILE_ELEMENTS = 4096
 
 
 @triton.jit
@@ -55,7 +57,8 @@ def _set_of(ids, num_sets):
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
     z = (z ^ (z >> 27)) * 0x94D049BB133111EB
     z = z ^ (z >> 31)
-    return (z % num_sets.to(tl.uint64)).to(tl.int64)
+    # tl.cast, not num_sets.to: the launcher passes a one-set cache's num_sets as the constant 1.
+    return (z % tl.cast(num_sets, tl.uint64)).to(tl.int64)
 
 
 @triton.jit
@@ -97,7 +100,7 @@ def _find_hits(unique_ptr, n, tags_ptr, last_use_ptr, flags_ptr, records_ptr, li
     safe = tl.where(hit, line, 0)
     tl.store(last_use_ptr + safe, tl.zeros_like(line) + iteration, mask=hit)
     old = tl.load(flags_ptr + safe, mask=hit, other=0)
-    if known:  # its next use, read now
+    if known != 0:  # its next use, read now
         record = _assign_record(ids, hit, first_iteration_ptr, first_position_ptr, first_rank_ptr, num_nodes, front,
                                 limit, iteration, scan_base)
         tl.store(records_ptr + safe, record, mask=hit)
@@ -129,7 +132,7 @@ def _victim_keys(records, flags, static, last_use, way, iteration, scan_base, th
         # No victim buffer (num_queues 0): room_ptr is a single 0, so no queue has room.
         queue = (iteration + d) % tl.maximum(num_queues, 1)
         room = tl.load(room_ptr + tl.where(far, queue, 0), mask=far, other=0)
-        position = tl.where(far & (room == 0), 2 * r0.to(tl.int64) + 1, position)
+        position = tl.where(far & (room == 0), 2 * tl.cast(r0, tl.int64) + 1, position)
     # Farther reuse first: in the far level (hybrid_far, farthest) and the near level (farthest).
     farthest = policy == _FARTHEST
     by_distance = (((policy == _HYBRID_FAR) | farthest) & far) | (farthest & (level == _LEVEL_NEAR))
@@ -141,16 +144,20 @@ def _victim_keys(records, flags, static, last_use, way, iteration, scan_base, th
 
 
 @triton.jit
-def _install_misses(miss_ptr, miss_set_ptr, seg_start_ptr, unique_ptr, node_static_ptr, has_static,
+def _install_misses(order_ptr, sorted_set_ptr, seg_start_ptr, n, unique_ptr, node_static_ptr, has_static,
                     tags_ptr, records_ptr, flags_ptr, static_ptr, last_use_ptr, rr_ptr,
                     line_ptr, evicted_tag_ptr, evicted_record_ptr, evicted_line_ptr, counts_ptr,
                     iteration, scan_base, threshold, policy, r0, r1, r2, r3, room_ptr, num_queues,
                     known, bypass, first_iteration_ptr, first_position_ptr, first_rank_ptr, num_nodes, front, limit,
                     WAYS: tl.constexpr):
-    seg = tl.program_id(0)
-    start = tl.load(seg_start_ptr + seg)
-    end = tl.load(seg_start_ptr + seg + 1)
-    s = tl.load(miss_set_ptr + start)
+    # Program p installs the misses of the p-th set that has any: [start, end) of the sorted order. Programs past
+    # the last such set find start == n and do nothing (the grid is sized without reading the count back).
+    start = tl.load(seg_start_ptr + tl.program_id(0))
+    s = tl.load(sorted_set_ptr + start, mask=start < n, other=-1)
+    end = start + 1
+    while tl.load(sorted_set_ptr + end, mask=end < n, other=-2) == s:  # hits sort last, under set num_sets
+        end += 1
+    end = tl.where(start < n, end, start)
     ways = tl.arange(0, WAYS)
     lines = s * WAYS + ways
     installed_by = tl.full([WAYS], -1, tl.int64)  # way -> unique index this batch installed there
@@ -158,12 +165,12 @@ def _install_misses(miss_ptr, miss_set_ptr, seg_start_ptr, unique_ptr, node_stat
     in_use_evictions = 0
     bypassed = 0
     for k in range(start, end):
-        u = tl.load(miss_ptr + k)
+        u = tl.load(order_ptr + k)
         node = tl.load(unique_ptr + u)
         static_of = tl.load(node_static_ptr + node * has_static)  # without scores: a single 0 at index 0
         record = tl.full((), NO_REUSE_RECORD, tl.int64)
         skip = u < 0  # False: bypass decides below
-        if known:
+        if known != 0:
             record = _assign_record(node, known != 0, first_iteration_ptr, first_position_ptr, first_rank_ptr,
                                     num_nodes, front, limit, iteration, scan_base)
         tags = tl.load(tags_ptr + lines)
@@ -193,7 +200,7 @@ def _install_misses(miss_ptr, miss_set_ptr, seg_start_ptr, unique_ptr, node_stat
             chosen = (best % WAYS).to(tl.int64)
             victim_key = tl.sum(tl.where(ways == chosen, key, 0), axis=0)
             # Belady's bypass: a miss the policy would evict before its victim is not cached.
-            if bypass and first_invalid == WAYS:
+            if (bypass != 0) & (first_invalid == WAYS):
                 own_key = _victim_keys(record, tl.zeros((), tl.uint8), static_of.to(tl.int64) & 0xFFFF, iteration,
                                        tl.zeros((), tl.int64), iteration,
                                        scan_base, threshold, policy, r0, r1, r2, r3, room_ptr, num_queues)
@@ -233,7 +240,8 @@ def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways:
                  first_iteration=None, first_position=None, first_rank=None, front: int = 0, limit: int = 0,
                  bypass: bool = False, block: int = 128):
     """Triton twin of ``_C.cache_assign`` (same arguments, same outputs, same state changes):
-    ``(line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use, bypassed)``."""
+    ``(line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use, bypassed)``.
+    On a GPU it reads one thing back to the host, the three counts, at the end."""
     if ways < 1 or ways & (ways - 1):
         raise ValueError(f"the Triton cache kernels need a power of two ways (a set is one vector), got {ways}; "
                          "use cache.ways=32 (the default), 16, 8, ...")
@@ -264,28 +272,40 @@ def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways:
     evicted_record = torch.full((n,), layout.NO_REUSE_RECORD, dtype=torch.int64, device=device)
     evicted_line = torch.full((n,), -1, dtype=torch.int64, device=device)
     counts = torch.zeros(3, dtype=torch.int32, device=device)
-    if n:
-        _find_hits[(triton.cdiv(n, block),)](unique, n, tags, last_use, flags, records, line, hit8, sets, num_sets,
-                                             iteration, scan_base, int(known), *window, num_nodes, front, limit,
-                                             WAYS=ways, BLOCK=block)
+    if n == 0:
+        return line, hit8.bool(), evicted_tag, evicted_record, evicted_line, 0, 0, 0
+    # Fewer ids a program as the ways widen: the [ids, ways] tile of tags stays in registers.
+    rows = max(1, min(block, FIND_HITS_TILE_ELEMENTS // ways))
+    _find_hits[(triton.cdiv(n, rows),)](unique, n, tags, last_use, flags, records, line, hit8, sets, num_sets,
+                                        iteration, scan_base, int(known), *window, num_nodes, front, limit,
+                                        WAYS=ways, BLOCK=rows)
     hit = hit8.bool()
-    miss = torch.nonzero(~hit).reshape(-1)  # ascending, like the C++ core's ids
-    if miss.numel():
-        miss_sets = sets[miss]
-        order = torch.argsort(miss_sets, stable=True)
-        miss, miss_sets = miss[order], miss_sets[order]
-        _, per_set = torch.unique_consecutive(miss_sets, return_counts=True)
-        seg_start = torch.zeros(per_set.numel() + 1, dtype=torch.int64, device=device)
-        seg_start[1:] = torch.cumsum(per_set, 0)
-        has_static = node_static is not None
-        room = queue_room if queue_room is not None else torch.zeros(1, dtype=torch.uint8, device=device)
-        r = [int(x) for x in level_rank]
-        _install_misses[(per_set.numel(),)](
-            miss, miss_sets, seg_start, unique,
-            node_static if has_static else torch.zeros(1, dtype=torch.int16, device=device), int(has_static),
-            tags, records, flags, static_score, last_use, rr_pointer,
-            line, evicted_tag, evicted_record, evicted_line, counts,
-            iteration, scan_base, threshold, policy, r[0], r[1], r[2], r[3], room,
-            0 if queue_room is None else queue_room.numel(), int(known), int(bypass), *window, num_nodes, front,
-            limit, WAYS=ways)
-    return line, hit, evicted_tag, evicted_record, evicted_line, int(counts[0]), int(counts[1]), int(counts[2])
+    # The misses by set, in ascending id order within a set (a stable sort: the C++ core's order), then the hits
+    # under the key num_sets. Each set's first position becomes a segment start, found without a host sync.
+    by_set = torch.where(hit, num_sets, sets)
+    order = torch.argsort(by_set, stable=True)
+    sorted_sets = by_set[order]
+    starts = torch.ones(n, dtype=torch.bool, device=device)
+    starts[1:] = sorted_sets[1:] != sorted_sets[:-1]
+    starts &= sorted_sets < num_sets
+    segments = min(n, num_sets)  # at most one per distinct miss set
+    position = torch.arange(n, device=device)
+    # Non-starts scatter to slots of their own past the segments: every index distinct, so deterministic.
+    slot = torch.where(starts, torch.cumsum(starts, 0) - 1, segments + position)
+    seg_start = torch.full((segments + n,), n, dtype=torch.int64, device=device)
+    seg_start.scatter_(0, slot, position)
+    has_static = node_static is not None
+    room = queue_room if queue_room is not None else torch.zeros(1, dtype=torch.uint8, device=device)
+    r = [int(x) for x in level_rank]
+    # One warp: a program walks one set of WAYS lines (32 by default), and the barrier between its misses is
+    # then a warp's, not a block's.
+    _install_misses[(segments,)](
+        order, sorted_sets, seg_start, n, unique,
+        node_static if has_static else torch.zeros(1, dtype=torch.int16, device=device), int(has_static),
+        tags, records, flags, static_score, last_use, rr_pointer,
+        line, evicted_tag, evicted_record, evicted_line, counts,
+        iteration, scan_base, threshold, policy, r[0], r[1], r[2], r[3], room,
+        0 if queue_room is None else queue_room.numel(), int(known), int(bypass), *window, num_nodes, front,
+        limit, WAYS=ways, num_warps=1)
+    evictions, in_use, bypassed = counts.tolist()  # the one read back
+    return line, hit, evicted_tag, evicted_record, evicted_line, evictions, in_use, bypassed

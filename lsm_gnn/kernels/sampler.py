@@ -67,7 +67,7 @@ def _draw(indptr_ptr, indices_ptr, frontier_ptr, offsets_ptr, src_ptr, dst_ptr, 
     drawn = valid & (got < degree)
     out = tl.load(offsets_ptr + i, mask=valid, other=0)
     # Floyd's algorithm, KMAX >= fanout draws wide per node: positions[:, c] is the c-th drawn position.
-    key = (key_hi.to(tl.uint64) << 32) | key_lo.to(tl.uint64)
+    key = (tl.cast(key_hi, tl.uint64) << 32) | tl.cast(key_lo, tl.uint64)  # either half may come as the constant 1
     state = key ^ _mix64(v.to(tl.uint64))
     cols = tl.arange(0, KMAX)
     positions = tl.full([BLOCK, KMAX], -1, tl.int64)
@@ -122,6 +122,18 @@ def _raise_corrupt(error: torch.Tensor, frontier: torch.Tensor, indptr: torch.Te
     raise CorruptGraphError(f"a neighbor id of node {node} is outside [0, {num_ids})", "indices")
 
 
+#: Elements of _draw's [rows, KMAX] tile of positions: wider draws take fewer rows a program, so the tile stays in
+#: registers (64 x 64 int64 needed 255 registers and spilled; 1024 still spilled with triton 3.6 and int64 indices).
+DRAW_TILE_ELEMENTS = 512
+
+
+def draw_tile(fanout: int, block: int = 64) -> tuple[int, int]:
+    """(KMAX, rows a program) of ``_draw`` for ``fanout``: KMAX is at least 2 (a [rows, 1] tile trips a layout
+    pass of triton 3.6), rows at most ``block``."""
+    kmax = max(triton.next_power_of_2(max(fanout, 1)), 2)
+    return kmax, max(1, min(block, DRAW_TILE_ELEMENTS // kmax))
+
+
 def sample_hops(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor, fanouts, seed: int,
                 iteration: int, num_ids: int = -1, block: int = 64) -> list:
     """Triton twin of ``_C.sample_hops``: ``[(nodes, num_dst, src_local, dst), ...]`` per hop, on the seeds'
@@ -162,9 +174,9 @@ def sample_hops(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor
         dst = torch.empty(total, dtype=torch.int64, device=device)
         error = torch.zeros(n, dtype=torch.int8, device=device)
         if n:
-            kmax = triton.next_power_of_2(max(fanout, 1))
-            _draw[(triton.cdiv(n, block),)](indptr, indices, frontier, offsets, src, dst, error, n, num_ids,
-                                            num_edges, fanout, key & 0xFFFFFFFF, key >> 32, BLOCK=block, KMAX=kmax)
+            kmax, rows = draw_tile(fanout, block)
+            _draw[(triton.cdiv(n, rows),)](indptr, indices, frontier, offsets, src, dst, error, n, num_ids,
+                                            num_edges, fanout, key & 0xFFFFFFFF, key >> 32, BLOCK=rows, KMAX=kmax)
             take_all = torch.nonzero((got == degree) & (degree > 0) & ~bad_row).reshape(-1)
             if take_all.numel():
                 _copy_all[(take_all.numel(),)](indptr, indices, frontier, offsets, src, dst, error, take_all,
