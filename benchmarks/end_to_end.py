@@ -23,6 +23,7 @@ iterations with only the feature path changed:
   memmap-random-bound  the same with madvise(MADV_RANDOM), which a careful
                  user adds to stop read-around
   memory         the whole feature file in RAM (the ceiling)
+  device         the whole feature file in the GPU's memory (the ceiling of a GPU run; needs a GPU)
 
 Here RAM (24 GiB) holds the whole feature file, so the plain memmap's page
 cache warms up during the run and becomes an unbounded cache; the bound
@@ -56,7 +57,7 @@ from lsm_gnn.storage.probe import evict_page_cache
 from lsm_gnn.trainer import STAGES, Trainer
 
 METHODS = ("hybrid", "rr", "farthest", "hybrid+pvp", "farthest+pvp", "hybrid-same-bytes", "farthest-same-bytes",
-           "hybrid-in-memory", "memmap", "memmap-bound", "memmap-random-bound", "memory")
+           "hybrid-in-memory", "memmap", "memmap-bound", "memmap-random-bound", "memory", "device")
 BOUND = ("memmap-bound", "memmap-random-bound")  # seconds per batch: they run --bound-iterations only
 
 
@@ -127,6 +128,8 @@ def run_once(args, ds, method: str) -> dict:
         overrides += ["cache.features=cache", "cache.policy=hybrid", "cache.backend=memory"]
     elif method == "memory":
         overrides += ["cache.features=memory"]
+    elif method == "device":
+        overrides += ["cache.features=device"]
     else:
         features = MemmapStorage(ds, evict_each_batch=method in BOUND, random_advice=method == "memmap-random-bound")
     for path in feature_paths(ds):
@@ -204,7 +207,9 @@ def ratios(summary: dict) -> dict:
             "pvp_speedup_vs_hybrid": r("hybrid+pvp", "hybrid"),
             "pvp_speedup_vs_same_bytes": r("hybrid+pvp", "hybrid-same-bytes"),
             "hybrid_in_memory_slowdown_vs_memory": r("memory", "hybrid-in-memory"),
-            "hybrid_slowdown_vs_memory": memory}
+            "hybrid_slowdown_vs_memory": memory,
+            "hybrid_slowdown_vs_device": r("device", "hybrid"),
+            "farthest_slowdown_vs_device": r("device", "farthest")}
 
 
 def per_repeat_ratios(runs: list[dict], slower: str, faster: str) -> list[float]:
@@ -224,6 +229,8 @@ PAIRS = {  # name: (numerator, denominator) of wall time per iteration, within o
     "farthest_pvp_speedup_vs_same_bytes": ("farthest-same-bytes", "farthest+pvp"),
     "hybrid_slowdown_vs_memory": ("hybrid", "memory"),
     "hybrid_in_memory_slowdown_vs_memory": ("hybrid-in-memory", "memory"),
+    "hybrid_slowdown_vs_device": ("hybrid", "device"),
+    "farthest_slowdown_vs_device": ("farthest", "device"),
 }
 
 

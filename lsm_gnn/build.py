@@ -28,7 +28,7 @@ from lsm_gnn.storage import open_storage
 class FeatureSpec:
     """The resolved feature path of a run."""
 
-    source: str                  # cache | storage (no cache) | memory (the whole file in RAM)
+    source: str                  # cache | storage (no cache) | memory (the whole file in RAM) | device (on the GPU)
     backend: str                 # storage backend of the miss path ("auto": io_uring where it works)
     capacity_bytes: int          # cache size asked for, in bytes (the cache may allocate less: docs/cache.md)
     ways: int
@@ -86,6 +86,10 @@ def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_si
     """
     if spec.source == "memory":
         return open_storage(dataset, "memory")
+    if spec.source == "device":  # the whole table on the training device: the GPU's ceiling
+        from lsm_gnn.storage.memory import DeviceMemoryStorage
+
+        return DeviceMemoryStorage(dataset, device)
     storage = open_storage(dataset, spec.backend)
     if spec.source == "storage":
         return storage
@@ -155,6 +159,9 @@ def build_typed_features(spec: FeatureSpec, dataset, device: torch.device, *, wo
     from lsm_gnn.storage.concat import ConcatStorage
     from lsm_gnn.typed_features import FeatureGroup, TypedFeatures
 
+    if spec.source == "device":
+        raise ConfigError("cache.features=device holds one feature table on the GPU; a heterogeneous dataset needs "
+                          "cache.features=cache or memory")
     groups = feature_groups(dataset)
     if not groups:
         raise ConfigError(f"dataset {dataset.path} has no node type with features; nothing to gather")

@@ -63,7 +63,7 @@ class SamplerConfig:
 
 @dataclass
 class CacheConfig:
-    features: str = "cache"    # cache | storage (no cache) | memory (whole file in RAM: the ceiling)
+    features: str = "cache"    # cache | storage (no cache) | memory (whole file in RAM: the ceiling) | device (on the GPU)
     capacity: str = defaults.CAPACITY  # bytes ("4G", "512M") or a share of the nodes ("1.5%")
     ways: int = defaults.WAYS
     policy: str = "auto"       # auto: farthest, the best measured with or without pvp (docs/cache.md)
@@ -145,7 +145,7 @@ CHOICES = {
     "model.kind": ("gat", "sage", "gcn"),
     "model.node_embedding.dtype": ("float32", "float16"),
     "model.node_embedding.optimizer": ("sgd", "adagrad", "adam"),
-    "cache.features": ("cache", "storage", "memory"),
+    "cache.features": ("cache", "storage", "memory", "device"),
     "cache.policy": ("auto", *POLICIES),
     "cache.backend": ("auto", *BACKENDS),
     "cache.mode": ("shared", "isolated"),

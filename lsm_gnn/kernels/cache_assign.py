@@ -153,11 +153,12 @@ def _install_misses(order_ptr, sorted_set_ptr, seg_start_ptr, n, unique_ptr, nod
     # Program p installs the misses of the p-th set that has any: [start, end) of the sorted order. Programs past
     # the last such set find start == n and do nothing (the grid is sized without reading the count back).
     start = tl.load(seg_start_ptr + tl.program_id(0))
-    s = tl.load(sorted_set_ptr + start, mask=start < n, other=-1)
-    end = start + 1
-    while tl.load(sorted_set_ptr + end, mask=end < n, other=-2) == s:  # hits sort last, under set num_sets
-        end += 1
-    end = tl.where(start < n, end, start)
+    s = tl.load(sorted_set_ptr + start, mask=start < n, other=0)
+    end = start
+    if start < n:
+        end = start + 1
+        while tl.load(sorted_set_ptr + end, mask=end < n, other=-1) == s:  # hits sort last, as set num_sets
+            end += 1
     ways = tl.arange(0, WAYS)
     lines = s * WAYS + ways
     installed_by = tl.full([WAYS], -1, tl.int64)  # way -> unique index this batch installed there

@@ -50,3 +50,31 @@ class MemoryStorage(CountingStorage):
                              f"{self.num_rows} rows (valid ids are 0..{self.num_rows - 1})")
         torch.index_select(self._rows, 0, ids, out=out)
         self._count(ids.numel(), time.perf_counter() - start)
+
+
+class DeviceMemoryStorage(MemoryStorage):
+    """The whole feature table in a GPU's memory (``cache.features=device``): the ceiling of a GPU run, what a user
+    whose features fit on the device would write (one index_select per batch, rows already where the model is)."""
+
+    backend = "device"
+
+    def __init__(self, dataset, device: str | torch.device):
+        self._device = torch.device(device)
+        if self._device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"cache.features=device needs a CUDA device, and torch sees none (asked for "
+                               f"{device!r}); use cache.features=memory to hold the features in RAM")
+        super().__init__(dataset)
+        self._rows = self._rows.to(self._device)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def _read(self, ids: torch.Tensor, out: torch.Tensor) -> None:
+        start = time.perf_counter()
+        if int(ids.min()) < 0 or int(ids.max()) >= self.num_rows:  # checked on the host ids: no device sync
+            bad = int(torch.nonzero((ids < 0) | (ids >= self.num_rows))[0])
+            raise IndexError(f"node id {int(ids[bad])} at position {bad} is out of range: the feature file has "
+                             f"{self.num_rows} rows (valid ids are 0..{self.num_rows - 1})")
+        torch.index_select(self._rows, 0, ids.to(self._device, non_blocking=True), out=out)
+        self._count(ids.numel(), time.perf_counter() - start)
