@@ -174,14 +174,13 @@ class VictimBuffer:
         self.node = torch.empty((q, cap), dtype=torch.int64, **host)
         self.record = torch.empty((q, cap), dtype=torch.int64, **host)
         self.data = torch.empty((q, cap, dim), dtype=dtype, **host)
-        # A GPU cache copies each iteration's queue into a device buffer; a CPU cache serves from the queue.
-        self._in_place = not cuda
-        self._background = cuda  # the move on a thread: only a copy to the device is worth one
+        # A CPU cache serves from the queue in place; a GPU cache copies each queue into a device buffer
+        # (_copy_to_device).
+        self._in_place = True
+        self._background = False
         self.prefetch_node = self.prefetch_record = self.prefetch_data = None
-        if cuda:
-            self.prefetch_node = torch.empty(cap, dtype=torch.int64, device=self.device)
-            self.prefetch_record = torch.empty(cap, dtype=torch.int64, device=self.device)
-            self.prefetch_data = torch.empty((cap, dim), dtype=dtype, device=self.device)
+        self._stream = None
+        self._released = None  # CUDA: recorded when the serving stream is done reading the prefetch buffer
         self._served_slot = 0  # in place: the queue slot the prefetched lines sit in
         self.row_bytes = dim * self.data.element_size()
         self.stats = PVPStats()
@@ -191,8 +190,20 @@ class VictimBuffer:
         self._pending: tuple[int, threading.Thread, list] | None = None
         self._pending_lock = threading.Lock()
         self._state_lock = threading.Lock()  # queues and prefetch buffer: one writer at a time
-        self._stream = torch.cuda.Stream(self.device) if cuda else None
-        self._released = None  # CUDA: recorded when the serving stream is done reading the prefetch buffer
+        if cuda:
+            self._copy_to_device()
+
+    def _copy_to_device(self) -> None:
+        """A GPU cache's mode: each queue is copied into a prefetch buffer on the device, on a side stream and a
+        background thread. (A test calls it on CPU tensors with torch.cuda's streams replaced by a recording
+        stand-in, to check the order of every access on a machine without a GPU.)"""
+        cap, dim = self.capacity, self.data.shape[2]
+        self._in_place = False
+        self._background = True  # the move on a thread: only a copy to the device is worth one
+        self.prefetch_node = torch.empty(cap, dtype=torch.int64, device=self.device)
+        self.prefetch_record = torch.empty(cap, dtype=torch.int64, device=self.device)
+        self.prefetch_data = torch.empty((cap, dim), dtype=self.data.dtype, device=self.device)
+        self._stream = torch.cuda.Stream(self.device)
 
     @property
     def memory_bytes(self) -> int:
