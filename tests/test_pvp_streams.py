@@ -9,15 +9,63 @@ that order; the move thread runs either at once or only when joined (the two ext
 """
 import threading
 
+import numpy as np
 import pytest
 import torch
 
 import lsm_gnn.cache.pvp as pvp_module
 from fake_cuda import StreamRecorder, scheduled_thread
 from lsm_gnn import testing
-from lsm_gnn.cache import PolicyConfig, SoftwareCache, replay
+from lsm_gnn.cache import PolicyConfig, SoftwareCache, VictimBuffer, replay
+from test_kernels_victim_enqueue import victims
 
 WINDOW = 4
+
+
+def fake_gpu(monkeypatch, schedule) -> StreamRecorder:
+    """torch.cuda's streams recorded, and the victim buffer's move thread run on ``schedule``."""
+    rec = StreamRecorder()
+    rec.install(monkeypatch)
+    monkeypatch.setattr(pvp_module, "threading", type("threading", (), {
+        "Thread": scheduled_thread(rec, schedule), "Lock": threading.Lock}))
+    return rec
+
+
+def gpu_mode(rec: StreamRecorder, b: VictimBuffer) -> None:
+    """Switches a CPU victim buffer into its GPU mode and watches every tensor it shares with its users."""
+    b._copy_to_device()
+    b._stream.name = "victim-buffer stream"
+    rec.watch(device={"count": b.count, "queue_iteration": b.queue_iteration, "prefetch_node": b.prefetch_node,
+                      "prefetch_record": b.prefetch_record, "prefetch_data": b.prefetch_data},
+              host={"queue node": b.node, "queue record": b.record, "queue data": b.data})
+
+
+def assert_no_race(rec: StreamRecorder) -> None:
+    races = rec.races()
+    assert not races, f"{len(races)} unordered pairs of accesses, e.g.:\n" + "\n".join(races[:8])
+
+
+@pytest.mark.parametrize("schedule", ["early", "late"])
+def test_a_buffer_used_without_take_orders_its_accesses_too(monkeypatch, schedule):
+    """Enqueue and discard straight after starting a move, with no take between (the cache always takes
+    first): the enqueue waits for the move on the device, discard's host writes to the queues for both streams."""
+    rec = fake_gpu(monkeypatch, schedule)
+    buffer = VictimBuffer(WINDOW, 4, 5, torch.float32)
+    gpu_mode(rec, buffer)
+    serving = torch.cuda.Stream()
+    serving.name = "serving stream"
+    rng = np.random.default_rng(2)
+    cache_data = torch.randn(50, 5)
+    with rec.mode(), torch.cuda.stream(serving):
+        for t in range(8):
+            buffer.take(t)
+            buffer.consumed(t, 0)
+            buffer.prefetch_async(t + 1)
+            buffer.enqueue(*victims(rng, 20, 50, t, t, WINDOW), cache_data, t, t)
+            buffer.discard(torch.tensor([1, 2, 3]))
+        buffer.close()
+    assert buffer.stats.prefetched > 0 and rec.writers("queue node") == {"serving stream", "host"}
+    assert_no_race(rec)
 
 
 def run(storage, static, trace, reinstall, discard_at, gpu_mode=None):
@@ -47,23 +95,15 @@ def test_every_access_of_the_move_is_ordered_with_the_lookups(tiny_cache, monkey
     expected, cpu = run(storage, static, trace, reinstall, discard_at=6)
     assert cpu.pvp.stats.hits > 0, "the trace must make the victim buffer serve rows"
 
-    rec = StreamRecorder()
-    rec.install(monkeypatch)
-    monkeypatch.setattr(pvp_module, "threading", type("threading", (), {
-        "Thread": scheduled_thread(rec, schedule), "Lock": threading.Lock}))
+    rec = fake_gpu(monkeypatch, schedule)
 
-    def gpu_mode(cache):
+    def cache_gpu_mode(cache):
         cache._stream = torch.cuda.Stream(cache.device)  # what a CUDA cache makes: its lookups' stream
         cache._stream.name = "cache stream"
-        cache.pvp._copy_to_device()
-        cache.pvp._stream.name = "victim-buffer stream"
-        b = cache.pvp
-        rec.watch(device={"count": b.count, "queue_iteration": b.queue_iteration, "prefetch_node": b.prefetch_node,
-                          "prefetch_record": b.prefetch_record, "prefetch_data": b.prefetch_data},
-                  host={"queue node": b.node, "queue record": b.record, "queue data": b.data})
+        gpu_mode(rec, cache.pvp)
 
     with rec.mode():
-        got, gpu = run(storage, static, trace, reinstall, discard_at=6, gpu_mode=gpu_mode)
+        got, gpu = run(storage, static, trace, reinstall, discard_at=6, gpu_mode=cache_gpu_mode)
 
     for k, ((rows, hit), (want_rows, want_hit)) in enumerate(zip(got, expected)):
         assert torch.equal(rows, want_rows) and torch.equal(hit, want_hit), f"batch {k} differs from the CPU cache"
@@ -72,5 +112,27 @@ def test_every_access_of_the_move_is_ordered_with_the_lookups(tiny_cache, monkey
     for name in ("count", "queue_iteration", "prefetch_node", "prefetch_data"):
         assert rec.writers(name) - {"cache stream"}, f"nothing but the lookups wrote {name}"
     assert "cache stream" in rec.writers("queue data")
-    races = rec.races()
-    assert not races, f"{len(races)} unordered pairs of accesses, e.g.:\n" + "\n".join(races[:8])
+    assert_no_race(rec)
+
+
+@pytest.mark.parametrize("schedule", ["early", "late"])
+def test_a_buffer_used_without_take_orders_its_accesses_too(monkeypatch, schedule):
+    """Enqueue and discard straight after starting a move, with no take between (the cache always takes
+    first): the enqueue waits for the move on the device, discard's host writes to the queues for both streams."""
+    rec = fake_gpu(monkeypatch, schedule)
+    buffer = VictimBuffer(WINDOW, 4, 5, torch.float32)
+    gpu_mode(rec, buffer)
+    serving = torch.cuda.Stream()
+    serving.name = "serving stream"
+    rng = np.random.default_rng(2)
+    cache_data = torch.randn(50, 5)
+    with rec.mode(), torch.cuda.stream(serving):
+        for t in range(8):
+            buffer.take(t)
+            buffer.consumed(t, 0)
+            buffer.prefetch_async(t + 1)
+            buffer.enqueue(*victims(rng, 20, 50, t, t, WINDOW), cache_data, t, t)
+            buffer.discard(torch.tensor([1, 2, 3]))
+        buffer.close()
+    assert buffer.stats.prefetched > 0 and rec.writers("queue node") == {"serving stream", "host"}
+    assert_no_race(rec)
