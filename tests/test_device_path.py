@@ -4,6 +4,8 @@ The staging buffer's logic and the backend choice run everywhere. The GPU cases 
 returns the file's bytes and decides as the CPU cache does, with and without PVP) need a CUDA GPU and
 triton and are skipped otherwise; benchmarks/gpu_suite.sh runs them on a GPU machine.
 """
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -49,6 +51,23 @@ def test_staging_returns_the_rows_and_reuses_its_buffer(dataset):
 def test_side_stream_without_a_stream_changes_nothing():
     with side_stream(None) as caller:
         assert caller is None
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_side_stream_makes_the_caller_wait_even_when_the_block_raises(monkeypatch, fail):
+    from fake_cuda import StreamRecorder
+
+    rec = StreamRecorder()
+    rec.install(monkeypatch)
+    side = torch.cuda.Stream()
+    with pytest.raises(RuntimeError) if fail else contextlib.nullcontext():
+        with side_stream(side) as caller:
+            assert caller is rec.default and torch.cuda.current_stream() is side
+            if fail:
+                raise RuntimeError("a lookup failed after issuing work on the side stream")
+    assert torch.cuda.current_stream() is rec.default
+    assert rec.log == [("record", "default"), ("wait", side.name, "default"),  # the side stream starts after
+                       ("record", side.name), ("wait", "default", side.name)]  # and the caller waits for it
 
 
 def test_exchange_backend(monkeypatch):
