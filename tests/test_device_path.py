@@ -1,19 +1,23 @@
 """The device-resident data path: staged miss reads, the exchange's device, a cache on a GPU.
 
 The staging buffer's logic and the backend choice run everywhere. The GPU cases (a cache on the device
-returns the file's bytes and decides as the CPU cache does, with and without PVP) need a CUDA GPU and
-triton and are skipped otherwise; benchmarks/gpu_suite.sh runs them on a GPU machine.
+returns the file's bytes and decides as the CPU cache does, for every policy, without PVP and in both PVP
+modes) need a CUDA GPU and triton and are skipped otherwise; benchmarks/gpu_suite.sh runs them on a GPU
+machine. A few of them also run here with the Triton kernels under the interpreter, which checks the test.
 """
+import contextlib
+
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
 from lsm_gnn import open_storage
-from lsm_gnn.cache import SoftwareCache, WindowBuffer
+from lsm_gnn.cache import POLICIES, SoftwareCache, WindowBuffer
 from lsm_gnn.cache.staging import MissStaging, side_stream
 from lsm_gnn.comm.shared_cache import exchange_backend
-from lsm_gnn.testing import write_tiny_dataset
+from lsm_gnn.kernels import set_kernel_mode
+from lsm_gnn.testing import power_law_trace, write_tiny_dataset
 
 try:
     import triton  # noqa: F401
@@ -51,6 +55,23 @@ def test_side_stream_without_a_stream_changes_nothing():
         assert caller is None
 
 
+@pytest.mark.parametrize("fail", [False, True])
+def test_side_stream_makes_the_caller_wait_even_when_the_block_raises(monkeypatch, fail):
+    from fake_cuda import StreamRecorder
+
+    rec = StreamRecorder()
+    rec.install(monkeypatch)
+    side = torch.cuda.Stream()
+    with pytest.raises(RuntimeError) if fail else contextlib.nullcontext():
+        with side_stream(side) as caller:
+            assert caller is rec.default and torch.cuda.current_stream() is side
+            if fail:
+                raise RuntimeError("a lookup failed after issuing work on the side stream")
+    assert torch.cuda.current_stream() is rec.default
+    assert rec.log == [("record", "default"), ("wait", side.name, "default"),  # the side stream starts after
+                       ("record", side.name), ("wait", "default", side.name)]  # and the caller waits for it
+
+
 def test_exchange_backend(monkeypatch):
     assert exchange_backend(torch.device("cpu")) == "gloo"
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
@@ -67,33 +88,71 @@ def test_a_cuda_cache_without_a_gpu_is_refused(dataset):
         SoftwareCache(storage, "2K", device="cuda")
 
 
-def run_trace(cache, batches, window):
-    """(rows, hit masks, final snapshot) of a cache serving ``batches`` with a window of what follows."""
+@contextlib.contextmanager
+def kernels_of(device: str):
+    """The kernels a cache on ``device`` runs: Triton compiled for the GPU, or for ``cpu`` the same Triton source
+    under the interpreter (kernels=triton), which runs the test's logic on any machine."""
+    if device != "cpu":
+        yield
+        return
+    set_kernel_mode("triton")
+    try:
+        yield
+    finally:
+        set_kernel_mode(None)
+
+
+def run_trace(cache, batches, window, device="cpu"):
+    """Per batch (rows, hit mask, the line of every id of the graph), and the final snapshot, of a cache serving
+    ``batches`` with a window of what follows, on ``device``'s kernels."""
     out = []
-    for k, batch in enumerate(batches):
-        buffer = WindowBuffer(window + 1, cache.storage.num_rows)
-        for future in batches[k + 1:k + 1 + window]:
-            buffer.push(future)
-        rows, hit = cache.lookup(batch, future=buffer)
-        out.append((rows.cpu(), hit.cpu()))
-        cache.prefetch()
+    every_id = torch.arange(cache.storage.num_rows)
+    with kernels_of(device):
+        for k, batch in enumerate(batches):
+            buffer = WindowBuffer(window + 1, cache.storage.num_rows)
+            for future in batches[k + 1:k + 1 + window]:
+                buffer.push(future)
+            rows, hit = cache.lookup(batch, future=buffer)
+            out.append((rows.cpu(), hit.cpu(), cache.lines_of(every_id).cpu()))
+            cache.prefetch()
+        cache.settle()
     return out, cache.snapshot()
 
 
-@needs_cuda
-@pytest.mark.parametrize("pvp", [False, True])
-@pytest.mark.parametrize("policy", ["hybrid", "lru", "dynamic"])
-def test_a_gpu_cache_returns_the_file_and_decides_as_the_cpu_cache(dataset, policy, pvp):
+PVP_MODES = {"off": {}, "reinstall": dict(pvp=True, pvp_queue_capacity=8),
+             "paper": dict(pvp=True, pvp_queue_capacity=8, pvp_reinstall=False)}
+# The cpu cases run the Triton kernels under the interpreter (seconds a batch): one policy per PVP mode, fewer
+# batches, enough to check the test itself (all but one marked slow); the GPU runs every policy in every mode.
+CPU_CASES = {("hybrid", "paper"): [], ("lru", "reinstall"): [pytest.mark.slow], ("farthest", "off"): [pytest.mark.slow]}
+
+
+def device_cases():
+    for policy in POLICIES:
+        for mode in PVP_MODES:
+            yield pytest.param("cuda", policy, mode, marks=needs_cuda, id=f"cuda-{policy}-{mode}")
+            if (policy, mode) in CPU_CASES:
+                yield pytest.param("cpu", policy, mode, marks=CPU_CASES[policy, mode], id=f"cpu_triton-{policy}-{mode}")
+
+
+@pytest.mark.parametrize("device,policy,pvp", device_cases())
+def test_a_device_cache_returns_the_file_and_decides_as_the_cpu_cache(dataset, device, policy, pvp):
+    """Line by line: the rows equal the file's bytes, and hits, the line of every id, evictions, victim-buffer
+    counts and the cache's whole state equal the CPU cache's, batch by batch over power-law batches."""
     path, features = dataset
     storage = open_storage(path, "pread")
-    rng = np.random.default_rng(3)
-    batches = [torch.from_numpy(rng.choice(500, 60)) for _ in range(30)]
-    caches = [SoftwareCache(storage, 100 * storage.row_bytes, ways=4, policy=policy, window=4, device=device,
-                            pvp=pvp, pvp_queue_capacity=8) for device in ("cpu", "cuda")]
-    (cpu_out, cpu_state), (gpu_out, gpu_state) = (run_trace(c, batches, 4) for c in caches)
-    for k, ((cpu_rows, cpu_hit), (gpu_rows, gpu_hit)) in enumerate(zip(cpu_out, gpu_out)):
-        assert torch.equal(gpu_rows, features[batches[k]]), f"batch {k}: rows differ from the file"
-        assert torch.equal(gpu_hit, cpu_hit), f"batch {k}: hits differ from the CPU cache"
-    for name in cpu_state:
-        assert np.array_equal(cpu_state[name], gpu_state[name]), f"{name} differs from the CPU cache"
-    assert caches[1].stats.hits == caches[0].stats.hits > 0
+    batches = [torch.from_numpy(b) for b in power_law_trace(3, 16 if device == "cuda" else 7, 60, storage.num_rows, 0.8)]
+    caches = [SoftwareCache(storage, 100 * storage.row_bytes, ways=4, policy=policy, window=4, period=2,
+                            device=on, **PVP_MODES[pvp]) for on in ("cpu", device)]
+    (want, want_state), (got, got_state) = run_trace(caches[0], batches, 4), run_trace(caches[1], batches, 4, device)
+    for k, ((want_rows, want_hit, want_lines), (rows, hit, lines)) in enumerate(zip(want, got)):
+        assert torch.equal(rows, features[batches[k]]), f"batch {k}: rows differ from the file"
+        assert torch.equal(want_rows, features[batches[k]]), f"batch {k}: the CPU cache's rows differ from the file"
+        assert torch.equal(hit, want_hit), f"batch {k}: hits differ from the CPU cache"
+        assert torch.equal(lines, want_lines), f"batch {k}: the lines of ids differ from the CPU cache"
+    for name in want_state:
+        assert np.array_equal(want_state[name], got_state[name]), f"{name} differs from the CPU cache"
+    cpu, dev = caches
+    assert vars(dev.stats) == vars(cpu.stats) and cpu.stats.hits > 0 and cpu.stats.evictions > 0
+    if cpu.pvp is not None:
+        assert dev.pvp.stats == cpu.pvp.stats
+        assert dev.pvp.snapshot() == cpu.pvp.snapshot(), "victim queues differ"

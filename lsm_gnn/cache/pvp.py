@@ -62,6 +62,7 @@ dropped_no_reuse + dropped_full`` is the number of evictions.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,14 +175,14 @@ class VictimBuffer:
         self.node = torch.empty((q, cap), dtype=torch.int64, **host)
         self.record = torch.empty((q, cap), dtype=torch.int64, **host)
         self.data = torch.empty((q, cap, dim), dtype=dtype, **host)
-        # A GPU cache copies each iteration's queue into a device buffer; a CPU cache serves from the queue.
-        self._in_place = not cuda
-        self._background = cuda  # the move on a thread: only a copy to the device is worth one
+        # A CPU cache serves from the queue in place; a GPU cache copies each queue into a device buffer
+        # (_copy_to_device).
+        self._in_place = True
+        self._background = False
         self.prefetch_node = self.prefetch_record = self.prefetch_data = None
-        if cuda:
-            self.prefetch_node = torch.empty(cap, dtype=torch.int64, device=self.device)
-            self.prefetch_record = torch.empty(cap, dtype=torch.int64, device=self.device)
-            self.prefetch_data = torch.empty((cap, dim), dtype=dtype, device=self.device)
+        self._stream = None  # CUDA: the stream of the moves (and discards), the buffer's own
+        self._moved = None  # CUDA: recorded on it after the last move's (or discard's) device work
+        self._used = None  # CUDA: recorded on the serving stream after its last access (mark_used)
         self._served_slot = 0  # in place: the queue slot the prefetched lines sit in
         self.row_bytes = dim * self.data.element_size()
         self.stats = PVPStats()
@@ -191,8 +192,71 @@ class VictimBuffer:
         self._pending: tuple[int, threading.Thread, list] | None = None
         self._pending_lock = threading.Lock()
         self._state_lock = threading.Lock()  # queues and prefetch buffer: one writer at a time
-        self._stream = torch.cuda.Stream(self.device) if cuda else None
-        self._released = None  # CUDA: recorded when the serving stream is done reading the prefetch buffer
+        if cuda:
+            self._copy_to_device()
+
+    def _copy_to_device(self) -> None:
+        """A GPU cache's mode: each queue is copied into a prefetch buffer on the device, on a side stream and a
+        background thread. (A test calls it on CPU tensors with torch.cuda's streams replaced by a recording
+        stand-in, to check the order of every access on a machine without a GPU.)"""
+        cap, dim = self.capacity, self.data.shape[2]
+        self._in_place = False
+        self._background = True  # the move on a thread: only a copy to the device is worth one
+        self.prefetch_node = torch.empty(cap, dtype=torch.int64, device=self.device)
+        self.prefetch_record = torch.empty(cap, dtype=torch.int64, device=self.device)
+        self.prefetch_data = torch.empty((cap, dim), dtype=self.data.dtype, device=self.device)
+        self._stream = torch.cuda.Stream(self.device)
+        # Nothing orders two CUDA streams but events: a move (on this buffer's stream) waits for the serving
+        # stream's last access (_used), and the serving stream waits for the last move (_moved) before it reads
+        # the prefetch buffer or touches the counters and queues again. The first move waits for the counters'
+        # initialisation, on the stream that built the buffer.
+        self.mark_used()
+
+    def mark_used(self) -> None:
+        """CUDA: the current stream has issued its accesses to the counters, queue labels, queues and prefetch
+        buffer; the next move waits for them. :meth:`enqueue` and :meth:`consumed` call it, and the cache after
+        every lookup, failed or not (:meth:`serving`). Nothing to do on CPU."""
+        if self._stream is not None:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+            self._used = event
+
+    @contextmanager
+    def serving(self):
+        """One lookup's use of the buffer on the current stream: the next move waits for all of it, even where
+        the lookup raised between :meth:`take` and :meth:`consumed`."""
+        try:
+            yield self
+        finally:
+            self.mark_used()
+
+    def _after_move(self) -> None:
+        """CUDA: the current stream waits for the last move's writes (and its reads of the queue it recycled)."""
+        if self._moved is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._moved)
+
+    @contextmanager
+    def _on_own_stream(self):
+        """CUDA: runs the block's device work on the buffer's stream, after the serving stream's last access,
+        and records ``_moved`` after it. On CPU it just runs the block."""
+        if self._stream is None:
+            yield
+            return
+        self._stream.wait_event(self._used)
+        try:
+            with torch.cuda.stream(self._stream):
+                yield
+        finally:
+            self._moved = torch.cuda.Event()
+            self._moved.record(self._stream)
+
+    def _host_waits(self) -> None:
+        """CUDA: the host waits for all device work on the queues (pinned host memory that the enqueue kernel
+        writes and the moves copy from) and the counters, before it reads or writes them itself."""
+        if self._stream is not None:
+            self._used.synchronize()
+            if self._moved is not None:
+                self._moved.synchronize()
 
     @property
     def memory_bytes(self) -> int:
@@ -211,7 +275,9 @@ class VictimBuffer:
         args = (self.count, self.queue_iteration, self.node, self.record, self.data, evicted_tag, evicted_record,
                 evicted_line, cache_data, int(iteration), int(scan_base))
         with self._state_lock:
+            self._after_move()  # the queue it fills was recycled by the last move
             enqueued, no_reuse, full = torch.ops.lsm_gnn.victim_enqueue(*args, self.num_threads)
+            self.mark_used()
         self.stats.enqueued += enqueued
         self.stats.dropped_no_reuse += no_reuse
         self.stats.dropped_full += full
@@ -222,10 +288,12 @@ class VictimBuffer:
         when their iteration comes."""
         self.close()  # a background move must not copy a line while it is dropped
         with self._state_lock:
+            self._host_waits()  # the queues are written on the host below
             nodes = nodes.to(self.node.device)
             self.node[torch.isin(self.node, nodes)] = -1  # no batch holds id -1: never matched
             if self.prefetch_node is not None:
-                self.prefetch_node[torch.isin(self.prefetch_node, nodes.to(self.device))] = -1
+                with self._on_own_stream():  # ordered as a move: the next take waits for it
+                    self.prefetch_node[torch.isin(self.prefetch_node, nodes.to(self.device))] = -1
 
     # -- prefetch -----------------------------------------------------------------------------------------------
 
@@ -276,41 +344,31 @@ class VictimBuffer:
         with self._state_lock:
             if self._prefetched_iteration == t or t < self._frontier:
                 return  # already moved (a retried lookup finds the same lines), or passed
-            if self._prefetched_iteration is not None:
-                self.stats.unused += self._prefetched_count  # moved but never served
-                self._prefetched_iteration, self._prefetched_count = None, 0
-            q, cap = self.num_queues, self.capacity
-            labels = self.queue_iteration
-            stale = labels < t
-            if bool(stale.any()):  # never served: their iteration passed (a skipped iteration)
-                self.stats.unused += int(self.count[stale].clamp(max=cap).sum())
-                self.count[stale] = 0
-                slots = torch.arange(q, dtype=torch.int64, device=labels.device)
-                labels[stale] = t + (slots[stale] - t) % q
-            slot = t % q  # after the expiry above, it collects for iteration t
-            n = min(int(self.count[slot]), cap)
-            if n and not self._in_place:
-                if self._stream is not None:
-                    # cudaMemcpyAsync on a side stream, after the last batch's scatter read the buffer.
-                    if self._released is not None:
-                        self._stream.wait_event(self._released)
-                    with torch.cuda.stream(self._stream):
-                        self.prefetch_node[:n].copy_(self.node[slot, :n], non_blocking=True)
-                        self.prefetch_record[:n].copy_(self.record[slot, :n], non_blocking=True)
-                        self.prefetch_data[:n].copy_(self.data[slot, :n], non_blocking=True)
-                    # This (background) thread waits, not the serving one: the queue may be
-                    # refilled, and the rows read, only once the copy is complete.
-                    self._stream.synchronize()
-                else:
-                    self.prefetch_node[:n].copy_(self.node[slot, :n])
-                    self.prefetch_record[:n].copy_(self.record[slot, :n])
-                    self.prefetch_data[:n].copy_(self.data[slot, :n])
-            self.count[slot] = 0
-            labels[slot] = t + q
-            self._served_slot = slot
-            self._prefetched_iteration, self._prefetched_count = t, n
-            self._frontier = t + 1
-            self.stats.prefetched += n
+            # Every device access below on the buffer's stream, after the last lookup's enqueue and serve.
+            with self._on_own_stream():
+                if self._prefetched_iteration is not None:
+                    self.stats.unused += self._prefetched_count  # moved but never served
+                    self._prefetched_iteration, self._prefetched_count = None, 0
+                q, cap = self.num_queues, self.capacity
+                labels = self.queue_iteration
+                stale = labels < t
+                if bool(stale.any()):  # never served: their iteration passed (a skipped iteration)
+                    self.stats.unused += int(self.count[stale].clamp(max=cap).sum())
+                    self.count[stale] = 0
+                    slots = torch.arange(q, dtype=torch.int64, device=labels.device)
+                    labels[stale] = t + (slots[stale] - t) % q
+                slot = t % q  # after the expiry above, it collects for iteration t
+                n = min(int(self.count[slot]), cap)
+                if n and not self._in_place:  # on a GPU cache an asynchronous copy, which take() waits for
+                    self.prefetch_node[:n].copy_(self.node[slot, :n], non_blocking=True)
+                    self.prefetch_record[:n].copy_(self.record[slot, :n], non_blocking=True)
+                    self.prefetch_data[:n].copy_(self.data[slot, :n], non_blocking=True)
+                self.count[slot] = 0
+                labels[slot] = t + q
+                self._served_slot = slot
+                self._prefetched_iteration, self._prefetched_count = t, n
+                self._frontier = t + 1
+                self.stats.prefetched += n
 
     # -- serving ------------------------------------------------------------------------------------------------
 
@@ -321,6 +379,7 @@ class VictimBuffer:
         t = int(iteration)
         if self._prefetched_iteration != t:
             self._move(t)
+        self._after_move()  # the serving stream reads what the move wrote
         n = self._prefetched_count if self._prefetched_iteration == t else 0  # 0: a passed iteration
         if self._in_place:
             slot = self._served_slot
@@ -337,18 +396,18 @@ class VictimBuffer:
         self.stats.unused += self._prefetched_count - served
         self.stats.bytes_saved += served * self.row_bytes
         self._prefetched_iteration, self._prefetched_count = None, 0
-        if self._stream is not None:
-            self._released = torch.cuda.Event()
-            self._released.record(torch.cuda.current_stream(self.device))
+        self.mark_used()  # the next move overwrites the buffer only after this serve read it
 
     @property
     def pending(self) -> int:
         """Lines queued or prefetched and not yet served or expired."""
+        self._host_waits()
         held = int(self.count.clamp(max=self.capacity).sum())
         return held + (self._prefetched_count if self._prefetched_iteration is not None else 0)
 
     def snapshot(self) -> dict[int, list[tuple[int, int]]]:
         """Queued lines per target iteration, as sorted (node, record) pairs (for comparing with the reference)."""
+        self._host_waits()
         out = {}
         counts = self.count.clamp(max=self.capacity).cpu().tolist()
         labels = self.queue_iteration.cpu().tolist()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -268,7 +269,9 @@ class SoftwareCache(StorageShape):
                                 or out.device != self.device or not out.is_contiguous()):
             raise ValueError(f"out must be a contiguous {self.data.dtype} tensor of shape {shape} on {self.device}, "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
-        with self._lock, side_stream(self._stream) as caller:
+        # With PVP, the victim buffer's next move waits for this lookup's accesses on the side stream (serving).
+        pvp_use = self.pvp.serving() if self.pvp is not None else nullcontext()
+        with self._lock, side_stream(self._stream) as caller, pvp_use:
             self._check_intact()
             t = self.iteration
             unique, inverse = unique_ids(ids)

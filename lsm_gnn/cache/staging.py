@@ -58,13 +58,16 @@ class MissStaging:
 @contextmanager
 def side_stream(stream):
     """Runs the block on ``stream`` (a CUDA stream): it starts after the work the caller's stream has so
-    far, and the caller's stream waits for it afterwards. Yields the caller's stream, for
-    ``record_stream`` on tensors the block hands back; with ``stream=None`` nothing changes and it yields None."""
+    far, and the caller's stream waits for it afterwards, even when the block raises. Yields the caller's
+    stream, for ``record_stream`` on tensors the block hands back; with ``stream=None`` nothing changes and
+    it yields None."""
     if stream is None:
         yield None
         return
     caller = torch.cuda.current_stream(stream.device)
     stream.wait_stream(caller)
-    with torch.cuda.stream(stream):
-        yield caller
-    caller.wait_stream(stream)
+    try:
+        with torch.cuda.stream(stream):
+            yield caller
+    finally:  # a block that raised may have issued work: the caller must not reuse its memory before it ends
+        caller.wait_stream(stream)

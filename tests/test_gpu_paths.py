@@ -1,0 +1,114 @@
+"""The GPU paths beyond the cache's lookups (those: tests/test_device_path.py), each against the CPU run:
+node embeddings written back through a cache on the device, and full-neighbourhood evaluation on the device.
+
+Each test takes the device it checks: ``cuda`` (skipped without a GPU; benchmarks/gpu_suite.sh runs it on one)
+and ``cpu`` with the Triton kernels under the interpreter (kernels=triton), which runs the test's logic on any
+machine. Sizes are small: a few seconds each on a GPU, most of it Triton compiling each kernel once.
+"""
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("torch_geometric")
+# PyTorch's own sparse optimizers say on every step that they skip sparse checks.
+pytestmark = pytest.mark.filterwarnings("ignore:Sparse invariant checks")
+
+from lsm_gnn.cache import SoftwareCache, WindowBuffer  # noqa: E402
+from lsm_gnn.config import load_config  # noqa: E402
+from lsm_gnn.embedding import RowLayout, RowOptimizer, open_table  # noqa: E402
+from lsm_gnn.inference import layerwise_inference  # noqa: E402
+from lsm_gnn.testing import power_law_trace  # noqa: E402
+from lsm_gnn.trainer import Trainer  # noqa: E402
+from test_device_path import HAVE_CUDA, kernels_of  # noqa: E402
+from test_node_embedding import overrides, table_bytes  # noqa: E402
+
+# The graph fixture (conftest.py) generates this once per module.
+GRAPH = dict(num_nodes=600, avg_degree=5, feature_dim=8, num_classes=3, seed=4)
+# What a trainer on ``device`` is told: on cpu the Triton kernels (the trainer sets the mode from its config).
+KERNELS = {"cuda": "kernels=native", "cpu": "kernels=triton"}
+DEVICES = [pytest.param("cuda", marks=pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU and triton")),
+           pytest.param("cpu", id="cpu_triton")]
+# A trainer on the interpreter takes 10-20 s: those cpu variants are slow.
+TRAINER_DEVICES = [DEVICES[0], pytest.param("cpu", id="cpu_triton", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("pvp", [{}, dict(pvp=True, pvp_queue_capacity=16)], ids=["no_pvp", "pvp"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_device_cache_writes_embeddings_back_byte_for_byte(tmp_path, device, pvp):
+    """Lookups and SGD updates through a write-back cache on ``device``, evicting dirty lines (and with PVP
+    parking them and dropping stale copies): every batch reads, and the flushed table holds, the bytes of a
+    dense table updated alike. The gradients are multiples of 1/4 and the rate 1/8, so each update rounds once
+    whatever the device's arithmetic: the bytes must be equal."""
+    num_rows, dim = 400, 6
+    layout = RowLayout(dim, "float32", "sgd")
+    table = open_table(str(tmp_path / "table"), layout, num_rows, seed=1, init_std=0.5)
+    dense = table.read(torch.arange(num_rows)).clone()
+    optimizer = RowOptimizer(layout, 0.125)
+    cache = SoftwareCache(table, 60 * table.row_bytes, ways=4, policy="hybrid", window=3, period=1, device=device, **pvp)
+    batches = power_law_trace(7, 10, 40, num_rows, 0.8)
+    rng = np.random.default_rng(0)
+    with kernels_of(device):
+        for k, batch in enumerate(batches):
+            window = WindowBuffer(4, num_rows)
+            for future in batches[k + 1:k + 4]:
+                window.push(future)
+            rows, _ = cache.lookup(batch, future=window)
+            assert torch.equal(rows.cpu(), dense[batch]), f"batch {k}: rows differ from the dense table"
+            ids = torch.from_numpy(np.unique(batch))
+            grads = torch.from_numpy(rng.integers(-8, 9, (ids.numel(), dim)).astype(np.float32) / 4)
+            cache.update(ids, grads, lambda rows, g, step=k + 1: optimizer.step(rows, g, step))
+            dense[ids] = optimizer.step(dense[ids], grads, k + 1)
+            cache.prefetch()
+        cache.settle()
+        cache.flush()
+    assert cache.stats.evictions > 0, "the cache must evict (dirty) lines for the test to mean something"
+    assert torch.equal(table.read(torch.arange(num_rows)), dense), "the table differs from the dense one"
+    table.close()
+
+
+@pytest.mark.parametrize("device", TRAINER_DEVICES)
+def test_training_node_embeddings_on_the_device_gives_the_cpu_table(graph, tmp_path, device):
+    """``model.node_embedding`` trained a few steps with the caches on ``device``: the table the CPU run writes.
+    On the CPU (kernels=triton) byte for byte; a GPU computes the model's gradients with other float rounding,
+    so there the table matches to float tolerance."""
+    short = ["train.max_iterations=4", "train.epochs=1", "sampler.batch_size=40", "cache.capacity=60%",
+             "model.node_embedding.capacity=60%",
+             "checkpoint.every=0", "train.eval_splits=[]"]
+    Trainer(load_config(None, overrides(graph, tmp_path / "cpu", *short, "train.device=cpu"))).fit()
+    with kernels_of(device):  # resets the kernel mode the trainer sets
+        Trainer(load_config(None, overrides(graph, tmp_path / "dev", *short, f"train.device={device}",
+                                            KERNELS[device]))).fit()
+    want, got = table_bytes(tmp_path / "cpu"), table_bytes(tmp_path / "dev")
+    if device == "cpu":
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), "the table's bytes differ"
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", TRAINER_DEVICES)
+def test_full_neighbourhood_evaluation_on_the_device_equals_the_cpus(graph, device):
+    """``train.eval_mode=full`` with the model and the feature cache on ``device``: the same logits (to float
+    rounding on a GPU) and the same accuracy as on the CPU, for the same weights."""
+    common = [f"dataset={graph}", "model.kind=sage", "model.hidden=8", "sampler.fanouts=[3,2]",
+              "sampler.batch_size=50", "cache.capacity=60%", "log.progress=false", "train.eval_mode=full",
+              "train.eval_batch_size=64"]
+    cpu = Trainer(load_config(None, [*common, "train.device=cpu"]))
+    with kernels_of(device):
+        dev = Trainer(load_config(None, [*common, f"train.device={device}", KERNELS[device]]))
+        dev.module.load_state_dict(cpu.module.state_dict())
+        seeds = dev.task.labeled("val")
+        got = layerwise_inference(dev.module, dev.dataset, dev.features, seeds, chunk_size=64, read_rows=64,
+                                  device=dev.device)
+        got_eval = dev.evaluate("val")
+    want = layerwise_inference(cpu.module, cpu.dataset, cpu.features, seeds, chunk_size=64, read_rows=64)
+    want_eval = cpu.evaluate("val")
+    if device == "cpu":
+        assert torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    top2 = want.topk(2, dim=1).values
+    clear = top2[:, 0] - top2[:, 1] > 1e-3  # no near tie that float rounding could flip
+    assert torch.equal(got.argmax(1)[clear], want.argmax(1)[clear]), "predictions differ"
+    if bool(clear.all()):
+        assert got_eval == want_eval
+    assert want_eval["count"] == seeds.size > 0
