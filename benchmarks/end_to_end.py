@@ -114,15 +114,15 @@ def run_once(args, ds, method: str) -> dict:
                  "train.lr=0.003", f"sampler.num_threads={args.loader_threads}"]
     features = None
     if method in ("hybrid", "rr", "farthest"):
-        overrides += ["cache.features=cache", f"cache.policy={method}", "cache.backend=io_uring"]
+        overrides += ["cache.features=cache", f"cache.policy={method}", f"cache.backend={args.backend}"]
     elif method in ("hybrid+pvp", "farthest+pvp"):
         policy = "hybrid_pvp_room" if method == "hybrid+pvp" else "farthest"
-        overrides += ["cache.features=cache", f"cache.policy={policy}", "cache.backend=io_uring", "cache.pvp=true"]
+        overrides += ["cache.features=cache", f"cache.policy={policy}", f"cache.backend={args.backend}", "cache.pvp=true"]
         overrides += [f"cache.pvp_queue_bytes={args.pvp_queue_bytes}"] if args.pvp_queue_bytes else \
             [f"cache.pvp_queue_capacity={args.pvp_queue_capacity}"]
     elif method in ("hybrid-same-bytes", "farthest-same-bytes"):
         cache_bytes, queue_bytes = pvp_memory(args, ds)
-        overrides += ["cache.features=cache", f"cache.policy={method.split('-')[0]}", "cache.backend=io_uring",
+        overrides += ["cache.features=cache", f"cache.policy={method.split('-')[0]}", f"cache.backend={args.backend}",
                       f"cache.capacity={cache_bytes + queue_bytes}"]
     elif method == "hybrid-in-memory":
         overrides += ["cache.features=cache", "cache.policy=hybrid", "cache.backend=memory"]
@@ -276,6 +276,8 @@ def parse_args(argv=None):
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--json", default="docs/results/end_to_end.json")
     p.add_argument("--quick", action="store_true", help="small graph, few iterations, one repeat")
+    p.add_argument("--backend", default="io_uring", help="storage backend of the cached methods' misses ('auto': "
+                   "io_uring where the kernel allows it, else pread)")
     args = p.parse_args(argv)
     if args.quick:
         args.num_nodes, args.iterations, args.repeats, args.capacity = 20_000, 10, 1, "40%"
