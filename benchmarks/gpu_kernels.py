@@ -44,7 +44,7 @@ def timed(fn, device, repeats: int) -> float:
     return median_seconds(run, repeats)
 
 
-def cache_all_hit(device, num_lines: int, batch: int, row_bytes: int, repeats: int) -> dict:
+def cache_all_hit(device, num_lines: int, batch: int, row_bytes: int, repeats: int, profile: bool = False) -> dict:
     ways = 32
     dim = row_bytes // 4
     num_sets = num_lines // ways
@@ -73,6 +73,14 @@ def cache_all_hit(device, num_lines: int, batch: int, row_bytes: int, repeats: i
 
     _, hit, *_ = assign(hot, 0)
     hit_ratio = float(hit.float().mean())
+    if profile:  # where an all-hit serve's time goes, op by op (the figure to close toward the copy)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                serve()
+            synchronize(device)
+        sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+        print(prof.key_averages().table(sort_by=sort, row_limit=18))
     src, dst = torch.randn(batch, dim, device=device), torch.empty(batch, dim, device=device)
     serve_s = timed(serve, device, repeats)
     copy_s = timed(lambda: dst.copy_(src), device, repeats)
@@ -103,6 +111,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="tiny sizes (the CPU interpreter smoke run)")
     p.add_argument("--json", default="bench-results/gpu_kernels.json")
+    p.add_argument("--hit-batch", type=int, default=1 << 16, help="ids of the all-hit batch (4 KiB rows each)")
+    p.add_argument("--profile", action="store_true", help="print the all-hit serve's time by op (torch.profiler)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -114,8 +124,8 @@ def main(argv=None) -> int:
     big = not args.quick
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)",
-        "cache_all_hit": cache_all_hit(device, num_lines=(1 << 20) if big else 256, batch=(1 << 16) if big else 64,
-                                       row_bytes=4096 if big else 64, repeats=args.repeats),
+        "cache_all_hit": cache_all_hit(device, num_lines=(1 << 20) if big else 256, batch=args.hit_batch if big else 64,
+                                       row_bytes=4096 if big else 64, repeats=args.repeats, profile=args.profile),
         "sampler": sampler_edges(device, num_nodes=1_000_000 if big else 500, avg_degree=10,
                                  batch=4096 if big else 32, fanouts=[10, 5] if big else [3, 2],
                                  repeats=args.repeats),

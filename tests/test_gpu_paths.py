@@ -19,7 +19,7 @@ from lsm_gnn.embedding import RowLayout, RowOptimizer, open_table  # noqa: E402
 from lsm_gnn.inference import layerwise_inference  # noqa: E402
 from lsm_gnn.testing import power_law_trace  # noqa: E402
 from lsm_gnn.trainer import Trainer  # noqa: E402
-from test_device_path import HAVE_CUDA, kernels_of  # noqa: E402
+from test_device_path import HAVE_CUDA, kernels_of, needs_interpreter  # noqa: E402
 from test_node_embedding import overrides, table_bytes  # noqa: E402
 
 # The graph fixture (conftest.py) generates this once per module.
@@ -27,9 +27,9 @@ GRAPH = dict(num_nodes=600, avg_degree=5, feature_dim=8, num_classes=3, seed=4)
 # What a trainer on ``device`` is told: on cpu the Triton kernels (the trainer sets the mode from its config).
 KERNELS = {"cuda": "kernels=native", "cpu": "kernels=triton"}
 DEVICES = [pytest.param("cuda", marks=pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU and triton")),
-           pytest.param("cpu", id="cpu_triton")]
+           pytest.param("cpu", id="cpu_triton", marks=needs_interpreter)]
 # A trainer on the interpreter takes 10-20 s: those cpu variants are slow.
-TRAINER_DEVICES = [DEVICES[0], pytest.param("cpu", id="cpu_triton", marks=pytest.mark.slow)]
+TRAINER_DEVICES = [DEVICES[0], pytest.param("cpu", id="cpu_triton", marks=[needs_interpreter, pytest.mark.slow])]
 
 
 @pytest.mark.parametrize("pvp", [{}, dict(pvp=True, pvp_queue_capacity=16)], ids=["no_pvp", "pvp"])

@@ -424,7 +424,7 @@ class SoftwareCache(StorageShape):
         order = torch.argsort(tags)
         tags, lines = tags[order], lines[order]
         try:
-            self.storage.write(tags.cpu(), self.data[lines])
+            self.storage.write(tags.cpu(), self.data[lines].cpu())  # a device cache's lines go to the host first
         except BaseException as exc:
             self._failed = exc
             raise
