@@ -1,14 +1,34 @@
 """Fixtures shared by several test modules."""
 import os
 import subprocess
+import zlib
 
 import pytest
 import torch
 
 from lsm_gnn.memcap import MemoryCap, MemoryCapError
-from lsm_gnn.testing import tiny_cache_setup, write_tiny_dataset
+from lsm_gnn.testing import ProgramOrder, tiny_cache_setup, write_tiny_dataset
 
 TINY_CACHE_NODES = 600
+ORDER_SEED_ENV = "LSM_GNN_ORDER_SEED"  # overrides the shuffled order's seed (by default one per test)
+
+
+@pytest.fixture(autouse=True)
+def program_order(request, monkeypatch):
+    """The :class:`ProgramOrder` Triton's interpreter runs this test's launches in: ``natural`` (untouched)
+    unless the test is parametrized with another (``indirect=True``)."""
+    order = getattr(request, "param", "natural")
+    seed = int(os.environ.get(ORDER_SEED_ENV, zlib.crc32(request.node.nodeid.encode())))
+    chosen = ProgramOrder(order, seed)
+    if order != "natural":
+        from lsm_gnn.kernels import triton_interpreted
+
+        if not triton_interpreted():
+            pytest.skip("triton runs on the GPU here, not in its interpreter: the GPU picks the program order")
+        chosen.apply(monkeypatch)
+        # Shown with a failure: the order, and how to rerun with the same shuffled permutations.
+        print(f"program order: {order}, seed {seed} (rerun the same order with {ORDER_SEED_ENV}={seed})")
+    return chosen
 
 
 @pytest.fixture
