@@ -145,3 +145,60 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+PROGRAM_ORDERS = ("natural", "reversed", "shuffled")
+
+
+class ProgramOrder:
+    """Makes Triton's interpreter run the programs of each kernel launch in ``order``: ``natural`` (0, 1, 2...,
+    the interpreter's own), ``reversed``, or ``shuffled`` (a permutation drawn from ``seed`` and the launch's
+    number: different per launch, the same on every run with that seed).
+
+    A GPU runs one launch's programs in any order and at once; the interpreter runs them one at a time in
+    order, so a kernel that silently relies on that order passes on CPU and fails on a GPU. Running its tests
+    under other orders too shows the dependence on CPU.
+
+    The interpreter sets the grid once per launch (``set_grid_dim``), then loops over x, y, z setting each
+    program's index (``set_grid_idx``) before running it; :meth:`apply` wraps both, so the loop's n-th step
+    runs the program whose ``tl.program_id`` is the permutation's n-th entry. Both methods exist unchanged in
+    triton 3.6 and 3.9."""
+
+    def __init__(self, order: str, seed: int = 0):
+        if order not in PROGRAM_ORDERS:
+            raise ValueError(f"program order {order!r}; use one of {', '.join(PROGRAM_ORDERS)}")
+        self.order = order
+        self.seed = seed
+        self.launches = 0  # launches run so far under this order (numbers the shuffled permutations)
+
+    def __repr__(self) -> str:
+        return f"ProgramOrder({self.order!r}, seed={self.seed})"
+
+    def permutation(self, count: int, launch: int) -> np.ndarray:
+        """The program indices of launch number ``launch`` (``count`` programs), in the order they run."""
+        if self.order == "reversed":
+            return np.arange(count)[::-1]
+        if self.order == "shuffled":
+            return np.random.default_rng([self.seed, launch]).permutation(count)
+        return np.arange(count)
+
+    def apply(self, monkeypatch) -> None:
+        """Patches the interpreter (through ``monkeypatch``, which undoes it) for every launch from now on."""
+        from triton.runtime.interpreter import InterpreterBuilder
+
+        set_grid_dim, set_grid_idx = InterpreterBuilder.set_grid_dim, InterpreterBuilder.set_grid_idx
+        order = self
+
+        def set_grid_dim_in_order(builder, nx, ny, nz):
+            set_grid_dim(builder, nx, ny, nz)
+            builder.program_order = order.permutation(nx * ny * nz, order.launches)
+            order.launches += 1
+
+        def set_grid_idx_in_order(builder, x, y, z):
+            _, ny, nz = builder.grid_dim
+            step = (x * ny + y) * nz + z  # the loop's position: z innermost, x outermost
+            program = int(builder.program_order[step])
+            set_grid_idx(builder, program // (ny * nz), program // nz % ny, program % nz)
+
+        monkeypatch.setattr(InterpreterBuilder, "set_grid_dim", set_grid_dim_in_order)
+        monkeypatch.setattr(InterpreterBuilder, "set_grid_idx", set_grid_idx_in_order)

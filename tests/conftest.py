@@ -1,14 +1,54 @@
 """Fixtures shared by several test modules."""
 import os
 import subprocess
+import zlib
 
 import pytest
 import torch
 
 from lsm_gnn.memcap import MemoryCap, MemoryCapError
-from lsm_gnn.testing import tiny_cache_setup, write_tiny_dataset
+from lsm_gnn.testing import PROGRAM_ORDERS, ProgramOrder, tiny_cache_setup, write_tiny_dataset
 
 TINY_CACHE_NODES = 600
+ORDER_SEED_ENV = "LSM_GNN_ORDER_SEED"  # overrides the shuffled order's seed (by default one per test)
+
+
+def pytest_generate_tests(metafunc):
+    """A GPU runs a launch's programs in any order, the interpreter in order 0, 1, 2...: every test of a
+    kernel module (test_kernels_*.py) runs under each of PROGRAM_ORDERS so that a kernel relying on the
+    order fails here too. The reversed and shuffled runs are marked slow (they triple the kernel tests); a
+    test marked ``launches_no_kernel`` (none in this process) runs once."""
+    if (metafunc.definition.path.name.startswith("test_kernels_")
+            and not metafunc.definition.get_closest_marker("launches_no_kernel")):
+        orders = [pytest.param(order, marks=() if order == "natural" else pytest.mark.slow)
+                  for order in PROGRAM_ORDERS]
+        metafunc.parametrize("program_order", orders, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def program_order(request, monkeypatch):
+    """The :class:`ProgramOrder` Triton's interpreter runs this test's launches in: ``natural`` (untouched)
+    unless the test is parametrized with another (kernel modules are, by ``pytest_generate_tests``)."""
+    order = getattr(request, "param", "natural")
+    seed = int(os.environ.get(ORDER_SEED_ENV, zlib.crc32(request.node.nodeid.encode())))
+    chosen = ProgramOrder(order, seed)
+    if order == "natural":
+        yield chosen
+        return
+    from lsm_gnn.kernels import triton_interpreted
+
+    if not triton_interpreted():
+        pytest.skip("triton runs on the GPU here, not in its interpreter: the GPU picks the program order")
+    chosen.apply(monkeypatch)
+    # Shown with a failure: the order, and how to rerun with the same shuffled permutations.
+    print(f"program order: {order}" + (f", seed {seed} (rerun it with {ORDER_SEED_ENV}={seed})"
+                                       if order == "shuffled" else ""))
+    yield chosen
+    # Else the run proved nothing: the patch missed the interpreter (changed in a new triton?), or the test runs
+    # its kernels in a subprocess, or none.
+    if chosen.launches == 0:
+        pytest.fail(f"no Triton launch ran in the {order} program order: the patch of the interpreter did not take, "
+                    "or the test launches no kernel in this process (then mark it launches_no_kernel)")
 
 
 @pytest.fixture

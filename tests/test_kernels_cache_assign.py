@@ -97,6 +97,7 @@ def _sets(ids, num_sets):
     return set_of(ids, num_sets)
 
 
+@pytest.mark.launches_no_kernel  # refused before any launch
 def test_ways_must_be_a_power_of_two_for_the_kernels(storage):
     cache = SoftwareCache(storage, num_sets=2, ways=6, policy="hybrid")
     with pytest.raises(ValueError, match="power of two"):

@@ -56,6 +56,7 @@ def test_a_triton_run_equals_a_native_run(graph, tmp_path, monkeypatch, pvp):
         assert sum(hits for *_, hits in native) > 0  # the victim buffer served rows: its fill took part
 
 
+@pytest.mark.launches_no_kernel
 def test_the_mode_is_checked(monkeypatch):
     monkeypatch.setenv(KERNELS_ENV, "gpu")
     with pytest.raises(ValueError, match="LSM_GNN_KERNELS='gpu'"):
@@ -64,6 +65,7 @@ def test_the_mode_is_checked(monkeypatch):
         set_kernel_mode("cuda")
 
 
+@pytest.mark.launches_no_kernel  # its kernels run in a subprocess, out of the program order's reach
 def test_the_gpu_benchmark_script_runs_under_the_interpreter(tmp_path):
     """benchmarks/gpu_kernels.py is for GPU owners; here its code runs on CPU tensors at a tiny size."""
     import subprocess

@@ -57,6 +57,7 @@ def test_triton_enqueue_equals_the_cpp_core(window, capacity, batch, dim):
     assert (totals > 0).all(), f"every outcome must occur (enqueued, no reuse, full): {totals}"
 
 
+@pytest.mark.launches_no_kernel  # refused or empty: no launch
 def test_bad_lines_and_empty_batches():
     buffer = VictimBuffer(2, 4, 3, torch.float32)
     data = torch.zeros(10, 3)

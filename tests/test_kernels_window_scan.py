@@ -56,6 +56,7 @@ def test_triton_scan_equals_the_cpp_core(num_nodes, lines, window, limit):
     assert reused > 0, "some lines must have a reuse in the window"
 
 
+@pytest.mark.launches_no_kernel  # refused or empty: no launch
 def test_scan_of_an_empty_cache_and_mismatched_arrays():
     buffer = WindowBuffer(2, 10)
     buffer.push(torch.tensor([1, 2]))
@@ -67,6 +68,7 @@ def test_scan_of_an_empty_cache_and_mismatched_arrays():
                    position[:5], rank, front, 2)
 
 
+@pytest.mark.launches_no_kernel  # host bookkeeping only
 def test_device_mirror_follows_the_index_through_pushes_and_pops():
     """What a CUDA cache reads: a copy refreshed per batch must equal the index after every step."""
     rng = np.random.default_rng(5)
@@ -86,6 +88,7 @@ def test_device_mirror_follows_the_index_through_pushes_and_pops():
         assert mirrored[3] == views[3]
 
 
+@pytest.mark.launches_no_kernel
 def test_first_occurrence_needs_an_index():
     with pytest.raises(ValueError, match="num_nodes"):
         WindowBuffer(3).first_occurrence()
@@ -116,6 +119,7 @@ def test_triton_scan_equals_the_cpp_core_across_moves_of_the_base(start, rebase_
     assert len(bases) > 1, "the base must have moved during the test"
 
 
+@pytest.mark.launches_no_kernel  # host bookkeeping only
 def test_device_mirror_follows_the_index_across_moves_of_the_base():
     rng = np.random.default_rng(8)
     buffer = WindowBuffer(4, 200, rebase_after=6)
@@ -132,6 +136,7 @@ def test_device_mirror_follows_the_index_across_moves_of_the_base():
     assert buffer.index.iteration_base > 0
 
 
+@pytest.mark.launches_no_kernel  # refused before any launch
 def test_scan_refuses_arrays_of_another_dtype():
     buffer = WindowBuffer(2, 10)
     iteration, position, rank, front = buffer.first_occurrence()

@@ -42,6 +42,13 @@ def set_kernel_mode(mode: str | None) -> None:
     _mode = mode
 
 
+def triton_interpreted() -> bool:
+    """Whether triton, as imported in this process, runs kernels in its interpreter (decided at its import)."""
+    import triton
+
+    return type(triton.language.sum).__name__ == "InterpretedFunction"
+
+
 def triton_module(name: str, on_cpu: bool):
     """Imports the Triton kernels of ``lsm_gnn.kernels.<name>``; for CPU tensors they need the interpreter."""
     import importlib
@@ -51,7 +58,7 @@ def triton_module(name: str, on_cpu: bool):
     except ImportError as exc:
         raise RuntimeError(f"the Triton kernels need the triton package ({exc}); install it with "
                            "'pip install --no-deps triton' (scripts/install.sh does), or use kernels=native") from None
-    if on_cpu and type(triton.language.sum).__name__ != "InterpretedFunction":
+    if on_cpu and not triton_interpreted():
         raise RuntimeError("the Triton kernels cannot run on CPU tensors in this process: triton was imported "
                            "without its interpreter (TRITON_INTERPRET=1 must be set before triton is imported; "
                            "lsm-gnn sets it on machines without a GPU). Use kernels=native for CPU tensors")
