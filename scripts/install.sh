@@ -50,6 +50,12 @@ $PYTHON -m pip install -q ninja "numpy>=1.23" "pyyaml>=6" "tqdm>=4.60" "pytest>=
 if ! $PYTHON -c "import triton" >/dev/null 2>&1; then
   $PYTHON -m pip install -q --no-deps "triton==3.9.0"
 fi
+# Only with --test-packages: triton 3.6 (what torch 2.11's CUDA wheels ship, and the lent GPU machines have) in a
+# folder of its own, for tests/test_kernels_compile.py and the interpreter tests (.ci/run); with numpy 2.3, whose
+# scalars its interpreter still converts (numpy 2.4 refuses int() of a 1-element array).
+if [ "$TEST_PACKAGES" -eq 1 ] && [ ! -d .ci/triton36/triton ]; then
+  $PYTHON -m pip install -q --no-deps --target .ci/triton36 "triton==3.6.0" "numpy==2.3.5"
+fi
 # Optional: DGL 1.1.3 (the release that works with torch 2.13) for the from_dgl converter and its test.
 $PYTHON -m pip install -q dgl==1.1.3 >/dev/null 2>&1 || echo "install.sh: dgl 1.1.3 unavailable; DGL tests will be skipped" >&2
 # --no-build-isolation: build against the torch installed above.

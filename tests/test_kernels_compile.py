@@ -18,7 +18,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRITON36 = os.environ.get("LSM_GNN_TRITON36", os.path.join(ROOT, ".ci", "triton36"))
 ARCHS = "80,90"
 
-pytestmark = pytest.mark.slow  # about a minute per triton version on 2 cores (a fresh compiler cache)
+# About a minute per triton version on 2 cores (a fresh compiler cache); the kernels run in subprocesses, so the
+# program-order variants of the other kernel tests have nothing to reorder here.
+pytestmark = [pytest.mark.slow, pytest.mark.launches_no_kernel]
 
 
 def _python(args, env_extra=None, timeout=900):
