@@ -277,7 +277,7 @@ def time_training(args, ds) -> dict:
     settings = SimpleNamespace(model=args.model, hidden=args.hidden, fanouts=str(args.fanouts).replace(" ", ""),
                                batch_size=args.batch_size, capacity=args.train_capacity, window=args.window,
                                iterations=args.train_iterations, bound_iterations=0, pvp_queue_capacity=0,
-                               pvp_queue_bytes=None, loader_threads=0)
+                               pvp_queue_bytes=None, loader_threads=0, backend="io_uring")
     runs = e2e.run_rotated(settings, ds, ["hybrid", "memory"], args.repeats)
     summary = e2e.summarize(runs)
     per_repeat = e2e.per_repeat_ratios(runs, "hybrid", "memory")
