@@ -117,7 +117,8 @@ def run_once(args, ds, method: str) -> dict:
         overrides += ["cache.features=cache", f"cache.policy={method}", f"cache.backend={args.backend}"]
     elif method in ("hybrid+pvp", "farthest+pvp"):
         policy = "hybrid_pvp_room" if method == "hybrid+pvp" else "farthest"
-        overrides += ["cache.features=cache", f"cache.policy={policy}", f"cache.backend={args.backend}", "cache.pvp=true"]
+        overrides += ["cache.features=cache", f"cache.policy={policy}", f"cache.backend={args.backend}",
+                      "cache.pvp=true"]
         overrides += [f"cache.pvp_queue_bytes={args.pvp_queue_bytes}"] if args.pvp_queue_bytes else \
             [f"cache.pvp_queue_capacity={args.pvp_queue_capacity}"]
     elif method in ("hybrid-same-bytes", "farthest-same-bytes"):

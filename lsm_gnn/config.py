@@ -63,7 +63,8 @@ class SamplerConfig:
 
 @dataclass
 class CacheConfig:
-    features: str = "cache"    # cache | storage (no cache) | memory (whole file in RAM: the ceiling) | device (on the GPU)
+    # cache | storage (no cache) | memory (whole file in RAM: the ceiling) | device (the whole file on the GPU)
+    features: str = "cache"
     capacity: str = defaults.CAPACITY  # bytes ("4G", "512M") or a share of the nodes ("1.5%")
     ways: int = defaults.WAYS
     policy: str = "auto"       # auto: farthest, the best measured with or without pvp (docs/cache.md)

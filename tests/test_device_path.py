@@ -143,7 +143,8 @@ def test_a_device_cache_returns_the_file_and_decides_as_the_cpu_cache(dataset, d
     counts and the cache's whole state equal the CPU cache's, batch by batch over power-law batches."""
     path, features = dataset
     storage = open_storage(path, "pread")
-    batches = [torch.from_numpy(b) for b in power_law_trace(3, 16 if device == "cuda" else 7, 60, storage.num_rows, 0.8)]
+    num_batches = 16 if device == "cuda" else 7
+    batches = [torch.from_numpy(b) for b in power_law_trace(3, num_batches, 60, storage.num_rows, 0.8)]
     caches = [SoftwareCache(storage, 100 * storage.row_bytes, ways=4, policy=policy, window=4, period=2,
                             device=on, **PVP_MODES[pvp]) for on in ("cpu", device)]
     # The reference is the CPU cache on the C++ core; the cache under test runs ``device``'s kernels.

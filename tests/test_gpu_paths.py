@@ -44,7 +44,8 @@ def test_a_device_cache_writes_embeddings_back_byte_for_byte(tmp_path, device, p
     table = open_table(str(tmp_path / "table"), layout, num_rows, seed=1, init_std=0.5)
     dense = table.read(torch.arange(num_rows)).clone()
     optimizer = RowOptimizer(layout, 0.125)
-    cache = SoftwareCache(table, 60 * table.row_bytes, ways=4, policy="hybrid", window=3, period=1, device=device, **pvp)
+    cache = SoftwareCache(table, 60 * table.row_bytes, ways=4, policy="hybrid", window=3, period=1, device=device,
+                          **pvp)
     batches = power_law_trace(7, 10, 40, num_rows, 0.8)
     rng = np.random.default_rng(0)
     with kernels_of(device):

@@ -45,29 +45,6 @@ def assert_no_race(rec: StreamRecorder) -> None:
     assert not races, f"{len(races)} unordered pairs of accesses, e.g.:\n" + "\n".join(races[:8])
 
 
-@pytest.mark.parametrize("schedule", ["early", "late"])
-def test_a_buffer_used_without_take_orders_its_accesses_too(monkeypatch, schedule):
-    """Enqueue and discard straight after starting a move, with no take between (the cache always takes
-    first): the enqueue waits for the move on the device, discard's host writes to the queues for both streams."""
-    rec = fake_gpu(monkeypatch, schedule)
-    buffer = VictimBuffer(WINDOW, 4, 5, torch.float32)
-    gpu_mode(rec, buffer)
-    serving = torch.cuda.Stream()
-    serving.name = "serving stream"
-    rng = np.random.default_rng(2)
-    cache_data = torch.randn(50, 5)
-    with rec.mode(), torch.cuda.stream(serving):
-        for t in range(8):
-            buffer.take(t)
-            buffer.consumed(t, 0)
-            buffer.prefetch_async(t + 1)
-            buffer.enqueue(*victims(rng, 20, 50, t, t, WINDOW), cache_data, t, t)
-            buffer.discard(torch.tensor([1, 2, 3]))
-        buffer.close()
-    assert buffer.stats.prefetched > 0 and rec.writers("queue node") == {"serving stream", "host"}
-    assert_no_race(rec)
-
-
 def run(storage, static, trace, reinstall, discard_at, gpu_mode=None):
     """Rows and hits of a PVP cache over ``trace``, the loader's loop (lookup, then prefetch the next move);
     ``gpu_mode(cache)`` switches it into its GPU mode first. The parked copies of a few ids are discarded
