@@ -162,3 +162,30 @@ def test_a_device_cache_returns_the_file_and_decides_as_the_cpu_cache(dataset, d
     if cpu.pvp is not None:
         assert dev.pvp.stats == cpu.pvp.stats
         assert dev.pvp.snapshot() == cpu.pvp.snapshot(), "victim queues differ"
+
+
+def test_the_table_held_on_the_device_returns_the_file(dataset):
+    """cache.features=device: the whole table where the model is (a GPU run's ceiling); on a CPU it is the RAM
+    table, and asking for a GPU without one says what to use instead."""
+    from lsm_gnn.storage.memory import DeviceMemoryStorage
+
+    ds, features = dataset
+    table = DeviceMemoryStorage(ds, "cuda" if HAVE_CUDA else "cpu")
+    ids = torch.tensor([5, 0, 499, 5])
+    rows, hit = table.gather(ids)
+    assert rows.device.type == table.device.type and torch.equal(rows.cpu(), features[ids]) and not hit.any()
+    with pytest.raises(IndexError, match="out of range"):
+        table.gather(torch.tensor([500]))
+    if not HAVE_CUDA:
+        with pytest.raises(RuntimeError, match="cache.features=memory"):
+            DeviceMemoryStorage(ds, "cuda")
+
+
+def test_features_on_the_device_are_a_config_choice(dataset):
+    from lsm_gnn.build import build_features, resolve
+    from lsm_gnn.config import load_config
+
+    ds, features = dataset
+    cfg = load_config(None, [f"dataset={ds.path}", "cache.features=device"])
+    source = build_features(resolve(cfg, ds), ds, torch.device("cpu"))
+    assert torch.equal(source.gather(torch.arange(10))[0], features[:10])
