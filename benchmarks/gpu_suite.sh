@@ -37,13 +37,17 @@ if torch.cuda.is_available():
 EOF
 
 echo "== native core (lsm_gnn._C), built in place against this torch, offline"
-if ! $PY -c "import lsm_gnn._C" >/dev/null 2>&1; then
+# This checkout's own extension (an editable install elsewhere would otherwise answer the import).
+built() { $PY -c "import glob, importlib.machinery as m, sys
+sys.exit(0 if any(glob.glob('lsm_gnn/_C' + s) for s in m.EXTENSION_SUFFIXES) else 1)"; }
+if ! built; then
   # build_ext alone: pip would try to resolve build requirements from an index.
   MAX_JOBS=${MAX_JOBS:-$(nproc)} $PY setup.py -q build_ext --inplace >"$OUT/build.txt" 2>&1 \
     || { tail -40 "$OUT/build.txt"; echo "gpu_suite.sh: building lsm_gnn._C failed (log: $OUT/build.txt)" >&2; exit 1; }
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-$PY -c "import lsm_gnn, lsm_gnn._C; print('lsm_gnn._C imports')" || exit 1
+$PY -c "import os, lsm_gnn._C as c; assert c.__file__.startswith(os.getcwd()), c.__file__; print('lsm_gnn._C imports')" \
+  || exit 1
 
 if [ "$DRY_RUN" -eq 1 ]; then
   # Every step's script must import; the GPU tests must be collected.

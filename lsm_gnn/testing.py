@@ -147,13 +147,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-PROGRAM_ORDERS = ("natural", "reversed", "shuffled")
+PROGRAM_ORDERS = ("natural", "reversed", "shuffled", "alternating")
 
 
 class ProgramOrder:
     """Makes Triton's interpreter run the programs of each kernel launch in ``order``: ``natural`` (0, 1, 2...,
-    the interpreter's own), ``reversed``, or ``shuffled`` (a permutation drawn from ``seed`` and the launch's
-    number: different per launch, the same on every run with that seed).
+    the interpreter's own), ``reversed``, ``shuffled`` (a permutation drawn from ``seed`` and the launch's
+    number: different per launch, the same on every run with that seed), or ``alternating`` (launches 0, 2,
+    4... reversed, 1, 3, 5... shuffled: both orders in one run of a test, at the cost of one).
 
     A GPU runs one launch's programs in any order and at once; the interpreter runs them one at a time in
     order, so a kernel that silently relies on that order passes on CPU and fails on a GPU. Running its tests
@@ -176,9 +177,9 @@ class ProgramOrder:
 
     def permutation(self, count: int, launch: int) -> np.ndarray:
         """The program indices of launch number ``launch`` (``count`` programs), in the order they run."""
-        if self.order == "reversed":
+        if self.order == "reversed" or (self.order == "alternating" and launch % 2 == 0):
             return np.arange(count)[::-1]
-        if self.order == "shuffled":
+        if self.order in ("shuffled", "alternating"):
             return np.random.default_rng([self.seed, launch]).permutation(count)
         return np.arange(count)
 

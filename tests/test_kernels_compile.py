@@ -56,12 +56,11 @@ def _triton_versions():
 
 def compile_report(launches, tmp_path, triton_dir, *extra):
     out = tmp_path / "report.json"
-    env = {"TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path / "triton-cache")}
-    if triton_dir:
-        env["PYTHONPATH"] = f"{triton_dir}{os.pathsep}{ROOT}"
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"),
+               PYTHONPATH=f"{triton_dir}{os.pathsep}{ROOT}" if triton_dir else ROOT)
     result = subprocess.run([sys.executable, "-m", "lsm_gnn.kernels.aot", "compile", str(launches), "--arch", ARCHS,
                              "--json", str(out), *extra], capture_output=True, text=True, timeout=900, cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=ROOT, **env))
+                            env=env)
     report = json.loads(out.read_text()) if out.exists() else None
     return result, report
 

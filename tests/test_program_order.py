@@ -59,6 +59,18 @@ def test_programs_run_in_the_chosen_order(program_order, grid):
         assert program_order.launches == 2
 
 
+def test_the_alternating_order_reverses_and_shuffles_launches_in_turn():
+    """The kernel tests' second run: even launches reversed, odd ones shuffled."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        ProgramOrder("alternating", 3).apply(monkeypatch)
+        turns = [list(run_turns((PROGRAMS,))) for _ in range(4)]
+    assert turns[0] == turns[2] == list(range(PROGRAMS))[::-1]
+    for shuffled in (turns[1], turns[3]):
+        assert sorted(shuffled) == list(range(PROGRAMS))
+        assert shuffled not in (list(range(PROGRAMS)), list(range(PROGRAMS))[::-1])
+    assert turns[1] != turns[3]
+
+
 def test_shuffled_order_is_reproducible_from_its_seed():
     def shuffled_turns(seed):
         with pytest.MonkeyPatch.context() as monkeypatch:
