@@ -189,3 +189,15 @@ def test_features_on_the_device_are_a_config_choice(dataset):
     cfg = load_config(None, [f"dataset={ds.path}", "cache.features=device"])
     source = build_features(resolve(cfg, ds), ds, torch.device("cpu"))
     assert torch.equal(source.gather(torch.arange(10))[0], features[:10])
+
+
+def test_features_on_the_device_are_refused_for_a_heterogeneous_graph(tmp_path):
+    from lsm_gnn.build import build_typed_features, resolve
+    from lsm_gnn.config import ConfigError, load_config
+    from lsm_gnn.testing import write_tiny_hetero_dataset
+
+    ds = write_tiny_hetero_dataset(tmp_path / "h")
+    ds = ds[0] if isinstance(ds, tuple) else ds
+    cfg = load_config(None, [f"dataset={ds.path}", "cache.features=device"])
+    with pytest.raises(ConfigError, match="cache.features=cache or memory"):
+        build_typed_features(resolve(cfg, ds), ds, torch.device("cpu"))

@@ -349,10 +349,9 @@ def _report_line(row: dict) -> str:
 
 
 def _write_json(path: str, obj) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=1)
-    os.replace(tmp, path)
+    from lsm_gnn.fileio import atomic_write_bytes
+
+    atomic_write_bytes(json.dumps(obj, indent=1).encode(), path)
 
 
 def main(argv=None) -> int:
@@ -376,6 +375,10 @@ def main(argv=None) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise SystemExit("aot compile: unset TRITON_INTERPRET (the interpreter compiles nothing)")
     os.environ["TRITON_INTERPRET"] = "0"  # keep lsm_gnn from choosing the interpreter on a machine without a GPU
+    bad = [o for o in args.override if "=" not in o or not os.path.isfile(o.split("=", 1)[1])]
+    if bad:
+        p.error(f"--override {bad[0]!r}: give MODULE=FILE with an existing file, e.g. "
+                "lsm_gnn.kernels.sampler=/tmp/sampler.py")
     overrides = dict(o.split("=", 1) for o in args.override)
     with open(args.launches) as fh:
         launches = json.load(fh)["launches"]
