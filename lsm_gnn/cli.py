@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 
+from lsm_gnn.fileio import check_output_file, write_json_output
 from lsm_gnn.units import format_bytes
 
 
@@ -160,7 +161,7 @@ def _train(args) -> int:
 
     overrides = list(args.overrides)
     if args.json:  # fail before training, not after it
-        _check_output_file(args.json, "--json")
+        check_output_file(args.json, "--json")
     if args.config and "=" in args.config and not os.path.exists(args.config):
         overrides.insert(0, args.config)  # no config file, only overrides
         args.config = None
@@ -180,28 +181,20 @@ def _train(args) -> int:
             hit = "-" if r["hit_ratio"] is None else f"{r['hit_ratio']:.3f}"
             print(f"{name:<50}{hit:>10}{r['wall_s']:>9.1f}")
         if args.json:
-            with open(args.json, "w") as out:
-                json.dump(results, out, indent=2)
+            write_json_output(args.json, {"runs": results}, "lsm-gnn train --grid", "--json")
         return 0
     result = train(load_config(args.config, overrides))
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump(result, out, indent=2, default=str)
+        write_json_output(args.json, result, "lsm-gnn train", "--json")
     return 0
-
-
-def _check_output_file(path: str, option: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise ValueError(f"{option} {path} is a directory; give a file name")
-    if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
-        raise ValueError(f"{option} {path}: directory {directory} does not exist or is not writable")
 
 
 def _bench_storage(args) -> int:
     from lsm_gnn.data import open_dataset
     from lsm_gnn.storage.probe import probe_backend
 
+    if args.json:
+        check_output_file(args.json, "--json")
     ds = open_dataset(args.path, check="fast")
     results = []
     print(f"{'backend':<10}{'rows/s':>12}{'GB/s':>9}{'ampl.':>8}{'batch ms':>10}")
@@ -212,8 +205,7 @@ def _bench_storage(args) -> int:
         print(f"{backend:<10}{r['rows_per_s']:>12,.0f}{r['gb_per_s']:>9.3f}{r['amplification']:>8.2f}"
               f"{r['mean_batch_ms']:>10.2f}")
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump(results, out, indent=2)
+        write_json_output(args.json, {"results": results}, "lsm-gnn bench storage", "--json")
     return 0
 
 

@@ -18,7 +18,7 @@ def _names(text: str) -> list[str]:
 
 
 def _plan(args) -> int:
-    from lsm_gnn.cli import _check_output_file
+    from lsm_gnn.fileio import check_output_file, write_json_output
     from lsm_gnn.config import load_config
     from lsm_gnn.planner import format_plan, make_plan
 
@@ -31,7 +31,7 @@ def _plan(args) -> int:
         overrides.insert(0, config)
         config = None
     if args.json and args.json != "-":
-        _check_output_file(args.json, "--json")
+        check_output_file(args.json, "--json")
     cfg = load_config(config, overrides)
     pvp = {"off": [False], "on": [True], "both": [False, True], None: [cfg.cache.pvp]}[args.pvp]
     plan = make_plan(cfg, sizes=args.sizes or [cfg.cache.capacity], policies=args.policies or [cfg.cache.policy],
@@ -44,8 +44,7 @@ def _plan(args) -> int:
         return 0
     print(format_plan(plan))
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump(plan, out, indent=2, default=str)
+        write_json_output(args.json, plan, "lsm-gnn plan", "--json")
     return 0
 
 

@@ -211,3 +211,54 @@ def remove_stale_temporaries(path: str, kind: str = "directory") -> list[str]:
             continue
         removed.append(full)
     return removed
+
+
+#: the key a JSON output of the command line carries, naming what wrote it: a later run replaces only such a file
+WRITTEN_BY = "written_by"
+
+
+class NotOurFileError(ValueError):
+    """An output path names an existing file that lsm-gnn did not write: it is left as it is."""
+
+
+def _written_by(path: str) -> str | None:
+    """The writer a JSON output at ``path`` names (``WRITTEN_BY``), or None when it is no such file."""
+    import json
+
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64 << 20)
+        document = json.loads(head)
+    except (OSError, ValueError):
+        return None
+    writer = document.get(WRITTEN_BY) if isinstance(document, dict) else None
+    return writer if isinstance(writer, str) and writer.startswith("lsm-gnn") else None
+
+
+def check_output_file(path: str, option: str, accept=None) -> None:
+    """Refuses, before any work, an output ``path`` that cannot be written or that would replace a file lsm-gnn
+    did not write (a dataset's ``meta.json``, a config, anything else). ``accept(path)`` may recognise an older
+    output of the caller's own that predates ``WRITTEN_BY``."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"{option} {path} is a directory; give a file name")
+    if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+        raise ValueError(f"{option} {path}: directory {directory} does not exist or is not writable")
+    if os.path.lexists(path):
+        if os.path.islink(path) or not os.path.isfile(path):
+            kind = "a symbolic link" if os.path.islink(path) else "not a regular file"
+            raise NotOurFileError(f"{option} {path} is {kind}; lsm-gnn writes only a file of its own there: give "
+                                  "another path")
+        if _written_by(path) is None and not (accept is not None and accept(path)):
+            raise NotOurFileError(f"{option} {path} exists and was not written by lsm-gnn, so it is left as it is: "
+                                  "give a new path, or delete that file first if it is yours to lose")
+
+
+def write_json_output(path: str, document: dict, writer: str, option: str, accept=None) -> None:
+    """Writes a command's JSON output atomically, marked ``WRITTEN_BY: writer``, after
+    :func:`check_output_file` (a file that appeared meanwhile is refused the same way)."""
+    import json
+
+    check_output_file(path, option, accept)
+    text = json.dumps({WRITTEN_BY: writer, **document}, indent=2, default=str)
+    atomic_write_bytes(text.encode(), path)

@@ -30,7 +30,7 @@ def test_bench_storage(dataset, capsys, tmp_path):
     out_json = tmp_path / "bench.json"
     assert main(["bench", "storage", dataset.path, "--backends", "io_uring,pread,memory", "--seconds", "0.05",
                  "--batch-size", "64", "--json", str(out_json)]) == 0
-    results = json.loads(out_json.read_text())
+    results = json.loads(out_json.read_text())["results"]
     assert [r["backend"] for r in results] == ["io_uring", "pread", "memory"]
     assert all(r["rows_per_s"] > 0 for r in results)
 

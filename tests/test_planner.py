@@ -114,12 +114,46 @@ def test_calibration_is_reused_from_its_file(dataset, calibration):
     make_plan(cfg, sizes=["30%"], policies=["hybrid"], pvp=[False], iterations=8, calibration_file=calibration,
               train_steps=2, storage_seconds=0.05, log=messages.append)
     assert sum("reused from" in m for m in messages) == 3  # storage, memcpy, training
-    with open(calibration, "w") as f:
-        f.write("{not json")
+    with open(calibration) as f:
+        older = json.load(f)
+    with open(calibration, "w") as f:  # a calibration of an older version is this planner's own: replaced
+        json.dump(dict(older, version=older["version"] - 1), f)
     messages.clear()
     make_plan(cfg, sizes=["30%"], policies=["hybrid"], pvp=[False], iterations=8, calibration_file=calibration,
               train_steps=2, storage_seconds=0.05, log=messages.append)
-    assert not any("reused from" in m for m in messages)  # a damaged file only costs a new measurement
+    assert not any("reused from" in m for m in messages)
+    with open(calibration) as f:
+        assert json.load(f)["version"] == older["version"]
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"format": "lsm-gnn", "version": 1}', "[1, 2]", b"\xff\xfe"])
+def test_a_file_that_is_no_calibration_is_refused_and_left_as_it_is(dataset, tmp_path, capsys, content):
+    target = tmp_path / "mine.json"
+    (target.write_bytes if isinstance(content, bytes) else target.write_text)(content)
+    before = target.read_bytes()
+    assert main(["plan", dataset.path, *RUN, "--iterations", "8", "--train-steps", "2", "--storage-seconds", "0.05",
+                 "--calibration", str(target)]) == 1
+    err = capsys.readouterr().err
+    assert "--calibration" in err and str(target) in err and "left as it is" in err and "Traceback" not in err
+    assert target.read_bytes() == before
+
+
+def test_plan_pointed_at_a_datasets_meta_json_leaves_the_dataset_whole(dataset, tmp_path, capsys):
+    import shutil
+
+    copy = shutil.copytree(dataset.path, tmp_path / "ds")
+    meta = copy / "meta.json"
+    before = meta.read_bytes()
+    for option in ("--calibration", "--json"):
+        assert main(["plan", str(copy), *RUN, "--iterations", "8", "--train-steps", "2", "--storage-seconds", "0.05",
+                     "--calibration", str(meta) if option == "--calibration" else "none", *(
+                         ["--json", str(meta)] if option == "--json" else [])]) == 1
+        err = capsys.readouterr().err
+        assert f"{option} {meta}" in err and "left as it is" in err
+        assert meta.read_bytes() == before
+    from lsm_gnn.data import open_dataset
+
+    assert open_dataset(str(copy)).num_nodes == dataset.num_nodes
 
 
 # -- the command --------------------------------------------------------------------------------------------
@@ -133,6 +167,9 @@ def test_cli_prints_the_table_and_json(dataset, calibration, capsys, tmp_path):
     assert "policy" in captured.out and "bound" in captured.out and "recommended:" in captured.out
     assert "cannot run" in captured.out  # 1% of 600 nodes holds less than one batch
     assert "calibrating" in captured.err  # progress goes to stderr
+    plan = json.loads(out_json.read_text())
+    assert plan["written_by"] == "lsm-gnn plan"
+    assert main(args) == 0  # its own output is replaced
     plan = json.loads(out_json.read_text())
     assert len(plan["rows"]) == 6
     ok = [r for r in plan["rows"] if "error" not in r]

@@ -107,6 +107,15 @@ def test_a_json_output_that_cannot_be_written_fails_before_training(graph, tmp_p
     assert "--json" in capsys.readouterr().err
     assert cli(["train", *overrides(graph), "--json", str(tmp_path)]) == 1
     assert "is a directory" in capsys.readouterr().err
+    foreign = tmp_path / "notes.json"
+    foreign.write_text('{"mine": true}')
+    link = tmp_path / "link.json"
+    link.symlink_to(foreign)
+    for path in (foreign, link):  # refused before training, and left as it was
+        assert cli(["train", *overrides(graph), "--json", str(path)]) == 1
+        err = capsys.readouterr().err
+        assert f"--json {path}" in err and "left as it is" in err or "symbolic link" in err
+        assert foreign.read_text() == '{"mine": true}'
 
 
 @pytest.mark.slow

@@ -30,27 +30,52 @@ import numpy as np
 import torch
 
 from lsm_gnn.benchmarking import median_seconds
-from lsm_gnn.fileio import atomic_write_bytes
+from lsm_gnn.fileio import NotOurFileError, atomic_write_bytes, check_output_file
 from lsm_gnn.planner.simulate import ReadGeometry, TraceStorage
 
 CALIBRATION_VERSION = 4
 DEFAULT_FILE = os.path.join(os.path.expanduser("~"), ".cache", "lsm-gnn", "plan-calibration.json")
 
 
+CALIBRATION_FORMAT = "lsm-gnn-plan-calibration"
+
+
 class CalibrationStore:
-    """A JSON file of calibration entries by key; unreadable or missing files count as empty."""
+    """A JSON file of calibration entries by key. A missing file counts as empty, as does one of an older
+    calibration version; a file that is not a calibration (a dataset's ``meta.json``, a damaged file, a
+    directory) is refused, never written over."""
 
     def __init__(self, path: str | None):
         self.path = path
         self.entries: dict = {}
-        if path and os.path.exists(path):
-            try:
-                with open(path) as f:
-                    data = json.load(f)
-                if data.get("version") == CALIBRATION_VERSION:
-                    self.entries = data.get("entries", {})
-            except (OSError, ValueError, AttributeError):
-                self.entries = {}  # a damaged cache only costs a new measurement
+        if not path:
+            return
+        if os.path.lexists(path):
+            data = self._read(path)
+            if data.get("version") == CALIBRATION_VERSION:
+                self.entries = data["entries"]
+        else:  # a new file: refuse a path that cannot be written now, not after measuring
+            check_output_file(path, "--calibration")
+
+    @staticmethod
+    def _read(path: str) -> dict:
+        """The calibration at ``path``; ValueError naming the file when it is not one (nothing is written)."""
+        fix = ("give --calibration another file (or 'none' to measure every time), or delete that file if it is "
+               "a calibration of yours you can lose")
+        if os.path.islink(path) or not os.path.isfile(path):
+            raise NotOurFileError(f"--calibration {path} is not a regular file; it is left as it is: {fix}")
+        try:
+            with open(path, "rb") as f:
+                data = json.loads(f.read())
+        except (OSError, ValueError) as exc:
+            raise NotOurFileError(f"--calibration {path} is not a calibration file this planner wrote "
+                                  f"({type(exc).__name__}: {exc}); it is left as it is: {fix}") from None
+        ours = isinstance(data, dict) and isinstance(data.get("entries"), dict) and isinstance(
+            data.get("version"), int) and data.get("format", CALIBRATION_FORMAT) == CALIBRATION_FORMAT
+        if not ours:
+            raise NotOurFileError(f"--calibration {path} is a JSON file but no calibration of lsm-gnn plan (it has no "
+                                  f"'version' and 'entries'); it is left as it is: {fix}")
+        return data
 
     @staticmethod
     def key(kind: str, identity: dict) -> str:
@@ -71,8 +96,10 @@ class CalibrationStore:
         if not self.path:
             return
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        atomic_write_bytes(json.dumps({"version": CALIBRATION_VERSION, "entries": self.entries}, indent=1).encode(),
-                           self.path)
+        if os.path.lexists(self.path):
+            self._read(self.path)  # still a calibration: nothing else took its place while this one measured
+        document = {"format": CALIBRATION_FORMAT, "version": CALIBRATION_VERSION, "entries": self.entries}
+        atomic_write_bytes(json.dumps(document, indent=1).encode(), self.path)
 
 
 def file_identity(path: str) -> dict:
