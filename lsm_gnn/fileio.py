@@ -262,3 +262,88 @@ def write_json_output(path: str, document: dict, writer: str, option: str, accep
     check_output_file(path, option, accept)
     text = json.dumps({WRITTEN_BY: writer, **document}, indent=2, default=str)
     atomic_write_bytes(text.encode(), path)
+
+
+#: the lock file :class:`RunLock` keeps in a directory a run writes (a checkpoint, a log, an embedding table)
+LOCK_FILE = ".lsm-gnn.lock"
+_held_locks: dict[str, list] = {}  # realpath of a lock file -> [fd, holders in this process]
+
+
+class DirectoryLocked(RuntimeError):
+    """Another process holds the directory's :class:`RunLock`."""
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<directory>/.lsm-gnn.lock`` for as long as a run writes the directory.
+
+    A second process asking for it is refused at once with :class:`DirectoryLocked`, naming the holder's pid,
+    host and start time (written into the lock file). The kernel drops the lock when its holder exits in any
+    way (a crash or SIGKILL included), so a lock file left behind locks nothing. Within one process the lock
+    is counted, not exclusive: a trainer made again in a notebook after an error is not refused by its own
+    earlier self. ``what`` names the directory's role in the message (``"checkpoint.dir"``).
+    """
+
+    def __init__(self, directory: str, what: str):
+        import fcntl
+        import json
+        import time
+
+        self.path = os.path.join(os.path.realpath(directory), LOCK_FILE)  # the file itself is never followed
+        self._released = False
+        held = _held_locks.get(self.path)
+        if held is not None:
+            held[1] += 1
+            return
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise OSError(exc.errno, f"{what} {directory}: cannot open its lock file {self.path} ({exc.strerror}); "
+                                     "check that the directory is writable and that the lock file is not a link",
+                          self.path) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+            except ValueError:
+                holder = {}
+            os.close(fd)
+            since = holder.get("since")
+            when = time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) \
+                else ""
+            raise DirectoryLocked(
+                f"{what} {directory} is in use by another run (pid {holder.get('pid', '?')} on host "
+                f"{holder.get('host', '?')}{when}); two runs writing it would corrupt each other: wait for that run "
+                f"to end, stop it, or give this run another {what}") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode(),
+                  0)
+        _held_locks[self.path] = [fd, 1]
+
+    def release(self) -> None:
+        """Gives the lock up (once; later calls do nothing)."""
+        if self._released:
+            return
+        self._released = True
+        held = _held_locks.get(self.path)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] == 0:
+            del _held_locks[self.path]
+            os.close(held[0])  # closing the descriptor drops the flock
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+    def __enter__(self) -> "RunLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -29,7 +29,7 @@ from lsm_gnn.comm.group import (TIMEOUT_ENV, CollectiveError, ProgressBoard, che
                                 first_line, is_collective_failure)
 from lsm_gnn.config import Config, ConfigError, selection_metric
 from lsm_gnn.features import NoFeatures
-from lsm_gnn.fileio import reporting_disk_full
+from lsm_gnn.fileio import RunLock, reporting_disk_full
 from lsm_gnn.kernels import set_kernel_mode
 from lsm_gnn.parallel import batch_to, distributed_context
 from lsm_gnn.tasks import make_task
@@ -190,10 +190,14 @@ class Trainer:
         self.progress = ProgressBoard.for_default_group("train") if self._distributed() else None
         if self._distributed():  # before any collective whose shape depends on the settings
             check_agreement(_flatten(self._agreed_settings(), sep="."))
+        #: rank 0's locks on the directories it writes, held for the trainer's life (:meth:`close`)
+        self._locks: list[RunLock] = []
         if self.rank == 0:  # the only writer: fail now, not after an epoch of training
             for key, directory in (("checkpoint.dir", cfg.checkpoint.dir), ("log.dir", cfg.log.dir)):
                 if directory:
                     _check_writable_dir(directory, key)
+                    # A second run on the same directory is refused before it reads or writes anything there.
+                    self._locks.append(RunLock(directory, key))
         self.task = make_task(cfg, self.dataset)
         missing = [s for s in cfg.train.eval_splits if s not in self.task.splits]
         if missing:  # fail now, not after the first epoch
@@ -742,6 +746,16 @@ class Trainer:
         finally:
             self.loader.close()
             self.log.close()
+
+    def close(self) -> None:
+        """Ends the run's hold on its files: closes the loader, the log and the embedding table, and gives up the
+        directory locks (a process's exit does all of this too)."""
+        self.loader.close()
+        self.log.close()
+        if self.embedding is not None:
+            self.embedding.close()
+        for lock in self._locks:
+            lock.release()
 
     def _finish(self, total: StageTimes) -> dict:
         """The run's result: prints the per-stage table, the last and the best evaluation; logs them."""

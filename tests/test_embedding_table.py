@@ -213,7 +213,7 @@ def test_checkpointed_rows_survive_and_later_ones_roll_back(tmp_path):
     table = EmbeddingTable.open(path)
     assert table.generation == 1
     np.testing.assert_array_equal(all_rows(table), committed)
-    assert sorted(os.listdir(path)) == ["table.bin", "table.json", "undo.0.log"]
+    assert sorted(os.listdir(path)) == [".lsm-gnn.lock", "table.bin", "table.json", "undo.0.log"]
     table.close()
 
 
@@ -240,7 +240,7 @@ def test_a_torn_journal_record_ends_recovery(tmp_path):
         fh.write(garbage.tobytes()[:30])  # and a torn tail
     table = EmbeddingTable.open(path)
     np.testing.assert_array_equal(all_rows(table), init)
-    assert sorted(os.listdir(path)) == ["table.bin", "table.json", "undo.0.log"]
+    assert sorted(os.listdir(path)) == [".lsm-gnn.lock", "table.bin", "table.json", "undo.0.log"]
     assert os.path.getsize(path / "undo.0.log") == 32
     table.close()
 

@@ -156,7 +156,7 @@ def test_two_ranks_evaluate_mid_epoch_and_stop_together(graph, tmp_path, mode):
     assert "stopped early" in outputs[0][0]
     [summary] = log_records(tmp_path, "run_summary")
     assert summary["best"]["stopped_early"] and summary["iterations"] < 25
-    assert sorted(os.listdir(tmp_path / "ckpt")) == ["best.pt", "last.pt"]
+    assert sorted(os.listdir(tmp_path / "ckpt")) == [".lsm-gnn.lock", "best.pt", "last.pt"]
     # One process with best.pt's weights scores the same (sampled: each rank sampled its share of the nodes).
     if mode == "full":
         trainer = Trainer(config(graph, tmp_path / "one", "train.eval_mode=full", "train.eval_batch_size=64"))

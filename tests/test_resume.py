@@ -99,7 +99,7 @@ def test_a_resumed_run_matches_an_uninterrupted_one(graph, tmp_path, monkeypatch
     assert stable(result["history"]) == history
     assert stable(result["eval"]) == final_eval
     assert log_records(tmp_path) == records  # nothing logged twice, nothing missing
-    assert sorted(os.listdir(tmp_path / "ckpt")) == ["best.pt", "last.pt"]  # no temporary left
+    assert sorted(os.listdir(tmp_path / "ckpt")) == [".lsm-gnn.lock", "best.pt", "last.pt"]  # no temporary left
 
 
 def test_a_finished_run_resumes_to_nothing_and_says_so(graph, tmp_path, uninterrupted):
@@ -132,7 +132,8 @@ def test_stale_temporary_checkpoints_of_dead_writers_are_removed(graph, tmp_path
         path.write_bytes(b"x")
     os.utime(legacy_old, (time.time() - 7200, time.time() - 7200))
     Trainer(config(graph, tmp_path, "train.max_iterations=1")).loader.close()
-    assert sorted(os.listdir(ckpt)) == sorted(p.name for p in (live, other_host, legacy_new, unrelated))
+    assert sorted(os.listdir(ckpt)) == sorted([".lsm-gnn.lock", *(p.name for p in (live, other_host, legacy_new,
+                                                                                  unrelated))])
 
 
 @pytest.mark.slow
@@ -208,4 +209,4 @@ def test_a_resumed_run_selects_and_stops_as_an_uninterrupted_one(graph, tmp_path
     best, best_whole = (checkpoint_module.load_checkpoint(str(d / "ckpt" / "best.pt")) for d in (tmp_path, whole))
     assert best["iterations_done"] == expected["best"]["iterations"] == best_whole["iterations_done"]
     assert all(torch.equal(best["model"][k], best_whole["model"][k]) for k in best_whole["model"])
-    assert sorted(os.listdir(tmp_path / "ckpt")) == ["best.pt", "last.pt"]
+    assert sorted(os.listdir(tmp_path / "ckpt")) == [".lsm-gnn.lock", "best.pt", "last.pt"]

@@ -66,7 +66,7 @@ import torch
 
 from lsm_gnn.data.format import PAGE_SIZE, FeatureLayout, feature_file_bytes, row_stride_for, row_stride_problem
 from lsm_gnn.fileio import (
-    CheckedFile, atomic_write_bytes, fsync_path, remove_stale_temporaries, reporting_disk_full, temp_prefix,
+    CheckedFile, RunLock, atomic_write_bytes, fsync_path, remove_stale_temporaries, reporting_disk_full, temp_prefix,
 )
 from lsm_gnn.ids import as_id_tensor
 from lsm_gnn.storage.native import NativeStorage
@@ -275,6 +275,7 @@ class EmbeddingTable(NativeStorage):
         self._journal_end = 0
         self._journal_unsynced = False  # records appended by before_change and not yet fsynced
         self._fd = os.open(data_path, os.O_RDWR)
+        self._run_lock = None  # rank 0's RunLock, set by open
 
     # -- making and opening --------------------------------------------------------------------------------
 
@@ -342,13 +343,22 @@ class EmbeddingTable(NativeStorage):
                                               or not isinstance(expect_generation, int) or expect_generation < 0):
             raise ValueError(f"expect_generation must be None or a non-negative integer, got {expect_generation!r}")
         meta = _load_meta(path)
-        if recover:
-            meta = _recover(path, meta, meta["generation"] if expect_generation is None else expect_generation)
-        elif expect_generation is not None and meta["generation"] != expect_generation:
-            raise TableError(f"{os.path.join(path, META_FILE)} records generation {meta['generation']}, the "
-                             f"checkpoint generation {expect_generation}; open the table on rank 0 with "
-                             f"recover=True (before the barrier) so it is rolled to the checkpoint first")
-        table = cls(path, meta, rank=rank, direct=direct)
+        # Rank 0 holds the table for its run (the other ranks open it after rank 0, inside the same run): a second
+        # run's rank 0 is refused before it rolls back or writes anything.
+        lock = RunLock(path, "the embedding table") if rank == 0 else None
+        try:
+            if recover:
+                meta = _recover(path, meta, meta["generation"] if expect_generation is None else expect_generation)
+            elif expect_generation is not None and meta["generation"] != expect_generation:
+                raise TableError(f"{os.path.join(path, META_FILE)} records generation {meta['generation']}, the "
+                                 f"checkpoint generation {expect_generation}; open the table on rank 0 with "
+                                 f"recover=True (before the barrier) so it is rolled to the checkpoint first")
+            table = cls(path, meta, rank=rank, direct=direct)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        table._run_lock = lock
         try:
             table._start_journal(check_existing=not recover)
         except BaseException:
@@ -501,6 +511,8 @@ class EmbeddingTable(NativeStorage):
         if self._closed:
             return
         super().close()
+        if self._run_lock is not None:
+            self._run_lock.release()
         for name in ("_fd", "_journal_fd"):
             fd = getattr(self, name, None)
             if fd is not None:
