@@ -217,8 +217,8 @@ def build_node_embedding(spec: FeatureSpec, cfg: Config, dataset, path: str, dev
                           "cache.mode=shared (the owner of each row applies every rank's updates)")
     layout = RowLayout(e.dim, e.dtype, e.optimizer)
     table = open_table(path, layout, dataset.num_nodes, seed=cfg.train.seed, init_std=e.init_std, rank=rank,
-                       generation=None if state is None else int(state["generation"]), barrier=barrier,
-                       progress=cfg.log.progress)
+                       world_size=world_size, generation=None if state is None else int(state["generation"]),
+                       barrier=barrier, progress=cfg.log.progress)
     source, cache = table, None
     if spec.source == "cache":
         from lsm_gnn.sizing import check_one_set

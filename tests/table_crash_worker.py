@@ -3,7 +3,8 @@
     python tests/table_crash_worker.py TABLE_DIR WHERE WRITES.npz
 
 Opens the table, writes ``first_ids``/``first_rows`` in full, then writes ``ids``/``rows`` and ends with
-``os._exit(CRASHED)`` at WHERE: "after journal fsync" (the before-images are durable, no row is overwritten),
+``os._exit(CRASHED)`` at WHERE: "after journal fsync" (the before-images are durable, not yet committed),
+"after journal commit" (the header that commits them is durable too, no row is overwritten),
 "halfway through the rows" (before the 4th row pwrite), "tearing a row" (the 3rd row pwrite writes half a
 row), "tearing the journal" (the journal append writes half its records). Exits 1 if it never got there.
 """
@@ -23,7 +24,7 @@ def main(path: str, where: str, writes: str) -> int:
     table = EmbeddingTable.open(path)
     table.write(data["first_ids"], data["first_rows"])
     real_pwrite, real_fsync = os.pwrite, os.fsync
-    row_calls = 0
+    row_calls = journal_syncs = 0
 
     def pwrite(fd, buffer, offset):
         nonlocal row_calls
@@ -41,9 +42,12 @@ def main(path: str, where: str, writes: str) -> int:
         return real_pwrite(fd, buffer, offset)
 
     def fsync(fd):
+        nonlocal journal_syncs
         real_fsync(fd)
-        if fd == table._journal_fd and where == "after journal fsync":
-            os._exit(CRASHED)
+        if fd == table._journal_fd:
+            journal_syncs += 1
+            if where == "after journal fsync" or (where == "after journal commit" and journal_syncs == 2):
+                os._exit(CRASHED)
 
     table_module.NATIVE_WRITES = False  # rows through os.pwrite too, so the crash can fall between two of them
     os.pwrite, os.fsync = pwrite, fsync  # table.py calls them through the os module

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from lsm_gnn.storage import EmbeddingTable, FeatureStorage, TableError
 from lsm_gnn.storage import table as table_module
-from lsm_gnn.storage.table import _journal_header, _record_dtype
+from lsm_gnn.storage.table import _HEADER, _journal_header, _record_dtype
 
 def random_rows(rng, n: int, row_bytes: int) -> np.ndarray:
     return rng.integers(0, 256, (n, row_bytes), dtype=np.uint8)
@@ -136,9 +136,9 @@ def test_a_row_is_journaled_once_per_generation(tmp_path):
     c = table.write_counters()
     assert (c["rows_written"], c["journal_rows"], c["journal_bytes"]) == (7, 5, 5 * record)
     assert c["bytes_written"] == (3 * 64 - 24) + (4 * 64 - 24)  # one run each: packed rows and the gaps between
-    assert os.path.getsize(journal) == 32 + 5 * record
+    assert os.path.getsize(journal) == _HEADER.size + 5 * record
     checkpoint(table)
-    assert os.path.getsize(journal) == 32  # a new generation: an empty journal
+    assert os.path.getsize(journal) == _HEADER.size  # a new generation: an empty journal
     table.write([4], random_rows(rng, 1, 40))
     assert table.write_counters()["journal_rows"] == 6
     table.reset_stats()
@@ -147,7 +147,7 @@ def test_a_row_is_journaled_once_per_generation(tmp_path):
     table.close()
 
 
-def test_the_journal_is_fsynced_once_before_any_row_is_overwritten(tmp_path, monkeypatch):
+def test_the_journal_is_committed_before_any_row_is_overwritten(tmp_path, monkeypatch):
     table, _ = make_table(tmp_path / "t", row_bytes=40)
     events = []
     real_pwrite, real_fsync = os.pwrite, os.fsync
@@ -164,7 +164,8 @@ def test_the_journal_is_fsynced_once_before_any_row_is_overwritten(tmp_path, mon
     monkeypatch.setattr(os, "pwrite", pwrite)
     monkeypatch.setattr(os, "fsync", fsync)
     table.write([1, 2, 3, 50, 90, 91], np.zeros((6, 40), dtype=np.uint8))
-    assert events == [("pwrite", "journal"), ("fsync", "journal")] + [("pwrite", "table")] * 3  # 3 runs
+    # The records, durable; then the header that commits them, durable; then the rows (3 runs).
+    assert events == [("pwrite", "journal"), ("fsync", "journal")] * 2 + [("pwrite", "table")] * 3
     events.clear()
     table.write([2, 3], np.ones((2, 40), dtype=np.uint8))  # journaled already: no journal I/O
     assert events == [("pwrite", "table")]
@@ -226,8 +227,17 @@ def journal_records(ids, fill: int, row_bytes: int = 40) -> np.ndarray:
     return records
 
 
-def test_a_torn_journal_record_ends_recovery(tmp_path):
-    """Only records before the first torn or crc-bad one are before-images of overwritten rows."""
+def commit(journal, records) -> None:
+    """Appends intact ``records`` to ``journal`` and rewrites its header to commit them, as a writer does."""
+    raw = journal.read_bytes()
+    _, _, row_bytes, generation, count, chain, _ = _HEADER.unpack(raw[:_HEADER.size])
+    body = raw[_HEADER.size:_HEADER.size + count * _record_dtype(row_bytes).itemsize] + records.tobytes()
+    journal.write_bytes(_journal_header(row_bytes, generation, count + len(records), zlib.crc32(records.tobytes(),
+                                                                                               chain)) + body)
+
+
+def test_records_after_the_last_commit_are_ignored(tmp_path):
+    """A crash between appending records and committing them: no row they protect was overwritten."""
     path = tmp_path / "t"
     rng = np.random.default_rng(5)
     table, init = make_table(path)
@@ -241,7 +251,7 @@ def test_a_torn_journal_record_ends_recovery(tmp_path):
     table = EmbeddingTable.open(path)
     np.testing.assert_array_equal(all_rows(table), init)
     assert sorted(os.listdir(path)) == [".lsm-gnn.lock", "table.bin", "table.json", "undo.0.log"]
-    assert os.path.getsize(path / "undo.0.log") == 32
+    assert os.path.getsize(path / "undo.0.log") == _HEADER.size
     table.close()
 
 
@@ -250,11 +260,85 @@ def test_a_row_journaled_twice_gets_its_first_before_image(tmp_path):
     table, init = make_table(path)
     table.write([7], random_rows(np.random.default_rng(6), 1, 40))
     table.close()
-    with open(path / "undo.0.log", "ab") as fh:
-        fh.write(journal_records([7], fill=0xCD).tobytes())
+    commit(path / "undo.0.log", journal_records([7], fill=0xCD))
     table = EmbeddingTable.open(path)
     np.testing.assert_array_equal(all_rows(table), init)
     table.close()
+
+
+def flip(offset: int):
+    def damage(journal):
+        raw = bytearray(journal.read_bytes())
+        raw[offset] ^= 0x10
+        journal.write_bytes(bytes(raw))
+    return damage
+
+
+def swap_first_two_records(journal):
+    raw = journal.read_bytes()
+    size = _record_dtype(40).itemsize
+    first, second = raw[_HEADER.size:_HEADER.size + size], raw[_HEADER.size + size:_HEADER.size + 2 * size]
+    journal.write_bytes(raw[:_HEADER.size] + second + first + raw[_HEADER.size + 2 * size:])
+
+
+RECORD = _record_dtype(40).itemsize
+
+
+@pytest.mark.parametrize("damage,message", [
+    (flip(_HEADER.size + RECORD + 20), r"record 1 of 6 is damaged"),  # a byte of a row
+    (flip(_HEADER.size + 2 * RECORD + 1), r"record 2 of 6 is damaged"),  # a byte of an id
+    (flip(20), "header is damaged"),
+    (lambda j: os.truncate(j, _HEADER.size + 3 * RECORD + 7), "cut short: its header commits 6 records, the file "
+                                                               "holds 3"),
+    (lambda j: os.truncate(j, _HEADER.size), "cut short: its header commits 6 records, the file holds 0"),
+    (lambda j: os.truncate(j, 0), "shorter than its header"),
+    (lambda j: os.truncate(j, 20), "shorter than its"),
+    (os.unlink, "undo.0.log is missing, but .*table.json records 1 writing rank"),
+    (swap_first_two_records, "do not match the checksum its header commits"),
+])
+def test_a_damaged_or_missing_journal_is_refused_and_nothing_is_applied(tmp_path, damage, message):
+    """Rows were overwritten under the journal: without all of it the committed table cannot be rebuilt, so no
+    recovery is tried (a partly applied journal would pass off a mixed table as the checkpoint's)."""
+    path = tmp_path / "t"
+    rng = np.random.default_rng(8)
+    table, init = make_table(path)
+    table.write([3, 4, 5], random_rows(rng, 3, 40))
+    table.write([40, 41, 42], random_rows(rng, 3, 40))
+    table.close()
+    written = (path / "table.bin").read_bytes()
+    damage(path / "undo.0.log")
+    with pytest.raises(TableError, match=message) as info:
+        EmbeddingTable.open(path)
+    assert "undo.0.log" in str(info.value) and "delete the table directory" in str(info.value)
+    assert (path / "table.bin").read_bytes() == written  # nothing applied
+
+
+def test_a_journal_of_each_writing_rank_is_required(tmp_path):
+    path = tmp_path / "t"
+    make_table(path)[0].close()
+    rank0 = EmbeddingTable.open(path, world_size=2)  # both ranks' journals exist from now on
+    assert sorted(os.listdir(path)) == [".lsm-gnn.lock", "table.bin", "table.json", "undo.0.log", "undo.1.log"]
+    rank1 = EmbeddingTable.open(path, rank=1, recover=False)
+    rank1.write([9], np.ones((1, 40), dtype=np.uint8))
+    rank0.close(), rank1.close()
+    os.unlink(path / "undo.1.log")
+    with pytest.raises(TableError, match="undo.1.log is missing, but .* records 2 writing rank"):
+        EmbeddingTable.open(path)
+
+
+def test_an_empty_journal_of_the_previous_format_is_replaced(tmp_path):
+    """Tables written before journals committed their records: an empty version-1 journal opens; one holding
+    records is refused (the lsm-gnn that wrote it recovers it)."""
+    path = tmp_path / "t"
+    make_table(path)[0].close()
+    fields = table_module._V1_HEADER.pack(b"LSMUNDO1", 1, 40, 0, 0)[:24]
+    v1 = table_module._V1_HEADER.pack(b"LSMUNDO1", 1, 40, 0, zlib.crc32(fields))
+    (path / "undo.0.log").write_bytes(v1)
+    EmbeddingTable.open(path).close()
+    assert (path / "undo.0.log").read_bytes() == _journal_header(40, 0)
+    (path / "undo.0.log").write_bytes(v1 + journal_records([1], fill=0).tobytes())
+    with pytest.raises(TableError, match="format version 1, this lsm-gnn reads version 2"):
+        EmbeddingTable.open(path)
 
 
 @pytest.mark.parametrize("direct", [False, True])
@@ -368,7 +452,8 @@ def crash_in_worker(path, where: str, **writes) -> None:
 
 
 @pytest.mark.parametrize("where,row_bytes", [  # about a second each (a Python process)
-    ("after journal fsync", 40), ("halfway through the rows", 40), ("halfway through the rows", 1000),
+    ("after journal fsync", 40), ("after journal commit", 40), ("halfway through the rows", 40),
+    ("halfway through the rows", 1000),
     ("tearing a row", 40), ("tearing a row", 1000), ("tearing the journal", 1000),
 ])
 def test_a_process_killed_in_write_leaves_the_last_checkpoint(tmp_path, where, row_bytes):
@@ -498,8 +583,11 @@ def test_a_missing_directory_is_named(tmp_path):
     (lambda p: os.truncate(p / "table.bin", 4096), "table.bin is truncated: 4096 bytes"),
     (lambda p: os.truncate(p / "table.bin", 12288), "table.bin is longer than its metadata says"),
     (lambda p: os.unlink(p / "table.bin"), "table.bin is missing"),
-    (lambda p: (p / "undo.0.log").write_bytes(b"LSMUNDO1" + bytes(24)), "undo.0.log: not an undo journal"),
+    (lambda p: (p / "undo.0.log").write_bytes(b"LSMUNDO2" + bytes(32)), "undo.0.log: the undo journal is not an undo "
+                                                                         "journal"),
+    (lambda p: (p / "undo.0.log").write_bytes(b"LSMUNDO1" + bytes(32)), "undo.0.log: undo journal format version 0"),
     (lambda p: (p / "undo.0.log").write_bytes(b"LSM"), "undo.0.log: the undo journal is shorter than its"),
+    (lambda p: edit_meta(p, writers=0), "writers must be an integer >= 1"),
     (lambda p: (p / "undo.0.log").write_bytes(_journal_header(24, 0)), "holds rows of 24 bytes, the table rows of 40"),
 ])
 def test_a_damaged_table_is_named_with_the_fix(closed_table, damage, message):

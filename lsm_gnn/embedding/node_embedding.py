@@ -30,7 +30,8 @@ from lsm_gnn.storage import EmbeddingTable
 
 
 def open_table(path: str, layout: RowLayout, num_rows: int, *, seed: int, init_std: float, rank: int = 0,
-               generation: int | None = None, barrier=lambda: None, progress: bool = False) -> EmbeddingTable:
+               world_size: int = 1, generation: int | None = None, barrier=lambda: None,
+               progress: bool = False) -> EmbeddingTable:
     """The embedding table at ``path`` for this rank, as a run needs it.
 
     Resuming (``generation``: what the checkpoint recorded), rank 0 rolls the table back or forward to that
@@ -47,7 +48,7 @@ def open_table(path: str, layout: RowLayout, num_rows: int, *, seed: int, init_s
             EmbeddingTable.create(path, num_rows, layout.row_bytes, layout=layout.as_dict(), progress=progress,
                                   init=lambda start, stop: initial_rows(layout, start, stop, seed=seed,
                                                                         std=init_std)).close()
-        table = EmbeddingTable.open(path, rank=0, expect_generation=generation, recover=True)
+        table = EmbeddingTable.open(path, rank=0, expect_generation=generation, recover=True, world_size=world_size)
     barrier()
     if rank != 0:
         table = EmbeddingTable.open(path, rank=rank, expect_generation=generation, recover=False)

@@ -19,30 +19,37 @@ the caller writes its checkpoint, recording ``g + 1``; rank 0 calls :meth:`~Embe
 between its ``sync`` and its ``reset_journal``.
 
 **Undo journal.** Before the first overwrite of a row in a generation, :meth:`~EmbeddingTable.write`
-appends the row's before-image (its committed bytes) to the rank's journal and fsyncs the journal, then
+appends the row's before-image (its committed bytes) to the rank's journal and commits it, then
 overwrites the row with ``pwrite``. Format (little endian)::
 
-    header (32 bytes): magic b"LSMUNDO1", uint32 format version (1), uint32 row_bytes, int64 generation,
-                       uint32 crc32 of the 24 bytes before it, 4 zero bytes
+    header (40 bytes): magic b"LSMUNDO1", uint32 format version (2), uint32 row_bytes, int64 generation,
+                       int64 records committed, uint32 crc32 chained over the committed records' bytes,
+                       uint32 crc32 of the 36 bytes before it
     record (12 + row_bytes bytes each): int64 row id, uint32 crc32 of (id bytes + row bytes), row bytes
 
-The header is written whole (temporary file, fsync, rename, fsync of the directory), so a journal on
-disk always has one. Records are appended; a crash may leave the last ones torn or missing, but only
-records after the last fsync, whose rows had not been overwritten yet.
+A commit fsyncs the appended records, then rewrites the header with the new count and chained crc and
+fsyncs again; only then is any row they protect overwritten. So every committed record is needed and
+must be intact, and a record after the committed ones (a crash before its commit) protects no
+overwritten row. A journal is made whole (temporary file, fsync, rename), so one on disk always has a
+header. table.json's ``writers`` counts the ranks that write the table; each has its journal from the
+moment it opens the table until the next recovery replaces it.
 
 **Recovery** to generation ``E`` (the checkpoint's; by default the one table.json records), by the rank
-that opens with ``recover=True``, for every ``undo.*.log``:
+that opens with ``recover=True``, over every ``undo.*.log``. First everything is checked, and any damage is
+refused with a :class:`TableError` naming the file (a partly valid journal is never applied): a missing
+journal of a rank below ``writers``; a damaged header; fewer records than the header commits; a committed
+record whose crc does not match; committed records whose chained crc does not; a row outside the table.
+Then:
 
-- journal generation == E: the generation's rows were being overwritten. Every intact record's
-  before-image is written back, stopping at the first torn or crc-bad record (its row was never
-  overwritten: the journal is synced before the overwrite); table.bin is fsynced, the journal deleted.
-- journal generation < E: stale (the table was synced and the checkpoint for E written after it);
-  deleted.
+- journal generation == E: the generation's rows were being overwritten. Every committed record's
+  before-image is written back; table.bin is fsynced.
+- journal generation < E: stale (the table was synced and the checkpoint for E written after it).
 - journal generation > E, or table.json generation > E: the table is newer than the checkpoint and
   cannot be rolled back that far: :class:`TableError`.
 
-Then table.json's generation, if below E (a crash after the checkpoint but before ``set_generation``), is
-set to E. Each step is idempotent, so a crash during recovery is recovered by the next open.
+Then every journal is replaced by an empty one of generation ``E`` (one for each rank about to write), and
+table.json records ``E`` and the new ``writers``; journals of ranks beyond them are deleted last. Each step is
+idempotent, so a crash during recovery is recovered by the next open.
 
 Ranks write disjoint rows within a generation (each row has one owner); a row in two journals of one
 generation cannot be ordered, and recovery refuses it with a :class:`TableError`.
@@ -76,14 +83,16 @@ FORMAT_VERSION = 1
 META_FILE = "table.json"
 DATA_FILE = "table.bin"
 JOURNAL_MAGIC = b"LSMUNDO1"
-JOURNAL_VERSION = 1
-_HEADER = struct.Struct("<8sIIqI4x")  # magic, version, row_bytes, generation, crc32 of the fields before it
-_HEADER_CRC_SPAN = _HEADER.size - 8
+JOURNAL_VERSION = 2
+# magic, version, row_bytes, generation, records committed, crc32 chained over their bytes, crc32 of the fields before
+_HEADER = struct.Struct("<8sIIqqII")
+_HEADER_CRC_SPAN = _HEADER.size - 4
+_V1_HEADER = struct.Struct("<8sIIqI4x")  # version 1: no count, no chained crc (read only to replace an empty one)
 _RECORD_PREFIX = 12                   # int64 id + uint32 crc32, then the row
 _JOURNAL_NAME = re.compile(r"undo\.(\d+)\.log")
 _RECOVER_CHUNK_BYTES = 16 << 20       # journal bytes read per step of recovery
 _FRESH_FIX = "start fresh (delete the table directory and train from scratch) or restore the table from a backup"
-assert _HEADER.size == 32
+assert _HEADER.size == 40 and _V1_HEADER.size == 32
 
 __all__ = ["EmbeddingTable", "TableError", "WriteStats"]
 
@@ -143,29 +152,86 @@ def _record_crcs(records: np.ndarray) -> np.ndarray:
                        count=len(records))
 
 
-def _journal_header(row_bytes: int, generation: int) -> bytes:
-    fields = _HEADER.pack(JOURNAL_MAGIC, JOURNAL_VERSION, row_bytes, generation, 0)[:_HEADER_CRC_SPAN]
-    return _HEADER.pack(JOURNAL_MAGIC, JOURNAL_VERSION, row_bytes, generation, zlib.crc32(fields))
+def _journal_header(row_bytes: int, generation: int, count: int = 0, chain: int = 0) -> bytes:
+    fields = _HEADER.pack(JOURNAL_MAGIC, JOURNAL_VERSION, row_bytes, generation, count, chain, 0)[:_HEADER_CRC_SPAN]
+    return fields + struct.pack("<I", zlib.crc32(fields))
 
 
-def _read_journal_header(path: str, row_bytes: int) -> int:
-    """The generation a journal records; TableError naming the file when it is no journal of this table."""
+@dataclass(frozen=True)
+class _JournalHeader:
+    generation: int
+    count: int  # records committed: their rows may have been overwritten
+    chain: int  # crc32 over the committed records' bytes, in order
+
+
+def _read_journal_header(path: str, row_bytes: int) -> _JournalHeader:
+    """A journal's header; TableError naming the file when it is damaged or no journal of this table."""
     with open(path, "rb") as fh:
-        raw = fh.read(_HEADER.size)
-    if len(raw) < _HEADER.size:
-        raise TableError(f"{path}: the undo journal is shorter than its {_HEADER.size}-byte header; the rows it "
-                         f"protects cannot be rolled back: {_FRESH_FIX}")
-    magic, version, journal_row_bytes, generation, crc = _HEADER.unpack(raw)
-    if magic != JOURNAL_MAGIC or crc != zlib.crc32(raw[:_HEADER_CRC_SPAN]):
-        raise TableError(f"{path}: not an undo journal (bad magic or header checksum); the rows it protects "
-                         f"cannot be rolled back: {_FRESH_FIX}")
+        raw = fh.read(_HEADER.size + 1)
+    lost = f"the rows it protects cannot be rolled back: {_FRESH_FIX}"
+    if len(raw) < 12 or raw[:8] != JOURNAL_MAGIC:
+        what = "is shorter than its header" if len(raw) < 12 else "is not an undo journal (bad magic)"
+        raise TableError(f"{path}: the undo journal {what}; {lost}")
+    version = struct.unpack_from("<I", raw, 8)[0]
+    if version == 1 and len(raw) == _V1_HEADER.size:  # an empty journal of lsm-gnn before 0.3: nothing to undo
+        _, _, journal_row_bytes, generation, crc = _V1_HEADER.unpack(raw)
+        if crc == zlib.crc32(raw[:_V1_HEADER.size - 8]) and journal_row_bytes == row_bytes:
+            return _JournalHeader(generation, 0, 0)
     if version != JOURNAL_VERSION:
         raise TableError(f"{path}: undo journal format version {version}, this lsm-gnn reads version "
                          f"{JOURNAL_VERSION}; open the table with the lsm-gnn that wrote it")
+    if len(raw) < _HEADER.size:
+        raise TableError(f"{path}: the undo journal is shorter than its {_HEADER.size}-byte header; {lost}")
+    raw = raw[:_HEADER.size]
+    _, _, journal_row_bytes, generation, count, chain, crc = _HEADER.unpack(raw)
+    if crc != zlib.crc32(raw[:_HEADER_CRC_SPAN]) or count < 0:
+        raise TableError(f"{path}: the undo journal's header is damaged (its checksum does not match); {lost}")
     if journal_row_bytes != row_bytes:
         raise TableError(f"{path}: the undo journal holds rows of {journal_row_bytes} bytes, the table rows of "
                          f"{row_bytes}; it belongs to another table: {_FRESH_FIX}")
-    return generation
+    return _JournalHeader(generation, count, chain)
+
+
+def _journal_chunks(journal: str, header: _JournalHeader, meta: dict):
+    """The committed records of ``journal`` in chunks of at most :data:`_RECOVER_CHUNK_BYTES`."""
+    dtype = _record_dtype(meta["row_bytes"])
+    per_chunk = max(1, _RECOVER_CHUNK_BYTES // dtype.itemsize)
+    with open(journal, "rb") as fh:
+        fh.seek(_HEADER.size)
+        for start in range(0, header.count, per_chunk):
+            n = min(per_chunk, header.count - start)
+            yield start, np.frombuffer(fh.read(n * dtype.itemsize), dtype=dtype)
+
+
+def _check_journal(journal: str, header: _JournalHeader, meta: dict) -> _RowSet:
+    """Proves every committed record of ``journal`` intact (each record's crc, the chained crc over all of them,
+    ids inside the table) before any is applied; returns the rows they hold. A record appended after the last
+    commit is ignored: the journal is committed before any row it protects is overwritten."""
+    rows, chain = _RowSet(meta["num_rows"]), 0
+    if header.count == 0:
+        return rows
+    lost = f"the rows it protects cannot be rolled back: {_FRESH_FIX}"
+    record_bytes = _record_dtype(meta["row_bytes"]).itemsize
+    have = (os.path.getsize(journal) - _HEADER.size) // record_bytes
+    if have < header.count:
+        raise TableError(f"{journal}: the undo journal was cut short: its header commits {header.count} records, "
+                         f"the file holds {have}; {lost}")
+    for start, records in _journal_chunks(journal, header, meta):
+        bad = np.flatnonzero(_record_crcs(records) != records["crc"])
+        if len(bad):
+            raise TableError(f"{journal}: record {start + int(bad[0])} of {header.count} is damaged (its checksum "
+                             f"does not match); {lost}")
+        ids = records["id"].astype(np.int64)
+        outside = ids[(ids < 0) | (ids >= meta["num_rows"])]
+        if len(outside):
+            raise TableError(f"{journal}: a record names row {int(outside[0])}, outside the table's "
+                             f"{meta['num_rows']} rows; the journal is not this table's: {_FRESH_FIX}")
+        chain = zlib.crc32(records.tobytes(), chain)
+        rows.add(ids)
+    if chain != header.chain:
+        raise TableError(f"{journal}: the undo journal's records do not match the checksum its header commits "
+                         f"(a record was changed, reordered or replaced); {lost}")
+    return rows
 
 
 def _pwrite_all(fd: int, data, offset: int) -> None:
@@ -220,6 +286,9 @@ def _load_meta(path: str) -> dict:
         value = meta.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise TableError(f"{meta_path}: {key} must be an integer >= {low}, got {value!r}; {fix}")
+    writers = meta.get("writers", 1)
+    if isinstance(writers, bool) or not isinstance(writers, int) or writers < 1:
+        raise TableError(f"{meta_path}: writers must be an integer >= 1, got {writers!r}; {fix}")
     if not isinstance(meta.get("layout"), dict):
         raise TableError(f"{meta_path}: layout must be a JSON object, got {meta.get('layout')!r}; {fix}")
     problem = row_stride_problem(meta["row_bytes"], meta["row_stride"])
@@ -273,7 +342,9 @@ class EmbeddingTable(NativeStorage):
         self._writes = WriteStats()
         self._journal_fd: int | None = None
         self._journal_end = 0
-        self._journal_unsynced = False  # records appended by before_change and not yet fsynced
+        self._journal_count = 0  # records appended this generation
+        self._journal_chain = 0  # crc32 chained over their bytes
+        self._journal_unsynced = False  # records appended and not yet committed
         self._fd = os.open(data_path, os.O_RDWR)
         self._run_lock = None  # rank 0's RunLock, set by open
 
@@ -328,13 +399,14 @@ class EmbeddingTable(NativeStorage):
 
     @classmethod
     def open(cls, path, *, rank: int = 0, expect_generation: int | None = None, recover: bool = True,
-             direct: bool = False) -> "EmbeddingTable":
+             direct: bool = False, world_size: int = 1) -> "EmbeddingTable":
         """Opens table directory ``path`` as ``rank`` (whose journal is ``undo.<rank>.log``).
 
         With ``recover=True`` every journal in the directory is first rolled back to ``expect_generation``
         (None: the generation table.json records), see the module docstring. With several ranks, rank 0
-        opens with ``recover=True`` and the others, after a barrier, with ``recover=False``. Every problem
-        raises :class:`TableError` naming the file and the fix.
+        opens with ``recover=True`` and ``world_size`` (the ranks that will write: each gets its journal now),
+        the others, after a barrier, with ``recover=False``. Rank 0 holds the table's lock until :meth:`close`.
+        Every problem raises :class:`TableError` naming the file and the fix.
         """
         path = os.path.abspath(os.fspath(path))
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
@@ -348,7 +420,8 @@ class EmbeddingTable(NativeStorage):
         lock = RunLock(path, "the embedding table") if rank == 0 else None
         try:
             if recover:
-                meta = _recover(path, meta, meta["generation"] if expect_generation is None else expect_generation)
+                meta = _recover(path, meta, meta["generation"] if expect_generation is None else expect_generation,
+                                _positive_int(world_size, "world_size"))
             elif expect_generation is not None and meta["generation"] != expect_generation:
                 raise TableError(f"{os.path.join(path, META_FILE)} records generation {meta['generation']}, the "
                                  f"checkpoint generation {expect_generation}; open the table on rank 0 with "
@@ -432,6 +505,8 @@ class EmbeddingTable(NativeStorage):
         with reporting_disk_full(self.journal_path, self._journal_end + records.nbytes):
             _pwrite_all(self._journal_fd, records, self._journal_end)
         self._journal_end += records.nbytes
+        self._journal_count += len(records)
+        self._journal_chain = zlib.crc32(records.tobytes(), self._journal_chain)
         self._journaled.add(ids)
         w = self._writes
         w.journal_rows += len(ids)
@@ -439,8 +514,13 @@ class EmbeddingTable(NativeStorage):
         w.journal_seconds += time.perf_counter() - start
 
     def _sync_journal(self) -> None:
+        """Commits the appended records: fsyncs them, then the header that counts them and checksums their bytes.
+        Recovery applies exactly the committed records and refuses a journal whose committed part is damaged."""
         start = time.perf_counter()
+        header = _journal_header(self.row_bytes, self.generation, self._journal_count, self._journal_chain)
         with reporting_disk_full(self.journal_path):
+            os.fsync(self._journal_fd)  # the records first: a header never commits records that are not on disk
+            _pwrite_all(self._journal_fd, header, 0)
             os.fsync(self._journal_fd)
         self._journal_unsynced = False
         self._writes.journal_seconds += time.perf_counter() - start
@@ -482,10 +562,10 @@ class EmbeddingTable(NativeStorage):
         (a rank that did not recover), a journal that still protects rows of this generation is refused."""
         remove_stale_temporaries(self.journal_path, kind="file")
         if check_existing and os.path.exists(self.journal_path):
-            generation = _read_journal_header(self.journal_path, self.row_bytes)
-            if generation >= self.generation and os.path.getsize(self.journal_path) > _HEADER.size:
-                raise TableError(f"{self.journal_path} still holds before-images of generation {generation} that "
-                                 f"were never rolled back; open the table on rank 0 with recover=True (before the "
+            header = _read_journal_header(self.journal_path, self.row_bytes)
+            if header.generation >= self.generation and header.count:
+                raise TableError(f"{self.journal_path} still holds before-images of generation "
+                                 f"{header.generation} that were never rolled back; open the table on rank 0 with recover=True (before the "
                                  f"barrier) first")
         if self._journal_fd is not None:
             os.close(self._journal_fd)
@@ -493,6 +573,7 @@ class EmbeddingTable(NativeStorage):
         atomic_write_bytes(_journal_header(self.row_bytes, self.generation), self.journal_path)
         self._journal_fd = os.open(self.journal_path, os.O_WRONLY)
         self._journal_end = _HEADER.size
+        self._journal_count = self._journal_chain = 0
         self._journal_unsynced = False
         self._journaled.clear()
 
@@ -575,77 +656,76 @@ def _write_rows_file(path: str, meta: dict, init, chunk_rows: int, progress: boo
         fh.close(sync=True)
 
 
-def _recover(path: str, meta: dict, target: int) -> dict:
-    """Rolls the table directory back to generation ``target`` (see the module docstring); returns the
-    metadata as it then stands."""
+def _recover(path: str, meta: dict, target: int, writers: int) -> dict:
+    """Rolls the table directory back to generation ``target`` (see the module docstring) and leaves an empty
+    journal of ``target`` for each of the ``writers`` ranks about to write it; returns the metadata as it then
+    stands. Every journal is checked whole before any byte of the table changes."""
     meta_path = os.path.join(path, META_FILE)
     if meta["generation"] > target:
         raise TableError(f"{meta_path} records generation {meta['generation']}, newer than the checkpoint's "
                          f"generation {target}: the table cannot be rolled back that far; {_FRESH_FIX}, or resume "
                          f"from the checkpoint of generation {meta['generation']}")
-    journals = []
+    journals = {}  # rank -> (path, header)
     for name in sorted(os.listdir(path)):
         match = _JOURNAL_NAME.fullmatch(name)
         if match:
             journal = os.path.join(path, name)
-            generation = _read_journal_header(journal, meta["row_bytes"])
-            if generation > target:
-                raise TableError(f"{journal} is a journal of generation {generation}, newer than the checkpoint's "
-                                 f"generation {target}: the table cannot be rolled back that far; {_FRESH_FIX}")
-            journals.append((journal, generation))
-    live = [journal for journal, generation in journals if generation == target]
-    if live:
+            header = _read_journal_header(journal, meta["row_bytes"])
+            if header.generation > target:
+                raise TableError(f"{journal} is a journal of generation {header.generation}, newer than the "
+                                 f"checkpoint's generation {target}: the table cannot be rolled back that far; "
+                                 f"{_FRESH_FIX}")
+            journals[int(match.group(1))] = (journal, header)
+    recorded = meta.get("writers", 0)  # tables of lsm-gnn before 0.3 do not say
+    missing = [rank for rank in range(recorded) if rank not in journals]
+    if missing:
+        journal = os.path.join(path, f"undo.{missing[0]}.log")
+        raise TableError(f"{journal} is missing, but {meta_path} records {recorded} writing rank(s), each with a "
+                         f"journal from the moment it opened the table: the rows it protected cannot be rolled back; "
+                         f"{_FRESH_FIX}")
+    live = [(journal, header) for journal, header in journals.values() if header.generation == target]
+    restored = _RowSet(meta["num_rows"])
+    for journal, header in live:
+        rows = _check_journal(journal, header, meta)
+        if restored.intersects(rows):
+            raise TableError(f"{journal} holds rows that another rank's journal of generation {target} holds too, so "
+                             f"which before-image is the committed row is unknown (ranks must write disjoint rows); "
+                             f"{_FRESH_FIX}")
+        restored.update(rows)
+    if any(header.count for _, header in live):
         fd = os.open(os.path.join(path, DATA_FILE), os.O_RDWR)
         try:
-            restored = _RowSet(meta["num_rows"])
-            for journal in live:
-                rows = _undo(journal, fd, meta)
-                if restored.intersects(rows):
-                    raise TableError(f"{journal} holds rows that another rank's journal of generation {target} "
-                                     f"holds too, so which before-image is the committed row is unknown (ranks "
-                                     f"must write disjoint rows); {_FRESH_FIX}")
-                restored.update(rows)
+            for journal, header in live:
+                _undo(journal, header, fd, meta)
             os.fsync(fd)
         finally:
             os.close(fd)
-    for journal, _ in journals:
-        os.unlink(journal)
-    if journals:
-        fsync_path(path)
-    if meta["generation"] < target:
-        meta = dict(meta, generation=target)
+    # Every rank that will write has a journal before table.json names it a writer, and no journal is deleted
+    # while table.json still names its rank: a crash anywhere here leaves what the next recovery expects.
+    empty = _journal_header(meta["row_bytes"], target)
+    for rank in sorted(set(journals) | set(range(writers))):
+        atomic_write_bytes(empty, os.path.join(path, f"undo.{rank}.log"), sync_directory=False)
+    fsync_path(path)
+    if (meta["generation"], recorded) != (target, writers):
+        meta = dict(meta, generation=target, writers=writers)
         atomic_write_bytes(json.dumps(meta, indent=1).encode(), meta_path)
+    for rank in sorted(journals):
+        if rank >= writers:
+            os.unlink(os.path.join(path, f"undo.{rank}.log"))
+    fsync_path(path)
     return meta
 
 
-def _undo(journal: str, fd: int, meta: dict) -> _RowSet:
-    """Writes the intact before-images of ``journal`` back into table.bin (file descriptor ``fd``); returns
-    the rows restored."""
-    num_rows, row_bytes = meta["num_rows"], meta["row_bytes"]
-    dtype = _record_dtype(row_bytes)
-    restored = _RowSet(num_rows)
-    per_chunk = max(1, _RECOVER_CHUNK_BYTES // dtype.itemsize)
-    offset = _HEADER.size
-    with open(journal, "rb") as fh:
-        while True:
-            fh.seek(offset)
-            raw = fh.read(per_chunk * dtype.itemsize)
-            records = np.frombuffer(raw[:len(raw) - len(raw) % dtype.itemsize], dtype=dtype)  # a torn tail: out
-            bad = np.flatnonzero(_record_crcs(records) != records["crc"])
-            intact = records[:bad[0]] if len(bad) else records
-            ids = intact["id"].astype(np.int64)
-            outside = ids[(ids < 0) | (ids >= num_rows)]
-            if len(outside):
-                raise TableError(f"{journal}: an intact record names row {int(outside[0])}, outside the table's "
-                                 f"{num_rows} rows; the journal is not this table's: {_FRESH_FIX}")
-            # write() journals a row once per generation; were one there twice, its first image is the committed one
-            ids, first = np.unique(ids, return_index=True)
-            keep = ~restored.contains(ids)
-            ids, first = ids[keep], first[keep]
-            if len(ids):
-                _write_runs(fd, os.path.join(os.path.dirname(journal), DATA_FILE), ids,
-                            np.ascontiguousarray(intact["row"][first]), meta["row_stride"])
-                restored.add(ids)
-            if len(bad) or len(records) < per_chunk:
-                return restored
-            offset += records.nbytes
+def _undo(journal: str, header: _JournalHeader, fd: int, meta: dict) -> None:
+    """Writes the committed before-images of ``journal`` (checked by :func:`_check_journal`) back into table.bin
+    (file descriptor ``fd``)."""
+    restored = _RowSet(meta["num_rows"])
+    for _, records in _journal_chunks(journal, header, meta):
+        # write() journals a row once per generation; were one there twice, its first image is the committed one
+        ids, first = np.unique(records["id"].astype(np.int64), return_index=True)
+        keep = ~restored.contains(ids)
+        ids, first = ids[keep], first[keep]
+        if len(ids):
+            _write_runs(fd, os.path.join(os.path.dirname(journal), DATA_FILE), ids,
+                        np.ascontiguousarray(records["row"][first]), meta["row_stride"])
+            restored.add(ids)
