@@ -347,3 +347,27 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def escape_from(directory: str, name: str) -> str | None:
+    """Why file ``name`` of ``directory`` lies outside it (an absolute name, ``..``, or a symbolic link,
+    anywhere on the way, that resolves out of the directory), or None when it stays inside. A run reads and
+    writes a dataset's, a table's or a checkpoint directory's own files only: a link to elsewhere would make it
+    train on, or write into, a file nobody meant."""
+    path = os.path.join(directory, name)
+    root = os.path.realpath(directory)
+    resolved = os.path.realpath(path)
+    if os.path.commonpath([root, resolved]) == root and resolved != root:
+        return None
+    if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
+        return f"{path} names a file outside {directory}"
+    return f"{path} leads outside {directory} (a symbolic link to {resolved})"
+
+
+def contained_path(directory: str, name: str, error=ValueError, fix: str = "") -> str:
+    """``directory/name``, or ``error`` naming the path when it leads outside the directory (:func:`escape_from`)."""
+    problem = escape_from(directory, name)
+    if problem is not None:
+        raise error(f"{problem}; lsm-gnn reads and writes only the directory's own files: "
+                    f"{fix or 'put the file itself there (a copy, or a hard link on the same file system)'}")
+    return os.path.join(directory, name)

@@ -29,7 +29,7 @@ from lsm_gnn.comm.group import (TIMEOUT_ENV, CollectiveError, ProgressBoard, che
                                 first_line, is_collective_failure)
 from lsm_gnn.config import Config, ConfigError, selection_metric
 from lsm_gnn.features import NoFeatures
-from lsm_gnn.fileio import RunLock, reporting_disk_full
+from lsm_gnn.fileio import RunLock, contained_path, reporting_disk_full
 from lsm_gnn.kernels import set_kernel_mode
 from lsm_gnn.parallel import batch_to, distributed_context
 from lsm_gnn.tasks import make_task
@@ -91,7 +91,8 @@ class MetricsLog:
         if rank != 0 or not cfg.log.dir:
             return
         os.makedirs(cfg.log.dir, exist_ok=True)
-        self.path = os.path.join(cfg.log.dir, "metrics.jsonl")
+        self.path = contained_path(cfg.log.dir, "metrics.jsonl", ConfigError,
+                                   fix="log.dir's metrics.jsonl must be a file of its own: remove the link")
         self.file = open(self.path, "a")
         if cfg.log.tensorboard:
             try:
@@ -231,7 +232,9 @@ class Trainer:
                 num_threads=cfg.sampler.num_threads)
         self.checkpoint_path = os.path.join(cfg.checkpoint.dir, "last.pt") if cfg.checkpoint.dir else None
         saved = None  # the checkpoint this run resumes from
-        if self.checkpoint_path and cfg.checkpoint.resume and os.path.exists(self.checkpoint_path):
+        if self.checkpoint_path and cfg.checkpoint.resume and os.path.lexists(self.checkpoint_path):
+            contained_path(cfg.checkpoint.dir, "last.pt", CheckpointError,
+                           fix="resume from checkpoint.dir's own last.pt: copy the file there instead of linking it")
             saved = load_checkpoint(self.checkpoint_path)
         #: trainable node embeddings (model.node_embedding), or None
         self.embedding = self._node_embedding(saved) if emb.dim else None

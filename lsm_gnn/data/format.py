@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from lsm_gnn.fileio import contained_path
+
 FORMAT_NAME = "lsm-gnn-dataset"
 SCHEMA_VERSION = 1         # one node type (this module)
 HETERO_SCHEMA_VERSION = 2  # several node types and typed relations (lsm_gnn/data/hetero.py)
@@ -151,7 +153,7 @@ class Dataset:
 
     # -- paths and layout --------------------------------------------------
     def file_path(self, name: str) -> str:
-        return os.path.join(self.path, name)
+        return contained_path(self.path, name, DatasetError)
 
     @property
     def feature_path(self) -> str:
@@ -413,7 +415,7 @@ def _check_meta(meta: Any, meta_path: str) -> None:
 def _load_npy(ds_path: str, name: str, dtype_choices: tuple[str, ...], length: int | None, what: str,
               width: int | None = None) -> np.ndarray:
     """A .npy of ``length`` entries (any if None), one-dimensional or, with ``width``, of shape (length, width)."""
-    path = os.path.join(ds_path, name)
+    path = contained_path(ds_path, name, DatasetError)
     if not os.path.isfile(path):
         raise _fail(path, f"the {what} file is missing", "Re-create the dataset with 'lsm-gnn prepare'")
     try:
@@ -502,7 +504,7 @@ def check_feature_file(path: str, meta_path: str, feats: dict, num_nodes: int, k
         raise _fail(meta_path, f"{key}file_bytes={feats['file_bytes']} but {num_nodes} rows of stride "
                     f"{feats['row_stride']} padded to {feats['page_size']} take {expected_bytes}",
                     "The description is inconsistent; re-create the dataset")
-    feature_path = os.path.join(path, feats["file"])
+    feature_path = contained_path(path, feats["file"], DatasetError)
     if not os.path.isfile(feature_path):
         raise _fail(feature_path, "the feature file is missing", "Re-create the dataset with 'lsm-gnn prepare'")
     actual = os.path.getsize(feature_path)

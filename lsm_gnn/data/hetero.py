@@ -33,10 +33,11 @@ from typing import Any
 import numpy as np
 
 from lsm_gnn.data.format import (
-    CHECKS, MAX_CLASSES, SPLITS, FeatureLayout, _REDO, _check_file_name, _fail, _get, _get_files, _get_int, _name,
-    _show, check_checksums_meta, check_csr, check_feature_file, check_feature_meta, check_node_arrays,
+    CHECKS, MAX_CLASSES, SPLITS, DatasetError, FeatureLayout, _REDO, _check_file_name, _fail, _get, _get_files,
+    _get_int, _name, _show, check_checksums_meta, check_csr, check_feature_file, check_feature_meta, check_node_arrays,
     read_rows_direct, verify_checksums,
 )
+from lsm_gnn.fileio import contained_path
 
 Relation = tuple[str, str, str]
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
@@ -139,7 +140,7 @@ class HeteroDataset:
     is_hetero = True
 
     def file_path(self, name: str) -> str:
-        return os.path.join(self.path, name)
+        return contained_path(self.path, name, DatasetError)
 
     def _array(self, name: str) -> np.ndarray:
         if name not in self._cache:

@@ -73,7 +73,8 @@ import torch
 
 from lsm_gnn.data.format import PAGE_SIZE, FeatureLayout, feature_file_bytes, row_stride_for, row_stride_problem
 from lsm_gnn.fileio import (
-    CheckedFile, RunLock, atomic_write_bytes, fsync_path, remove_stale_temporaries, reporting_disk_full, temp_prefix,
+    CheckedFile, RunLock, atomic_write_bytes, contained_path, fsync_path, remove_stale_temporaries,
+    reporting_disk_full, temp_prefix,
 )
 from lsm_gnn.ids import as_id_tensor
 from lsm_gnn.storage.native import NativeStorage
@@ -265,8 +266,10 @@ def _load_meta(path: str) -> dict:
     if not os.path.isdir(path):
         raise TableError(f"{path}: no embedding table here (no such directory); check the path, or "
                          f"create the table with EmbeddingTable.create")
-    meta_path = os.path.join(path, META_FILE)
     fix = f"{_FRESH_FIX} (delete {path} and create it again)"
+    for name in (META_FILE, DATA_FILE, *(n for n in os.listdir(path) if _JOURNAL_NAME.fullmatch(n))):
+        contained_path(path, name, TableError, fix="a table's files must be in its directory, not links out of it")
+    meta_path = os.path.join(path, META_FILE)
     try:
         with open(meta_path) as fh:
             meta = json.load(fh)
@@ -345,7 +348,7 @@ class EmbeddingTable(NativeStorage):
         self._journal_count = 0  # records appended this generation
         self._journal_chain = 0  # crc32 chained over their bytes
         self._journal_unsynced = False  # records appended and not yet committed
-        self._fd = os.open(data_path, os.O_RDWR)
+        self._fd = os.open(data_path, os.O_RDWR)  # _load_meta proved it inside the directory
         self._run_lock = None  # rank 0's RunLock, set by open
 
     # -- making and opening --------------------------------------------------------------------------------
@@ -571,7 +574,7 @@ class EmbeddingTable(NativeStorage):
             os.close(self._journal_fd)
             self._journal_fd = None
         atomic_write_bytes(_journal_header(self.row_bytes, self.generation), self.journal_path)
-        self._journal_fd = os.open(self.journal_path, os.O_WRONLY)
+        self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_NOFOLLOW)
         self._journal_end = _HEADER.size
         self._journal_count = self._journal_chain = 0
         self._journal_unsynced = False
