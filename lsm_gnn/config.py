@@ -259,6 +259,8 @@ def validate(cfg: Config) -> Config:
                        "train.early_stopping.min_delta": cfg.train.early_stopping.min_delta}.items():
         if value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value}")
+    if not 0 <= cfg.train.seed < 1 << 63:  # numpy's and torch's generators take a non-negative 64-bit seed
+        raise ConfigError(f"train.seed must be an integer from 0 to 2^63 - 1, got {cfg.train.seed}")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")
     if cfg.model.kind == "gat" and len(f) > 1 and cfg.model.hidden % cfg.model.heads:

@@ -193,6 +193,27 @@ def own_cgroup_stat() -> dict[str, int] | None:
         return None
 
 
+def available_memory() -> int | None:
+    """Bytes this process could still allocate: the system's MemAvailable, or less under a memory cgroup's limit;
+    None where /proc cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next(line.rstrip("\n").split(":", 2)[2] for line in f
+                        if "memory" in line.split(":", 2)[1].split(","))
+        with open(os.path.join(V1_ROOT, path.lstrip("/"), "memory.limit_in_bytes")) as f:
+            limit = int(f.read())
+        with open(os.path.join(V1_ROOT, path.lstrip("/"), "memory.usage_in_bytes")) as f:
+            free = min(free, limit - int(f.read()))
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
+    return free
+
+
 def process_memory() -> dict[str, int]:
     """This process's resident memory in bytes, from /proc/self/status: ``rss_anon`` (heap, tensors: what the
     kernel cannot drop), ``rss_file`` (mapped file pages, which it can), ``rss_hwm`` (peak of their sum)."""

@@ -145,6 +145,10 @@ class NodeClassification:
 def make_task(cfg: Config, dataset):
     if cfg.train.task == "node":
         return NodeClassification(cfg, dataset)
+    if getattr(dataset, "is_hetero", False):
+        raise ConfigError(f"train.task=link needs a dataset of one node type (a user-item graph from lsm-gnn prepare "
+                          f"interactions counts as one); {dataset.path} has {len(dataset.node_types)} node types: "
+                          f"use train.task=node on it")
     from lsm_gnn.linkpred import LinkPrediction
 
     return LinkPrediction(cfg, dataset)

@@ -240,6 +240,7 @@ class Trainer:
         self.embedding = self._node_embedding(saved) if emb.dim else None
         self.task.embedding = self.embedding
         torch.manual_seed(cfg.train.seed)
+        self._check_model_fits()
         self.module = self._model().to(self.device)
         self.model = self.module
         if self._distributed():
@@ -314,6 +315,26 @@ class Trainer:
             raise ConfigError(f"{where}, a batch has {exc.distinct:,} distinct nodes but the cache holds "
                               f"{exc.lines:,} lines (cache.capacity={c.capacity}); "
                               + config_fix(c.capacity, exc.lines, exc.distinct, c.ways)) from exc
+
+    def _check_model_fits(self) -> None:
+        """A model too large for memory is refused with its key before it is allocated (the kernel would kill
+        the process without a word). A lower bound: each layer's hidden x hidden weights (the first layer's
+        input x hidden), with their gradients and Adam's two moments."""
+        from lsm_gnn.memcap import available_memory
+        from lsm_gnn.units import format_bytes
+
+        m, layers = self.cfg.model, len(self.cfg.sampler.fanouts)
+        widest_input = max(self.features.dims().values()) if self.hetero else getattr(self.features, "dim", 0)
+        weights = m.hidden * (widest_input + m.hidden * (layers - 1) + self.task.out_dim)
+        need = 4 * weights * 4  # float32 weights, gradients, two Adam moments
+        if self.device.type == "cuda":
+            free = torch.cuda.mem_get_info(self.device)[0]
+        else:
+            free = available_memory()
+        if free is not None and need > free:
+            raise ConfigError(f"model.hidden={m.hidden} makes a model of at least {weights:,} weights, "
+                              f"{format_bytes(need)} with their gradients and optimizer state, more than the "
+                              f"{format_bytes(free)} of memory free on {self.device}; lower model.hidden")
 
     def _model(self) -> torch.nn.Module:
         from lsm_gnn.models import HETERO_MODEL_KINDS, HeteroHopGNN, HopGNN

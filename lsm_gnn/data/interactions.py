@@ -81,6 +81,9 @@ def _text_chunks(file_path: str, fmt: str, columns: dict[str, Any], header: bool
                  ) -> tuple[dict, Iterator[tuple[dict[str, list], np.ndarray]]]:
     """``(info, chunks)``: each chunk maps a role to its column's strings, with the file's line numbers."""
     delimiter = delimiter or ("\t" if fmt == "tsv" else ",")
+    if not isinstance(delimiter, str) or len(delimiter) != 1 or delimiter in "\r\n\"":
+        raise ValueError(f"the delimiter (--delimiter) must be one character other than a quote or a line break, got "
+                         f"{delimiter!r}; e.g. ',' or ';' (--format tsv for tabs)")
     f = open(file_path, newline="", encoding="utf-8-sig")  # closed by the generator
     try:
         sample = f.read(1 << 16)
@@ -104,10 +107,18 @@ def _text_chunks(file_path: str, fmt: str, columns: dict[str, Any], header: bool
         raise
     width = max(index.values()) + 1
 
+    def rows_of(reader):
+        try:
+            yield from reader
+        except csv.Error as exc:  # a field over csv's size limit, a NUL byte, an unclosed quote at the end
+            raise ValueError(f"{file_path} line {reader.line_num}: cannot read it as {fmt.upper()} ({exc}); check the "
+                             f"delimiter ({delimiter!r}) and the quoting (a stray '\"' makes the rest of the file one "
+                             "field)") from None
+
     def chunks():
         with f:
             rows, lines = [], []
-            for row in reader:
+            for row in rows_of(reader):
                 if not row or (len(row) == 1 and not row[0].strip()):
                     continue  # blank line
                 if len(row) < width:
@@ -225,7 +236,7 @@ class _IdSpace:
                 numbers = raw.astype(np.int64)
                 if [str(n) for n in numbers.tolist()] == keys:
                     raw = numbers
-            except ValueError:
+            except (ValueError, OverflowError):  # not all integers, or beyond int64: the ids stay text
                 pass
         order = np.argsort(raw, kind="stable")
         remap = np.empty(len(keys), dtype=np.int64)
@@ -267,6 +278,11 @@ def _timestamps(values, lines: np.ndarray, where: str, kind: list) -> np.ndarray
         try:
             parsed, this = values.astype(np.float64), "number"
         except ValueError:
+            numeric = np.fromiter((_is_number(v) for v in values.tolist()), bool, values.size)
+            if numeric.any():  # numpy would read a number such as "100" as the year 100
+                number, date = int(np.argmax(numeric)), int(np.argmin(numeric))
+                raise ValueError(f"{where} {lines[date]}: timestamps mix numbers and dates ({_show(values[number])} "
+                                 f"on line {lines[number]}, {_show(values[date])} here); use one kind") from None
             try:
                 dates = values.astype("datetime64[s]")
             except ValueError:
