@@ -401,6 +401,11 @@ class LinkPrediction:
                           negatives_exclude_positives=c.train.negatives_exclude_positives,
                           **loader_options(c, rank, world_size, embedding=self.embedding))
 
+    def eval_input_nodes(self, features, split: str, rank: int, world_size: int, count: int) -> None:
+        """Ranking evaluation reads every user's and item's rows in its own order: not sampled before training
+        (an evaluation batch the cache refuses names train.eval_batch_size then; last.pt keeps the epoch)."""
+        return None
+
     def loss(self, model, batch: LinkBatch) -> torch.Tensor:
         emb = model(batch)
         user, pos, neg = (t.to(emb.device) for t in (batch.user, batch.pos, batch.neg))

@@ -111,6 +111,23 @@ class NodeClassification:
         return self._loader(features, self.labeled("train"), c.sampler.batch_size, True,
                             loader_options(c, rank, world_size, embedding=self.embedding))
 
+    def eval_input_nodes(self, features, split: str, rank: int, world_size: int, count: int) -> list | None:
+        """The input nodes of ``count`` evaluation batches of ``split`` on ``rank``, sampled as :meth:`evaluate`
+        samples them, for sizing the caches before training; None where evaluation reads in another way
+        (``train.eval_mode=full``)."""
+        if self.cfg.train.eval_mode == "full":
+            return None
+        seeds = self.labeled(split)
+        if seeds.size < world_size:
+            return []
+        c = self.cfg
+        loader = self._loader(features, seeds, eval_batch_size(c), False,
+                              loader_options(c, rank, world_size, evaluation=True, embedding=self.embedding))
+        try:
+            return loader.sample_input_nodes(count, rank=rank)
+        finally:
+            loader.close()
+
     def loss(self, model, batch) -> torch.Tensor:
         # ignore_index guards loaders given unlabeled seeds by a caller
         return torch.nn.functional.cross_entropy(model(batch), batch.y, ignore_index=-1)

@@ -32,7 +32,7 @@ from lsm_gnn.features import NoFeatures
 from lsm_gnn.fileio import RunLock, contained_path, reporting_disk_full
 from lsm_gnn.kernels import set_kernel_mode
 from lsm_gnn.parallel import batch_to, distributed_context
-from lsm_gnn.tasks import make_task
+from lsm_gnn.tasks import eval_batch_size, make_task
 
 __all__ = ["CheckpointError", "Trainer", "TrainingDiverged", "atomic_torch_save", "load_checkpoint", "train"]
 
@@ -286,18 +286,32 @@ class Trainer:
         if self.feature_spec.source != "cache" or c.oversubscribe:
             return []
         count = batches_per_rank(self.world_size)
-        batches = [self.loader.sample_input_nodes(count, rank=r) for r in range(self.world_size)]
+        # Training batches, then each evaluation split's in the order evaluation reads them (its batch size is
+        # train.eval_batch_size): a cache too small for either is refused now, not after an epoch of training.
+        checks = [("training", [self.loader.sample_input_nodes(count, rank=r) for r in range(self.world_size)])]
+        for split in self.cfg.train.eval_splits:
+            per_rank = [self.task.eval_input_nodes(self.features, split, r, self.world_size, count)
+                        for r in range(self.world_size)]
+            if all(nodes for nodes in per_rank):
+                checks.append((f"evaluating on {split}", per_rank))
         fits = []
         for features, what, key, capacity in (
                 (self.features, "the cache", "cache.capacity", c.capacity),
                 (self.embedding.source if self.embedding else None, "the node embeddings' cache",
                  "model.node_embedding.capacity", e.capacity or c.capacity)):
-            found = cache_fits(features, batches, what) if features is not None else []
-            tight = min(found, key=lambda f: f.lines / max(f.largest, 1), default=None)
-            if tight is not None and not tight.fits:
-                self.loader.close()
-                raise ConfigError(too_small_message(tight, capacity, c.ways, key))
-            fits += found
+            if features is None:
+                continue
+            for stage, batches in checks:
+                found = cache_fits(features, batches, what)
+                tight = min(found, key=lambda f: f.lines / max(f.largest, 1), default=None)
+                if tight is not None and not tight.fits:
+                    self.loader.close()
+                    smaller = "" if stage == "training" else \
+                        f"; or lower train.eval_batch_size (now {eval_batch_size(self.cfg)})"
+                    raise ConfigError(("" if stage == "training" else f"{stage}: ")
+                                      + too_small_message(tight, capacity, c.ways, key) + smaller)
+                if stage == "training":
+                    fits += found
         return fits
 
     @contextlib.contextmanager
@@ -312,9 +326,11 @@ class Trainer:
             if not self.cache_fits:  # a cache the caller built: its own keywords apply
                 raise
             c = self.cfg.cache
+            smaller = f"; or lower train.eval_batch_size (now {eval_batch_size(self.cfg)})" \
+                if where.startswith("evaluating") else ""
             raise ConfigError(f"{where}, a batch has {exc.distinct:,} distinct nodes but the cache holds "
                               f"{exc.lines:,} lines (cache.capacity={c.capacity}); "
-                              + config_fix(c.capacity, exc.lines, exc.distinct, c.ways)) from exc
+                              + config_fix(c.capacity, exc.lines, exc.distinct, c.ways) + smaller) from exc
 
     def _check_model_fits(self) -> None:
         """A model too large for memory is refused with its key before it is allocated (the kernel would kill
@@ -709,7 +725,10 @@ class Trainer:
             better = decision[0]
         if better:
             sel.update(best=value, evaluation=record, since_best=0)
-            self.save_checkpoint(self.best_path)  # this evaluation's state, the selection included
+            if self.best_path is not None:  # this evaluation's state, the selection included
+                self.save_checkpoint(self.best_path)
+            # last.pt is not written here: the checkpoint after the epoch summary (or the next one) records this
+            # selection with the log lines of the same evaluation, so a kill in between redoes both, once.
         else:
             sel["since_best"] += 1
         if es.patience and sel["since_best"] >= es.patience:
@@ -807,6 +826,10 @@ class Trainer:
         return result
 
     def _end_epoch(self, complete: bool) -> None:
+        if complete and self.cfg.train.eval_splits and self._epoch_eval_due(self.epoch_state["epoch"]):
+            # The epoch's training is kept before its evaluation runs: an evaluation that fails (a batch the cache
+            # refuses, a collective timeout) costs the evaluation only; a resumed run evaluates from here.
+            self.save_checkpoint()
         summary = self._summarize_epoch(complete)
         if complete:
             self.epoch_state = None  # kept after a partial summary: a resumed run continues the epoch

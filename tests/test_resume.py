@@ -16,7 +16,8 @@ from lsm_gnn.trainer import Trainer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Measured, not decided: what the cache read and how long it took depend on what was cached before a restart.
-VOLATILE = {"wall_s", "stages_s", "hit_ratio", "bytes_read", "amplification", "time", "checkpoint"}
+VOLATILE = {"wall_s", "stages_s", "hit_ratio", "bytes_read", "amplification", "time", "checkpoint",
+            "embedding_bytes_read", "embedding_bytes_written"}
 
 
 # The graph fixture (conftest.py) generates this once per module.
@@ -210,3 +211,59 @@ def test_a_resumed_run_selects_and_stops_as_an_uninterrupted_one(graph, tmp_path
     assert best["iterations_done"] == expected["best"]["iterations"] == best_whole["iterations_done"]
     assert all(torch.equal(best["model"][k], best_whole["model"][k]) for k in best_whole["model"])
     assert sorted(os.listdir(tmp_path / "ckpt")) == [".lsm-gnn.lock", "best.pt", "last.pt"]
+
+
+# With node embeddings there is no best.pt: a better evaluation used to write last.pt before the epoch summary, so
+# a kill there resumed into a second evaluation that counted as no improvement and stopped early.
+EMBEDDING_SELECTING = ("train.epochs=3", "train.early_stopping.patience=1", "train.early_stopping.min_delta=0",
+                       "model.node_embedding.dim=4", "checkpoint.every=0")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_embedding(graph, tmp_path_factory):
+    out = tmp_path_factory.mktemp("embedding")
+    result = Trainer(config(graph, out, *EMBEDDING_SELECTING)).fit()
+    return out, stable(result)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where,after_calls", [("checkpoint write", n) for n in range(6)]
+                         + [("evaluation", n) for n in range(5)])
+def test_a_kill_anywhere_around_an_evaluation_with_node_embeddings_selects_alike(
+        graph, tmp_path, monkeypatch, uninterrupted_embedding, where, after_calls):
+    whole, expected = uninterrupted_embedding
+    try:
+        run_until_crash(Trainer(config(graph, tmp_path, *EMBEDDING_SELECTING)), where, monkeypatch, after_calls)
+    except pytest.fail.Exception:
+        pytest.skip(f"the run ends before call {after_calls + 1} of {where}")
+    checkpointed = (tmp_path / "ckpt" / "last.pt").exists()
+    result = stable(Trainer(config(graph, tmp_path, *EMBEDDING_SELECTING)).fit())
+    for key in ("history", "evaluations", "eval", "best", "iterations"):
+        assert result[key] == expected[key], key
+    records, whole_records = log_records(tmp_path), log_records(whole)
+    if checkpointed:  # one line per evaluation: what was logged after the checkpoint is dropped and done again
+        assert records == whole_records
+    else:  # killed before the first checkpoint: the run started afresh after the first attempt's lines
+        assert records[-len(whole_records):] == whole_records
+
+
+def test_an_epochs_training_is_checkpointed_before_its_evaluation(graph, tmp_path, monkeypatch):
+    """An evaluation that fails (here a stand-in; a batch the cache refuses, a timeout) loses no training."""
+    trainer = Trainer(config(graph, tmp_path, "checkpoint.every=0", "train.epochs=1"))
+    run_until_crash(trainer, "evaluation", monkeypatch, 0)
+    saved = checkpoint_module.load_checkpoint(str(tmp_path / "ckpt" / "last.pt"))
+    assert saved["iterations_done"] == len(trainer.loader) == 5  # the whole epoch; before, no checkpoint at all
+    resumed = Trainer(config(graph, tmp_path, "checkpoint.every=0", "train.epochs=1"))
+    assert resumed.iterations_done == 5
+    assert resumed.fit()["history"][0]["val"]["accuracy"] >= 0
+
+
+def test_evaluation_batches_the_cache_cannot_hold_are_refused_before_training(graph, tmp_path):
+    from lsm_gnn.config import ConfigError
+
+    # Training batches of 40 seeds fit a 40% cache; evaluation batches of 600 seeds do not.
+    args = ("sampler.batch_size=40", "train.eval_batch_size=600", "cache.capacity=40%")
+    with pytest.raises(ConfigError, match=r"evaluating on val: cache.capacity=40% .* or lower "
+                                          r"train.eval_batch_size \(now 600\)"):
+        Trainer(config(graph, tmp_path, *args))
+    Trainer(config(graph, tmp_path, *args[:1], "train.eval_batch_size=40", args[2])).close()
