@@ -422,23 +422,45 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
 
-    def state_dict(self) -> dict:
+    @staticmethod
+    def _rng_state() -> dict:
         rng = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
+        return rng
+
+    def _rng_by_rank(self) -> list[dict]:
+        """Every rank's generators, for rank 0's checkpoint: each rank draws its own dropout masks, so a resume
+        that gave every rank rank 0's state trained on other masks (losses off by 1e-4 from the next step)."""
+        own = self._rng_state()
+        if not self._distributed():
+            return [own]
+        import torch.distributed as dist
+
+        states = [None] * self.world_size
+        with self._collectives(f"the checkpoint after iteration {self.iterations_done}"):
+            dist.all_gather_object(states, own)
+        return states
+
+    def state_dict(self, rng_by_rank: list[dict] | None = None) -> dict:
+        """The trainer's state as a checkpoint holds it; ``rng_by_rank`` (every rank's generators, which
+        :meth:`save_checkpoint` gathers) defaults to this process's alone."""
+        rng_by_rank = rng_by_rank or [self._rng_state()]
         return {"config": self.cfg.to_dict(), "model": self.module.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "loader": self.loader.state_dict(),
                 "iterations_done": self.iterations_done, "history": self.history, "epoch_state": self.epoch_state,
                 "evaluations": self.evaluations, "selection": self.selection,
-                "log_offset": self.log.offset(), "rng": rng, "world_size": self.world_size, "time": time.time()}
+                "log_offset": self.log.offset(), "rng": rng_by_rank[0], "rng_by_rank": rng_by_rank,
+                "world_size": self.world_size, "time": time.time()}
 
     def save_checkpoint(self, path: str | None = None) -> str | None:
         path = path or self.checkpoint_path
         if path is None:
             return None
+        rng_by_rank = self._rng_by_rank()  # a collective: every rank saves together
         if self.embedding is None:
             if self.rank == 0:
-                atomic_torch_save(self.state_dict(), path)
+                atomic_torch_save(self.state_dict(rng_by_rank), path)
             return path
         # Every rank's dirty rows on disk first; then the checkpoint names the table's next generation, and only
         # then does the table take it (a crash in between: the table is rolled forward or back to match last.pt).
@@ -446,7 +468,7 @@ class Trainer:
         self._barrier()
         generation = self.embedding.table.generation + 1
         if self.rank == 0:
-            state = self.state_dict()
+            state = self.state_dict(rng_by_rank)
             state["embedding"] = {**self.embedding.state_dict(), "generation": generation}
             atomic_torch_save(state, path)
         self._commit_table(generation)
@@ -480,9 +502,11 @@ class Trainer:
             self.module.load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(ckpt["optimizer"])
             self.loader.load_state_dict(ckpt["loader"])
-            torch.set_rng_state(ckpt["rng"]["torch"])
-            if "cuda" in ckpt["rng"] and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+            # This rank's own generators (checkpoints before lsm-gnn 0.3 kept rank 0's only).
+            rng = ckpt["rng_by_rank"][self.rank] if "rng_by_rank" in ckpt else ckpt["rng"]
+            torch.set_rng_state(rng["torch"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
             self.iterations_done = int(ckpt["iterations_done"])
             self.history = list(ckpt["history"])
             if self.embedding is not None:

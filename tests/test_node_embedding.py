@@ -330,3 +330,42 @@ def test_sigkill_mid_run_then_resume_from_the_cli(graph, tmp_path, every_row):
     assert "resumed from" in done.stdout
     assert losses(tmp_path) == reference_losses
     assert np.array_equal(table_bytes(tmp_path), reference)
+
+
+@pytest.mark.slow
+def test_two_ranks_killed_anywhere_resume_to_the_uninterrupted_losses_and_table(graph, tmp_path):
+    """SIGKILL to both ranks at two points, then the same command again: the losses of every iteration and the
+    table's bytes equal a 2-rank run never stopped. (Every rank's generators are checkpointed: each draws its
+    own dropout masks; restoring rank 0's on both ranks changed the losses from the step after the resume.)"""
+    import signal
+    import time
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", LSM_GNN_TIMEOUT_S="120",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    more = ("model.dropout=0.3", "model.node_embedding.capacity=35%", "checkpoint.every=3")
+
+    def start(out):
+        return subprocess.Popen(["bash", os.path.join(ROOT, "launch", "torchrun.sh"), *overrides(graph, out, *more)],
+                                env=dict(env, MASTER_PORT=str(free_port())), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+
+    def finish(proc):
+        out, _ = proc.communicate(timeout=400)
+        assert proc.returncode == 0, out[-3000:]
+        return out
+
+    finish(start(tmp_path / "whole"))
+    for kill_after in (4, 8):
+        out = tmp_path / f"killed{kill_after}"
+        proc = start(out)
+        metrics, deadline = out / "log" / "metrics.jsonl", time.time() + 300
+        while proc.poll() is None and time.time() < deadline:
+            if metrics.exists() and sum('"iteration"' in line for line in open(metrics)) >= kill_after:
+                break
+            time.sleep(0.005)
+        # Every process of the run (torchrun's workers are not in its process group): as a node failure would.
+        subprocess.run(["pkill", "-KILL", "-f", f"checkpoint.dir={out / 'ckpt'}"])
+        proc.communicate(timeout=60)
+        assert "resumed from" in finish(start(out))
+        assert losses(out) == losses(tmp_path / "whole"), kill_after
+        assert np.array_equal(table_bytes(out), table_bytes(tmp_path / "whole")), kill_after
