@@ -55,6 +55,9 @@ class CalibrationStore:
             if data.get("version") == CALIBRATION_VERSION:
                 self.entries = data["entries"]
         else:  # a new file: refuse a path that cannot be written now, not after measuring
+            directory = os.path.dirname(os.path.abspath(path))
+            if path == DEFAULT_FILE:  # the planner's own cache directory: made on first use
+                os.makedirs(directory, exist_ok=True)
             check_output_file(path, "--calibration")
 
     @staticmethod
