@@ -126,6 +126,11 @@ class LogConfig:
 
 
 @dataclass
+class DataConfig:
+    verify: str = "off"        # off | checksums: re-read every file against meta.json's CRC-32s beside training
+
+
+@dataclass
 class Config:
     dataset: str = ""
     kernels: str = "native"    # native: C++ on CPU tensors, Triton on CUDA | triton: Triton everywhere (docs/gpu.md)
@@ -135,6 +140,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    data: DataConfig = field(default_factory=DataConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -143,6 +149,7 @@ class Config:
 # Closed sets of values, checked after loading.
 CHOICES = {
     "kernels": ("native", "triton"),
+    "data.verify": ("off", "checksums"),
     "model.kind": ("gat", "sage", "gcn"),
     "model.node_embedding.dtype": ("float32", "float16"),
     "model.node_embedding.optimizer": ("sgd", "adagrad", "adam"),

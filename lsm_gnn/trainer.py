@@ -188,6 +188,12 @@ class Trainer:
             self.device = torch.device("cuda", int(local) % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         self.rank, self.world_size = distributed_context(self.device)
+        #: data.verify=checksums: the dataset's files re-read against their checksums beside training (rank 0)
+        self.verify = None
+        if cfg.data.verify == "checksums" and self.rank == 0:
+            from lsm_gnn.data.verify import BackgroundVerify
+
+            self.verify = BackgroundVerify(self.dataset)
         self.progress = ProgressBoard.for_default_group("train") if self._distributed() else None
         if self._distributed():  # before any collective whose shape depends on the settings
             check_agreement(_flatten(self._agreed_settings(), sep="."))
@@ -549,6 +555,8 @@ class Trainer:
                 f"its log. ({first_line(exc)})") from None
 
     def _step(self, batch) -> float:
+        if self.verify is not None:
+            self.verify.check()  # a file found damaged: stop before training on more of it
         # DDP's collectives run in forward (bucket rebuilds) and backward (the gradient all-reduce).
         with self._collectives(f"DDP in iteration {self.iterations_done}"):
             return self._train_step(batch)
@@ -809,16 +817,24 @@ class Trainer:
             if self.embedding is not None and self.checkpoint_path is None:  # no checkpoint committed the table
                 total.seconds["write-back"] += self.embedding.flush()
                 self._commit_table(self.embedding.table.generation + 1)
+            if self.verify is not None:  # a run that ends normally read only files that matched
+                waited = self.verify.finish()
+                if waited > 1:
+                    self._print(f"data.verify=checksums: waited {waited:.1f}s for the last files to be checked")
             return self._finish(total)
         finally:
             self.loader.close()
             self.log.close()
+            if self.verify is not None:
+                self.verify.close()
 
     def close(self) -> None:
         """Ends the run's hold on its files: closes the loader, the log and the embedding table, and gives up the
         directory locks (a process's exit does all of this too)."""
         self.loader.close()
         self.log.close()
+        if self.verify is not None:
+            self.verify.close()
         if self.embedding is not None:
             self.embedding.close()
         for lock in self._locks:
