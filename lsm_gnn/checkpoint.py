@@ -89,6 +89,21 @@ def load_checkpoint(path: str) -> dict:
     return state
 
 
+def check_replaceable(path: str, key: str = "checkpoint.dir") -> None:
+    """Raises :class:`CheckpointError` when ``path`` exists and is not an lsm-gnn checkpoint: a run would
+    write over a file it did not create (someone's own ``last.pt``). Its own checkpoints, even damaged past
+    their envelope, it may replace."""
+    if not os.path.lexists(path):
+        return
+    try:
+        envelope = _safe_load(path, path) if os.path.isfile(path) else None
+    except CheckpointError:
+        envelope = None
+    if not isinstance(envelope, dict) or envelope.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} is not an lsm-gnn checkpoint, and this run would write over it: move it out "
+                              f"of {key}, or give the run another {key}")
+
+
 def remove_stale_checkpoint_temporaries(path: str) -> list[str]:
     """Deletes temporaries of checkpoint ``path`` left by writers that are gone (see
     :func:`~lsm_gnn.fileio.remove_stale_temporaries`), and those of lsm-gnn before 0.2 (``.tmp-*.pt``,

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.build import build_features, build_typed_features, resolve
-from lsm_gnn.checkpoint import (CheckpointError, atomic_torch_save, load_checkpoint,
+from lsm_gnn.checkpoint import (CheckpointError, atomic_torch_save, check_replaceable, load_checkpoint,
                                 remove_stale_checkpoint_temporaries)
 from lsm_gnn.comm.group import (TIMEOUT_ENV, CollectiveError, ProgressBoard, check_agreement, collective_timeout,
                                 first_line, is_collective_failure)
@@ -205,6 +205,9 @@ class Trainer:
                     _check_writable_dir(directory, key)
                     # A second run on the same directory is refused before it reads or writes anything there.
                     self._locks.append(RunLock(directory, key))
+            if cfg.checkpoint.dir:  # files a run would write over must be its own
+                for name in ("last.pt", "best.pt"):
+                    check_replaceable(os.path.join(cfg.checkpoint.dir, name))
         self.task = make_task(cfg, self.dataset)
         missing = [s for s in cfg.train.eval_splits if s not in self.task.splits]
         if missing:  # fail now, not after the first epoch

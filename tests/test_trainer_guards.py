@@ -149,3 +149,15 @@ def test_an_internal_error_is_one_line_with_a_way_to_the_traceback(graph, monkey
     assert cli(["train", *overrides(graph)]) == 1
     err = capsys.readouterr().err
     assert "internal error: ZeroDivisionError" in err and "LSM_GNN_TRACEBACK=1" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name", ["last.pt", "best.pt"])
+def test_a_checkpoint_file_lsm_gnn_did_not_write_is_never_written_over(graph, tmp_path, capsys, name):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    theirs = ckpt / name
+    theirs.write_bytes(b"someone's own weights")
+    assert cli(["train", *overrides(graph, f"checkpoint.dir={ckpt}", "checkpoint.resume=false")]) == 1
+    err = capsys.readouterr().err
+    assert f"{theirs} is not an lsm-gnn checkpoint, and this run would write over it" in err
+    assert theirs.read_bytes() == b"someone's own weights"
