@@ -150,7 +150,11 @@ def run_child(spec: dict, limit_bytes: int) -> tuple[dict, int, bool]:
 
     disk_before, start = disk_read_bytes(spec["data"]), time.perf_counter()
     with MemoryCap(limit_bytes) as cap:
-        run = cap.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)], timeout=3600)
+        # The child imports lsm_gnn from this checkout, installed or not.
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        run = cap.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)], timeout=3600,
+                      env=env)
     if run.returncode != 0 and not run.oom_killed:
         raise RuntimeError(f"the sampling child failed (exit {run.returncode}):\n{run.stderr[-2000:]}")
     result = json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else {}
