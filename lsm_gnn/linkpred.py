@@ -276,6 +276,16 @@ def user_ranking_metrics(top_hits: torch.Tensor, held: torch.Tensor, k: int) -> 
             "recall_capped": hits / held.clamp(max=k)}
 
 
+def evaluated_nodes(dataset, pairs: np.ndarray, rank: int, world_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(users, nodes)`` a rank embeds to rank a split of ``pairs``: its share of the split's users, then every
+    item. Equal shares (fewer than world_size users left out), so every rank runs as many batches: the shared
+    cache's exchange is collective."""
+    num_users, _ = user_item_sizes(dataset)
+    users = np.unique(np.asarray(pairs)[:, 0])
+    users = users[:users.size // world_size * world_size][rank::world_size]
+    return users, np.concatenate([users, np.arange(num_users, dataset.num_nodes)])
+
+
 def ranking_sums(model, dataset, features, fanouts, *, k: int = 20, split: str = "test", batch_size: int = 1024,
                  device=None, rank: int = 0, world_size: int = 1, embeddings: torch.Tensor | None = None,
                  **options) -> tuple[dict[str, float], int]:
@@ -291,13 +301,9 @@ def ranking_sums(model, dataset, features, fanouts, *, k: int = 20, split: str =
     for name in {split, *dataset.edge_split_names}:
         pairs = np.asarray(dataset.edge_split(name))  # names the fix when the split is missing
         sorted_pairs[name] = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
-    users = np.unique(sorted_pairs[split][:, 0])
-    # Equal shares (fewer than world_size users left out), so every rank runs as many batches: the
-    # shared cache's exchange is collective.
-    users = users[:users.size // world_size * world_size][rank::world_size]
+    users, nodes = evaluated_nodes(dataset, sorted_pairs[split], rank, world_size)
     if users.size == 0:
         return sums, 0
-    nodes = np.concatenate([users, np.arange(num_users, dataset.num_nodes)])  # this rank's users, every item
     if embeddings is None:
         emb = embed_nodes(model, dataset, features, fanouts, nodes, batch_size=batch_size, device=device, **options)
     else:
@@ -401,10 +407,24 @@ class LinkPrediction:
                           negatives_exclude_positives=c.train.negatives_exclude_positives,
                           **loader_options(c, rank, world_size, embedding=self.embedding))
 
-    def eval_input_nodes(self, features, split: str, rank: int, world_size: int, count: int) -> None:
-        """Ranking evaluation reads every user's and item's rows in its own order: not sampled before training
-        (an evaluation batch the cache refuses names train.eval_batch_size then; last.pt keeps the epoch)."""
-        return None
+    def eval_input_nodes(self, features, split: str, rank: int, world_size: int, count: int) -> list | None:
+        """The input nodes of ``count`` of the batches that embed the users and items :meth:`evaluate` ranks
+        on ``rank``, sampled as it samples them; None with ``train.eval_mode=full`` or a split the dataset
+        lacks (evaluate names it)."""
+        from lsm_gnn.tasks import eval_batch_size, loader_options
+
+        c = self.cfg
+        if c.train.eval_mode == "full" or split not in self.dataset.edge_split_names:
+            return None
+        users, nodes = evaluated_nodes(self.dataset, self.dataset.edge_split(split), rank, world_size)
+        if users.size == 0:
+            return []
+        loader = NodeLoader(self.dataset, features, c.sampler.fanouts, eval_batch_size(c), seeds=nodes, shuffle=False,
+                            **loader_options(c, rank, world_size, evaluation=True, embedding=self.embedding))
+        try:
+            return loader.sample_input_nodes(count, rank=rank)
+        finally:
+            loader.close()
 
     def loss(self, model, batch: LinkBatch) -> torch.Tensor:
         emb = model(batch)

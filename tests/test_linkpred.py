@@ -411,3 +411,17 @@ def test_full_neighbourhood_evaluation_of_link_prediction(ds):
     for name in ("recall", "ndcg", "recall_capped"):  # near-tied scores may swap: float sums in another order
         assert full[f"{name}@20"] == pytest.approx(every[name], abs=2e-3)
     assert full["recall@20"] > 2 * full["random_recall@20"]
+
+
+def test_ranking_evaluation_batches_the_cache_cannot_hold_are_refused_before_training(ds):
+    pytest.importorskip("torch_geometric")
+    from lsm_gnn.config import ConfigError, load_config
+    from lsm_gnn.trainer import Trainer
+
+    base = [f"dataset={ds.path}", "train.task=link", "model.kind=sage", "model.hidden=8", "sampler.fanouts=[5,5]",
+            "sampler.batch_size=16", "cache.capacity=70%", "log.progress=false"]
+    # Training batches of 16 edges fit a 70% cache; the ranking embeds users and items 1500 at a time.
+    with pytest.raises(ConfigError, match=r"evaluating on val: cache.capacity=70% .* or lower "
+                                          r"train.eval_batch_size \(now 1500\)"):
+        Trainer(load_config(None, [*base, "train.eval_batch_size=1500"]))
+    Trainer(load_config(None, [*base, "train.eval_batch_size=16"])).close()
