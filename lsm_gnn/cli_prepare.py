@@ -153,6 +153,7 @@ def recompute_scores(path, names=SCORE_NAMES) -> Dataset:
             if old is not None:
                 replaced.append(old)
                 meta.setdefault("checksums", {}).pop(old, None)
+                meta.get("block_checksums", {}).get("files", {}).pop(old, None)  # its sums stay, unreferenced
             meta["scores"][name] = rel
             meta.setdefault("checksums", {})[rel] = crc32_file(ds.file_path(rel))
         fsync_path(ds.file_path("scores"))

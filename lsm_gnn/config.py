@@ -127,7 +127,7 @@ class LogConfig:
 
 @dataclass
 class DataConfig:
-    verify: str = "off"        # off | checksums: re-read every file against meta.json's CRC-32s beside training
+    verify: str = "auto"       # auto | off | sampled | checksums: check the data read beside training (training.md)
 
 
 @dataclass
@@ -149,7 +149,7 @@ class Config:
 # Closed sets of values, checked after loading.
 CHOICES = {
     "kernels": ("native", "triton"),
-    "data.verify": ("off", "checksums"),
+    "data.verify": ("auto", "off", "sampled", "checksums"),
     "model.kind": ("gat", "sage", "gcn"),
     "model.node_embedding.dtype": ("float32", "float16"),
     "model.node_embedding.optimizer": ("sgd", "adagrad", "adam"),

@@ -140,6 +140,33 @@ def edit_meta(dataset, change) -> None:
         json.dump(meta, f)
 
 
+def rewrite_checksums(path: str | os.PathLike, *names: str) -> None:
+    """Records the current bytes of files ``names`` of the dataset at ``path`` in its meta.json ``checksums`` and
+    block checksums: for tests that change a file of a written dataset on purpose (the run's ``data.verify``
+    would otherwise stop at the change)."""
+    from lsm_gnn.data.format import BLOCK_SUMS_FILE, block_sums_of_file, crc32_file
+
+    path = os.fspath(path)
+    with open(os.path.join(path, META_FILE)) as f:
+        meta = json.load(f)
+    blocks = meta.get("block_checksums")
+    for name in names:
+        meta["checksums"][name], sums = block_sums_of_file(os.path.join(path, name))
+        if blocks is not None:
+            sums_path = os.path.join(path, blocks["file"])
+            first, count = blocks["files"][name]
+            if count != sums.size:  # another size: its sums go to the end of the file
+                first = os.path.getsize(sums_path) // 4
+                blocks["files"][name] = [first, int(sums.size)]
+            with open(sums_path, "r+b") as f:
+                f.seek(4 * first)
+                f.write(sums.astype("<u4").tobytes())
+    if blocks is not None:
+        meta["checksums"][BLOCK_SUMS_FILE] = crc32_file(os.path.join(path, blocks["file"]))
+    with open(os.path.join(path, META_FILE), "w") as f:
+        json.dump(meta, f)
+
+
 def free_port() -> int:
     """A TCP port free on localhost now, for a test's MASTER_PORT."""
     with socket.socket() as s:

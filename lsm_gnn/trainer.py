@@ -28,6 +28,7 @@ from lsm_gnn.checkpoint import (CheckpointError, atomic_torch_save, check_replac
 from lsm_gnn.comm.group import (TIMEOUT_ENV, CollectiveError, ProgressBoard, check_agreement, collective_timeout,
                                 first_line, is_collective_failure)
 from lsm_gnn.config import Config, ConfigError, selection_metric
+from lsm_gnn.data.verify import resolve_mode, start_verify
 from lsm_gnn.features import NoFeatures
 from lsm_gnn.fileio import RunLock, contained_path, reporting_disk_full
 from lsm_gnn.kernels import set_kernel_mode
@@ -188,12 +189,11 @@ class Trainer:
             self.device = torch.device("cuda", int(local) % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         self.rank, self.world_size = distributed_context(self.device)
-        #: data.verify=checksums: the dataset's files re-read against their checksums beside training (rank 0)
+        #: data.verify: the dataset's files, or the blocks the run reads, checked beside training (rank 0)
         self.verify = None
-        if cfg.data.verify == "checksums" and self.rank == 0:
-            from lsm_gnn.data.verify import BackgroundVerify
-
-            self.verify = BackgroundVerify(self.dataset)
+        self.verify_mode = resolve_mode(self.dataset, cfg.data.verify)
+        if self.rank == 0:
+            self.verify = start_verify(self.dataset, self.verify_mode)
         self.progress = ProgressBoard.for_default_group("train") if self._distributed() else None
         if self._distributed():  # before any collective whose shape depends on the settings
             check_agreement(_flatten(self._agreed_settings(), sep="."))
@@ -560,6 +560,7 @@ class Trainer:
     def _step(self, batch) -> float:
         if self.verify is not None:
             self.verify.check()  # a file found damaged: stop before training on more of it
+            self.verify.offer(batch)
         # DDP's collectives run in forward (bucket rebuilds) and backward (the gradient all-reduce).
         with self._collectives(f"DDP in iteration {self.iterations_done}"):
             return self._train_step(batch)
@@ -801,6 +802,10 @@ class Trainer:
             self._print(f"with {self.embedding.describe()}")
         for fit in self.cache_fits:
             self._print(f"cache sizing: {fit.describe()}")
+        if self.verify is not None:
+            self._print(f"data.verify={self.verify_mode}: checking "
+                        + ("every file" if self.verify_mode == "checksums" else "the blocks read by a sample of each "
+                           "batch's input nodes") + " against its checksums, beside training")
         total = StageTimes()
         try:
             while True:
@@ -823,7 +828,7 @@ class Trainer:
             if self.verify is not None:  # a run that ends normally read only files that matched
                 waited = self.verify.finish()
                 if waited > 1:
-                    self._print(f"data.verify=checksums: waited {waited:.1f}s for the last files to be checked")
+                    self._print(f"data.verify={self.verify_mode}: waited {waited:.1f}s for the last checks")
             return self._finish(total)
         finally:
             self.loader.close()

@@ -247,6 +247,38 @@ def test_a_kill_anywhere_around_an_evaluation_with_node_embeddings_selects_alike
         assert records[-len(whole_records):] == whole_records
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("where,after_calls", [
+    ("checkpoint write", 1),    # the end of epoch 1's training, before its evaluation
+    ("checkpoint written", 0),  # epoch 0's training checkpointed; its evaluation never ran
+    ("checkpoint written", 1),  # epoch 0 selected and summarized, in place; nothing after
+    ("evaluation", 1),          # epoch 1's evaluation begins
+    ("evaluated", 0),           # epoch 0 evaluated, not yet selected or logged
+    ("evaluated", 1),           # a better epoch 1 evaluated: the case that used to stop early
+])
+def test_a_sigkill_anywhere_around_an_evaluation_with_node_embeddings_selects_alike(
+        graph, tmp_path, uninterrupted_embedding, where, after_calls):
+    """The case above with a real kill: a process that gets SIGKILL at the point, then the CLI run started again."""
+    whole, expected = uninterrupted_embedding
+    train = overrides(graph, tmp_path, *EMBEDDING_SELECTING)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    killed = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "kill_worker.py"), where, str(after_calls),
+                             *train], env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    resumed = subprocess.run([sys.executable, "-m", "lsm_gnn", "train", *train, "--json", str(tmp_path / "r.json")],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    with open(tmp_path / "r.json") as fh:
+        result = stable(json.load(fh))
+    for key in ("history", "evaluations", "eval", "best", "iterations"):
+        assert result[key] == json.loads(json.dumps(expected[key])), key
+    records, whole_records = log_records(tmp_path), log_records(whole)
+    if (tmp_path / "ckpt" / "last.pt").exists() and "resumed from" in resumed.stdout:
+        assert records == whole_records
+    else:
+        assert records[-len(whole_records):] == whole_records
+
+
 def test_an_epochs_training_is_checkpointed_before_its_evaluation(graph, tmp_path, monkeypatch):
     """An evaluation that fails (here a stand-in; a batch the cache refuses, a timeout) loses no training."""
     trainer = Trainer(config(graph, tmp_path, "checkpoint.every=0", "train.epochs=1"))

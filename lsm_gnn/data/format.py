@@ -51,6 +51,10 @@ INDEX_DTYPES = ("int32", "int64")
 SPLITS = ("train", "val", "test")
 EDGE_SPLITS = ("val", "test")  # training edges are the CSR itself
 CHECKSUM_CHUNK = 64 << 20
+#: meta.json ``block_checksums``: the CRC-32 of every ``BLOCK_BYTES`` block of a data file, kept in this file, so
+#: ``data.verify=sampled`` can check the rows and neighbor lists a run reads without re-reading whole files
+BLOCK_SUMS_FILE = "block_crc32.bin"
+BLOCK_BYTES = 64 << 10  # 4 bytes of sums per 64 KiB of data
 
 
 class DatasetError(ValueError):
@@ -96,13 +100,62 @@ def feature_file_bytes(num_nodes: int, row_stride: int, page_size: int = PAGE_SI
     return -(-num_nodes * row_stride // page_size) * page_size
 
 
-def crc32_file(path: str, chunk: int = CHECKSUM_CHUNK) -> str:
-    """CRC-32 of a file, streamed, as ``"crc32:xxxxxxxx"``."""
+def crc32_file(path: str, chunk: int = CHECKSUM_CHUNK, on_chunk=None) -> str | None:
+    """CRC-32 of a file, streamed, as ``"crc32:xxxxxxxx"``. ``on_chunk(nbytes)``, if given, is called after each
+    chunk read; returning False stops the sum, and the result is None."""
     crc = 0
     with open(path, "rb") as f:
         while block := f.read(chunk):
             crc = zlib.crc32(block, crc)
+            if on_chunk is not None and on_chunk(len(block)) is False:
+                return None
     return f"crc32:{crc:08x}"
+
+
+class BlockSums:
+    """The CRC-32 of a byte stream, whole (meta.json ``checksums``) and per ``block_bytes`` block
+    (``block_checksums``), summed as the bytes go by: a writer that streams a file sums it without reading it
+    back."""
+
+    def __init__(self, block_bytes: int = BLOCK_BYTES):
+        self.block_bytes = block_bytes
+        self.whole = 0
+        self.sums: list[int] = []
+        self._crc = 0
+        self._fill = 0
+
+    def update(self, data) -> None:
+        view = memoryview(data).cast("B")
+        self.whole = zlib.crc32(view, self.whole)
+        pos = 0
+        while pos < len(view):
+            take = min(self.block_bytes - self._fill, len(view) - pos)
+            self._crc = zlib.crc32(view[pos:pos + take], self._crc)
+            self._fill += take
+            pos += take
+            if self._fill == self.block_bytes:
+                self.sums.append(self._crc)
+                self._crc, self._fill = 0, 0
+
+    def finish(self) -> tuple[str, np.ndarray]:
+        """(the whole stream's checksum as meta.json writes it, the blocks' CRC-32s; the last may be short)."""
+        if self._fill:
+            self.sums.append(self._crc)
+            self._crc, self._fill = 0, 0
+        return f"crc32:{self.whole:08x}", np.array(self.sums, dtype="<u4")
+
+
+def block_sums_of_file(path: str) -> tuple[str, np.ndarray]:
+    """:meth:`BlockSums.finish` of a file's bytes, in one read."""
+    sums = BlockSums()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHECKSUM_CHUNK):
+            sums.update(chunk)
+    return sums.finish()
+
+
+def block_count(file_bytes: int, block_bytes: int) -> int:
+    return -(-file_bytes // block_bytes)
 
 
 @dataclass(frozen=True)
@@ -374,6 +427,41 @@ def check_checksums_meta(meta: dict, meta_path: str) -> None:
         if not isinstance(value, str) or not value.startswith("crc32:"):
             raise _fail(meta_path, f"key 'checksums.{_name(file_name)}' must be a string 'crc32:<8 hex digits>', got "
                         f"{_show(value)}", _REDO)
+    blocks = _get(meta, "block_checksums", dict, meta_path, optional=True)
+    if blocks is None:  # written before block checksums: data.verify=sampled refuses it, the rest works
+        return
+    _check_file_name(_get(blocks, "file", str, meta_path, "block_checksums."), "block_checksums.file", meta_path)
+    block_bytes = _get_int(blocks, "block_bytes", meta_path, 4096, prefix="block_checksums.")
+    if block_bytes % 4096:
+        raise _fail(meta_path, f"key 'block_checksums.block_bytes' must be a multiple of 4096, got {block_bytes}",
+                    _REDO)
+    for file_name, span in _get(blocks, "files", dict, meta_path, "block_checksums.").items():
+        key = f"block_checksums.files.{_name(file_name)}"
+        _check_file_name(file_name, key, meta_path)
+        if (not isinstance(span, list) or len(span) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in span)):
+            raise _fail(meta_path, f"key '{key}' must be [first, count], two integers >= 0 (where the file's "
+                        f"block sums lie in {blocks['file']}), got {_show(span)}", _REDO)
+
+
+def check_block_sums_file(path: str, meta: dict, meta_path: str) -> None:
+    """The block-checksum file holds every block of the files it covers, as their sizes are now."""
+    blocks = meta.get("block_checksums")
+    if blocks is None:
+        return
+    sums_path = contained_path(path, blocks["file"], DatasetError)
+    if not os.path.isfile(sums_path):
+        raise _fail(sums_path, "the block checksum file named by 'block_checksums.file' is missing", _REDO)
+    entries = os.path.getsize(sums_path) // 4
+    for file_name, (first, count) in blocks["files"].items():
+        file_path = contained_path(path, file_name, DatasetError)
+        if first + count > entries:
+            raise _fail(meta_path, f"'block_checksums.files.{_name(file_name)}' = [{first}, {count}] lies beyond "
+                        f"the {entries} sums in {blocks['file']}", _REDO)
+        if os.path.isfile(file_path) and block_count(os.path.getsize(file_path), blocks["block_bytes"]) != count:
+            raise _fail(file_path, f"the file has {os.path.getsize(file_path)} bytes, which is not the {count} "
+                        f"blocks of {blocks['block_bytes']} bytes that {META_FILE} records for it (it was cut "
+                        "short, grew, or is not this dataset's)", _REDO)
 
 
 def _check_meta(meta: Any, meta_path: str) -> None:
@@ -572,6 +660,7 @@ def open_dataset(path: str | os.PathLike, check: str = "full") -> Dataset:
     _check_meta(meta, meta_path)
     num_nodes, num_edges = meta["num_nodes"], meta["num_edges"]
     check_feature_file(path, meta_path, meta["features"], num_nodes, "features.")
+    check_block_sums_file(path, meta, meta_path)
 
     graph = meta["graph"]
     check_csr(path, graph["indptr"], graph["indices"], num_nodes, num_nodes, num_edges, check)

@@ -34,8 +34,8 @@ import numpy as np
 
 from lsm_gnn.data.format import (
     CHECKS, MAX_CLASSES, SPLITS, DatasetError, FeatureLayout, _REDO, _check_file_name, _fail, _get, _get_files,
-    _get_int, _name, _show, check_checksums_meta, check_csr, check_feature_file, check_feature_meta, check_node_arrays,
-    read_rows_direct, verify_checksums,
+    _get_int, _name, _show, check_block_sums_file, check_checksums_meta, check_csr, check_feature_file,
+    check_feature_meta, check_node_arrays, read_rows_direct, verify_checksums,
 )
 from lsm_gnn.fileio import contained_path
 
@@ -283,6 +283,7 @@ def open_hetero(path: str, meta: dict, meta_path: str, check: str) -> HeteroData
         if entry.get("features") is not None:
             check_feature_file(path, meta_path, entry["features"], num_nodes[name], f"node_types.{name}.features.")
         check_node_arrays(path, entry, num_nodes[name], entry.get("num_classes"))
+    check_block_sums_file(path, meta, meta_path)
     for entry in meta["relations"]:
         check_csr(path, entry["indptr"], entry["indices"], num_nodes[entry["dst"]], num_nodes[entry["src"]],
                   entry["num_edges"], check)

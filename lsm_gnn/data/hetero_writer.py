@@ -195,7 +195,7 @@ class HeteroDatasetWriter(AtomicDatasetWriter):
             raise DatasetError(f"{self.path}: target type '{target}' has no labels; call write_labels('{target}', "
                                "...) or give no target")
         for t, writer in self._features.items():
-            self.meta["checksums"][f"nodes/{t}/features.bin"] = writer.finish(self.path)
+            self._finish_feature_file(f"nodes/{t}/features.bin", writer)
 
 
 def hetero_scores(source, names=None, *, progress: bool = False) -> dict[str, dict[str, np.ndarray]]:

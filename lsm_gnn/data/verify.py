@@ -1,79 +1,134 @@
-"""Checksums checked beside training (``data.verify=checksums``).
+"""Checksums checked beside training (``data.verify``).
 
-Opening a dataset checks shapes, sizes and what is cheap; only ``lsm-gnn inspect --verify`` re-reads the
-files against the CRC-32s in meta.json. A flipped byte in a feature row, or a neighbor id changed to another
-valid id, would otherwise train on silently. :class:`BackgroundVerify` re-reads every file of the dataset on a
-thread while the run trains (zlib and file reads release the GIL), and the trainer asks it at every iteration
-whether it found a mismatch: the run then stops with the file named. At the end of training the run waits for
-the check to finish, so a run that ends normally read only files that matched.
+Opening a dataset checks shapes, sizes and what is cheap; only ``lsm-gnn inspect --verify`` re-reads whole files
+against the CRC-32s in meta.json. A flipped byte in a feature row, or a neighbor id changed to another valid id,
+would otherwise train on silently. Two modes check on a thread while the run trains (zlib and file reads release
+the GIL), and the trainer asks at every iteration whether a mismatch was found: the run then stops with the file
+(and, for a block, the byte offsets) named.
+
+- ``checksums`` (:class:`WholeFileVerify`): every file of the dataset, re-read whole. At the end of training the
+  run waits for the check to finish, so a run that ends normally read only files that matched.
+- ``sampled`` (:class:`SampledVerify`): the blocks of the feature files and neighbor lists that the run reads,
+  for a sample of each batch's input nodes, each block at most once, against the per-block CRC-32s in
+  ``block_crc32.bin``; the small files (index pointers, labels, splits, scores) are checked whole first. Its
+  reads are bounded by a few blocks per batch and by the dataset's size over the run.
+- ``auto`` (the default): ``sampled`` for a dataset with block checksums whose files total at most
+  :data:`AUTO_SAMPLED_LIMIT`, else ``off``.
 """
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 import zlib
 
-from lsm_gnn.data.format import CHECKSUM_CHUNK, META_FILE, DatasetError
+import numpy as np
+import torch
 
-VERIFY_MODES = ("off", "checksums")
+from lsm_gnn.data.format import (
+    BLOCK_SUMS_FILE, HETERO_SCHEMA_VERSION, META_FILE, DatasetError, crc32_file,
+)
+
+VERIFY_MODES = ("auto", "off", "sampled", "checksums")
+#: ``auto`` samples datasets up to this size: over a run it may re-read up to the whole dataset once
+AUTO_SAMPLED_LIMIT = 64 << 30
+#: input nodes per batch whose feature block and neighbor-list block are checked
+NODES_PER_BATCH = 8
+_QUEUE_BATCHES = 64  # batches offered ahead of the checker before further offers are dropped (it is a sample)
+
+_RESTORE = ("the file changed on disk after it was written, so this run may have trained on damaged bytes; "
+            "restore or re-create the dataset, then resume from a checkpoint written before the damage")
 
 
-class BackgroundVerify:
-    """Re-reads each file of ``dataset`` named in its meta.json ``checksums`` and compares its CRC-32, on a
-    daemon thread started at once. :meth:`check` raises the first mismatch (a :class:`DatasetError` naming the
-    file); :meth:`finish` waits for the rest and then checks."""
+def dataset_bytes(dataset) -> int:
+    """Total size of the files meta.json checksums."""
+    return sum(os.path.getsize(dataset.file_path(name)) for name in dataset.meta.get("checksums", {}))
+
+
+def resolve_mode(dataset, mode: str) -> str:
+    """The mode ``mode`` means for ``dataset`` (``auto`` resolved); raises for ``sampled`` on a dataset written
+    before block checksums."""
+    if mode not in VERIFY_MODES:
+        raise ValueError(f"data.verify must be one of {', '.join(VERIFY_MODES)}, got {mode!r}")
+    has_blocks = "block_checksums" in dataset.meta
+    if mode == "auto":
+        return "sampled" if has_blocks and dataset_bytes(dataset) <= AUTO_SAMPLED_LIMIT else "off"
+    if mode == "sampled" and not has_blocks:
+        raise DatasetError(f"{dataset.path}: data.verify=sampled needs block checksums, which this dataset was "
+                           "written without (an earlier lsm-gnn wrote it); re-create it with 'lsm-gnn prepare', or set "
+                           "data.verify=checksums (re-reads whole files) or off")
+    return mode
+
+
+def start_verify(dataset, mode: str):
+    """The checker for ``mode`` (already resolved), started; None for ``off``."""
+    if mode == "checksums":
+        return WholeFileVerify(dataset)
+    if mode == "sampled":
+        return SampledVerify(dataset)
+    return None
+
+
+class _Checker:
+    """A daemon thread that checks files and keeps the first mismatch for :meth:`check` to raise."""
+
+    mode = ""
 
     def __init__(self, dataset):
         self.path = dataset.path
-        self.files = dict(dataset.meta.get("checksums", {}))
-        self.checked: list[str] = []
+        self.dataset = dataset
         self.bytes_read = 0
         self._error: DatasetError | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lsm-gnn-verify", daemon=True)
-        self._thread.start()
+        self._thread = threading.Thread(target=self._guarded_run, name="lsm-gnn-verify", daemon=True)
 
-    def _run(self) -> None:
+    def _guarded_run(self) -> None:
         try:
-            for name, expected in self.files.items():
-                actual = self._crc32(os.path.join(self.path, name))
-                if actual is None:  # stopped
-                    return
-                if actual != expected:
-                    self._error = DatasetError(
-                        f"{os.path.join(self.path, name)}: checksum {actual} does not match {expected} recorded in "
-                        f"{META_FILE} (data.verify=checksums, while training): the file changed on disk after it "
-                        "was written, so this run may have trained on damaged bytes; restore or re-create the "
-                        "dataset, then resume from a checkpoint written before the damage")
-                    return
-                self.checked.append(name)
+            self._run()
         except OSError as exc:
-            self._error = DatasetError(f"{self.path}: data.verify=checksums could not read a file ({exc}); check "
+            self._error = DatasetError(f"{self.path}: data.verify={self.mode} could not read a file ({exc}); check "
                                        "the disk, or set data.verify=off")
 
-    def _crc32(self, path: str) -> str | None:
-        crc = 0
-        with open(path, "rb") as f:
-            while block := f.read(CHECKSUM_CHUNK):
-                if self._stop.is_set():
-                    return None
-                crc = zlib.crc32(block, crc)
-                self.bytes_read += len(block)
-        return f"crc32:{crc:08x}"
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def _count(self, nbytes: int) -> bool:
+        self.bytes_read += nbytes
+        return not self._stop.is_set()
+
+    def _check_whole(self, name: str, expected: str) -> bool:
+        """Re-reads one file against its meta.json checksum; False when stopped or damaged."""
+        path = os.path.join(self.path, name)
+        actual = crc32_file(path, on_chunk=self._count)
+        if actual is None:
+            return False
+        if actual != expected:
+            self._error = DatasetError(
+                f"{path}: checksum {actual} does not match {expected} recorded in {META_FILE} "
+                f"(data.verify={self.mode}, while training): {_RESTORE}")
+            return False
+        return True
 
     @property
     def done(self) -> bool:
         return not self._thread.is_alive()
+
+    def offer(self, batch) -> None:
+        """Hands over what ``batch`` read (only :class:`SampledVerify` uses it)."""
 
     def check(self) -> None:
         """Raises the mismatch found so far, if any."""
         if self._error is not None:
             raise self._error
 
+    def _drained(self) -> None:
+        """Lets the thread end once it has checked what it was given."""
+
     def finish(self, timeout: float | None = None) -> float:
-        """Waits for every file to be checked, then :meth:`check`; returns the seconds waited."""
+        """Waits for everything given so far to be checked, then :meth:`check`; returns the seconds waited."""
         start = time.perf_counter()
+        self._drained()
         self._thread.join(timeout)
         self.check()
         return time.perf_counter() - start
@@ -81,4 +136,153 @@ class BackgroundVerify:
     def close(self) -> None:
         """Stops the check where it is (a run that ends in an error does not wait for it)."""
         self._stop.set()
+        self._drained()
         self._thread.join()
+
+
+class WholeFileVerify(_Checker):
+    """``data.verify=checksums``: re-reads each file named in meta.json ``checksums`` and compares its CRC-32."""
+
+    mode = "checksums"
+
+    def __init__(self, dataset):
+        super().__init__(dataset)
+        self.files = dict(dataset.meta.get("checksums", {}))
+        self.checked: list[str] = []
+        self._thread.start()
+
+    def _run(self) -> None:
+        for name, expected in self.files.items():
+            if not self._check_whole(name, expected):
+                return
+            self.checked.append(name)
+
+
+class _Region:
+    """What a run reads of one node type: its feature rows and its rows of each CSR whose rows are that type."""
+
+    def __init__(self, features: dict | None, csrs: list[tuple[str, str]]):
+        self.features = features  # meta.json's feature layout entry, or None
+        self.csrs = csrs          # (indptr file, indices file) pairs
+
+
+class SampledVerify(_Checker):
+    """``data.verify=sampled``: checks the blocks that a sample of each batch's input nodes were read from (their
+    feature rows, and their neighbor lists in every CSR whose rows are their type), each at most once, against
+    the dataset's block checksums; the files not read by block are checked whole first."""
+
+    mode = "sampled"
+
+    def __init__(self, dataset, nodes_per_batch: int = NODES_PER_BATCH, seed: int = 0):
+        super().__init__(dataset)
+        meta = dataset.meta
+        blocks = meta["block_checksums"]
+        self.block_bytes = int(blocks["block_bytes"])
+        self._spans = {name: (int(first), int(count)) for name, (first, count) in blocks["files"].items()}
+        self._sums = np.memmap(dataset.file_path(blocks["file"]), dtype="<u4", mode="r")
+        self._regions = self._regions_of(meta)
+        self.nodes_per_batch = nodes_per_batch
+        self._rng = np.random.default_rng(seed)
+        self._arrays: dict[str, np.ndarray] = {}
+        read_by_block = {r.features["file"] for r in self._regions.values() if r.features is not None}
+        read_by_block |= {indices for r in self._regions.values() for _, indices in r.csrs}
+        # The block sums' own file first: every block check trusts it.
+        names = sorted(meta.get("checksums", {}), key=lambda n: n != BLOCK_SUMS_FILE)
+        self._whole = [(n, meta["checksums"][n]) for n in names if n not in read_by_block]
+        self._seen = {name: np.zeros(count, dtype=bool) for name, (_, count) in self._spans.items()
+                      if name in read_by_block}
+        self._queue: queue.Queue = queue.Queue(maxsize=_QUEUE_BATCHES)
+        self.blocks_checked = 0
+        self.batches_dropped = 0
+        self._thread.start()
+
+    @staticmethod
+    def _regions_of(meta: dict) -> dict:
+        if meta.get("version") == HETERO_SCHEMA_VERSION:
+            return {entry["name"]: _Region(entry.get("features"),
+                                           [(r["indptr"], r["indices"]) for r in meta["relations"]
+                                            if r["dst"] == entry["name"]])
+                    for entry in meta["node_types"]}
+        graph = meta["graph"]
+        return {None: _Region(meta["features"], [(graph["indptr"], graph["indices"])])}
+
+    def _array(self, name: str) -> np.ndarray:
+        if name not in self._arrays:
+            self._arrays[name] = np.load(self.dataset.file_path(name), mmap_mode="r")
+        return self._arrays[name]
+
+    def offer(self, batch) -> None:
+        nodes = batch.input_nodes
+        by_type = nodes if isinstance(nodes, dict) else {None: nodes}
+        wanted: list[tuple[str, np.ndarray]] = []
+        for node_type, ids in by_type.items():
+            region = self._regions.get(node_type)
+            if region is None or ids.numel() == 0:
+                continue
+            draw = torch.from_numpy(self._rng.integers(0, ids.numel(), self.nodes_per_batch)).to(ids.device)
+            pick = ids[draw].cpu().numpy()
+            if region.features is not None:
+                offsets = pick.astype(np.int64) * int(region.features["row_stride"])
+                wanted.append((region.features["file"], offsets // self.block_bytes))
+            for indptr_name, indices_name in region.csrs:
+                indptr, indices = self._array(indptr_name), self._array(indices_name)
+                starts, ends = indptr[pick], indptr[pick + 1]
+                has = ends > starts  # a node with no neighbors read nothing here
+                offsets = indices.offset + starts[has].astype(np.int64) * indices.dtype.itemsize
+                wanted.append((indices_name, offsets // self.block_bytes))
+        try:
+            self._queue.put_nowait(wanted)
+        except queue.Full:  # the checker is behind: this batch is left out of the sample
+            self.batches_dropped += 1
+
+    def _run(self) -> None:
+        for name, expected in self._whole:
+            if not self._check_whole(name, expected):
+                return
+        while (item := self._queue.get()) is not None:
+            for name, block_ids in item:
+                seen = self._seen.get(name)
+                if seen is None:
+                    continue
+                for block in np.unique(block_ids):
+                    if self._stop.is_set() or not self._check_block(name, int(block)):
+                        return
+                    seen[block] = True
+
+    def _check_block(self, name: str, block: int) -> bool:
+        """True when block ``block`` of file ``name`` matches its sum (or was checked before)."""
+        if self._seen[name][block]:
+            return True
+        first, count = self._spans[name]
+        start = block * self.block_bytes
+        path = os.path.join(self.path, name)
+        with open(path, "rb", buffering=0) as f:
+            data = os.pread(f.fileno(), self.block_bytes, start)
+            if hasattr(os, "posix_fadvise"):  # not the run's page cache: these bytes are read once
+                os.posix_fadvise(f.fileno(), start, len(data), os.POSIX_FADV_DONTNEED)
+        self.bytes_read += len(data)
+        self.blocks_checked += 1
+        where = f"{path}: bytes {start}..{start + len(data)} (block {block} of {self.block_bytes} bytes)"
+        if block >= count:
+            self._error = DatasetError(f"{where} lie past the {count} blocks {META_FILE} records (data.verify="
+                                       f"sampled, while training): {_RESTORE}")
+            return False
+        actual, expected = zlib.crc32(data), int(self._sums[first + block])
+        if actual != expected:
+            self._error = DatasetError(
+                f"{where} have checksum {actual:08x}, but {BLOCK_SUMS_FILE} records {expected:08x} "
+                f"(data.verify=sampled, while training): {_RESTORE}")
+            return False
+        return True
+
+    def _drained(self) -> None:
+        while True:
+            try:
+                self._queue.put(None, timeout=0.1)
+                return
+            except queue.Full:
+                if not self._thread.is_alive():
+                    return
+
+
+__all__ = ["AUTO_SAMPLED_LIMIT", "SampledVerify", "VERIFY_MODES", "WholeFileVerify", "resolve_mode", "start_verify"]

@@ -20,14 +20,14 @@ import json
 import os
 import shutil
 import tempfile
-import zlib
 from typing import Iterable, Iterator
 
 import numpy as np
 
 from lsm_gnn.data.format import (
-    EDGE_SPLITS, FEATURE_DTYPES, FORMAT_NAME, META_FILE, PAGE_SIZE, SCHEMA_VERSION, SPLITS, Dataset,
-    DatasetError, crc32_file, feature_file_bytes, open_dataset, row_stride_for,
+    BLOCK_BYTES, BLOCK_SUMS_FILE, EDGE_SPLITS, FEATURE_DTYPES, FORMAT_NAME, META_FILE, PAGE_SIZE, SCHEMA_VERSION,
+    SPLITS, BlockSums, Dataset, DatasetError, block_sums_of_file, crc32_file, feature_file_bytes, open_dataset,
+    row_stride_for,
 )
 # EDGE_CHUNK, build_csr_files and index_dtype_for are re-exported: the CSR builder lives in csr_build.
 from lsm_gnn.data.csr_build import EDGE_CHUNK, build_csr_files, index_dtype_for  # noqa: F401
@@ -106,7 +106,9 @@ class FeatureFileWriter:
         except BaseException:
             self._file.close()
             raise
-        self._crc = 0
+        self._sums = BlockSums()
+        #: the CRC-32 of each block of the file, set by :meth:`finish`
+        self.block_sums: np.ndarray | None = None
         self.rows_written = 0
 
     def layout(self, file_name: str) -> dict:
@@ -141,7 +143,7 @@ class FeatureFileWriter:
             block[:, :self.row_bytes] = np.ascontiguousarray(rows).view(np.uint8).reshape(rows.shape[0], -1)
             block = block.reshape(-1)
         self._file.write(block.data)
-        self._crc = zlib.crc32(block.data, self._crc)
+        self._sums.update(block.data)
         self.rows_written += rows.shape[0]
 
     def finish(self, dataset_path: str) -> str:
@@ -153,9 +155,10 @@ class FeatureFileWriter:
         if pad:
             zeros = bytes(pad)
             self._file.write(zeros)
-            self._crc = zlib.crc32(zeros, self._crc)
+            self._sums.update(zeros)
         self._file.close(sync=True)
-        return f"crc32:{self._crc:08x}"
+        whole, self.block_sums = self._sums.finish()
+        return whole
 
     def close(self) -> None:
         self._file.close()
@@ -264,6 +267,7 @@ class AtomicDatasetWriter:
         self.overwrite = overwrite
         self.tmp = tempfile.mkdtemp(prefix=temp_prefix(self.path), dir=parent)
         self.meta: dict = {}
+        self._block_sums: dict[str, np.ndarray] = {}  # files summed as they were written
         self._done = False
 
     def __enter__(self):
@@ -316,18 +320,25 @@ class AtomicDatasetWriter:
         self._done = True
         return open_dataset(self.path)
 
+    def _finish_feature_file(self, rel: str, writer: FeatureFileWriter) -> None:
+        """Completes a feature file and records the checksums summed while it was written."""
+        self.meta.setdefault("checksums", {})[rel] = writer.finish(self.path)
+        self._block_sums[rel] = writer.block_sums
+
     def _prepare_commit(self) -> None:
         """Completes, checksums, fsyncs and validates the temporary directory."""
         self._finish()
         checksums = self.meta.setdefault("checksums", {})
+        block_sums = dict(self._block_sums)
         for root, _, files in os.walk(self.tmp):
             for file_name in files:
                 full = os.path.join(root, file_name)
                 rel = os.path.relpath(full, self.tmp).replace(os.sep, "/")
-                if rel not in checksums:  # feature files were summed as they were written
-                    checksums[rel] = crc32_file(full)
+                if rel not in block_sums:  # feature files were summed as they were written
+                    checksums[rel], block_sums[rel] = block_sums_of_file(full)
                 with reporting_disk_full(full):
                     fsync_path(full)
+        self._write_block_sums(block_sums)
         with CheckedFile(os.path.join(self.tmp, META_FILE)) as meta:
             meta.write(json.dumps(self.meta, indent=2, sort_keys=True).encode())
             meta.close(sync=True)
@@ -337,6 +348,21 @@ class AtomicDatasetWriter:
         except DatasetError as exc:
             raise DatasetError(f"{self.path}: the dataset being written is invalid, nothing was replaced: {exc}") \
                 from exc
+
+
+    def _write_block_sums(self, block_sums: dict[str, np.ndarray]) -> None:
+        """One file of every data file's block CRC-32s, in name order; meta.json says where each file's lie."""
+        spans, first = {}, 0
+        path = os.path.join(self.tmp, BLOCK_SUMS_FILE)
+        with CheckedFile(path) as out:
+            for rel in sorted(block_sums):
+                sums = block_sums[rel]
+                out.write(sums.astype("<u4", copy=False).tobytes())
+                spans[rel] = [first, int(sums.size)]
+                first += int(sums.size)
+            out.close(sync=True)
+        self.meta["block_checksums"] = {"file": BLOCK_SUMS_FILE, "block_bytes": BLOCK_BYTES, "files": spans}
+        self.meta["checksums"][BLOCK_SUMS_FILE] = crc32_file(path)
 
 
 class DatasetWriter(AtomicDatasetWriter):
@@ -405,7 +431,7 @@ class DatasetWriter(AtomicDatasetWriter):
         if self.meta["graph"] is None:
             raise DatasetError(f"{self.path}: no topology was written; call write_edges() or write_csr()")
         self.write_scores()
-        self.meta["checksums"]["features.bin"] = self._features.finish(self.path)
+        self._finish_feature_file("features.bin", self._features)
 
     # -- topology ----------------------------------------------------------
     def write_csr(self, indptr: np.ndarray, indices: np.ndarray) -> None:
