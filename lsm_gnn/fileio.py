@@ -235,10 +235,9 @@ def _written_by(path: str) -> str | None:
     return writer if isinstance(writer, str) and writer.startswith("lsm-gnn") else None
 
 
-def check_output_file(path: str, option: str, accept=None) -> None:
+def check_output_file(path: str, option: str) -> None:
     """Refuses, before any work, an output ``path`` that cannot be written or that would replace a file lsm-gnn
-    did not write (a dataset's ``meta.json``, a config, anything else). ``accept(path)`` may recognise an older
-    output of the caller's own that predates ``WRITTEN_BY``."""
+    did not write (a dataset's ``meta.json``, a config, anything else)."""
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise ValueError(f"{option} {path} is a directory; give a file name")
@@ -249,17 +248,17 @@ def check_output_file(path: str, option: str, accept=None) -> None:
             kind = "a symbolic link" if os.path.islink(path) else "not a regular file"
             raise NotOurFileError(f"{option} {path} is {kind}; lsm-gnn writes only a file of its own there: give "
                                   "another path")
-        if _written_by(path) is None and not (accept is not None and accept(path)):
+        if _written_by(path) is None:
             raise NotOurFileError(f"{option} {path} exists and was not written by lsm-gnn, so it is left as it is: "
                                   "give a new path, or delete that file first if it is yours to lose")
 
 
-def write_json_output(path: str, document: dict, writer: str, option: str, accept=None) -> None:
+def write_json_output(path: str, document: dict, writer: str, option: str) -> None:
     """Writes a command's JSON output atomically, marked ``WRITTEN_BY: writer``, after
     :func:`check_output_file` (a file that appeared meanwhile is refused the same way)."""
     import json
 
-    check_output_file(path, option, accept)
+    check_output_file(path, option)
     text = json.dumps({WRITTEN_BY: writer, **document}, indent=2, default=str)
     atomic_write_bytes(text.encode(), path)
 
