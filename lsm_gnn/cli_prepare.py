@@ -42,6 +42,14 @@ def parse_count(text: str) -> int:
     return value
 
 
+def parse_positive(text: str) -> int:
+    """:func:`parse_count` that is at least 1 (a size or a count of things that must exist)."""
+    value = parse_count(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be at least 1, got 0")
+    return value
+
+
 def parse_names(text: str) -> tuple[str, ...]:
     """Comma-separated static score names; ``none`` or an empty string for none."""
     names = tuple(n.strip() for n in text.split(",") if n.strip() and n.strip().lower() != "none")
@@ -343,7 +351,7 @@ def _add_hetero_parser(sub) -> None:
                                       "author writes paper, author affiliated_with institute, paper has_topic fos "
                                       "and their reverses. Paper labels need the neighbors' features to be learned.")
     _add_output_flags(p)
-    p.add_argument("--num-papers", type=parse_count, required=True, help="number of papers, e.g. 1e6")
+    p.add_argument("--num-papers", type=parse_positive, required=True, help="number of papers, e.g. 1e6")
     p.add_argument("--num-authors", type=parse_count, help="number of authors (default 1.2 x papers)")
     p.add_argument("--num-institutes", type=parse_count, help="number of institutes (default 0.005 x papers, >= 4)")
     p.add_argument("--num-fos", type=parse_count,
@@ -353,7 +361,7 @@ def _add_hetero_parser(sub) -> None:
                    help="per-type feature columns overriding --feature-dim, 0 for a type without features, "
                         "e.g. institute=0,fos=64")
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="feature dtype")
-    p.add_argument("--num-classes", "--classes", dest="num_classes", type=parse_count, default=19,
+    p.add_argument("--num-classes", "--classes", dest="num_classes", type=parse_positive, default=19,
                    help="paper classes (default 19, as IGBH's coarse labels)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
     p.add_argument("--citations-per-paper", type=float, help="citations generated per paper (default 10)")
@@ -444,11 +452,11 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     p = sub.add_parser("synthetic", help="R-MAT power-law graph with learnable communities",
                        description="Generate a synthetic dataset straight to disk (scales to 10^8 nodes).")
     _add_output_flags(p)
-    p.add_argument("--num-nodes", type=parse_count, required=True, help="number of nodes, e.g. 1e6")
+    p.add_argument("--num-nodes", type=parse_positive, required=True, help="number of nodes, e.g. 1e6")
     p.add_argument("--avg-degree", type=float, default=10.0, help="CSR entries per node before dedup (default 10)")
-    p.add_argument("--feature-dim", type=parse_count, default=128, help="feature columns (default 128)")
+    p.add_argument("--feature-dim", type=parse_positive, default=128, help="feature columns (default 128)")
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="feature dtype")
-    p.add_argument("--classes", type=parse_count, default=8, help="number of classes / communities (default 8)")
+    p.add_argument("--classes", type=parse_positive, default=8, help="number of classes / communities (default 8)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
     p.add_argument("--homophily", type=float, default=0.75, help="fraction of edges drawn inside a class")
     p.add_argument("--split", type=parse_fractions, default=(0.6, 0.2, 0.2), metavar="TRAIN,VAL,TEST",
@@ -459,11 +467,11 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
                        description="Generate a synthetic user-item dataset with held-out interactions "
                                    "(train with train.task=link; see docs/link_prediction.md).")
     _add_output_flags(p)
-    p.add_argument("--num-users", type=parse_count, required=True, help="number of users, e.g. 1e5")
-    p.add_argument("--num-items", type=parse_count, required=True, help="number of items")
+    p.add_argument("--num-users", type=parse_positive, required=True, help="number of users, e.g. 1e5")
+    p.add_argument("--num-items", type=parse_positive, required=True, help="number of items")
     p.add_argument("--avg-interactions", type=float, default=20.0, help="interactions per user (default 20)")
-    p.add_argument("--feature-dim", type=parse_count, default=64, help="feature columns (default 64)")
-    p.add_argument("--communities", type=parse_count, default=8, help="latent user/item communities (default 8)")
+    p.add_argument("--feature-dim", type=parse_positive, default=64, help="feature columns (default 64)")
+    p.add_argument("--communities", type=parse_positive, default=8, help="latent user/item communities (default 8)")
     p.add_argument("--test-fraction", type=float, default=0.2, help="held-out share of each user's items")
     p.add_argument("--val-fraction", type=float, default=0.0, help="validation share of each user's items")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")

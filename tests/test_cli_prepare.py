@@ -98,6 +98,21 @@ def test_bad_counts_are_refused(text):
         parse_count(text)
 
 
+@pytest.mark.parametrize("command", [
+    ["synthetic", "--num-nodes", "0"], ["synthetic", "--num-nodes", "100", "--feature-dim", "0"],
+    ["synthetic", "--num-nodes", "100", "--classes", "0"], ["bipartite", "--num-users", "0", "--num-items", "5"],
+    ["bipartite", "--num-users", "9", "--num-items", "5", "--communities", "0"],
+    ["hetero", "synthetic", "--num-papers", "0"],
+])
+def test_a_zero_size_names_the_flag(tmp_path, capsys, command):
+    """Not the generator's parameter name (num_nodes, feature_dim): the flag the user typed."""
+    flag = next(a for a, b in zip(command, command[1:]) if b == "0")
+    with pytest.raises(SystemExit):
+        _run(["prepare", *command, "--out", str(tmp_path / "d")])
+    assert f"argument {flag}: must be at least 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
 def test_prepare_needs_a_sub_command(capsys):
     with pytest.raises(SystemExit):
         _run(["prepare"])
