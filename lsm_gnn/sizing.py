@@ -129,9 +129,11 @@ def check_one_set(spec, capacity: str, dataset, row_bytes: int | None = None, ca
     row_bytes = row_bytes or dataset.feature_dim * dataset.feature_dtype.itemsize
     lines = (spec.capacity_bytes if capacity_bytes is None else capacity_bytes) // row_bytes
     if lines < min(spec.ways, dataset.num_nodes):
+        # A capacity of 0 cannot be scaled up: one set's bytes then.
+        need = suggested_capacity(capacity, lines, spec.ways, spec.ways, headroom=1) if lines else \
+            suggest_bytes(spec.ways * row_bytes)
         raise ConfigError(f"{key}={capacity} is {lines} lines of {row_bytes} bytes, fewer than one set of "
-                          f"cache.ways={spec.ways}; set {key}="
-                          f"{suggested_capacity(capacity, lines, spec.ways, spec.ways, headroom=1)} or more")
+                          f"cache.ways={spec.ways}; set {key}={need} or more")
 
 
 def _sampled(count: int) -> str:

@@ -170,3 +170,12 @@ def test_less_than_one_set_names_the_smallest_share_that_makes_one(graph, tmp_pa
         Trainer(config(graph, tmp_path, "cache.capacity=0.5%"))
     with pytest.raises(ConfigError, match=r"cache.capacity=1.1% gives the cache 32 lines, but the largest"):
         Trainer(config(graph, tmp_path, "cache.capacity=1.1%"))  # one set: now the batches are what is short
+
+
+def test_a_capacity_of_zero_bytes_names_one_sets_bytes(graph, tmp_path):
+    """0 cannot be scaled up to a set (it used to advise 'cache.capacity=0 or more')."""
+    with pytest.raises(ConfigError, match=r"cache.capacity=0 is 0 lines of 64 bytes, fewer than one set of "
+                                          r"cache.ways=32; set cache.capacity=2K or more"):
+        Trainer(config(graph, tmp_path, "cache.capacity=0"))
+    with pytest.raises(ConfigError, match=r"cache.capacity=2K gives the cache 32 lines"):
+        Trainer(config(graph, tmp_path, "cache.capacity=2K"))  # the advice makes one set
