@@ -384,6 +384,10 @@ def cache_capacity_bytes(text: str, num_nodes: int, row_bytes: int) -> int:
 def _read_yaml(path) -> dict:
     if not os.path.exists(path):
         raise ConfigError(f"config file {path} does not exist; the shipped configs are in configs/")
+    if os.path.isdir(path):
+        hint = (f"to train on the dataset there, give dataset={path}" if os.path.isfile(os.path.join(path, "meta.json"))
+                else "give a YAML file (see configs/)")
+        raise ConfigError(f"config file {path} is a directory; {hint}")
     with open(path) as fh:
         try:
             data = yaml.safe_load(fh) or {}
@@ -413,6 +417,9 @@ def load_grid(path, overrides=()) -> list[tuple[dict, Config]]:
 
     Returns ``(assignment, config)`` pairs; overrides apply to every run.
     """
+    if not path:
+        raise ConfigError("--grid needs a config file with a grid: section (grid: {cache.policy: [rr, hybrid]}); "
+                          "key=value overrides give one value each")
     data = _read_yaml(path)
     grid = data.pop("grid", None)
     if not isinstance(grid, dict) or not grid:

@@ -121,3 +121,18 @@ def test_every_key_is_documented():
     assert "train.early_stopping.patience" in keys
     missing = [k for k in keys if f"`{k}`" not in doc]
     assert not missing, f"docs/training.md does not describe {missing}"
+
+
+def test_a_directory_or_no_file_where_a_config_file_goes_is_named(tmp_path):
+    """A dataset directory given as the config, and --grid without a config file, used to end in an OSError
+    and an internal TypeError."""
+    from lsm_gnn.data.synthetic import generate_synthetic
+
+    generate_synthetic(tmp_path / "g", num_nodes=200, avg_degree=3, feature_dim=4, progress=False)
+    with pytest.raises(ConfigError, match=f"config file {tmp_path / 'g'} is a directory; to train on the dataset "
+                                          f"there, give dataset={tmp_path / 'g'}"):
+        load_config(str(tmp_path / "g"))
+    with pytest.raises(ConfigError, match="is a directory; give a YAML file"):
+        load_config(str(tmp_path))
+    with pytest.raises(ConfigError, match="--grid needs a config file with a grid: section"):
+        load_grid(None, ["cache.policy=rr"])
