@@ -226,3 +226,25 @@ def test_a_file_changed_on_purpose_is_recorded_again_by_the_test_helper(graph, t
     ds.verify_checksums()
     for name in ("labels.npy", "train_idx.npy"):
         assert recorded_sums(copy, name) == block_sums(copy, name)
+
+
+def test_sampled_reads_buffered_where_o_direct_is_refused(graph, tmp_path, monkeypatch):
+    """Some file systems refuse O_DIRECT (EINVAL): the blocks are read buffered instead, and damage is still
+    found."""
+    import errno
+
+    copy = copy_of(graph, tmp_path)
+    flip_byte(copy / "features.bin", 5)
+    real_open = os.open
+
+    def refusing_open(path, flags, *rest):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "O_DIRECT refused")
+        return real_open(path, flags, *rest)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    verify = SampledVerify(open_dataset(copy))
+    verify.offer(fake_batch(torch.arange(3)))
+    with pytest.raises(DatasetError, match="features.bin: bytes 0.."):
+        verify.finish()
+    assert not verify._direct

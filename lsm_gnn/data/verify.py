@@ -17,6 +17,7 @@ the GIL), and the trainer asks at every iteration whether a mismatch was found: 
 """
 from __future__ import annotations
 
+import mmap
 import os
 import queue
 import threading
@@ -194,6 +195,8 @@ class SampledVerify(_Checker):
         self._queue: queue.Queue = queue.Queue(maxsize=_QUEUE_BATCHES)
         self.blocks_checked = 0
         self.batches_dropped = 0
+        self._direct = hasattr(os, "O_DIRECT")
+        self._buffer = mmap.mmap(-1, self.block_bytes)  # page-aligned, as O_DIRECT needs
         self._thread.start()
 
     @staticmethod
@@ -256,10 +259,7 @@ class SampledVerify(_Checker):
         first, count = self._spans[name]
         start = block * self.block_bytes
         path = os.path.join(self.path, name)
-        with open(path, "rb", buffering=0) as f:
-            data = os.pread(f.fileno(), self.block_bytes, start)
-            if hasattr(os, "posix_fadvise"):  # not the run's page cache: these bytes are read once
-                os.posix_fadvise(f.fileno(), start, len(data), os.POSIX_FADV_DONTNEED)
+        data = self._read(path, start)
         self.bytes_read += len(data)
         self.blocks_checked += 1
         where = f"{path}: bytes {start}..{start + len(data)} (block {block} of {self.block_bytes} bytes)"
@@ -274,6 +274,23 @@ class SampledVerify(_Checker):
                 f"(data.verify=sampled, while training): {_RESTORE}")
             return False
         return True
+
+    def _read(self, path: str, start: int) -> bytes:
+        """One block, read past the page cache where the file system allows (O_DIRECT): the run's cached pages
+        stay, and these bytes, read once, take no room from them."""
+        if self._direct:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            except OSError:  # tmpfs and some others refuse O_DIRECT: buffered reads from here on
+                self._direct = False
+            else:
+                try:
+                    got = os.preadv(fd, [self._buffer], start)
+                finally:
+                    os.close(fd)
+                return bytes(self._buffer[:got])
+        with open(path, "rb", buffering=0) as f:
+            return os.pread(f.fileno(), self.block_bytes, start)
 
     def _drained(self) -> None:
         while True:
