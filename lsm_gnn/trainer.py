@@ -859,6 +859,8 @@ class Trainer:
         result = {"iterations": self.iterations_done, "history": self.history, "evaluations": self.evaluations,
                   "stages_s": total.seconds, "wall_s": total.wall, "eval": last_eval, "best": best,
                   "checkpoint": self.checkpoint_path}
+        if self.verify is not None:
+            result["data_verify"] = self.verify.summary()
         for split, metrics in last_eval.items():
             self._print(f"{split}: {_metrics_text(metrics)}")
         if best is not None and best["stopped_early"]:

@@ -147,9 +147,11 @@ def test_an_intact_dataset_is_checked_whole_and_trains(graph):
 def test_sampled_checks_blocks_the_run_reads_and_trains(graph, capsys):
     trainer = Trainer(load_config(None, args(graph)))
     assert trainer.verify_mode == "sampled"
-    trainer.fit()
+    result = trainer.fit()
     assert "data.verify=sampled: checking the blocks read" in capsys.readouterr().out
     assert trainer.verify.done and trainer.verify.blocks_checked == 2  # features.bin and indices.npy, once each
+    assert result["data_verify"] == {"mode": "sampled", "bytes_read": trainer.verify.bytes_read, "blocks_checked": 2,
+                                     "batches_dropped": 0}
 
 
 def test_a_dataset_without_block_checksums_is_not_sampled(graph, tmp_path, capsys):

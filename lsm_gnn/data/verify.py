@@ -115,6 +115,10 @@ class _Checker:
     def done(self) -> bool:
         return not self._thread.is_alive()
 
+    def summary(self) -> dict:
+        """What was checked, for the run's result."""
+        return {"mode": self.mode, "bytes_read": self.bytes_read}
+
     def offer(self, batch) -> None:
         """Hands over what ``batch`` read (only :class:`SampledVerify` uses it)."""
 
@@ -198,6 +202,9 @@ class SampledVerify(_Checker):
         self._direct = hasattr(os, "O_DIRECT")
         self._buffer = mmap.mmap(-1, self.block_bytes)  # page-aligned, as O_DIRECT needs
         self._thread.start()
+
+    def summary(self) -> dict:
+        return {**super().summary(), "blocks_checked": self.blocks_checked, "batches_dropped": self.batches_dropped}
 
     @staticmethod
     def _regions_of(meta: dict) -> dict:
