@@ -802,6 +802,9 @@ class Trainer:
             self._print(f"with {self.embedding.describe()}")
         for fit in self.cache_fits:
             self._print(f"cache sizing: {fit.describe()}")
+        if cfg.data.verify == "auto" and self.verify_mode == "off" and self.rank == 0:
+            self._print("data.verify=auto: off for this dataset (over 64 GiB, or written without block checksums); "
+                        "data.verify=checksums re-reads its files beside training")
         if self.verify is not None:
             self._print(f"data.verify={self.verify_mode}: checking "
                         + ("every file" if self.verify_mode == "checksums" else "the blocks read by a sample of each "

@@ -162,6 +162,8 @@ def test_a_dataset_without_block_checksums_is_not_sampled(graph, tmp_path, capsy
     (copy / "meta.json").write_text(json.dumps(meta))
     ds = open_dataset(copy)
     assert resolve_mode(ds, "auto") == "off"
+    Trainer(load_config(None, args(copy, "train.epochs=1"))).fit()
+    assert "data.verify=auto: off for this dataset" in capsys.readouterr().out
     assert main(["train", *args(copy, "data.verify=sampled")]) == 1
     assert "data.verify=sampled needs block checksums" in capsys.readouterr().err
 
@@ -250,3 +252,13 @@ def test_sampled_reads_buffered_where_o_direct_is_refused(graph, tmp_path, monke
     with pytest.raises(DatasetError, match="features.bin: bytes 0.."):
         verify.finish()
     assert not verify._direct
+
+
+def test_auto_leaves_a_dataset_over_the_size_limit_unchecked(graph, monkeypatch):
+    from lsm_gnn.data import verify as verify_module
+
+    ds = open_dataset(graph)
+    assert resolve_mode(ds, "auto") == "sampled"
+    monkeypatch.setattr(verify_module, "AUTO_SAMPLED_LIMIT", verify_module.dataset_bytes(ds) - 1)
+    assert resolve_mode(ds, "auto") == "off"
+    assert resolve_mode(ds, "sampled") == "sampled"  # asked for, it still checks

@@ -32,7 +32,8 @@ from lsm_gnn.data.format import (
 )
 
 VERIFY_MODES = ("auto", "off", "sampled", "checksums")
-#: ``auto`` samples datasets up to this size: over a run it may re-read up to the whole dataset once
+#: ``auto`` samples datasets up to this size (the trainer's message says 64 GiB): over a run the check may re-read
+#: up to the whole dataset once, and the files it checks whole first grow with it
 AUTO_SAMPLED_LIMIT = 64 << 30
 #: input nodes per batch whose feature block and neighbor-list block are checked
 NODES_PER_BATCH = 8
