@@ -6,7 +6,7 @@ R-MAT graph, GAT-style sampling (fanouts 5,2,2,2) of shuffled training
 seeds, a window of 256 future batches scanned every 4 iterations, 32-way
 caches of 0.4%, 0.75% and 1.5% of the nodes. Victim queues are scaled like
 the paper's: 16K lines per queue against about 140K distinct nodes per
-iteration on IGB-Full (DESIGN.md 3.3), so a queue holds 11.7% of one
+iteration on IGB-Full (16K: the paper, section 5; 140K: an estimate), so a queue holds 11.7% of one
 iteration's distinct nodes (``--queue-capacity scaled``; or a number of
 lines). Each policy runs without PVP (``off``), with the paper's PVP
 (``bypass``: PVP-served ids skip the cache) and with ``reinstall``
@@ -44,7 +44,7 @@ from lsm_gnn.cache.pvp import queue_capacity_for, queue_memory_bytes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAPER_QUEUE_CAPACITY = 16384
-PAPER_NODES_PER_BATCH = 140_000  # distinct nodes of one 2048-seed batch on IGB-Full (DESIGN.md 3.3)
+PAPER_NODES_PER_BATCH = 140_000  # distinct nodes of one 2048-seed batch on IGB-Full (an estimate)
 FEATURE_ROW_BYTES = 4096         # bytes read are reported for the paper's 1024 float32 features
 POLICIES = ("rr", "static", "dynamic", "hybrid", "hybrid_far", "hybrid_pvp", "hybrid_pvp_room", "farthest")
 MODES = ("off", "bypass", "reinstall")

@@ -1,4 +1,4 @@
-"""The Preemptive Victim-buffer Prefetcher (PVP): paper section 4.3, DESIGN.md 3.5.
+"""The Preemptive Victim-buffer Prefetcher (PVP): paper section 4.3.
 
 Evicted cache lines whose next use is known are parked in host memory and
 handed back to the batch that needs them, so they are never read from
