@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 
 def _names(text: str) -> list[str]:
@@ -84,9 +83,3 @@ def add_plan_parser(sub) -> None:
                       help="recommend the smallest cache within this many %% of the fastest (default 5)")
     plan.add_argument("--json", help="also write the plan to this file ('-': print JSON instead of the table)")
     plan.set_defaults(func=_plan)
-
-
-if __name__ == "__main__":
-    from lsm_gnn.cli import main
-
-    sys.exit(main(["plan", *sys.argv[1:]]))

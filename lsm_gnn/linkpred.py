@@ -23,6 +23,7 @@ from lsm_gnn.inference import row_entries
 from lsm_gnn.loader import Batch, NodeLoader
 from lsm_gnn.parallel import all_reduce_sum, batch_to
 from lsm_gnn.sampling import Hop
+from lsm_gnn.task_options import eval_batch_size, loader_options
 
 SCORE_CHUNK = 1 << 24  # user x item scores held at once in recall_at_k (64 MiB of float32)
 
@@ -400,7 +401,6 @@ class LinkPrediction:
 
     def train_loader(self, features, rank: int, world_size: int) -> LinkLoader:
         c = self.cfg
-        from lsm_gnn.tasks import loader_options
 
         return LinkLoader(self.dataset, features, c.sampler.fanouts, c.sampler.batch_size, shuffle=True,
                           num_negatives=c.train.num_negatives,
@@ -411,7 +411,6 @@ class LinkPrediction:
         """The input nodes of ``count`` of the batches that embed the users and items :meth:`evaluate` ranks
         on ``rank``, sampled as it samples them; None with ``train.eval_mode=full`` or a split the dataset
         lacks (evaluate names it)."""
-        from lsm_gnn.tasks import eval_batch_size, loader_options
 
         c = self.cfg
         if c.train.eval_mode == "full" or split not in self.dataset.edge_split_names:
@@ -437,7 +436,6 @@ class LinkPrediction:
         if split not in self.dataset.edge_split_names:
             raise ConfigError(f"dataset {self.dataset.path} has no '{split}' edge split (it has "
                               f"{self.dataset.edge_split_names or 'none'}); set train.eval_splits to those")
-        from lsm_gnn.tasks import eval_batch_size, loader_options
 
         c = self.cfg
         embeddings = None

@@ -11,22 +11,10 @@ import numpy as np
 import torch
 
 from lsm_gnn.config import Config, ConfigError
+from lsm_gnn.linkpred import LinkPrediction
 from lsm_gnn.loader import NodeLoader
 from lsm_gnn.parallel import all_reduce_sum, batch_to
-
-
-def loader_options(cfg: Config, rank: int, world_size: int, evaluation: bool = False, embedding=None) -> dict:
-    """The loader keywords every task takes from the config; evaluation draws its own sampling stream.
-    ``embedding``: the run's node embeddings (:class:`~lsm_gnn.embedding.NodeEmbedding`), or None."""
-    options = {"window": cfg.cache.window, "seed": cfg.train.seed + (1 if evaluation else 0), "rank": rank,
-               "world_size": world_size, "num_threads": cfg.sampler.num_threads}
-    if embedding is not None:
-        options["embedding"] = embedding
-    return options
-
-
-def eval_batch_size(cfg: Config) -> int:
-    return cfg.train.eval_batch_size or cfg.sampler.batch_size
+from lsm_gnn.task_options import eval_batch_size, loader_options
 
 
 def relation_fanouts(cfg: Config, dataset):
@@ -166,6 +154,4 @@ def make_task(cfg: Config, dataset):
         raise ConfigError(f"train.task=link needs a dataset of one node type (a user-item graph from lsm-gnn prepare "
                           f"interactions counts as one); {dataset.path} has {len(dataset.node_types)} node types: "
                           f"use train.task=node on it")
-    from lsm_gnn.linkpred import LinkPrediction
-
     return LinkPrediction(cfg, dataset)

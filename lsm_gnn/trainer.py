@@ -33,7 +33,8 @@ from lsm_gnn.features import NoFeatures
 from lsm_gnn.fileio import RunLock, contained_path, reporting_disk_full
 from lsm_gnn.kernels import set_kernel_mode
 from lsm_gnn.parallel import batch_to, distributed_context
-from lsm_gnn.tasks import eval_batch_size, make_task
+from lsm_gnn.task_options import eval_batch_size
+from lsm_gnn.tasks import make_task
 
 __all__ = ["CheckpointError", "Trainer", "TrainingDiverged", "atomic_torch_save", "load_checkpoint", "train"]
 
