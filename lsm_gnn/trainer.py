@@ -31,7 +31,7 @@ from lsm_gnn.config import Config, ConfigError, selection_metric
 from lsm_gnn.data.verify import resolve_mode, start_verify
 from lsm_gnn.features import NoFeatures
 from lsm_gnn.fileio import RunLock, contained_path, reporting_disk_full
-from lsm_gnn.kernels import set_kernel_mode
+from lsm_gnn.kernels import kernel_setting, set_kernel_mode
 from lsm_gnn.parallel import batch_to, distributed_context
 from lsm_gnn.task_options import eval_batch_size
 from lsm_gnn.tasks import make_task
@@ -171,13 +171,29 @@ class Trainer:
     """
 
     def __init__(self, cfg: Config, out=None, features=None):
-        from lsm_gnn.data import open_dataset
-
         if not cfg.dataset:
             raise ConfigError("no dataset: set dataset=<directory> (make one with lsm-gnn prepare)")
+        # kernels= (CPU tensors: the C++ core, or the Triton kernels under the interpreter) holds for the trainer's
+        # life, its loader thread included; close() gives the process its setting back, as does a failed start.
+        self._kernels_before = kernel_setting()
+        set_kernel_mode(cfg.kernels)
+        try:
+            self._setup(cfg, out, features)
+        except BaseException:
+            set_kernel_mode(self._kernels_before)
+            raise
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _setup(self, cfg: Config, out, features) -> None:
+        from lsm_gnn.data import open_dataset
+
         self.cfg = cfg
         self.out = sys.stdout if out is None else out
-        set_kernel_mode(cfg.kernels)  # CPU tensors: the C++ core, or the Triton kernels under the interpreter
         self.dataset = open_dataset(cfg.dataset, check="fast")
         self.hetero = getattr(self.dataset, "is_hetero", False)  # several node types (schema 2)
         if cfg.model.node_embedding.dim and self.hetero:
@@ -851,6 +867,7 @@ class Trainer:
             self.embedding.close()
         for lock in self._locks:
             lock.release()
+        set_kernel_mode(self._kernels_before)
 
     def _finish(self, total: StageTimes) -> dict:
         """The run's result: prints the per-stage table, the last and the best evaluation; logs them."""

@@ -163,3 +163,20 @@ def test_a_checkpoint_file_lsm_gnn_did_not_write_is_never_written_over(graph, tm
     err = capsys.readouterr().err
     assert f"{theirs} is not an lsm-gnn checkpoint, and this run would write over it" in err
     assert theirs.read_bytes() == b"someone's own weights"
+
+
+def test_the_kernel_setting_is_given_back_when_the_trainer_closes_or_fails_to_start(graph, tmp_path, monkeypatch):
+    """kernels= used to stay set for the whole process after a trainer chose it."""
+    from lsm_gnn import kernels
+    from lsm_gnn.kernels import kernel_mode, kernel_setting
+
+    monkeypatch.setattr(kernels, "_mode", None)  # whatever an earlier test left
+    monkeypatch.delenv(kernels.KERNELS_ENV, raising=False)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="checkpoint.dir"):
+        Trainer(config(graph, "kernels=triton", f"checkpoint.dir={blocker}"))
+    assert kernel_setting() is None and kernel_mode() == "native"
+    with Trainer(config(graph, "kernels=triton")) as trainer:
+        assert kernel_mode() == "triton" and trainer.cfg.kernels == "triton"
+    assert kernel_setting() is None and kernel_mode() == "native"

@@ -34,6 +34,11 @@ def kernel_mode() -> str:
     return mode
 
 
+def kernel_setting() -> str | None:
+    """What :func:`set_kernel_mode` last chose (None: the environment decides), to give back later."""
+    return _mode
+
+
 def set_kernel_mode(mode: str | None) -> None:
     """Chooses the kernels for CPU tensors (None: back to ``LSM_GNN_KERNELS``)."""
     global _mode
