@@ -6,24 +6,11 @@ import importlib.util
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 
 from lsm_gnn.data.format import DatasetError, open_dataset
 from lsm_gnn.fileio import atomic_write_bytes
-
-
-def median_seconds(fn, repeats: int, warmup: bool = True) -> float:
-    """Median wall seconds of ``fn()`` over ``repeats`` calls (after one untimed call if ``warmup``)."""
-    if warmup:
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+from lsm_gnn.timing import median_seconds  # noqa: F401  (the benchmark scripts take it from here too)
 
 
 def write_json(path: str, result, indent: int = 2) -> None:

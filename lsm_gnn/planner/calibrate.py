@@ -29,9 +29,9 @@ import time
 import numpy as np
 import torch
 
-from lsm_gnn.benchmarking import median_seconds
 from lsm_gnn.fileio import NotOurFileError, atomic_write_bytes, check_output_file
 from lsm_gnn.planner.simulate import ReadGeometry, TraceStorage
+from lsm_gnn.timing import median_seconds
 
 CALIBRATION_VERSION = 4
 DEFAULT_FILE = os.path.join(os.path.expanduser("~"), ".cache", "lsm-gnn", "plan-calibration.json")
