@@ -26,7 +26,7 @@ import torch
 
 import lsm_gnn  # noqa: F401  (chooses Triton's interpreter on machines without a GPU)
 from lsm_gnn.benchmarking import median_seconds, write_json
-from lsm_gnn.cache.layout import INVALID_TAG, NO_REUSE_RECORD
+from lsm_gnn.kernels.layout import INVALID_TAG, NO_REUSE_RECORD
 from lsm_gnn.cache.policies import POLICY_CODE
 from lsm_gnn.kernels import set_kernel_mode
 from lsm_gnn.kernels import ops  # noqa: F401  (registers torch.ops.lsm_gnn)

@@ -24,7 +24,7 @@ from lsm_gnn import _C  # noqa: E402
 from lsm_gnn.cache import (  # noqa: E402
     POLICIES, PolicyConfig, ReferenceCache, SoftwareCache, VictimBuffer, WindowBuffer, replay,
 )
-from lsm_gnn.cache.layout import INVALID_TAG  # noqa: E402
+from lsm_gnn.kernels.layout import INVALID_TAG  # noqa: E402
 from lsm_gnn.kernels import ops, set_kernel_mode  # noqa: E402
 from lsm_gnn.kernels.sampler import sample_hops  # noqa: E402
 from test_kernels_victim_enqueue import victims  # noqa: E402  (importable: tests/ is on sys.path under pytest)

@@ -10,7 +10,7 @@ pytest.importorskip("triton")
 
 from lsm_gnn import _C  # noqa: E402
 from lsm_gnn.cache import VictimBuffer  # noqa: E402
-from lsm_gnn.cache.layout import INVALID_TAG, NO_REUSE, pack_record  # noqa: E402
+from lsm_gnn.kernels.layout import INVALID_TAG, NO_REUSE, pack_record  # noqa: E402
 from lsm_gnn.kernels.victim_enqueue import victim_enqueue  # noqa: E402
 
 

@@ -11,7 +11,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are defi
 pytest.importorskip("triton")
 
 from lsm_gnn.cache import SoftwareCache, pvp  # noqa: E402
-from lsm_gnn.cache.layout import INDEX_MASK, pack_record  # noqa: E402
+from lsm_gnn.kernels.layout import INDEX_MASK, pack_record  # noqa: E402
 from lsm_gnn.kernels import set_kernel_mode  # noqa: E402
 from lsm_gnn.kernels import victim_serve  # noqa: E402
 

@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 
 from lsm_gnn import _C  # noqa: E402
 from lsm_gnn.cache import WindowBuffer  # noqa: E402
-from lsm_gnn.cache.layout import FRESH, INVALID_TAG, NO_REUSE_RECORD  # noqa: E402
+from lsm_gnn.kernels.layout import FRESH, INVALID_TAG, NO_REUSE_RECORD  # noqa: E402
 from lsm_gnn.kernels.window_scan import cache_scan  # noqa: E402
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lsm_gnn.cache import PolicyConfig, ReferenceCache, SoftwareCache, replay
-from lsm_gnn.cache.layout import INVALID_TAG, NO_REUSE
+from lsm_gnn.kernels.layout import INVALID_TAG, NO_REUSE
 
 N = 600  # nodes of the tiny_cache fixture (conftest.py)
 

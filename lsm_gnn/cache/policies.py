@@ -10,14 +10,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from lsm_gnn.defaults import PERIOD, WINDOW
+# The codes the kernels know policies and levels by live with the kernels; the descriptions live here.
+from lsm_gnn.kernels.codes import LEVEL_CODE, LEVELS, POLICY_CODE, POLICY_NAMES  # noqa: F401
 
-# Dynamic-information classes of a valid cache line at eviction time.
-LEVEL_NONE = "none"    # scanned: no reuse within the window
-LEVEL_FAR = "far"      # next reuse beyond the threshold
-LEVEL_FRESH = "fresh"  # no dynamic information yet: inserted (or its predicted reuse consumed) since the last scan
-LEVEL_NEAR = "near"    # next reuse within the threshold
-LEVELS = (LEVEL_NONE, LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR)
-LEVEL_CODE = {name: code for code, name in enumerate(LEVELS)}
+# Dynamic-information classes of a valid cache line at eviction time:
+#   none:  scanned, no reuse within the window
+#   far:   next reuse beyond the threshold
+#   fresh: no dynamic information yet: inserted (or its predicted reuse consumed) since the last scan
+#   near:  next reuse within the threshold
+LEVEL_NONE, LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR = LEVELS
 
 POLICIES = {
     "rr": "round-robin within the set (the M-GIDS baseline)",
@@ -34,7 +35,9 @@ POLICIES = {
                 "static score. Hit and installed lines read their next use at once, and a miss needed after "
                 "its victim is not cached (Belady's bypass)",
 }
-POLICY_CODE = {name: code for code, name in enumerate(POLICIES)}
+if tuple(POLICIES) != POLICY_NAMES:  # a policy added here must get its code in kernels/codes.py too
+    raise ImportError(f"lsm_gnn.cache.policies describes {tuple(POLICIES)} but lsm_gnn.kernels.codes numbers "
+                      f"{POLICY_NAMES}: keep the two in the same order")
 
 # Default "near" threshold as a fraction of the window: the paper's 1/8, except for farthest, whose lines
 # without information rank as if reused window/4 ahead (the best of 16..128 at window 256 on the policy

@@ -68,7 +68,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lsm_gnn.cache.layout import INDEX_MASK
+from lsm_gnn.kernels.layout import INDEX_MASK
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
 from lsm_gnn.defaults import PVP_QUEUE_BYTES
 from lsm_gnn.units import parse_bytes

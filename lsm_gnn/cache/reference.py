@@ -72,7 +72,7 @@ import torch
 from lsm_gnn.cache.hashing import set_of, splitmix64  # noqa: F401
 from lsm_gnn.cache.policies import LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR, LEVEL_NONE, PolicyConfig
 from lsm_gnn.cache.policies import quantize_scores  # noqa: F401
-from lsm_gnn.cache.layout import INDEX_MASK, INVALID_TAG, NO_REUSE, pack_record
+from lsm_gnn.kernels.layout import INDEX_MASK, INVALID_TAG, NO_REUSE, pack_record
 from lsm_gnn.cache.pvp import PVPStats
 from lsm_gnn.cache.stats import CacheStats
 from lsm_gnn.ids import as_id_tensor

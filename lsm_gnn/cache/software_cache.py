@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.cache.hashing import set_of
-from lsm_gnn.cache.layout import INDEX_MASK, INVALID_TAG, REUSE_SHIFT
+from lsm_gnn.kernels.layout import INDEX_MASK, INVALID_TAG, REUSE_SHIFT
 from lsm_gnn.cache.policies import PolicyConfig, quantize_scores
 from lsm_gnn.cache.pvp import DEFAULT_QUEUE_BYTES, VictimBuffer, queue_capacity_for
 from lsm_gnn.cache.staging import MissStaging, side_stream

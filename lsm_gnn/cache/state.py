@@ -1,6 +1,6 @@
 """The cache's line metadata as one object with named fields, and the ops over it with named results.
 
-The fields are tensors on the cache's device in the layout of :mod:`lsm_gnn.cache.layout`; the ops are
+The fields are tensors on the cache's device in the layout of :mod:`lsm_gnn.kernels.layout`; the ops are
 ``torch.ops.lsm_gnn.*`` (:mod:`lsm_gnn.kernels.ops`), which run the C++ core on CPU tensors and the
 Triton kernels on CUDA ones. Callers make one call and never branch on the device.
 """
@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from lsm_gnn.cache.layout import INVALID_TAG, NO_REUSE_RECORD
+from lsm_gnn.kernels.layout import INVALID_TAG, NO_REUSE_RECORD
 from lsm_gnn.cache.policies import POLICY_CODE, PolicyConfig
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
 

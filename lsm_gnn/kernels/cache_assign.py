@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from lsm_gnn.cache import layout
-from lsm_gnn.cache.policies import LEVEL_CODE, POLICY_CODE
+from lsm_gnn.kernels import layout
+from lsm_gnn.kernels.codes import LEVEL_CODE, POLICY_CODE
 
 # Kernels read globals only as compile-time constants.
 FRESH = tl.constexpr(layout.FRESH)

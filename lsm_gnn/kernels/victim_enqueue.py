@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lsm_gnn.cache import layout
+from lsm_gnn.kernels import layout
 
 INVALID_TAG = tl.constexpr(layout.INVALID_TAG)
 NO_REUSE = tl.constexpr(layout.NO_REUSE)

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lsm_gnn.cache import layout
+from lsm_gnn.kernels import layout
 
 INDEX_MASK = tl.constexpr(layout.INDEX_MASK)
 
