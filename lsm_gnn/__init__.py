@@ -1,5 +1,5 @@
 """lsm-gnn: GNN training with node features on SSD behind a shared software cache."""
-__version__ = "0.1.0"
+from lsm_gnn.version import __version__  # noqa: F401
 
 from lsm_gnn.kernels import use_interpreter_without_gpu  # noqa: E402
 

@@ -17,10 +17,11 @@ import numpy as np
 from lsm_gnn.data.format import FORMAT_NAME, HETERO_SCHEMA_VERSION
 from lsm_gnn.data.hetero import Relation, check_name, parse_relation, relation_key, type_offsets
 from lsm_gnn.data.writer import (
-    AtomicDatasetWriter, DatasetError, FeatureFileWriter, _version, build_csr_files, csr_edge_chunks, label_array,
+    AtomicDatasetWriter, DatasetError, FeatureFileWriter, build_csr_files, csr_edge_chunks, label_array,
     save_npy, score_array, split_ids, write_csr_files,
 )
 from lsm_gnn.fileio import temp_prefix
+from lsm_gnn.version import __version__
 
 
 class HeteroDatasetWriter(AtomicDatasetWriter):
@@ -79,7 +80,7 @@ class HeteroDatasetWriter(AtomicDatasetWriter):
         self.meta = {
             "format": FORMAT_NAME, "version": HETERO_SCHEMA_VERSION, "name": name or os.path.basename(self.path),
             "node_types": entries, "relations": [], "target": target, "checksums": {},
-            "created_by": "lsm-gnn " + _version(), **(extra_meta or {}),
+            "created_by": "lsm-gnn " + __version__, **(extra_meta or {}),
         }
 
     def _close_files(self) -> None:

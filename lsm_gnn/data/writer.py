@@ -36,6 +36,8 @@ from lsm_gnn.data.scores import SCORE_NAMES, check_score_names, compute_scores
 from lsm_gnn.fileio import (  # noqa: F401
     CheckedFile, DiskFullError, fsync_path, remove_stale_temporaries, reporting_disk_full, temp_prefix,
 )
+from lsm_gnn.version import __version__
+
 
 def save_npy(path: str, array: np.ndarray) -> None:
     """``np.save`` to ``path``, reporting a full disk by name."""
@@ -411,7 +413,7 @@ class DatasetWriter(AtomicDatasetWriter):
             "num_nodes": self.num_nodes, "num_edges": None, "num_classes": None,
             "features": self._features.layout("features.bin"),
             "graph": None, "labels": None, "splits": {}, "scores": {}, "checksums": {},
-            "created_by": "lsm-gnn " + _version(),
+            "created_by": "lsm-gnn " + __version__,
             **(extra_meta or {}),
         }
 
@@ -587,7 +589,3 @@ def _exchange(a: str, b: str) -> bool:
     rc = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
     return rc == 0
 
-
-def _version() -> str:
-    from lsm_gnn import __version__
-    return __version__
