@@ -1,0 +1,21 @@
+"""What every training task takes from the config: its loader's keywords and the evaluation batch size.
+
+Node classification (:mod:`lsm_gnn.tasks`) and link prediction (:mod:`lsm_gnn.linkpred`) both import it, and
+:func:`lsm_gnn.tasks.make_task` imports them: one direction, no circle."""
+from __future__ import annotations
+
+from lsm_gnn.config import Config
+
+
+def loader_options(cfg: Config, rank: int, world_size: int, evaluation: bool = False, embedding=None) -> dict:
+    """The loader keywords every task takes from the config; evaluation draws its own sampling stream.
+    ``embedding``: the run's node embeddings (:class:`~lsm_gnn.embedding.NodeEmbedding`), or None."""
+    options = {"window": cfg.cache.window, "seed": cfg.train.seed + (1 if evaluation else 0), "rank": rank,
+               "world_size": world_size, "num_threads": cfg.sampler.num_threads}
+    if embedding is not None:
+        options["embedding"] = embedding
+    return options
+
+
+def eval_batch_size(cfg: Config) -> int:
+    return cfg.train.eval_batch_size or cfg.sampler.batch_size
