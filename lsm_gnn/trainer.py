@@ -15,24 +15,23 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from lsm_gnn.build import build_features, build_typed_features, resolve
-from lsm_gnn.checkpoint import (CheckpointError, atomic_torch_save, check_replaceable, load_checkpoint,
+from lsm_gnn.checkpoint import (CheckpointError, atomic_torch_save, load_checkpoint,
                                 remove_stale_checkpoint_temporaries)
 from lsm_gnn.comm.group import (TIMEOUT_ENV, CollectiveError, ProgressBoard, check_agreement, collective_timeout,
                                 first_line, is_collective_failure)
 from lsm_gnn.config import Config, ConfigError, selection_metric
-from lsm_gnn.data.verify import resolve_mode, start_verify
 from lsm_gnn.features import NoFeatures
-from lsm_gnn.fileio import RunLock, contained_path, reporting_disk_full
-from lsm_gnn.kernels import kernel_setting, set_kernel_mode
+from lsm_gnn.fileio import contained_path, reporting_disk_full
 from lsm_gnn.parallel import batch_to, distributed_context
+from lsm_gnn.run_resources import RunResources
 from lsm_gnn.task_options import eval_batch_size
 from lsm_gnn.tasks import make_task
 
@@ -173,15 +172,17 @@ class Trainer:
     def __init__(self, cfg: Config, out=None, features=None):
         if not cfg.dataset:
             raise ConfigError("no dataset: set dataset=<directory> (make one with lsm-gnn prepare)")
-        # kernels= (CPU tensors: the C++ core, or the Triton kernels under the interpreter) holds for the trainer's
-        # life, its loader thread included; close() gives the process its setting back, as does a failed start.
-        self._kernels_before = kernel_setting()
-        set_kernel_mode(cfg.kernels)
+        # kernels= (CPU tensors: the C++ core, or the Triton kernels under the interpreter), the output locks and
+        # the data check: held for the trainer's life, given back by close(), or at once by a failed start.
+        self.resources = RunResources(cfg.kernels)
         try:
             self._setup(cfg, out, features)
         except BaseException:
-            set_kernel_mode(self._kernels_before)
+            self.resources.close()
             raise
+        # A trainer dropped without close() (a notebook cell run again) gives its locks and check back when it is
+        # collected.
+        weakref.finalize(self, self.resources.release)
 
     def __enter__(self) -> Trainer:
         return self
@@ -206,25 +207,13 @@ class Trainer:
             self.device = torch.device("cuda", int(local) % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         self.rank, self.world_size = distributed_context(self.device)
-        #: data.verify: the dataset's files, or the blocks the run reads, checked beside training (rank 0)
-        self.verify = None
-        self.verify_mode = resolve_mode(self.dataset, cfg.data.verify)
-        if self.rank == 0:
-            self.verify = start_verify(self.dataset, self.verify_mode)
+        # data.verify: the dataset's files, or the blocks the run reads, checked beside training (rank 0)
+        self.resources.start_verify(self.dataset, cfg.data.verify, checking=self.rank == 0)
         self.progress = ProgressBoard.for_default_group("train") if self._distributed() else None
         if self._distributed():  # before any collective whose shape depends on the settings
             check_agreement(_flatten(self._agreed_settings(), sep="."))
-        #: rank 0's locks on the directories it writes, held for the trainer's life (:meth:`close`)
-        self._locks: list[RunLock] = []
-        if self.rank == 0:  # the only writer: fail now, not after an epoch of training
-            for key, directory in (("checkpoint.dir", cfg.checkpoint.dir), ("log.dir", cfg.log.dir)):
-                if directory:
-                    _check_writable_dir(directory, key)
-                    # A second run on the same directory is refused before it reads or writes anything there.
-                    self._locks.append(RunLock(directory, key))
-            if cfg.checkpoint.dir:  # files a run would write over must be its own
-                for name in ("last.pt", "best.pt"):
-                    check_replaceable(os.path.join(cfg.checkpoint.dir, name))
+        if self.rank == 0:
+            self.resources.lock_outputs(cfg)
         self.task = make_task(cfg, self.dataset)
         missing = [s for s in cfg.train.eval_splits if s not in self.task.splits]
         if missing:  # fail now, not after the first epoch
@@ -575,9 +564,7 @@ class Trainer:
                 f"its log. ({first_line(exc)})") from None
 
     def _step(self, batch) -> float:
-        if self.verify is not None:
-            self.verify.check()  # a file found damaged: stop before training on more of it
-            self.verify.offer(batch)
+        self.resources.check_batch(batch)
         # DDP's collectives run in forward (bucket rebuilds) and backward (the gradient all-reduce).
         with self._collectives(f"DDP in iteration {self.iterations_done}"):
             return self._train_step(batch)
@@ -819,12 +806,13 @@ class Trainer:
             self._print(f"with {self.embedding.describe()}")
         for fit in self.cache_fits:
             self._print(f"cache sizing: {fit.describe()}")
-        if cfg.data.verify == "auto" and self.verify_mode == "off" and self.rank == 0:
+        verify_mode = self.resources.verify_mode
+        if cfg.data.verify == "auto" and verify_mode == "off" and self.rank == 0:
             self._print("data.verify=auto: off for this dataset (over 64 GiB, or written without block checksums); "
                         "data.verify=checksums re-reads its files beside training")
-        if self.verify is not None:
-            self._print(f"data.verify={self.verify_mode}: checking "
-                        + ("every file" if self.verify_mode == "checksums" else "the blocks read by a sample of each "
+        if self.resources.verify is not None:
+            self._print(f"data.verify={verify_mode}: checking "
+                        + ("every file" if verify_mode == "checksums" else "the blocks read by a sample of each "
                            "batch's input nodes") + " against its checksums, beside training")
         total = StageTimes()
         try:
@@ -845,29 +833,23 @@ class Trainer:
             if self.embedding is not None and self.checkpoint_path is None:  # no checkpoint committed the table
                 total.seconds["write-back"] += self.embedding.flush()
                 self._commit_table(self.embedding.table.generation + 1)
-            if self.verify is not None:  # a run that ends normally read only files that matched
-                waited = self.verify.finish()
-                if waited > 1:
-                    self._print(f"data.verify={self.verify_mode}: waited {waited:.1f}s for the last checks")
+            waited = self.resources.finish_verify()  # a run that ends normally read only data that matched
+            if waited > 1:
+                self._print(f"data.verify={self.resources.verify_mode}: waited {waited:.1f}s for the last checks")
             return self._finish(total)
         finally:
             self.loader.close()
             self.log.close()
-            if self.verify is not None:
-                self.verify.close()
+            self.resources.stop_verify()
 
     def close(self) -> None:
         """Ends the run's hold on its files: closes the loader, the log and the embedding table, and gives up the
         directory locks (a process's exit does all of this too)."""
         self.loader.close()
         self.log.close()
-        if self.verify is not None:
-            self.verify.close()
         if self.embedding is not None:
             self.embedding.close()
-        for lock in self._locks:
-            lock.release()
-        set_kernel_mode(self._kernels_before)
+        self.resources.close()
 
     def _finish(self, total: StageTimes) -> dict:
         """The run's result: prints the per-stage table, the last and the best evaluation; logs them."""
@@ -880,8 +862,8 @@ class Trainer:
         result = {"iterations": self.iterations_done, "history": self.history, "evaluations": self.evaluations,
                   "stages_s": total.seconds, "wall_s": total.wall, "eval": last_eval, "best": best,
                   "checkpoint": self.checkpoint_path}
-        if self.verify is not None:
-            result["data_verify"] = self.verify.summary()
+        if self.resources.verify is not None:
+            result["data_verify"] = self.resources.verify.summary()
         for split, metrics in last_eval.items():
             self._print(f"{split}: {_metrics_text(metrics)}")
         if best is not None and best["stopped_early"]:
@@ -934,19 +916,6 @@ class Trainer:
 
 def _metrics_text(metrics: dict) -> str:
     return ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
-
-
-def _check_writable_dir(directory: str, key: str) -> None:
-    """Creates ``directory`` and proves it writable, or raises a ConfigError naming ``key``."""
-    if os.path.exists(directory) and not os.path.isdir(directory):
-        raise ConfigError(f"{key}={directory} is a file, not a directory; point {key} at a directory")
-    try:
-        os.makedirs(directory, exist_ok=True)
-        with tempfile.TemporaryFile(dir=directory):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"{key}={directory} is not writable ({exc.strerror or exc}); point {key} at a "
-                          "writable directory") from None
 
 
 def train(cfg: Config, out=None) -> dict:

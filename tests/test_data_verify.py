@@ -139,18 +139,20 @@ def test_by_default_a_damaged_block_stops_the_cli_run_naming_file_and_offset(gra
 def test_an_intact_dataset_is_checked_whole_and_trains(graph):
     trainer = Trainer(load_config(None, args(graph, "data.verify=checksums")))
     trainer.fit()
-    assert trainer.verify.done and set(trainer.verify.checked) == set(trainer.dataset.meta["checksums"])
+    verify = trainer.resources.verify
+    assert verify.done and set(verify.checked) == set(trainer.dataset.meta["checksums"])
     with pytest.raises(ConfigError):
         load_config(None, args(graph, "data.verify=yes"))
 
 
 def test_sampled_checks_blocks_the_run_reads_and_trains(graph, capsys):
     trainer = Trainer(load_config(None, args(graph)))
-    assert trainer.verify_mode == "sampled"
+    assert trainer.resources.verify_mode == "sampled"
     result = trainer.fit()
     assert "data.verify=sampled: checking the blocks read" in capsys.readouterr().out
-    assert trainer.verify.done and trainer.verify.blocks_checked == 2  # features.bin and indices.npy, once each
-    assert result["data_verify"] == {"mode": "sampled", "bytes_read": trainer.verify.bytes_read, "blocks_checked": 2,
+    verify = trainer.resources.verify
+    assert verify.done and verify.blocks_checked == 2  # features.bin and indices.npy, once each
+    assert result["data_verify"] == {"mode": "sampled", "bytes_read": verify.bytes_read, "blocks_checked": 2,
                                      "batches_dropped": 0}
 
 

@@ -114,3 +114,25 @@ def test_a_second_run_on_an_embedding_table_is_refused(graph, tmp_path):
         assert time.monotonic() - start < 120  # refused at once, not after training
     finally:
         kill(child)
+
+
+def test_a_trainer_that_fails_to_start_holds_nothing(graph, tmp_path):
+    """Its locks, its data check's thread and its kernels= setting are given back at once: before, a trainer
+    that failed after taking them kept the check running and the locks held until the process ended."""
+    import threading
+
+    from lsm_gnn.config import ConfigError, load_config
+    from lsm_gnn.fileio import _held_locks
+    from lsm_gnn.kernels import kernel_setting
+    from lsm_gnn.trainer import Trainer
+
+    def checks_running():
+        return sum(t.name == "lsm-gnn-verify" for t in threading.enumerate())
+
+    before, checks_before = kernel_setting(), checks_running()
+    args = [f"dataset={graph}", f"checkpoint.dir={tmp_path / 'ckpt'}", "log.progress=false", "kernels=triton",
+            "train.eval_splits=[nope]"]  # refused after the locks are taken and the check has started
+    with pytest.raises(ConfigError, match="nope"):
+        Trainer(load_config(None, args))
+    assert not [path for path in _held_locks if path.startswith(str(tmp_path))] and kernel_setting() == before
+    assert checks_running() <= checks_before
