@@ -8,7 +8,7 @@ import os
 import platform
 import sys
 
-from lsm_gnn.data.format import DatasetError, open_dataset
+from lsm_gnn.data import DatasetError, open_dataset
 from lsm_gnn.fileio import atomic_write_bytes
 from lsm_gnn.timing import median_seconds  # noqa: F401  (the benchmark scripts take it from here too)
 

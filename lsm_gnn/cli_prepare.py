@@ -15,7 +15,8 @@ import secrets
 
 import numpy as np
 
-from lsm_gnn.data.format import META_FILE, Dataset, DatasetError, crc32_file, open_dataset
+from lsm_gnn.data import open_dataset
+from lsm_gnn.data.format import META_FILE, Dataset, DatasetError, crc32_file
 from lsm_gnn.data.scores import SCORE_NAMES, compute_scores
 from lsm_gnn.data.writer import save_npy
 from lsm_gnn.fileio import atomic_write_bytes, fsync_path

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from lsm_gnn.data.format import BLOCK_BYTES, BLOCK_SUMS_FILE, DatasetError, open_dataset
+from lsm_gnn.data import open_dataset
+from lsm_gnn.data.format import BLOCK_BYTES, BLOCK_SUMS_FILE, DatasetError
 
 pytest.importorskip("torch_geometric")
 

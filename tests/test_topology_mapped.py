@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from lsm_gnn.data.format import open_dataset
+from lsm_gnn.data import open_dataset
 from lsm_gnn.loader import NodeLoader
 from lsm_gnn.sampling import HeteroNeighborSampler, NeighborSampler
 from lsm_gnn.storage import open_storage

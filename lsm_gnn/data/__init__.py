@@ -1,5 +1,6 @@
 """Datasets on disk: the format, the atomic writer, converters, the synthetic generator, static scores."""
-from lsm_gnn.data.format import Dataset, DatasetError, open_dataset
+from lsm_gnn.data.format import Dataset, DatasetError
+from lsm_gnn.data.opening import open_dataset
 from lsm_gnn.data.hetero import HeteroDataset
 from lsm_gnn.data.hetero_writer import HeteroDatasetWriter
 from lsm_gnn.data.interactions import from_interactions

@@ -631,32 +631,8 @@ def check_node_arrays(path: str, part: dict, num_nodes: int, num_classes: int | 
         _check_finite(os.path.join(path, file_name), scores, f"'{score_name}' score")
 
 
-def open_dataset(path: str | os.PathLike, check: str = "full") -> Dataset:
-    """Opens and validates a dataset directory.
-
-    Every level checks meta.json key by key, files, sizes, dtypes, indptr
-    (endpoints and order), labels, split ids, held-out pairs and scores: at
-    most O(num_nodes) work. ``check="full"`` (default) also scans the neighbor
-    ids, O(num_edges); ``check="fast"`` (formerly "shape") leaves them to the
-    native sampler and PageRank, which bounds-check every id they read. The
-    file checksums are verified separately by :meth:`Dataset.verify_checksums`.
-    """
-    check = CHECK_ALIASES.get(check, check)
-    if check not in CHECKS:
-        raise ValueError(f"check must be 'fast' or 'full' ('shape' is the former name of 'fast'), got {check!r}")
-    path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise _fail(path, "no such dataset directory",
-                    "Create one with 'lsm-gnn prepare synthetic --out <dir>' or a converter")
-    meta_path = os.path.join(path, META_FILE)
-    if not os.path.isfile(meta_path):
-        raise _fail(meta_path, "missing", "The directory is not an lsm-gnn dataset; create one with 'lsm-gnn prepare'")
-    meta = _read_meta(meta_path)
-    check_format(meta, meta_path)
-    if meta["version"] == HETERO_SCHEMA_VERSION:
-        from lsm_gnn.data.hetero import open_hetero
-
-        return open_hetero(path, meta, meta_path, check)
+def open_schema1(path: str, meta: dict, meta_path: str, check: str) -> Dataset:
+    """Validates a schema-1 dataset (called by :func:`lsm_gnn.data.open_dataset`, which read its meta.json)."""
     _check_meta(meta, meta_path)
     num_nodes, num_edges = meta["num_nodes"], meta["num_edges"]
     check_feature_file(path, meta_path, meta["features"], num_nodes, "features.")

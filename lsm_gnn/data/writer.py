@@ -26,11 +26,11 @@ import numpy as np
 
 from lsm_gnn.data.format import (
     BLOCK_BYTES, BLOCK_SUMS_FILE, EDGE_SPLITS, FEATURE_DTYPES, FORMAT_NAME, META_FILE, PAGE_SIZE, SCHEMA_VERSION,
-    SPLITS, BlockSums, Dataset, DatasetError, block_sums_of_file, crc32_file, feature_file_bytes, open_dataset,
-    row_stride_for,
+    SPLITS, BlockSums, Dataset, DatasetError, block_sums_of_file, crc32_file, feature_file_bytes, row_stride_for,
 )
 # EDGE_CHUNK, build_csr_files and index_dtype_for are re-exported: the CSR builder lives in csr_build.
 from lsm_gnn.data.csr_build import EDGE_CHUNK, build_csr_files, index_dtype_for  # noqa: F401
+from lsm_gnn.data.opening import open_dataset
 from lsm_gnn.data.scores import SCORE_NAMES, check_score_names, compute_scores
 # DiskFullError and remove_stale_temporaries are re-exported: the writer's errors and clean-up.
 from lsm_gnn.fileio import (  # noqa: F401
