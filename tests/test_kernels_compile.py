@@ -23,9 +23,9 @@ ARCHS = "80,90"
 pytestmark = [pytest.mark.slow, pytest.mark.launches_no_kernel]
 
 
-def _python(args, env_extra=None, timeout=900):
+def _python(args, env_extra=None, timeout=900, module="lsm_gnn.kernels.aot"):
     env = dict(os.environ, PYTHONPATH=ROOT, **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "lsm_gnn.kernels.aot", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
                           env=env, timeout=timeout, cwd=ROOT)
 
 
@@ -33,7 +33,7 @@ def _python(args, env_extra=None, timeout=900):
 def launches(tmp_path_factory):
     """The project's own launches, recorded under the interpreter."""
     path = tmp_path_factory.mktemp("aot") / "launches.json"
-    result = _python(["record", str(path)], {"TRITON_INTERPRET": "1"})
+    result = _python([str(path)], {"TRITON_INTERPRET": "1"}, module="lsm_gnn.kernel_launches")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     recorded = json.loads(path.read_text())["launches"]
     kernels = {launch["kernel"].split(":")[1] for launch in recorded}

@@ -6,7 +6,8 @@ launcher turned into a constant (Triton specializes an integer argument equal to
 run-time value, a layout a pass cannot handle. Two steps, in two processes, because triton decides at its import
 whether it interprets:
 
-1. ``record``: run the project's own code (the cache under every policy, both PVP modes, a one-set cache, the
+1. record (:mod:`lsm_gnn.kernel_launches`, which drives the cache and the sampler from above them): run the
+   project's own code (the cache under every policy, both PVP modes, a one-set cache, the
    sampler with int32 and int64 indices and several fanouts) on CPU tensors under the interpreter, and keep
    each kernel launch's arguments as the launcher sees them (tensor dtypes and alignment, integer values,
    constexprs, options).
@@ -14,7 +15,7 @@ whether it interprets:
    to 1, then past 2**31), into the signature, constants and attributes Triton's own launcher derives, compile
    it for each architecture, and read registers and spills from ``ptxas -v``.
 
-    python -m lsm_gnn.kernels.aot record launches.json
+    python -m lsm_gnn.kernel_launches launches.json
     python -m lsm_gnn.kernels.aot compile launches.json --arch 80,90 --json report.json
 
 tests/test_kernels_compile.py runs both for sm_80 and sm_90 with every installed triton.
@@ -79,82 +80,6 @@ class LaunchRecorder:
     def __exit__(self, *exc):
         self._class.run = self._run
         return False
-
-
-def _cache_traces() -> None:
-    """The cache as the trainer drives it: every policy, with and without a window, both PVP modes, a one-set
-    cache, power-law batches."""
-    import numpy as np
-    import torch
-
-    from lsm_gnn import open_storage
-    from lsm_gnn.cache import SoftwareCache, WindowBuffer
-    from lsm_gnn.cache.policies import POLICIES
-    from lsm_gnn.testing import write_tiny_dataset
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path, _ = write_tiny_dataset(os.path.join(tmp, "ds"), num_nodes=400, dim=6)
-        storage = open_storage(path, "memory")
-        rng = np.random.default_rng(0)
-        weights = 1.0 / np.arange(1, 401) ** 0.8
-        batches = [torch.from_numpy(rng.choice(400, 48, p=weights / weights.sum())) for _ in range(6)]
-        runs = [dict(policy=p, ways=8) for p in POLICIES]
-        runs += [dict(policy=p, ways=8, pvp=True, pvp_reinstall=r, pvp_queue_capacity=8)
-                 for p in ("hybrid_pvp", "hybrid_pvp_room", "farthest") for r in (False, True)]
-        runs += [dict(policy="hybrid", ways=32, num_sets=1), dict(policy="farthest", ways=32, num_sets=1),
-                 dict(policy="farthest", ways=32), dict(policy="farthest", ways=128)]
-        for kwargs in runs:
-            for window in (0, 3):
-                if window == 0 and kwargs.get("pvp"):
-                    continue  # PVP needs a window
-                capacity = None if "num_sets" in kwargs else max(64, 2 * kwargs["ways"]) * storage.row_bytes
-                cache = SoftwareCache(storage, capacity, window=4, oversubscribe=True, **kwargs)
-                for k, batch in enumerate(batches):
-                    future = None
-                    if window:
-                        future = WindowBuffer(window + 1, storage.num_rows)
-                        for ahead in batches[k + 1:k + 1 + window]:
-                            future.push(ahead)
-                    cache.lookup(batch, future=future)
-                    cache.prefetch()
-
-
-def _sampler_runs() -> None:
-    """The sampler over int32 and int64 CSRs, at fanouts -1 (all), 0, 1, 10, 25 and 50, one and several hops."""
-    import numpy as np
-    import torch
-
-    from lsm_gnn.kernels import ops  # noqa: F401  (registers torch.ops.lsm_gnn)
-
-    rng = np.random.default_rng(1)
-    num_nodes = 300
-    degree = rng.integers(0, 40, num_nodes)
-    indptr = np.concatenate([[0], np.cumsum(degree)])
-    indices = rng.integers(0, num_nodes, int(indptr[-1]))
-    seeds = torch.from_numpy(rng.choice(num_nodes, 40, replace=False))
-    for index_dtype in (torch.int32, torch.int64):
-        csr = torch.from_numpy(indptr).to(index_dtype), torch.from_numpy(indices).to(index_dtype)
-        for fanouts in ([-1], [0], [1], [10, 5], [25, 10], [1, 1], [50]):
-            torch.ops.lsm_gnn.sample_hops(*csr, seeds, fanouts, 7, 3, 1)
-
-
-def record(path: str) -> int:
-    """Runs the project's launches under the interpreter and writes them to ``path``; returns their number."""
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-    from lsm_gnn.kernels import set_kernel_mode
-
-    import triton
-
-    if type(triton.language.sum).__name__ != "InterpretedFunction":
-        raise SystemExit("aot record: triton was imported without its interpreter; run it in a fresh process "
-                         "with TRITON_INTERPRET=1")
-    set_kernel_mode("triton")
-    with LaunchRecorder() as recorder:
-        _cache_traces()
-        _sampler_runs()
-    launches = list(recorder.launches.values())
-    _write_json(path, {"triton": triton.__version__, "launches": launches})
-    return len(launches)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -348,7 +273,7 @@ def _report_line(row: dict) -> str:
             f"stack {row['stack']} ({row['seconds']:.1f} s)")
 
 
-def _write_json(path: str, obj) -> None:
+def write_json(path: str, obj) -> None:
     from lsm_gnn.fileio import atomic_write_bytes
 
     atomic_write_bytes(json.dumps(obj, indent=1).encode(), path)
@@ -357,8 +282,6 @@ def _write_json(path: str, obj) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="step", required=True)
-    r = sub.add_parser("record", help="run the project's launches under the interpreter and write them")
-    r.add_argument("out")
     c = sub.add_parser("compile", help="compile recorded launches for GPU architectures (no GPU needed)")
     c.add_argument("launches")
     c.add_argument("--arch", default="80,90", help="compute capabilities, e.g. 80,90")
@@ -369,9 +292,6 @@ def main(argv=None) -> int:
     c.add_argument("--override", action="append", default=[], metavar="MODULE=FILE",
                    help="load FILE as MODULE (a changed copy of a kernel module)")
     args = p.parse_args(argv)
-    if args.step == "record":
-        print(f"recorded {record(args.out)} distinct launches in {args.out}")
-        return 0
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise SystemExit("aot compile: unset TRITON_INTERPRET (the interpreter compiles nothing)")
     os.environ["TRITON_INTERPRET"] = "0"  # keep lsm_gnn from choosing the interpreter on a machine without a GPU
@@ -390,7 +310,7 @@ def main(argv=None) -> int:
                           edge_args=args.edge_args.split(",") if args.edge_args else None)
     failures = [r for r in results if "error" in r]
     if args.json:
-        _write_json(args.json, {"triton": triton.__version__, "results": results})
+        write_json(args.json, {"triton": triton.__version__, "results": results})
     print(f"{len(results)} compiles, {len(failures)} failed")
     return 1 if failures else 0
 
