@@ -227,27 +227,6 @@ def uninterrupted_embedding(graph, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where,after_calls", [("checkpoint write", n) for n in range(6)]
-                         + [("evaluation", n) for n in range(5)])
-def test_a_kill_anywhere_around_an_evaluation_with_node_embeddings_selects_alike(
-        graph, tmp_path, monkeypatch, uninterrupted_embedding, where, after_calls):
-    whole, expected = uninterrupted_embedding
-    try:
-        run_until_crash(Trainer(config(graph, tmp_path, *EMBEDDING_SELECTING)), where, monkeypatch, after_calls)
-    except pytest.fail.Exception:
-        pytest.skip(f"the run ends before call {after_calls + 1} of {where}")
-    checkpointed = (tmp_path / "ckpt" / "last.pt").exists()
-    result = stable(Trainer(config(graph, tmp_path, *EMBEDDING_SELECTING)).fit())
-    for key in ("history", "evaluations", "eval", "best", "iterations"):
-        assert result[key] == expected[key], key
-    records, whole_records = log_records(tmp_path), log_records(whole)
-    if checkpointed:  # one line per evaluation: what was logged after the checkpoint is dropped and done again
-        assert records == whole_records
-    else:  # killed before the first checkpoint: the run started afresh after the first attempt's lines
-        assert records[-len(whole_records):] == whole_records
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("where,after_calls", [
     ("checkpoint write", 1),    # the end of epoch 1's training, before its evaluation
     ("checkpoint written", 0),  # epoch 0's training checkpointed; its evaluation never ran
@@ -258,7 +237,8 @@ def test_a_kill_anywhere_around_an_evaluation_with_node_embeddings_selects_alike
 ])
 def test_a_sigkill_anywhere_around_an_evaluation_with_node_embeddings_selects_alike(
         graph, tmp_path, uninterrupted_embedding, where, after_calls):
-    """The case above with a real kill: a process that gets SIGKILL at the point, then the CLI run started again."""
+    """A process killed with SIGKILL at the point, then the CLI run started again: the same history, evaluations,
+    best and log lines as the uninterrupted run."""
     whole, expected = uninterrupted_embedding
     train = overrides(graph, tmp_path, *EMBEDDING_SELECTING)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
