@@ -17,6 +17,7 @@ the GIL), and the trainer asks at every iteration whether a mismatch was found: 
 """
 from __future__ import annotations
 
+import abc
 import mmap
 import os
 import queue
@@ -72,8 +73,9 @@ def start_verify(dataset, mode: str):
     return None
 
 
-class _Checker:
-    """A daemon thread that checks files and keeps the first mismatch for :meth:`check` to raise."""
+class _Checker(abc.ABC):
+    """A daemon thread that checks files and keeps the first mismatch for :meth:`check` to raise; a subclass's
+    :meth:`_run` says what it checks."""
 
     mode = ""
 
@@ -92,8 +94,9 @@ class _Checker:
             self._error = DatasetError(f"{self.path}: data.verify={self.mode} could not read a file ({exc}); check "
                                        "the disk, or set data.verify=off")
 
+    @abc.abstractmethod
     def _run(self) -> None:
-        raise NotImplementedError
+        """The checks, on the thread; returns when done, stopped, or at the first mismatch."""
 
     def _count(self, nbytes: int) -> bool:
         self.bytes_read += nbytes
