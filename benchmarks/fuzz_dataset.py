@@ -262,13 +262,13 @@ def _check_answer(ds) -> None:
     indptr, indices, n = np.asarray(ds.indptr), np.asarray(ds.indices), ds.num_nodes
     assert indptr.shape == (n + 1,) and indptr[0] == 0 and indptr[-1] == indices.shape[0]
     assert np.all(np.diff(indptr) >= 0)
-    if ds.labels is not None:
-        labels = np.asarray(ds.labels)
-        assert labels.shape == (n,) and labels.min() >= -1 and labels.max() < ds.num_classes
+    if ds.labels() is not None:
+        labels = np.asarray(ds.labels())
+        assert labels.shape == (n,) and labels.min() >= -1 and labels.max() < ds.num_classes()
     for split in ds.meta.get("splits") or {}:
         ids = np.asarray(ds.split(split))
         assert ids.size == 0 or (ids.min() >= 0 and ids.max() < n)
-    for name in ds.score_names:
+    for name in ds.score_names():
         assert np.all(np.isfinite(ds.score(name)))
     for name in ds.edge_split_names:
         pairs = np.asarray(ds.edge_split(name))

@@ -39,7 +39,7 @@ import torch
 from lsm_gnn.benchmarking import load_script, machine_info, reusable_dataset, write_json
 from lsm_gnn.build import feature_groups
 from lsm_gnn.cache import SoftwareCache, belady_min, cache_geometry, replay
-from lsm_gnn.data.hetero import type_offsets
+from lsm_gnn.data.dataset import type_offsets
 from lsm_gnn.sampling import HeteroNeighborSampler
 from lsm_gnn.typed_features import FeatureGroup
 
@@ -76,7 +76,7 @@ def single_group(ds) -> FeatureGroup:
     if len(groups) != 1:
         raise SystemExit(f"{ds.path} has {len(groups)} row formats; this benchmark needs one (one shared cache)")
     types = groups[0]
-    return FeatureGroup(types, type_offsets({t: ds.num_nodes[t] for t in types}), features=None)
+    return FeatureGroup(types, type_offsets({t: ds.num_nodes_of(t) for t in types}), features=None)
 
 
 @dataclass
@@ -124,7 +124,7 @@ def record_trace(ds, group: FeatureGroup, fanouts: list[int], batch_size: int, e
             batches.append(ids)
             counts.append([per_type.get(t, 0) for t in group.types])
             iteration += 1
-    return TypedTrace(list(group.types), {t: ds.num_nodes[t] for t in group.types}, dict(group.offsets), batches,
+    return TypedTrace(list(group.types), {t: ds.num_nodes_of(t) for t in group.types}, dict(group.offsets), batches,
                       counts, time.perf_counter() - start_time)
 
 
@@ -399,9 +399,9 @@ def main(argv=None) -> dict:
     static = np.concatenate([static_by_type[t] for t in trace.types])  # the trainer's: group order
     result = {"command": "python benchmarks/hetero.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "settings": {k: v for k, v in vars(args).items() if k != "json"}, "machine": machine_info(),
-              "dataset": {"path": ds.path, "num_nodes": ds.num_nodes, "total_rows": trace.num_rows,
-                          "row_bytes": args.feature_dim * 4, "relations": len(ds.relations),
-                          "num_edges": sum(ds.num_edges.values())},
+              "dataset": {"path": ds.path, "num_nodes": {t: ds.num_nodes_of(t) for t in ds.node_types},
+                          "total_rows": trace.num_rows, "row_bytes": args.feature_dim * 4,
+                          "relations": len(ds.relations), "num_edges": ds.num_edges},
               "trace": summary, "sizes": {}}
     for fraction in (float(s) for s in args.sizes.split(",")):
         lines = max(1, int(fraction * trace.num_rows) // WAYS) * WAYS

@@ -54,10 +54,8 @@ def load_script(path: str):
 
 
 def feature_paths(dataset) -> list[str]:
-    """The feature files of a dataset: one for schema 1, one per featured node type for schema 2."""
-    if getattr(dataset, "is_hetero", False):
-        return [dataset.node_type(t).feature_path for t in dataset.feature_types]
-    return [dataset.feature_path]
+    """The feature files of a dataset: one per node type that has features."""
+    return [dataset.node_type(t).feature_path for t in dataset.feature_types]
 
 
 def reusable_dataset(path: str, *, num_nodes: int | dict[str, int], feature_dim: int | None = None,
@@ -80,9 +78,9 @@ def reusable_dataset(path: str, *, num_nodes: int | dict[str, int], feature_dim:
     if any(recorded.get(key) != value for key, value in (generator or {}).items()):
         return None
     if isinstance(num_nodes, dict):
-        hetero = getattr(ds, "is_hetero", False)
-        return ds if hetero and all(ds.num_nodes.get(t) == n for t, n in num_nodes.items()) else None
-    if getattr(ds, "is_hetero", False) or ds.num_nodes != num_nodes \
+        same = all(t in ds.types and ds.num_nodes_of(t) == n for t, n in num_nodes.items())
+        return ds if same and not ds.is_homogeneous else None
+    if not ds.is_homogeneous or ds.num_nodes != num_nodes \
             or (feature_dim is not None and ds.feature_dim != feature_dim) \
             or (feature_dtype is not None and ds.feature_dtype.name != feature_dtype):
         return None

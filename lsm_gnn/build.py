@@ -49,13 +49,12 @@ def resolve(cfg: Config, dataset, world_size: int = 1) -> FeatureSpec:
     For a heterogeneous dataset a capacity in % is that share of all its feature rows' bytes."""
     c = cfg.cache
     static = None if c.static_score == "none" else c.static_score
-    if getattr(dataset, "is_hetero", False):
-        names = sorted(set.intersection(*(set(dataset.score_names(t)) for t in dataset.feature_types)))
-        # A share of the bytes: "rows" of one byte each.
-        rows = sum(dataset.num_nodes[t] * _row_bytes(dataset.node_type(t)) for t in dataset.feature_types)
+    names = sorted(set.intersection(*(set(dataset.score_names(t)) for t in dataset.feature_types)))
+    if dataset.is_homogeneous:
+        rows, row_bytes = dataset.num_nodes, _row_bytes(dataset)
+    else:  # a share of the bytes of every type's rows: "rows" of one byte each
+        rows = sum(dataset.num_nodes_of(t) * _row_bytes(dataset.node_type(t)) for t in dataset.feature_types)
         row_bytes = 1
-    else:
-        names, rows, row_bytes = dataset.score_names, dataset.num_nodes, _row_bytes(dataset)
     if c.features == "cache" and static is not None and static not in names:
         raise ConfigError(f"cache.static_score={static!r} is not in the dataset (it has "
                           f"{names or 'no scores'}); prepare it with 'lsm-gnn prepare scores' or set "
@@ -171,7 +170,7 @@ def build_typed_features(spec: FeatureSpec, dataset, device: torch.device, *, wo
         rows = sampled_type_accesses(dataset, fanouts, batch_size, seed=seed)
         weights = [sum(rows[t] * _row_bytes(dataset.node_type(t)) for t in types) for types in groups]
     if weights is None or sum(weights) <= 0:
-        weights = [sum(dataset.num_nodes[t] * _row_bytes(dataset.node_type(t)) for t in types) for types in groups]
+        weights = [sum(dataset.num_nodes_of(t) * _row_bytes(dataset.node_type(t)) for t in types) for types in groups]
     capacities = split_capacity(spec.capacity_bytes, weights)
     built = []
     for types, capacity in zip(groups, capacities):

@@ -23,8 +23,8 @@ def _inspect(args) -> int:
         # Checksums first: a file changed since it was written is named as such before the value scan.
         ds.verify_checksums()
         ds = open_dataset(args.path, check="full")
-    if getattr(ds, "is_hetero", False):
-        return _inspect_hetero(ds, args)
+    if not ds.is_homogeneous:
+        return _inspect_typed(ds, args)
     f = ds.features
     summary = {
         "path": ds.path, "name": ds.name, "schema_version": ds.meta["version"],
@@ -32,9 +32,9 @@ def _inspect(args) -> int:
         "degree": _degrees(ds.indptr),
         "features": {"dim": f.dim, "dtype": f.dtype, "row_bytes": f.row_bytes, "row_stride": f.row_stride,
                      "file_bytes": f.file_bytes},
-        "num_classes": ds.num_classes,
-        "splits": {name: int(ds.split(name).shape[0]) for name in ds.meta.get("splits", {})},
-        "scores": ds.score_names,
+        "num_classes": ds.num_classes(),
+        "splits": {name: int(ds.split(name).shape[0]) for name in ds.split_names()},
+        "scores": ds.score_names(),
         "generator": ds.meta.get("generator"),
     }
     user_item = user_item_counts(ds)
@@ -51,7 +51,7 @@ def _inspect(args) -> int:
     if user_item is not None:
         print(f"users     {user_item['num_users']:,}   items {user_item['num_items']:,}   interactions "
               f"{format_interactions(user_item['interactions'])} (train: the users' CSR rows)")
-    print(f"labels    {ds.num_classes} classes" if ds.num_classes is not None else "labels    none")
+    print(f"labels    {ds.num_classes()} classes" if ds.num_classes() is not None else "labels    none")
     print("splits    " + (", ".join(f"{k} {v:,}" for k, v in summary["splits"].items()) or "none"))
     print("scores    " + (", ".join(summary["scores"]) or "none"))
     if args.verify:
@@ -81,29 +81,28 @@ def _degrees(indptr, chunk: int = 1 << 22) -> dict:
     return {"mean": float(int(indptr[-1]) - int(indptr[0])) / num_rows, "max": largest, "zero": zero}
 
 
-def _inspect_hetero(ds, args) -> int:
-    """``inspect`` of a schema-2 dataset: per node type and per relation."""
-    from lsm_gnn.data.hetero import relation_key
+def _inspect_typed(ds, args) -> int:
+    """``inspect`` of a graph of several node types or relations: per node type and per relation."""
+    from lsm_gnn.data.dataset import relation_key
 
     types = {}
     for t in ds.node_types:
         f = ds.node_type(t).features
-        entry = ds.node_type(t).entry
-        types[t] = {"num_nodes": ds.num_nodes[t],
+        types[t] = {"num_nodes": ds.num_nodes_of(t),
                     "features": None if f is None else {"dim": f.dim, "dtype": f.dtype, "row_bytes": f.row_bytes,
                                                         "row_stride": f.row_stride, "file_bytes": f.file_bytes},
-                    "num_classes": entry.get("num_classes"),
-                    "splits": {name: int(ds.split(name, t).shape[0]) for name in entry.get("splits") or {}},
+                    "num_classes": ds.num_classes(t),
+                    "splits": {name: int(ds.split(name, t).shape[0]) for name in ds.split_names(t)},
                     "scores": ds.score_names(t)}
-    relations = {relation_key(r): {"num_edges": ds.num_edges[r], "degree": _degrees(ds.csr(r)[0])}
+    relations = {relation_key(r): {"num_edges": ds.num_edges_of(r), "degree": _degrees(ds.csr(r)[0])}
                  for r in ds.relations}
     summary = {"path": ds.path, "name": ds.name, "schema_version": ds.meta["version"], "target": ds.target,
-               "num_nodes": ds.total_nodes, "num_edges": sum(ds.num_edges.values()), "node_types": types,
+               "num_nodes": ds.num_nodes, "num_edges": ds.num_edges, "node_types": types,
                "relations": relations, "generator": ds.meta.get("generator")}
     if _printed_json(summary, args):
         return 0
     print(f"dataset   {ds.name}  ({ds.path}), heterogeneous: {len(types)} node types, {len(relations)} relations")
-    print(f"nodes     {ds.total_nodes:,}   edges {summary['num_edges']:,}   target {ds.target or 'none'}")
+    print(f"nodes     {ds.num_nodes:,}   edges {summary['num_edges']:,}   target {ds.target or 'none'}")
     for t, info in types.items():
         f = info["features"]
         feats = "no features" if f is None else f"features {f['dim']} {f['dtype']} ({format_bytes(f['file_bytes'])})"
@@ -196,8 +195,8 @@ def _bench_storage(args) -> int:
     if args.json:
         check_output_file(args.json, "--json")
     ds = open_dataset(args.path, check="fast")
-    # A heterogeneous dataset has a feature file per node type: each is measured on its own.
-    files = [(t, ds.node_type(t)) for t in ds.feature_types] if getattr(ds, "is_hetero", False) else [(None, ds)]
+    # A feature file per node type, each measured on its own (named when there are several).
+    files = [(None if ds.is_homogeneous else t, ds.node_type(t)) for t in ds.feature_types]
     results = []
     print(("" if files[0][0] is None else f"{'node type':<14}") + f"{'backend':<10}{'rows/s':>12}{'GB/s':>9}{'ampl.':>8}"
           f"{'batch ms':>10}")

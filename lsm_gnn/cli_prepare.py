@@ -16,7 +16,8 @@ import secrets
 import numpy as np
 
 from lsm_gnn.data import open_dataset
-from lsm_gnn.data.format import META_FILE, Dataset, DatasetError, crc32_file
+from lsm_gnn.data.dataset import Dataset
+from lsm_gnn.data.format import META_FILE, DatasetError, crc32_file
 from lsm_gnn.data.scores import SCORE_NAMES, compute_scores
 from lsm_gnn.data.writer import save_npy
 from lsm_gnn.fileio import atomic_write_bytes, fsync_path
@@ -85,7 +86,7 @@ def parse_fractions(text: str) -> tuple[float, float, float]:
 def user_item_counts(ds) -> dict | None:
     """Users, items and interactions per split of a user-item dataset (train: the user rows of the CSR;
     val and test: its edge splits), None for any other dataset."""
-    if getattr(ds, "is_hetero", False) or ds.num_users is None:
+    if ds.num_users is None:
         return None
     interactions = {"train": int(ds.indptr[ds.num_users])}
     interactions.update({name: int(ds.edge_split(name).shape[0]) for name in ds.edge_split_names})
@@ -100,35 +101,35 @@ def format_interactions(counts: dict) -> str:
 
 def summarize(ds) -> str:
     """One line describing a dataset (schema 1 or 2)."""
-    if getattr(ds, "is_hetero", False):
-        return summarize_hetero(ds)
+    if not ds.is_homogeneous:
+        return summarize_typed(ds)
     features = f"features {ds.feature_dim} x {ds.feature_dtype.name}"
-    scores = f"scores: {', '.join(ds.score_names) or 'none'}"
+    scores = f"scores: {', '.join(ds.score_names()) or 'none'}"
     user_item = user_item_counts(ds)
     if user_item is not None:
         return (f"{ds.path}: {user_item['num_users']:,} users, {user_item['num_items']:,} items, interactions "
                 f"{format_interactions(user_item['interactions'])}, {ds.num_edges:,} CSR edges (both directions), "
                 f"{features}, {scores}")
-    splits = "/".join(f"{len(ds.split(s)):,}" if s in ds.meta.get("splits", {}) else "-"
-                      for s in ("train", "val", "test"))
+    splits = "/".join(f"{len(ds.split(s)):,}" if s in ds.split_names() else "-" for s in ("train", "val", "test"))
     return (f"{ds.path}: {ds.num_nodes:,} nodes, {ds.num_edges:,} edges, {features}, "
-            f"{ds.num_classes if ds.num_classes is not None else 'no'} classes, train/val/test {splits}, {scores}")
+            f"{ds.num_classes() if ds.num_classes() is not None else 'no'} classes, train/val/test {splits}, {scores}")
 
 
-def summarize_hetero(ds) -> str:
-    """One line describing a heterogeneous dataset: types, relations, the target's labels and splits."""
-    types = ", ".join(f"{t} {n:,}" for t, n in ds.num_nodes.items())
+def summarize_typed(ds) -> str:
+    """One line describing a graph of several node types or relations: types, relations, the target's labels
+    and splits."""
+    types = ", ".join(f"{t} {ds.num_nodes_of(t):,}" for t in ds.node_types)
     dims = ", ".join(f"{t} {ds.node_type(t).feature_dim}" for t in ds.feature_types) or "none"
     target = ds.target
     if target is None:
         labels = "no target"
     else:
-        splits = "/".join(f"{len(ds.split(s, target)):,}" if s in (ds.node_type(target).entry.get("splits") or {})
-                          else "-" for s in ("train", "val", "test"))
+        splits = "/".join(f"{len(ds.split(s, target)):,}" if s in ds.split_names(target) else "-"
+                          for s in ("train", "val", "test"))
         labels = f"target {target}: {ds.num_classes(target)} classes, train/val/test {splits}"
     scores = ", ".join(sorted({name for t in ds.node_types for name in ds.score_names(t)})) or "none"
-    return (f"{ds.path}: {ds.total_nodes:,} nodes ({types}), {len(ds.relations)} relations, "
-            f"{sum(ds.num_edges.values()):,} edges, feature dims {dims}, {labels}, scores: {scores}")
+    return (f"{ds.path}: {ds.num_nodes:,} nodes ({types}), {len(ds.relations)} relations, "
+            f"{ds.num_edges:,} edges, feature dims {dims}, {labels}, scores: {scores}")
 
 
 # -- scores in place ----------------------------------------------------------------
@@ -295,8 +296,9 @@ def _run_embedding(args: argparse.Namespace) -> int:
     from lsm_gnn.units import format_bytes
 
     ds = open_dataset(args.dataset, check="shape")
-    if getattr(ds, "is_hetero", False):
-        raise DatasetError(f"{args.dataset} has several node types; node embeddings are for datasets of one type")
+    if not ds.is_homogeneous:
+        raise DatasetError(f"{args.dataset} has several node types or relations; node embeddings are for graphs "
+                           "of one node type and one relation")
     try:
         layout = RowLayout(args.dim, args.dtype, args.optimizer)
     except ValueError as exc:

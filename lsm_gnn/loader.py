@@ -104,6 +104,17 @@ class Batch:
         """Rows gathered (the distinct input nodes)."""
         return self.hit_mask.numel()
 
+    def to(self, device) -> Batch:
+        """The tensors a model reads, on ``device``."""
+        for hop in self.hops:
+            hop.edge_index = hop.edge_index.to(device, non_blocking=True)
+        self.x = self.x.to(device, non_blocking=True)
+        if self.emb is not None:
+            self.emb = self.emb.to(device, non_blocking=True)
+        if self.y is not None:
+            self.y = self.y.to(device, non_blocking=True)
+        return self
+
 
 class NodeLoader:
     """Iterates mini-batches of ``seeds`` (default: the train split), one epoch per ``iter()``.
@@ -189,7 +200,7 @@ class NodeLoader:
         return self.dataset.split(name)
 
     def _dataset_labels(self):
-        return self.dataset.labels
+        return self.dataset.labels()
 
     def _make_window(self):
         """What the features plan with: the input nodes of the next ``window`` batches."""

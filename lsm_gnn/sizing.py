@@ -124,7 +124,7 @@ def check_one_set(spec, capacity: str, dataset, row_bytes: int | None = None, ca
     """Raises a ConfigError naming ``key`` when ``spec`` gives a one-type dataset's cache fewer lines than one
     set (a heterogeneous dataset's caches get one set at least). ``row_bytes`` and ``capacity_bytes`` size
     another cache of rows by node id (the node embeddings'), instead of the features' cache of the spec."""
-    if spec.source != "cache" or spec.every_row or getattr(dataset, "is_hetero", False):
+    if spec.source != "cache" or spec.every_row or not dataset.is_homogeneous:
         return
     row_bytes = row_bytes or dataset.feature_dim * dataset.feature_dtype.itemsize
     lines = (spec.capacity_bytes if capacity_bytes is None else capacity_bytes) // row_bytes

@@ -21,12 +21,12 @@ def relation_fanouts(cfg: Config, dataset):
     """The sampler's fanouts: ``sampler.fanouts``, or per relation of a heterogeneous dataset (those
     ``sampler.relation_fanouts`` names take theirs)."""
     given = cfg.sampler.relation_fanouts
-    if not getattr(dataset, "is_hetero", False):
+    if dataset.is_homogeneous:
         if given:
             raise ConfigError("sampler.relation_fanouts applies to heterogeneous datasets only; "
                               f"{dataset.path} has one node type")
         return cfg.sampler.fanouts
-    from lsm_gnn.data.hetero import relation_key
+    from lsm_gnn.data.dataset import relation_key
 
     keys = [relation_key(r) for r in dataset.relations]
     unknown = sorted(set(given) - set(keys))
@@ -53,18 +53,13 @@ class NodeClassification:
 
     def __init__(self, cfg: Config, dataset):
         self.cfg, self.dataset = cfg, dataset
-        self.hetero = getattr(dataset, "is_hetero", False)
-        if self.hetero:
-            if dataset.target is None:
-                raise ConfigError(f"dataset {dataset.path} has no target node type; node classification needs one "
-                                  "with labels")
-            where = f"node type '{dataset.target}' of {dataset.path}"
-            self._labels, num_classes = dataset.labels(), dataset.num_classes()
-            self.splits = sorted(dataset.node_type().entry.get("splits") or {})
-        else:
-            where = f"dataset {dataset.path}"
-            self._labels, num_classes = dataset.labels, dataset.num_classes
-            self.splits = sorted(dataset.meta.get("splits", {}))
+        self.hetero = not dataset.is_homogeneous
+        if dataset.target is None:
+            raise ConfigError(f"dataset {dataset.path} has no target node type; node classification needs one "
+                              "with labels")
+        where = f"node type '{dataset.target}' of {dataset.path}" if self.hetero else f"dataset {dataset.path}"
+        self._labels, num_classes = dataset.labels(), dataset.num_classes()
+        self.splits = dataset.split_names()
         if self._labels is None or num_classes is None:
             raise ConfigError(f"{where} has no labels; node classification needs them "
                               "(or set train.task=link for a user-item dataset)")
@@ -150,7 +145,7 @@ class NodeClassification:
 def make_task(cfg: Config, dataset):
     if cfg.train.task == "node":
         return NodeClassification(cfg, dataset)
-    if getattr(dataset, "is_hetero", False):
+    if not dataset.is_homogeneous:
         raise ConfigError(f"train.task=link needs a dataset of one node type (a user-item graph from lsm-gnn prepare "
                           f"interactions counts as one); {dataset.path} has {len(dataset.node_types)} node types: "
                           f"use train.task=node on it")

@@ -7,7 +7,8 @@ import socket
 
 import numpy as np
 
-from lsm_gnn.data.format import META_FILE, Dataset
+from lsm_gnn.data.dataset import Dataset
+from lsm_gnn.data.format import META_FILE
 from lsm_gnn.data.writer import DatasetWriter
 
 

@@ -196,7 +196,7 @@ class Trainer:
         self.cfg = cfg
         self.out = sys.stdout if out is None else out
         self.dataset = open_dataset(cfg.dataset, check="fast")
-        self.hetero = getattr(self.dataset, "is_hetero", False)  # several node types (schema 2)
+        self.hetero = not self.dataset.is_homogeneous  # the typed loader, features and model
         if cfg.model.node_embedding.dim and self.hetero:
             raise ConfigError("model.node_embedding supports datasets of one node type; "
                               f"{self.dataset.path} has several")
@@ -797,7 +797,7 @@ class Trainer:
 
     def fit(self) -> dict:
         cfg = self.cfg
-        size = (f"{self.dataset.total_nodes:,} nodes of {len(self.dataset.node_types)} types, target "
+        size = (f"{self.dataset.num_nodes:,} nodes of {len(self.dataset.node_types)} types, target "
                 f"{self.dataset.target}" if self.hetero else f"{self.dataset.num_nodes:,} nodes")
         self._print(f"training {cfg.model.kind} on {self.dataset.name} ({size}) "
                     f"with features from {self._describe_features()}; {self.world_size} rank(s), "

@@ -23,12 +23,12 @@ def test_prepare_synthetic_writes_a_dataset_and_prints_one_line(tmp_path, capsys
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and "1,500 nodes" in lines[0] and "16 x float16" in lines[0] and "4 classes" in lines[0]
     ds = open_dataset(out)
-    assert (ds.num_nodes, ds.feature_dim, ds.num_classes, ds.meta["generator"]["seed"]) == (1500, 16, 4, 3)
+    assert (ds.num_nodes, ds.feature_dim, ds.num_classes(), ds.meta["generator"]["seed"]) == (1500, 16, 4, 3)
     with pytest.raises(FileExistsError, match="--overwrite"):
         _run(["prepare", "synthetic", "--out", str(out), "--num-nodes", "100", "--no-progress"])
     _run(["prepare", "synthetic", "--out", str(out), "--num-nodes", "100", "--no-progress", "--overwrite",
           "--scores", "none"])
-    assert open_dataset(out).num_nodes == 100 and open_dataset(out).score_names == []
+    assert open_dataset(out).num_nodes == 100 and open_dataset(out).score_names() == []
 
 
 def test_prepare_npy_converts_files(tmp_path, capsys):
@@ -64,7 +64,7 @@ def test_prepare_folder_with_a_random_split(tmp_path, capsys):
     _run(["prepare", "folder", "--src", str(tmp_path / "igb"), "--out", str(tmp_path / "ds"), "--undirected",
           "--random-split", "0.5,0.25,0.25", "--no-progress"])
     ds = open_dataset(tmp_path / "ds")
-    assert ds.num_classes == 19 and len(ds.split("train")) == 20 and ds.num_edges == 80
+    assert ds.num_classes() == 19 and len(ds.split("train")) == 20 and ds.num_edges == 80
 
 
 def test_prepare_scores_replaces_them_atomically(tmp_path, capsys):
@@ -72,11 +72,11 @@ def test_prepare_scores_replaces_them_atomically(tmp_path, capsys):
     _run(["prepare", "synthetic", "--out", str(out), "--num-nodes", "300", "--feature-dim", "4", "--no-progress",
           "--scores", "degree"])
     before = open_dataset(out)
-    assert before.score_names == ["degree"]
+    assert before.score_names() == ["degree"]
     old_file, old_degree = before.meta["scores"]["degree"], np.array(before.score("degree"))
     _run(["prepare", "scores", str(out)])
     after = open_dataset(out)
-    assert after.score_names == ["degree", "reverse_pagerank"]
+    assert after.score_names() == ["degree", "reverse_pagerank"]
     after.verify_checksums()
     np.testing.assert_array_equal(after.score("degree"), old_degree)
     assert not os.path.exists(os.path.join(out, old_file))  # the replaced file is gone

@@ -41,8 +41,8 @@ def _same(a, b):
     np.testing.assert_array_equal(a.indices, b.indices)
     np.testing.assert_array_equal(a.read_features_direct(np.arange(a.num_nodes)),
                                   b.read_features_direct(np.arange(b.num_nodes)))
-    np.testing.assert_array_equal(a.labels, b.labels)
-    assert a.num_classes == b.num_classes and a.feature_dtype == b.feature_dtype
+    np.testing.assert_array_equal(a.labels(), b.labels())
+    assert a.num_classes() == b.num_classes() and a.feature_dtype == b.feature_dtype
     for split in ("train", "val", "test"):
         np.testing.assert_array_equal(a.split(split), b.split(split))
 
@@ -59,9 +59,9 @@ def test_edge_index_builds_the_reference_csr_and_features_are_exact(graph, refer
     np.testing.assert_array_equal(reference.indptr, indptr)
     np.testing.assert_array_equal(reference.indices, indices)
     np.testing.assert_array_equal(reference.read_features_direct(np.arange(N)), graph["features"])
-    np.testing.assert_array_equal(reference.labels, graph["labels"])
-    assert reference.num_classes == CLASSES
-    assert reference.score_names == ["degree", "reverse_pagerank"]
+    np.testing.assert_array_equal(reference.labels(), graph["labels"])
+    assert reference.num_classes() == CLASSES
+    assert reference.score_names() == ["degree", "reverse_pagerank"]
     reference.verify_checksums()
 
 
@@ -188,7 +188,7 @@ def test_float_labels_with_nan_mean_unlabeled_and_random_split_uses_labeled_node
     labels[::3] = np.nan
     ds = from_numpy(tmp_path / "nan", features=graph["features"], edge_index=graph["edge_index"], labels=labels,
                     random_split_fractions=(0.5, 0.25, 0.25), seed=3, scores=(), progress=False)
-    stored = np.asarray(ds.labels)
+    stored = np.asarray(ds.labels())
     assert np.all(stored[::3] == -1)
     labeled = np.flatnonzero(stored >= 0)
     chosen = np.concatenate([ds.split(s) for s in ("train", "val", "test")])
@@ -272,7 +272,7 @@ def test_unknown_and_ambiguous_folders_are_explained(graph, tmp_path):
     with pytest.raises(ValueError, match=r"several files could be the labels: a/node_label\.npy, b/node_label\.npy"):
         from_folder(tmp_path / "ds", root)
     ds = from_folder(tmp_path / "ds", root, labels="b/node_label.npy", scores=(), progress=False)
-    np.testing.assert_array_equal(ds.labels, graph["labels"])
+    np.testing.assert_array_equal(ds.labels(), graph["labels"])
     with pytest.raises(ValueError, match="not a directory"):
         from_folder(tmp_path / "ds2", tmp_path / "missing")
 

@@ -25,6 +25,32 @@ def test_round_trip_layout_and_arrays(tiny):
     dataset.verify_checksums()
 
 
+def test_a_schema1_dataset_is_a_graph_of_one_type_and_one_relation(tiny):
+    from lsm_gnn.data.dataset import ONE_RELATION, ONE_TYPE
+
+    ds, features = tiny
+    assert ds.is_homogeneous and ds.node_types == [ONE_TYPE] and ds.relations == [ONE_RELATION]
+    assert ds.target == ONE_TYPE and ds.offsets == {ONE_TYPE: 0} and ds.feature_types == [ONE_TYPE]
+    # Every typed question has the one-type answer, with or without the type named.
+    assert ds.num_nodes == ds.num_nodes_of() == ds.num_nodes_of(ONE_TYPE) == 100
+    assert ds.num_edges == ds.num_edges_of() == ds.num_edges_of(ONE_RELATION) == ds.num_edges_of("node__to__node")
+    indptr, indices = ds.csr(ONE_RELATION)
+    assert indptr is ds.indptr and indices is ds.indices
+    assert np.array_equal(ds.labels(ONE_TYPE), ds.labels()) and ds.num_classes(ONE_TYPE) == ds.num_classes()
+    assert ds.split_names() == ds.split_names(ONE_TYPE) == ["test", "train", "val"]
+    assert np.array_equal(ds.split("train", ONE_TYPE), ds.split("train"))
+    assert ds.score_names(ONE_TYPE) == ds.score_names()
+    for name in ds.score_names():
+        assert np.array_equal(ds.score(name, ONE_TYPE), ds.score(name))
+    node = ds.node_type(ONE_TYPE)
+    assert node.features == ds.features and node.feature_path == ds.feature_path
+    assert np.array_equal(node.read_features_direct(np.arange(100)), features)
+    with pytest.raises(KeyError, match="no node type 'paper'; it has: node"):
+        ds.labels("paper")
+    with pytest.raises(KeyError, match="no relation"):
+        ds.csr(("node", "cites", "node"))
+
+
 def test_edges_become_sorted_deduplicated_in_rows(tmp_path):
     src = np.array([1, 2, 1, 3, 0, 1])
     dst = np.array([0, 0, 0, 2, 3, 1])
@@ -48,13 +74,13 @@ def test_commit_computes_the_static_scores_not_written(tmp_path):
             return w.commit()
 
     default = write("default")
-    assert default.score_names == ["degree", "reverse_pagerank"]  # what the trainer's cache ranks by
+    assert default.score_names() == ["degree", "reverse_pagerank"]  # what the trainer's cache ranks by
     expected = compute_scores(default.indptr, default.indices)
     for score_name, values in expected.items():
         np.testing.assert_array_equal(default.score(score_name), values)
     given = write("given", scores=("degree",))
-    assert given.score_names == ["degree"] and list(given.score("degree")) == [0, 1, 2, 3]  # not recomputed
-    assert write("none", scores=()).score_names == []
+    assert given.score_names() == ["degree"] and list(given.score("degree")) == [0, 1, 2, 3]  # not recomputed
+    assert write("none", scores=()).score_names() == []
     with pytest.raises(ValueError, match="unknown score.*pagerank"):
         DatasetWriter(tmp_path / "bad", num_nodes=4, feature_dim=1, scores=("pagerank",))
     assert not os.path.exists(tmp_path / "bad") and not [p for p in os.listdir(tmp_path) if p.startswith(".bad")]

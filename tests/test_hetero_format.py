@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lsm_gnn import open_storage
-from lsm_gnn.data import DatasetError, HeteroDataset, HeteroDatasetWriter, open_dataset
+from lsm_gnn.data import Dataset, DatasetError, HeteroDatasetWriter, open_dataset
 
 TYPES = {"paper": 60, "author": 45, "institute": 7}
 
@@ -70,11 +70,13 @@ def written(tmp_path_factory):
 
 def test_round_trip(written):
     ds, data = written
-    assert isinstance(ds, HeteroDataset) and isinstance(open_dataset(ds.path), HeteroDataset)
-    assert ds.node_types == ["paper", "author", "institute"] and ds.num_nodes == TYPES
+    assert isinstance(ds, Dataset) and isinstance(open_dataset(ds.path), Dataset) and not ds.is_homogeneous
+    assert ds.node_types == ["paper", "author", "institute"] and {t: ds.num_nodes_of(t) for t in ds.node_types} == TYPES
     assert ds.relations == [("paper", "cites", "paper"), ("author", "writes", "paper"),
                             ("paper", "written_by", "author"), ("author", "affiliated_with", "institute")]
-    assert ds.offsets == {"paper": 0, "author": 60, "institute": 105} and ds.total_nodes == 112
+    assert ds.offsets == {"paper": 0, "author": 60, "institute": 105} and ds.num_nodes == 112
+    with pytest.raises(ValueError, match="has 4 relations; name one of: paper__cites__paper"):
+        ds.indptr  # the one-relation shorthand asks which
     assert ds.target == "paper" and ds.feature_types == ["paper", "author"]
     for name, rel, num_dst in (("cites", ("paper", "cites", "paper"), 60),
                                ("writes", ("author", "writes", "paper"), 60),
@@ -228,5 +230,5 @@ def test_inspect_shows_types_and_relations(written, capsys):
     assert main(["inspect", ds.path, "--json"]) == 0
     summary = json_module.loads(capsys.readouterr().out)
     assert summary["node_types"]["institute"]["features"] is None and summary["target"] == "paper"
-    assert summary["relations"]["paper__cites__paper"]["num_edges"] == ds.num_edges[("paper", "cites", "paper")]
+    assert summary["relations"]["paper__cites__paper"]["num_edges"] == ds.num_edges_of(("paper", "cites", "paper"))
     assert summary["node_types"]["paper"]["splits"] == {"train": 30, "val": 15}

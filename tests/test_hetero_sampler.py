@@ -30,6 +30,9 @@ class InMemoryHeteroGraph:
             indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
             self.arrays[r] = (indptr, src[order].astype(index_dtypes.get(r, np.int64)))
 
+    def num_nodes_of(self, node_type):
+        return self.num_nodes[node_type]
+
     def csr(self, relation):
         return self.arrays[relation]
 

@@ -60,7 +60,7 @@ def test_labels_sizes_and_dtype(dataset):
     storage = open_storage(dataset, "memory")
     store = feature_store(dataset, storage, group_name="paper", dtype=torch.float64)
     ids = torch.tensor([5, 998, 0, 5])
-    assert torch.equal(store["paper", "y", ids], torch.from_numpy(np.array(dataset.labels))[ids])
+    assert torch.equal(store["paper", "y", ids], torch.from_numpy(np.array(dataset.labels()))[ids])
     assert store["paper", "x", ids].dtype == torch.float64
     assert torch.equal(store["paper", "x", ids], torch.from_numpy(dataset.read_features_direct(ids.numpy())).double())
     assert store.get_tensor_size("paper", "x") == (999, 13)
@@ -129,7 +129,7 @@ def test_pyg_builds_a_subgraph_from_the_stores(dataset):
     hop = NeighborSampler(dataset, [3]).sample([4, 9, 300])[0]
     data = filter_custom_store(store, LsmGraphStore(dataset), hop.nodes, *hop.edge_index, None)
     assert torch.equal(data.x, torch.from_numpy(dataset.read_features_direct(hop.nodes.numpy())))
-    assert torch.equal(data.y, torch.from_numpy(np.array(dataset.labels))[hop.nodes])
+    assert torch.equal(data.y, torch.from_numpy(np.array(dataset.labels()))[hop.nodes])
     assert data.num_nodes == hop.num_src
 
 

@@ -55,7 +55,7 @@ def test_a_csv_with_string_ids_becomes_a_user_item_dataset_split_per_user(log, t
     user_ids, item_ids = id_maps(ds)
     assert list(user_ids) == sorted({u for u, _, _ in log}) and list(item_ids) == sorted({i for _, i, _ in log})
     assert (ds.num_users, ds.num_items) == (len(user_ids), len(item_ids))
-    assert ds.score_names == ["degree", "reverse_pagerank"] and ds.edge_split_names == ["test", "val"]
+    assert ds.score_names() == ["degree", "reverse_pagerank"] and ds.edge_split_names == ["test", "val"]
     split = pairs_of(ds)
     distinct = set(earliest(log))
     assert sum(len(p) for p in split.values()) == len(distinct)  # every distinct pair once, in one split

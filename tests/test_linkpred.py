@@ -362,7 +362,7 @@ def test_the_documented_writer_recipe_trains_with_default_settings(tmp_path):
     code = _docs_block("link_prediction.md", 'DatasetWriter("data/books"')
     exec(code.replace('"data/books"', repr(str(tmp_path / "books"))), names)
     ds = open_dataset(tmp_path / "books")
-    assert ds.score_names == ["degree", "reverse_pagerank"] and ds.edge_split_names == ["test", "val"]
+    assert ds.score_names() == ["degree", "reverse_pagerank"] and ds.edge_split_names == ["test", "val"]
     # The defaults (cache.static_score=reverse_pagerank, eval on val and test) but a cache for a toy graph.
     result = Trainer(load_config(None, [f"dataset={ds.path}", "train.task=link", "train.max_iterations=1",
                                         "cache.capacity=1M", "log.progress=false"])).fit()

@@ -30,7 +30,7 @@ def test_features_equal_the_file_for_every_batch(data, policy):
             for batch in loader:
                 assert torch.equal(batch.x, features[batch.input_nodes])
                 assert torch.equal(batch.hops[0].nodes[:batch.seeds.numel()], batch.seeds)
-                assert torch.equal(batch.y, torch.from_numpy(np.asarray(dataset.labels))[batch.seeds])
+                assert torch.equal(batch.y, torch.from_numpy(np.asarray(dataset.labels()))[batch.seeds])
                 seen.append(batch.iteration)
         assert seen == list(range(2 * len(loader)))
         assert cache.stats.hits > 0

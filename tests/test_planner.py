@@ -204,7 +204,7 @@ def test_cli_refuses_a_heterogeneous_dataset(tmp_path, capsys):
 
     ds = write_tiny_hetero_dataset(tmp_path / "hetero")
     assert main(["plan", ds.path, "cache.static_score=none"]) == 1
-    assert "homogeneous datasets only" in capsys.readouterr().err
+    assert "graphs of one node type and one relation only" in capsys.readouterr().err
 
 
 def test_work_on_the_loader_thread_returns_or_raises_in_the_caller():

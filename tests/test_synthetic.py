@@ -71,7 +71,7 @@ def test_num_nodes_need_not_be_a_power_of_two(tmp_path):
                                progress=False, scores=())
     assert small.num_nodes == 777 and small.feature_dim == 3
     assert np.asarray(small.indices).max() < 777
-    assert small.score_names == []
+    assert small.score_names() == []
 
 
 def test_float16_features_are_the_float32_ones_rounded(tmp_path, ds):
@@ -82,9 +82,9 @@ def test_float16_features_are_the_float32_ones_rounded(tmp_path, ds):
 
 
 def test_labels_are_the_communities_and_edges_stay_inside_them(ds):
-    labels = np.asarray(ds.labels)
+    labels = np.asarray(ds.labels())
     np.testing.assert_array_equal(labels, community(np.arange(N), 0, CLASSES))
-    assert ds.num_classes == CLASSES
+    assert ds.num_classes() == CLASSES
     counts = np.bincount(labels, minlength=CLASSES)
     assert counts.min() > 0.5 * N / CLASSES  # balanced
     indptr, indices = np.asarray(ds.indptr), np.asarray(ds.indices)
@@ -99,7 +99,7 @@ def test_splits_partition_the_nodes(ds):
 
 
 def test_scores_are_written_and_pagerank_sums_to_one(ds):
-    assert ds.score_names == ["degree", "reverse_pagerank"]
+    assert ds.score_names() == ["degree", "reverse_pagerank"]
     assert abs(float(np.sum(ds.score("reverse_pagerank"), dtype=np.float64)) - 1) < 1e-4
     np.testing.assert_array_equal(ds.score("degree"), np.bincount(np.asarray(ds.indices), minlength=N))
     ds.verify_checksums()
@@ -177,7 +177,7 @@ def test_a_two_layer_gnn_beats_features_alone(ds, one_torch_thread):
     cols = torch.from_numpy(np.array(ds.indices, dtype=np.int64))
     rows = torch.repeat_interleave(torch.arange(N), indptr.diff())
     x = torch.from_numpy(ds.read_features_direct(np.arange(N)))
-    y = torch.from_numpy(np.array(ds.labels))
+    y = torch.from_numpy(np.array(ds.labels()))
     train, test = torch.from_numpy(np.array(ds.split("train"))), torch.from_numpy(np.array(ds.split("test")))
     linear = torch.nn.Linear(DIM, CLASSES)
     features_only = _fit(linear, lambda: linear(x), y, train, test, epochs=100)

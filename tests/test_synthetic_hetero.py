@@ -15,7 +15,7 @@ import lsm_gnn.data.csr_build
 import lsm_gnn.data.scores
 import lsm_gnn.data.writer
 from lsm_gnn.cli import main
-from lsm_gnn.data import HeteroDataset, open_dataset
+from lsm_gnn.data import Dataset, open_dataset
 from lsm_gnn.data.synthetic import FEATURE_BLOCK
 from lsm_gnn.data.synthetic_hetero import NODE_TYPES, RELATIONS, generate_hetero_synthetic
 
@@ -37,26 +37,27 @@ def matrix(ds, relation):
     indptr, indices = ds.csr(relation)
     src, _, dst = relation
     return sp.csr_matrix((np.ones(len(indices)), np.asarray(indices), np.asarray(indptr)),
-                         shape=(ds.num_nodes[dst], ds.num_nodes[src]))
+                         shape=(ds.num_nodes_of(dst), ds.num_nodes_of(src)))
 
 
 def test_types_relations_and_counts(ds):
-    assert isinstance(ds, HeteroDataset) and isinstance(open_dataset(ds.path), HeteroDataset)
+    assert isinstance(ds, Dataset) and isinstance(open_dataset(ds.path), Dataset) and not ds.is_homogeneous
     assert ds.node_types == list(NODE_TYPES) and ds.relations == list(RELATIONS)
-    assert ds.num_nodes == {"paper": 3000, "author": 3600, "institute": 15, "fos": 30}  # 1.2, 0.005, 0.01 x papers
+    sizes = {t: ds.num_nodes_of(t) for t in ds.node_types}
+    assert sizes == {"paper": 3000, "author": 3600, "institute": 15, "fos": 30}  # 1.2, 0.005, 0.01 x papers
     assert ds.target == "paper" and ds.num_classes() == 19 and ds.labels().shape == (PAPERS,)
     assert ds.labels("author") is None
     assert [len(ds.split(s)) for s in ("train", "val", "test")] == [1800, 600, 600]
     assert {t: ds.node_type(t).feature_dim for t in NODE_TYPES} == dict.fromkeys(NODE_TYPES, DIM)
     params = ds.meta["generator"]
-    assert params["kind"] == "hetero-communities" and params["num_nodes"] == ds.num_nodes and params["seed"] == 0
+    assert params["kind"] == "hetero-communities" and params["num_nodes"] == sizes and params["seed"] == 0
     ds.verify_checksums()
 
 
 def test_reverse_relations_are_exact_transposes(ds):
     for forward, reverse in REVERSES.items():
         assert (matrix(ds, forward).T != matrix(ds, reverse)).nnz == 0, reverse
-        assert ds.num_edges[forward] == ds.num_edges[reverse]
+        assert ds.num_edges_of(forward) == ds.num_edges_of(reverse)
 
 
 def test_every_row_is_sorted_without_repeats_or_self_citations(ds):
@@ -97,10 +98,10 @@ def test_scores_cover_every_type_over_the_union_of_relations(ds):
         assert ds.score_names(t) == ["degree", "reverse_pagerank"]
         for name in ds.score_names(t):
             values = np.asarray(ds.score(name, t))
-            assert values.shape == (ds.num_nodes[t],) and np.isfinite(values).all() and values.min() >= 0
+            assert values.shape == (ds.num_nodes_of(t),) and np.isfinite(values).all() and values.min() >= 0
         pagerank_total += float(np.sum(ds.score("reverse_pagerank", t), dtype=np.float64))
         # degree: how many rows of any relation list the node
-        expected = sum(np.bincount(np.asarray(ds.csr(r)[1]), minlength=ds.num_nodes[t]) for r in RELATIONS
+        expected = sum(np.bincount(np.asarray(ds.csr(r)[1]), minlength=ds.num_nodes_of(t)) for r in RELATIONS
                        if r[0] == t)
         np.testing.assert_array_equal(ds.score("degree", t), expected)
     assert abs(pagerank_total - 1) < 1e-4  # one PageRank over all types together
@@ -116,7 +117,7 @@ def test_same_parameters_give_identical_files_whatever_the_chunk_sizes(tmp_path,
     args = dict(num_papers=2000, num_authors=9000, feature_dim={"paper": 4, "author": 3, "institute": 2, "fos": None},
                 seed=7, progress=False)
     first = generate_hetero_synthetic(tmp_path / "first", **args)
-    assert first.num_nodes["author"] > 2 * FEATURE_BLOCK
+    assert first.num_nodes_of("author") > 2 * FEATURE_BLOCK
     for module in (lsm_gnn.data.writer, lsm_gnn.data.csr_build, lsm_gnn.data.scores):  # every edge chunk
         monkeypatch.setattr(module, "EDGE_CHUNK", 999)
     monkeypatch.setattr(lsm_gnn.data.csr_build, "BUCKET_EDGES", 500)  # many buckets, read in row groups
@@ -137,13 +138,13 @@ def test_per_type_dims_and_a_featureless_type(tmp_path):
     assert small.node_type("fos").feature_dim == 8 and small.node_type("author").feature_dim == 128
     assert small.node_type("paper").feature_dtype == np.float16
     assert small.node_type("institute").features is None and small.score_names("paper") == []
-    assert small.num_nodes["fos"] == 5  # at least one field per class
+    assert small.num_nodes_of("fos") == 5  # at least one field per class
 
 
 @pytest.mark.parametrize("papers", [1, 7])
 def test_the_smallest_graphs_are_valid(tmp_path, papers):
     tiny = generate_hetero_synthetic(tmp_path / "tiny", num_papers=papers, feature_dim=2, progress=False)
-    assert tiny.num_nodes["paper"] == papers and tiny.num_nodes["institute"] == 4
+    assert tiny.num_nodes_of("paper") == papers and tiny.num_nodes_of("institute") == 4
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -187,7 +188,7 @@ def fit(x, y, train, val, epochs=100):
 
 
 def test_aggregating_authors_topics_and_citations_beats_paper_features(ds, one_torch_thread):
-    x = {t: torch.from_numpy(ds.node_type(t).read_features_direct(np.arange(ds.num_nodes[t])))
+    x = {t: torch.from_numpy(ds.node_type(t).read_features_direct(np.arange(ds.num_nodes_of(t))))
          for t in ("paper", "author", "fos")}
     y = torch.from_numpy(np.array(ds.labels()))
     train, val = (torch.from_numpy(np.array(ds.split(s))) for s in ("train", "val"))
@@ -211,7 +212,7 @@ def test_prepare_hetero_synthetic_writes_a_dataset_and_prints_one_line(tmp_path,
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and "paper 500" in lines[0] and "target paper: 4 classes" in lines[0], lines
     ds = open_dataset(out)
-    assert isinstance(ds, HeteroDataset) and ds.num_nodes["paper"] == 500 and ds.num_classes() == 4
+    assert isinstance(ds, Dataset) and ds.num_nodes_of("paper") == 500 and ds.num_classes() == 4
     assert ds.feature_types == ["paper", "author", "fos"] and ds.meta["generator"]["seed"] == 3
     assert main(["prepare", "hetero", "synthetic", "--out", str(out), "--num-papers", "100", "--no-progress"]) == 1
     assert "--overwrite" in capsys.readouterr().err

@@ -27,7 +27,7 @@ from typing import Iterator
 
 import numpy as np
 
-from lsm_gnn.data.format import Dataset
+from lsm_gnn.data.dataset import Dataset
 from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
 from lsm_gnn.data.synthetic import (
     FEATURE_BLOCK, PopularitySampler, _note, _positive_int, _progress, _rng, check_feature_dtype, check_seed,

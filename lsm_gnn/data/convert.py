@@ -18,7 +18,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from lsm_gnn.data.format import FEATURE_DTYPES, SPLITS, Dataset
+from lsm_gnn.data.dataset import Dataset
+from lsm_gnn.data.format import FEATURE_DTYPES, SPLITS
 from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
 from lsm_gnn.data.writer import EDGE_CHUNK, DatasetWriter, csr_edge_chunks
 

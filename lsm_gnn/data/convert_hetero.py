@@ -31,7 +31,8 @@ from lsm_gnn.data.convert import (
     checked_edge_chunks, dgl_splits, num_edges_of, pyg_splits, random_split, write_feature_chunks,
 )
 from lsm_gnn.data.format import SPLITS
-from lsm_gnn.data.hetero import HeteroDataset, Relation, check_name, parse_relation, relation_key
+from lsm_gnn.data.dataset import Dataset, Relation, parse_relation, relation_key
+from lsm_gnn.data.hetero import check_name
 from lsm_gnn.data.hetero_writer import HeteroDatasetWriter, hetero_scores
 from lsm_gnn.data.scores import SCORE_NAMES
 
@@ -147,7 +148,7 @@ def hetero_from_numpy(path, *, features: dict, edges: dict, num_nodes: dict | No
                       random_split_fractions=None, seed: int = 0, scores=SCORE_NAMES, feature_dtype=None,
                       add_reverse: bool = False, dedup: bool = True, name: str | None = None,
                       overwrite: bool = False, progress: bool = True, extra_meta: dict | None = None
-                      ) -> HeteroDataset:
+                      ) -> Dataset:
     """Writes a heterogeneous dataset from array-likes (numpy, ``np.memmap``, torch tensors); returns it opened.
 
     ``features`` maps each node type to its ``[num_nodes, dim]`` rows or None
@@ -313,7 +314,7 @@ def _check_splits(splits: dict, counts: dict[str, int], count_sources: dict[str,
 
 # -- graph libraries ----------------------------------------------------------------------
 
-def _convert(path, args: dict, kw: dict, **converted) -> HeteroDataset:
+def _convert(path, args: dict, kw: dict, **converted) -> Dataset:
     """:func:`hetero_from_numpy` over what a source held (``args``), overridden by the caller's keywords;
     ``converted`` is recorded in meta.json."""
     args.update(kw)
@@ -322,7 +323,7 @@ def _convert(path, args: dict, kw: dict, **converted) -> HeteroDataset:
     return hetero_from_numpy(path, extra_meta=extra, **args)
 
 
-def hetero_from_pyg(path, data, *, target: str | None = None, **kw) -> HeteroDataset:
+def hetero_from_pyg(path, data, *, target: str | None = None, **kw) -> Dataset:
     """Converts a torch_geometric ``HeteroData``: per node type ``x`` (a type without one is featureless),
     ``num_nodes``, ``y`` and ``train_mask``/``val_mask``/``test_mask`` (or ``*_idx``); per edge type its
     ``edge_index``. ``target`` defaults to the only type with ``y``. Keywords go to :func:`hetero_from_numpy`
@@ -353,7 +354,7 @@ def hetero_from_pyg(path, data, *, target: str | None = None, **kw) -> HeteroDat
 
 
 def hetero_from_dgl(path, graph, *, target: str | None = None, feature_key: str = "feat", label_key: str = "label",
-                    **kw) -> HeteroDataset:
+                    **kw) -> Dataset:
     """Converts a DGL heterograph: per node type ``nodes[t].data[feature_key]`` (a type without it is
     featureless), ``[label_key]`` and ``train_mask``/``val_mask``/``test_mask``; per canonical edge type its
     edges (src -> dst). ``target`` defaults to the only type with labels. Keywords go to
@@ -449,7 +450,7 @@ def _split_files(folder: str) -> dict[str, str]:
 def hetero_from_igbh(path, root, *, size: str | None = None, target: str | None = None, label_file: str | None = None,
                      num_classes: int | None = None, num_nodes: dict | None = None,
                      split_fractions=(0.6, 0.2, 0.2), seed: int = 0, add_reverse: bool = True,
-                     raw_feature_dim: int = IGB_EMBEDDING_DIM, **kw) -> HeteroDataset:
+                     raw_feature_dim: int = IGB_EMBEDDING_DIM, **kw) -> Dataset:
     """Converts an IGBH folder as the IGB repository lays it out, every file memory-mapped.
 
     Reads ``<root>/<size>/processed/``: each node type is a subfolder with

@@ -178,119 +178,6 @@ class FeatureLayout:
         return max(1, ROW_ALIGNMENT // self.row_stride)
 
 
-class Dataset:
-    """An opened, validated dataset directory.
-
-    Arrays are memory-mapped and loaded on first use, so opening a dataset
-    of 10^8 nodes costs only its validation. Use ``Dataset.features`` through
-    a storage backend (:func:`lsm_gnn.storage.open_storage`), not directly.
-    """
-
-    def __init__(self, path: str, meta: dict[str, Any]):
-        self.path = os.path.abspath(path)
-        self.meta = meta
-        f = meta["features"]
-        self.features = FeatureLayout(
-            file=f["file"], dtype=f["dtype"], dim=int(f["dim"]), row_bytes=int(f["row_bytes"]),
-            row_stride=int(f["row_stride"]), page_size=int(f["page_size"]), file_bytes=int(f["file_bytes"]),
-        )
-        self.num_nodes = int(meta["num_nodes"])
-        self.num_edges = int(meta["num_edges"])
-        self.num_classes = meta.get("num_classes")
-        self.name = meta.get("name", os.path.basename(self.path))
-        self._cache: dict[str, np.ndarray] = {}
-
-    def __repr__(self) -> str:
-        return (f"Dataset(name={self.name!r}, num_nodes={self.num_nodes}, num_edges={self.num_edges}, "
-                f"feature_dim={self.feature_dim}, feature_dtype={self.features.dtype}, path={self.path!r})")
-
-    # -- paths and layout --------------------------------------------------
-    def file_path(self, name: str) -> str:
-        return contained_path(self.path, name, DatasetError)
-
-    @property
-    def feature_path(self) -> str:
-        return self.file_path(self.features.file)
-
-    @property
-    def feature_dim(self) -> int:
-        return self.features.dim
-
-    @property
-    def feature_dtype(self) -> np.dtype:
-        return self.features.numpy_dtype
-
-    # -- arrays ------------------------------------------------------------
-    def _array(self, name: str) -> np.ndarray:
-        if name not in self._cache:
-            self._cache[name] = np.load(self.file_path(name), mmap_mode="r")
-        return self._cache[name]
-
-    @property
-    def indptr(self) -> np.ndarray:
-        return self._array(self.meta["graph"]["indptr"])
-
-    @property
-    def indices(self) -> np.ndarray:
-        return self._array(self.meta["graph"]["indices"])
-
-    @property
-    def labels(self) -> np.ndarray | None:
-        name = self.meta.get("labels")
-        return None if name is None else self._array(name)
-
-    def split(self, name: str) -> np.ndarray:
-        """Node ids of split ``name`` (train, val or test)."""
-        splits = self.meta.get("splits", {})
-        if name not in splits:
-            raise KeyError(f"dataset {self.path} has no '{name}' split; it has: {sorted(splits) or 'none'}")
-        return self._array(splits[name])
-
-    @property
-    def score_names(self) -> list[str]:
-        return sorted(self.meta.get("scores", {}))
-
-    def score(self, name: str) -> np.ndarray:
-        """Static per-node score ``name`` (e.g. ``reverse_pagerank``, ``degree``)."""
-        scores = self.meta.get("scores", {})
-        if name not in scores:
-            raise KeyError(f"dataset {self.path} has no '{name}' score; it has: {sorted(scores) or 'none'}. "
-                           "Compute it with 'lsm-gnn prepare scores <dataset>'")
-        return self._array(scores[name])
-
-    @property
-    def num_users(self) -> int | None:
-        """Users are nodes ``[0, num_users)`` of a user-item dataset; None for other graphs."""
-        return self.meta.get("num_users")
-
-    @property
-    def num_items(self) -> int | None:
-        """Items are nodes ``[num_users, num_nodes)`` of a user-item dataset; None for other graphs."""
-        return self.meta.get("num_items")
-
-    @property
-    def edge_split_names(self) -> list[str]:
-        return sorted(self.meta.get("edge_splits", {}))
-
-    def edge_split(self, name: str) -> np.ndarray:
-        """Held-out node pairs of split ``name`` (val or test): int64, shape ``(E, 2)``, not in the CSR."""
-        edge_splits = self.meta.get("edge_splits", {})
-        if name not in edge_splits:
-            raise KeyError(f"dataset {self.path} has no '{name}' edge split; it has: {sorted(edge_splits) or 'none'}. "
-                           "Generate a user-item dataset with lsm_gnn.data.bipartite.generate_bipartite, or write "
-                           "held-out pairs with DatasetWriter.write_edge_split")
-        return self._array(edge_splits[name])
-
-    def read_features_direct(self, ids: np.ndarray) -> np.ndarray:
-        """Reads feature rows with plain buffered file reads: slow, simple,
-        the ground truth that tests compare every storage and cache path to."""
-        return read_rows_direct(self.feature_path, self.features, self.num_nodes, ids)
-
-    def verify_checksums(self) -> None:
-        """Re-reads every file and compares it to the checksum in meta.json."""
-        verify_checksums(self.path, self.meta)
-
-
 def read_rows_direct(path: str, layout: FeatureLayout, num_rows: int, ids) -> np.ndarray:
     """Rows ``ids`` of a feature file, by plain buffered reads."""
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -631,7 +518,7 @@ def check_node_arrays(path: str, part: dict, num_nodes: int, num_classes: int | 
         _check_finite(os.path.join(path, file_name), scores, f"'{score_name}' score")
 
 
-def open_schema1(path: str, meta: dict, meta_path: str, check: str) -> Dataset:
+def check_schema1(path: str, meta: dict, meta_path: str, check: str) -> None:
     """Validates a schema-1 dataset (called by :func:`lsm_gnn.data.open_dataset`, which read its meta.json)."""
     _check_meta(meta, meta_path)
     num_nodes, num_edges = meta["num_nodes"], meta["num_edges"]
@@ -649,7 +536,6 @@ def open_schema1(path: str, meta: dict, meta_path: str, check: str) -> Dataset:
         edge_path = os.path.join(path, file_name)
         _check_range(edge_path, pairs[:, 0], 0, first_end, f"{split_name} pair's first node", ID_FIX)
         _check_range(edge_path, pairs[:, 1], second_start, num_nodes, f"{split_name} pair's second node", ID_FIX)
-    return Dataset(path, meta)
 
 
 def source_file(array: Any) -> str | None:

@@ -1,4 +1,4 @@
-"""Heterogeneous datasets (schema 2): several node types and typed relations, as IGBH and MAG240M have.
+"""The schema-2 format: several node types and typed relations, as IGBH and MAG240M have, and its checks.
 
 Layout (every name is recorded in ``meta.json``; these are the defaults)::
 
@@ -19,52 +19,24 @@ types, and a type may have no features. Labels and splits may live on any
 type; ``target`` names the type a trainer classifies by default.
 
 The global id space puts the types one after another in ``node_types``
-order (:attr:`HeteroDataset.offsets`); the cache and the communication
-layer key rows by it. Schema-1 datasets keep opening as
-:class:`~lsm_gnn.data.format.Dataset`; :func:`~lsm_gnn.data.open_dataset`
-returns a :class:`HeteroDataset` for schema 2.
+order (:attr:`Dataset.offsets <lsm_gnn.data.dataset.Dataset>`); the cache
+and the communication layer key rows by it. Both schemas open as the one
+:class:`~lsm_gnn.data.dataset.Dataset`; a schema-1 dataset is the case of
+one node type and one relation.
 """
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
-import numpy as np
-
+from lsm_gnn.data.dataset import relation_key
 from lsm_gnn.data.format import (
-    CHECKS, MAX_CLASSES, SPLITS, DatasetError, FeatureLayout, _REDO, _check_file_name, _fail, _get, _get_files,
-    _get_int, _name, _show, check_block_sums_file, check_checksums_meta, check_csr, check_feature_file,
-    check_feature_meta, check_node_arrays, read_rows_direct, verify_checksums,
+    CHECKS, MAX_CLASSES, SPLITS, _REDO, _check_file_name, _fail, _get, _get_files, _get_int, _name, _show,
+    check_block_sums_file, check_checksums_meta, check_csr, check_feature_file, check_feature_meta,
+    check_node_arrays,
 )
-from lsm_gnn.fileio import contained_path
 
-Relation = tuple[str, str, str]
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
-
-
-def relation_key(relation: Relation) -> str:
-    """``src__name__dst``: a relation as one string (directory names, config keys)."""
-    return "__".join(relation)
-
-
-def type_offsets(num_nodes: dict[str, int]) -> dict[str, int]:
-    """First global id of each node type: the types one after another, in the dict's order."""
-    offsets, total = {}, 0
-    for t, n in num_nodes.items():
-        offsets[t], total = total, total + n
-    return offsets
-
-
-def parse_relation(key: str | tuple) -> Relation:
-    """A relation from a ``(src, name, dst)`` tuple or its ``src__name__dst`` key."""
-    if isinstance(key, str):
-        parts = tuple(key.split("__"))
-    else:
-        parts = tuple(key)
-    if len(parts) != 3 or not all(isinstance(p, str) and p for p in parts):
-        raise ValueError(f"a relation is (src_type, name, dst_type) or 'src__name__dst', got {key!r}")
-    return parts  # type: ignore[return-value]
 
 
 def check_name(name: Any, what: str) -> str:
@@ -74,136 +46,6 @@ def check_name(name: Any, what: str) -> str:
         raise ValueError(f"{what} {name!r} is not a valid name: use letters, digits, '_' and '-', starting "
                          "with a letter or digit, without '__'")
     return name
-
-
-class NodeType:
-    """One node type of a :class:`HeteroDataset`: what a storage backend reads (``features``,
-    ``feature_path``, ``num_nodes``), so :func:`lsm_gnn.storage.open_storage` opens its feature file
-    like a schema-1 dataset's."""
-
-    def __init__(self, dataset: HeteroDataset, entry: dict):
-        self.dataset = dataset
-        self.name: str = entry["name"]
-        self.num_nodes = int(entry["num_nodes"])
-        f = entry.get("features")
-        self.features = None if f is None else FeatureLayout(
-            file=f["file"], dtype=f["dtype"], dim=int(f["dim"]), row_bytes=int(f["row_bytes"]),
-            row_stride=int(f["row_stride"]), page_size=int(f["page_size"]), file_bytes=int(f["file_bytes"]))
-        self.entry = entry
-        self.path = dataset.path
-
-    def __repr__(self) -> str:
-        feats = "no features" if self.features is None else f"{self.features.dim} x {self.features.dtype}"
-        return f"NodeType({self.name!r}, num_nodes={self.num_nodes}, {feats})"
-
-    @property
-    def feature_path(self) -> str:
-        if self.features is None:
-            raise ValueError(f"node type '{self.name}' of {self.dataset.path} has no features")
-        return self.dataset.file_path(self.features.file)
-
-    @property
-    def feature_dim(self) -> int:
-        return 0 if self.features is None else self.features.dim
-
-    @property
-    def feature_dtype(self) -> np.dtype | None:
-        return None if self.features is None else self.features.numpy_dtype
-
-    def read_features_direct(self, ids: np.ndarray) -> np.ndarray:
-        """Rows by plain buffered reads: the ground truth the tests compare every storage path to."""
-        return read_rows_direct(self.feature_path, self.features, self.num_nodes, ids)
-
-
-class HeteroDataset:
-    """An opened, validated schema-2 dataset directory; arrays are memory-mapped on first use."""
-
-    def __init__(self, path: str, meta: dict[str, Any]):
-        self.path = os.path.abspath(path)
-        self.meta = meta
-        self.name = meta.get("name", os.path.basename(self.path))
-        self.types: dict[str, NodeType] = {e["name"]: NodeType(self, e) for e in meta["node_types"]}
-        self.node_types: list[str] = list(self.types)
-        self.num_nodes: dict[str, int] = {t: nt.num_nodes for t, nt in self.types.items()}
-        self._relations = {(r["src"], r["name"], r["dst"]): r for r in meta["relations"]}
-        self.relations: list[Relation] = list(self._relations)
-        self.num_edges: dict[Relation, int] = {rel: int(r["num_edges"]) for rel, r in self._relations.items()}
-        self.target: str | None = meta.get("target")
-        self.offsets: dict[str, int] = type_offsets(self.num_nodes)
-        self.total_nodes = sum(self.num_nodes.values())
-        self._cache: dict[str, np.ndarray] = {}
-
-    def __repr__(self) -> str:
-        return (f"HeteroDataset(name={self.name!r}, node_types={self.num_nodes}, relations={len(self.relations)}, "
-                f"target={self.target!r}, path={self.path!r})")
-
-    is_hetero = True
-
-    def file_path(self, name: str) -> str:
-        return contained_path(self.path, name, DatasetError)
-
-    def _array(self, name: str) -> np.ndarray:
-        if name not in self._cache:
-            self._cache[name] = np.load(self.file_path(name), mmap_mode="r")
-        return self._cache[name]
-
-    def node_type(self, name: str | None = None) -> NodeType:
-        """A node type by name (None: the target type)."""
-        name = self._type_name(name)
-        return self.types[name]
-
-    def _type_name(self, name: str | None) -> str:
-        if name is None:
-            if self.target is None:
-                raise ValueError(f"dataset {self.path} has no target type; name the node type")
-            return self.target
-        if name not in self.types:
-            raise KeyError(f"dataset {self.path} has no node type {name!r}; it has: {', '.join(self.node_types)}")
-        return name
-
-    @property
-    def feature_types(self) -> list[str]:
-        """Node types that have features, in ``node_types`` order."""
-        return [t for t in self.node_types if self.types[t].features is not None]
-
-    def csr(self, relation: Relation | str) -> tuple[np.ndarray, np.ndarray]:
-        """(indptr, indices) of a relation: row v of ``dst`` lists the ``src`` nodes it aggregates from."""
-        relation = parse_relation(relation)
-        if relation not in self._relations:
-            raise KeyError(f"dataset {self.path} has no relation {relation}; it has: "
-                           f"{', '.join(map(relation_key, self.relations))}")
-        entry = self._relations[relation]
-        return self._array(entry["indptr"]), self._array(entry["indices"])
-
-    def labels(self, node_type: str | None = None) -> np.ndarray | None:
-        name = self.types[self._type_name(node_type)].entry.get("labels")
-        return None if name is None else self._array(name)
-
-    def num_classes(self, node_type: str | None = None) -> int | None:
-        return self.types[self._type_name(node_type)].entry.get("num_classes")
-
-    def split(self, name: str, node_type: str | None = None) -> np.ndarray:
-        """Node ids (of ``node_type``, default the target) of split ``name``."""
-        t = self._type_name(node_type)
-        splits = self.types[t].entry.get("splits") or {}
-        if name not in splits:
-            raise KeyError(f"node type '{t}' of {self.path} has no '{name}' split; it has: {sorted(splits) or 'none'}")
-        return self._array(splits[name])
-
-    def score_names(self, node_type: str) -> list[str]:
-        return sorted(self.types[self._type_name(node_type)].entry.get("scores") or {})
-
-    def score(self, name: str, node_type: str) -> np.ndarray:
-        t = self._type_name(node_type)
-        scores = self.types[t].entry.get("scores") or {}
-        if name not in scores:
-            raise KeyError(f"node type '{t}' of {self.path} has no '{name}' score; it has: "
-                           f"{sorted(scores) or 'none'}")
-        return self._array(scores[name])
-
-    def verify_checksums(self) -> None:
-        """Re-reads every file and compares it to the checksum in meta.json."""
-        verify_checksums(self.path, self.meta)
 
 
 # -- validation of schema 2 ---------------------------------------------------
@@ -271,7 +113,7 @@ def _check_hetero_meta(meta: dict, meta_path: str) -> None:
     check_checksums_meta(meta, meta_path)
 
 
-def open_hetero(path: str, meta: dict, meta_path: str, check: str) -> HeteroDataset:
+def check_schema2(path: str, meta: dict, meta_path: str, check: str) -> None:
     """Validates a schema-2 dataset (called by :func:`lsm_gnn.data.open_dataset`): the same checks as
     schema 1, per node type and per relation."""
     if check not in CHECKS:
@@ -287,12 +129,10 @@ def open_hetero(path: str, meta: dict, meta_path: str, check: str) -> HeteroData
     for entry in meta["relations"]:
         check_csr(path, entry["indptr"], entry["indices"], num_nodes[entry["dst"]], num_nodes[entry["src"]],
                   entry["num_edges"], check)
-    dataset = HeteroDataset(path, meta)
-    if dataset.target is not None and dataset.labels(dataset.target) is None:
-        raise _fail(meta_path, f"target type '{dataset.target}' has no labels",
+    target = meta.get("target")
+    if target is not None and next(e for e in meta["node_types"] if e["name"] == target).get("labels") is None:
+        raise _fail(meta_path, f"target type '{target}' has no labels",
                     "Write labels for it or name another target; " + _REDO)
-    return dataset
 
 
-__all__ = ["HeteroDataset", "NodeType", "Relation", "check_name", "open_hetero", "parse_relation", "relation_key",
-           "type_offsets"]
+__all__ = ["check_name", "check_schema2"]

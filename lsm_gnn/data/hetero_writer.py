@@ -15,7 +15,8 @@ from typing import Iterable
 import numpy as np
 
 from lsm_gnn.data.format import FORMAT_NAME, HETERO_SCHEMA_VERSION
-from lsm_gnn.data.hetero import Relation, check_name, parse_relation, relation_key, type_offsets
+from lsm_gnn.data.dataset import Relation, parse_relation, relation_key, type_offsets
+from lsm_gnn.data.hetero import check_name
 from lsm_gnn.data.writer import (
     AtomicDatasetWriter, DatasetError, FeatureFileWriter, build_csr_files, csr_edge_chunks, label_array,
     save_npy, score_array, split_ids, write_csr_files,
@@ -55,17 +56,17 @@ class HeteroDatasetWriter(AtomicDatasetWriter):
         if target is not None and target not in specs:
             raise ValueError(f"target type {target!r} is not one of the node types ({', '.join(specs)})")
         super().__init__(path, overwrite)
-        self.num_nodes = {t: int(spec["num_nodes"]) for t, spec in specs.items()}
+        self.type_sizes = {t: int(spec["num_nodes"]) for t, spec in specs.items()}  # node count per type
         self._features: dict[str, FeatureFileWriter] = {}
         self._relations: dict[Relation, dict] = {}
         entries = []
         try:
             for t, spec in specs.items():
                 os.makedirs(os.path.join(self.tmp, "nodes", t))
-                entry = {"name": t, "num_nodes": self.num_nodes[t], "features": None, "labels": None,
+                entry = {"name": t, "num_nodes": self.type_sizes[t], "features": None, "labels": None,
                          "num_classes": None, "splits": {}, "scores": {}}
                 if spec.get("feature_dim") is not None:
-                    writer = FeatureFileWriter(os.path.join(self.tmp, "nodes", t, "features.bin"), self.num_nodes[t],
+                    writer = FeatureFileWriter(os.path.join(self.tmp, "nodes", t, "features.bin"), self.type_sizes[t],
                                                spec["feature_dim"], spec.get("feature_dtype", "float32"),
                                                row_alignment, what=f"node type '{t}'")
                     self._features[t] = writer
@@ -132,7 +133,7 @@ class HeteroDatasetWriter(AtomicDatasetWriter):
         relation, prefix = self._relation(relation)
         src, _, dst = relation
         try:
-            num_edges = build_csr_files(self.tmp, prefix, chunks, self.num_nodes[dst], self.num_nodes[src],
+            num_edges = build_csr_files(self.tmp, prefix, chunks, self.type_sizes[dst], self.type_sizes[src],
                                         dedup=dedup, self_loops=self_loops or src != dst)
         except ValueError as exc:
             raise ValueError(f"relation '{relation_key(relation)}': {exc}") from None
@@ -143,7 +144,7 @@ class HeteroDatasetWriter(AtomicDatasetWriter):
         relation, prefix = self._relation(relation)
         src, _, dst = relation
         try:
-            num_edges = write_csr_files(self.tmp, prefix, indptr, indices, self.num_nodes[dst], self.num_nodes[src])
+            num_edges = write_csr_files(self.tmp, prefix, indptr, indices, self.type_sizes[dst], self.type_sizes[src])
         except ValueError as exc:
             raise ValueError(f"relation '{relation_key(relation)}': {exc}") from None
         self._add_relation(relation, prefix, num_edges)
@@ -161,7 +162,7 @@ class HeteroDatasetWriter(AtomicDatasetWriter):
     def write_labels(self, node_type: str, labels: np.ndarray, num_classes: int | None = None) -> None:
         """Class per node of ``node_type``, -1 for unlabeled nodes."""
         entry = self._entry(node_type)
-        labels, num_classes = label_array(labels, self.num_nodes[node_type], num_classes,
+        labels, num_classes = label_array(labels, self.type_sizes[node_type], num_classes,
                                           f"labels of node type '{node_type}'")
         file_name = f"nodes/{node_type}/labels.npy"
         save_npy(os.path.join(self.tmp, file_name), labels)
@@ -169,14 +170,14 @@ class HeteroDatasetWriter(AtomicDatasetWriter):
 
     def write_split(self, node_type: str, name: str, ids: np.ndarray) -> None:
         entry = self._entry(node_type)
-        ids = split_ids(name, ids, self.num_nodes[node_type], f" of node type '{node_type}'")
+        ids = split_ids(name, ids, self.type_sizes[node_type], f" of node type '{node_type}'")
         file_name = f"nodes/{node_type}/{name}_idx.npy"
         save_npy(os.path.join(self.tmp, file_name), ids)
         entry["splits"][name] = file_name
 
     def write_score(self, node_type: str, name: str, scores: np.ndarray) -> None:
         entry = self._entry(node_type)
-        scores = score_array(name, scores, self.num_nodes[node_type], f" of node type '{node_type}'")
+        scores = score_array(name, scores, self.type_sizes[node_type], f" of node type '{node_type}'")
         os.makedirs(os.path.join(self.tmp, "nodes", node_type, "scores"), exist_ok=True)
         file_name = f"nodes/{node_type}/scores/{name}.npy"
         save_npy(os.path.join(self.tmp, file_name), scores)
@@ -201,7 +202,7 @@ class HeteroDatasetWriter(AtomicDatasetWriter):
 
 def hetero_scores(source, names=None, *, progress: bool = False) -> dict[str, dict[str, np.ndarray]]:
     """Static scores of every node, per type: ``{type: {score name: float32 [num_nodes[type]]}}``, of a
-    :class:`HeteroDatasetWriter` being written or an opened :class:`~lsm_gnn.data.hetero.HeteroDataset`.
+    :class:`HeteroDatasetWriter` being written or an opened :class:`~lsm_gnn.data.dataset.Dataset`.
 
     The cache keys rows by global id, and sampling reaches a node through any relation, so the scores rank
     all types together: those of :mod:`lsm_gnn.data.scores` on one graph, the union of every relation in
@@ -218,7 +219,8 @@ def hetero_scores(source, names=None, *, progress: bool = False) -> dict[str, di
     unknown = sorted(set(names) - set(SCORE_NAMES))
     if unknown:
         raise ValueError(f"unknown score(s) {unknown}; valid names are {', '.join(SCORE_NAMES)}")
-    offsets, total = type_offsets(source.num_nodes), sum(source.num_nodes.values())
+    counts = {e["name"]: int(e["num_nodes"]) for e in source.meta["node_types"]}
+    offsets, total = type_offsets(counts), sum(counts.values())
     relations = [(r["src"], r["name"], r["dst"]) for r in source.meta["relations"]]
     if isinstance(source, AtomicDatasetWriter):  # dies with the writer's temporary directory
         workdir = tempfile.mkdtemp(prefix=".scores-", dir=source.tmp)
@@ -243,4 +245,4 @@ def hetero_scores(source, names=None, *, progress: bool = False) -> dict[str, di
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return {t: {name: np.array(values[offsets[t]:offsets[t] + n]) for name, values in scores.items()}
-            for t, n in source.num_nodes.items()}
+            for t, n in counts.items()}

@@ -40,7 +40,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from lsm_gnn.data.convert import _dtype_of, _feature_dtype, _open_npy, _progress, write_feature_chunks
-from lsm_gnn.data.format import Dataset
+from lsm_gnn.data.dataset import Dataset
 from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
 from lsm_gnn.data.writer import DatasetWriter, save_npy
 

@@ -1,19 +1,20 @@
 """Opening a dataset directory: one entry point for both schemas.
 
-It reads meta.json and hands the directory to the schema's own opener (:func:`lsm_gnn.data.format.open_schema1`,
-:func:`lsm_gnn.data.hetero.open_hetero`), so the two format modules need not import each other.
+It reads meta.json, hands the directory to the schema's own checks (:func:`lsm_gnn.data.format.check_schema1`,
+:func:`lsm_gnn.data.hetero.check_schema2`), and opens either as the one :class:`~lsm_gnn.data.dataset.Dataset`.
 """
 from __future__ import annotations
 
 import os
 
+from lsm_gnn.data.dataset import Dataset
 from lsm_gnn.data.format import (
-    CHECK_ALIASES, CHECKS, HETERO_SCHEMA_VERSION, META_FILE, Dataset, _fail, _read_meta, check_format, open_schema1,
+    CHECK_ALIASES, CHECKS, HETERO_SCHEMA_VERSION, META_FILE, _fail, _read_meta, check_format, check_schema1,
 )
-from lsm_gnn.data.hetero import HeteroDataset, open_hetero
+from lsm_gnn.data.hetero import check_schema2
 
 
-def open_dataset(path: str | os.PathLike, check: str = "full") -> Dataset | HeteroDataset:
+def open_dataset(path: str | os.PathLike, check: str = "full") -> Dataset:
     """Opens and validates a dataset directory.
 
     Every level checks meta.json key by key, files, sizes, dtypes, indptr
@@ -36,5 +37,7 @@ def open_dataset(path: str | os.PathLike, check: str = "full") -> Dataset | Hete
     meta = _read_meta(meta_path)
     check_format(meta, meta_path)
     if meta["version"] == HETERO_SCHEMA_VERSION:
-        return open_hetero(path, meta, meta_path, check)
-    return open_schema1(path, meta, meta_path, check)
+        check_schema2(path, meta, meta_path, check)
+    else:
+        check_schema1(path, meta, meta_path, check)
+    return Dataset(path, meta)

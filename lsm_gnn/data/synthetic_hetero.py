@@ -46,7 +46,7 @@ import numpy as np
 
 from lsm_gnn.data.convert import check_split_fractions, random_split
 from lsm_gnn.data.format import MAX_CLASSES
-from lsm_gnn.data.hetero import HeteroDataset, relation_key
+from lsm_gnn.data.dataset import Dataset, relation_key
 from lsm_gnn.data.hetero_writer import HeteroDatasetWriter
 from lsm_gnn.data.scores import SCORE_NAMES
 from lsm_gnn.data.synthetic import (
@@ -189,7 +189,7 @@ def generate_hetero_synthetic(path, *, num_papers: int, num_authors: int | None 
                               rmat: tuple[float, float, float, float] = (0.57, 0.19, 0.19, 0.05),
                               split: tuple[float, float, float] = (0.6, 0.2, 0.2), scores=SCORE_NAMES,
                               overwrite: bool = False, progress: bool = True, chunk_nodes: int = 1 << 16,
-                              name: str | None = None) -> HeteroDataset:
+                              name: str | None = None) -> Dataset:
     """Writes an IGBH-shaped heterogeneous dataset to ``path`` and returns it opened (see the module docstring).
 
     ``num_authors``, ``num_institutes``, ``num_fos`` default to 1.2, 0.005

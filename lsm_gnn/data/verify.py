@@ -28,9 +28,7 @@ import zlib
 import numpy as np
 import torch
 
-from lsm_gnn.data.format import (
-    BLOCK_SUMS_FILE, HETERO_SCHEMA_VERSION, META_FILE, DatasetError, crc32_file,
-)
+from lsm_gnn.data.format import BLOCK_SUMS_FILE, HETERO_SCHEMA_VERSION, META_FILE, DatasetError, crc32_file
 
 VERIFY_MODES = ("auto", "off", "sampled", "checksums")
 #: ``auto`` samples datasets up to this size (the trainer's message says 64 GiB): over a run the check may re-read

@@ -24,9 +24,10 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from lsm_gnn.data.dataset import Dataset
 from lsm_gnn.data.format import (
     BLOCK_BYTES, BLOCK_SUMS_FILE, EDGE_SPLITS, FEATURE_DTYPES, FORMAT_NAME, META_FILE, PAGE_SIZE, SCHEMA_VERSION,
-    SPLITS, BlockSums, Dataset, DatasetError, block_sums_of_file, crc32_file, feature_file_bytes, row_stride_for,
+    SPLITS, BlockSums, DatasetError, block_sums_of_file, crc32_file, feature_file_bytes, row_stride_for,
 )
 # EDGE_CHUNK, build_csr_files and index_dtype_for are re-exported: the CSR builder lives in csr_build.
 from lsm_gnn.data.csr_build import EDGE_CHUNK, build_csr_files, index_dtype_for  # noqa: F401

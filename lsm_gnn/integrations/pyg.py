@@ -53,7 +53,7 @@ class LsmFeatureStore(FeatureStore):
         self.dataset, self.features, self.group_name, self.dtype = dataset, features, group_name, dtype
         self.max_read_bytes = parse_bytes(max_read_bytes)
         self._row_bytes = {"x": features.row_bytes}
-        if dataset.labels is not None:
+        if dataset.labels() is not None:
             self._row_bytes["y"] = LABEL_BYTES
 
     def __repr__(self) -> str:
@@ -87,7 +87,7 @@ class LsmFeatureStore(FeatureStore):
         ids = self._ids(attr.index, name)
         if name == "y":
             # Fancy indexing a memory-mapped array reads only the rows asked for.
-            out = torch.from_numpy(np.asarray(self.dataset.labels[ids.numpy()], dtype=np.int64))
+            out = torch.from_numpy(np.asarray(self.dataset.labels()[ids.numpy()], dtype=np.int64))
         else:
             out = self.features.gather(ids)[0]
             if self.dtype is not None:

@@ -66,8 +66,9 @@ def _check_plannable(cfg: Config, dataset) -> None:
     if cfg.cache.backend not in PLANNED_BACKENDS:
         raise ConfigError(f"lsm-gnn plan models reads from a file (cache.backend in {', '.join(PLANNED_BACKENDS)}), "
                           f"got cache.backend={cfg.cache.backend}")
-    if getattr(dataset, "is_hetero", False):
-        raise ConfigError(f"lsm-gnn plan models homogeneous datasets only; {dataset.path} has several node types")
+    if not dataset.is_homogeneous:
+        raise ConfigError(f"lsm-gnn plan models graphs of one node type and one relation only; {dataset.path} has "
+                          f"{len(dataset.node_types)} node types and {len(dataset.relations)} relations")
     if cfg.cache.features != "cache":
         raise ConfigError(f"lsm-gnn plan models the cached path (cache.features=cache), got "
                           f"cache.features={cfg.cache.features}")

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.data.format import topology_error
-from lsm_gnn.data.hetero import Relation, relation_key
+from lsm_gnn.data.dataset import Relation, relation_key
 from lsm_gnn.hashing import mix64
 from lsm_gnn.ids import as_id_tensor, first_occurrence_labels
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
@@ -39,14 +39,17 @@ _MASK64 = (1 << 64) - 1
 
 
 class HeteroGraph(Protocol):
-    """What the sampler reads from a heterogeneous graph; node ids are local to their type."""
+    """What the sampler reads from a graph (a :class:`~lsm_gnn.data.Dataset` is one); node ids are local to
+    their type."""
 
     node_types: list[str]
     relations: list[Relation]
-    num_nodes: dict[str, int]
+
+    def num_nodes_of(self, node_type: str) -> int:
+        """The node count of one type."""
 
     def csr(self, relation: Relation) -> tuple[np.ndarray, np.ndarray]:
-        """(indptr int64 of num_nodes[dst] + 1 entries, int32 or int64 indices of src-type ids): row v lists
+        """(indptr int64 of num_nodes_of(dst) + 1 entries, int32 or int64 indices of src-type ids): row v lists
         the src-type nodes that dst-type node v aggregates from (messages flow src -> dst)."""
 
 
@@ -143,7 +146,7 @@ class HeteroNeighborSampler:
             if len(r) != 3 or r[0] not in self.node_types or r[2] not in self.node_types:
                 raise ValueError(f"relation {r!r} must be (src_type, name, dst_type) with types among "
                                  f"{self.node_types}")
-        self.num_nodes = {t: int(graph.num_nodes[t]) for t in self.node_types}
+        self.num_nodes = {t: int(graph.num_nodes_of(t)) for t in self.node_types}
         self.fanouts = _relation_fanouts(fanouts, self.relations)
         self.num_hops = len(self.fanouts[self.relations[0]])
         self.seed = int(seed) & _MASK64
