@@ -34,6 +34,8 @@ class HeteroBatch:
     hit_mask: dict[str, torch.Tensor]
     timings: dict = field(default_factory=dict)
     io: dict = field(default_factory=dict)
+    #: trainable node embeddings: none yet for a typed graph (``model.node_embedding`` takes one type)
+    emb: None = None
 
     @property
     def input_nodes(self) -> dict[str, torch.Tensor]:

@@ -79,10 +79,9 @@ def _conv(kind: str, in_dim: int, out_dim: int, heads: int, last: bool):
 
 def model_inputs(batch) -> torch.Tensor:
     """What a model reads for a batch's input nodes: their features, then their trainable embeddings
-    (``batch.emb``, with ``model.node_embedding``) if the batch has them."""
+    (``batch.emb``: with ``model.node_embedding``, else None)."""
     x = batch.x.float()
-    emb = getattr(batch, "emb", None)
-    return x if emb is None else torch.cat([x, emb], dim=1)
+    return x if batch.emb is None else torch.cat([x, batch.emb], dim=1)
 
 
 class HopGNN(nn.Module):

@@ -58,16 +58,7 @@ def batch_to(batch, device):
     """The batch's tensors on ``device`` (a no-op on CPU or when ``device`` is None)."""
     if device is None or torch.device(device).type == "cpu":
         return batch
-    if hasattr(batch, "to"):  # a batch that knows its own tensors (HeteroBatch)
-        return batch.to(device)
-    for hop in batch.hops:
-        hop.edge_index = hop.edge_index.to(device, non_blocking=True)
-    batch.x = batch.x.to(device, non_blocking=True)
-    if getattr(batch, "emb", None) is not None:
-        batch.emb = batch.emb.to(device, non_blocking=True)
-    if getattr(batch, "y", None) is not None:
-        batch.y = batch.y.to(device, non_blocking=True)
-    return batch
+    return batch.to(device)
 
 
 def all_reduce_sum(values: list[float]) -> list[float]:

@@ -39,7 +39,7 @@ def whole_graph(dataset, x, model):
     indptr, indices = np.asarray(dataset.indptr), np.asarray(dataset.indices)
     dst = np.repeat(np.arange(N), np.diff(indptr))
     hop = Hop(nodes=torch.arange(N), num_dst=N, edge_index=torch.from_numpy(np.stack([indices, dst])).long())
-    return model(SimpleNamespace(x=x, hops=[hop] * len(model.convs)))
+    return model(SimpleNamespace(x=x, hops=[hop] * len(model.convs), emb=None))
 
 
 def test_a_full_hop_holds_every_in_edge_with_destinations_first(tiny):

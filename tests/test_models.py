@@ -22,7 +22,7 @@ def _one_thread():
 
 
 def batch_of(x, hop):
-    return SimpleNamespace(x=x, hops=[hop])
+    return SimpleNamespace(x=x, hops=[hop], emb=None)
 
 
 def random_graph(n=40, m=160, self_loops=3, seed=0):
@@ -96,7 +96,7 @@ class TestSelfTerm:
         changed = x.clone()
         changed[0] += 3.0
         with torch.no_grad():
-            run = [model(SimpleNamespace(x=v, hops=[inner, outer])) for v in (x, changed)]
+            run = [model(SimpleNamespace(x=v, hops=[inner, outer], emb=None)) for v in (x, changed)]
         assert not torch.allclose(run[0], run[1], atol=1e-4)
 
 
