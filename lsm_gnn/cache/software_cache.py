@@ -294,7 +294,7 @@ class SoftwareCache(StorageShape):
 
     # -- the stages of a lookup (lsm_gnn.cache.plan), in order --------------------------------------------------
 
-    def _begin(self, ids: torch.Tensor, future, out: torch.Tensor | None) -> LookupPlan:
+    def _begin(self, ids: torch.Tensor, future=None, out: torch.Tensor | None = None) -> LookupPlan:
         """The batch's plan: its distinct ids, checked against the storage, and its prefetched lines."""
         self._check_intact()
         unique, inverse = unique_ids(ids)
