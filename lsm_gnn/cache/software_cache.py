@@ -115,6 +115,18 @@ def static_ranks(scores) -> torch.Tensor | None:
     return torch.from_numpy(np.ascontiguousarray(ranks).view(np.int16))
 
 
+def _cache_device(device) -> torch.device:
+    """``device`` as a torch.device a cache can live on: the CPU, or a CUDA device torch can see."""
+    device_ = torch.device(device)
+    if device_.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"the cache was asked for device {device!r}, but torch sees no CUDA device "
+                           f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); "
+                           "use device='cpu' or run on a GPU machine")
+    if device_.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or a CUDA device, got {device!r}")
+    return device_
+
+
 class SoftwareCache(StorageShape):
     """A set-associative cache of feature rows in front of ``storage``.
 
@@ -171,29 +183,12 @@ class SoftwareCache(StorageShape):
         else:
             self.policy = PolicyConfig(policy, window=window, period=period, threshold=threshold,
                                        levels=tuple(levels) if levels is not None else None)
-        if num_sets is None:
-            if capacity is None:
-                raise ValueError("give the cache a capacity in bytes (e.g. '4G') or num_sets")
-            num_sets, ways = cache_geometry(capacity, storage.row_bytes, ways, storage.num_rows)
-        elif num_sets < 1 or ways < 1:
-            raise ValueError(f"a cache needs at least one set and one way, got {num_sets} x {ways}")
-        self.num_sets, self.ways = int(num_sets), int(ways)
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"the cache was asked for device {device!r}, but torch sees no CUDA device "
-                               f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); "
-                               "use device='cpu' or run on a GPU machine")
-        elif self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or a CUDA device, got {device!r}")
+        self.num_sets, self.ways = self._geometry(capacity, num_sets, ways)
+        self.device = _cache_device(device)
         self.state = CacheState.empty(self.num_sets, self.ways, self.device)
         self.data = host_zeros((self.num_lines, storage.dim), storage.dtype) if self.device.type == "cpu" else \
             torch.zeros((self.num_lines, storage.dim), dtype=storage.dtype, device=self.device)
-        self.node_static = static_ranks(static_scores)
-        if self.node_static is not None:
-            self.node_static = self.node_static.to(self.device)
-        if self.node_static is not None and self.node_static.numel() != storage.num_rows:
-            raise ValueError(f"static_scores has {self.node_static.numel()} entries; the storage has "
-                             f"{storage.num_rows} nodes")
+        self.node_static = self._static_ranks(static_scores)
         self.num_threads = num_threads
         self.oversubscribe = oversubscribe
         self.iteration = 0
@@ -212,23 +207,47 @@ class SoftwareCache(StorageShape):
         # On the CPU, misses are read straight into their lines where the storage can (FeatureStorage.read_into).
         self._read_into = getattr(storage, "read_into", None) if self._staging is None else None
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self.pvp: VictimBuffer | None = None
         self.pvp_reinstall = bool(pvp_reinstall)
-        if pvp_queue_capacity is not None and pvp_queue_bytes is not None:
-            raise ValueError(f"give the victim queues' size once: pvp_queue_capacity={pvp_queue_capacity!r} (lines "
-                             f"per queue) or pvp_queue_bytes={pvp_queue_bytes!r} (all queues), not both")
-        if pvp:
-            if pvp_queue_capacity is None:
-                pvp_queue_capacity = queue_capacity_for(DEFAULT_QUEUE_BYTES if pvp_queue_bytes is None
-                                                        else pvp_queue_bytes, self.policy.window + 1,
-                                                        storage.row_bytes, self.capacity_bytes,
-                                                        at_least_one=pvp_queue_bytes is None)
-            self.pvp = VictimBuffer(self.policy.window, pvp_queue_capacity, storage.dim, storage.dtype, self.device,
-                                    first_iteration=self.iteration, num_threads=num_threads)
-        elif pvp_reinstall:
-            raise ValueError("pvp_reinstall=True needs pvp=True")
+        self.pvp: VictimBuffer | None = self._victim_buffer(pvp, pvp_queue_capacity, pvp_queue_bytes)
         # PVP's part of every lookup, by mode (lsm_gnn.cache.pvp): chosen here, once.
         self._victims = lookup_strategy(self.pvp, self.pvp_reinstall)
+
+    def _geometry(self, capacity, num_sets: int | None, ways: int) -> tuple[int, int]:
+        """(num_sets, ways) from the constructor's capacity or num_sets."""
+        if num_sets is None:
+            if capacity is None:
+                raise ValueError("give the cache a capacity in bytes (e.g. '4G') or num_sets")
+            num_sets, ways = cache_geometry(capacity, self.storage.row_bytes, ways, self.storage.num_rows)
+        elif num_sets < 1 or ways < 1:
+            raise ValueError(f"a cache needs at least one set and one way, got {num_sets} x {ways}")
+        return int(num_sets), int(ways)
+
+    def _static_ranks(self, static_scores) -> torch.Tensor | None:
+        """:func:`static_ranks` on the cache's device, one per node of the storage."""
+        ranks = static_ranks(static_scores)
+        if ranks is None:
+            return None
+        ranks = ranks.to(self.device)
+        if ranks.numel() != self.storage.num_rows:
+            raise ValueError(f"static_scores has {ranks.numel()} entries; the storage has "
+                             f"{self.storage.num_rows} nodes")
+        return ranks
+
+    def _victim_buffer(self, pvp: bool, queue_capacity: int | None, queue_bytes) -> VictimBuffer | None:
+        """The victim buffer of ``pvp=True``, its queues sized by lines or by bytes (see the class)."""
+        if queue_capacity is not None and queue_bytes is not None:
+            raise ValueError(f"give the victim queues' size once: pvp_queue_capacity={queue_capacity!r} (lines "
+                             f"per queue) or pvp_queue_bytes={queue_bytes!r} (all queues), not both")
+        if not pvp:
+            if self.pvp_reinstall:
+                raise ValueError("pvp_reinstall=True needs pvp=True")
+            return None
+        if queue_capacity is None:
+            queue_capacity = queue_capacity_for(DEFAULT_QUEUE_BYTES if queue_bytes is None else queue_bytes,
+                                                self.policy.window + 1, self.storage.row_bytes, self.capacity_bytes,
+                                                at_least_one=queue_bytes is None)
+        return VictimBuffer(self.policy.window, queue_capacity, self.storage.dim, self.storage.dtype, self.device,
+                            first_iteration=self.iteration, num_threads=self.num_threads)
 
     @property
     def num_lines(self) -> int:
