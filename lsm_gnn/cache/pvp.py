@@ -53,7 +53,11 @@ positions). The paper's mode matches before the assign
 (``pvp_scatter``). Each op is the C++ core on CPU tensors and a Triton kernel
 (:mod:`lsm_gnn.kernels.victim_serve`) on CUDA ones; :func:`match_prefetched`,
 :func:`fill_prefetched` and :func:`scatter_prefetched` below define them in
-torch ops, and the tests hold both kernels to these.
+torch ops, and the tests hold both kernels to these. The cache reaches the
+buffer through one strategy object per mode, chosen when it is built
+(:func:`lookup_strategy`: :class:`BypassFromQueue`, :class:`ReinstallFromQueue`
+or :class:`WithoutPVP`), whose hooks run in the stages of a lookup
+(:mod:`lsm_gnn.cache.plan`).
 
 Counts: ``enqueued = hits + unused + pending`` (pending: lines still in
 queues or in an unserved prefetch buffer), ``offered = enqueued +
