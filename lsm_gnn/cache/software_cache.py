@@ -305,6 +305,7 @@ class SoftwareCache(StorageShape):
             return self._account(plan, caller)
 
     def _check_out(self, num_ids: int, out: torch.Tensor | None) -> None:
+        """``out``, if given, must be able to receive the rows of ``num_ids`` ids as they are."""
         shape = (num_ids, self.storage.dim)
         if out is not None and (tuple(out.shape) != shape or out.dtype != self.data.dtype
                                 or out.device != self.device or not out.is_contiguous()):
