@@ -60,6 +60,10 @@ taken and matched to the batch; with PVP on, the window is scanned every
 their queues in ascending order of the id that evicted them, before any row
 is installed; a line installed earlier in the same batch holds no row yet and
 goes to no queue (counted as no reuse).
+
+``lookup`` runs the named stages of :mod:`lsm_gnn.cache.plan` over a plan of
+its own, as the software cache does, so tests can compare the two stage by
+stage. It has no write-back: it models read-only storage.
 """
 from __future__ import annotations
 
@@ -76,6 +80,8 @@ from lsm_gnn.kernels.layout import INDEX_MASK, INVALID_TAG, NO_REUSE, pack_recor
 from lsm_gnn.cache.pvp import PVPStats
 from lsm_gnn.cache.stats import CacheStats
 from lsm_gnn.ids import as_id_tensor
+
+
 @dataclass
 class _Lines:
     tags: np.ndarray
@@ -86,6 +92,42 @@ class _Lines:
     pvp_index: np.ndarray
     pvp_rank: np.ndarray
     rr_pointer: np.ndarray = field(default=None)
+
+
+@dataclass(eq=False)
+class _Batch:
+    """One batch on its way through :meth:`ReferenceCache.lookup`'s stages; the stage named first fills each field."""
+
+    # begin
+    t: int
+    ids: np.ndarray
+    unique: np.ndarray         # sorted distinct ids
+    inverse: np.ndarray        # ids == unique[inverse]
+    future: object
+    rank: int
+    taken: list = field(default_factory=list)   # the queue of t: [(node, record, row)]
+    # before_assign
+    served: dict = field(default_factory=dict)  # unique index -> (row, stored index) a line of the queue serves
+    cache_u: list = field(default_factory=list)  # the unique indices the cache sees
+    # assign
+    known: dict | None = None  # next use at assign, per node of the window
+    sets: np.ndarray = None
+    where: np.ndarray = None   # the line caching each distinct id at the end (-1: not cached)
+    hit: np.ndarray = None
+    victims: dict = field(default_factory=dict)  # unique index -> (evicted node, reuse, line, index, rank)
+    evictions: int = 0
+    evicted_in_use: int = 0
+    bypassed: int = 0
+    # after_assign
+    unique_rows: torch.Tensor = None
+    from_pvp: np.ndarray = None  # distinct ids served from the queue
+    # fill
+    miss: np.ndarray = None      # distinct ids read from storage
+    rows: torch.Tensor = None    # in request order
+
+    def next_use(self, node) -> tuple[int, int, int]:
+        """(reuse, index, rank) a line of ``node`` records at assign: its next use in the window, if known."""
+        return (NO_REUSE, 0, 0) if self.known is None else self.known.get(int(node), (NO_REUSE, 0, 0))
 
 
 class ReferenceCache:
@@ -205,110 +247,154 @@ class ReferenceCache:
 
     # -- the batch API ----------------------------------------------------------
     def lookup(self, ids, future=None, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Serves one iteration: returns (rows in request order, hit mask)."""
-        ids = as_id_tensor(ids)
-        ids_np = ids.numpy()
-        unique, inverse = np.unique(ids_np, return_inverse=True)
-        inverse = inverse.reshape(-1)
+        """Serves one iteration: returns (rows in request order, hit mask), by the stages of
+        :mod:`lsm_gnn.cache.plan`, as the software cache does."""
+        batch = self._begin(ids, future, rank)
+        self._before_assign(batch)
+        self._assign(batch)
+        self._evict(batch)
+        self._after_assign(batch)
+        self._fill(batch)
+        return self._account(batch)
+
+    # -- the stages of a lookup (lsm_gnn.cache.plan), in order ------------------
+    def _begin(self, ids, future=None, rank: int = 0) -> _Batch:
+        """The batch: its distinct ids, checked against the storage, and the queue of its iteration."""
+        ids = as_id_tensor(ids).numpy()
+        unique, inverse = np.unique(ids, return_inverse=True)
         if unique.size and (unique[0] < 0 or unique[-1] >= self.storage.num_rows):
             bad = unique[0] if unique[0] < 0 else unique[-1]
             raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
-        L, t = self.lines, self.iteration
-        served: dict[int, tuple[torch.Tensor, int]] = {}  # unique index -> (row, stored index) from the queue of t
+        batch = _Batch(self.iteration, ids, unique, inverse.reshape(-1), future, rank)
         if self.pvp:
-            for target in [T for T in self.queues if T < t]:  # never served from a queue whose iteration passed
+            for target in [T for T in self.queues if T < batch.t]:  # never served from a queue whose iteration passed
                 self.pvp_stats.unused += len(self.queues.pop(target))
-            taken = self.queues.get(t, [])  # removed once the batch is served (a failed lookup may retry)
-            for node, record, row in taken:
-                p = record & INDEX_MASK
-                if p < ids_np.size and ids_np[p] == node and int(inverse[p]) not in served:
-                    served[int(inverse[p])] = (row, p)
+            batch.taken = self.queues.get(batch.t, [])  # removed once the batch is served (a failed lookup may retry)
+        return batch
+
+    def _before_assign(self, b: _Batch) -> None:
+        """Matches the queue of ``t`` to the batch; in the paper's mode the ids it serves skip the cache."""
+        for node, record, row in b.taken:
+            p = record & INDEX_MASK
+            if p < b.ids.size and b.ids[p] == node and int(b.inverse[p]) not in b.served:
+                b.served[int(b.inverse[p])] = (row, p)
         bypass = self.pvp and not self.pvp_reinstall
-        cache_u = [u for u in range(unique.size) if not (bypass and u in served)]  # what the cache sees
-        if len(cache_u) > self.num_lines and not self.oversubscribe:
-            raise ValueError(f"this batch has {len(cache_u)} distinct ids but the cache holds {self.num_lines} lines; "
-                             f"raise the cache capacity to at least {len(cache_u)} rows (or pass oversubscribe=True)")
-        if (self.policy.uses_window or self.pvp) and future is not None and self.iteration % self.policy.period == 0:
-            self.scan(future, rank)
+        b.cache_u = [u for u in range(b.unique.size) if not (bypass and u in b.served)]
+
+    def _assign(self, b: _Batch) -> None:
+        """The window scan when due, then the hits, victims and installs of the ids the cache sees."""
+        if len(b.cache_u) > self.num_lines and not self.oversubscribe:
+            raise ValueError(f"this batch has {len(b.cache_u)} distinct ids but the cache holds {self.num_lines} "
+                             f"lines; raise the cache capacity to at least {len(b.cache_u)} rows (or pass "
+                             "oversubscribe=True)")
+        if (self.policy.uses_window or self.pvp) and b.future is not None and b.t % self.policy.period == 0:
+            self.scan(b.future, b.rank)
         self._room = {T: len(self.queues.get(T, ())) < self.pvp_capacity
-                      for T in range(t + 1, t + self.policy.window + 1)} if self.pvp else {}
+                      for T in range(b.t + 1, b.t + self.policy.window + 1)} if self.pvp else {}
         # Next use at assign: (reuse counted from the last scan, index, rank) of each node in the window.
-        known = self._next_uses(future, rank) if self.policy.assign_next_use and future is not None else None
-        sets = set_of(unique, self.num_sets)
-        where = np.full(unique.size, -1, np.int64)  # line caching each unique id at the end, -1 = not cached
-        hit = np.zeros(unique.size, bool)
-        for u in cache_u:
-            base = sets[u] * self.ways
+        if self.policy.assign_next_use and b.future is not None:
+            b.known = self._next_uses(b.future, b.rank)
+        b.sets = set_of(b.unique, self.num_sets)
+        b.where = np.full(b.unique.size, -1, np.int64)
+        b.hit = np.zeros(b.unique.size, bool)
+        self._mark_hits(b)
+        self._install_misses(b)
+
+    def _mark_hits(self, b: _Batch) -> None:
+        """Finds the ids the cache holds and marks their lines used (and their next use, or fresh)."""
+        L, t = self.lines, b.t
+        for u in b.cache_u:
+            base = b.sets[u] * self.ways
             for way in range(self.ways):
-                if L.tags[base + way] == unique[u]:
+                if L.tags[base + way] == b.unique[u]:
                     i = base + way
-                    hit[u], where[u] = True, i
+                    b.hit[u], b.where[u] = True, i
                     L.last_use[i] = t
-                    if known is not None:
-                        L.reuse[i], L.pvp_index[i], L.pvp_rank[i] = known.get(int(unique[u]), (NO_REUSE, 0, 0))
+                    if b.known is not None:
+                        L.reuse[i], L.pvp_index[i], L.pvp_rank[i] = b.next_use(b.unique[u])
                         L.fresh[i] = False
                     elif t > self.scan_base:
                         L.fresh[i] = True
                     break
-        unique_rows = torch.empty((unique.size, self.storage.dim), dtype=self.storage.dtype)
-        hits = np.flatnonzero(hit)
-        if hits.size:  # copied out before any install can overwrite them
-            unique_rows[torch.from_numpy(hits)] = self.data[torch.from_numpy(where[hits])]
+
+    def _install_misses(self, b: _Batch) -> None:
+        """Misses by set, in ascending id order: each takes its victim's line (or is bypassed)."""
+        L, t = self.lines, b.t
         installed_by: dict[int, int] = {}  # line -> unique index installed there this batch
-        victims: dict[int, tuple] = {}  # unique index -> (evicted node, reuse, line, index, rank)
-        for u in sorted((u for u in cache_u if not hit[u]), key=lambda u: (sets[u], unique[u])):
-            i = int(sets[u] * self.ways + self.choose_victim(int(sets[u])))
-            reuse, index, rank_of = (NO_REUSE, 0, 0) if known is None else known.get(int(unique[u]), (NO_REUSE, 0, 0))
-            static = 0 if self.static_scores is None else int(self.static_scores[unique[u]])
-            if (self.policy.bypass and known is not None and L.tags[i] != INVALID_TAG
+        for u in sorted((u for u in b.cache_u if not b.hit[u]), key=lambda u: (b.sets[u], b.unique[u])):
+            i = int(b.sets[u] * self.ways + self.choose_victim(int(b.sets[u])))
+            reuse, index, rank = b.next_use(b.unique[u])
+            static = 0 if self.static_scores is None else int(self.static_scores[b.unique[u]])
+            if (self.policy.bypass and b.known is not None and L.tags[i] != INVALID_TAG
                     and self._key_of(reuse, False, static, t) < self._key(i, 0)[:-1]):
-                self.stats.bypassed += 1  # Belady's bypass: the policy would evict this miss before its victim
+                b.bypassed += 1  # Belady's bypass: the policy would evict this miss before its victim
                 continue
             if L.tags[i] != INVALID_TAG:
-                self.stats.evictions += 1
-                if L.last_use[i] == t:
-                    self.stats.evicted_in_use += 1
+                b.evictions += 1
+                b.evicted_in_use += int(L.last_use[i] == t)
                 # A line this batch installed holds no row yet: no victim queue may take it.
                 victim_reuse = NO_REUSE if i in installed_by else int(L.reuse[i])
-                victims[u] = (int(L.tags[i]), victim_reuse, i, int(L.pvp_index[i]), int(L.pvp_rank[i]))
+                b.victims[u] = (int(L.tags[i]), victim_reuse, i, int(L.pvp_index[i]), int(L.pvp_rank[i]))
             if i in installed_by:
-                where[installed_by[i]] = -1
+                b.where[installed_by[i]] = -1
             installed_by[i] = u
-            L.tags[i], L.static[i] = unique[u], static
-            L.reuse[i], L.fresh[i], L.last_use[i] = reuse, known is None, t
-            L.pvp_index[i], L.pvp_rank[i] = index, rank_of
-            where[u] = i
+            L.tags[i], L.static[i] = b.unique[u], static
+            L.reuse[i], L.fresh[i], L.last_use[i] = reuse, b.known is None, t
+            L.pvp_index[i], L.pvp_rank[i] = index, rank
+            b.where[u] = i
+
+    def _evict(self, b: _Batch) -> None:
+        """The victims go to their queues before any row is installed (this model has no write-back)."""
         if self.pvp:
-            self._enqueue(victims)
-        from_pvp = np.zeros(unique.size, bool)  # a cache hit wins over a queued copy
-        for u, (row, _) in served.items():
-            if not hit[u]:
-                from_pvp[u] = True
-                unique_rows[u] = row
-                if where[u] >= 0:  # reinstalled: its line gets the queued row, not a storage read
-                    self.data[int(where[u])] = row
-        miss = np.flatnonzero(~hit & ~from_pvp)
-        if miss.size:
-            fetched = self.storage.read(torch.from_numpy(unique[miss]))
-            self.stats.bytes_read += miss.size * self.storage.row_bytes
-            unique_rows[torch.from_numpy(miss)] = fetched
-            cached = where[miss] >= 0
-            self.data[torch.from_numpy(where[miss][cached])] = fetched[torch.from_numpy(cached)]
+            self._enqueue(b.victims)
+
+    def _after_assign(self, b: _Batch) -> None:
+        """Hit rows out before any line is written; then the rows the queue serves (a cache hit wins over a
+        queued copy), into their new lines when reinstalling."""
+        b.unique_rows = torch.empty((b.unique.size, self.storage.dim), dtype=self.storage.dtype)
+        hits = np.flatnonzero(b.hit)
+        if hits.size:
+            b.unique_rows[torch.from_numpy(hits)] = self.data[torch.from_numpy(b.where[hits])]
+        b.from_pvp = np.zeros(b.unique.size, bool)
+        for u, (row, _) in b.served.items():
+            if not b.hit[u]:
+                b.from_pvp[u] = True
+                b.unique_rows[u] = row
+                if b.where[u] >= 0:  # reinstalled: its line gets the queued row, not a storage read
+                    self.data[int(b.where[u])] = row
+
+    def _fill(self, b: _Batch) -> None:
+        """The misses in one storage read, into their lines where they have one; the rows in request order."""
+        b.miss = np.flatnonzero(~b.hit & ~b.from_pvp)
+        if b.miss.size:
+            fetched = self.storage.read(torch.from_numpy(b.unique[b.miss]))
+            self.stats.bytes_read += b.miss.size * self.storage.row_bytes
+            b.unique_rows[torch.from_numpy(b.miss)] = fetched
+            cached = b.where[b.miss] >= 0
+            self.data[torch.from_numpy(b.where[b.miss][cached])] = fetched[torch.from_numpy(cached)]
+        b.rows = b.unique_rows[torch.from_numpy(b.inverse)]
+
+    def _account(self, b: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Counts the batch, settles the queue of ``t`` and ends the iteration; returns (rows, hit mask)."""
+        served = int(b.from_pvp.sum())
         if self.pvp:
-            self.queues.pop(t, None)
-            self.pvp_stats.prefetched += len(taken)
-            self.pvp_stats.hits += int(from_pvp.sum())
-            self.pvp_stats.unused += len(taken) - int(from_pvp.sum())
-            self.pvp_stats.bytes_saved += int(from_pvp.sum()) * self.storage.row_bytes
-        inv = torch.from_numpy(inverse)
-        self.stats.iterations += 1
-        self.stats.requests += ids.numel()
-        self.stats.unique += unique.size
-        self.stats.hits += int(hit.sum())
-        self.stats.pvp_hits += int(from_pvp.sum())
-        self.stats.misses += int(miss.size)
+            self.queues.pop(b.t, None)
+            self.pvp_stats.prefetched += len(b.taken)
+            self.pvp_stats.hits += served
+            self.pvp_stats.unused += len(b.taken) - served
+            self.pvp_stats.bytes_saved += served * self.storage.row_bytes
+        s = self.stats
+        s.iterations += 1
+        s.requests += b.ids.size
+        s.unique += b.unique.size
+        s.hits += int(b.hit.sum())
+        s.pvp_hits += served
+        s.misses += int(b.miss.size)
+        s.evictions += b.evictions
+        s.evicted_in_use += b.evicted_in_use
+        s.bypassed += b.bypassed
         self.iteration += 1
-        return unique_rows[inv], torch.from_numpy(hit | from_pvp)[inv]
+        return b.rows, torch.from_numpy(b.hit | b.from_pvp)[torch.from_numpy(b.inverse)]
 
     def _next_uses(self, future, rank: int = 0) -> dict[int, tuple[int, int, int]]:
         """Each node's first occurrence in ``future`` (future[0] = next iteration) within the window, as

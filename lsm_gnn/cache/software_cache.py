@@ -2,13 +2,14 @@
 
 Semantics are those of :mod:`lsm_gnn.cache.reference` (the oracle); the
 metadata work runs in the native core (OpenMP across sets), rows move with
-torch index ops. State lives in tensors owned by this object.
+torch index ops. State lives in tensors owned by this object. A lookup is the
+named stages of :mod:`lsm_gnn.cache.plan` over a per-batch plan, with the
+victim buffer's part in one strategy object per PVP mode (:mod:`lsm_gnn.cache.pvp`).
 """
 from __future__ import annotations
 
 import threading
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -16,7 +17,8 @@ import torch
 from lsm_gnn.cache.hashing import set_of
 from lsm_gnn.kernels.layout import INDEX_MASK, INVALID_TAG, REUSE_SHIFT
 from lsm_gnn.cache.policies import PolicyConfig, quantize_scores
-from lsm_gnn.cache.pvp import DEFAULT_QUEUE_BYTES, VictimBuffer, queue_capacity_for
+from lsm_gnn.cache.plan import LookupPlan
+from lsm_gnn.cache.pvp import DEFAULT_QUEUE_BYTES, VictimBuffer, lookup_strategy, queue_capacity_for
 from lsm_gnn.cache.staging import MissStaging, side_stream
 from lsm_gnn.cache.state import CacheState
 from lsm_gnn.cache.stats import CacheStats
@@ -113,6 +115,18 @@ def static_ranks(scores) -> torch.Tensor | None:
     return torch.from_numpy(np.ascontiguousarray(ranks).view(np.int16))
 
 
+def _cache_device(device) -> torch.device:
+    """``device`` as a torch.device a cache can live on: the CPU, or a CUDA device torch can see."""
+    device_ = torch.device(device)
+    if device_.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"the cache was asked for device {device!r}, but torch sees no CUDA device "
+                           f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); "
+                           "use device='cpu' or run on a GPU machine")
+    if device_.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or a CUDA device, got {device!r}")
+    return device_
+
+
 class SoftwareCache(StorageShape):
     """A set-associative cache of feature rows in front of ``storage``.
 
@@ -169,29 +183,12 @@ class SoftwareCache(StorageShape):
         else:
             self.policy = PolicyConfig(policy, window=window, period=period, threshold=threshold,
                                        levels=tuple(levels) if levels is not None else None)
-        if num_sets is None:
-            if capacity is None:
-                raise ValueError("give the cache a capacity in bytes (e.g. '4G') or num_sets")
-            num_sets, ways = cache_geometry(capacity, storage.row_bytes, ways, storage.num_rows)
-        elif num_sets < 1 or ways < 1:
-            raise ValueError(f"a cache needs at least one set and one way, got {num_sets} x {ways}")
-        self.num_sets, self.ways = int(num_sets), int(ways)
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"the cache was asked for device {device!r}, but torch sees no CUDA device "
-                               f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); "
-                               "use device='cpu' or run on a GPU machine")
-        elif self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or a CUDA device, got {device!r}")
+        self.num_sets, self.ways = self._geometry(capacity, num_sets, ways)
+        self.device = _cache_device(device)
         self.state = CacheState.empty(self.num_sets, self.ways, self.device)
         self.data = host_zeros((self.num_lines, storage.dim), storage.dtype) if self.device.type == "cpu" else \
             torch.zeros((self.num_lines, storage.dim), dtype=storage.dtype, device=self.device)
-        self.node_static = static_ranks(static_scores)
-        if self.node_static is not None:
-            self.node_static = self.node_static.to(self.device)
-        if self.node_static is not None and self.node_static.numel() != storage.num_rows:
-            raise ValueError(f"static_scores has {self.node_static.numel()} entries; the storage has "
-                             f"{storage.num_rows} nodes")
+        self.node_static = self._static_ranks(static_scores)
         self.num_threads = num_threads
         self.oversubscribe = oversubscribe
         self.iteration = 0
@@ -210,21 +207,47 @@ class SoftwareCache(StorageShape):
         # On the CPU, misses are read straight into their lines where the storage can (FeatureStorage.read_into).
         self._read_into = getattr(storage, "read_into", None) if self._staging is None else None
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self.pvp: VictimBuffer | None = None
         self.pvp_reinstall = bool(pvp_reinstall)
-        if pvp_queue_capacity is not None and pvp_queue_bytes is not None:
-            raise ValueError(f"give the victim queues' size once: pvp_queue_capacity={pvp_queue_capacity!r} (lines "
-                             f"per queue) or pvp_queue_bytes={pvp_queue_bytes!r} (all queues), not both")
-        if pvp:
-            if pvp_queue_capacity is None:
-                pvp_queue_capacity = queue_capacity_for(DEFAULT_QUEUE_BYTES if pvp_queue_bytes is None
-                                                        else pvp_queue_bytes, self.policy.window + 1,
-                                                        storage.row_bytes, self.capacity_bytes,
-                                                        at_least_one=pvp_queue_bytes is None)
-            self.pvp = VictimBuffer(self.policy.window, pvp_queue_capacity, storage.dim, storage.dtype, self.device,
-                                    first_iteration=self.iteration, num_threads=num_threads)
-        elif pvp_reinstall:
-            raise ValueError("pvp_reinstall=True needs pvp=True")
+        self.pvp: VictimBuffer | None = self._victim_buffer(pvp, pvp_queue_capacity, pvp_queue_bytes)
+        # PVP's part of every lookup, by mode (lsm_gnn.cache.pvp): chosen here, once.
+        self._victims = lookup_strategy(self.pvp, self.pvp_reinstall)
+
+    def _geometry(self, capacity, num_sets: int | None, ways: int) -> tuple[int, int]:
+        """(num_sets, ways) from the constructor's capacity or num_sets."""
+        if num_sets is None:
+            if capacity is None:
+                raise ValueError("give the cache a capacity in bytes (e.g. '4G') or num_sets")
+            num_sets, ways = cache_geometry(capacity, self.storage.row_bytes, ways, self.storage.num_rows)
+        elif num_sets < 1 or ways < 1:
+            raise ValueError(f"a cache needs at least one set and one way, got {num_sets} x {ways}")
+        return int(num_sets), int(ways)
+
+    def _static_ranks(self, static_scores) -> torch.Tensor | None:
+        """:func:`static_ranks` on the cache's device, one per node of the storage."""
+        ranks = static_ranks(static_scores)
+        if ranks is None:
+            return None
+        ranks = ranks.to(self.device)
+        if ranks.numel() != self.storage.num_rows:
+            raise ValueError(f"static_scores has {ranks.numel()} entries; the storage has "
+                             f"{self.storage.num_rows} nodes")
+        return ranks
+
+    def _victim_buffer(self, pvp: bool, queue_capacity: int | None, queue_bytes) -> VictimBuffer | None:
+        """The victim buffer of ``pvp=True``, its queues sized by lines or by bytes (see the class)."""
+        if queue_capacity is not None and queue_bytes is not None:
+            raise ValueError(f"give the victim queues' size once: pvp_queue_capacity={queue_capacity!r} (lines "
+                             f"per queue) or pvp_queue_bytes={queue_bytes!r} (all queues), not both")
+        if not pvp:
+            if self.pvp_reinstall:
+                raise ValueError("pvp_reinstall=True needs pvp=True")
+            return None
+        if queue_capacity is None:
+            queue_capacity = queue_capacity_for(DEFAULT_QUEUE_BYTES if queue_bytes is None else queue_bytes,
+                                                self.policy.window + 1, self.storage.row_bytes, self.capacity_bytes,
+                                                at_least_one=queue_bytes is None)
+        return VictimBuffer(self.policy.window, queue_capacity, self.storage.dim, self.storage.dtype, self.device,
+                            first_iteration=self.iteration, num_threads=self.num_threads)
 
     @property
     def num_lines(self) -> int:
@@ -261,141 +284,165 @@ class SoftwareCache(StorageShape):
         with PVP, victim-buffer hits. ``out``, a contiguous ``[len(ids), dim]``
         tensor of the cache's dtype and device, receives the rows: reusing one
         avoids faulting in fresh memory on every batch (which costs more than
-        the copy itself).
+        the copy itself). The work is the stages of :mod:`lsm_gnn.cache.plan`.
         """
         ids = as_id_tensor(ids).to(self.device)
-        shape = (ids.numel(), self.storage.dim)
+        self._check_out(ids.numel(), out)
+        # With PVP, the victim buffer's next move waits for this lookup's accesses on the side stream (serving).
+        with self._lock, side_stream(self._stream) as caller, self._victims.serving():
+            plan = self._begin(ids, future, out)
+            self._before_assign(plan)
+            self._assign(plan)
+            try:
+                self._evict(plan)
+                self._after_assign(plan)
+                self._fill(plan)
+            except BaseException:
+                # The new tags are installed but their rows may never have been written:
+                # forget those lines, so a later lookup cannot hit stale bytes.
+                self._forget_unfilled(plan.line, plan.hit)
+                raise
+            return self._account(plan, caller)
+
+    def _check_out(self, num_ids: int, out: torch.Tensor | None) -> None:
+        """``out``, if given, must be able to receive the rows of ``num_ids`` ids as they are."""
+        shape = (num_ids, self.storage.dim)
         if out is not None and (tuple(out.shape) != shape or out.dtype != self.data.dtype
                                 or out.device != self.device or not out.is_contiguous()):
             raise ValueError(f"out must be a contiguous {self.data.dtype} tensor of shape {shape} on {self.device}, "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
-        # With PVP, the victim buffer's next move waits for this lookup's accesses on the side stream (serving).
-        pvp_use = self.pvp.serving() if self.pvp is not None else nullcontext()
-        with self._lock, side_stream(self._stream) as caller, pvp_use:
-            self._check_intact()
-            t = self.iteration
-            unique, inverse = unique_ids(ids)
-            if unique.numel() and (int(unique[0]) < 0 or int(unique[-1]) >= self.storage.num_rows):
-                bad = int(unique[0]) if int(unique[0]) < 0 else int(unique[-1])
-                raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
-            pvp = self.pvp
-            # PVP: the lines prefetched for this iteration. Reinstalling, they are matched after the assign
-            # (pvp_fill below); in the paper's mode now, as the ids they serve bypass the cache.
-            served = None  # paper's mode: the distinct ids a prefetched line serves
-            prefetched = False  # whether any line was prefetched for this batch (else no PVP work below)
-            if pvp is not None:
-                pf_node, pf_record, pf_rows = pvp.take(t)
-                prefetched = pf_node.numel() > 0
-                if prefetched and not self.pvp_reinstall:
-                    served, entry, _ = torch.ops.lsm_gnn.pvp_match(ids, inverse, unique.numel(), pf_node,
-                                                                   pf_record)
-            bypass = served is not None and bool(served.any())
-            keep = torch.nonzero(~served).reshape(-1) if bypass else None  # the ids the cache sees
-            cache_ids = unique[keep] if bypass else unique
-            if cache_ids.numel() > self.num_lines and not self.oversubscribe:
-                raise CacheTooSmall(cache_ids.numel(), self.num_lines, self.storage.row_bytes)
-            # PVP needs next-use records for every policy, not only the window-based ones.
-            p = self.policy
-            scan_now = (p.uses_window or pvp is not None) and t % p.period == 0
-            window = self._first_occurrence(future) if future is not None and (scan_now or p.assign_next_use) \
-                else None
-            if scan_now and window is not None:
-                self._scan(window)
-            room = pvp.room() if pvp is not None and p.name == "hybrid_pvp_room" else None
-            done = self.state.assign(cache_ids, self.node_static, p, t, self.scan_base, room, self.num_threads,
-                                     window)
-            line, hit = done.line, done.hit
-            try:
-                if self.dirty is not None:
-                    self.last_timings["write-back"] = 0.0
-                    if done.evictions:  # dirty victims reach the storage before anything overwrites their lines
-                        self._write_back(done, cache_ids)
-                if pvp is not None and done.evictions:  # victims leave for their queue before the fill overwrites
-                    pvp.enqueue(done.evicted_tag, done.evicted_record, done.evicted_line, self.data, t, self.scan_base)
-                if bypass:  # back to every distinct id of the batch; PVP-served ids have no line
-                    full_line = torch.full((unique.numel(),), -1, dtype=torch.int64, device=self.device)
-                    full_hit = torch.zeros(unique.numel(), dtype=torch.bool, device=self.device)
-                    full_line[keep], full_hit[keep] = line, hit
-                    line, hit = full_line, full_hit
-                from_pvp = served & ~hit if served is not None else None  # a cache hit wins over a queued copy
-                request_line = line[inverse]
-                request_hit = hit[inverse]
-                rows = torch.empty(shape, dtype=self.data.dtype, device=self.device) if out is None else out
-                # No line this batch uses was evicted (the usual case): after the fill every id's line holds its
-                # row, and one gather serves hits and misses alike; misses the policy leaves uncached (farthest's
-                # bypass) are read apart and copied to their positions after it. Otherwise hit rows go first,
-                # before a later miss overwrites their line, and each miss row is copied to its positions.
-                one_gather = done.evicted_in_use == 0
-                if not one_gather:
-                    torch.index_select(self.data, 0, request_line.clamp_min(0), out=rows)
-                if prefetched and self.pvp_reinstall:  # PVP rows into the new lines of the ids the cache missed
-                    from_pvp, entry = torch.ops.lsm_gnn.pvp_fill(ids, inverse, hit, line, pf_node, pf_record,
-                                                                 pf_rows, self.data)
-                need = ~hit if from_pvp is None else ~hit & ~from_pvp  # read from storage
-                miss = torch.nonzero(need).reshape(-1)
-                apart = None  # (distinct ids whose rows go to their positions, not only to a line; their rows)
-                if miss.numel():
-                    miss_ids = unique[miss].cpu()
-                    miss_lines = line[miss]
-                    cached = miss_lines >= 0
-                    # A miss without a line: bypassed, or (sets overflowing) its line taken again by a later id.
-                    every_miss_cached = (one_gather and done.bypassed == 0) or bool(cached.all())
-                    if one_gather and self._read_into is not None:  # read straight into their lines
-                        if every_miss_cached:
-                            self._read_into(miss_ids, self.data, miss_lines)
-                        else:
-                            self._read_into(miss_ids[cached.cpu()], self.data, miss_lines[cached])
-                            uncached = miss[~cached]
-                            apart = (uncached, self.storage.read(unique[uncached].cpu()))
-                    else:
-                        fetched = self.storage.read(miss_ids) if self._staging is None else \
-                            self._staging.read(self.storage, miss_ids)
-                        if every_miss_cached:
-                            self.data.index_copy_(0, miss_lines, fetched)
-                        else:
-                            self.data.index_copy_(0, miss_lines[cached], fetched[cached])
-                        if not one_gather:
-                            apart = (miss, fetched)
-                        elif not every_miss_cached:
-                            apart = (miss[~cached], fetched[~cached])
-                    self.stats.bytes_read += miss.numel() * self.storage.row_bytes
-                if one_gather:  # PVP-served ids without a line (the paper's mode) get their rows below
-                    torch.index_select(self.data, 0, request_line.clamp_min(0), out=rows)
-                if apart is not None:  # to every position of those ids
-                    apart_ids, apart_rows = apart
-                    slot = torch.full((unique.numel(),), -1, dtype=torch.int64, device=self.device)
-                    slot[apart_ids] = torch.arange(apart_ids.numel(), device=self.device)
-                    positions = torch.nonzero(slot[inverse] >= 0).reshape(-1)
-                    rows[positions] = apart_rows[slot[inverse[positions]]]
-                pvp_hits = int(from_pvp.sum()) if from_pvp is not None else 0
-                if pvp_hits and (bypass or not one_gather or done.bypassed):  # PVP rows to their positions too
-                    torch.ops.lsm_gnn.pvp_scatter(rows, self.data, pf_rows, inverse, from_pvp, entry, None)
-                if pvp is not None:
-                    pvp.consumed(t, pvp_hits)
-            except BaseException:
-                # The new tags are installed but their rows may never have been written:
-                # forget those lines, so a later lookup cannot hit stale bytes.
-                self._forget_unfilled(line, hit)
-                raise
-            s = self.stats
-            s.iterations += 1
-            s.requests += ids.numel()
-            s.unique += unique.numel()
-            s.misses += miss.numel()
-            s.pvp_hits += pvp_hits
-            s.hits += unique.numel() - miss.numel() - pvp_hits
-            s.evictions += done.evictions
-            s.evicted_in_use += done.evicted_in_use
-            s.bypassed += done.bypassed
-            self.iteration += 1
-            if from_pvp is not None:
-                request_hit = request_hit | from_pvp[inverse]
-            if self.dirty is not None:
-                self._remember_lineless(unique, inverse, line, rows)
-            if caller is not None:  # made on the side stream, used on the caller's: not freed before
-                rows.record_stream(caller)
-                request_hit.record_stream(caller)
-            return rows, request_hit
+
+    # -- the stages of a lookup (lsm_gnn.cache.plan), in order --------------------------------------------------
+
+    def _begin(self, ids: torch.Tensor, future=None, out: torch.Tensor | None = None) -> LookupPlan:
+        """The batch's plan: its distinct ids, checked against the storage, and its prefetched lines."""
+        self._check_intact()
+        unique, inverse = unique_ids(ids)
+        if unique.numel() and (int(unique[0]) < 0 or int(unique[-1]) >= self.storage.num_rows):
+            bad = int(unique[0]) if int(unique[0]) < 0 else int(unique[-1])
+            raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
+        plan = LookupPlan(self.iteration, ids, unique, inverse, future, out, cache_ids=unique)
+        self._victims.take(plan)
+        return plan
+
+    def _before_assign(self, plan: LookupPlan) -> None:
+        """PVP's work before the cache decides (the paper's mode: the ids it serves skip the cache)."""
+        self._victims.before_assign(plan)
+
+    def _assign(self, plan: LookupPlan) -> None:
+        """Hits, victims and installs of the ids the cache sees, after the window scan when one is due."""
+        if plan.cache_ids.numel() > self.num_lines and not self.oversubscribe:
+            raise CacheTooSmall(plan.cache_ids.numel(), self.num_lines, self.storage.row_bytes)
+        p, t = self.policy, plan.t
+        # PVP needs next-use records for every policy, not only the window-based ones.
+        scan_now = (p.uses_window or self.pvp is not None) and t % p.period == 0
+        window = self._first_occurrence(plan.future) if plan.future is not None and (scan_now or p.assign_next_use) \
+            else None
+        if scan_now and window is not None:
+            self._scan(window)
+        plan.done = self.state.assign(plan.cache_ids, self.node_static, p, t, self.scan_base, self._victims.room(p),
+                                      self.num_threads, window)
+        plan.line, plan.hit = plan.done.line, plan.done.hit
+
+    def _evict(self, plan: LookupPlan) -> None:
+        """The victims leave before any row overwrites their lines: dirty ones to the storage (so a parked copy
+        is always clean), then to their victim queues."""
+        if self.dirty is not None:
+            self.last_timings["write-back"] = 0.0
+            if plan.done.evictions:
+                self._write_back(plan.done, plan.cache_ids)
+        self._victims.park(plan, self.data, self.scan_base)
+
+    def _after_assign(self, plan: LookupPlan) -> None:
+        """Back to every distinct id; hit rows out first where the batch evicted lines it uses; then PVP's rows
+        into the new lines (reinstalling)."""
+        if plan.keep is not None:  # the ids the victim buffer serves bypassed the cache: they have no line
+            line = torch.full((plan.unique.numel(),), -1, dtype=torch.int64, device=self.device)
+            hit = torch.zeros(plan.unique.numel(), dtype=torch.bool, device=self.device)
+            line[plan.keep], hit[plan.keep] = plan.line, plan.hit
+            plan.line, plan.hit = line, hit
+        plan.request_line = plan.line[plan.inverse]
+        plan.request_hit = plan.hit[plan.inverse]
+        plan.rows = plan.out if plan.out is not None else \
+            torch.empty((plan.ids.numel(), self.storage.dim), dtype=self.data.dtype, device=self.device)
+        # No line this batch uses was evicted (the usual case): after the fill every id's line holds its row, and
+        # one gather serves hits and misses alike. Otherwise hit rows go first, before a later miss overwrites
+        # their line, and each miss row is copied to its positions.
+        plan.one_gather = plan.done.evicted_in_use == 0
+        if not plan.one_gather:
+            torch.index_select(self.data, 0, plan.request_line.clamp_min(0), out=plan.rows)
+        self._victims.after_assign(plan, self.data)
+
+    def _fill(self, plan: LookupPlan) -> None:
+        """The misses from storage, the rows in request order, then the rows the victim buffer served."""
+        need = ~plan.hit if plan.from_pvp is None else ~plan.hit & ~plan.from_pvp  # read from storage
+        plan.miss = torch.nonzero(need).reshape(-1)
+        apart = self._read_misses(plan) if plan.miss.numel() else None
+        if plan.one_gather:  # PVP-served ids without a line (the paper's mode) get their rows from the PVP below
+            torch.index_select(self.data, 0, plan.request_line.clamp_min(0), out=plan.rows)
+        if apart is not None:
+            self._rows_apart(plan, *apart)
+        self._victims.serve(plan, self.data)
+
+    def _read_misses(self, plan: LookupPlan) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Reads the misses into their lines; returns the distinct ids whose rows go to their positions from
+        elsewhere than a line (misses the policy left uncached, or all when hit rows went first) and those rows."""
+        unique, miss = plan.unique, plan.miss
+        miss_ids, miss_lines = unique[miss].cpu(), plan.line[miss]
+        cached = miss_lines >= 0
+        # A miss without a line: bypassed, or (sets overflowing) its line taken again by a later id.
+        every_miss_cached = (plan.one_gather and plan.done.bypassed == 0) or bool(cached.all())
+        apart = None
+        if plan.one_gather and self._read_into is not None:  # read straight into their lines
+            if every_miss_cached:
+                self._read_into(miss_ids, self.data, miss_lines)
+            else:
+                self._read_into(miss_ids[cached.cpu()], self.data, miss_lines[cached])
+                uncached = miss[~cached]
+                apart = (uncached, self.storage.read(unique[uncached].cpu()))
+        else:
+            fetched = self.storage.read(miss_ids) if self._staging is None else \
+                self._staging.read(self.storage, miss_ids)
+            if every_miss_cached:
+                self.data.index_copy_(0, miss_lines, fetched)
+            else:
+                self.data.index_copy_(0, miss_lines[cached], fetched[cached])
+            if not plan.one_gather:
+                apart = (miss, fetched)
+            elif not every_miss_cached:
+                apart = (miss[~cached], fetched[~cached])
+        self.stats.bytes_read += miss.numel() * self.storage.row_bytes
+        return apart
+
+    def _rows_apart(self, plan: LookupPlan, apart_ids: torch.Tensor, apart_rows: torch.Tensor) -> None:
+        """Copies the rows of the distinct ids ``apart_ids`` to every position of those ids in the request."""
+        slot = torch.full((plan.unique.numel(),), -1, dtype=torch.int64, device=self.device)
+        slot[apart_ids] = torch.arange(apart_ids.numel(), device=self.device)
+        positions = torch.nonzero(slot[plan.inverse] >= 0).reshape(-1)
+        plan.rows[positions] = apart_rows[slot[plan.inverse[positions]]]
+
+    def _account(self, plan: LookupPlan, caller=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Counts the batch and ends its iteration; returns (rows, hit mask), kept alive for the ``caller``'s
+        stream where the lookup ran on a side stream."""
+        s, done = self.stats, plan.done
+        unique, misses = plan.unique.numel(), plan.miss.numel()
+        s.iterations += 1
+        s.requests += plan.ids.numel()
+        s.unique += unique
+        s.misses += misses
+        s.pvp_hits += plan.pvp_hits
+        s.hits += unique - misses - plan.pvp_hits
+        s.evictions += done.evictions
+        s.evicted_in_use += done.evicted_in_use
+        s.bypassed += done.bypassed
+        self.iteration += 1
+        request_hit = plan.request_hit if not plan.pvp_hits else plan.request_hit | plan.from_pvp[plan.inverse]
+        if self.dirty is not None:
+            self._remember_lineless(plan.unique, plan.inverse, plan.line, plan.rows)
+        if caller is not None:  # made on the side stream, used on the caller's: not freed before
+            plan.rows.record_stream(caller)
+            request_hit.record_stream(caller)
+        return plan.rows, request_hit
 
     # -- writes (over a writable storage) ------------------------------------------------------------------------
 

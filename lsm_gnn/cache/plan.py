@@ -1,0 +1,61 @@
+"""One lookup as named stages over a per-batch plan: the contract :class:`~lsm_gnn.cache.SoftwareCache` and the
+reference model (:class:`~lsm_gnn.cache.ReferenceCache`) share, so tests can compare them stage by stage.
+
+Each cache has a method ``_<stage>`` per name of :data:`STAGES`; ``_begin(ids, future, ...)`` returns the
+batch's plan, every later stage takes it, fills in its own fields and ``_account`` returns the lookup's
+``(rows, hit mask)``:
+
+  begin          validate the ids, find the distinct ones, take the lines the victim buffer prefetched for
+                 this iteration
+  before_assign  the victim buffer's work before the cache decides: in the paper's PVP mode the ids a
+                 prefetched line serves are matched and left out of what the cache sees
+  assign         the window scan when due, then hits, victims and installs of the ids the cache sees
+  evict          dirty victims written back, then victims parked in the victim buffer: both before any
+                 new row overwrites their lines
+  after_assign   back to every distinct id of the batch; hit rows out where a later miss took their line;
+                 reinstalling PVP, the prefetched rows into the new lines of the ids they serve
+  fill           storage reads of the misses (into their lines, or apart where they have none), the rows in
+                 request order, the prefetched rows to their positions
+  account        counters, the iteration, the hit mask
+
+The plan of :class:`SoftwareCache` is :class:`LookupPlan` (tensors on the cache's device); the reference
+model keeps its own, in numpy and Python.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+STAGES = ("begin", "before_assign", "assign", "evict", "after_assign", "fill", "account")
+
+
+@dataclass(eq=False)
+class LookupPlan:
+    """One batch on its way through :meth:`SoftwareCache.lookup`; the stage named first fills each field."""
+
+    # begin
+    t: int                       # the iteration this batch is
+    ids: torch.Tensor            # the request, on the cache's device
+    unique: torch.Tensor         # its sorted distinct ids
+    inverse: torch.Tensor        # ids == unique[inverse]
+    future: object               # the window of upcoming batches, as lookup got it
+    out: torch.Tensor | None     # where the rows go, if the caller gave a tensor
+    cache_ids: torch.Tensor      # the distinct ids the cache sees: all, unless PVP bypasses some
+    prefetched: tuple | None = None  # PVP: (node, record, rows) of the lines prefetched for t
+    # before_assign (the paper's PVP mode)
+    keep: torch.Tensor | None = None      # where some ids bypass the cache: the positions of cache_ids in unique
+    # assign
+    done: object = None                   # the Assignment of cache_ids (lsm_gnn.cache.state)
+    line: torch.Tensor | None = None      # per id of cache_ids, after after_assign per distinct id: its line
+    hit: torch.Tensor | None = None       # and whether it was cached already
+    # after_assign
+    one_gather: bool = True               # no line this batch uses was evicted: one gather serves every id
+    request_line: torch.Tensor | None = None  # line and hit per requested id
+    request_hit: torch.Tensor | None = None
+    rows: torch.Tensor | None = None      # the rows, in request order
+    from_pvp: torch.Tensor | None = None  # per distinct id: served from the victim buffer (None: none is);
+    entry: torch.Tensor | None = None     # its line among the prefetched rows (the paper's mode: before_assign)
+    # fill
+    miss: torch.Tensor | None = None      # the distinct ids read from storage
+    pvp_hits: int = 0                     # distinct ids served from the victim buffer
