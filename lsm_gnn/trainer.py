@@ -180,9 +180,9 @@ class Trainer:
         except BaseException:
             self.resources.close()
             raise
-        # A trainer dropped without close() (a notebook cell run again) gives its locks and check back when it is
-        # collected.
-        weakref.finalize(self, self.resources.release)
+        # A trainer dropped without close() (a notebook cell run again) gives its locks, check and kernels= scope
+        # back when it is collected.
+        weakref.finalize(self, self.resources.close)
 
     def __enter__(self) -> Trainer:
         return self
@@ -919,5 +919,6 @@ def _metrics_text(metrics: dict) -> str:
 
 
 def train(cfg: Config, out=None) -> dict:
-    """``Trainer(cfg).fit()``."""
-    return Trainer(cfg, out=out).fit()
+    """``Trainer(cfg).fit()``, closed at the end: its locks, table and ``kernels=`` scope last as long as the run."""
+    with Trainer(cfg, out=out) as trainer:
+        return trainer.fit()
