@@ -21,6 +21,16 @@ def native_afterwards():
     set_kernel_mode(None)
 
 
+@pytest.fixture
+def no_setting(monkeypatch):
+    """No mode chosen in code (what earlier tests left set aside), LSM_GNN_KERNELS unset: native."""
+    from lsm_gnn import kernels
+
+    monkeypatch.setattr(kernels, "_mode", None)
+    monkeypatch.setattr(kernels, "_scopes", ())
+    monkeypatch.delenv(KERNELS_ENV, raising=False)
+
+
 def run(graph, out, kernels, *more):
     cfg = load_config(None, [f"dataset={graph}", f"kernels={kernels}", "model.kind=sage", "model.hidden=8",
                              "sampler.fanouts=[3,2]", "sampler.batch_size=100", "cache.capacity=50%",
@@ -57,22 +67,12 @@ def test_a_triton_run_equals_a_native_run(graph, tmp_path, monkeypatch, pvp):
 
 
 @pytest.mark.launches_no_kernel
-def test_the_mode_is_checked(monkeypatch):
-    monkeypatch.setenv(KERNELS_ENV, "gpu")
+def test_the_mode_is_checked(monkeypatch, no_setting):
+    monkeypatch.setenv(KERNELS_ENV, "gpu")  # read where no mode is chosen in code
     with pytest.raises(ValueError, match="LSM_GNN_KERNELS='gpu'"):
         kernel_mode()
     with pytest.raises(ValueError, match="kernel mode"):
         set_kernel_mode("cuda")
-
-
-@pytest.fixture
-def no_setting(monkeypatch):
-    """No mode chosen in code (what earlier tests left set aside), LSM_GNN_KERNELS unset: native."""
-    from lsm_gnn import kernels
-
-    monkeypatch.setattr(kernels, "_mode", None)
-    monkeypatch.setattr(kernels, "_scopes", ())
-    monkeypatch.delenv(KERNELS_ENV, raising=False)
 
 
 @pytest.mark.launches_no_kernel
