@@ -20,11 +20,10 @@ import weakref
 
 import torch
 
-from lsm_gnn.build import build_features, build_typed_features, resolve
+from lsm_gnn.build import resolve
 from lsm_gnn.checkpoint import CheckpointError, atomic_torch_save, load_checkpoint
 from lsm_gnn.comm.group import ProgressBoard, check_agreement
 from lsm_gnn.config import Config, ConfigError
-from lsm_gnn.features import NoFeatures
 from lsm_gnn.parallel import batch_to, distributed_context
 from lsm_gnn.run_resources import RunResources
 from lsm_gnn.tasks import make_task
@@ -104,7 +103,8 @@ class Trainer:
         self.watch = watched_metric(cfg, self.task)
         #: the resolved feature path (capacity in bytes, policy, PVP, sharing), checked before any work
         self.feature_spec = resolve(cfg, self.dataset, self.world_size)
-        self.features = self._features(features)
+        self.features = features if features is not None else startup.build_run_features(
+            cfg, self.feature_spec, self.dataset, self.device, self.task, self.world_size, self.hetero)
         self.checkpointer = Checkpointer(self, cfg.checkpoint.dir)
         self.checkpoint_path = self.checkpointer.path
         saved = self.checkpointer.saved(cfg.checkpoint.resume)  # the checkpoint this run resumes from
@@ -119,22 +119,6 @@ class Trainer:
         self.cache_fits = [] if features is not None else startup.check_cache_size(
             cfg, self.feature_spec, self.loader, self.task, self.features, self.embedding, self.world_size)
         self._start_state(saved)
-
-    def _features(self, features):
-        """``features`` (the caller's), or the feature path the config describes."""
-        cfg, emb = self.cfg, self.cfg.model.node_embedding
-        if features is None and emb.features:
-            from lsm_gnn.sizing import check_one_set
-
-            check_one_set(self.feature_spec, cfg.cache.capacity, self.dataset)
-        if features is not None:
-            return features
-        if not emb.features:
-            return NoFeatures(self.dataset.num_nodes)
-        build = build_typed_features if self.hetero else build_features
-        fanouts = self.task.fanouts if self.hetero else cfg.sampler.fanouts
-        return build(self.feature_spec, self.dataset, self.device, world_size=self.world_size, fanouts=fanouts,
-                     batch_size=cfg.sampler.batch_size, seed=cfg.train.seed, num_threads=cfg.sampler.num_threads)
 
     def _build_model(self) -> None:
         cfg = self.cfg
@@ -266,10 +250,7 @@ class Trainer:
                 position = self.loader.state_dict()
                 if position["position"] == until:  # an evaluation in mid-epoch (before this iteration's checkpoint)
                     times.wall += time.perf_counter() - epoch_start
-                    batches.close()  # the loader's thread has stopped after this batch on every rank
-                    if self.embedding is not None:
-                        self.embedding.open()
-                    self._evaluate_all(epoch)
+                    self._evaluate_between(batches, epoch)
                     epoch_start = time.perf_counter()
                     if self._limit_reached():  # stopped early
                         break
@@ -306,6 +287,13 @@ class Trainer:
         bar.update(1)
         bar.set_postfix(loss=f"{loss_value:.4f}",
                         hit="-" if record["hit_ratio"] is None else f"{record['hit_ratio']:.2f}")
+
+    def _evaluate_between(self, batches, epoch: int) -> None:
+        """An evaluation between two batches: the loader's thread stops after the last one on every rank."""
+        batches.close()
+        if self.embedding is not None:
+            self.embedding.open()
+        self._evaluate_all(epoch)
 
     def _segment(self):
         """(the loader's batches up to the next evaluation due by train.eval_every, that position), or

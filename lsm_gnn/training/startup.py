@@ -8,7 +8,9 @@ import os
 
 import torch
 
+from lsm_gnn.build import build_features, build_typed_features
 from lsm_gnn.config import ConfigError
+from lsm_gnn.features import NoFeatures
 from lsm_gnn.task_options import eval_batch_size
 
 
@@ -26,6 +28,19 @@ def run_device(name: str) -> torch.device:
         device = torch.device("cuda", int(local) % torch.cuda.device_count())
         torch.cuda.set_device(device)
     return device
+
+
+def build_run_features(cfg, spec, dataset, device, task, world_size: int, hetero: bool):
+    """The feature path the config describes (``spec``, resolved): none (node embeddings only), or the features
+    by type or by node id, behind the cache; a cache of less than one set is refused first."""
+    from lsm_gnn.sizing import check_one_set
+
+    if not cfg.model.node_embedding.features:
+        return NoFeatures(dataset.num_nodes)
+    check_one_set(spec, cfg.cache.capacity, dataset)
+    build = build_typed_features if hetero else build_features
+    return build(spec, dataset, device, world_size=world_size, fanouts=task.fanouts if hetero else cfg.sampler.fanouts,
+                 batch_size=cfg.sampler.batch_size, seed=cfg.train.seed, num_threads=cfg.sampler.num_threads)
 
 
 def agreed_settings(cfg, dataset, hetero: bool) -> dict:
