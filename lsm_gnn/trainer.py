@@ -330,6 +330,11 @@ class Trainer:
         self.model.train()
         return result
 
+    @property
+    def evaluations(self) -> list[dict]:
+        """Every evaluation ({"epoch", "iterations" done, split: metrics}), at epoch ends and every train.eval_every."""
+        return self.selection.evaluations
+
     def best_summary(self) -> dict | None:
         """The best evaluation by the watched metric: which it is, when, every split's metrics there, best.pt."""
         return self.selection.best_summary()
@@ -416,10 +421,10 @@ class Trainer:
         """The run's result: prints the per-stage table, the last and the best evaluation; logs them."""
         self._print("\nper-stage time (this run)\n" + total.table())
         # Epoch summaries stand in for a checkpoint from before evaluations were kept.
-        last_eval = last_evaluation(self.selection.evaluations or self.history, self.cfg.train.eval_splits)
+        last_eval = last_evaluation(self.evaluations or self.history, self.cfg.train.eval_splits)
         best = self.best_summary()
         result = {"iterations": self.iterations_done, "history": self.history,
-                  "evaluations": self.selection.evaluations, "stages_s": total.seconds, "wall_s": total.wall,
+                  "evaluations": self.evaluations, "stages_s": total.seconds, "wall_s": total.wall,
                   "eval": last_eval, "best": best, "checkpoint": self.checkpoint_path}
         if self.resources.verify is not None:
             result["data_verify"] = self.resources.verify.summary()
