@@ -76,15 +76,14 @@ def _sampler_runs() -> None:
 def record(path: str) -> int:
     """Runs the project's launches under the interpreter and writes them to ``path``; returns their number."""
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    from lsm_gnn.kernels import set_kernel_mode
+    from lsm_gnn.kernels import using
 
     import triton
 
     if type(triton.language.sum).__name__ != "InterpretedFunction":
         raise SystemExit("kernel_launches: triton was imported without its interpreter; run it in a fresh process "
                          "with TRITON_INTERPRET=1")
-    set_kernel_mode("triton")
-    with LaunchRecorder() as recorder:
+    with using("triton"), LaunchRecorder() as recorder:
         _cache_traces()
         _sampler_runs()
     launches = list(recorder.launches.values())

@@ -1,6 +1,7 @@
 """What a training run holds on its machine for its whole life, and gives back at its end.
 
-- the process's ``kernels=`` setting (the loader thread reads it too), restored to what it was before;
+- the ``kernels=`` scope (:class:`lsm_gnn.kernels.using`: the process's mode, which the loader thread reads
+  too, from the start to :meth:`RunResources.close`);
 - rank 0's locks on the directories it writes (``checkpoint.dir``, ``log.dir``), taken after proving them
   writable, and the refusal of a ``last.pt``/``best.pt`` the run did not write;
 - the check of the data beside training (``data.verify``, :mod:`lsm_gnn.data.verify`).
@@ -17,16 +18,14 @@ from lsm_gnn.checkpoint import check_replaceable
 from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.data.verify import resolve_mode, start_verify
 from lsm_gnn.fileio import RunLock
-from lsm_gnn.kernels import kernel_setting, set_kernel_mode
+from lsm_gnn.kernels import using
 
 
 class RunResources:
-    """Sets ``kernels`` for the process now; :meth:`lock_outputs` and :meth:`start_verify` take the rest."""
+    """Enters the ``kernels`` scope now; :meth:`lock_outputs` and :meth:`start_verify` take the rest."""
 
     def __init__(self, kernels: str):
-        self._kernels_before = kernel_setting()
-        set_kernel_mode(kernels)
-        self._kernels_set = kernels
+        self._kernels = using(kernels).__enter__()  # left by close(), however the run ends or is dropped
         self.locks: list[RunLock] = []
         #: the data check's mode for this dataset (``auto`` resolved) and its checker on rank 0, else None
         self.verify_mode = "off"
@@ -67,9 +66,10 @@ class RunResources:
         if self.verify is not None:
             self.verify.close()
 
-    def release(self) -> None:
-        """Stops the check and gives up the locks (once; later calls do nothing). What a trainer dropped without
-        :meth:`close` does when it is collected: ``kernels`` stays, since another trainer may have set it since."""
+    def close(self) -> None:
+        """Stops the check, gives up the locks and leaves the ``kernels`` scope (once; later calls do nothing):
+        the mode of the newest scope still open (or the process's default) decides again. A trainer dropped
+        without closing does this when it is collected, which is safe: leaving a scope never undoes another's."""
         if self._released:
             return
         self._released = True
@@ -77,13 +77,7 @@ class RunResources:
         for lock in self.locks:
             lock.release()
         self.locks = []
-
-    def close(self) -> None:
-        """:meth:`release`, and ``kernels`` back to what it was if it is still the one this run set."""
-        self.release()
-        if self._kernels_set is not None and kernel_setting() == self._kernels_set:
-            set_kernel_mode(self._kernels_before)
-        self._kernels_set = None  # restored once
+        self._kernels.close()
 
 
 def check_writable_dir(directory: str, key: str) -> None:

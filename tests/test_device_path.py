@@ -12,11 +12,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lsm_gnn import open_storage
+from lsm_gnn import kernels, open_storage
 from lsm_gnn.cache import POLICIES, SoftwareCache, WindowBuffer
 from lsm_gnn.cache.staging import MissStaging, side_stream
 from lsm_gnn.comm.shared_cache import exchange_backend
-from lsm_gnn.kernels import set_kernel_mode
 from lsm_gnn.testing import power_law_trace, write_tiny_dataset
 
 try:
@@ -97,11 +96,8 @@ def kernels_of(device: str):
     if device != "cpu":  # cuda: the compiled kernels; native: the C++ core
         yield
         return
-    set_kernel_mode("triton")
-    try:
+    with kernels.using("triton"):
         yield
-    finally:
-        set_kernel_mode(None)
 
 
 def run_trace(cache, batches, window, device="native"):

@@ -251,7 +251,7 @@ def test_first_occurrence_labels_on_cpu_equal_the_gpu_way():
 def test_the_triton_kernel_draws_the_same_hops(graph, monkeypatch):
     pytest.importorskip("triton")
     from lsm_gnn import _C
-    from lsm_gnn.kernels import set_kernel_mode
+    from lsm_gnn import kernels
 
     seeds = {"paper": [5, 12, 40], "institute": [2]}
     sampler = HeteroNeighborSampler(graph, [3, 2], seed=21)
@@ -261,11 +261,8 @@ def test_the_triton_kernel_draws_the_same_hops(graph, monkeypatch):
         raise AssertionError("kernels=triton called the C++ core")
 
     monkeypatch.setattr(_C, "sample_hops", unused)
-    set_kernel_mode("triton")
-    try:
+    with kernels.using("triton"):
         triton = sampler.sample(seeds, 6)
-    finally:
-        set_kernel_mode(None)
     assert same_hops(native, triton)
 
 

@@ -9,7 +9,7 @@ pytest.importorskip("triton")
 pytest.importorskip("torch_geometric")
 
 from lsm_gnn.config import load_config  # noqa: E402
-from lsm_gnn.kernels import KERNELS_ENV, kernel_mode, set_kernel_mode  # noqa: E402
+from lsm_gnn.kernels import KERNELS_ENV, kernel_mode, kernel_setting, set_kernel_mode, using  # noqa: E402
 from lsm_gnn.trainer import train  # noqa: E402
 
 GRAPH = dict(num_nodes=800, avg_degree=5, feature_dim=8, num_classes=3, seed=6)
@@ -19,6 +19,16 @@ GRAPH = dict(num_nodes=800, avg_degree=5, feature_dim=8, num_classes=3, seed=6)
 def native_afterwards():
     yield
     set_kernel_mode(None)
+
+
+@pytest.fixture
+def no_setting(monkeypatch):
+    """No mode chosen in code (what earlier tests left set aside), LSM_GNN_KERNELS unset: native."""
+    from lsm_gnn import kernels
+
+    monkeypatch.setattr(kernels, "_mode", None)
+    monkeypatch.setattr(kernels, "_scopes", ())
+    monkeypatch.delenv(KERNELS_ENV, raising=False)
 
 
 def run(graph, out, kernels, *more):
@@ -49,7 +59,7 @@ def test_a_triton_run_equals_a_native_run(graph, tmp_path, monkeypatch, pvp):
                "pvp_fill"):
         monkeypatch.setattr(_C, op, unused)  # every op with a Triton twin
     triton = run(graph, tmp_path / "triton", "triton", *extra)
-    assert kernel_mode() == "triton"
+    assert kernel_mode() == "native"  # train() closes its trainer: the run's kernels= scope ended with it
     assert triton == native  # the same losses, hits, bytes read and victim-buffer hits, iteration by iteration
     assert len(native) == 4
     if pvp:
@@ -57,12 +67,55 @@ def test_a_triton_run_equals_a_native_run(graph, tmp_path, monkeypatch, pvp):
 
 
 @pytest.mark.launches_no_kernel
-def test_the_mode_is_checked(monkeypatch):
-    monkeypatch.setenv(KERNELS_ENV, "gpu")
+def test_the_mode_is_checked(monkeypatch, no_setting):
+    monkeypatch.setenv(KERNELS_ENV, "gpu")  # read where no mode is chosen in code
     with pytest.raises(ValueError, match="LSM_GNN_KERNELS='gpu'"):
         kernel_mode()
     with pytest.raises(ValueError, match="kernel mode"):
         set_kernel_mode("cuda")
+
+
+@pytest.mark.launches_no_kernel
+def test_nested_scopes_give_back_the_mode_before_them(no_setting):
+    with using("triton"):
+        assert kernel_mode() == "triton"
+        with using("native"):
+            assert kernel_mode() == "native"
+            with using(None):  # chooses nothing
+                assert kernel_mode() == "native"
+        assert kernel_mode() == "triton"
+    assert kernel_setting() is None and kernel_mode() == "native"
+    with pytest.raises(RuntimeError), using("triton"):
+        raise RuntimeError("a failure inside the scope")
+    assert kernel_setting() is None
+
+
+@pytest.mark.launches_no_kernel
+def test_a_scope_closed_out_of_order_never_undoes_a_later_one(no_setting):
+    first, second = using("triton").__enter__(), using("native").__enter__()
+    first.close()
+    assert kernel_mode() == "native"  # the later scope still decides
+    first.close()  # closing again does nothing
+    second.close()
+    assert kernel_setting() is None
+    with pytest.raises(RuntimeError, match="entered already"):
+        first.__enter__()
+
+
+@pytest.mark.launches_no_kernel
+def test_a_scope_sits_over_the_process_default_and_reaches_other_threads(no_setting):
+    import threading
+
+    set_kernel_mode("triton")
+    with using("native"):
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(kernel_mode()))  # as the loader's thread reads it
+        thread.start()
+        thread.join()
+        assert seen == ["native"]
+    assert kernel_mode() == "triton"
+    with pytest.raises(ValueError, match="kernel mode"):
+        using("cuda")
 
 
 @pytest.mark.launches_no_kernel  # its kernels run in a subprocess, out of the program order's reach

@@ -25,7 +25,7 @@ from lsm_gnn.cache import (  # noqa: E402
     POLICIES, PolicyConfig, ReferenceCache, SoftwareCache, VictimBuffer, WindowBuffer, replay,
 )
 from lsm_gnn.kernels.layout import INVALID_TAG  # noqa: E402
-from lsm_gnn.kernels import ops, set_kernel_mode  # noqa: E402
+from lsm_gnn.kernels import ops, using  # noqa: E402
 from lsm_gnn.kernels.sampler import sample_hops  # noqa: E402
 from test_kernels_victim_enqueue import victims  # noqa: E402  (importable: tests/ is on sys.path under pytest)
 
@@ -108,11 +108,8 @@ def checked_triton_mode():
     calls = collections.Counter()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ops, "triton_module", lambda name, on_cpu: CheckedKernels(name, calls))
-        set_kernel_mode("triton")
-        try:
+        with using("triton"):
             yield calls
-        finally:
-            set_kernel_mode(None)
 
 
 # -- the cache: assign, scan and enqueue as a cache runs them ----------------------------------------------------

@@ -12,14 +12,8 @@ pytest.importorskip("triton")
 
 from lsm_gnn.cache import SoftwareCache, pvp  # noqa: E402
 from lsm_gnn.kernels.layout import INDEX_MASK, pack_record  # noqa: E402
-from lsm_gnn.kernels import set_kernel_mode  # noqa: E402
+from lsm_gnn.kernels import using  # noqa: E402
 from lsm_gnn.kernels import victim_serve  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def native_afterwards():
-    yield
-    set_kernel_mode(None)
 
 
 def both_modes(op, *args):
@@ -33,9 +27,9 @@ def both_modes(op, *args):
     expected = (definition(*copies), copies)
     results = []
     for mode in ("native", "triton"):
-        set_kernel_mode(mode)
         copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        results.append((op(*copies), copies))
+        with using(mode):
+            results.append((op(*copies), copies))
         for what, want, got in (("output", expected[0], results[-1][0]), ("arguments", expected[1], copies)):
             want, got = (x if isinstance(x, (tuple, list)) else [x] for x in (want, got))
             assert all(a is b or (isinstance(a, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b))

@@ -116,7 +116,7 @@ def test_a_second_run_on_an_embedding_table_is_refused(graph, tmp_path):
         kill(child)
 
 
-def test_a_trainer_that_fails_to_start_holds_nothing(graph, tmp_path):
+def test_a_trainer_that_fails_to_start_holds_nothing(graph, tmp_path, monkeypatch):
     """Its locks, its data check's thread and its kernels= setting are given back at once: before, a trainer
     that failed after taking them kept the check running and the locks held until the process ended."""
     import threading
@@ -129,6 +129,9 @@ def test_a_trainer_that_fails_to_start_holds_nothing(graph, tmp_path):
     def checks_running():
         return sum(t.name == "lsm-gnn-verify" for t in threading.enumerate())
 
+    from lsm_gnn import kernels
+
+    monkeypatch.setattr(kernels, "_scopes", ())  # earlier trainers not closed nor yet collected hold theirs
     before, checks_before = kernel_setting(), checks_running()
     args = [f"dataset={graph}", f"checkpoint.dir={tmp_path / 'ckpt'}", "log.progress=false", "kernels=triton",
             "train.eval_splits=[nope]"]  # refused after the locks are taken and the check has started

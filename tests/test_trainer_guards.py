@@ -167,11 +167,9 @@ def test_a_checkpoint_file_lsm_gnn_did_not_write_is_never_written_over(graph, tm
 
 def test_the_kernel_setting_is_given_back_when_the_trainer_closes_or_fails_to_start(graph, tmp_path, monkeypatch):
     """kernels= used to stay set for the whole process after a trainer chose it."""
-    from lsm_gnn import kernels
     from lsm_gnn.kernels import kernel_mode, kernel_setting
 
-    monkeypatch.setattr(kernels, "_mode", None)  # whatever an earlier test left
-    monkeypatch.delenv(kernels.KERNELS_ENV, raising=False)
+    no_kernel_setting(monkeypatch)
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(ConfigError, match="checkpoint.dir"):
@@ -179,4 +177,40 @@ def test_the_kernel_setting_is_given_back_when_the_trainer_closes_or_fails_to_st
     assert kernel_setting() is None and kernel_mode() == "native"
     with Trainer(config(graph, "kernels=triton")) as trainer:
         assert kernel_mode() == "triton" and trainer.cfg.kernels == "triton"
+        with pytest.raises(ConfigError, match="checkpoint.dir"):  # a failed start inside a run leaves it be
+            Trainer(config(graph, "kernels=native", f"checkpoint.dir={blocker}"))
+        assert kernel_mode() == "triton"
     assert kernel_setting() is None and kernel_mode() == "native"
+
+
+def no_kernel_setting(monkeypatch):
+    """No kernels= chosen in code: what earlier tests left (a trainer not closed nor yet collected holds its
+    scope) set aside, and no LSM_GNN_KERNELS."""
+    from lsm_gnn import kernels
+
+    monkeypatch.setattr(kernels, "_mode", None)
+    monkeypatch.setattr(kernels, "_scopes", ())
+    monkeypatch.delenv(kernels.KERNELS_ENV, raising=False)
+
+
+def test_trainers_one_after_another_or_overlapping_each_run_their_own_kernels(graph, tmp_path, monkeypatch):
+    from lsm_gnn.kernels import kernel_mode, kernel_setting
+
+    no_kernel_setting(monkeypatch)
+    for mode in ("triton", "native", "triton"):
+        with Trainer(config(graph, f"kernels={mode}")):
+            assert kernel_mode() == mode
+        assert kernel_setting() is None
+    first = Trainer(config(graph, "kernels=triton"))
+    second = Trainer(config(graph, "kernels=native"))
+    first.close()  # the first closed first: the second's mode stays, not the one before the first
+    assert kernel_mode() == "native"
+    second.close()
+    assert kernel_setting() is None
+    dropped = Trainer(config(graph, "kernels=triton"))
+    assert kernel_mode() == "triton"
+    del dropped  # never closed: its scope ends when it is collected
+    import gc
+
+    gc.collect()
+    assert kernel_setting() is None

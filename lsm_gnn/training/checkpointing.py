@@ -1,0 +1,165 @@
+"""A trainer's checkpoint: ``last.pt`` holds everything needed to continue exactly where the run stopped (model,
+optimizer, loader position, every rank's RNG, the epoch's accumulators, the evaluations and the selection, the
+log's length), and with node embeddings the generation of the table it pairs with. Writes are atomic
+(:func:`lsm_gnn.checkpoint.atomic_torch_save`): a kill leaves the previous checkpoint whole."""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from lsm_gnn.checkpoint import (CheckpointError, atomic_torch_save, load_checkpoint,
+                                remove_stale_checkpoint_temporaries)
+from lsm_gnn.config import Config, ConfigError
+from lsm_gnn.fileio import contained_path
+
+# Settings a resumed run must share with the checkpoint, or its losses would differ.
+RESUME_KEYS = ("dataset", "model", "sampler", "train.task", "train.seed", "train.lr", "train.weight_decay")
+
+
+def _with_defaults(saved: dict, defaults: dict) -> dict:
+    """``saved`` with every key it lacks taken from ``defaults``, recursively."""
+    out = dict(saved)
+    for key, value in defaults.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(out[key], dict):
+            out[key] = _with_defaults(out[key], value)
+    return out
+
+
+def _lookup(d: dict, dotted: str):
+    for part in dotted.split("."):
+        d = d[part]
+    return d
+
+
+def rng_state() -> dict:
+    """This process's generators (torch's, and CUDA's where there is one)."""
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+class Checkpointer:
+    """Writes and restores ``trainer``'s checkpoints (``checkpoint.dir/last.pt``; None: no checkpoint.dir).
+
+    It reads the trainer's parts as they are at each call: ``cfg``, ``module``, ``optimizer``, ``loader``,
+    ``iterations_done``, ``history``, ``epoch_state``, ``selection``, ``log``, ``embedding`` and ``ranks``.
+    """
+
+    def __init__(self, trainer, directory: str):
+        self.trainer = trainer
+        self.directory = directory
+        self.path = os.path.join(directory, "last.pt") if directory else None
+
+    def saved(self, resume: bool) -> dict | None:
+        """The checkpoint this run resumes from: ``last.pt`` where ``resume`` and it exists, else None."""
+        if not (self.path and resume and os.path.lexists(self.path)):
+            return None
+        contained_path(self.directory, "last.pt", CheckpointError,
+                       fix="resume from checkpoint.dir's own last.pt: copy the file there instead of linking it")
+        return load_checkpoint(self.path)
+
+    def remove_stale_temporaries(self, *paths: str | None) -> None:
+        """The temporaries a killed write left beside these checkpoints (rank 0, the only writer)."""
+        for path in paths:
+            if path:
+                remove_stale_checkpoint_temporaries(path)
+
+    def rng_by_rank(self) -> list[dict]:
+        """Every rank's generators, for rank 0's checkpoint: each rank draws its own dropout masks, so a resume
+        that gave every rank rank 0's state trained on other masks (losses off by 1e-4 from the next step)."""
+        t = self.trainer
+        return t.ranks.gather(rng_state(), f"the checkpoint after iteration {t.iterations_done}")
+
+    def state_dict(self, rng_by_rank: list[dict] | None = None) -> dict:
+        """The trainer's state as a checkpoint holds it; ``rng_by_rank`` (every rank's generators, which
+        :meth:`save` gathers) defaults to this process's alone."""
+        t = self.trainer
+        rng_by_rank = rng_by_rank or [rng_state()]
+        return {"config": t.cfg.to_dict(), "model": t.module.state_dict(),
+                "optimizer": t.optimizer.state_dict(), "loader": t.loader.state_dict(),
+                "iterations_done": t.iterations_done, "history": t.history, "epoch_state": t.epoch_state,
+                "evaluations": t.selection.evaluations, "selection": t.selection.state,
+                "log_offset": t.log.offset(), "rng": rng_by_rank[0], "rng_by_rank": rng_by_rank,
+                "world_size": t.world_size, "time": time.time()}
+
+    def save(self, path: str | None = None) -> str | None:
+        """Writes the checkpoint to ``path`` (default ``last.pt``), every rank together; the path, or None."""
+        t = self.trainer
+        path = path or self.path
+        if path is None:
+            return None
+        rng_by_rank = self.rng_by_rank()  # a collective: every rank saves together
+        if t.embedding is None:
+            if t.rank == 0:
+                atomic_torch_save(self.state_dict(rng_by_rank), path)
+            return path
+        # Every rank's dirty rows on disk first; then the checkpoint names the table's next generation, and only
+        # then does the table take it (a crash in between: the table is rolled forward or back to match last.pt).
+        t.embedding.flush()
+        t.ranks.barrier()
+        generation = t.embedding.table.generation + 1
+        if t.rank == 0:
+            state = self.state_dict(rng_by_rank)
+            state["embedding"] = {**t.embedding.state_dict(), "generation": generation}
+            atomic_torch_save(state, path)
+        self.commit_table(generation)
+        return path
+
+    def commit_table(self, generation: int) -> None:
+        """The table's generation recorded (rank 0) and every rank's undo journal started afresh for it."""
+        t = self.trainer
+        t.ranks.barrier()
+        if t.rank == 0:
+            t.embedding.table.set_generation(generation)
+        t.ranks.barrier()
+        t.embedding.table.reset_journal(generation)
+
+    def resume(self, path: str, ckpt: dict | None = None) -> dict:
+        """Puts the trainer back in the state ``path`` (``ckpt``, when already loaded) recorded; returns that."""
+        t = self.trainer
+        ckpt = load_checkpoint(path) if ckpt is None else ckpt
+        self._check_fits(path, ckpt)
+        try:
+            t.module.load_state_dict(ckpt["model"])
+            t.optimizer.load_state_dict(ckpt["optimizer"])
+            t.loader.load_state_dict(ckpt["loader"])
+            # This rank's own generators (checkpoints before lsm-gnn 0.3 kept rank 0's only).
+            rng = ckpt["rng_by_rank"][t.rank] if "rng_by_rank" in ckpt else ckpt["rng"]
+            torch.set_rng_state(rng["torch"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+            t.iterations_done = int(ckpt["iterations_done"])
+            t.history = list(ckpt["history"])
+            if t.embedding is not None:
+                t.embedding.steps = int(ckpt["embedding"]["steps"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"cannot resume from {path}: its state does not fit this run ({exc}); start "
+                                  "fresh with checkpoint.resume=false or another checkpoint.dir") from None
+        t.epoch_state = ckpt.get("epoch_state")
+        t.selection.restore(ckpt)
+        t.log.rewind(ckpt.get("log_offset"))  # what was logged after the checkpoint is redone
+        t.resumed_from = path
+        return ckpt
+
+    def _check_fits(self, path: str, ckpt: dict) -> None:
+        """Refuses a checkpoint of other settings (its losses would differ) or of another number of ranks."""
+        t = self.trainer
+        try:
+            # Keys added to the config since the checkpoint was written count with their defaults.
+            saved, now = _with_defaults(ckpt["config"], Config().to_dict()), t.cfg.to_dict()
+            differ = [k for k in RESUME_KEYS if _lookup(saved, k) != _lookup(now, k)]
+            world_size = ckpt["world_size"]
+        except (KeyError, TypeError) as exc:
+            raise CheckpointError(f"{path} lacks the trainer state ({exc!r} is missing); it was not written by "
+                                  "the lsm-gnn trainer") from None
+        if differ:
+            detail = "; ".join(f"{k}: saved {_lookup(saved, k)!r}, now {_lookup(now, k)!r}" for k in differ)
+            raise ConfigError(f"cannot resume from {path}: the run's settings changed ({detail}). Use the saved "
+                              "settings, or start fresh with checkpoint.resume=false or another checkpoint.dir")
+        if world_size != t.world_size:
+            raise ConfigError(f"{path} was written by {world_size} ranks; this run has {t.world_size}")

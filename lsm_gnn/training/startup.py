@@ -1,0 +1,176 @@
+"""What a trainer settles before any work: its device, the model, the settings every rank must share, the node
+embeddings, and the checks that refuse a model or a cache too small with the config key to change, before an
+epoch of training rather than at the batch that fails."""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+from lsm_gnn.build import build_features, build_typed_features
+from lsm_gnn.config import ConfigError
+from lsm_gnn.features import NoFeatures
+from lsm_gnn.task_options import eval_batch_size
+
+
+def run_device(name: str) -> torch.device:
+    """``train.device`` resolved: ``auto`` is CUDA where torch sees it; on CUDA one GPU per rank of a node."""
+    if name == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    elif name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device=cuda but torch sees no CUDA device; use train.device=cpu")
+    else:
+        device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        # One GPU per rank on a node: the launcher's local rank picks it.
+        local = os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
+        device = torch.device("cuda", int(local) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    return device
+
+
+def build_run_features(cfg, spec, dataset, device, task, world_size: int, hetero: bool):
+    """The feature path the config describes (``spec``, resolved): none (node embeddings only), or the features
+    by type or by node id, behind the cache; a cache of less than one set is refused first."""
+    from lsm_gnn.sizing import check_one_set
+
+    if not cfg.model.node_embedding.features:
+        return NoFeatures(dataset.num_nodes)
+    check_one_set(spec, cfg.cache.capacity, dataset)
+    build = build_typed_features if hetero else build_features
+    return build(spec, dataset, device, world_size=world_size, fanouts=task.fanouts if hetero else cfg.sampler.fanouts,
+                 batch_size=cfg.sampler.batch_size, seed=cfg.train.seed, num_threads=cfg.sampler.num_threads)
+
+
+def agreed_settings(cfg, dataset, hetero: bool) -> dict:
+    """What every rank must share: the config (less logging and thread counts, which are local) and
+    the dataset's identity (its path may differ between hosts, its contents may not)."""
+    settings = cfg.to_dict()
+    settings.pop("log")
+    settings["sampler"].pop("num_threads")
+    meta = dataset.meta
+    settings["dataset"] = {"checksums": meta.get("checksums", {})}
+    if not hetero:  # a heterogeneous dataset's counts and dims are in its checksummed files' sizes
+        settings["dataset"].update(num_nodes=dataset.num_nodes, num_edges=dataset.num_edges,
+                                   feature_dim=dataset.feature_dim)
+    return settings
+
+
+def build_model(cfg, dataset, features, task, hetero: bool) -> torch.nn.Module:
+    from lsm_gnn.models import HETERO_MODEL_KINDS, HeteroHopGNN, HopGNN
+
+    m, layers = cfg.model, len(cfg.sampler.fanouts)
+    if not hetero:
+        in_dim = (dataset.feature_dim if m.node_embedding.features else 0) + m.node_embedding.dim
+        return HopGNN(m.kind, in_dim, m.hidden, task.out_dim, num_layers=layers,
+                      heads=m.heads, dropout=m.dropout)
+    if m.kind not in HETERO_MODEL_KINDS:
+        raise ConfigError(f"model.kind={m.kind} has no heterogeneous form; use one of "
+                          f"{', '.join(HETERO_MODEL_KINDS)} (R-SAGE, R-GAT)")
+    dims = features.dims()
+    return HeteroHopGNN(m.kind, {t: dims.get(t, 0) for t in dataset.node_types}, dataset.relations,
+                        dataset.target, m.hidden, task.out_dim, num_layers=layers, heads=m.heads,
+                        dropout=m.dropout)
+
+
+def check_model_fits(cfg, features, task, device: torch.device, hetero: bool) -> None:
+    """A model too large for memory is refused with its key before it is allocated (the kernel would kill
+    the process without a word). A lower bound: each layer's hidden x hidden weights (the first layer's
+    input x hidden), with their gradients and Adam's two moments."""
+    from lsm_gnn.memcap import available_memory
+    from lsm_gnn.units import format_bytes
+
+    m, layers = cfg.model, len(cfg.sampler.fanouts)
+    widest_input = max(features.dims().values()) if hetero else getattr(features, "dim", 0)
+    weights = m.hidden * (widest_input + m.hidden * (layers - 1) + task.out_dim)
+    need = 4 * weights * 4  # float32 weights, gradients, two Adam moments
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = available_memory()
+    if free is not None and need > free:
+        raise ConfigError(f"model.hidden={m.hidden} makes a model of at least {weights:,} weights, "
+                          f"{format_bytes(need)} with their gradients and optimizer state, more than the "
+                          f"{format_bytes(free)} of memory free on {device}; lower model.hidden")
+
+
+def open_node_embedding(cfg, spec, dataset, device, ranks, saved: dict | None, checkpoint_path: str | None):
+    """The run's trainable node embeddings: the table opened (made on a fresh start) at the generation
+    ``saved`` (the checkpoint resumed from) recorded, behind the cache the config describes."""
+    from lsm_gnn.build import build_node_embedding
+
+    state = (saved or {}).get("embedding")
+    if saved is not None and state is None:
+        raise ConfigError(f"{checkpoint_path} was trained without model.node_embedding; resume without it, "
+                          "or start fresh with checkpoint.resume=false or another checkpoint.dir")
+    e = cfg.model.node_embedding
+    path = e.path or os.path.join(cfg.checkpoint.dir, "node_embedding")
+    return build_node_embedding(spec, cfg, dataset, path, device, rank=ranks.rank, world_size=ranks.world_size,
+                                state=state, barrier=ranks.barrier)
+
+
+def _sizing_batches(cfg, loader, task, features, world_size: int) -> list:
+    """(stage, every rank's sampled input nodes): training batches, then each evaluation split's in the order
+    evaluation reads them (its batch size is train.eval_batch_size)."""
+    from lsm_gnn.sizing import batches_per_rank
+
+    count = batches_per_rank(world_size)
+    checks = [("training", [loader.sample_input_nodes(count, rank=r) for r in range(world_size)])]
+    for split in cfg.train.eval_splits:
+        per_rank = [task.eval_input_nodes(features, split, r, world_size, count) for r in range(world_size)]
+        if all(nodes for nodes in per_rank):
+            checks.append((f"evaluating on {split}", per_rank))
+    return checks
+
+
+def check_cache_size(cfg, spec, loader, task, features, embedding, world_size: int) -> list:
+    """Samples a few batches (every rank's, so every rank decides alike) and raises a ConfigError naming
+    a capacity with headroom when the largest would not fit: before any training, not at that batch (nor after
+    an epoch of it, at an evaluation). Returns the training batches' fits."""
+    from lsm_gnn.sizing import cache_fits, too_small_message
+
+    c, e = cfg.cache, cfg.model.node_embedding
+    if spec.source != "cache" or c.oversubscribe:
+        return []
+    checks = _sizing_batches(cfg, loader, task, features, world_size)
+    fits = []
+    for cached, what, key, capacity in (
+            (features, "the cache", "cache.capacity", c.capacity),
+            (embedding.source if embedding else None, "the node embeddings' cache",
+             "model.node_embedding.capacity", e.capacity or c.capacity)):
+        if cached is None:
+            continue
+        for stage, batches in checks:
+            found = cache_fits(cached, batches, what)
+            tight = min(found, key=lambda f: f.lines / max(f.largest, 1), default=None)
+            if tight is not None and not tight.fits:
+                loader.close()
+                smaller = "" if stage == "training" else \
+                    f"; or lower train.eval_batch_size (now {eval_batch_size(cfg)})"
+                raise ConfigError(("" if stage == "training" else f"{stage}: ")
+                                  + too_small_message(tight, capacity, c.ways, key) + smaller)
+            if stage == "training":
+                fits += found
+    return fits
+
+
+@contextlib.contextmanager
+def sized(cfg, where: str, checked: bool):
+    """A batch the cache refuses mid-run (sampling missed one as large) names the config keys to change, where
+    ``checked`` (:func:`check_cache_size` sized the config's cache; a cache the caller built: its own keywords
+    apply)."""
+    from lsm_gnn.cache import CacheTooSmall
+    from lsm_gnn.sizing import config_fix
+
+    try:
+        yield
+    except CacheTooSmall as exc:
+        if not checked:
+            raise
+        c = cfg.cache
+        smaller = f"; or lower train.eval_batch_size (now {eval_batch_size(cfg)})" \
+            if where.startswith("evaluating") else ""
+        raise ConfigError(f"{where}, a batch has {exc.distinct:,} distinct nodes but the cache holds "
+                          f"{exc.lines:,} lines (cache.capacity={c.capacity}); "
+                          + config_fix(c.capacity, exc.lines, exc.distinct, c.ways) + smaller) from exc
