@@ -199,7 +199,7 @@ class Trainer:
 
     def _train_step(self, batch) -> float:
         self.optimizer.zero_grad(set_to_none=True)
-        emb = getattr(batch, "emb", None)  # a heterogeneous batch has none
+        emb = batch.emb  # None without model.node_embedding
         if emb is not None:
             emb.requires_grad_(True)  # a leaf: its gradient is the rows' sparse gradient
         loss = self.task.loss(self.model, batch)
