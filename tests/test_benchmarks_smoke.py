@@ -106,3 +106,18 @@ def test_storage_bench_compares_packed_and_unpacked_rows(storage_bench, tmp_path
     write_tiny_dataset(tmp_path / "old" / "rows-64B-500", num_nodes=500, dim=16, row_alignment=512)
     ds = storage_bench.ensure_dataset(str(tmp_path / "old"), 64, 0, log=lambda *a: None, num_rows=500)
     assert ds.features.row_stride == 64
+
+
+def test_same_behaviour_names_what_differs():
+    compare = load_benchmark("same_behaviour")
+    record = {"per_iteration": {"loss": [0.5, 0.4, 0.3], "hit_ratio": [0.0, 0.5, 0.6], "bytes_read": [9, 4, 3]},
+              "evaluations": [{"val": {"accuracy": 0.7}}], "eval": {"val": {"accuracy": 0.7}}, "iterations": 3}
+    assert compare._differences(record, json.loads(json.dumps(record))) == []
+    changed = json.loads(json.dumps(record))
+    changed["per_iteration"]["loss"][1] = 0.4000001
+    changed["eval"]["val"]["accuracy"] = 0.71
+    assert compare._differences(record, changed) == [
+        "loss differs (first at iteration 1)", "eval differs: {'val': {'accuracy': 0.7}} vs {'val': {'accuracy': 0.71}}"]
+    shorter = json.loads(json.dumps(record))
+    shorter["per_iteration"]["bytes_read"].pop()
+    assert compare._differences(record, shorter) == ["bytes_read differs (3 vs 2 iterations logged)"]
