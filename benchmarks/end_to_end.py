@@ -149,7 +149,7 @@ def run_once(args, ds, method: str) -> dict:
 def pvp_memory(args, ds) -> tuple[int, int]:
     """(cache bytes, all victim queues' bytes) of the +pvp runs, as the cache sizes them."""
     from lsm_gnn.cache.pvp import queue_capacity_for, queue_memory_bytes
-    from lsm_gnn.cache.software_cache import cache_geometry
+    from lsm_gnn.cache.geometry import cache_geometry
     from lsm_gnn.config import cache_capacity_bytes
 
     row_bytes = ds.features.row_bytes

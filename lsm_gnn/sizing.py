@@ -19,7 +19,7 @@ Only the count matters, not how ids fall into sets: a batch that overflows
 one 32-way set while the cache has lines enough is served exactly (its
 later misses take lines an earlier miss of the batch took; docs/cache.md).
 Batches of one epoch vary by a few percent, so a suggested capacity holds
-:data:`~lsm_gnn.cache.software_cache.HEADROOM` times the largest, in the
+:data:`~lsm_gnn.cache.geometry.HEADROOM` times the largest, in the
 unit the user gave (a share of the nodes, or bytes).
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.cache import SoftwareCache
-from lsm_gnn.cache.software_cache import HEADROOM
+from lsm_gnn.cache.geometry import HEADROOM
 from lsm_gnn.config import ConfigError, capacity_spec
 from lsm_gnn.units import round_up, suggest_bytes
 

@@ -2,10 +2,11 @@
 and the victim-buffer prefetcher (PVP)."""
 from lsm_gnn.cache.belady import (belady_min, belady_reference, belady_set_associative,
                                    belady_set_associative_reference)
+from lsm_gnn.cache.geometry import CacheTooSmall, cache_geometry, every_row_sets
 from lsm_gnn.cache.policies import POLICIES, PolicyConfig, quantize_scores
 from lsm_gnn.cache.pvp import DEFAULT_QUEUE_BYTES, PVPStats, VictimBuffer
 from lsm_gnn.cache.reference import ReferenceCache
-from lsm_gnn.cache.software_cache import CacheTooSmall, SoftwareCache, cache_geometry, every_row_sets
+from lsm_gnn.cache.software_cache import SoftwareCache
 from lsm_gnn.cache.stats import CacheStats
 from lsm_gnn.cache.window import WindowBuffer, replay
 

@@ -55,8 +55,7 @@ positions). The paper's mode matches before the assign
 :func:`fill_prefetched` and :func:`scatter_prefetched` below define them in
 torch ops, and the tests hold both kernels to these. The cache reaches the
 buffer through one strategy object per mode, chosen when it is built
-(:func:`lookup_strategy`: :class:`BypassFromQueue`, :class:`ReinstallFromQueue`
-or :class:`WithoutPVP`), whose hooks run in the stages of a lookup
+(:mod:`lsm_gnn.cache.pvp_modes`), whose hooks run in the stages of a lookup
 (:mod:`lsm_gnn.cache.plan`).
 
 Counts: ``enqueued = hits + unused + pending`` (pending: lines still in
@@ -66,8 +65,7 @@ dropped_no_reuse + dropped_full`` is the number of evictions.
 from __future__ import annotations
 
 import threading
-from abc import ABC, abstractmethod
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -427,115 +425,6 @@ class VictimBuffer:
             self.close()
         except Exception:
             pass
-
-
-# -- the victim buffer's part of one lookup: a strategy per mode, over the cache's LookupPlan (lsm_gnn.cache.plan) --
-
-
-class WithoutPVP:
-    """A cache without a victim buffer: each hook of a lookup's stages does nothing."""
-
-    buffer: VictimBuffer | None = None
-
-    def serving(self):
-        return nullcontext()
-
-    def room(self, policy) -> torch.Tensor | None:
-        """The queues' free room, for the policy that reads it."""
-        return None
-
-    def take(self, plan) -> None:
-        """begin: the lines prefetched for the batch."""
-
-    def before_assign(self, plan) -> None:
-        """Before the cache's assign."""
-
-    def park(self, plan, cache_data: torch.Tensor, scan_base: int) -> None:
-        """evict: the batch's victims to their queues."""
-
-    def after_assign(self, plan, cache_data: torch.Tensor) -> None:
-        """After the assign, back at every distinct id, once hit rows whose line a miss took are out."""
-
-    def serve(self, plan, cache_data: torch.Tensor) -> None:
-        """fill, after the storage reads and the gather: the rows of the ids the queue served."""
-
-
-class _FromQueue(WithoutPVP, ABC):
-    """What both PVP modes do: take the prefetched lines, park victims, settle the served count."""
-
-    def __init__(self, buffer: VictimBuffer):
-        self.buffer = buffer
-
-    def serving(self):
-        return self.buffer.serving()
-
-    def room(self, policy) -> torch.Tensor | None:
-        return self.buffer.room() if policy.name == "hybrid_pvp_room" else None
-
-    def take(self, plan) -> None:
-        plan.prefetched = self.buffer.take(plan.t)
-
-    def park(self, plan, cache_data: torch.Tensor, scan_base: int) -> None:
-        done = plan.done
-        if done.evictions:  # victims leave for their queue before the fill overwrites their lines
-            self.buffer.enqueue(done.evicted_tag, done.evicted_record, done.evicted_line, cache_data, plan.t,
-                                scan_base)
-
-    def serve(self, plan, cache_data: torch.Tensor) -> None:
-        if plan.pvp_hits and self._to_positions(plan):
-            torch.ops.lsm_gnn.pvp_scatter(plan.rows, cache_data, plan.prefetched[2], plan.inverse, plan.from_pvp,
-                                          plan.entry, None)
-        self.buffer.consumed(plan.t, plan.pvp_hits)
-
-    @abstractmethod
-    def _to_positions(self, plan) -> bool:
-        """Whether the served rows must be scattered to their positions (the gather did not serve them)."""
-
-
-class BypassFromQueue(_FromQueue):
-    """The paper's mode (``pvp_reinstall=False``): the ids a prefetched line serves skip the cache, which
-    looks up only the others; their rows are scattered to their positions."""
-
-    def before_assign(self, plan) -> None:
-        node, record, _ = plan.prefetched
-        if not node.numel():  # nothing prefetched: no PVP work in this batch
-            return
-        served, entry, _ = torch.ops.lsm_gnn.pvp_match(plan.ids, plan.inverse, plan.unique.numel(), node, record)
-        keep = torch.nonzero(~served).reshape(-1)
-        if keep.numel() < plan.unique.numel():  # the cache sees the others only; no hit can win over these
-            plan.keep, plan.cache_ids = keep, plan.unique[keep]
-            plan.from_pvp, plan.entry = served, entry
-            plan.pvp_hits = plan.unique.numel() - keep.numel()
-
-    def _to_positions(self, plan) -> bool:
-        return True  # they have no line
-
-
-class ReinstallFromQueue(_FromQueue):
-    """``pvp_reinstall=True`` (the default): the ids a prefetched line serves pass through the cache as misses
-    whose rows come from that line, so the cache evolves as without PVP; the batch's gather serves them."""
-
-    def after_assign(self, plan, cache_data: torch.Tensor) -> None:
-        node, record, rows = plan.prefetched
-        if node.numel():  # matched to the ids the cache missed, their rows into those ids' new lines
-            plan.from_pvp, plan.entry = torch.ops.lsm_gnn.pvp_fill(plan.ids, plan.inverse, plan.hit, plan.line,
-                                                                   node, record, rows, cache_data)
-
-    def serve(self, plan, cache_data: torch.Tensor) -> None:
-        if plan.from_pvp is not None:
-            plan.pvp_hits = int(plan.from_pvp.sum())
-        super().serve(plan, cache_data)
-
-    def _to_positions(self, plan) -> bool:
-        # Hit rows were gathered before the fill (a batch evicting lines it uses), or some have no line.
-        return not plan.one_gather or bool(plan.done.bypassed)
-
-
-def lookup_strategy(buffer: VictimBuffer | None, reinstall: bool) -> WithoutPVP:
-    """The victim buffer's part of a cache's lookups, chosen once: none, the paper's bypass, or reinstall."""
-    if buffer is None:
-        return WithoutPVP()
-    return ReinstallFromQueue(buffer) if reinstall else BypassFromQueue(buffer)
 
 
 def match_prefetched(ids: torch.Tensor, inverse: torch.Tensor, num_unique: int, node: torch.Tensor,

@@ -14,11 +14,13 @@ import time
 import numpy as np
 import torch
 
+from lsm_gnn.cache.geometry import CacheTooSmall, cache_geometry
 from lsm_gnn.cache.hashing import set_of
 from lsm_gnn.kernels.layout import INDEX_MASK, INVALID_TAG, REUSE_SHIFT
 from lsm_gnn.cache.policies import PolicyConfig, quantize_scores
 from lsm_gnn.cache.plan import LookupPlan
-from lsm_gnn.cache.pvp import DEFAULT_QUEUE_BYTES, VictimBuffer, lookup_strategy, queue_capacity_for
+from lsm_gnn.cache.pvp import DEFAULT_QUEUE_BYTES, VictimBuffer, queue_capacity_for
+from lsm_gnn.cache.pvp_modes import lookup_strategy
 from lsm_gnn.cache.staging import MissStaging, side_stream
 from lsm_gnn.cache.state import CacheState
 from lsm_gnn.cache.stats import CacheStats
@@ -28,10 +30,9 @@ from lsm_gnn.features import StorageShape
 from lsm_gnn.hostmem import host_zeros
 from lsm_gnn.ids import as_id_tensor, unique_ids
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
-from lsm_gnn.units import parse_bytes, suggest_bytes
 
-#: a suggested cache holds this many times the distinct ids of the batch it was sized for: batches vary
-HEADROOM = 1.25
+#: bytes of dirty lines :meth:`SoftwareCache.flush` hands the storage per write (bounds the copies it makes)
+FLUSH_BYTES = 16 << 20
 
 
 def _words(rows: torch.Tensor) -> torch.Tensor:
@@ -40,70 +41,6 @@ def _words(rows: torch.Tensor) -> torch.Tensor:
     if rows.dtype == torch.uint8 and rows.dim() == 2 and rows.shape[1] % 8 == 0 and rows.is_contiguous():
         return rows.view(torch.int64)
     return rows
-
-
-class CacheTooSmall(ValueError):
-    """A batch has more distinct ids than the cache has lines (and the cache was not built to oversubscribe).
-
-    ``distinct`` and ``lines`` are the two numbers; ``row_bytes`` sizes a fix. The trainer catches it to
-    name its config keys instead of this Python API's keywords.
-    """
-
-    def __init__(self, distinct: int, lines: int, row_bytes: int):
-        self.distinct, self.lines, self.row_bytes = int(distinct), int(lines), int(row_bytes)
-        super().__init__(
-            f"this batch has {self.distinct} distinct ids but the cache holds {self.lines} lines "
-            f"({self.lines * self.row_bytes} bytes); batches vary, so give it room: capacity="
-            f"{suggest_bytes(self.distinct * HEADROOM * self.row_bytes)!r} or more ({HEADROOM:g}x this batch), or "
-            "pass oversubscribe=True to run it smaller than a batch (it thrashes)")
-
-
-def cache_geometry(capacity, row_bytes: int, ways: int, num_rows: int | None = None) -> tuple[int, int]:
-    """(num_sets, ways) for a capacity in bytes (or "4G"); lines hold one row each.
-
-    With ``num_rows`` (the rows the storage has), a capacity of more lines
-    than that is cut to the fewest sets in which every row has a way of its
-    own (sets are chosen by hash, so a little more than ``num_rows`` lines;
-    never more than asked): a cache larger than its file then holds all of it
-    without allocating lines that could never be used.
-    """
-    capacity = parse_bytes(capacity)
-    if ways < 1:
-        raise ValueError(f"ways must be >= 1, got {ways}")
-    lines = capacity // row_bytes
-    if num_rows is not None and lines >= num_rows:
-        return _sets_holding_every_row(num_rows, ways, max_sets=max(1, lines // ways)), ways
-    if lines < ways:
-        raise ValueError(f"a cache of {capacity} bytes holds {lines} rows of {row_bytes} bytes, fewer than one set "
-                         f"of {ways} ways; give it at least {ways * row_bytes} bytes")
-    return lines // ways, ways
-
-
-#: a cache of the whole file gets at most this many times the file's lines (with few ways, hashed sets need more)
-EVERY_ROW_LIMIT = 8
-#: bytes of dirty lines :meth:`SoftwareCache.flush` hands the storage per write (bounds the copies it makes)
-FLUSH_BYTES = 16 << 20
-
-
-def every_row_sets(num_rows: int, ways: int) -> int:
-    """The fewest sets in which every one of ``num_rows`` rows has a way of its own: a cache that holds the
-    whole file. Sets are chosen by hash and fill unevenly, so it has more lines than the file has rows
-    (1.6x for 10^4 rows, 2.6x for 10^6 with 32 ways: ``docs/cache.md``), at most :data:`EVERY_ROW_LIMIT` x."""
-    return _sets_holding_every_row(num_rows, ways, max_sets=EVERY_ROW_LIMIT * max(1, -(-num_rows // ways)))
-
-
-def _sets_holding_every_row(num_rows: int, ways: int, max_sets: int, chunk: int = 1 << 22) -> int:
-    """The fewest sets, from ceil(num_rows / ways) up to ``max_sets``, that no row overflows (or ``max_sets``)."""
-    num_sets = max(1, -(-num_rows // ways))
-    while num_sets < max_sets:
-        occupancy = np.zeros(num_sets, dtype=np.int64)
-        for start in range(0, num_rows, chunk):
-            occupancy += np.bincount(set_of(np.arange(start, min(start + chunk, num_rows)), num_sets),
-                                     minlength=num_sets)
-        if occupancy.max() <= ways:
-            break
-        num_sets = min(max_sets, num_sets + max(1, num_sets // 8))
-    return min(num_sets, max_sets)
 
 
 def static_ranks(scores) -> torch.Tensor | None:

@@ -1,0 +1,73 @@
+"""A cache's shape: the sets and ways a capacity buys, the sets that hold a whole file, and the error a batch
+larger than the cache raises."""
+from __future__ import annotations
+
+import numpy as np
+
+from lsm_gnn.cache.hashing import set_of
+from lsm_gnn.units import parse_bytes, suggest_bytes
+
+#: a suggested cache holds this many times the distinct ids of the batch it was sized for: batches vary
+HEADROOM = 1.25
+
+
+class CacheTooSmall(ValueError):
+    """A batch has more distinct ids than the cache has lines (and the cache was not built to oversubscribe).
+
+    ``distinct`` and ``lines`` are the two numbers; ``row_bytes`` sizes a fix. The trainer catches it to
+    name its config keys instead of this Python API's keywords.
+    """
+
+    def __init__(self, distinct: int, lines: int, row_bytes: int):
+        self.distinct, self.lines, self.row_bytes = int(distinct), int(lines), int(row_bytes)
+        super().__init__(
+            f"this batch has {self.distinct} distinct ids but the cache holds {self.lines} lines "
+            f"({self.lines * self.row_bytes} bytes); batches vary, so give it room: capacity="
+            f"{suggest_bytes(self.distinct * HEADROOM * self.row_bytes)!r} or more ({HEADROOM:g}x this batch), or "
+            "pass oversubscribe=True to run it smaller than a batch (it thrashes)")
+
+
+def cache_geometry(capacity, row_bytes: int, ways: int, num_rows: int | None = None) -> tuple[int, int]:
+    """(num_sets, ways) for a capacity in bytes (or "4G"); lines hold one row each.
+
+    With ``num_rows`` (the rows the storage has), a capacity of more lines
+    than that is cut to the fewest sets in which every row has a way of its
+    own (sets are chosen by hash, so a little more than ``num_rows`` lines;
+    never more than asked): a cache larger than its file then holds all of it
+    without allocating lines that could never be used.
+    """
+    capacity = parse_bytes(capacity)
+    if ways < 1:
+        raise ValueError(f"ways must be >= 1, got {ways}")
+    lines = capacity // row_bytes
+    if num_rows is not None and lines >= num_rows:
+        return _sets_holding_every_row(num_rows, ways, max_sets=max(1, lines // ways)), ways
+    if lines < ways:
+        raise ValueError(f"a cache of {capacity} bytes holds {lines} rows of {row_bytes} bytes, fewer than one set "
+                         f"of {ways} ways; give it at least {ways * row_bytes} bytes")
+    return lines // ways, ways
+
+
+#: a cache of the whole file gets at most this many times the file's lines (with few ways, hashed sets need more)
+EVERY_ROW_LIMIT = 8
+
+
+def every_row_sets(num_rows: int, ways: int) -> int:
+    """The fewest sets in which every one of ``num_rows`` rows has a way of its own: a cache that holds the
+    whole file. Sets are chosen by hash and fill unevenly, so it has more lines than the file has rows
+    (1.6x for 10^4 rows, 2.6x for 10^6 with 32 ways: ``docs/cache.md``), at most :data:`EVERY_ROW_LIMIT` x."""
+    return _sets_holding_every_row(num_rows, ways, max_sets=EVERY_ROW_LIMIT * max(1, -(-num_rows // ways)))
+
+
+def _sets_holding_every_row(num_rows: int, ways: int, max_sets: int, chunk: int = 1 << 22) -> int:
+    """The fewest sets, from ceil(num_rows / ways) up to ``max_sets``, that no row overflows (or ``max_sets``)."""
+    num_sets = max(1, -(-num_rows // ways))
+    while num_sets < max_sets:
+        occupancy = np.zeros(num_sets, dtype=np.int64)
+        for start in range(0, num_rows, chunk):
+            occupancy += np.bincount(set_of(np.arange(start, min(start + chunk, num_rows)), num_sets),
+                                     minlength=num_sets)
+        if occupancy.max() <= ways:
+            break
+        num_sets = min(max_sets, num_sets + max(1, num_sets // 8))
+    return min(num_sets, max_sets)
