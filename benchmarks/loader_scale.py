@@ -64,7 +64,7 @@ def run(args, overrides: list[str]) -> dict:
                         num_threads=cfg.sampler.num_threads, seed=0)
     setup_seconds = time.perf_counter() - start
     print(f"setup {setup_seconds:.1f} s: {ds.num_nodes:,} nodes, {ds.num_edges:,} edges, cache "
-          f"{spec.capacity_bytes / 2**20:,.0f} MiB ({spec.policy.name}), "
+          f"{spec.size.bytes / 2**20:,.0f} MiB ({spec.policy.name}), "
           f"storage {getattr(features, 'storage', features)}",
           flush=True)
     windows, current = [], None
@@ -107,7 +107,7 @@ def run(args, overrides: list[str]) -> dict:
     return {
         "dataset": ds.path, "num_nodes": ds.num_nodes, "num_edges": ds.num_edges, "overrides": overrides,
         "fanouts": list(cfg.sampler.fanouts), "batch_size": cfg.sampler.batch_size,
-        "cache_bytes": spec.capacity_bytes, "policy": spec.policy.name, "backend": spec.backend,
+        "cache_bytes": spec.size.bytes, "policy": spec.policy.name, "backend": spec.backend,
         "setup_seconds": setup_seconds, "windows": windows,
         "first_window_batches_per_s": windows[0]["batches_per_s"],
         "second_window_batches_per_s": windows[1]["batches_per_s"],

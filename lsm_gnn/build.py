@@ -19,9 +19,25 @@ import torch
 from lsm_gnn import defaults
 from lsm_gnn.cache import PolicyConfig, SoftwareCache, every_row_sets
 from lsm_gnn.cache.pvp import QueueBudgetTooSmall
-from lsm_gnn.config import Config, ConfigError, cache_capacity_bytes, capacity_spec, policy_config
+from lsm_gnn.config import Config, ConfigError, capacity_bytes_of, capacity_spec, policy_config
 from lsm_gnn.features import Features
 from lsm_gnn.storage import open_storage
+
+
+@dataclass(frozen=True)
+class CacheSize:
+    """One cache's size, resolved once: as the user wrote it (``text``, in config key ``key``, which errors
+    name and fixes are given in) and in bytes."""
+
+    text: str                    # "10%" (of the rows it caches) or "4G"
+    key: str                     # cache.capacity | model.node_embedding.capacity
+    bytes: int                   # the size asked for (the cache may allocate less: docs/cache.md)
+    every_row: bool              # 100%: the cache gets the sets that hold all its rows (every_row_sets)
+
+    @classmethod
+    def of(cls, text: str, key: str, num_rows: int, row_bytes: int) -> CacheSize:
+        kind, value = capacity_spec(text)
+        return cls(str(text), key, capacity_bytes_of(kind, value, num_rows, row_bytes), (kind, value) == ("share", 1))
 
 
 @dataclass(frozen=True)
@@ -30,7 +46,7 @@ class FeatureSpec:
 
     source: str                  # cache | storage (no cache) | memory (the whole file in RAM) | device (on the GPU)
     backend: str                 # storage backend of the miss path ("auto": io_uring where it works)
-    capacity_bytes: int          # cache size asked for, in bytes (the cache may allocate less: docs/cache.md)
+    size: CacheSize              # the features' cache
     ways: int
     policy: PolicyConfig         # name (``auto`` decided), window, period
     static_score: str | None     # the dataset score that ranks lines, or None
@@ -41,7 +57,7 @@ class FeatureSpec:
     shared: bool                 # several ranks share one cache (the communication layer)
     owner: str                   # who owns a node when shared: hashed | modulo | hotness | path to a .npy map
     pvp_queue_bytes: str | None = None  # all victim queues' bytes (or a share of the cache), instead of lines
-    every_row: bool = False      # capacity 100%: each cache gets the sets that hold all its rows (every_row_sets)
+    embedding_size: CacheSize | None = None  # model.node_embedding's cache (same policy and victim buffer)
 
 
 def resolve(cfg: Config, dataset, world_size: int = 1) -> FeatureSpec:
@@ -60,16 +76,31 @@ def resolve(cfg: Config, dataset, world_size: int = 1) -> FeatureSpec:
                           f"{names or 'no scores'}); prepare it with 'lsm-gnn prepare scores' or set "
                           "cache.static_score=none")
     return FeatureSpec(
-        source=c.features, backend=c.backend,
-        capacity_bytes=cache_capacity_bytes(c.capacity, rows, row_bytes), ways=c.ways,
+        source=c.features, backend=c.backend, size=CacheSize.of(c.capacity, "cache.capacity", rows, row_bytes),
+        ways=c.ways,
         policy=policy_config(c), static_score=static, oversubscribe=c.oversubscribe, pvp=c.pvp,
         pvp_queue_capacity=c.pvp_queue_capacity or None,
         # The default budget left as None: the cache then gives each queue at least one line, as it does for a
         # default, where a figure the user gave that holds none is refused.
         pvp_queue_bytes=None if c.pvp_queue_capacity or c.pvp_queue_bytes == defaults.PVP_QUEUE_BYTES
         else c.pvp_queue_bytes, pvp_reinstall=c.pvp and c.pvp_reinstall,
-        shared=world_size > 1 and c.mode == "shared", owner=c.owner,
-        every_row=capacity_spec(c.capacity) == ("share", 1))
+        shared=world_size > 1 and c.mode == "shared", owner=c.owner, embedding_size=_embedding_size(cfg, dataset))
+
+
+def _embedding_size(cfg: Config, dataset) -> CacheSize | None:
+    """``model.node_embedding``'s cache: ``model.node_embedding.capacity`` (default: ``cache.capacity``) of
+    its table's rows, one per node."""
+    e = cfg.model.node_embedding
+    if not e.dim:
+        return None
+    from lsm_gnn.embedding import RowLayout
+
+    try:
+        row_bytes = RowLayout(e.dim, e.dtype, e.optimizer).row_bytes
+    except ValueError as exc:
+        raise ConfigError(f"model.node_embedding: {exc}") from None
+    return CacheSize.of(e.capacity or cfg.cache.capacity, "model.node_embedding.capacity", dataset.num_nodes,
+                        row_bytes)
 
 
 def _row_bytes(features_of) -> int:
@@ -97,11 +128,11 @@ def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_si
 
 
 def cached(storage, spec: FeatureSpec, dataset, device: torch.device, *, world_size: int = 1, fanouts=None,
-           batch_size: int = 1024, seed: int = 0, num_threads: int = 0, capacity_bytes: int | None = None) -> Features:
+           batch_size: int = 1024, seed: int = 0, num_threads: int = 0) -> Features:
     """The cache over ``storage`` (rows by ``dataset``'s node ids: its features, or a trainable embedding table),
     and with several ranks sharing, the communication layer over it."""
     cache = cache_over(storage, spec, None if spec.static_score is None else dataset.score(spec.static_score),
-                       device, num_threads, capacity_bytes)
+                       device, num_threads)
     if not spec.shared:
         return cache
     from lsm_gnn.comm import SharedCache, make_owner
@@ -115,12 +146,12 @@ def cached(storage, spec: FeatureSpec, dataset, device: torch.device, *, world_s
 
 def cache_over(storage, spec: FeatureSpec, static_scores, device: torch.device, num_threads: int = 0,
                capacity_bytes: int | None = None) -> SoftwareCache:
-    """The cache ``spec`` describes in front of ``storage`` (``capacity_bytes`` replaces the spec's, for a
+    """The cache ``spec`` describes in front of ``storage`` (``capacity_bytes`` replaces its size's bytes, for a
     share of it); the planner builds its simulated caches here too, so they are the run's."""
     # 100% means every row cached: N lines in hashed sets would leave rows of the fullest sets without a way
-    num_sets = every_row_sets(storage.num_rows, spec.ways) if spec.every_row else None
+    num_sets = every_row_sets(storage.num_rows, spec.ways) if spec.size.every_row else None
     try:
-        return SoftwareCache(storage, spec.capacity_bytes if capacity_bytes is None else capacity_bytes,
+        return SoftwareCache(storage, spec.size.bytes if capacity_bytes is None else capacity_bytes,
                              ways=spec.ways, num_sets=num_sets, policy=spec.policy, static_scores=static_scores,
                              oversubscribe=spec.oversubscribe, device=device, num_threads=num_threads, pvp=spec.pvp,
                              pvp_queue_capacity=spec.pvp_queue_capacity, pvp_queue_bytes=spec.pvp_queue_bytes,
@@ -152,7 +183,7 @@ def build_typed_features(spec: FeatureSpec, dataset, device: torch.device, *, wo
                          num_threads: int = 0):
     """:func:`build_features` for a heterogeneous dataset: per row format one storage over its types'
     files, one cache and, shared, one communication layer. With several row formats each cache gets a
-    share of ``spec.capacity_bytes``: ``weights`` per group, else, given ``fanouts``, the bytes sampled
+    share of ``spec.size.bytes``: ``weights`` per group, else, given ``fanouts``, the bytes sampled
     batches of ``batch_size`` seeds gather from each group (the measured access mix), else each group's
     feature bytes."""
     from lsm_gnn.storage.concat import ConcatStorage
@@ -171,7 +202,7 @@ def build_typed_features(spec: FeatureSpec, dataset, device: torch.device, *, wo
         weights = [sum(rows[t] * _row_bytes(dataset.node_type(t)) for t in types) for types in groups]
     if weights is None or sum(weights) <= 0:
         weights = [sum(dataset.num_nodes_of(t) * _row_bytes(dataset.node_type(t)) for t in types) for types in groups]
-    capacities = split_capacity(spec.capacity_bytes, weights)
+    capacities = split_capacity(spec.size.bytes, weights)
     built = []
     for types, capacity in zip(groups, capacities):
         # At least one set of lines, however rare the group's rows are (a cache needs one).
@@ -222,17 +253,14 @@ def build_node_embedding(spec: FeatureSpec, cfg: Config, dataset, path: str, dev
     if spec.source == "cache":
         from lsm_gnn.sizing import check_one_set
 
-        text = e.capacity or cfg.cache.capacity
-        capacity = cache_capacity_bytes(text, dataset.num_nodes, layout.row_bytes)
-        spec = dataclasses.replace(spec, every_row=capacity_spec(text) == ("share", 1))
+        spec = dataclasses.replace(spec, size=spec.embedding_size)  # the features' cache settings, its own size
         try:
-            check_one_set(spec, text, dataset, layout.row_bytes, capacity, key="model.node_embedding.capacity")
+            check_one_set(spec, dataset, layout.row_bytes)
         except ConfigError:
             table.close()
             raise
         source = cached(table, spec, dataset, device, world_size=world_size, fanouts=cfg.sampler.fanouts,
-                        batch_size=cfg.sampler.batch_size, seed=cfg.train.seed, num_threads=cfg.sampler.num_threads,
-                        capacity_bytes=capacity)
+                        batch_size=cfg.sampler.batch_size, seed=cfg.train.seed, num_threads=cfg.sampler.num_threads)
         cache = getattr(source, "cache", source)
     return NodeEmbedding(source, layout, RowOptimizer(layout, e.lr), table=table, cache=cache, world_size=world_size,
                          steps=0 if state is None else int(state["steps"]))

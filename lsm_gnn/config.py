@@ -377,7 +377,11 @@ def capacity_spec(text: str) -> tuple[str, float]:
 
 
 def cache_capacity_bytes(text: str, num_nodes: int, row_bytes: int) -> int:
-    kind, value = capacity_spec(text)
+    return capacity_bytes_of(*capacity_spec(text), num_nodes, row_bytes)
+
+
+def capacity_bytes_of(kind: str, value: float, num_nodes: int, row_bytes: int) -> int:
+    """The bytes of a parsed capacity (:func:`capacity_spec`): as given, or that share of ``num_nodes`` rows."""
     return int(value) if kind == "bytes" else max(1, round(value * num_nodes)) * row_bytes
 
 

@@ -119,15 +119,16 @@ def config_fix(capacity: str, lines: int, distinct: int, ways: int, key: str = "
             "(it thrashes)")
 
 
-def check_one_set(spec, capacity: str, dataset, row_bytes: int | None = None, capacity_bytes: int | None = None,
-                  key: str = "cache.capacity") -> None:
-    """Raises a ConfigError naming ``key`` when ``spec`` gives a one-type dataset's cache fewer lines than one
-    set (a heterogeneous dataset's caches get one set at least). ``row_bytes`` and ``capacity_bytes`` size
-    another cache of rows by node id (the node embeddings'), instead of the features' cache of the spec."""
-    if spec.source != "cache" or spec.every_row or not dataset.is_homogeneous:
+def check_one_set(spec, dataset, row_bytes: int | None = None) -> None:
+    """Raises a ConfigError naming the size's config key when ``spec`` gives a one-type dataset's cache fewer
+    lines than one set (a heterogeneous dataset's caches get one set at least). ``row_bytes``: the cache's
+    rows, when they are not the dataset's features (the node embeddings')."""
+    size = spec.size
+    if spec.source != "cache" or size.every_row or not dataset.is_homogeneous:
         return
+    capacity, key = size.text, size.key
     row_bytes = row_bytes or dataset.feature_dim * dataset.feature_dtype.itemsize
-    lines = (spec.capacity_bytes if capacity_bytes is None else capacity_bytes) // row_bytes
+    lines = size.bytes // row_bytes
     if lines < min(spec.ways, dataset.num_nodes):
         # A capacity of 0 cannot be scaled up: one set's bytes then.
         need = suggested_capacity(capacity, lines, spec.ways, spec.ways, headroom=1) if lines else \

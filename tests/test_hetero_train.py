@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("torch_geometric")
 
-from lsm_gnn.build import FeatureSpec, build_typed_features  # noqa: E402
+from lsm_gnn.build import CacheSize, FeatureSpec, build_typed_features  # noqa: E402
 from lsm_gnn.cache import PolicyConfig  # noqa: E402
 from lsm_gnn.config import load_config  # noqa: E402
 from lsm_gnn.hetero_loader import HeteroNodeLoader  # noqa: E402
@@ -21,9 +21,10 @@ def dataset(tmp_path_factory):
 
 
 def test_typed_batches_carry_the_files_rows(dataset):
-    spec = FeatureSpec(source="cache", backend="pread", capacity_bytes=700 * 64, ways=4,
-                       policy=PolicyConfig("hybrid", window=3, period=1), static_score="degree", oversubscribe=False,
-                       pvp=True, pvp_queue_capacity=8, pvp_reinstall=True, shared=False, owner="modulo")
+    spec = FeatureSpec(source="cache", backend="pread", size=CacheSize("44800", "cache.capacity", 700 * 64, False),
+                       ways=4, policy=PolicyConfig("hybrid", window=3, period=1), static_score="degree",
+                       oversubscribe=False, pvp=True, pvp_queue_capacity=8, pvp_reinstall=True, shared=False,
+                       owner="modulo")
     features = build_typed_features(spec, dataset, torch.device("cpu"))
     loader = HeteroNodeLoader(dataset, features, [3, 2], 50, window=3, seed=1)
     hits = 0
@@ -75,9 +76,9 @@ def test_fanouts_per_relation_from_the_config(dataset, tmp_path):
     assert task.fanouts["paper__cites__paper"] == [0, 0] and task.fanouts["author__writes__paper"] == [-1, 1]
     assert task.fanouts["paper__has_topic__topic"] == [3, 2]
     features = build_typed_features(FeatureSpec(
-        source="memory", backend="memory", capacity_bytes=0, ways=4, policy=PolicyConfig("hybrid"),
-        static_score=None, oversubscribe=False, pvp=False, pvp_queue_capacity=1, pvp_reinstall=False, shared=False,
-        owner="modulo"), dataset, torch.device("cpu"))
+        source="memory", backend="memory", size=CacheSize("0", "cache.capacity", 0, False), ways=4,
+        policy=PolicyConfig("hybrid"), static_score=None, oversubscribe=False, pvp=False, pvp_queue_capacity=1,
+        pvp_reinstall=False, shared=False, owner="modulo"), dataset, torch.device("cpu"))
     batch = next(iter(task.train_loader(features, 0, 1)))
     assert all(hop.edge_index[("paper", "cites", "paper")].shape[1] == 0 for hop in batch.hops)
     with pytest.raises(ConfigError, match="paper__cites__venue"):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lsm_gnn import open_storage
-from lsm_gnn.build import FeatureSpec, build_typed_features, feature_groups, resolve, split_capacity
+from lsm_gnn.build import CacheSize, FeatureSpec, build_typed_features, feature_groups, resolve, split_capacity
 from lsm_gnn.cache import PolicyConfig, WindowBuffer
 from lsm_gnn.config import load_config
 from lsm_gnn.data import HeteroDatasetWriter
@@ -31,9 +31,10 @@ def dataset(tmp_path_factory):
 
 
 def spec(source="cache", capacity=12_000, policy="hybrid", pvp=False):
-    return FeatureSpec(source=source, backend="pread", capacity_bytes=capacity, ways=4,
-                       policy=PolicyConfig(policy, window=4), static_score="degree" if source == "cache" else None,
-                       oversubscribe=False, pvp=pvp, pvp_queue_capacity=16, pvp_reinstall=pvp, shared=False,
+    return FeatureSpec(source=source, backend="pread", size=CacheSize(str(capacity), "cache.capacity", capacity, False),
+                       ways=4, policy=PolicyConfig(policy, window=4),
+                       static_score="degree" if source == "cache" else None, oversubscribe=False, pvp=pvp,
+                       pvp_queue_capacity=16, pvp_reinstall=pvp, shared=False,
                        owner="modulo")
 
 
@@ -92,7 +93,7 @@ def test_every_type_gathers_the_files_rows(dataset, source, policy, pvp):
 def test_capacity_in_percent_is_a_share_of_all_feature_bytes(dataset):
     total = 300 * 32 + 250 * 32 + 40 * 6
     cfg = load_config(None, [f"dataset={dataset.path}", "cache.capacity=10%", "cache.static_score=degree"])
-    assert resolve(cfg, dataset).capacity_bytes == round(0.1 * total)
+    assert resolve(cfg, dataset).size.bytes == round(0.1 * total)
     cfg = load_config(None, [f"dataset={dataset.path}", "cache.static_score=reverse_pagerank"])
     with pytest.raises(Exception, match="cache.static_score='reverse_pagerank' is not in the dataset"):
         resolve(cfg, dataset)
@@ -140,3 +141,25 @@ def test_groups_share_the_budget_by_measured_accesses(dataset):
     assert big.capacity_bytes <= 8_000 and small.num_lines == small.ways  # fos: just one set
     by_bytes = build_typed_features(spec(capacity=8_000), dataset, torch.device("cpu"))
     assert by_bytes.groups[1].features.num_lines > small.num_lines  # by file bytes fos would get more
+
+
+def test_resolve_sizes_every_cache_once_with_its_key(tmp_path):
+    from lsm_gnn.embedding import RowLayout
+    from lsm_gnn.testing import write_tiny_dataset
+
+    ds, _ = write_tiny_dataset(tmp_path / "one", num_nodes=200, dim=8)
+    cfg = load_config(None, [f"dataset={ds.path}", "cache.capacity=25%", "cache.static_score=none"])
+    spec = resolve(cfg, ds)
+    assert spec.size == CacheSize("25%", "cache.capacity", 50 * 8 * 4, False) and spec.embedding_size is None
+    # Node embeddings: their own cache, sized in their own rows, named by their own key; the default is the
+    # features' share.
+    row_bytes = RowLayout(16, "float32", "adagrad").row_bytes
+    cfg = load_config(None, [f"dataset={ds.path}", "cache.capacity=25%", "cache.static_score=none",
+                             "model.node_embedding.dim=16", "model.node_embedding.optimizer=adagrad",
+                             f"checkpoint.dir={tmp_path}"])
+    assert resolve(cfg, ds).embedding_size == CacheSize("25%", "model.node_embedding.capacity", 50 * row_bytes, False)
+    cfg = load_config(None, [f"dataset={ds.path}", "cache.static_score=none", "model.node_embedding.dim=16",
+                             "model.node_embedding.optimizer=adagrad", "model.node_embedding.capacity=100%",
+                             f"checkpoint.dir={tmp_path}"])
+    assert resolve(cfg, ds).embedding_size == CacheSize("100%", "model.node_embedding.capacity", 200 * row_bytes,
+                                                        True)

@@ -164,7 +164,7 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
                 error = (f"a batch has {exc.distinct:,} distinct nodes, the cache {exc.lines:,} lines; "
                          + config_fix(c.cache.capacity, exc.lines, exc.distinct, c.cache.ways))
             rows.append({"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
-                         "capacity_bytes": spec.capacity_bytes, "error": error})
+                         "capacity_bytes": spec.size.bytes, "error": error})
             log(f"plan: {spec.policy.name}{'+pvp' if spec.pvp else ''} {c.cache.capacity}: cannot run ({error})")
             continue
         per = sim["per_iteration"]

@@ -37,7 +37,7 @@ def build_run_features(cfg, spec, dataset, device, task, world_size: int, hetero
 
     if not cfg.model.node_embedding.features:
         return NoFeatures(dataset.num_nodes)
-    check_one_set(spec, cfg.cache.capacity, dataset)
+    check_one_set(spec, dataset)
     build = build_typed_features if hetero else build_features
     return build(spec, dataset, device, world_size=world_size, fanouts=task.fanouts if hetero else cfg.sampler.fanouts,
                  batch_size=cfg.sampler.batch_size, seed=cfg.train.seed, num_threads=cfg.sampler.num_threads)
@@ -130,15 +130,14 @@ def check_cache_size(cfg, spec, loader, task, features, embedding, world_size: i
     an epoch of it, at an evaluation). Returns the training batches' fits."""
     from lsm_gnn.sizing import cache_fits, too_small_message
 
-    c, e = cfg.cache, cfg.model.node_embedding
+    c = cfg.cache
     if spec.source != "cache" or c.oversubscribe:
         return []
     checks = _sizing_batches(cfg, loader, task, features, world_size)
     fits = []
-    for cached, what, key, capacity in (
-            (features, "the cache", "cache.capacity", c.capacity),
-            (embedding.source if embedding else None, "the node embeddings' cache",
-             "model.node_embedding.capacity", e.capacity or c.capacity)):
+    for cached, what, size in ((features, "the cache", spec.size),
+                               (embedding.source if embedding else None, "the node embeddings' cache",
+                                spec.embedding_size)):
         if cached is None:
             continue
         for stage, batches in checks:
@@ -149,7 +148,7 @@ def check_cache_size(cfg, spec, loader, task, features, embedding, world_size: i
                 smaller = "" if stage == "training" else \
                     f"; or lower train.eval_batch_size (now {eval_batch_size(cfg)})"
                 raise ConfigError(("" if stage == "training" else f"{stage}: ")
-                                  + too_small_message(tight, capacity, c.ways, key) + smaller)
+                                  + too_small_message(tight, size.text, c.ways, size.key) + smaller)
             if stage == "training":
                 fits += found
     return fits
