@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from lsm_gnn.storage import EmbeddingTable, FeatureStorage, TableError
 from lsm_gnn.storage import table as table_module
+from lsm_gnn.storage import table_files
 from lsm_gnn.storage.table import _HEADER, _journal_header, _record_dtype
 
 def random_rows(rng, n: int, row_bytes: int) -> np.ndarray:
@@ -24,7 +25,7 @@ def random_rows(rng, n: int, row_bytes: int) -> np.ndarray:
 def python_row_writes(monkeypatch):
     """Rows through ``os.pwrite`` (one call per run), which these tests instrument; the native writer, which
     production uses, is held to it by test_the_native_row_writer_writes_what_pwrite_writes."""
-    monkeypatch.setattr(table_module, "NATIVE_WRITES", False)
+    monkeypatch.setattr(table_files, "NATIVE_WRITES", False)
 
 
 def test_the_native_row_writer_writes_what_pwrite_writes(tmp_path, monkeypatch):
@@ -32,7 +33,7 @@ def test_the_native_row_writer_writes_what_pwrite_writes(tmp_path, monkeypatch):
         tables = {}
         for native in (False, True):
             rng = np.random.default_rng(3)  # the same writes both ways
-            monkeypatch.setattr(table_module, "NATIVE_WRITES", native)
+            monkeypatch.setattr(table_files, "NATIVE_WRITES", native)
             table, _ = make_table(tmp_path / f"{row_bytes}-{native}", row_bytes=row_bytes)
             for _ in range(3):
                 ids = np.sort(rng.choice(200, 60, replace=False))

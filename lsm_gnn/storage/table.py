@@ -56,7 +56,6 @@ generation cannot be ordered, and recovery refuses it with a :class:`TableError`
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -78,11 +77,10 @@ from lsm_gnn.fileio import (
 )
 from lsm_gnn.ids import as_id_tensor
 from lsm_gnn.storage.native import NativeStorage
+from lsm_gnn.storage.table_files import DATA_FILE, FRESH_FIX, META_FILE, TableError, pwrite_all, write_runs
 
 FORMAT_NAME = "lsm-gnn-embedding-table"
 FORMAT_VERSION = 1
-META_FILE = "table.json"
-DATA_FILE = "table.bin"
 JOURNAL_MAGIC = b"LSMUNDO1"
 JOURNAL_VERSION = 2
 # magic, version, row_bytes, generation, records committed, crc32 chained over their bytes, crc32 of the fields before
@@ -92,14 +90,9 @@ _V1_HEADER = struct.Struct("<8sIIqI4x")  # version 1: no count, no chained crc (
 _RECORD_PREFIX = 12                   # int64 id + uint32 crc32, then the row
 _JOURNAL_NAME = re.compile(r"undo\.(\d+)\.log")
 _RECOVER_CHUNK_BYTES = 16 << 20       # journal bytes read per step of recovery
-_FRESH_FIX = "start fresh (delete the table directory and train from scratch) or restore the table from a backup"
 assert _HEADER.size == 40 and _V1_HEADER.size == 32
 
 __all__ = ["EmbeddingTable", "TableError", "WriteStats"]
-
-
-class TableError(ValueError):
-    """A table directory is missing, malformed, or does not fit the checkpoint."""
 
 
 @dataclass
@@ -169,7 +162,7 @@ def _read_journal_header(path: str, row_bytes: int) -> _JournalHeader:
     """A journal's header; TableError naming the file when it is damaged or no journal of this table."""
     with open(path, "rb") as fh:
         raw = fh.read(_HEADER.size + 1)
-    lost = f"the rows it protects cannot be rolled back: {_FRESH_FIX}"
+    lost = f"the rows it protects cannot be rolled back: {FRESH_FIX}"
     if len(raw) < 12 or raw[:8] != JOURNAL_MAGIC:
         what = "is shorter than its header" if len(raw) < 12 else "is not an undo journal (bad magic)"
         raise TableError(f"{path}: the undo journal {what}; {lost}")
@@ -189,7 +182,7 @@ def _read_journal_header(path: str, row_bytes: int) -> _JournalHeader:
         raise TableError(f"{path}: the undo journal's header is damaged (its checksum does not match); {lost}")
     if journal_row_bytes != row_bytes:
         raise TableError(f"{path}: the undo journal holds rows of {journal_row_bytes} bytes, the table rows of "
-                         f"{row_bytes}; it belongs to another table: {_FRESH_FIX}")
+                         f"{row_bytes}; it belongs to another table: {FRESH_FIX}")
     return _JournalHeader(generation, count, chain)
 
 
@@ -211,7 +204,7 @@ def _check_journal(journal: str, header: _JournalHeader, meta: dict) -> _RowSet:
     rows, chain = _RowSet(meta["num_rows"]), 0
     if header.count == 0:
         return rows
-    lost = f"the rows it protects cannot be rolled back: {_FRESH_FIX}"
+    lost = f"the rows it protects cannot be rolled back: {FRESH_FIX}"
     record_bytes = _record_dtype(meta["row_bytes"]).itemsize
     have = (os.path.getsize(journal) - _HEADER.size) // record_bytes
     if have < header.count:
@@ -226,23 +219,13 @@ def _check_journal(journal: str, header: _JournalHeader, meta: dict) -> _RowSet:
         outside = ids[(ids < 0) | (ids >= meta["num_rows"])]
         if len(outside):
             raise TableError(f"{journal}: a record names row {int(outside[0])}, outside the table's "
-                             f"{meta['num_rows']} rows; the journal is not this table's: {_FRESH_FIX}")
+                             f"{meta['num_rows']} rows; the journal is not this table's: {FRESH_FIX}")
         chain = zlib.crc32(records.tobytes(), chain)
         rows.add(ids)
     if chain != header.chain:
         raise TableError(f"{journal}: the undo journal's records do not match the checksum its header commits "
                          f"(a record was changed, reordered or replaced); {lost}")
     return rows
-
-
-def _pwrite_all(fd: int, data, offset: int) -> None:
-    """pwrite until every byte is out (pwrite may write less than asked)."""
-    view = memoryview(data).cast("B")
-    while view.nbytes:
-        n = os.pwrite(fd, view, offset)
-        if n <= 0:
-            raise OSError(errno.ENOSPC, "short write")  # reporting_disk_full names the file
-        view, offset = view[n:], offset + n
 
 
 def _check_init_rows(rows, start: int, stop: int, row_bytes: int) -> np.ndarray:
@@ -266,7 +249,7 @@ def _load_meta(path: str) -> dict:
     if not os.path.isdir(path):
         raise TableError(f"{path}: no embedding table here (no such directory); check the path, or "
                          f"create the table with EmbeddingTable.create")
-    fix = f"{_FRESH_FIX} (delete {path} and create it again)"
+    fix = f"{FRESH_FIX} (delete {path} and create it again)"
     for name in (META_FILE, DATA_FILE, *(n for n in os.listdir(path) if _JOURNAL_NAME.fullmatch(n))):
         contained_path(path, name, TableError, fix="a table's files must be in its directory, not links out of it")
     meta_path = os.path.join(path, META_FILE)
@@ -475,7 +458,7 @@ class EmbeddingTable(NativeStorage):
         elif self._journal_unsynced:  # before-images kept by before_change protect these rows: durable first
             self._sync_journal()
         start = time.perf_counter()
-        written = _write_runs(self._fd, self.data_path, ids, rows, self.row_stride)
+        written = write_runs(self._fd, self.data_path, ids, rows, self.row_stride)
         w = self._writes
         w.rows_written += len(ids)
         w.bytes_written += written
@@ -506,7 +489,7 @@ class EmbeddingTable(NativeStorage):
         records["row"] = before
         records["crc"] = _record_crcs(records)
         with reporting_disk_full(self.journal_path, self._journal_end + records.nbytes):
-            _pwrite_all(self._journal_fd, records, self._journal_end)
+            pwrite_all(self._journal_fd, records, self._journal_end)
         self._journal_end += records.nbytes
         self._journal_count += len(records)
         self._journal_chain = zlib.crc32(records.tobytes(), self._journal_chain)
@@ -523,7 +506,7 @@ class EmbeddingTable(NativeStorage):
         header = _journal_header(self.row_bytes, self.generation, self._journal_count, self._journal_chain)
         with reporting_disk_full(self.journal_path):
             os.fsync(self._journal_fd)  # the records first: a header never commits records that are not on disk
-            _pwrite_all(self._journal_fd, header, 0)
+            pwrite_all(self._journal_fd, header, 0)
             os.fsync(self._journal_fd)
         self._journal_unsynced = False
         self._writes.journal_seconds += time.perf_counter() - start
@@ -608,37 +591,6 @@ class EmbeddingTable(NativeStorage):
                 f"generation={self.generation}, rank={self.rank})")
 
 
-#: rows are written by one native call (``lsm_gnn._C.write_rows``: a pwrite per row, in C, without the GIL);
-#: False: one ``os.pwrite`` per run of consecutive ids, which the crash tests instrument between any two writes
-NATIVE_WRITES = True
-
-
-def _write_runs(fd: int, file_name: str, ids: np.ndarray, rows: np.ndarray, stride: int) -> int:
-    """pwrites ``rows`` at sorted distinct ``ids``; returns the bytes written."""
-    if NATIVE_WRITES:
-        from lsm_gnn import _C
-
-        with reporting_disk_full(file_name):
-            return _C.write_rows(fd, torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)),
-                                 torch.from_numpy(np.ascontiguousarray(rows)), stride)
-    n, row_bytes = rows.shape
-    if stride != row_bytes:  # a run spans the zero padding between its rows, so it is one buffer
-        staged = np.zeros((n, stride), dtype=np.uint8)
-        staged[:, :row_bytes] = rows
-    else:
-        staged = np.ascontiguousarray(rows)
-    flat = staged.reshape(-1)
-    bounds = np.flatnonzero(np.diff(ids) != 1) + 1
-    starts, ends = np.concatenate(([0], bounds)), np.concatenate((bounds, [n]))
-    total = 0
-    with reporting_disk_full(file_name):
-        for s, e in zip(starts.tolist(), ends.tolist()):
-            length = (e - s - 1) * stride + row_bytes
-            _pwrite_all(fd, flat[s * stride:s * stride + length], int(ids[s]) * stride)
-            total += length
-    return total
-
-
 def _write_rows_file(path: str, meta: dict, init, chunk_rows: int, progress: bool) -> None:
     """Writes table.bin of a new table: the rows from ``init`` in chunks, zero padded, fsynced."""
     from tqdm.auto import tqdm
@@ -666,7 +618,7 @@ def _recover(path: str, meta: dict, target: int, writers: int) -> dict:
     meta_path = os.path.join(path, META_FILE)
     if meta["generation"] > target:
         raise TableError(f"{meta_path} records generation {meta['generation']}, newer than the checkpoint's "
-                         f"generation {target}: the table cannot be rolled back that far; {_FRESH_FIX}, or resume "
+                         f"generation {target}: the table cannot be rolled back that far; {FRESH_FIX}, or resume "
                          f"from the checkpoint of generation {meta['generation']}")
     journals = {}  # rank -> (path, header)
     for name in sorted(os.listdir(path)):
@@ -677,7 +629,7 @@ def _recover(path: str, meta: dict, target: int, writers: int) -> dict:
             if header.generation > target:
                 raise TableError(f"{journal} is a journal of generation {header.generation}, newer than the "
                                  f"checkpoint's generation {target}: the table cannot be rolled back that far; "
-                                 f"{_FRESH_FIX}")
+                                 f"{FRESH_FIX}")
             journals[int(match.group(1))] = (journal, header)
     recorded = meta.get("writers", 0)  # tables of lsm-gnn before 0.3 do not say
     missing = [rank for rank in range(recorded) if rank not in journals]
@@ -685,7 +637,7 @@ def _recover(path: str, meta: dict, target: int, writers: int) -> dict:
         journal = os.path.join(path, f"undo.{missing[0]}.log")
         raise TableError(f"{journal} is missing, but {meta_path} records {recorded} writing rank(s), each with a "
                          f"journal from the moment it opened the table: the rows it protected cannot be rolled back; "
-                         f"{_FRESH_FIX}")
+                         f"{FRESH_FIX}")
     live = [(journal, header) for journal, header in journals.values() if header.generation == target]
     restored = _RowSet(meta["num_rows"])
     for journal, header in live:
@@ -693,7 +645,7 @@ def _recover(path: str, meta: dict, target: int, writers: int) -> dict:
         if restored.intersects(rows):
             raise TableError(f"{journal} holds rows that another rank's journal of generation {target} holds too, so "
                              f"which before-image is the committed row is unknown (ranks must write disjoint rows); "
-                             f"{_FRESH_FIX}")
+                             f"{FRESH_FIX}")
         restored.update(rows)
     if any(header.count for _, header in live):
         fd = os.open(os.path.join(path, DATA_FILE), os.O_RDWR)
@@ -729,6 +681,6 @@ def _undo(journal: str, header: _JournalHeader, fd: int, meta: dict) -> None:
         keep = ~restored.contains(ids)
         ids, first = ids[keep], first[keep]
         if len(ids):
-            _write_runs(fd, os.path.join(os.path.dirname(journal), DATA_FILE), ids,
+            write_runs(fd, os.path.join(os.path.dirname(journal), DATA_FILE), ids,
                         np.ascontiguousarray(records["row"][first]), meta["row_stride"])
             restored.add(ids)
