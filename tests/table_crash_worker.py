@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from lsm_gnn.storage import table as table_module
+from lsm_gnn.storage import table_files
 from lsm_gnn.storage.table import EmbeddingTable
 
 CRASHED = 71
@@ -49,8 +49,8 @@ def main(path: str, where: str, writes: str) -> int:
             if where == "after journal fsync" or (where == "after journal commit" and journal_syncs == 2):
                 os._exit(CRASHED)
 
-    table_module.NATIVE_WRITES = False  # rows through os.pwrite too, so the crash can fall between two of them
-    os.pwrite, os.fsync = pwrite, fsync  # table.py calls them through the os module
+    table_files.NATIVE_WRITES = False  # rows through os.pwrite too, so the crash can fall between two of them
+    os.pwrite, os.fsync = pwrite, fsync  # the table's modules call them through the os module
     table.write(data["ids"], data["rows"])
     return 1
 

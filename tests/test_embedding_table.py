@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lsm_gnn.storage import EmbeddingTable, FeatureStorage, TableError
-from lsm_gnn.storage import table as table_module
-from lsm_gnn.storage.table import _HEADER, _journal_header, _record_dtype
+from lsm_gnn.storage import journal as journal_module
+from lsm_gnn.storage import table_files
+from lsm_gnn.storage.journal import HEADER, journal_header, record_dtype
 
 def random_rows(rng, n: int, row_bytes: int) -> np.ndarray:
     return rng.integers(0, 256, (n, row_bytes), dtype=np.uint8)
@@ -24,7 +25,7 @@ def random_rows(rng, n: int, row_bytes: int) -> np.ndarray:
 def python_row_writes(monkeypatch):
     """Rows through ``os.pwrite`` (one call per run), which these tests instrument; the native writer, which
     production uses, is held to it by test_the_native_row_writer_writes_what_pwrite_writes."""
-    monkeypatch.setattr(table_module, "NATIVE_WRITES", False)
+    monkeypatch.setattr(table_files, "NATIVE_WRITES", False)
 
 
 def test_the_native_row_writer_writes_what_pwrite_writes(tmp_path, monkeypatch):
@@ -32,7 +33,7 @@ def test_the_native_row_writer_writes_what_pwrite_writes(tmp_path, monkeypatch):
         tables = {}
         for native in (False, True):
             rng = np.random.default_rng(3)  # the same writes both ways
-            monkeypatch.setattr(table_module, "NATIVE_WRITES", native)
+            monkeypatch.setattr(table_files, "NATIVE_WRITES", native)
             table, _ = make_table(tmp_path / f"{row_bytes}-{native}", row_bytes=row_bytes)
             for _ in range(3):
                 ids = np.sort(rng.choice(200, 60, replace=False))
@@ -129,16 +130,16 @@ def test_written_rows_read_back_and_padding_stays_zero(tmp_path, row_bytes):
 def test_a_row_is_journaled_once_per_generation(tmp_path):
     table, _ = make_table(tmp_path / "t", row_bytes=40)
     journal = tmp_path / "t" / "undo.0.log"
-    record = _record_dtype(40).itemsize
+    record = record_dtype(40).itemsize
     rng = np.random.default_rng(3)
     table.write([3, 4, 5], random_rows(rng, 3, 40))
     table.write([4, 5, 6, 7], random_rows(rng, 4, 40))
     c = table.write_counters()
     assert (c["rows_written"], c["journal_rows"], c["journal_bytes"]) == (7, 5, 5 * record)
     assert c["bytes_written"] == (3 * 64 - 24) + (4 * 64 - 24)  # one run each: packed rows and the gaps between
-    assert os.path.getsize(journal) == _HEADER.size + 5 * record
+    assert os.path.getsize(journal) == HEADER.size + 5 * record
     checkpoint(table)
-    assert os.path.getsize(journal) == _HEADER.size  # a new generation: an empty journal
+    assert os.path.getsize(journal) == HEADER.size  # a new generation: an empty journal
     table.write([4], random_rows(rng, 1, 40))
     assert table.write_counters()["journal_rows"] == 6
     table.reset_stats()
@@ -220,7 +221,7 @@ def test_checkpointed_rows_survive_and_later_ones_roll_back(tmp_path):
 
 def journal_records(ids, fill: int, row_bytes: int = 40) -> np.ndarray:
     """Intact journal records (right crc) of ``ids`` whose before-images are all ``fill``."""
-    records = np.zeros(len(ids), dtype=_record_dtype(row_bytes))
+    records = np.zeros(len(ids), dtype=record_dtype(row_bytes))
     records["id"], records["row"] = ids, fill
     for record, raw in zip(records, records.view(np.uint8).reshape(len(ids), -1)):
         record["crc"] = zlib.crc32(raw[12:].tobytes(), zlib.crc32(raw[:8].tobytes()))
@@ -230,10 +231,10 @@ def journal_records(ids, fill: int, row_bytes: int = 40) -> np.ndarray:
 def commit(journal, records) -> None:
     """Appends intact ``records`` to ``journal`` and rewrites its header to commit them, as a writer does."""
     raw = journal.read_bytes()
-    _, _, row_bytes, generation, count, chain, _ = _HEADER.unpack(raw[:_HEADER.size])
-    body = raw[_HEADER.size:_HEADER.size + count * _record_dtype(row_bytes).itemsize] + records.tobytes()
-    journal.write_bytes(_journal_header(row_bytes, generation, count + len(records), zlib.crc32(records.tobytes(),
-                                                                                               chain)) + body)
+    _, _, row_bytes, generation, count, chain, _ = HEADER.unpack(raw[:HEADER.size])
+    body = raw[HEADER.size:HEADER.size + count * record_dtype(row_bytes).itemsize] + records.tobytes()
+    journal.write_bytes(journal_header(row_bytes, generation, count + len(records), zlib.crc32(records.tobytes(),
+                                                                                              chain)) + body)
 
 
 def test_records_after_the_last_commit_are_ignored(tmp_path):
@@ -251,7 +252,7 @@ def test_records_after_the_last_commit_are_ignored(tmp_path):
     table = EmbeddingTable.open(path)
     np.testing.assert_array_equal(all_rows(table), init)
     assert sorted(os.listdir(path)) == [".lsm-gnn.lock", "table.bin", "table.json", "undo.0.log"]
-    assert os.path.getsize(path / "undo.0.log") == _HEADER.size
+    assert os.path.getsize(path / "undo.0.log") == HEADER.size
     table.close()
 
 
@@ -276,21 +277,21 @@ def flip(offset: int):
 
 def swap_first_two_records(journal):
     raw = journal.read_bytes()
-    size = _record_dtype(40).itemsize
-    first, second = raw[_HEADER.size:_HEADER.size + size], raw[_HEADER.size + size:_HEADER.size + 2 * size]
-    journal.write_bytes(raw[:_HEADER.size] + second + first + raw[_HEADER.size + 2 * size:])
+    size = record_dtype(40).itemsize
+    first, second = raw[HEADER.size:HEADER.size + size], raw[HEADER.size + size:HEADER.size + 2 * size]
+    journal.write_bytes(raw[:HEADER.size] + second + first + raw[HEADER.size + 2 * size:])
 
 
-RECORD = _record_dtype(40).itemsize
+RECORD = record_dtype(40).itemsize
 
 
 @pytest.mark.parametrize("damage,message", [
-    (flip(_HEADER.size + RECORD + 20), r"record 1 of 6 is damaged"),  # a byte of a row
-    (flip(_HEADER.size + 2 * RECORD + 1), r"record 2 of 6 is damaged"),  # a byte of an id
+    (flip(HEADER.size + RECORD + 20), r"record 1 of 6 is damaged"),  # a byte of a row
+    (flip(HEADER.size + 2 * RECORD + 1), r"record 2 of 6 is damaged"),  # a byte of an id
     (flip(20), "header is damaged"),
-    (lambda j: os.truncate(j, _HEADER.size + 3 * RECORD + 7), "cut short: its header commits 6 records, the file "
+    (lambda j: os.truncate(j, HEADER.size + 3 * RECORD + 7), "cut short: its header commits 6 records, the file "
                                                                "holds 3"),
-    (lambda j: os.truncate(j, _HEADER.size), "cut short: its header commits 6 records, the file holds 0"),
+    (lambda j: os.truncate(j, HEADER.size), "cut short: its header commits 6 records, the file holds 0"),
     (lambda j: os.truncate(j, 0), "shorter than its header"),
     (lambda j: os.truncate(j, 20), "shorter than its"),
     (os.unlink, "undo.0.log is missing, but .*table.json records 1 writing rank"),
@@ -331,11 +332,11 @@ def test_an_empty_journal_of_the_previous_format_is_replaced(tmp_path):
     records is refused (the lsm-gnn that wrote it recovers it)."""
     path = tmp_path / "t"
     make_table(path)[0].close()
-    fields = table_module._V1_HEADER.pack(b"LSMUNDO1", 1, 40, 0, 0)[:24]
-    v1 = table_module._V1_HEADER.pack(b"LSMUNDO1", 1, 40, 0, zlib.crc32(fields))
+    fields = journal_module._V1_HEADER.pack(b"LSMUNDO1", 1, 40, 0, 0)[:24]
+    v1 = journal_module._V1_HEADER.pack(b"LSMUNDO1", 1, 40, 0, zlib.crc32(fields))
     (path / "undo.0.log").write_bytes(v1)
     EmbeddingTable.open(path).close()
-    assert (path / "undo.0.log").read_bytes() == _journal_header(40, 0)
+    assert (path / "undo.0.log").read_bytes() == journal_header(40, 0)
     (path / "undo.0.log").write_bytes(v1 + journal_records([1], fill=0).tobytes())
     with pytest.raises(TableError, match="format version 1, this lsm-gnn reads version 2"):
         EmbeddingTable.open(path)
@@ -388,7 +389,7 @@ def test_a_table_newer_than_the_checkpoint_is_refused(tmp_path):
     table.close()
     with pytest.raises(TableError, match="generation 2, newer than the checkpoint's generation 1.*cannot be rolled"):
         EmbeddingTable.open(path, expect_generation=1)
-    (path / "undo.3.log").write_bytes(_journal_header(40, 5))
+    (path / "undo.3.log").write_bytes(journal_header(40, 5))
     with pytest.raises(TableError, match="undo.3.log is a journal of generation 5, newer than the checkpoint's "
                                          "generation 2"):
         EmbeddingTable.open(path)
@@ -588,7 +589,7 @@ def test_a_missing_directory_is_named(tmp_path):
     (lambda p: (p / "undo.0.log").write_bytes(b"LSMUNDO1" + bytes(32)), "undo.0.log: undo journal format version 0"),
     (lambda p: (p / "undo.0.log").write_bytes(b"LSM"), "undo.0.log: the undo journal is shorter than its"),
     (lambda p: edit_meta(p, writers=0), "writers must be an integer >= 1"),
-    (lambda p: (p / "undo.0.log").write_bytes(_journal_header(24, 0)), "holds rows of 24 bytes, the table rows of 40"),
+    (lambda p: (p / "undo.0.log").write_bytes(journal_header(24, 0)), "holds rows of 24 bytes, the table rows of 40"),
 ])
 def test_a_damaged_table_is_named_with_the_fix(closed_table, damage, message):
     damage(closed_table)

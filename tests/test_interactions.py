@@ -196,7 +196,7 @@ def test_feature_files_keyed_by_their_own_ids(tmp_path, log):
 
 
 def test_npy_interactions_by_index_or_by_field_name(tmp_path, monkeypatch):
-    import lsm_gnn.data.interactions as interactions
+    import lsm_gnn.data.interaction_files as interaction_files
 
     rng = np.random.default_rng(0)
     table = np.stack([rng.integers(0, 30, 400), rng.integers(0, 20, 400), rng.permutation(400)], axis=1)
@@ -205,7 +205,7 @@ def test_npy_interactions_by_index_or_by_field_name(tmp_path, monkeypatch):
     structured = np.zeros(400, dtype=[("who", "i8"), ("what", "i4"), ("when", "f8")])
     structured["who"], structured["what"], structured["when"] = table.T
     np.save(tmp_path / "named.npy", structured)
-    monkeypatch.setattr(interactions, "READ_CHUNK", 7)  # many chunks, a ragged end
+    monkeypatch.setattr(interaction_files, "READ_CHUNK", 7)  # many chunks, a ragged end
     b = from_interactions(tmp_path / "b", tmp_path / "named.npy", user_col="who", item_col="what", time_col="when",
                           split="temporal", progress=False)
     assert pairs_of(a) == pairs_of(b)
@@ -214,12 +214,12 @@ def test_npy_interactions_by_index_or_by_field_name(tmp_path, monkeypatch):
 
 
 def test_chunked_reading_of_text_gives_the_same_dataset(log, tmp_path, monkeypatch):
-    import lsm_gnn.data.interactions as interactions
+    import lsm_gnn.data.interaction_files as interaction_files
 
     path = write_csv(tmp_path / "log.tsv", log, delimiter="\t")
     a = from_interactions(tmp_path / "a", path, time_col=2, split="temporal", progress=False)  # header guessed
     assert a.meta["converted"]["header"] == ["user", "item", "time"] and a.meta["converted"]["format"] == "tsv"
-    monkeypatch.setattr(interactions, "READ_CHUNK", 13)
+    monkeypatch.setattr(interaction_files, "READ_CHUNK", 13)
     b = from_interactions(tmp_path / "b", path, time_col="time", split="temporal", progress=False)
     assert pairs_of(a) == pairs_of(b)
     np.testing.assert_array_equal(a.read_features_direct(np.arange(a.num_nodes)),

@@ -27,140 +27,29 @@ the interactions into train (the CSR, both directions), val and test
   split; ``"keep"`` also keeps the repeats as parallel training edges (a
   held-out pair is stored once); ``"error"`` refuses them.
 
-Files are parsed in chunks of ``READ_CHUNK`` rows; memory peaks at about 80
+Files are parsed in chunks of ``READ_CHUNK`` rows (reading the file is
+:mod:`lsm_gnn.data.interaction_files`'s); memory peaks at about 80
 bytes per interaction (the columns as arrays, then the sorts that find
 repeats and split) plus a dictionary of the distinct ids.
 """
 from __future__ import annotations
 
-import csv
 import os
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from lsm_gnn.data.convert import _dtype_of, _feature_dtype, _open_npy, _progress, write_feature_chunks
 from lsm_gnn.data.dataset import Dataset
+from lsm_gnn.data.interaction_files import file_format, is_number, read_interactions, show
 from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
 from lsm_gnn.data.writer import DatasetWriter, save_npy
 
-READ_CHUNK = 1 << 18          # rows parsed per chunk
 RANDOM_FEATURE_BLOCK = 1 << 16  # rows per RNG block of generated features (output independent of chunking)
 SPLIT_MODES = ("user-random", "temporal", "column")
 DUPLICATE_MODES = ("drop", "keep", "error")
-SPLIT_VALUES = {"train": 0, "val": 1, "valid": 1, "validation": 1, "test": 2}
-_TRAIN, _VAL, _TEST = 0, 1, 2
+_TRAIN, _VAL, _TEST = 0, 1, 2  # the part codes interaction_files.SPLIT_VALUES gives split names
 ID_FILES = {"users": "user_ids.npy", "items": "item_ids.npy"}
-
-
-# -- reading the file in chunks ---------------------------------------------------------------------------------
-
-def _file_format(file_path: str, fmt: str | None) -> str:
-    if fmt is not None:
-        if fmt not in ("csv", "tsv", "npy"):
-            raise ValueError(f"format={fmt!r} is not supported; use csv, tsv or npy")
-        return fmt
-    ext = os.path.splitext(file_path)[1].lower()
-    return {".npy": "npy", ".tsv": "tsv", ".tab": "tsv"}.get(ext, "csv")
-
-
-def _column_index(spec: Any, names: list[str] | None, role: str, where: str) -> int:
-    """A column given by 0-based index or by header name, as an index."""
-    if isinstance(spec, (int, np.integer)) or (isinstance(spec, str) and spec.isdigit()):
-        return int(spec)
-    if names is None:
-        raise ValueError(f"{role} column {spec!r} is a name, but {where} has no header; pass its 0-based index "
-                         "or a file whose first row names the columns (CLI: --header)")
-    if spec not in names:
-        raise ValueError(f"{role} column {spec!r} is not in {where}'s header ({', '.join(names)}); pass one of "
-                         "these names or a 0-based index")
-    return names.index(spec)
-
-
-def _text_chunks(file_path: str, fmt: str, columns: dict[str, Any], header: bool | None, delimiter: str | None
-                 ) -> tuple[dict, Iterator[tuple[dict[str, list], np.ndarray]]]:
-    """``(info, chunks)``: each chunk maps a role to its column's strings, with the file's line numbers."""
-    delimiter = delimiter or ("\t" if fmt == "tsv" else ",")
-    if not isinstance(delimiter, str) or len(delimiter) != 1 or delimiter in "\r\n\"":
-        raise ValueError(f"the delimiter (--delimiter) must be one character other than a quote or a line break, got "
-                         f"{delimiter!r}; e.g. ',' or ';' (--format tsv for tabs)")
-    f = open(file_path, newline="", encoding="utf-8-sig")  # closed by the generator
-    try:
-        sample = f.read(1 << 16)
-        f.seek(0)
-        if header is None:  # a name asks for a header; otherwise guess from the first rows' value types
-            named = any(isinstance(s, str) and not s.isdigit() for s in columns.values())
-            try:
-                header = named or csv.Sniffer().has_header(sample)
-            except csv.Error:
-                header = False
-        reader = csv.reader(f, delimiter=delimiter)
-        names = None
-        if header:
-            names = next(reader, None)
-            if names is None:
-                raise ValueError(f"{file_path} is empty; it must hold one interaction per line")
-            names = [n.strip() for n in names]
-        index = {role: _column_index(spec, names, role, file_path) for role, spec in columns.items()}
-    except BaseException:
-        f.close()
-        raise
-    width = max(index.values()) + 1
-
-    def rows_of(reader):
-        try:
-            yield from reader
-        except csv.Error as exc:  # a field over csv's size limit, a NUL byte, an unclosed quote at the end
-            raise ValueError(f"{file_path} line {reader.line_num}: cannot read it as {fmt.upper()} ({exc}); check the "
-                             f"delimiter ({delimiter!r}) and the quoting (a stray '\"' makes the rest of the file one "
-                             "field)") from None
-
-    def chunks():
-        with f:
-            rows, lines = [], []
-            for row in rows_of(reader):
-                if not row or (len(row) == 1 and not row[0].strip()):
-                    continue  # blank line
-                if len(row) < width:
-                    role = next(r for r, i in index.items() if i >= len(row))
-                    raise ValueError(f"{file_path} line {reader.line_num} has {len(row)} field(s) but the {role} "
-                                     f"column is column {index[role]} (0-based); check the delimiter "
-                                     f"({delimiter!r}) and the column options")
-                rows.append(row)
-                lines.append(reader.line_num)
-                if len(rows) == READ_CHUNK:
-                    yield {role: [r[i].strip() for r in rows] for role, i in index.items()}, np.array(lines)
-                    rows, lines = [], []
-            if rows:
-                yield {role: [r[i].strip() for r in rows] for role, i in index.items()}, np.array(lines)
-
-    info = {"header": names, "delimiter": delimiter, "columns": index}
-    return info, chunks()
-
-
-def _npy_chunks(file_path: str, columns: dict[str, Any]) -> tuple[dict, Iterator[tuple[dict, np.ndarray]]]:
-    """Chunks of an ``(E, k)`` array (columns by index) or of a structured array (columns by field name)."""
-    array = _open_npy(file_path, "interactions")
-    names = list(array.dtype.names) if array.dtype.names else None
-    if names is None and array.ndim != 2:
-        raise ValueError(f"{file_path} has shape {array.shape}; an interaction array must be (E, k), one row per "
-                         "interaction, with user ids in one column and item ids in another")
-    if names is not None:
-        index = {role: names[_column_index(spec, names, role, file_path)] for role, spec in columns.items()}
-    else:
-        index = {role: _column_index(spec, None, role, file_path) for role, spec in columns.items()}
-        bad = {role: i for role, i in index.items() if i >= array.shape[1]}
-        if bad:
-            raise ValueError(f"{file_path} has {array.shape[1]} columns but the {', '.join(bad)} column is "
-                             f"{', '.join(map(str, bad.values()))} (0-based)")
-
-    def chunks():
-        for start in range(0, array.shape[0], READ_CHUNK):
-            block = np.asarray(array[start:start + READ_CHUNK])
-            cols = {role: block[i] if names else block[:, i] for role, i in index.items()}
-            yield cols, np.arange(start, start + block.shape[0])  # 0-based row numbers
-
-    return {"header": names, "columns": index}, chunks()
 
 
 # -- ids -----------------------------------------------------------------------------------------------------
@@ -186,7 +75,7 @@ class _IdSpace:
             missing = np.flatnonzero(rows < 0)
             if missing.size:
                 first = np.flatnonzero(inverse.reshape(-1) == missing[0])[0]
-                raise ValueError(f"{where} {lines[first]}: {self.side[:-1]} id {_show(values[first])} is not among "
+                raise ValueError(f"{where} {lines[first]}: {self.side[:-1]} id {show(values[first])} is not among "
                                  f"the ids of {self.feature_file}'s rows ({self.side[:-1]}_feature_ids); "
                                  f"{missing.size:,} such ids in this chunk")
             return rows[inverse.reshape(-1)]
@@ -213,13 +102,13 @@ class _IdSpace:
         try:
             as_float = values.astype(np.float64)
         except ValueError:
-            bad = next(j for j, v in enumerate(values.tolist()) if not _is_number(v))
-            raise ValueError(f"{where} {lines[bad]}: {self.side[:-1]} id {_show(values[bad])} is not an integer"
+            bad = next(j for j, v in enumerate(values.tolist()) if not is_number(v))
+            raise ValueError(f"{where} {lines[bad]}: {self.side[:-1]} id {show(values[bad])} is not an integer"
                              + (f"; with {self.feature_file}, ids must be its row numbers" if self.feature_file
                                 else "")) from None
         wrong = np.flatnonzero(~np.isfinite(as_float) | (as_float != np.round(as_float)))
         if wrong.size:
-            raise ValueError(f"{where} {lines[wrong[0]]}: {self.side[:-1]} id {_show(values[wrong[0]])} is not an "
+            raise ValueError(f"{where} {lines[wrong[0]]}: {self.side[:-1]} id {show(values[wrong[0]])} is not an "
                              "integer")
         return values.astype(np.int64) if values.dtype.kind in "iu" else as_float.astype(np.int64)
 
@@ -244,19 +133,6 @@ class _IdSpace:
         return len(keys), raw[order], remap
 
 
-def _show(value: Any) -> str:
-    """A value as the user wrote it (numpy scalars as plain Python)."""
-    return repr(value.item() if hasattr(value, "item") else value)
-
-
-def _is_number(text: Any) -> bool:
-    try:
-        float(text)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
 def id_maps(dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
     """``(user_ids, item_ids)`` of a dataset made by :func:`from_interactions`: node ``u`` is the file's user
     ``user_ids[u]``, node ``num_users + j`` its item ``item_ids[j]``."""
@@ -265,62 +141,6 @@ def id_maps(dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
         raise KeyError(f"dataset {dataset.path} has no id maps; only lsm_gnn.data.from_interactions "
                        "(lsm-gnn prepare interactions) writes them")
     return tuple(np.load(dataset.file_path(files[side])) for side in ("users", "items"))
-
-
-# -- timestamps and split names -----------------------------------------------------------------------------------
-
-def _timestamps(values, lines: np.ndarray, where: str, kind: list) -> np.ndarray:
-    """Seconds (or the file's own numeric unit) as float64; ``kind`` keeps numeric vs date across chunks."""
-    values = np.asarray(values)
-    if values.dtype.kind in "iuf":
-        parsed, this = values.astype(np.float64), "number"
-    else:
-        try:
-            parsed, this = values.astype(np.float64), "number"
-        except ValueError:
-            numeric = np.fromiter((_is_number(v) for v in values.tolist()), bool, values.size)
-            if numeric.any():  # numpy would read a number such as "100" as the year 100
-                number, date = int(np.argmax(numeric)), int(np.argmin(numeric))
-                raise ValueError(f"{where} {lines[date]}: timestamps mix numbers and dates ({_show(values[number])} "
-                                 f"on line {lines[number]}, {_show(values[date])} here); use one kind") from None
-            try:
-                dates = values.astype("datetime64[s]")
-            except ValueError:
-                bad = next((j for j, v in enumerate(values.tolist()) if not _is_date_or_number(v)), 0)
-                raise ValueError(f"{where} {lines[bad]}: timestamp {_show(values[bad])} is neither a number nor an "
-                                 "ISO 8601 date (e.g. 2024-05-01 or 2024-05-01T12:30:00)") from None
-            parsed = np.where(np.isnat(dates), np.nan, dates.astype(np.int64).astype(np.float64))
-            this = "date"
-    if kind and kind[0] != this:
-        raise ValueError(f"{where} {lines[0]}: timestamps mix numbers and dates ({this}s after {kind[0]}s); "
-                         "use one kind")
-    kind[:] = [this]
-    missing = np.flatnonzero(~np.isfinite(parsed))
-    if missing.size:
-        raise ValueError(f"{where} {lines[missing[0]]}: the timestamp is missing, NaN or infinite "
-                         f"({_show(values[missing[0]])}); fill it in or drop the row")
-    return parsed
-
-
-def _is_date_or_number(text: Any) -> bool:
-    if _is_number(text):
-        return True
-    try:
-        np.datetime64(text, "s")
-    except ValueError:
-        return False
-    return True
-
-
-def _split_codes(values, lines: np.ndarray, where: str) -> np.ndarray:
-    values = np.char.lower(np.char.strip(np.asarray(values).astype(str)))
-    uniques, inverse = np.unique(values, return_inverse=True)
-    unknown = [u for u in uniques.tolist() if u not in SPLIT_VALUES]
-    if unknown:
-        bad = int(np.flatnonzero(values == unknown[0])[0])
-        raise ValueError(f"{where} {lines[bad]}: split {unknown[0]!r} is not one of "
-                         f"{', '.join(SPLIT_VALUES)}")
-    return np.array([SPLIT_VALUES[u] for u in uniques.tolist()], dtype=np.int8)[inverse.reshape(-1)]
 
 
 # -- splitting -------------------------------------------------------------------------------------------------
@@ -391,7 +211,7 @@ def _feature_row_ids(ids: Any, side: str, rows: int | None) -> np.ndarray | None
     texts = values.astype(str)
     uniques, counts = np.unique(texts, return_counts=True)
     if uniques.size != texts.size:
-        raise ValueError(f"{what}: id {_show(uniques[np.argmax(counts)])} names {counts.max()} rows; each id names one")
+        raise ValueError(f"{what}: id {show(uniques[np.argmax(counts)])} names {counts.max()} rows; each id names one")
     return values
 
 
@@ -425,7 +245,7 @@ def from_interactions(path, interactions, *, format: str | None = None, user_col
     file_path = os.fspath(interactions)
     if not os.path.isfile(file_path):
         raise FileNotFoundError(f"interactions: no such file {file_path}")
-    fmt = _file_format(file_path, format)
+    fmt = file_format(file_path, format)
     split = split or ("column" if split_col is not None else "user-random")
     if split not in SPLIT_MODES:
         raise ValueError(f"split={split!r} is not one of {', '.join(SPLIT_MODES)}")
@@ -453,7 +273,7 @@ def from_interactions(path, interactions, *, format: str | None = None, user_col
         columns["time"] = time_col
     if split_col is not None:
         columns["split"] = split_col
-    info, arrays = _read(file_path, fmt, columns, header, delimiter, spaces, progress)
+    info, arrays = read_interactions(file_path, fmt, columns, header, delimiter, spaces, progress)
     num_users, user_ids, user_remap = spaces["users"].finish()
     num_items, item_ids, item_remap = spaces["items"].finish()
     users = arrays["user"] if user_remap is None else user_remap[arrays["user"]]
@@ -466,7 +286,7 @@ def from_interactions(path, interactions, *, format: str | None = None, user_col
         row = representative[np.flatnonzero(multiplicity > 1)[0]]  # the first repeated pair in the file
         same = np.flatnonzero((users == users[row]) & (items == items[row]))
         shown = ", ".join(str(n) for n in np.sort(lines[same])[:5])
-        user, item = _show(user_ids[users[row]]), _show(item_ids[items[row]])
+        user, item = show(user_ids[users[row]]), show(item_ids[items[row]])
         raise ValueError(f"{file_path}: user {user} and item {item} interact more than once ({info['unit']}s {shown}); "
                          f"{repeats:,} rows repeat a pair. Pass duplicates='drop' or 'keep' (CLI: --duplicates)")
     r_users, r_items = users[representative], items[representative]
@@ -517,35 +337,6 @@ def from_interactions(path, interactions, *, format: str | None = None, user_col
         save_npy(os.path.join(writer.tmp, ID_FILES["users"]), user_ids)
         save_npy(os.path.join(writer.tmp, ID_FILES["items"]), item_ids)
         return writer.commit()
-
-
-def _read(file_path: str, fmt: str, columns: dict, header: bool | None, delimiter: str | None, spaces: dict,
-          progress: bool) -> tuple[dict, dict[str, np.ndarray]]:
-    """The file's columns as arrays (ids as codes of ``spaces``, timestamps as floats, split names as part
-    codes, and each row's line number), chunk by chunk; ``info`` says what was read."""
-    if fmt == "npy":
-        info, chunks = _npy_chunks(file_path, columns)
-    else:
-        info, chunks = _text_chunks(file_path, fmt, columns, header, delimiter)
-    info["unit"] = "row" if fmt == "npy" else "line"
-    where = info["where"] = f"{file_path} {info['unit']}"  # errors name the line (of a .npy file: the row)
-    parts: dict[str, list] = {role: [] for role in ("user", "item", "time", "split", "line")}
-    time_kind: list = []
-    with _progress(progress, desc="interactions", unit="row") as bar:
-        for cols, lines in chunks:
-            parts["user"].append(spaces["users"].encode(cols["user"], lines, where))
-            parts["item"].append(spaces["items"].encode(cols["item"], lines, where))
-            if "time" in cols:
-                parts["time"].append(_timestamps(cols["time"], lines, where, time_kind))
-            if "split" in cols:
-                parts["split"].append(_split_codes(cols["split"], lines, where))
-            parts["line"].append(lines)
-            bar.update(lines.size)
-    if not parts["line"]:
-        after = "" if info["header"] is None else f" after its header line ({', '.join(map(str, info['header']))})"
-        raise ValueError(f"{file_path} holds no interactions{after}; it needs one row per (user, item) interaction"
-                         + (" (if that line is data, pass header=False, CLI: --no-header)" if after else ""))
-    return info, {role: np.concatenate(chunks_) for role, chunks_ in parts.items() if chunks_}
 
 
 def _earliest_of_each_pair(pair: np.ndarray, times: np.ndarray | None, lines: np.ndarray

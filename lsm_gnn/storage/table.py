@@ -6,7 +6,7 @@ A table is a directory::
                    committed ``generation`` and the caller's ``layout`` (an opaque JSON object)
     table.bin      num_rows rows of ``row_stride`` bytes (:func:`~lsm_gnn.data.format.row_stride_for`:
                    packed small rows or 512-aligned large ones), zero padded, padded to a whole page
-    undo.<rank>.log   one undo journal per writing rank (below)
+    undo.<rank>.log   one undo journal per writing rank (:mod:`lsm_gnn.storage.journal`)
 
 Rows are opaque bytes here (``dtype="uint8"``, ``dim=row_bytes``); only the embedding layer knows what
 they hold. Reads are :class:`~lsm_gnn.storage.native.NativeStorage`'s (the ``pread`` reader, buffered by
@@ -18,50 +18,16 @@ the caller writes its checkpoint, recording ``g + 1``; rank 0 calls :meth:`~Embe
 ``(g + 1)``; every rank calls :meth:`~EmbeddingTable.reset_journal` ``(g + 1)``. A rank writes nothing
 between its ``sync`` and its ``reset_journal``.
 
-**Undo journal.** Before the first overwrite of a row in a generation, :meth:`~EmbeddingTable.write`
-appends the row's before-image (its committed bytes) to the rank's journal and commits it, then
-overwrites the row with ``pwrite``. Format (little endian)::
-
-    header (40 bytes): magic b"LSMUNDO1", uint32 format version (2), uint32 row_bytes, int64 generation,
-                       int64 records committed, uint32 crc32 chained over the committed records' bytes,
-                       uint32 crc32 of the 36 bytes before it
-    record (12 + row_bytes bytes each): int64 row id, uint32 crc32 of (id bytes + row bytes), row bytes
-
-A commit fsyncs the appended records, then rewrites the header with the new count and chained crc and
-fsyncs again; only then is any row they protect overwritten. So every committed record is needed and
-must be intact, and a record after the committed ones (a crash before its commit) protects no
-overwritten row. A journal is made whole (temporary file, fsync, rename), so one on disk always has a
-header. table.json's ``writers`` counts the ranks that write the table; each has its journal from the
-moment it opens the table until the next recovery replaces it.
-
-**Recovery** to generation ``E`` (the checkpoint's; by default the one table.json records), by the rank
-that opens with ``recover=True``, over every ``undo.*.log``. First everything is checked, and any damage is
-refused with a :class:`TableError` naming the file (a partly valid journal is never applied): a missing
-journal of a rank below ``writers``; a damaged header; fewer records than the header commits; a committed
-record whose crc does not match; committed records whose chained crc does not; a row outside the table.
-Then:
-
-- journal generation == E: the generation's rows were being overwritten. Every committed record's
-  before-image is written back; table.bin is fsynced.
-- journal generation < E: stale (the table was synced and the checkpoint for E written after it).
-- journal generation > E, or table.json generation > E: the table is newer than the checkpoint and
-  cannot be rolled back that far: :class:`TableError`.
-
-Then every journal is replaced by an empty one of generation ``E`` (one for each rank about to write), and
-table.json records ``E`` and the new ``writers``; journals of ranks beyond them are deleted last. Each step is
-idempotent, so a crash during recovery is recovered by the next open.
-
-Ranks write disjoint rows within a generation (each row has one owner); a row in two journals of one
-generation cannot be ordered, and recovery refuses it with a :class:`TableError`.
+**Undo journal and recovery.** Before the first overwrite of a row in a generation, :meth:`~EmbeddingTable.write`
+journals the row's before-image; opening with ``recover=True`` rolls the table back to the checkpoint's
+generation with every rank's journal; ranks write disjoint rows within a generation. The journal's format
+and the recovery are :mod:`lsm_gnn.storage.journal`'s.
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
-import re
 import shutil
-import struct
 import tempfile
 import time
 import types
@@ -77,29 +43,16 @@ from lsm_gnn.fileio import (
     reporting_disk_full, temp_prefix,
 )
 from lsm_gnn.ids import as_id_tensor
+from lsm_gnn.storage.journal import (
+    HEADER, JOURNAL_NAME, RowSet, journal_header, read_journal_header, record_crcs, record_dtype, recover_table,
+)
 from lsm_gnn.storage.native import NativeStorage
+from lsm_gnn.storage.table_files import DATA_FILE, FRESH_FIX, META_FILE, TableError, pwrite_all, write_runs
 
 FORMAT_NAME = "lsm-gnn-embedding-table"
 FORMAT_VERSION = 1
-META_FILE = "table.json"
-DATA_FILE = "table.bin"
-JOURNAL_MAGIC = b"LSMUNDO1"
-JOURNAL_VERSION = 2
-# magic, version, row_bytes, generation, records committed, crc32 chained over their bytes, crc32 of the fields before
-_HEADER = struct.Struct("<8sIIqqII")
-_HEADER_CRC_SPAN = _HEADER.size - 4
-_V1_HEADER = struct.Struct("<8sIIqI4x")  # version 1: no count, no chained crc (read only to replace an empty one)
-_RECORD_PREFIX = 12                   # int64 id + uint32 crc32, then the row
-_JOURNAL_NAME = re.compile(r"undo\.(\d+)\.log")
-_RECOVER_CHUNK_BYTES = 16 << 20       # journal bytes read per step of recovery
-_FRESH_FIX = "start fresh (delete the table directory and train from scratch) or restore the table from a backup"
-assert _HEADER.size == 40 and _V1_HEADER.size == 32
 
 __all__ = ["EmbeddingTable", "TableError", "WriteStats"]
-
-
-class TableError(ValueError):
-    """A table directory is missing, malformed, or does not fit the checkpoint."""
 
 
 @dataclass
@@ -118,131 +71,6 @@ class WriteStats:
     journal_bytes: int = 0
     write_seconds: float = 0.0
     journal_seconds: float = 0.0
-
-
-class _RowSet:
-    """A set of row ids in [0, num_rows) as one bit per row."""
-
-    def __init__(self, num_rows: int):
-        self._bits = np.zeros((num_rows + 7) // 8, dtype=np.uint8)
-
-    def contains(self, ids: np.ndarray) -> np.ndarray:
-        return ((self._bits[ids >> 3] >> (ids & 7).astype(np.uint8)) & 1).astype(bool)
-
-    def add(self, ids: np.ndarray) -> None:
-        np.bitwise_or.at(self._bits, ids >> 3, np.left_shift(1, ids & 7).astype(np.uint8))
-
-    def update(self, other: "_RowSet") -> None:
-        self._bits |= other._bits
-
-    def intersects(self, other: "_RowSet") -> bool:
-        return bool((self._bits & other._bits).any())
-
-    def clear(self) -> None:
-        self._bits.fill(0)
-
-
-def _record_dtype(row_bytes: int) -> np.dtype:
-    return np.dtype([("id", "<i8"), ("crc", "<u4"), ("row", np.uint8, (row_bytes,))])  # packed: 12 + row_bytes
-
-
-def _record_crcs(records: np.ndarray) -> np.ndarray:
-    """crc32 of (id bytes + row bytes) of every record."""
-    raw = records.view(np.uint8).reshape(len(records), records.dtype.itemsize)
-    return np.fromiter((zlib.crc32(r[_RECORD_PREFIX:], zlib.crc32(r[:8])) for r in raw), dtype=np.uint32,
-                       count=len(records))
-
-
-def _journal_header(row_bytes: int, generation: int, count: int = 0, chain: int = 0) -> bytes:
-    fields = _HEADER.pack(JOURNAL_MAGIC, JOURNAL_VERSION, row_bytes, generation, count, chain, 0)[:_HEADER_CRC_SPAN]
-    return fields + struct.pack("<I", zlib.crc32(fields))
-
-
-@dataclass(frozen=True)
-class _JournalHeader:
-    generation: int
-    count: int  # records committed: their rows may have been overwritten
-    chain: int  # crc32 over the committed records' bytes, in order
-
-
-def _read_journal_header(path: str, row_bytes: int) -> _JournalHeader:
-    """A journal's header; TableError naming the file when it is damaged or no journal of this table."""
-    with open(path, "rb") as fh:
-        raw = fh.read(_HEADER.size + 1)
-    lost = f"the rows it protects cannot be rolled back: {_FRESH_FIX}"
-    if len(raw) < 12 or raw[:8] != JOURNAL_MAGIC:
-        what = "is shorter than its header" if len(raw) < 12 else "is not an undo journal (bad magic)"
-        raise TableError(f"{path}: the undo journal {what}; {lost}")
-    version = struct.unpack_from("<I", raw, 8)[0]
-    if version == 1 and len(raw) == _V1_HEADER.size:  # an empty journal of lsm-gnn before 0.3: nothing to undo
-        _, _, journal_row_bytes, generation, crc = _V1_HEADER.unpack(raw)
-        if crc == zlib.crc32(raw[:_V1_HEADER.size - 8]) and journal_row_bytes == row_bytes:
-            return _JournalHeader(generation, 0, 0)
-    if version != JOURNAL_VERSION:
-        raise TableError(f"{path}: undo journal format version {version}, this lsm-gnn reads version "
-                         f"{JOURNAL_VERSION}; open the table with the lsm-gnn that wrote it")
-    if len(raw) < _HEADER.size:
-        raise TableError(f"{path}: the undo journal is shorter than its {_HEADER.size}-byte header; {lost}")
-    raw = raw[:_HEADER.size]
-    _, _, journal_row_bytes, generation, count, chain, crc = _HEADER.unpack(raw)
-    if crc != zlib.crc32(raw[:_HEADER_CRC_SPAN]) or count < 0:
-        raise TableError(f"{path}: the undo journal's header is damaged (its checksum does not match); {lost}")
-    if journal_row_bytes != row_bytes:
-        raise TableError(f"{path}: the undo journal holds rows of {journal_row_bytes} bytes, the table rows of "
-                         f"{row_bytes}; it belongs to another table: {_FRESH_FIX}")
-    return _JournalHeader(generation, count, chain)
-
-
-def _journal_chunks(journal: str, header: _JournalHeader, meta: dict):
-    """The committed records of ``journal`` in chunks of at most :data:`_RECOVER_CHUNK_BYTES`."""
-    dtype = _record_dtype(meta["row_bytes"])
-    per_chunk = max(1, _RECOVER_CHUNK_BYTES // dtype.itemsize)
-    with open(journal, "rb") as fh:
-        fh.seek(_HEADER.size)
-        for start in range(0, header.count, per_chunk):
-            n = min(per_chunk, header.count - start)
-            yield start, np.frombuffer(fh.read(n * dtype.itemsize), dtype=dtype)
-
-
-def _check_journal(journal: str, header: _JournalHeader, meta: dict) -> _RowSet:
-    """Proves every committed record of ``journal`` intact (each record's crc, the chained crc over all of them,
-    ids inside the table) before any is applied; returns the rows they hold. A record appended after the last
-    commit is ignored: the journal is committed before any row it protects is overwritten."""
-    rows, chain = _RowSet(meta["num_rows"]), 0
-    if header.count == 0:
-        return rows
-    lost = f"the rows it protects cannot be rolled back: {_FRESH_FIX}"
-    record_bytes = _record_dtype(meta["row_bytes"]).itemsize
-    have = (os.path.getsize(journal) - _HEADER.size) // record_bytes
-    if have < header.count:
-        raise TableError(f"{journal}: the undo journal was cut short: its header commits {header.count} records, "
-                         f"the file holds {have}; {lost}")
-    for start, records in _journal_chunks(journal, header, meta):
-        bad = np.flatnonzero(_record_crcs(records) != records["crc"])
-        if len(bad):
-            raise TableError(f"{journal}: record {start + int(bad[0])} of {header.count} is damaged (its checksum "
-                             f"does not match); {lost}")
-        ids = records["id"].astype(np.int64)
-        outside = ids[(ids < 0) | (ids >= meta["num_rows"])]
-        if len(outside):
-            raise TableError(f"{journal}: a record names row {int(outside[0])}, outside the table's "
-                             f"{meta['num_rows']} rows; the journal is not this table's: {_FRESH_FIX}")
-        chain = zlib.crc32(records.tobytes(), chain)
-        rows.add(ids)
-    if chain != header.chain:
-        raise TableError(f"{journal}: the undo journal's records do not match the checksum its header commits "
-                         f"(a record was changed, reordered or replaced); {lost}")
-    return rows
-
-
-def _pwrite_all(fd: int, data, offset: int) -> None:
-    """pwrite until every byte is out (pwrite may write less than asked)."""
-    view = memoryview(data).cast("B")
-    while view.nbytes:
-        n = os.pwrite(fd, view, offset)
-        if n <= 0:
-            raise OSError(errno.ENOSPC, "short write")  # reporting_disk_full names the file
-        view, offset = view[n:], offset + n
 
 
 def _check_init_rows(rows, start: int, stop: int, row_bytes: int) -> np.ndarray:
@@ -266,8 +94,8 @@ def _load_meta(path: str) -> dict:
     if not os.path.isdir(path):
         raise TableError(f"{path}: no embedding table here (no such directory); check the path, or "
                          f"create the table with EmbeddingTable.create")
-    fix = f"{_FRESH_FIX} (delete {path} and create it again)"
-    for name in (META_FILE, DATA_FILE, *(n for n in os.listdir(path) if _JOURNAL_NAME.fullmatch(n))):
+    fix = f"{FRESH_FIX} (delete {path} and create it again)"
+    for name in (META_FILE, DATA_FILE, *(n for n in os.listdir(path) if JOURNAL_NAME.fullmatch(n))):
         contained_path(path, name, TableError, fix="a table's files must be in its directory, not links out of it")
     meta_path = os.path.join(path, META_FILE)
     try:
@@ -315,7 +143,7 @@ def _load_meta(path: str) -> dict:
 
 class EmbeddingTable(NativeStorage):
     """A table of ``num_rows`` rows of ``row_bytes`` raw bytes, read like features and written in place
-    under an undo journal (see the module docstring). Make one with :meth:`create`, open one with
+    under an undo journal (:mod:`lsm_gnn.storage.journal`). Make one with :meth:`create`, open one with
     :meth:`open`.
 
     ``read(ids)`` / ``read_into`` are :class:`~lsm_gnn.storage.base.FeatureStorage`'s: ``read(ids)[i]``
@@ -340,8 +168,8 @@ class EmbeddingTable(NativeStorage):
         self.path = path  # NativeStorage names its file `path`; here it is the table's directory
         self.data_path = data_path
         self.journal_path = os.path.join(path, f"undo.{rank}.log")
-        self._record_dtype = _record_dtype(self.row_bytes)
-        self._journaled = _RowSet(self.num_rows)
+        self._record_dtype = record_dtype(self.row_bytes)
+        self._journaled = RowSet(self.num_rows)
         self._writes = WriteStats()
         self._journal_fd: int | None = None
         self._journal_end = 0
@@ -406,9 +234,9 @@ class EmbeddingTable(NativeStorage):
         """Opens table directory ``path`` as ``rank`` (whose journal is ``undo.<rank>.log``).
 
         With ``recover=True`` every journal in the directory is first rolled back to ``expect_generation``
-        (None: the generation table.json records), see the module docstring. With several ranks, rank 0
-        opens with ``recover=True`` and ``world_size`` (the ranks that will write: each gets its journal now),
-        the others, after a barrier, with ``recover=False``. Rank 0 holds the table's lock until :meth:`close`.
+        (None: the generation table.json records), see :mod:`lsm_gnn.storage.journal`. With several ranks,
+        rank 0 opens with ``recover=True`` and ``world_size`` (the ranks that will write: each gets its journal
+        now), the others, after a barrier, with ``recover=False``. Rank 0 holds the table's lock until :meth:`close`.
         Every problem raises :class:`TableError` naming the file and the fix.
         """
         path = os.path.abspath(os.fspath(path))
@@ -423,8 +251,8 @@ class EmbeddingTable(NativeStorage):
         lock = RunLock(path, "the embedding table") if rank == 0 else None
         try:
             if recover:
-                meta = _recover(path, meta, meta["generation"] if expect_generation is None else expect_generation,
-                                _positive_int(world_size, "world_size"))
+                target = meta["generation"] if expect_generation is None else expect_generation
+                meta = recover_table(path, meta, target, _positive_int(world_size, "world_size"))
             elif expect_generation is not None and meta["generation"] != expect_generation:
                 raise TableError(f"{os.path.join(path, META_FILE)} records generation {meta['generation']}, the "
                                  f"checkpoint generation {expect_generation}; open the table on rank 0 with "
@@ -475,7 +303,7 @@ class EmbeddingTable(NativeStorage):
         elif self._journal_unsynced:  # before-images kept by before_change protect these rows: durable first
             self._sync_journal()
         start = time.perf_counter()
-        written = _write_runs(self._fd, self.data_path, ids, rows, self.row_stride)
+        written = write_runs(self._fd, self.data_path, ids, rows, self.row_stride)
         w = self._writes
         w.rows_written += len(ids)
         w.bytes_written += written
@@ -504,9 +332,9 @@ class EmbeddingTable(NativeStorage):
         records = np.empty(len(ids), dtype=self._record_dtype)
         records["id"] = ids
         records["row"] = before
-        records["crc"] = _record_crcs(records)
+        records["crc"] = record_crcs(records)
         with reporting_disk_full(self.journal_path, self._journal_end + records.nbytes):
-            _pwrite_all(self._journal_fd, records, self._journal_end)
+            pwrite_all(self._journal_fd, records, self._journal_end)
         self._journal_end += records.nbytes
         self._journal_count += len(records)
         self._journal_chain = zlib.crc32(records.tobytes(), self._journal_chain)
@@ -520,10 +348,10 @@ class EmbeddingTable(NativeStorage):
         """Commits the appended records: fsyncs them, then the header that counts them and checksums their bytes.
         Recovery applies exactly the committed records and refuses a journal whose committed part is damaged."""
         start = time.perf_counter()
-        header = _journal_header(self.row_bytes, self.generation, self._journal_count, self._journal_chain)
+        header = journal_header(self.row_bytes, self.generation, self._journal_count, self._journal_chain)
         with reporting_disk_full(self.journal_path):
             os.fsync(self._journal_fd)  # the records first: a header never commits records that are not on disk
-            _pwrite_all(self._journal_fd, header, 0)
+            pwrite_all(self._journal_fd, header, 0)
             os.fsync(self._journal_fd)
         self._journal_unsynced = False
         self._writes.journal_seconds += time.perf_counter() - start
@@ -565,7 +393,7 @@ class EmbeddingTable(NativeStorage):
         (a rank that did not recover), a journal that still protects rows of this generation is refused."""
         remove_stale_temporaries(self.journal_path, kind="file")
         if check_existing and os.path.exists(self.journal_path):
-            header = _read_journal_header(self.journal_path, self.row_bytes)
+            header = read_journal_header(self.journal_path, self.row_bytes)
             if header.generation >= self.generation and header.count:
                 raise TableError(f"{self.journal_path} still holds before-images of generation "
                                  f"{header.generation} that were never rolled back; open the table on rank 0 with recover=True (before the "
@@ -573,9 +401,9 @@ class EmbeddingTable(NativeStorage):
         if self._journal_fd is not None:
             os.close(self._journal_fd)
             self._journal_fd = None
-        atomic_write_bytes(_journal_header(self.row_bytes, self.generation), self.journal_path)
+        atomic_write_bytes(journal_header(self.row_bytes, self.generation), self.journal_path)
         self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_NOFOLLOW)
-        self._journal_end = _HEADER.size
+        self._journal_end = HEADER.size
         self._journal_count = self._journal_chain = 0
         self._journal_unsynced = False
         self._journaled.clear()
@@ -608,37 +436,6 @@ class EmbeddingTable(NativeStorage):
                 f"generation={self.generation}, rank={self.rank})")
 
 
-#: rows are written by one native call (``lsm_gnn._C.write_rows``: a pwrite per row, in C, without the GIL);
-#: False: one ``os.pwrite`` per run of consecutive ids, which the crash tests instrument between any two writes
-NATIVE_WRITES = True
-
-
-def _write_runs(fd: int, file_name: str, ids: np.ndarray, rows: np.ndarray, stride: int) -> int:
-    """pwrites ``rows`` at sorted distinct ``ids``; returns the bytes written."""
-    if NATIVE_WRITES:
-        from lsm_gnn import _C
-
-        with reporting_disk_full(file_name):
-            return _C.write_rows(fd, torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)),
-                                 torch.from_numpy(np.ascontiguousarray(rows)), stride)
-    n, row_bytes = rows.shape
-    if stride != row_bytes:  # a run spans the zero padding between its rows, so it is one buffer
-        staged = np.zeros((n, stride), dtype=np.uint8)
-        staged[:, :row_bytes] = rows
-    else:
-        staged = np.ascontiguousarray(rows)
-    flat = staged.reshape(-1)
-    bounds = np.flatnonzero(np.diff(ids) != 1) + 1
-    starts, ends = np.concatenate(([0], bounds)), np.concatenate((bounds, [n]))
-    total = 0
-    with reporting_disk_full(file_name):
-        for s, e in zip(starts.tolist(), ends.tolist()):
-            length = (e - s - 1) * stride + row_bytes
-            _pwrite_all(fd, flat[s * stride:s * stride + length], int(ids[s]) * stride)
-            total += length
-    return total
-
-
 def _write_rows_file(path: str, meta: dict, init, chunk_rows: int, progress: bool) -> None:
     """Writes table.bin of a new table: the rows from ``init`` in chunks, zero padded, fsynced."""
     from tqdm.auto import tqdm
@@ -657,78 +454,3 @@ def _write_rows_file(path: str, meta: dict, init, chunk_rows: int, progress: boo
             bar.update(stop - start)
         fh.write(bytes(meta["file_bytes"] - num_rows * stride))
         fh.close(sync=True)
-
-
-def _recover(path: str, meta: dict, target: int, writers: int) -> dict:
-    """Rolls the table directory back to generation ``target`` (see the module docstring) and leaves an empty
-    journal of ``target`` for each of the ``writers`` ranks about to write it; returns the metadata as it then
-    stands. Every journal is checked whole before any byte of the table changes."""
-    meta_path = os.path.join(path, META_FILE)
-    if meta["generation"] > target:
-        raise TableError(f"{meta_path} records generation {meta['generation']}, newer than the checkpoint's "
-                         f"generation {target}: the table cannot be rolled back that far; {_FRESH_FIX}, or resume "
-                         f"from the checkpoint of generation {meta['generation']}")
-    journals = {}  # rank -> (path, header)
-    for name in sorted(os.listdir(path)):
-        match = _JOURNAL_NAME.fullmatch(name)
-        if match:
-            journal = os.path.join(path, name)
-            header = _read_journal_header(journal, meta["row_bytes"])
-            if header.generation > target:
-                raise TableError(f"{journal} is a journal of generation {header.generation}, newer than the "
-                                 f"checkpoint's generation {target}: the table cannot be rolled back that far; "
-                                 f"{_FRESH_FIX}")
-            journals[int(match.group(1))] = (journal, header)
-    recorded = meta.get("writers", 0)  # tables of lsm-gnn before 0.3 do not say
-    missing = [rank for rank in range(recorded) if rank not in journals]
-    if missing:
-        journal = os.path.join(path, f"undo.{missing[0]}.log")
-        raise TableError(f"{journal} is missing, but {meta_path} records {recorded} writing rank(s), each with a "
-                         f"journal from the moment it opened the table: the rows it protected cannot be rolled back; "
-                         f"{_FRESH_FIX}")
-    live = [(journal, header) for journal, header in journals.values() if header.generation == target]
-    restored = _RowSet(meta["num_rows"])
-    for journal, header in live:
-        rows = _check_journal(journal, header, meta)
-        if restored.intersects(rows):
-            raise TableError(f"{journal} holds rows that another rank's journal of generation {target} holds too, so "
-                             f"which before-image is the committed row is unknown (ranks must write disjoint rows); "
-                             f"{_FRESH_FIX}")
-        restored.update(rows)
-    if any(header.count for _, header in live):
-        fd = os.open(os.path.join(path, DATA_FILE), os.O_RDWR)
-        try:
-            for journal, header in live:
-                _undo(journal, header, fd, meta)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    # Every rank that will write has a journal before table.json names it a writer, and no journal is deleted
-    # while table.json still names its rank: a crash anywhere here leaves what the next recovery expects.
-    empty = _journal_header(meta["row_bytes"], target)
-    for rank in sorted(set(journals) | set(range(writers))):
-        atomic_write_bytes(empty, os.path.join(path, f"undo.{rank}.log"), sync_directory=False)
-    fsync_path(path)
-    if (meta["generation"], recorded) != (target, writers):
-        meta = dict(meta, generation=target, writers=writers)
-        atomic_write_bytes(json.dumps(meta, indent=1).encode(), meta_path)
-    for rank in sorted(journals):
-        if rank >= writers:
-            os.unlink(os.path.join(path, f"undo.{rank}.log"))
-    fsync_path(path)
-    return meta
-
-
-def _undo(journal: str, header: _JournalHeader, fd: int, meta: dict) -> None:
-    """Writes the committed before-images of ``journal`` (checked by :func:`_check_journal`) back into table.bin
-    (file descriptor ``fd``)."""
-    restored = _RowSet(meta["num_rows"])
-    for _, records in _journal_chunks(journal, header, meta):
-        # write() journals a row once per generation; were one there twice, its first image is the committed one
-        ids, first = np.unique(records["id"].astype(np.int64), return_index=True)
-        keep = ~restored.contains(ids)
-        ids, first = ids[keep], first[keep]
-        if len(ids):
-            _write_runs(fd, os.path.join(os.path.dirname(journal), DATA_FILE), ids,
-                        np.ascontiguousarray(records["row"][first]), meta["row_stride"])
-            restored.add(ids)
