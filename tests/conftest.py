@@ -39,6 +39,21 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def kernel_mode_of_its_own():
+    """Every test starts at the default kernel mode: a trainer a test left unclosed holds its ``kernels.using``
+    scope until it is collected, and would run the next tests' ops on its kernels."""
+    yield
+    from lsm_gnn import kernels
+
+    if any(scope.is_open for scope in kernels._scopes):
+        import gc
+
+        gc.collect()  # a dropped trainer's finalizer closes its scope
+        for scope in kernels._scopes:  # one still referenced (a module fixture's): not beyond this test
+            scope.close()
+
+
+@pytest.fixture(autouse=True)
 def program_order(request, monkeypatch):
     """The :class:`ProgramOrder` Triton's interpreter runs this test's launches in: ``natural`` (untouched)
     unless the test is parametrized with another (kernel modules are, by ``pytest_generate_tests``)."""

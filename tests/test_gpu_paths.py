@@ -75,10 +75,11 @@ def test_training_node_embeddings_on_the_device_gives_the_cpu_table(graph, tmp_p
     short = ["train.max_iterations=4", "train.epochs=1", "sampler.batch_size=40", "cache.capacity=60%",
              "model.node_embedding.capacity=60%",
              "checkpoint.every=0", "train.eval_splits=[]"]
-    Trainer(load_config(None, overrides(graph, tmp_path / "cpu", *short, "train.device=cpu"))).fit()
-    with kernels_of(device):  # resets the kernel mode the trainer sets
-        Trainer(load_config(None, overrides(graph, tmp_path / "dev", *short, f"train.device={device}",
-                                            KERNELS[device]))).fit()
+    with Trainer(load_config(None, overrides(graph, tmp_path / "cpu", *short, "train.device=cpu"))) as trainer:
+        trainer.fit()
+    with Trainer(load_config(None, overrides(graph, tmp_path / "dev", *short, f"train.device={device}",
+                                             KERNELS[device]))) as trainer:  # its kernel mode while it runs
+        trainer.fit()
     want, got = table_bytes(tmp_path / "cpu"), table_bytes(tmp_path / "dev")
     if device == "cpu":
         assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), "the table's bytes differ"
@@ -93,16 +94,16 @@ def test_full_neighbourhood_evaluation_on_the_device_equals_the_cpus(graph, devi
     common = [f"dataset={graph}", "model.kind=sage", "model.hidden=8", "sampler.fanouts=[3,2]",
               "sampler.batch_size=50", "cache.capacity=60%", "log.progress=false", "train.eval_mode=full",
               "train.eval_batch_size=64"]
-    cpu = Trainer(load_config(None, [*common, "train.device=cpu"]))
-    with kernels_of(device):
-        dev = Trainer(load_config(None, [*common, f"train.device={device}", KERNELS[device]]))
-        dev.module.load_state_dict(cpu.module.state_dict())
-        seeds = dev.task.labeled("val")
-        got = layerwise_inference(dev.module, dev.dataset, dev.features, seeds, chunk_size=64, read_rows=64,
-                                  device=dev.device)
-        got_eval = dev.evaluate("val")
-    want = layerwise_inference(cpu.module, cpu.dataset, cpu.features, seeds, chunk_size=64, read_rows=64)
-    want_eval = cpu.evaluate("val")
+    with Trainer(load_config(None, [*common, "train.device=cpu"])) as cpu:
+        with Trainer(load_config(None, [*common, f"train.device={device}", KERNELS[device]])) as dev:
+            dev.module.load_state_dict(cpu.module.state_dict())
+            seeds = dev.task.labeled("val")
+            got = layerwise_inference(dev.module, dev.dataset, dev.features, seeds, chunk_size=64, read_rows=64,
+                                      device=dev.device)
+            got_eval = dev.evaluate("val")
+        # dev's kernel mode ended with it: the CPU's reference runs on the default kernels
+        want = layerwise_inference(cpu.module, cpu.dataset, cpu.features, seeds, chunk_size=64, read_rows=64)
+        want_eval = cpu.evaluate("val")
     if device == "cpu":
         assert torch.equal(got, want)
     else:
