@@ -261,6 +261,6 @@ def build_node_embedding(spec: FeatureSpec, cfg: Config, dataset, path: str, dev
             raise
         source = cached(table, spec, dataset, device, world_size=world_size, fanouts=cfg.sampler.fanouts,
                         batch_size=cfg.sampler.batch_size, seed=cfg.train.seed, num_threads=cfg.sampler.num_threads)
-        cache = getattr(source, "cache", source)
+        cache = source.cache if spec.shared else source
     return NodeEmbedding(source, layout, RowOptimizer(layout, e.lr), table=table, cache=cache, world_size=world_size,
                          steps=0 if state is None else int(state["steps"]))

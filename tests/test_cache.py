@@ -287,6 +287,9 @@ def test_lookup_fills_a_given_out_tensor(tiny_cache):
 class FlakyStorage:
     """Storage whose reads fail when ``fail`` is set (a disk error in the middle of a lookup)."""
 
+    writable = False
+    read_into = None  # no direct read into the cache's lines: the cache reads, then copies
+
     def __init__(self, storage):
         self._inner, self.fail = storage, False
         self.num_rows, self.dim, self.dtype = storage.num_rows, storage.dim, storage.dtype

@@ -133,7 +133,7 @@ class SoftwareCache(StorageShape):
         self.stats = CacheStats()
         self._lock = threading.Lock()
         # Write-back over a writable storage: lines changed since they were read or last written back.
-        writable = getattr(storage, "writable", False)
+        writable = storage.writable
         self.dirty = torch.zeros(self.num_lines, dtype=torch.bool, device=self.device) if writable else None
         self.last_timings = {"write-back": 0.0} if writable else {}
         self._failed: BaseException | None = None  # a write-back that failed: the dirty rows it held are gone
@@ -141,8 +141,8 @@ class SoftwareCache(StorageShape):
         self._lineless: tuple[torch.Tensor, torch.Tensor] | None = None
         # On a GPU: misses through a reused pinned buffer, each lookup's work on a side stream.
         self._staging = MissStaging(self.device) if self.device.type == "cuda" else None
-        # On the CPU, misses are read straight into their lines where the storage can (FeatureStorage.read_into).
-        self._read_into = getattr(storage, "read_into", None) if self._staging is None else None
+        # On the CPU, misses are read straight into their lines where the storage can (its read_into; None: not).
+        self._read_into = storage.read_into if self._staging is None else None
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.pvp_reinstall = bool(pvp_reinstall)
         self.pvp: VictimBuffer | None = self._victim_buffer(pvp, pvp_queue_capacity, pvp_queue_bytes)
@@ -482,7 +482,7 @@ class SoftwareCache(StorageShape):
                 rows.index_copy_(0, apart, _words(self._stored_rows(ids[apart.cpu()])))
             rows = rows.view(self.data.dtype)
             new = apply(rows, grads.to(self.device)).to(self.data.dtype)
-            keep_before = getattr(self.storage, "before_change", None)
+            keep_before = self.storage.before_change
             if keep_before is not None:  # a clean line holds its row's stored bytes: a journal can keep them now
                 clean = torch.nonzero(~self.dirty[lines]).reshape(-1)
                 if clean.numel():

@@ -122,6 +122,9 @@ class FeatureStorage(ABC):
 
     #: whether :meth:`write` works (a feature file is read-only; a trainable embedding table is not)
     writable = False
+    #: a journaling storage's ``before_change(ids, rows)``: a cache hands it the stored rows of clean lines
+    #: before it changes them (an embedding table keeps them as before-images); None: no journal to feed
+    before_change = None
 
     def write(self, ids, rows: torch.Tensor) -> None:
         """Stores ``rows[i]`` as the row of ``ids[i]``: distinct ids, ``rows`` ``[len(ids), dim]`` of the
