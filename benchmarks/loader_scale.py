@@ -65,7 +65,7 @@ def run(args, overrides: list[str]) -> dict:
     setup_seconds = time.perf_counter() - start
     print(f"setup {setup_seconds:.1f} s: {ds.num_nodes:,} nodes, {ds.num_edges:,} edges, cache "
           f"{spec.size.bytes / 2**20:,.0f} MiB ({spec.policy.name}), "
-          f"storage {getattr(features, 'storage', features)}",
+          f"storage {getattr(features.only, 'storage', features.only)}",
           flush=True)
     windows, current = [], None
     batches = 0

@@ -111,7 +111,7 @@ def run_child(args, method: str) -> dict:
         device_read = device_read_bytes() - read_before
         cgroup = own_cgroup_stat() or {}
     last = result["history"][-1]
-    storage = getattr(trainer.features, "storage", trainer.features)  # what a cache reads its misses from
+    storage = getattr(trainer.features.only, "storage", trainer.features.only)  # what a cache reads its misses from
     reads = storage.stats() if hasattr(storage, "stats") else None
     return {"method": method, "iterations": result["iterations"], "wall_s": result["wall_s"],
             "stages_s": result["stages_s"], "hit_ratio": last["hit_ratio"],

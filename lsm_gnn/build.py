@@ -5,8 +5,10 @@
 PVP settings that agree with each other, the sharing mode); every check
 that needs the dataset happens there and names its config key.
 :func:`build_features` assembles storage -> cache -> communication from the
-spec and returns a :class:`~lsm_gnn.features.Features`. This is the only
-place that knows which concrete layers it composes.
+spec, one stack per row format of the graph's node types, and returns them
+as one :class:`~lsm_gnn.features.TypedFeatures` (plain for a graph of one
+node type). This is the only place that knows which concrete layers it
+composes.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from lsm_gnn import defaults
 from lsm_gnn.cache import PolicyConfig, SoftwareCache, every_row_sets
 from lsm_gnn.cache.pvp import QueueBudgetTooSmall
 from lsm_gnn.config import Config, ConfigError, capacity_bytes_of, capacity_spec, policy_config
-from lsm_gnn.features import Features
+from lsm_gnn.features import Features, FeatureGroup, TypedFeatures
 from lsm_gnn.storage import open_storage
 
 
@@ -107,41 +109,118 @@ def _row_bytes(features_of) -> int:
     return features_of.feature_dim * features_of.feature_dtype.itemsize
 
 
-def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_size: int = 1, fanouts=None,
-                   batch_size: int = 1024, seed: int = 0, num_threads: int = 0) -> Features:
-    """Storage, then the cache over it, then the communication layer over the cache, as ``spec`` says.
+def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_size: int = 1,
+                   weights: list[float] | None = None, fanouts=None, batch_size: int = 1024, seed: int = 0,
+                   num_threads: int = 0) -> TypedFeatures:
+    """The graph's features as ``spec`` says: per row format one storage over its types' files, then the
+    cache over it, then with several ranks sharing the communication layer over the cache. A graph of one
+    node type gets plain features (:attr:`TypedFeatures.plain`).
 
-    ``fanouts``, ``batch_size`` and ``seed`` pre-sample accesses for hotness ownership (only that owner
-    samples them).
+    With several row formats each cache gets a share of ``spec.size.bytes``: ``weights`` per group, else,
+    given ``fanouts``, the bytes sampled batches of ``batch_size`` seeds gather from each group (the measured
+    access mix), else each group's feature bytes. ``fanouts``, ``batch_size`` and ``seed`` also pre-sample
+    accesses for hotness ownership (only that owner samples them).
     """
-    if spec.source == "memory":
-        return open_storage(dataset, "memory")
+    groups = feature_groups(dataset)
+    if not groups:
+        raise ConfigError(f"dataset {dataset.path} has no node type with features; nothing to gather")
+    plain = dataset.is_homogeneous
+    if spec.source == "device" and not plain:
+        raise ConfigError("cache.features=device holds one feature table on the GPU; a heterogeneous dataset needs "
+                          "cache.features=cache or memory")
+    if plain:
+        capacities = [spec.size.bytes]
+    else:
+        capacities = _group_capacities(spec, dataset, groups, weights, fanouts, batch_size, seed)
+    built = []
+    for types, capacity in zip(groups, capacities):
+        storage = _group_storage(spec, dataset, types, device)
+        features = storage
+        if spec.source == "cache":
+            features = _group_cache(storage, spec, dataset, types, device, capacity, world_size=world_size,
+                                    fanouts=fanouts, batch_size=batch_size, seed=seed, num_threads=num_threads)
+        offsets = {t: storage.offset(t) for t in types} if len(types) > 1 else {types[0]: 0}
+        built.append(FeatureGroup(types, offsets, features))
+    return TypedFeatures(built, plain=plain)
+
+
+def _group_capacities(spec: FeatureSpec, dataset, groups: list[list[str]], weights, fanouts, batch_size: int,
+                      seed: int) -> list[int]:
+    """Each feature group's share of the cache budget, at least one set of lines however rare its rows are
+    (a cache needs one)."""
+    if weights is None and len(groups) > 1 and fanouts is not None and spec.source == "cache":
+        from lsm_gnn.sampling.hotness import sampled_type_accesses
+
+        rows = sampled_type_accesses(dataset, fanouts, batch_size, seed=seed)
+        weights = [sum(rows[t] * _row_bytes(dataset.node_type(t)) for t in types) for types in groups]
+    if weights is None or sum(weights) <= 0:
+        weights = [sum(dataset.num_nodes_of(t) * _row_bytes(dataset.node_type(t)) for t in types) for types in groups]
+    return [max(capacity, spec.ways * _row_bytes(dataset.node_type(types[0])))
+            for types, capacity in zip(groups, split_capacity(spec.size.bytes, weights))]
+
+
+def _group_storage(spec: FeatureSpec, dataset, types: list[str], device: torch.device):
+    """The rows of ``types`` (one row format) in one id space: the features' home for ``spec.source``."""
     if spec.source == "device":  # the whole table on the training device: the GPU's ceiling
         from lsm_gnn.storage.memory import DeviceMemoryStorage
 
-        return DeviceMemoryStorage(dataset, device)
-    storage = open_storage(dataset, spec.backend)
-    if spec.source == "storage":
-        return storage
-    return cached(storage, spec, dataset, device, world_size=world_size, fanouts=fanouts, batch_size=batch_size,
-                  seed=seed, num_threads=num_threads)
+        return DeviceMemoryStorage(dataset.node_type(types[0]), device)
+    backend = "memory" if spec.source == "memory" else spec.backend
+    if len(types) == 1:
+        return open_storage(dataset.node_type(types[0]), backend)
+    from lsm_gnn.storage.concat import ConcatStorage
+
+    return ConcatStorage([open_storage(dataset.node_type(t), backend) for t in types], types)
+
+
+def _group_cache(storage, spec: FeatureSpec, dataset, types: list[str], device: torch.device, capacity: int, *,
+                 world_size: int, fanouts, batch_size: int, seed: int, num_threads: int) -> Features:
+    """The cache over one group's ``storage`` with ``capacity`` bytes and, with several ranks sharing, the
+    communication layer over it."""
+    scores = None
+    if spec.static_score is not None:
+        scores = dataset.score(spec.static_score, types[0]) if len(types) == 1 else \
+            np.concatenate([np.asarray(dataset.score(spec.static_score, t)) for t in types])
+    cache = cache_over(storage, spec, scores, device, num_threads, None if capacity == spec.size.bytes else capacity)
+    if not spec.shared:
+        return cache
+    return shared_over(cache, spec, world_size, access_counts=lambda: _sampled_counts(
+        dataset, fanouts, batch_size, seed))
+
+
+def _sampled_counts(dataset, fanouts, batch_size: int, seed: int):
+    """Per node, its accesses over pre-sampled batches (what hotness ownership ranks nodes by)."""
+    if not dataset.is_homogeneous:
+        raise ConfigError("cache.owner=hotness is not available for heterogeneous datasets yet; use "
+                          "cache.owner=hashed")
+    from lsm_gnn.sampling import sampled_access_counts
+
+    return sampled_access_counts(dataset, fanouts, batch_size, seed=seed)
+
+
+@dataclass(frozen=True)
+class _IdSpace:
+    """What an owner map is checked against: the ids a cache serves (a feature group's, all of a one-type
+    graph's nodes)."""
+
+    num_nodes: int
+
+
+def shared_over(cache, spec: FeatureSpec, world_size: int, access_counts=None):
+    """The communication layer over ``cache``: each rank owns the rows ``spec.owner`` gives it."""
+    from lsm_gnn.comm import SharedCache, make_owner
+
+    return SharedCache(cache, make_owner(spec.owner, _IdSpace(cache.num_rows), world_size,
+                                         access_counts=access_counts))
 
 
 def cached(storage, spec: FeatureSpec, dataset, device: torch.device, *, world_size: int = 1, fanouts=None,
            batch_size: int = 1024, seed: int = 0, num_threads: int = 0) -> Features:
-    """The cache over ``storage`` (rows by ``dataset``'s node ids: its features, or a trainable embedding table),
-    and with several ranks sharing, the communication layer over it."""
-    cache = cache_over(storage, spec, None if spec.static_score is None else dataset.score(spec.static_score),
-                       device, num_threads)
-    if not spec.shared:
-        return cache
-    from lsm_gnn.comm import SharedCache, make_owner
-    from lsm_gnn.sampling import sampled_access_counts
-
-    # Hotness ownership counts accesses over pre-sampled batches; the communication layer only takes the counts.
-    owner = make_owner(spec.owner, dataset, world_size, access_counts=lambda: sampled_access_counts(
-        dataset, fanouts, batch_size, seed=seed))
-    return SharedCache(cache, owner)
+    """The cache over ``storage`` (rows by ``dataset``'s node ids: a trainable embedding table), and with
+    several ranks sharing, the communication layer over it."""
+    return _group_cache(storage, spec, dataset, dataset.node_types[:1], device,
+                        spec.size.bytes, world_size=world_size, fanouts=fanouts, batch_size=batch_size, seed=seed,
+                        num_threads=num_threads)
 
 
 def cache_over(storage, spec: FeatureSpec, static_scores, device: torch.device, num_threads: int = 0,
@@ -162,7 +241,7 @@ def cache_over(storage, spec: FeatureSpec, static_scores, device: torch.device, 
 
 
 def feature_groups(dataset) -> list[list[str]]:
-    """A heterogeneous dataset's featured node types grouped by row format (dim, dtype), in type order."""
+    """The dataset's featured node types grouped by row format (dim, dtype), in type order."""
     groups: dict[tuple, list[str]] = {}
     for t in dataset.feature_types:
         layout = dataset.node_type(t).features
@@ -176,62 +255,6 @@ def split_capacity(capacity_bytes: int, weights: list[float]) -> list[int]:
     if total <= 0:
         raise ValueError(f"capacity weights must have a positive sum, got {weights}")
     return [int(capacity_bytes * w / total) for w in weights]
-
-
-def build_typed_features(spec: FeatureSpec, dataset, device: torch.device, *, world_size: int = 1,
-                         weights: list[float] | None = None, fanouts=None, batch_size: int = 1024, seed: int = 0,
-                         num_threads: int = 0):
-    """:func:`build_features` for a heterogeneous dataset: per row format one storage over its types'
-    files, one cache and, shared, one communication layer. With several row formats each cache gets a
-    share of ``spec.size.bytes``: ``weights`` per group, else, given ``fanouts``, the bytes sampled
-    batches of ``batch_size`` seeds gather from each group (the measured access mix), else each group's
-    feature bytes."""
-    from lsm_gnn.storage.concat import ConcatStorage
-    from lsm_gnn.typed_features import FeatureGroup, TypedFeatures
-
-    if spec.source == "device":
-        raise ConfigError("cache.features=device holds one feature table on the GPU; a heterogeneous dataset needs "
-                          "cache.features=cache or memory")
-    groups = feature_groups(dataset)
-    if not groups:
-        raise ConfigError(f"dataset {dataset.path} has no node type with features; nothing to gather")
-    if weights is None and len(groups) > 1 and fanouts is not None and spec.source == "cache":
-        from lsm_gnn.sampling.hotness import sampled_type_accesses
-
-        rows = sampled_type_accesses(dataset, fanouts, batch_size, seed=seed)
-        weights = [sum(rows[t] * _row_bytes(dataset.node_type(t)) for t in types) for types in groups]
-    if weights is None or sum(weights) <= 0:
-        weights = [sum(dataset.num_nodes_of(t) * _row_bytes(dataset.node_type(t)) for t in types) for types in groups]
-    capacities = split_capacity(spec.size.bytes, weights)
-    built = []
-    for types, capacity in zip(groups, capacities):
-        # At least one set of lines, however rare the group's rows are (a cache needs one).
-        capacity = max(capacity, spec.ways * _row_bytes(dataset.node_type(types[0])))
-        backend = "memory" if spec.source == "memory" else spec.backend
-        storage = ConcatStorage([open_storage(dataset.node_type(t), backend) for t in types], types)
-        features = storage
-        if spec.source == "cache":
-            scores = None
-            if spec.static_score is not None:
-                scores = np.concatenate([np.asarray(dataset.score(spec.static_score, t)) for t in types])
-            features = cache_over(storage, spec, scores, device, num_threads, capacity)
-            if spec.shared:
-                features = _shared(features, spec, storage.num_rows, world_size)
-        built.append(FeatureGroup(types, {t: storage.offset(t) for t in types}, features))
-    return TypedFeatures(built)
-
-
-def _shared(cache, spec: FeatureSpec, num_rows: int, world_size: int):
-    from lsm_gnn.comm import SharedCache, make_owner
-
-    if spec.owner == "hotness":
-        raise ConfigError("cache.owner=hotness is not available for heterogeneous datasets yet; use "
-                          "cache.owner=hashed")
-
-    class _IdSpace:  # what make_owner checks an owner map against
-        num_nodes = num_rows
-
-    return SharedCache(cache, make_owner(spec.owner, _IdSpace, world_size))
 
 
 def build_node_embedding(spec: FeatureSpec, cfg: Config, dataset, path: str, device: torch.device, *, rank: int = 0,

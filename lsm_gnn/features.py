@@ -8,9 +8,21 @@ wraps a storage) and the shared cache over ranks
 so the loader, the trainer and the PyG/DGL adapters read any of them the
 same way and never ask which one they hold (GraphBolt's ``Feature``
 composed by wrapping, PyG's ``FeatureStore``).
+
+A graph's features are a :class:`TypedFeatures`: rows by (node type, id),
+one :class:`Features` per row format. A graph of one node type is the plain
+case: one group of one type, gathered by plain ids into plain tensors.
+Node types whose rows have one format (dim and dtype) share one id space
+(:class:`~lsm_gnn.storage.concat.ConcatStorage`) and so one cache, one
+window, one victim buffer and one exchange between ranks: IGBH (every type
+1024 x float32) and MAG240M (only papers have features) each have a single
+group, whose lines go to whichever type's rows the policy keeps. Types with
+other row formats form groups of their own, each with a share of the budget
+(``docs/hetero.md``). Types without features are in no group.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -105,3 +117,129 @@ class NoFeatures:
 
     def describe(self) -> str:
         return "no input features (node embeddings only)"
+
+
+@dataclass
+class FeatureGroup:
+    """Node types sharing one row format, and the Features serving their id space."""
+
+    types: list[str]           # in id-space order
+    offsets: dict[str, int]    # first id of each type in the group's id space
+    features: Features
+
+    def ids(self, nodes: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[tuple[str, int]]]:
+        """The group's ids of ``nodes`` (per type, local ids) and (type, count) per part, in order."""
+        parts = [(t, nodes[t]) for t in self.types if t in nodes]  # empty ones too: every type gets its rows
+        if not parts:
+            return torch.empty(0, dtype=torch.int64), []
+        ids = torch.cat([local.to(torch.int64) + self.offsets[t] for t, local in parts])
+        return ids, [(t, local.numel()) for t, local in parts]
+
+
+class TypedFeatures:
+    """A graph's feature rows by (node type, local id), one :class:`FeatureGroup` per row format.
+
+    ``plain``: the graph has one node type, so :meth:`gather` also takes plain ids and returns plain
+    tensors (what the one-type loader, models and adapters read); :meth:`of` wraps one
+    :class:`Features` so. Otherwise nodes are given as {type: ids} and rows come back per type."""
+
+    def __init__(self, groups: list[FeatureGroup], *, plain: bool = False):
+        if plain and (len(groups) != 1 or len(groups[0].types) != 1):
+            raise ValueError("plain features are one group of one node type; "
+                             f"got {[group.types for group in groups]}")
+        self.groups = groups
+        self.plain = plain
+        self.group_of: dict[str, int] = {t: g for g, group in enumerate(groups) for t in group.types}
+
+    @classmethod
+    def of(cls, features, node_type: str = "node") -> TypedFeatures:
+        """The features of a graph of one node type, served by ``features`` (a :class:`Features`); a
+        TypedFeatures is returned as it is."""
+        if isinstance(features, TypedFeatures):
+            return features
+        if not isinstance(features, Features):
+            raise TypeError(f"features must implement lsm_gnn.features.Features (gather, counters, ...): a "
+                            f"storage, a SoftwareCache or a SharedCache; got {type(features).__name__}")
+        return cls([FeatureGroup([node_type], {node_type: 0}, features)], plain=True)
+
+    @property
+    def only(self) -> Features:
+        """The one source of plain features (a graph of one node type)."""
+        if not self.plain:
+            raise ValueError(f"features of node types {list(self.group_of)} come from {len(self.groups)} "
+                             "source(s); gather them by type")
+        return self.groups[0].features
+
+    @property
+    def caches(self) -> bool:
+        return any(group.features.caches for group in self.groups)
+
+    @property
+    def dim(self) -> int:
+        """The row width of plain features."""
+        return self.only.dim
+
+    def dims(self) -> dict[str, int]:
+        """Feature dim per featured type."""
+        return {t: group.features.dim for group in self.groups for t in group.types}
+
+    def group_ids(self, nodes) -> list[torch.Tensor]:
+        """Per group, the ids of ``nodes`` (plain ids, or per type) in its id space (what its window
+        holds for a batch)."""
+        if not isinstance(nodes, dict):
+            return [self._plain_ids(nodes)]
+        return [group.ids(nodes)[0] for group in self.groups]
+
+    def _plain_ids(self, ids):
+        if not self.plain:
+            raise ValueError(f"a graph of several node types ({', '.join(self.group_of)}) is gathered by "
+                             "{node type: ids}, not by plain ids")
+        return ids
+
+    def gather(self, nodes, *, future=None, out: torch.Tensor | None = None):
+        """(rows, hit mask) of ``nodes``: plain ids give tensors (plain features only; ``out`` receives the
+        rows when given), {type: local ids} gives dicts per type (types without features are left out).
+
+        ``future``: the window of upcoming batches, one per group (``GroupWindows.buffers`` in
+        :mod:`lsm_gnn.loader`), or None. Every group gathers, even with no ids of its types in the batch:
+        a cache's iterations then stay in step with its window, and a shared cache's collectives with the
+        other ranks'."""
+        if not isinstance(nodes, dict):
+            return self.only.gather(self._plain_ids(nodes), future=None if future is None else future[0], out=out)
+        rows, hits = {}, {}
+        for g, group in enumerate(self.groups):
+            ids, parts = group.ids(nodes)
+            x, hit = group.features.gather(ids, future=None if future is None else future[g])
+            start = 0
+            for t, count in parts:
+                rows[t], hits[t] = x[start:start + count], hit[start:start + count]
+                start += count
+        return rows, hits
+
+    def counters(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for group in self.groups:
+            for key, value in group.features.counters().items():
+                total[key] = total.get(key, 0) + value
+        return total
+
+    def prefetch(self) -> None:
+        for group in self.groups:
+            group.features.prefetch()
+
+    def settle(self) -> None:
+        for group in self.groups:
+            group.features.settle()
+
+    def describe(self) -> str:
+        if self.plain:
+            return self.only.describe()
+        return "; ".join(f"{'+'.join(group.types)}: {group.features.describe()}" for group in self.groups)
+
+    @property
+    def last_timings(self) -> dict[str, float]:
+        total: dict[str, float] = {}
+        for group in self.groups:
+            for key, value in group.features.last_timings.items():
+                total[key] = total.get(key, 0.0) + value
+        return total

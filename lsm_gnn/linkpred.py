@@ -398,11 +398,12 @@ class LinkPrediction:
         self.cfg, self.dataset = cfg, dataset
         self.out_dim = int(cfg.model.hidden)  # the embedding size
         self.splits = list(dataset.edge_split_names)  # the held-out edges recall is measured on
+        self.fanouts = cfg.sampler.fanouts  # a user-item graph has one node type and one relation
 
     def train_loader(self, features, rank: int, world_size: int) -> LinkLoader:
         c = self.cfg
 
-        return LinkLoader(self.dataset, features, c.sampler.fanouts, c.sampler.batch_size, shuffle=True,
+        return LinkLoader(self.dataset, features, self.fanouts, c.sampler.batch_size, shuffle=True,
                           num_negatives=c.train.num_negatives,
                           negatives_exclude_positives=c.train.negatives_exclude_positives,
                           **loader_options(c, rank, world_size, embedding=self.embedding))
@@ -418,7 +419,7 @@ class LinkPrediction:
         users, nodes = evaluated_nodes(self.dataset, self.dataset.edge_split(split), rank, world_size)
         if users.size == 0:
             return []
-        loader = NodeLoader(self.dataset, features, c.sampler.fanouts, eval_batch_size(c), seeds=nodes, shuffle=False,
+        loader = NodeLoader(self.dataset, features, self.fanouts, eval_batch_size(c), seeds=nodes, shuffle=False,
                             **loader_options(c, rank, world_size, evaluation=True, embedding=self.embedding))
         try:
             return loader.sample_input_nodes(count, rank=rank)
@@ -446,7 +447,7 @@ class LinkPrediction:
             embeddings = layerwise_inference(model, self.dataset, features, np.arange(self.dataset.num_nodes),
                                              chunk_size=size, read_rows=size, device=device, rank=rank,
                                              world_size=world_size)
-        sums, count = ranking_sums(model, self.dataset, features, c.sampler.fanouts, k=self.k, split=split,
+        sums, count = ranking_sums(model, self.dataset, features, self.fanouts, k=self.k, split=split,
                                    batch_size=eval_batch_size(c), device=device, embeddings=embeddings,
                                    **loader_options(c, rank, world_size, evaluation=True,
                                                     embedding=self.embedding))

@@ -1,4 +1,6 @@
-"""The node-classification loader: sampled mini-batches with features from the cache.
+"""The node-classification loader: sampled mini-batches with features from the cache, on a graph of one
+node type (plain batches) or of several (batches per type: seeds of one target type, typed hops, features of
+every featured type through one cache budget).
 
 A background thread samples batches ``window`` iterations ahead into a
 :class:`~lsm_gnn.cache.WindowBuffer` (so the cache's dynamic policies see
@@ -25,7 +27,7 @@ import torch
 
 from lsm_gnn.cache import WindowBuffer
 from lsm_gnn.defaults import WINDOW
-from lsm_gnn.features import Features
+from lsm_gnn.features import TypedFeatures
 from lsm_gnn.sampling import Hop, NeighborSampler
 
 _DONE = object()
@@ -66,17 +68,34 @@ def compact_labels(labels, block: int = LABEL_BLOCK) -> tuple[torch.Tensor, torc
     return torch.from_numpy(out), dtype
 
 
+def _parts(value) -> list:
+    """The tensors of a plain field (one) or of a per-type field (one per type)."""
+    return list(value.values()) if isinstance(value, dict) else [value]
+
+
+def _to(value, device):
+    """A plain or per-type field on ``device``."""
+    if isinstance(value, dict):
+        return {key: part.to(device, non_blocking=True) for key, part in value.items()}
+    return value.to(device, non_blocking=True)
+
+
 @dataclass
 class Batch:
-    """One mini-batch. ``hops[0]`` is next to the seeds; a model consumes
-    ``reversed(hops)``, starting from ``x`` (features of ``hops[-1].nodes``)."""
+    """One mini-batch. ``hops[0]`` is next to the seeds; a model consumes ``reversed(hops)``, starting from
+    ``x`` (features of ``hops[-1].nodes``).
+
+    On a graph of one node type the fields are plain: ``x`` and ``hit_mask`` are tensors, each hop's
+    ``nodes`` a tensor. On a graph of several, ``seeds`` are of the node type ``target`` and ``x``,
+    ``hit_mask`` and the hops' fields are dicts per node type (per relation for edges); types without
+    features are left out of ``x`` and ``hit_mask``."""
 
     iteration: int
     seeds: torch.Tensor
     hops: list[Hop]
-    x: torch.Tensor
+    x: torch.Tensor | dict[str, torch.Tensor]
     y: torch.Tensor | None
-    hit_mask: torch.Tensor
+    hit_mask: torch.Tensor | dict[str, torch.Tensor]
     #: seconds spent in the background on this batch: "sample" and "gather" (feature lookup)
     timings: dict = field(default_factory=dict)
     #: what gathering this batch read from storage: "bytes_read" (from the file) and "bytes_useful";
@@ -84,31 +103,40 @@ class Batch:
     io: dict = field(default_factory=dict)
     #: the input nodes' trainable embeddings (``model.node_embedding``; float32 ``[len(input_nodes), dim]``), or None
     emb: torch.Tensor | None = None
+    #: the node type of ``seeds`` on a graph of several node types; None on a graph of one
+    target: str | None = None
 
     @property
     def hit_ratio(self) -> float:
-        """Share of the input nodes served without reading storage: by the cache or, with PVP, its
-        victim buffer (the nodes are distinct, so this is the cache's combined ratio)."""
-        return float(self.hit_mask.float().mean()) if self.hit_mask.numel() else 0.0
+        """Share of the gathered rows (of every featured type) served without reading storage: by the cache
+        or, with PVP, its victim buffer (the nodes are distinct, so this is the cache's combined ratio)."""
+        return self.hits / self.gathered if self.gathered else 0.0
+
+    def hit_ratios(self) -> dict[str, float]:
+        """Per featured node type of a typed batch, the share of its rows served without reading storage;
+        empty for a plain batch (:attr:`hit_ratio` is its one ratio)."""
+        if not isinstance(self.hit_mask, dict):
+            return {}
+        return {t: float(m.float().mean()) for t, m in self.hit_mask.items() if m.numel()}
 
     @property
-    def input_nodes(self) -> torch.Tensor:
+    def input_nodes(self) -> torch.Tensor | dict[str, torch.Tensor]:
         return self.hops[-1].nodes
 
     @property
     def hits(self) -> int:
-        return int(self.hit_mask.sum())
+        return sum(int(mask.sum()) for mask in _parts(self.hit_mask))
 
     @property
     def gathered(self) -> int:
-        """Rows gathered (the distinct input nodes)."""
-        return self.hit_mask.numel()
+        """Rows gathered (the distinct input nodes of every featured type)."""
+        return sum(mask.numel() for mask in _parts(self.hit_mask))
 
     def to(self, device) -> Batch:
         """The tensors a model reads, on ``device``."""
         for hop in self.hops:
-            hop.edge_index = hop.edge_index.to(device, non_blocking=True)
-        self.x = self.x.to(device, non_blocking=True)
+            hop.edge_index = _to(hop.edge_index, device)
+        self.x = _to(self.x, device)
         if self.emb is not None:
             self.emb = self.emb.to(device, non_blocking=True)
         if self.y is not None:
@@ -116,12 +144,38 @@ class Batch:
         return self
 
 
+class GroupWindows:
+    """The input nodes of the next batches, one window buffer per feature group (what each group's cache
+    plans with; :meth:`~lsm_gnn.features.TypedFeatures.gather`'s ``future`` is :attr:`buffers`)."""
+
+    def __init__(self, features: TypedFeatures, size: int):
+        self.features = features
+        self.buffers = [WindowBuffer(size, group.features.num_rows) for group in features.groups]
+
+    def push(self, nodes) -> None:
+        for buffer, ids in zip(self.buffers, self.features.group_ids(nodes)):
+            buffer.push(ids)
+
+    def pop(self) -> None:
+        for buffer in self.buffers:
+            buffer.pop()
+
+    def __len__(self) -> int:
+        return len(self.buffers[0]) if self.buffers else 0
+
+
 class NodeLoader:
     """Iterates mini-batches of ``seeds`` (default: the train split), one epoch per ``iter()``.
 
-    ``features`` is any :class:`~lsm_gnn.features.Features`: a storage
-    backend, a :class:`~lsm_gnn.cache.SoftwareCache` (the cached SSD path)
-    or a :class:`~lsm_gnn.comm.SharedCache`. Each epoch reshuffles with
+    ``features``: the graph's :class:`~lsm_gnn.features.TypedFeatures`
+    (:func:`lsm_gnn.build.build_features`), or, for a graph of one node type,
+    any :class:`~lsm_gnn.features.Features`: a storage backend, a
+    :class:`~lsm_gnn.cache.SoftwareCache` (the cached SSD path) or a
+    :class:`~lsm_gnn.comm.SharedCache`. On a graph of several node types the
+    seeds are of the node type ``target`` (default: the dataset's), hops are
+    typed (``fanouts``: one list for every relation, or a dict per relation,
+    as :class:`~lsm_gnn.sampling.NeighborSampler` takes them) and each feature
+    group plans with a window of its own. Each epoch reshuffles with
     ``(seed, epoch)``; iteration numbers continue across epochs. With
     ``world_size > 1`` each rank iterates its own equal share of the seeds.
 
@@ -138,16 +192,18 @@ class NodeLoader:
     def __init__(self, dataset, features, fanouts, batch_size: int, seeds=None, *, shuffle: bool = True,
                  drop_last: bool = False, window: int = WINDOW, prefetch: int = 2, seed: int = 0,
                  rank: int = 0, world_size: int = 1, num_threads: int = 0, prefetch_features: bool = True,
-                 embedding=None):
+                 embedding=None, target: str | None = None):
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if window < 0 or prefetch < 1:
             raise ValueError(f"window must be >= 0 and prefetch >= 1, got window={window}, prefetch={prefetch}")
-        self._check_features(features)
         self.dataset = dataset
-        self.features = features
+        self.features = TypedFeatures.of(features)
+        #: the seeds' node type on a graph of several (whose batches are per type); None on a graph of one
+        self.target = None if dataset.is_homogeneous else dataset.target if target is None else target
+        self._check_typing(embedding)
         self.embedding = embedding
         self.prefetch_features = bool(prefetch_features)
         if not 0 <= rank < world_size:
@@ -187,27 +243,35 @@ class NodeLoader:
 
     # -- hooks (override to change what a batch is) -------------------------------------------------------------
 
-    @staticmethod
-    def _check_features(features) -> None:
-        if not isinstance(features, Features):
-            raise TypeError(f"features must implement lsm_gnn.features.Features (gather, counters, ...): a "
-                            f"storage, a SoftwareCache or a SharedCache; got {type(features).__name__}")
+    def _check_typing(self, embedding) -> None:
+        """Plain features and node embeddings for a graph of one node type; typed features and a target type
+        for a graph of several."""
+        if self.target is None and not self.features.plain:
+            raise TypeError(f"dataset {self.dataset.path} has one node type; give it plain features (one "
+                            "Features, or lsm_gnn.build.build_features of it)")
+        if self.target is not None:
+            if self.target not in self.dataset.node_types:
+                raise ValueError(f"dataset {self.dataset.path} has no node type {self.target!r} to take seeds of; "
+                                 f"its node types: {', '.join(self.dataset.node_types)}")
+            if self.features.plain:
+                raise TypeError(f"dataset {self.dataset.path} has several node types; gather from its typed "
+                                "features (lsm_gnn.build.build_features)")
+            if embedding is not None:
+                raise ValueError("node embeddings take a graph of one node type (model.node_embedding); "
+                                 f"{self.dataset.path} has several")
 
     def _make_sampler(self, fanouts, seed: int, num_threads: int):
         return NeighborSampler(self.dataset, fanouts, seed=seed, num_threads=num_threads)
 
     def _split(self, name: str):
-        return self.dataset.split(name)
+        return self.dataset.split(name, self.target)
 
     def _dataset_labels(self):
-        return self.dataset.labels()
+        return self.dataset.labels(self.target)
 
-    def _make_window(self):
+    def _make_window(self) -> GroupWindows:
         """What the features plan with: the input nodes of the next ``window`` batches."""
-        return WindowBuffer(self.window + 1, self.dataset.num_nodes)
-
-    def _gather(self, nodes, window):
-        return self.features.gather(nodes, future=window)
+        return GroupWindows(self.features, self.window + 1)
 
     def _epoch_plans(self, epoch: int, rank: int | None = None) -> list:
         """The epoch's batches on ``rank`` (default: this loader's), in order; here positions into ``seeds``
@@ -229,13 +293,14 @@ class NodeLoader:
         """The seed node ids (int64) of a plan of :meth:`_epoch_plans`."""
         return np.asarray(self.seeds[plan], dtype=np.int64)
 
-    def _plan_nodes(self, plan) -> np.ndarray:
-        """The distinct nodes the sampler expands from."""
-        return self._plan_seeds(plan)
+    def _plan_nodes(self, plan):
+        """The distinct nodes the sampler expands from: ids, or {target type: ids} on a typed graph."""
+        seeds = self._plan_seeds(plan)
+        return seeds if self.target is None else {self.target: seeds}
 
-    def _make_batch(self, iteration: int, plan, hops: list[Hop], x: torch.Tensor, hit: torch.Tensor):
+    def _make_batch(self, iteration: int, plan, hops: list[Hop], x, hit):
         seeds = torch.from_numpy(self._plan_seeds(plan))
-        return Batch(iteration, seeds, hops, x, self._labels_of(seeds), hit)
+        return Batch(iteration, seeds, hops, x, self._labels_of(seeds), hit, target=self.target)
 
     def _labels_of(self, seeds: torch.Tensor) -> torch.Tensor | None:
         """The seeds' labels, in the dtype of the dataset's label file."""
@@ -354,7 +419,7 @@ class NodeLoader:
                 nodes = hops[-1].nodes
                 before = self.features.counters()  # this thread is the features' only reader while the epoch runs
                 start = time.perf_counter()
-                x, hit = self._gather(nodes, window)
+                x, hit = self.features.gather(nodes, future=None if window is None else window.buffers)
                 gather_s = time.perf_counter() - start
                 if self.prefetch_features:  # e.g. the next iteration's victims move while this batch trains
                     self.features.prefetch()
@@ -363,7 +428,8 @@ class NodeLoader:
                 batch.timings = {"sample": sample_s, "gather": gather_s, **self.features.last_timings}
                 batch.io = {key: after[key] - before[key] for key in after}
                 if self.embedding is not None:
-                    found = self.embedding.gather(nodes, window, iteration=first + k, stop=stop)
+                    found = self.embedding.gather(nodes, None if window is None else window.buffers[0],
+                                                  iteration=first + k, stop=stop)
                     if found is None:  # stopped while waiting for the previous batch's update
                         return
                     batch.emb, timings, io = found

@@ -33,6 +33,7 @@ import torch
 from lsm_gnn.cache import SoftwareCache
 from lsm_gnn.cache.geometry import HEADROOM
 from lsm_gnn.config import ConfigError, capacity_spec
+from lsm_gnn.features import TypedFeatures
 from lsm_gnn.units import round_up, suggest_bytes
 
 #: batches sampled before training, all ranks together (at least MIN_PER_RANK on each)
@@ -72,14 +73,13 @@ def cache_fits(features, batches: list[list], what: str = "the cache") -> list[C
     each rank (``torch`` or numpy ids; per node type for a heterogeneous dataset). Features without a
     cache give no entry."""
     from lsm_gnn.comm import SharedCache
-    from lsm_gnn.typed_features import TypedFeatures
 
     sampled = len(batches[0]) if batches else 0
-    if isinstance(features, TypedFeatures):
+    if isinstance(features, TypedFeatures):  # each group's cache against its ids
         fits = []
-        for group in features.groups:
-            ids = [[group.ids(nodes)[0] for nodes in per_rank] for per_rank in batches]
-            fits += cache_fits(group.features, ids, f"the cache of {'+'.join(group.types)}")
+        for g, group in enumerate(features.groups):
+            ids = [[features.group_ids(nodes)[g] for nodes in per_rank] for per_rank in batches]
+            fits += cache_fits(group.features, ids, what if features.plain else f"the cache of {'+'.join(group.types)}")
         return fits
     if isinstance(features, SharedCache):
         largest = 0

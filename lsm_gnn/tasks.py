@@ -42,7 +42,7 @@ class NodeClassification:
     Nodes labeled -1 (unlabeled) are left out of every split before
     batching, so they count in neither the loss nor the metrics. On a
     heterogeneous dataset the task classifies its target node type, with
-    typed hops (:class:`~lsm_gnn.hetero_loader.HeteroNodeLoader`).
+    typed hops.
     """
 
     name = "node"
@@ -53,11 +53,11 @@ class NodeClassification:
 
     def __init__(self, cfg: Config, dataset):
         self.cfg, self.dataset = cfg, dataset
-        self.hetero = not dataset.is_homogeneous
+        typed = not dataset.is_homogeneous
         if dataset.target is None:
             raise ConfigError(f"dataset {dataset.path} has no target node type; node classification needs one "
                               "with labels")
-        where = f"node type '{dataset.target}' of {dataset.path}" if self.hetero else f"dataset {dataset.path}"
+        where = f"node type '{dataset.target}' of {dataset.path}" if typed else f"dataset {dataset.path}"
         self._labels, num_classes = dataset.labels(), dataset.num_classes()
         self.splits = dataset.split_names()
         if self._labels is None or num_classes is None:
@@ -71,7 +71,7 @@ class NodeClassification:
             raise ConfigError(f"every node of the train split of {where} is unlabeled (-1); label some, "
                               "or pick another dataset")
         self.fanouts = relation_fanouts(cfg, dataset)
-        if cfg.train.eval_mode == "full" and self.hetero:
+        if cfg.train.eval_mode == "full" and typed:
             raise ConfigError(f"train.eval_mode=full (layer-wise) supports one node type; {dataset.path} has "
                               f"several: use train.eval_mode=sampled")
 
@@ -81,13 +81,7 @@ class NodeClassification:
         return seeds[np.asarray(self._labels)[seeds] >= 0]
 
     def _loader(self, features, seeds, batch_size: int, shuffle: bool, options: dict):
-        if self.hetero:
-            from lsm_gnn.hetero_loader import HeteroNodeLoader
-
-            return HeteroNodeLoader(self.dataset, features, self.fanouts, batch_size, seeds=seeds,
-                                    shuffle=shuffle, **options)
-        return NodeLoader(self.dataset, features, self.cfg.sampler.fanouts, batch_size, seeds=seeds,
-                          shuffle=shuffle, **options)
+        return NodeLoader(self.dataset, features, self.fanouts, batch_size, seeds=seeds, shuffle=shuffle, **options)
 
     def train_loader(self, features, rank: int, world_size: int) -> NodeLoader:
         c = self.cfg

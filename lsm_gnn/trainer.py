@@ -24,6 +24,7 @@ from lsm_gnn.build import resolve
 from lsm_gnn.checkpoint import CheckpointError, atomic_torch_save, load_checkpoint
 from lsm_gnn.comm.group import ProgressBoard, check_agreement
 from lsm_gnn.config import Config, ConfigError
+from lsm_gnn.features import TypedFeatures
 from lsm_gnn.parallel import batch_to, distributed_context
 from lsm_gnn.run_resources import RunResources
 from lsm_gnn.tasks import make_task
@@ -47,7 +48,8 @@ class TrainingDiverged(RuntimeError):
 class Trainer:
     """Trains ``cfg`` end to end: ``Trainer(cfg).fit()`` returns a summary dict.
 
-    ``features`` replaces the feature path the config describes: any object
+    ``features`` replaces the feature path the config describes: the graph's
+    :class:`~lsm_gnn.features.TypedFeatures` or, for a graph of one node type, any
     :class:`~lsm_gnn.features.Features` (a storage, a SoftwareCache, a SharedCache).
     """
 
@@ -80,8 +82,7 @@ class Trainer:
         self.cfg = cfg
         self.out = sys.stdout if out is None else out
         self.dataset = open_dataset(cfg.dataset, check="fast")
-        self.hetero = not self.dataset.is_homogeneous  # the typed loader, features and model
-        if cfg.model.node_embedding.dim and self.hetero:
+        if cfg.model.node_embedding.dim and not self.dataset.is_homogeneous:
             raise ConfigError("model.node_embedding supports datasets of one node type; "
                               f"{self.dataset.path} has several")
         self.device = startup.run_device(cfg.train.device)
@@ -91,7 +92,7 @@ class Trainer:
         self.progress = ProgressBoard.for_default_group("train") if distributed() else None
         self.ranks = Ranks(self.rank, self.world_size, self.progress)
         if distributed():  # before any collective whose shape depends on the settings
-            check_agreement(flatten(startup.agreed_settings(cfg, self.dataset, self.hetero), sep="."))
+            check_agreement(flatten(startup.agreed_settings(cfg, self.dataset), sep="."))
         if self.rank == 0:
             self.resources.lock_outputs(cfg)
         self.task = make_task(cfg, self.dataset)
@@ -103,8 +104,9 @@ class Trainer:
         self.watch = watched_metric(cfg, self.task)
         #: the resolved feature path (capacity in bytes, policy, PVP, sharing), checked before any work
         self.feature_spec = resolve(cfg, self.dataset, self.world_size)
-        self.features = features if features is not None else startup.build_run_features(
-            cfg, self.feature_spec, self.dataset, self.device, self.task, self.world_size, self.hetero)
+        #: the graph's features by node type (plain for a graph of one)
+        self.features = TypedFeatures.of(features) if features is not None else startup.build_run_features(
+            cfg, self.feature_spec, self.dataset, self.device, self.task, self.world_size)
         self.checkpointer = Checkpointer(self, cfg.checkpoint.dir)
         self.checkpoint_path = self.checkpointer.path
         saved = self.checkpointer.saved(cfg.checkpoint.resume)  # the checkpoint this run resumes from
@@ -123,14 +125,15 @@ class Trainer:
     def _build_model(self) -> None:
         cfg = self.cfg
         torch.manual_seed(cfg.train.seed)
-        startup.check_model_fits(cfg, self.features, self.task, self.device, self.hetero)
-        self.module = startup.build_model(cfg, self.dataset, self.features, self.task, self.hetero).to(self.device)
+        startup.check_model_fits(cfg, self.features, self.task, self.device)
+        self.module = startup.build_model(cfg, self.dataset, self.features, self.task).to(self.device)
         self.model = self.module
         if distributed():
             from torch.nn.parallel import DistributedDataParallel
 
             # A typed batch may lack a relation's edges, leaving its layer's parameters out of that loss.
-            self.model = DistributedDataParallel(self.module, find_unused_parameters=self.hetero)
+            self.model = DistributedDataParallel(self.module,
+                                                 find_unused_parameters=not self.dataset.is_homogeneous)
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=cfg.train.lr,
                                           weight_decay=cfg.train.weight_decay)
 
@@ -281,7 +284,7 @@ class Trainer:
         add_iteration(self.epoch_state, stage, loss_value, batch)
         self.iterations_done += 1
         cached = self.features.caches
-        record = iteration_record(batch, epoch, loss_value, stage, cached, by_type=self.hetero and cached)
+        record = iteration_record(batch, epoch, loss_value, stage, cached)
         if self.iterations_done % self.cfg.log.every == 0:
             self.log.write(record)
         bar.update(1)
@@ -371,7 +374,7 @@ class Trainer:
         """What the run trains, on what, from which features, and how its data is checked."""
         cfg = self.cfg
         size = (f"{self.dataset.num_nodes:,} nodes of {len(self.dataset.node_types)} types, target "
-                f"{self.dataset.target}" if self.hetero else f"{self.dataset.num_nodes:,} nodes")
+                f"{self.dataset.target}" if not self.dataset.is_homogeneous else f"{self.dataset.num_nodes:,} nodes")
         self._print(f"training {cfg.model.kind} on {self.dataset.name} ({size}) "
                     f"with features from {self._describe_features()}; {self.world_size} rank(s), "
                     f"device {self.device}")

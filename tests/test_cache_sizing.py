@@ -141,7 +141,7 @@ def test_capacity_100_percent_holds_every_node(graph, tmp_path):
 
     cfg = config(graph, tmp_path, "cache.capacity=100%", "cache.policy=lru")
     dataset = open_dataset(graph)
-    cache = build_features(resolve(cfg, dataset), dataset, torch.device("cpu"))
+    cache = build_features(resolve(cfg, dataset), dataset, torch.device("cpu")).only
     assert cache.num_lines >= dataset.num_nodes
     assert np.bincount(set_of(np.arange(dataset.num_nodes), cache.num_sets)).max() <= cache.ways
     ids = torch.randperm(dataset.num_nodes)

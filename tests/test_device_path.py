@@ -188,7 +188,7 @@ def test_features_on_the_device_are_a_config_choice(dataset):
 
 
 def test_features_on_the_device_are_refused_for_a_heterogeneous_graph(tmp_path):
-    from lsm_gnn.build import build_typed_features, resolve
+    from lsm_gnn.build import build_features, resolve
     from lsm_gnn.config import ConfigError, load_config
     from lsm_gnn.testing import write_tiny_hetero_dataset
 
@@ -196,4 +196,4 @@ def test_features_on_the_device_are_refused_for_a_heterogeneous_graph(tmp_path):
     ds = ds[0] if isinstance(ds, tuple) else ds
     cfg = load_config(None, [f"dataset={ds.path}", "cache.features=device"])
     with pytest.raises(ConfigError, match="cache.features=cache or memory"):
-        build_typed_features(resolve(cfg, ds), ds, torch.device("cpu"))
+        build_features(resolve(cfg, ds), ds, torch.device("cpu"))

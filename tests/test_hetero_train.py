@@ -8,10 +8,10 @@ import torch
 
 pytest.importorskip("torch_geometric")
 
-from lsm_gnn.build import CacheSize, FeatureSpec, build_typed_features  # noqa: E402
+from lsm_gnn.build import CacheSize, FeatureSpec, build_features  # noqa: E402
 from lsm_gnn.cache import PolicyConfig  # noqa: E402
 from lsm_gnn.config import load_config  # noqa: E402
-from lsm_gnn.hetero_loader import HeteroNodeLoader  # noqa: E402
+from lsm_gnn.loader import NodeLoader  # noqa: E402
 from lsm_gnn.testing import write_tiny_hetero_dataset  # noqa: E402
 from lsm_gnn.trainer import Trainer  # noqa: E402
 
@@ -25,8 +25,8 @@ def test_typed_batches_carry_the_files_rows(dataset):
                        ways=4, policy=PolicyConfig("hybrid", window=3, period=1), static_score="degree",
                        oversubscribe=False, pvp=True, pvp_queue_capacity=8, pvp_reinstall=True, shared=False,
                        owner="modulo")
-    features = build_typed_features(spec, dataset, torch.device("cpu"))
-    loader = HeteroNodeLoader(dataset, features, [3, 2], 50, window=3, seed=1)
+    features = build_features(spec, dataset, torch.device("cpu"))
+    loader = NodeLoader(dataset, features, [3, 2], 50, window=3, seed=1)
     hits = 0
     for epoch in range(2):
         for batch in loader:
@@ -75,7 +75,7 @@ def test_fanouts_per_relation_from_the_config(dataset, tmp_path):
     task = NodeClassification(cfg, dataset)
     assert task.fanouts["paper__cites__paper"] == [0, 0] and task.fanouts["author__writes__paper"] == [-1, 1]
     assert task.fanouts["paper__has_topic__topic"] == [3, 2]
-    features = build_typed_features(FeatureSpec(
+    features = build_features(FeatureSpec(
         source="memory", backend="memory", size=CacheSize("0", "cache.capacity", 0, False), ways=4,
         policy=PolicyConfig("hybrid"), static_score=None, oversubscribe=False, pvp=False, pvp_queue_capacity=1,
         pvp_reinstall=False, shared=False, owner="modulo"), dataset, torch.device("cpu"))

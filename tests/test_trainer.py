@@ -167,14 +167,14 @@ def test_victim_buffer_adds_hits_and_changes_no_loss(graph, tmp_path):
     common = ("cache.policy=hybrid", "train.max_iterations=12", "train.eval_splits=[]")
     train(config(graph, tmp_path / "plain", *common))
     trainer = Trainer(config(graph, tmp_path / "pvp", *common, "cache.pvp=true", "cache.pvp_queue_capacity=64"))
-    assert trainer.features.pvp is not None and trainer.features.pvp_reinstall  # reinstall: the config default
+    assert trainer.features.only.pvp is not None and trainer.features.only.pvp_reinstall  # reinstall: the config default
     trainer.fit()
     assert losses(tmp_path / "pvp") == losses(tmp_path / "plain")  # PVP rows are the file's bytes
     plain, pvp = records(tmp_path / "plain"), records(tmp_path / "pvp")
     steps = [r for r in pvp if "iteration" in r]
     summary = [r["epoch_summary"] for r in pvp if "epoch_summary" in r][0]
     assert summary["pvp_hits"] == sum(r["pvp_hits"] for r in steps) > 0
-    assert summary["bytes_saved"] == summary["pvp_hits"] * trainer.features.storage.row_bytes
+    assert summary["bytes_saved"] == summary["pvp_hits"] * trainer.features.only.storage.row_bytes
     # Reinstalling under plain hybrid, the cache decides as without PVP: PVP can only add hits.
     plain_summary = [r["epoch_summary"] for r in plain if "epoch_summary" in r][0]
     assert summary["hit_ratio"] > plain_summary["hit_ratio"]
@@ -182,8 +182,8 @@ def test_victim_buffer_adds_hits_and_changes_no_loss(graph, tmp_path):
 
 
 def test_the_default_policy_is_farthest_with_and_without_pvp(graph, tmp_path):
-    assert Trainer(config(graph, tmp_path / "a", "cache.pvp=true")).features.policy.name == "farthest"
-    assert Trainer(config(graph, tmp_path / "b")).features.policy.name == "farthest"
+    assert Trainer(config(graph, tmp_path / "a", "cache.pvp=true")).features.only.policy.name == "farthest"
+    assert Trainer(config(graph, tmp_path / "b")).features.only.policy.name == "farthest"
 
 
 def test_tensorboard_is_optional(graph, tmp_path):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lsm_gnn import open_storage
-from lsm_gnn.build import CacheSize, FeatureSpec, build_typed_features, feature_groups, resolve, split_capacity
+from lsm_gnn.build import CacheSize, FeatureSpec, build_features, feature_groups, resolve, split_capacity
 from lsm_gnn.cache import PolicyConfig, WindowBuffer
 from lsm_gnn.config import load_config
 from lsm_gnn.data import HeteroDatasetWriter
@@ -60,7 +60,7 @@ def test_types_of_one_row_format_share_a_group(dataset):
                                                ("cache", "hybrid", False), ("cache", "lru", False),
                                                ("cache", "hybrid", True)])
 def test_every_type_gathers_the_files_rows(dataset, source, policy, pvp):
-    features = build_typed_features(spec(source, policy=policy, pvp=pvp), dataset, torch.device("cpu"))
+    features = build_features(spec(source, policy=policy, pvp=pvp), dataset, torch.device("cpu"))
     rng = np.random.default_rng(2)
     trace = batches(rng, 24)
     windows = [WindowBuffer(5, group.features.num_rows) for group in features.groups]
@@ -71,7 +71,7 @@ def test_every_type_gathers_the_files_rows(dataset, source, policy, pvp):
         for future in trace[k + 1:k + 5]:
             for window, ids in zip(windows, features.group_ids(future)):
                 window.push(ids)
-        rows, hits = features.gather(nodes, futures=windows)
+        rows, hits = features.gather(nodes, future=windows)
         assert set(rows) == set(nodes) - {"institute"}, "featureless types are left out"
         for t, x in rows.items():
             expected = dataset.node_type(t).read_features_direct(nodes[t].numpy())
@@ -135,11 +135,11 @@ def test_groups_share_the_budget_by_measured_accesses(dataset):
 
     rows = sampled_type_accesses(dataset, [3, 2], 50, num_batches=4)
     assert rows["paper"] > 0 and rows["author"] > 0 and rows["fos"] == 0  # no relation reaches fos
-    features = build_typed_features(spec(capacity=8_000), dataset, torch.device("cpu"), fanouts=[3, 2],
+    features = build_features(spec(capacity=8_000), dataset, torch.device("cpu"), fanouts=[3, 2],
                                     batch_size=50)
     big, small = (g.features for g in features.groups)
     assert big.capacity_bytes <= 8_000 and small.num_lines == small.ways  # fos: just one set
-    by_bytes = build_typed_features(spec(capacity=8_000), dataset, torch.device("cpu"))
+    by_bytes = build_features(spec(capacity=8_000), dataset, torch.device("cpu"))
     assert by_bytes.groups[1].features.num_lines > small.num_lines  # by file bytes fos would get more
 
 

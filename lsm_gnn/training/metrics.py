@@ -135,8 +135,8 @@ def add_iteration(state: dict, stage: dict, loss: float, batch) -> None:
         totals[key] = totals.get(key, 0) + io.get(key, 0)  # with PVP, with node embeddings
 
 
-def iteration_record(batch, epoch: int, loss: float, stage: dict, cached: bool, by_type: bool) -> dict:
-    """The JSON-lines record of one iteration; ``by_type``: a heterogeneous cache's hit ratio per node type too."""
+def iteration_record(batch, epoch: int, loss: float, stage: dict, cached: bool) -> dict:
+    """The JSON-lines record of one iteration; a typed batch's hit ratio per node type too, when cached."""
     io = batch.io
     record = {"iteration": batch.iteration, "epoch": epoch, "loss": loss,
               "time": {k: round(stage.get(k, 0.0), 6) for k in STAGES},
@@ -144,8 +144,9 @@ def iteration_record(batch, epoch: int, loss: float, stage: dict, cached: bool, 
               "amplification": io["bytes_read"] / io["bytes_useful"] if io["bytes_useful"] else None}
     if "pvp_hits" in io:
         record.update(pvp_hits=io["pvp_hits"], bytes_saved=io["bytes_saved"])
-    if by_type:
-        record["hit_ratio_by_type"] = batch.hit_ratios()
+    by_type = batch.hit_ratios()
+    if cached and by_type:
+        record["hit_ratio_by_type"] = by_type
     return record
 
 

@@ -8,9 +8,9 @@ import os
 
 import torch
 
-from lsm_gnn.build import build_features, build_typed_features
+from lsm_gnn.build import build_features
 from lsm_gnn.config import ConfigError
-from lsm_gnn.features import NoFeatures
+from lsm_gnn.features import NoFeatures, TypedFeatures
 from lsm_gnn.task_options import eval_batch_size
 
 
@@ -30,20 +30,20 @@ def run_device(name: str) -> torch.device:
     return device
 
 
-def build_run_features(cfg, spec, dataset, device, task, world_size: int, hetero: bool):
+def build_run_features(cfg, spec, dataset, device, task, world_size: int) -> TypedFeatures:
     """The feature path the config describes (``spec``, resolved): none (node embeddings only), or the features
-    by type or by node id, behind the cache; a cache of less than one set is refused first."""
+    by node type behind the cache; a cache of less than one set is refused first."""
     from lsm_gnn.sizing import check_one_set
 
     if not cfg.model.node_embedding.features:
-        return NoFeatures(dataset.num_nodes)
+        return TypedFeatures.of(NoFeatures(dataset.num_nodes))
     check_one_set(spec, dataset)
-    build = build_typed_features if hetero else build_features
-    return build(spec, dataset, device, world_size=world_size, fanouts=task.fanouts if hetero else cfg.sampler.fanouts,
-                 batch_size=cfg.sampler.batch_size, seed=cfg.train.seed, num_threads=cfg.sampler.num_threads)
+    return build_features(spec, dataset, device, world_size=world_size, fanouts=task.fanouts,
+                          batch_size=cfg.sampler.batch_size, seed=cfg.train.seed,
+                          num_threads=cfg.sampler.num_threads)
 
 
-def agreed_settings(cfg, dataset, hetero: bool) -> dict:
+def agreed_settings(cfg, dataset) -> dict:
     """What every rank must share: the config (less logging and thread counts, which are local) and
     the dataset's identity (its path may differ between hosts, its contents may not)."""
     settings = cfg.to_dict()
@@ -51,17 +51,19 @@ def agreed_settings(cfg, dataset, hetero: bool) -> dict:
     settings["sampler"].pop("num_threads")
     meta = dataset.meta
     settings["dataset"] = {"checksums": meta.get("checksums", {})}
-    if not hetero:  # a heterogeneous dataset's counts and dims are in its checksummed files' sizes
+    if dataset.is_homogeneous:  # a heterogeneous dataset's counts and dims are in its checksummed files' sizes
         settings["dataset"].update(num_nodes=dataset.num_nodes, num_edges=dataset.num_edges,
                                    feature_dim=dataset.feature_dim)
     return settings
 
 
-def build_model(cfg, dataset, features, task, hetero: bool) -> torch.nn.Module:
+def build_model(cfg, dataset, features, task) -> torch.nn.Module:
+    """The model of ``model.kind`` for the batches the loader makes: plain on a graph of one node type,
+    per type on a graph of several."""
     from lsm_gnn.models import HETERO_MODEL_KINDS, HeteroHopGNN, HopGNN
 
     m, layers = cfg.model, len(cfg.sampler.fanouts)
-    if not hetero:
+    if dataset.is_homogeneous:
         in_dim = (dataset.feature_dim if m.node_embedding.features else 0) + m.node_embedding.dim
         return HopGNN(m.kind, in_dim, m.hidden, task.out_dim, num_layers=layers,
                       heads=m.heads, dropout=m.dropout)
@@ -74,7 +76,7 @@ def build_model(cfg, dataset, features, task, hetero: bool) -> torch.nn.Module:
                         dropout=m.dropout)
 
 
-def check_model_fits(cfg, features, task, device: torch.device, hetero: bool) -> None:
+def check_model_fits(cfg, features, task, device: torch.device) -> None:
     """A model too large for memory is refused with its key before it is allocated (the kernel would kill
     the process without a word). A lower bound: each layer's hidden x hidden weights (the first layer's
     input x hidden), with their gradients and Adam's two moments."""
@@ -82,7 +84,7 @@ def check_model_fits(cfg, features, task, device: torch.device, hetero: bool) ->
     from lsm_gnn.units import format_bytes
 
     m, layers = cfg.model, len(cfg.sampler.fanouts)
-    widest_input = max(features.dims().values()) if hetero else getattr(features, "dim", 0)
+    widest_input = max(features.dims().values())
     weights = m.hidden * (widest_input + m.hidden * (layers - 1) + task.out_dim)
     need = 4 * weights * 4  # float32 weights, gradients, two Adam moments
     if device.type == "cuda":
