@@ -205,7 +205,8 @@ class TypedFeatures:
         a cache's iterations then stay in step with its window, and a shared cache's collectives with the
         other ranks'."""
         if not isinstance(nodes, dict):
-            return self.only.gather(self._plain_ids(nodes), future=None if future is None else future[0], out=out)
+            ids = self._plain_ids(nodes)
+            return self.groups[0].features.gather(ids, future=None if future is None else future[0], out=out)
         rows, hits = {}, {}
         for g, group in enumerate(self.groups):
             ids, parts = group.ids(nodes)

@@ -163,3 +163,39 @@ def test_resolve_sizes_every_cache_once_with_its_key(tmp_path):
                              f"checkpoint.dir={tmp_path}"])
     assert resolve(cfg, ds).embedding_size == CacheSize("100%", "model.node_embedding.capacity", 200 * row_bytes,
                                                         True)
+
+
+def test_a_graph_of_one_type_has_plain_features(tmp_path):
+    """A one-type graph's features are one group of one type: plain ids in, plain tensors out, the same rows
+    and hit mask as the cache alone; typed and plain gathers agree."""
+    from lsm_gnn.testing import write_tiny_dataset
+
+    ds, array = write_tiny_dataset(tmp_path / "one")
+    cfg = load_config(None, [f"dataset={ds.path}", "cache.capacity=50%", "cache.backend=pread"])
+    features = build_features(resolve(cfg, ds), ds, torch.device("cpu"))
+    assert features.plain and features.dims() == {"node": ds.feature_dim} and features.dim == ds.feature_dim
+    ids = torch.tensor([5, 1, 7, 3])
+    rows, hits = features.gather(ids)
+    assert torch.equal(rows, torch.from_numpy(array[ids.numpy()]))
+    assert hits.shape == (4,) and not bool(hits.any())  # a cold cache
+    typed_rows, typed_hits = features.gather({"node": ids})
+    assert torch.equal(typed_rows["node"], rows) and bool(typed_hits["node"].all())  # now cached
+    assert features.describe() == features.only.describe()  # a plain graph's source, not "node: ..."
+
+
+def test_plain_ids_are_refused_on_a_graph_of_several_types(dataset):
+    features = build_features(spec(), dataset, torch.device("cpu"))
+    assert not features.plain
+    with pytest.raises(ValueError, match="gathered by .node type: ids."):
+        features.gather(torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="gather them by type"):
+        features.only
+
+
+def test_a_typed_graph_refuses_plain_features_with_a_clear_error(dataset):
+    from lsm_gnn.loader import NodeLoader
+
+    with pytest.raises(TypeError, match="several node types; gather from its typed features"):
+        NodeLoader(dataset, open_storage(dataset.node_type("paper"), "pread"), [2], 10)
+    with pytest.raises(ValueError, match="no node type 'venue'"):
+        NodeLoader(dataset, build_features(spec(), dataset, torch.device("cpu")), [2], 10, target="venue")
