@@ -1,7 +1,7 @@
 """The node-classification loader over a heterogeneous graph: typed hops, features of every type.
 
 :class:`HeteroNodeLoader` is :class:`~lsm_gnn.loader.NodeLoader` with the
-typed sampler (:class:`~lsm_gnn.sampling.HeteroNeighborSampler`), seeds and
+typed sampler (:class:`~lsm_gnn.sampling.NeighborSampler`), seeds and
 labels of the target node type, and features gathered per type through one
 cache budget (:class:`~lsm_gnn.typed_features.TypedFeatures`), each feature
 group planning with a window of its own. Sampling ahead, background
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.loader import NodeLoader
-from lsm_gnn.sampling import HeteroHop, HeteroNeighborSampler
+from lsm_gnn.sampling import Hop, NeighborSampler
 from lsm_gnn.typed_features import GroupWindows, TypedFeatures
 
 
@@ -28,7 +28,7 @@ class HeteroBatch:
     iteration: int
     target: str
     seeds: torch.Tensor
-    hops: list[HeteroHop]
+    hops: list[Hop]
     x: dict[str, torch.Tensor]
     y: torch.Tensor | None
     hit_mask: dict[str, torch.Tensor]
@@ -72,7 +72,7 @@ class HeteroNodeLoader(NodeLoader):
     """Mini-batches of ``seeds`` of ``dataset``'s target type (default: its train split) with typed hops.
 
     ``fanouts``: one list (per hop) for every relation, or a dict per relation (see
-    :class:`~lsm_gnn.sampling.HeteroNeighborSampler`). ``features``: a
+    :class:`~lsm_gnn.sampling.NeighborSampler`). ``features``: a
     :class:`~lsm_gnn.typed_features.TypedFeatures`.
     """
 
@@ -90,7 +90,7 @@ class HeteroNodeLoader(NodeLoader):
                             f", got {type(features).__name__}")
 
     def _make_sampler(self, fanouts, seed: int, num_threads: int):
-        return HeteroNeighborSampler(self.dataset, fanouts, seed=seed, num_threads=num_threads)
+        return NeighborSampler(self.dataset, fanouts, seed=seed, num_threads=num_threads)
 
     def _split(self, name: str):
         return self.dataset.split(name, self.target)
@@ -107,6 +107,6 @@ class HeteroNodeLoader(NodeLoader):
     def _gather(self, nodes, window):
         return self.features.gather(nodes, futures=None if window is None else window.buffers)
 
-    def _make_batch(self, iteration: int, plan, hops: list[HeteroHop], x, hit) -> HeteroBatch:
+    def _make_batch(self, iteration: int, plan, hops: list[Hop], x, hit) -> HeteroBatch:
         seeds = torch.from_numpy(self._plan_seeds(plan))
         return HeteroBatch(iteration, self.target, seeds, hops, x, self._labels_of(seeds), hit)
