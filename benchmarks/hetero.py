@@ -40,7 +40,7 @@ from lsm_gnn.benchmarking import load_script, machine_info, reusable_dataset, wr
 from lsm_gnn.build import feature_groups
 from lsm_gnn.cache import SoftwareCache, belady_min, cache_geometry, replay
 from lsm_gnn.data.dataset import type_offsets
-from lsm_gnn.sampling import HeteroNeighborSampler
+from lsm_gnn.sampling import NeighborSampler
 from lsm_gnn.typed_features import FeatureGroup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -112,7 +112,7 @@ class TypedTrace:
 def record_trace(ds, group: FeatureGroup, fanouts: list[int], batch_size: int, epochs: int, seed: int) -> TypedTrace:
     """The input nodes of ``epochs`` epochs of training, in the trainer's order: its loader shuffles the
     target type's train split with ``default_rng([seed, epoch])`` and numbers iterations across epochs."""
-    sampler = HeteroNeighborSampler(ds, fanouts, seed=seed)
+    sampler = NeighborSampler(ds, fanouts, seed=seed)
     train = np.asarray(ds.split("train", ds.target))
     batches, counts, iteration = [], [], 0
     start_time = time.perf_counter()

@@ -135,7 +135,7 @@ def _relation_conv(kind: str, in_src: int, in_dst: int, out_dim: int, heads: int
 
 
 class HeteroHopGNN(nn.Module):
-    """R-SAGE / R-GAT over typed hops (:class:`~lsm_gnn.sampling.HeteroHop`): per hop one PyG ``HeteroConv``
+    """R-SAGE / R-GAT over typed hops (:class:`~lsm_gnn.sampling.Hop` with dict fields): per hop one PyG ``HeteroConv``
     with a ``SAGEConv`` or ``GATConv`` per relation, summed per destination type, plus each type's own
     linear term (so a type no relation points to keeps a representation). Types without features start
     from a learned vector of their own (``in_dims[t] == 0``). Returns the logits of the target type's seeds.

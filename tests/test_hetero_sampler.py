@@ -6,7 +6,7 @@ import torch
 
 from lsm_gnn.data.format import DatasetError
 from lsm_gnn.ids import _first_occurrence_labels_torch, first_occurrence_labels
-from lsm_gnn.sampling import HeteroHop, HeteroNeighborSampler
+from lsm_gnn.sampling import Hop, NeighborSampler
 
 CITES = ("paper", "cites", "paper")
 WRITES = ("author", "writes", "paper")
@@ -16,8 +16,8 @@ EMPLOYS = ("institute", "employs", "author")
 NUM_NODES = {"paper": 300, "author": 400, "institute": 30}
 
 
-class InMemoryHeteroGraph:
-    """The HeteroGraph protocol over CSR arrays built from each relation's (src, dst) pairs."""
+class InMemoryGraph:
+    """The sampler's Graph protocol over CSR arrays built from each relation's (src, dst) pairs."""
 
     def __init__(self, num_nodes, pairs, index_dtypes):
         self.node_types = list(num_nodes)
@@ -63,7 +63,7 @@ def make_graph(seed=0):
     affiliated = (np.concatenate([affiliated[0], hub]), np.concatenate([affiliated[1], np.zeros_like(hub)]))
     pairs = {CITES: distinct_sources(rng, n["paper"], cite_degree), WRITES: writes, WRITTEN_BY: writes[::-1],
              AFFILIATED: affiliated, EMPLOYS: affiliated[::-1]}
-    return InMemoryHeteroGraph(n, pairs, {WRITES: np.int32, AFFILIATED: np.int32, EMPLOYS: np.int32})
+    return InMemoryGraph(n, pairs, {WRITES: np.int32, AFFILIATED: np.int32, EMPLOYS: np.int32})
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def check_hops(graph, sampler, seeds, hops):
     """Every property a hop promises, checked against the graph."""
     previous = {t: torch.as_tensor(seeds.get(t, []), dtype=torch.int64) for t in graph.node_types}
     for h, hop in enumerate(hops):
-        assert isinstance(hop, HeteroHop)
+        assert isinstance(hop, Hop) and hop.is_typed
         assert list(hop.nodes) == graph.node_types and list(hop.edge_index) == graph.relations
         new_sources = {t: [] for t in graph.node_types}
         for t, ids in hop.nodes.items():
@@ -108,7 +108,7 @@ def check_hops(graph, sampler, seeds, hops):
                                      {CITES: [3, 1], WRITES: [-1, 0], "paper__written_by__author": [2, 5],
                                       AFFILIATED: [1, 1], "institute__employs__author": [0, 4]}])
 def test_every_edge_exists_and_fanouts_hold(graph, fanouts):
-    sampler = HeteroNeighborSampler(graph, fanouts, seed=11)
+    sampler = NeighborSampler(graph, fanouts, seed=11)
     others = np.setdiff1d(np.arange(NUM_NODES["paper"]), [5, 9, 77])
     seeds = {"paper": np.concatenate([[5, 9, 77], np.random.default_rng(1).choice(others, 40, replace=False)])}
     hops = sampler.sample(seeds, iteration=2)
@@ -117,7 +117,7 @@ def test_every_edge_exists_and_fanouts_hold(graph, fanouts):
 
 
 def test_seeds_of_several_types_and_the_pair_form(graph):
-    sampler = HeteroNeighborSampler(graph, [3, 2], seed=4)
+    sampler = NeighborSampler(graph, [3, 2], seed=4)
     hop = sampler.sample(("paper", [3, 1, 2]))[0]
     assert torch.equal(hop.dst_nodes["paper"], torch.tensor([3, 1, 2]))
     assert hop.nodes["institute"].numel() == 0 and hop.num_edges[AFFILIATED] == 0  # no paper -> institute
@@ -139,11 +139,11 @@ def same_hops(a, b):
 
 def test_deterministic_in_seed_and_iteration(graph):
     seeds = {"paper": np.arange(0, 300, 5)}
-    a = HeteroNeighborSampler(graph, [4, 2], seed=1).sample(seeds, 4)
-    b = HeteroNeighborSampler(graph, [4, 2], seed=1, num_threads=1).sample(seeds, 4)
-    c = HeteroNeighborSampler(graph, [4, 2], seed=1).sample(seeds, 5)
-    d = HeteroNeighborSampler(graph, [4, 2], seed=2).sample(seeds, 4)
-    e = HeteroNeighborSampler(graph, [4, 2], seed=1 + 2**64).sample(seeds, 4)  # seeds are taken mod 2**64
+    a = NeighborSampler(graph, [4, 2], seed=1).sample(seeds, 4)
+    b = NeighborSampler(graph, [4, 2], seed=1, num_threads=1).sample(seeds, 4)
+    c = NeighborSampler(graph, [4, 2], seed=1).sample(seeds, 5)
+    d = NeighborSampler(graph, [4, 2], seed=2).sample(seeds, 4)
+    e = NeighborSampler(graph, [4, 2], seed=1 + 2**64).sample(seeds, 4)  # seeds are taken mod 2**64
     assert same_hops(a, b) and same_hops(a, e)
     assert not same_hops(a, c) and not same_hops(a, d)
 
@@ -156,8 +156,8 @@ def test_relations_draw_independently():
     degree[0] = 100
     src, dst = distinct_sources(rng, 200, degree)
     first, second = ("paper", "cites", "paper"), ("paper", "cites_again", "paper")
-    twin = InMemoryHeteroGraph({"paper": 200}, {first: (src, dst), second: (src, dst)}, {})
-    sampler = HeteroNeighborSampler(twin, [5, 5], seed=9)
+    twin = InMemoryGraph({"paper": 200}, {first: (src, dst), second: (src, dst)}, {})
+    sampler = NeighborSampler(twin, [5, 5], seed=9)
     equal_relations = equal_hops = 0
     for iteration in range(40):
         hops = sampler.sample({"paper": [0]}, iteration)
@@ -168,12 +168,29 @@ def test_relations_draw_independently():
     assert equal_relations <= 2 and equal_hops <= 2
 
 
+def test_plain_seeds_need_one_node_type_and_one_relation(graph):
+    """Plain ids name no type: a graph of several types, or of one type with several relations, takes seeds
+    only as {type: ids}; its counts and fanouts are per type and per relation."""
+    src, dst = distinct_sources(np.random.default_rng(4), 50, np.full(50, 2))
+    twin = InMemoryGraph({"paper": 50}, {CITES: (src, dst), ("paper", "cites_again", "paper"): (src, dst)}, {})
+    for g, shape in ((graph, "3 node types .* and 5 relations"), (twin, r"1 node types \(paper\) and 2 relations")):
+        sampler = NeighborSampler(g, [2], seed=1)
+        assert not sampler.is_homogeneous and sampler.fanouts == {r: [2] for r in g.relations}
+        with pytest.raises(ValueError, match=rf"one node type and one relation; this one has {shape}: pass seeds "
+                                             r"as \{node type: ids\} or a \(node type, ids\) pair"):
+            sampler.sample(np.arange(3))
+        with pytest.raises(AttributeError, match="relations, so no one indptr"):
+            sampler.indptr
+        assert all(hop.is_typed for hop in sampler.sample({"paper": [0, 1, 2]}))
+    assert NeighborSampler(graph, [2]).num_nodes == NUM_NODES and NeighborSampler(twin, [2]).num_nodes == 50
+
+
 def test_fanout_dicts(graph):
     by_tuple = {r: [2, 1] for r in graph.relations}
     by_name = {"__".join(r): [2, 1] for r in graph.relations}
     mixed = {**{r: [2, 1] for r in graph.relations[:2]}, **{"__".join(r): [2, 1] for r in graph.relations[2:]}}
     seeds = {"paper": [1, 2, 3, 5]}
-    hops = [HeteroNeighborSampler(graph, f, seed=5).sample(seeds) for f in (by_tuple, by_name, mixed, [2, 1])]
+    hops = [NeighborSampler(graph, f, seed=5).sample(seeds) for f in (by_tuple, by_name, mixed, [2, 1])]
     assert all(same_hops(hops[0], other) for other in hops[1:])
 
 
@@ -192,11 +209,11 @@ def test_fanout_dicts(graph):
 ])
 def test_bad_fanouts_are_refused(graph, fanouts, message):
     with pytest.raises(ValueError, match=message):
-        HeteroNeighborSampler(graph, fanouts)
+        NeighborSampler(graph, fanouts)
 
 
 def test_bad_seeds_are_refused(graph):
-    sampler = HeteroNeighborSampler(graph, [2])
+    sampler = NeighborSampler(graph, [2])
     with pytest.raises(IndexError, match="seed node 300 of type 'paper' at position 1 is outside"):
         sampler.sample({"paper": [4, 300]})
     with pytest.raises(IndexError, match="type 'institute'"):
@@ -205,8 +222,11 @@ def test_bad_seeds_are_refused(graph):
         sampler.sample({"paper": [7], "author": [7, 7]})
     with pytest.raises(ValueError, match="node type 'venue'"):
         sampler.sample({"venue": [0]})
-    with pytest.raises(TypeError, match="dict"):
+    with pytest.raises(ValueError, match=r"one node type and one relation; this one has 3 node types .* and 5 "
+                                         r"relations: pass seeds as \{node type: ids\}"):
         sampler.sample([1, 2])
+    with pytest.raises(ValueError, match=r"pass seeds as \{node type: ids\}"):
+        sampler.input_nodes(np.array([1, 2]))
 
 
 def test_corrupt_topology_names_the_relation_and_file(graph, tmp_path):
@@ -217,7 +237,7 @@ def test_corrupt_topology_names_the_relation_and_file(graph, tmp_path):
             path = tmp_path / "indices.npy"
             np.save(path, arrays[relation][1])
             arrays[relation][1] = np.load(path, mmap_mode="r")
-        broken = InMemoryHeteroGraph.__new__(InMemoryHeteroGraph)
+        broken = InMemoryGraph.__new__(InMemoryGraph)
         broken.node_types, broken.relations, broken.num_nodes = graph.node_types, graph.relations, NUM_NODES
         broken.arrays = arrays
         return broken
@@ -225,18 +245,18 @@ def test_corrupt_topology_names_the_relation_and_file(graph, tmp_path):
     seeds = {"paper": np.arange(300), "author": np.arange(400), "institute": np.arange(30)}
     # 400 authors but 300 papers: author 400 is past the source type, though within the CSR's id range
     with pytest.raises(DatasetError, match="relation author__writes__paper: neighbor id 400"):
-        HeteroNeighborSampler(corrupted(WRITES, 1, 0, 400), [-1]).sample(seeds)
+        NeighborSampler(corrupted(WRITES, 1, 0, 400), [-1]).sample(seeds)
     # 30 institutes but 400 authors: institute 31 would be a valid row, but not a valid source id
     with pytest.raises(DatasetError, match=r"relation institute__employs__author: neighbor id 31 .* outside \[0, 30\)"):
-        HeteroNeighborSampler(corrupted(EMPLOYS, 1, 3, 31), [-1]).sample(seeds)
+        NeighborSampler(corrupted(EMPLOYS, 1, 3, 31), [-1]).sample(seeds)
     with pytest.raises(DatasetError, match=r"indices\.npy: relation paper__cites__paper: neighbor id -2"):
-        HeteroNeighborSampler(corrupted(CITES, 1, 0, -2, save=True), [-1]).sample(seeds)
+        NeighborSampler(corrupted(CITES, 1, 0, -2, save=True), [-1]).sample(seeds)
     with pytest.raises(DatasetError, match="relation paper__written_by__author: the row of node"):
-        HeteroNeighborSampler(corrupted(WRITTEN_BY, 0, 10, 10**6), [-1]).sample(seeds)
+        NeighborSampler(corrupted(WRITTEN_BY, 0, 10, 10**6), [-1]).sample(seeds)
     short = corrupted(CITES, 0, 0, 0)
     short.arrays[CITES][0] = short.arrays[CITES][0][:-1]
     with pytest.raises(DatasetError, match="relation paper__cites__paper: indptr has 300 entries, but 'paper' has 300"):
-        HeteroNeighborSampler(short, [2])
+        NeighborSampler(short, [2])
 
 
 def test_first_occurrence_labels_on_cpu_equal_the_gpu_way():
@@ -254,7 +274,7 @@ def test_the_triton_kernel_draws_the_same_hops(graph, monkeypatch):
     from lsm_gnn import kernels
 
     seeds = {"paper": [5, 12, 40], "institute": [2]}
-    sampler = HeteroNeighborSampler(graph, [3, 2], seed=21)
+    sampler = NeighborSampler(graph, [3, 2], seed=21)
     native = sampler.sample(seeds, 6)
 
     def unused(*args, **kwargs):
@@ -269,7 +289,7 @@ def test_the_triton_kernel_draws_the_same_hops(graph, monkeypatch):
 def test_a_pyg_hetero_conv_runs_over_the_hops(graph):
     pyg = pytest.importorskip("torch_geometric.nn")
     torch.manual_seed(0)
-    sampler = HeteroNeighborSampler(graph, [4, 3], seed=2)
+    sampler = NeighborSampler(graph, [4, 3], seed=2)
     seeds = torch.tensor([5, 8, 13, 21, 34])
     hops = sampler.sample({"paper": seeds}, 0)
     features = {t: torch.randn(n, 6) for t, n in NUM_NODES.items()}

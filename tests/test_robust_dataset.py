@@ -8,7 +8,6 @@ here, so a segfault fails the test instead of killing pytest.
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ import torch
 from lsm_gnn import DatasetError, open_dataset
 from lsm_gnn.data.scores import compute_scores, reverse_pagerank
 from lsm_gnn.ids import as_id_tensor
-from lsm_gnn.sampling import NeighborSampler
+from lsm_gnn.sampling import CSRGraph, NeighborSampler
 from lsm_gnn.testing import edit_meta, write_tiny_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,7 +69,7 @@ def test_corrupt_indptr_is_refused_on_every_open(ds, kind, check):
 @pytest.mark.parametrize("kind", ["negative", "huge", "non-monotonic"])
 def test_native_code_bounds_checks_indptr_itself(ds, kind):
     """Arrays that never went through open_dataset: the C++ must refuse, not read out of bounds."""
-    raw = SimpleNamespace(indptr=corrupt_indptr(ds.indptr, kind), indices=np.array(ds.indices))
+    raw = CSRGraph(corrupt_indptr(ds.indptr, kind), np.array(ds.indices))
     with pytest.raises(DatasetError, match=r"CSR indptr array: the row of node [23] is .* not an ordered range"):
         NeighborSampler(raw, [-1, 3]).sample(np.arange(NUM_NODES))
     with pytest.raises(DatasetError, match="CSR indptr array: the row of node"):

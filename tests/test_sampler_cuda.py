@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lsm_gnn.sampling import NeighborSampler
+from lsm_gnn.sampling import CSRGraph, NeighborSampler
 
 try:
     import triton  # noqa: F401
@@ -19,20 +19,13 @@ except ImportError:
 needs_cuda = pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU and triton")
 
 
-class Graph:
-    """The two CSR arrays NeighborSampler reads from a dataset."""
-
-    def __init__(self, indptr, indices):
-        self.indptr, self.indices = indptr, indices
-
-
 def random_graph(rng, num_nodes, index_dtype, max_degree=60):
     degree = rng.integers(0, max_degree, num_nodes)
     degree[rng.random(num_nodes) < 0.2] = 0                  # isolated nodes
     degree[rng.choice(num_nodes, 3, replace=False)] = 300    # hubs: more neighbors than a warp has lanes
     indptr = np.concatenate([[0], np.cumsum(degree)]).astype(np.int64)
     indices = rng.integers(0, num_nodes, int(indptr[-1])).astype(index_dtype)
-    return Graph(indptr, indices)
+    return CSRGraph(indptr, indices)
 
 
 def assert_same_hops(cpu, gpu):

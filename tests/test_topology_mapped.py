@@ -8,7 +8,7 @@ import pytest
 
 from lsm_gnn.data import open_dataset
 from lsm_gnn.loader import NodeLoader
-from lsm_gnn.sampling import HeteroNeighborSampler, NeighborSampler
+from lsm_gnn.sampling import CSRGraph, NeighborSampler
 from lsm_gnn.storage import open_storage
 from lsm_gnn.testing import write_tiny_dataset, write_tiny_hetero_dataset
 
@@ -32,7 +32,7 @@ def test_the_sampler_wraps_the_mapped_csr_without_copying(tmp_path):
 
 def test_the_hetero_sampler_wraps_every_relation_without_copying(tmp_path):
     ds = write_tiny_hetero_dataset(tmp_path / "h")
-    sampler = HeteroNeighborSampler(ds, [3, 2])
+    sampler = NeighborSampler(ds, [3, 2])
     for relation, csr in sampler._csr.items():
         indptr, indices = ds.csr(relation)
         assert is_the_mapping(csr.indptr, indptr) and is_the_mapping(csr.indices, indices), relation
@@ -78,15 +78,13 @@ def test_the_sampler_turns_read_around_off_on_the_mapped_csr_unless_asked(tmp_pa
 def test_row_lengths_read_in_parallel_still_name_the_first_bad_row():
     """Frontiers above 2,048 rows read their row lengths on several threads (parallel page faults on a
     mapped CSR); a corrupt row must still be reported, and the first one in frontier order."""
-    from types import SimpleNamespace
-
     from lsm_gnn.data.format import DatasetError
 
     n = 5000
     indptr = np.arange(n + 1, dtype=np.int64) * 2
     indptr[3001] = indptr[3000] - 1  # rows 3000 and 4000 end before they start
     indptr[4001] = indptr[4000] - 1
-    raw = SimpleNamespace(indptr=indptr, indices=np.zeros(2 * n, dtype=np.int32))
+    raw = CSRGraph(indptr, np.zeros(2 * n, dtype=np.int32))
     for threads in (1, 2, 4):
         with pytest.raises(DatasetError, match=r"the row of node 3000 is .* not an ordered range"):
             NeighborSampler(raw, [2], num_threads=threads).sample(np.arange(n))

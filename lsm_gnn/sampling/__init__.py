@@ -1,6 +1,5 @@
-"""Neighbor sampling in the native core."""
-from lsm_gnn.sampling.hetero import HeteroGraph, HeteroHop, HeteroNeighborSampler
+"""Neighbor sampling in the native core: one sampler, plain hops for one-type graphs, typed hops for any."""
 from lsm_gnn.sampling.hotness import sampled_access_counts
-from lsm_gnn.sampling.neighbor import Hop, NeighborSampler
+from lsm_gnn.sampling.neighbor import CSRGraph, Graph, Hop, NeighborSampler
 
-__all__ = ["HeteroGraph", "HeteroHop", "HeteroNeighborSampler", "Hop", "NeighborSampler", "sampled_access_counts"]
+__all__ = ["CSRGraph", "Graph", "Hop", "NeighborSampler", "sampled_access_counts"]

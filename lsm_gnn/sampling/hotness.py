@@ -28,9 +28,7 @@ def sampled_type_accesses(dataset, fanouts, batch_size: int, num_batches: int = 
                           ) -> dict[str, int]:
     """Per node type of a heterogeneous dataset, the rows ``num_batches`` sampled mini-batches of target
     training seeds gather (same on every rank): the measured access mix that splits a cache budget."""
-    from lsm_gnn.sampling.hetero import HeteroNeighborSampler
-
-    sampler = HeteroNeighborSampler(dataset, fanouts, seed=seed)
+    sampler = NeighborSampler(dataset, fanouts, seed=seed)
     seeds = np.asarray(dataset.split("train"), dtype=np.int64)
     rng = np.random.default_rng([seed, 7])
     rows = dict.fromkeys(dataset.node_types, 0)

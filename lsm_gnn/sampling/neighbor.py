@@ -1,39 +1,129 @@
-"""Uniform neighbor sampling without replacement, per-hop fanouts.
+"""Uniform neighbor sampling without replacement, per-hop fanouts, over a graph of typed nodes and relations.
 
-``NeighborSampler(dataset, fanouts, seed).sample(seeds, iteration)`` is
-deterministic in (seed, iteration, seeds): a window buffer can sample batch
-t + 256 now and the trainer gets the very same batch at iteration t + 256.
+One sampler for every graph: ``NeighborSampler(graph, fanouts, seed)`` reads anything with node types,
+relations and one CSR per relation (:class:`Graph`; a :class:`~lsm_gnn.data.Dataset` is one, and
+:class:`CSRGraph` makes one of two bare CSR arrays). A one-type graph is the case of one node type and one
+relation. ``sample(seeds, iteration)`` takes its seeds in one of two forms and returns one :class:`Hop` per
+fanout, innermost (the seeds') first:
 
-The sampler is one op, ``torch.ops.lsm_gnn.sample_hops`` (:mod:`lsm_gnn.kernels.ops`): the C++ core
-for CPU seeds, the Triton kernel for CUDA seeds (``device="cuda"``, or seeds given as a CUDA tensor),
-drawing the same hops. The Triton kernel is checked against the C++ core on CPU tensors under Triton's
-interpreter (``kernels=triton``); it has not run on a GPU yet (``docs/gpu.md``).
+* ids (a list, array or tensor): plain hops (``nodes`` a tensor, ``num_dst`` an int, ``edge_index`` one
+  [2, E] tensor), all drawn by one call of the op. Only a one-type graph takes seeds this way.
+* ``{type: ids}`` or a ``(type, ids)`` pair: typed hops (``nodes`` and ``num_dst`` per node type,
+  ``edge_index`` per relation); each relation draws by one call of the op per hop, with random streams of
+  its own (:func:`_draw_seed`).
+
+Either form is deterministic in (seed, iteration, seeds): a window buffer can sample batch t + 256 now and
+the trainer gets the very same batch at iteration t + 256.
+
+The op is ``torch.ops.lsm_gnn.sample_hops`` (:mod:`lsm_gnn.kernels.ops`): the C++ core for CPU seeds, the
+Triton kernel for CUDA seeds (``device="cuda"``, or seeds given as a CUDA tensor), drawing the same hops.
+The Triton kernel is checked against the C++ core on CPU tensors under Triton's interpreter
+(``kernels=triton``); it has not run on a GPU yet (``docs/gpu.md``).
+
+Typed hops feed PyG's ``HeteroConv``, one layer per hop, outermost hop first; each layer ends at the
+previous hop's nodes, the last one at the seeds::
+
+    hops = sampler.sample({"paper": batch}, iteration)
+    x_dict = {t: features[t][hops[-1].nodes[t]] for t in hops[-1].nodes}
+    for conv, hop in zip(convs, reversed(hops)):       # convs: HeteroConv({rel: SAGEConv((-1, -1), d)})
+        out = conv(x_dict, hop.edge_index)
+        x_dict = {t: y[:hop.num_dst[t]] for t, y in out.items()}
+    logits = x_dict["paper"]                           # one row per seed
+
+HeteroConv outputs only the types that some relation points to, so a type that is a source must also be
+a destination (give the graph reverse relations, as PyG's ``ToUndirected`` does).
 """
 from __future__ import annotations
 
+import hashlib
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
+from lsm_gnn.data.dataset import ONE_RELATION, ONE_TYPE, Relation, relation_key
 from lsm_gnn.data.format import source_file, topology_error
-from lsm_gnn.ids import as_id_tensor
+from lsm_gnn.hashing import mix64
+from lsm_gnn.ids import as_id_tensor, first_occurrence_labels
+from lsm_gnn.kernels.ops import hops_of  # importing it registers torch.ops.lsm_gnn
+
+_MASK64 = (1 << 64) - 1
 
 
 @dataclass
 class Hop:
-    """One hop (a DGL-style block): ``nodes[:num_dst]`` are its destination
-    nodes; ``edge_index[0]`` indexes ``nodes`` (sources), ``edge_index[1]``
-    indexes ``nodes[:num_dst]`` (destinations); messages flow 0 -> 1 as in PyG."""
+    """One hop (a DGL-style block), plain or typed.
 
-    nodes: torch.Tensor
-    num_dst: int
-    edge_index: torch.Tensor
+    Plain (seeds given as ids): ``nodes[:num_dst]`` are its destination nodes (the previous hop's nodes, the
+    seeds for hop 0); ``edge_index[0]`` indexes ``nodes`` (sources), ``edge_index[1]`` indexes
+    ``nodes[:num_dst]`` (destinations); messages flow 0 -> 1 as in PyG.
+
+    Typed (seeds given as {type: ids}): the same per node type and relation. ``nodes[t]``: every node of type
+    t in this hop; its first ``num_dst[t]`` are the destinations; a type not reached has an empty tensor.
+    ``edge_index[r]`` ([2, E] for every relation r = (s, name, d)): row 0 indexes ``nodes[s]``, row 1
+    indexes ``nodes[d][:num_dst[d]]``, as in PyG's ``edge_index_dict``.
+    """
+
+    nodes: torch.Tensor | dict[str, torch.Tensor]
+    num_dst: int | dict[str, int]
+    edge_index: torch.Tensor | dict[Relation, torch.Tensor]
 
     @property
-    def num_src(self) -> int:
+    def is_typed(self) -> bool:
+        """Whether the fields are dicts per node type and relation."""
+        return isinstance(self.nodes, dict)
+
+    @property
+    def num_src(self) -> int | dict[str, int]:
+        if self.is_typed:
+            return {t: int(ids.numel()) for t, ids in self.nodes.items()}
         return int(self.nodes.numel())
+
+    @property
+    def dst_nodes(self) -> torch.Tensor | dict[str, torch.Tensor]:
+        if self.is_typed:
+            return {t: ids[:self.num_dst[t]] for t, ids in self.nodes.items()}
+        return self.nodes[:self.num_dst]
+
+    @property
+    def num_edges(self) -> int | dict[Relation, int]:
+        if self.is_typed:
+            return {r: int(e.shape[1]) for r, e in self.edge_index.items()}
+        return int(self.edge_index.shape[1])
+
+
+class Graph(Protocol):
+    """What the sampler reads from a graph (a :class:`~lsm_gnn.data.Dataset` is one); node ids are local to
+    their type."""
+
+    node_types: list[str]
+    relations: list[Relation]
+
+    def num_nodes_of(self, node_type: str) -> int:
+        """The node count of one type."""
+
+    def csr(self, relation: Relation) -> tuple[np.ndarray, np.ndarray]:
+        """(indptr int64 of num_nodes_of(dst) + 1 entries, int32 or int64 indices of src-type ids): row v lists
+        the src-type nodes that dst-type node v aggregates from (messages flow src -> dst)."""
+
+
+class CSRGraph:
+    """Two CSR arrays as a :class:`Graph` of one node type and one relation (:data:`~lsm_gnn.data.dataset.
+    ONE_TYPE`, :data:`~lsm_gnn.data.dataset.ONE_RELATION`, as a schema-1 dataset): a topology to sample that
+    is not in a dataset directory. The node count is the rows of ``indptr``."""
+
+    def __init__(self, indptr, indices):
+        self.indptr, self.indices = indptr, indices
+        self.node_types, self.relations = [ONE_TYPE], [ONE_RELATION]
+
+    def num_nodes_of(self, node_type: str = ONE_TYPE) -> int:
+        return len(self.indptr) - 1
+
+    def csr(self, relation: Relation = ONE_RELATION) -> tuple[np.ndarray, np.ndarray]:
+        return self.indptr, self.indices
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
@@ -125,50 +215,248 @@ class _SamplingCSR:
         return self._on_device[device]
 
 
+def _draw_seed(seed: int, relation: Relation, hop: int) -> int:
+    """The sample_hops seed of one relation at one hop of typed sampling: keyed by the relation's name (not its
+    position, so adding a relation to a graph leaves the others' draws alone), mixed so that no two relations
+    or hops share random streams. As a signed int64, the op's type."""
+    name_key = int.from_bytes(hashlib.blake2b(relation_key(relation).encode(), digest_size=8).digest(), "little")
+    return _signed64(mix64(mix64(seed ^ name_key) + hop))
+
+
+def _relation_fanouts(fanouts, relations: list[Relation]) -> dict[Relation, list[int]]:
+    """Per relation, its fanout per hop, from one list for all or a dict {relation or its name: list}."""
+    if not isinstance(fanouts, Mapping):
+        return {r: _fanout_list(fanouts, "fanouts") for r in relations}
+    by_name = {relation_key(r): r for r in relations}
+    chosen: dict[Relation, list[int]] = {}
+    for key, value in fanouts.items():
+        relation = by_name.get(key) if isinstance(key, str) else (key if key in relations else None)
+        if relation is None:
+            raise ValueError(f"fanouts name the relation {key!r}, which the graph does not have; its relations: "
+                             f"{', '.join(by_name)}")
+        if relation in chosen:
+            raise ValueError(f"fanouts give the relation {relation_key(relation)} twice (as a tuple and a string)")
+        chosen[relation] = _fanout_list(value, f"fanouts of {relation_key(relation)}")
+    missing = [relation_key(r) for r in relations if r not in chosen]
+    if missing:
+        raise ValueError(f"fanouts must give every relation; missing: {', '.join(missing)}")
+    first = relations[0]
+    for r in relations:
+        if len(chosen[r]) != len(chosen[first]):
+            raise ValueError(f"every relation needs as many fanouts (hops) as the others: {relation_key(r)} has "
+                             f"{len(chosen[r])}, {relation_key(first)} has {len(chosen[first])}")
+    return {r: chosen[r] for r in relations}
+
+
+def _fanout_list(value, what: str) -> list[int]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"{what} must be a list of ints (one per hop), got {value!r}")
+    ks = [int(k) for k in value]
+    if not ks or any(k < -1 for k in ks):
+        raise ValueError(f"{what} must be a non-empty list of ints >= 0 (or -1 for all), got {list(value)}")
+    return ks
+
+
+def _typed_seeds(seeds) -> bool:
+    """Whether ``seeds`` are given per node type: a mapping, or a (type, ids) pair."""
+    return isinstance(seeds, Mapping) or (isinstance(seeds, tuple) and len(seeds) == 2 and isinstance(seeds[0], str))
+
+
 class NeighborSampler:
-    """Samples hops outward from seed nodes over a dataset's CSR topology.
+    """Samples hops outward from seed nodes of a :class:`Graph`.
 
-    ``fanouts[h]`` neighbors per node at hop h (-1: all). Hop 0 samples the
-    seeds' neighbors; each later hop samples for every node reached so far.
+    ``fanouts``: per hop h, ``fanouts[h]`` (-1: all) distinct neighbors of each node reached so far; one list
+    for every relation, or a dict giving each relation its list (keys: the relation tuple or its
+    ``"src__name__dst"`` name; all lists the same length). Hop 0 samples the seeds' neighbors; each later
+    hop samples for every node reached so far. In typed hops, at hop h every relation r = (s, name, d)
+    draws ``fanouts[r][h]`` neighbors of each node of type d from r's CSR, and a type's nodes at hop h are
+    its nodes of hop h - 1 followed by its newly reached ones, in relation order, then edge order. The op
+    bounds each relation's neighbor ids by its src type's node count.
 
-    ``device``: None samples where the seeds are (CUDA seeds: on their GPU;
-    anything else: on the CPU); "cpu" or "cuda[:i]" forces one. The GPU path
-    copies the CSR to the device on first use (the topology must fit in GPU
-    memory) and runs the Triton kernels.
+    ``device``: None samples where the seeds are (CUDA seeds: on their GPU; anything else: on the CPU);
+    "cpu" or "cuda[:i]" forces one. The GPU path copies each relation's CSR to the device on first use (the
+    topology must fit in GPU memory) and runs the Triton kernels.
 
-    ``topology_access``: ``"random"`` (default) stops the kernel's read-around on the memory-mapped CSR,
+    ``topology_access``: ``"random"`` (default) stops the kernel's read-around on the memory-mapped CSRs,
     which pays when the topology does not fit in memory; ``"normal"`` keeps it (a cold first pass over
     a topology that fits warms up faster with it). See :func:`advise_mapped`.
+
+    ``num_nodes`` is an int for a graph of one node type (else a dict per type); ``fanouts`` is the list for
+    a graph of one relation (else a dict per relation), and ``indptr``, ``indices`` are that relation's.
     """
 
-    def __init__(self, dataset, fanouts, seed: int = 0, num_threads: int = 0, device=None,
+    def __init__(self, graph: Graph, fanouts, seed: int = 0, num_threads: int = 0, device=None,
                  topology_access: str = "random"):
-        self.fanouts = [int(k) for k in fanouts]
-        if not self.fanouts or any(k < -1 for k in self.fanouts):
-            raise ValueError(f"fanouts must be a non-empty list of ints >= 0 (or -1 for all), got {fanouts}")
-        self.seed = int(seed) & ((1 << 64) - 1)
+        self.node_types = [str(t) for t in graph.node_types]
+        self.relations: list[Relation] = [tuple(r) for r in graph.relations]
+        if len(set(self.node_types)) != len(self.node_types) or len(set(self.relations)) != len(self.relations):
+            raise ValueError("the graph lists a node type or a relation twice")
+        if not self.relations:
+            raise ValueError("the graph has no relations to sample")
+        for r in self.relations:
+            if len(r) != 3 or r[0] not in self.node_types or r[2] not in self.node_types:
+                raise ValueError(f"relation {r!r} must be (src_type, name, dst_type) with types among "
+                                 f"{self.node_types}")
+        self._num_nodes = {t: int(graph.num_nodes_of(t)) for t in self.node_types}
+        self._fanouts = _relation_fanouts(fanouts, self.relations)
+        self.num_hops = len(self._fanouts[self.relations[0]])
+        self.seed = int(seed) & _MASK64
         self.num_threads = num_threads
-        self._csr = _SamplingCSR(dataset.indptr, dataset.indices, topology_access)
-        self.indptr, self.indices = self._csr.indptr, self._csr.indices
-        self.num_nodes = self._csr.num_rows
         self.device = _sampler_device(device)
+        self._draw_seeds = {r: [_draw_seed(self.seed, r, h) for h in range(self.num_hops)] for r in self.relations}
+        self._csr = {r: self._relation_csr(graph, r, topology_access) for r in self.relations}
+
+    @property
+    def is_homogeneous(self) -> bool:
+        """One node type and one relation: the graph takes seeds as plain ids too."""
+        return len(self.node_types) == 1 and len(self.relations) == 1
+
+    @property
+    def num_nodes(self) -> int | dict[str, int]:
+        """The node count: an int for a graph of one node type, else per type."""
+        return self._num_nodes[self.node_types[0]] if len(self.node_types) == 1 else dict(self._num_nodes)
+
+    @property
+    def fanouts(self) -> list[int] | dict[Relation, list[int]]:
+        """The fanout per hop: the list for a graph of one relation, else per relation."""
+        return self._fanouts[self.relations[0]] if len(self.relations) == 1 else self._fanouts
+
+    @property
+    def indptr(self) -> torch.Tensor:
+        return self._only_csr().indptr
+
+    @property
+    def indices(self) -> torch.Tensor:
+        return self._only_csr().indices
+
+    def _only_csr(self) -> _SamplingCSR:
+        if len(self.relations) != 1:
+            raise AttributeError(f"the graph has {len(self.relations)} relations, so no one indptr and indices; "
+                                 "each relation's CSR is in _csr")
+        return self._csr[self.relations[0]]
+
+    def _relation_csr(self, graph: Graph, relation: Relation, access: str) -> _SamplingCSR:
+        src_type, _, dst_type = relation
+        indptr, indices = graph.csr(relation)
+        csr = _SamplingCSR(indptr, indices, access)
+        if csr.num_rows != self._num_nodes[dst_type]:
+            raise self._corrupt(relation, csr, f"indptr has {csr.num_rows + 1} entries, but {dst_type!r} has "
+                                               f"{self._num_nodes[dst_type]} nodes (expected one more entry)", "indptr")
+        return csr
+
+    @staticmethod
+    def _corrupt(relation: Relation, csr: _SamplingCSR, message: str, array: str):
+        """The DatasetError for a CSR fault in typed sampling, naming the relation (and its file)."""
+        from lsm_gnn import _C
+
+        fault = _C.CorruptGraphError(f"relation {relation_key(relation)}: {message}", array)
+        return topology_error(fault, *csr.files)
 
     def sample(self, seeds, iteration: int = 0) -> list[Hop]:
-        """The hops for one mini-batch of distinct seed nodes, on the sampling device."""
-        from lsm_gnn import _C
-        from lsm_gnn.kernels.ops import hops_of
+        """The hops of one mini-batch, on the sampling device. ``seeds``: distinct ids (plain hops; a graph of
+        one node type and one relation only), or {type: distinct ids} or a (type, ids) pair (typed hops)."""
+        if _typed_seeds(seeds):
+            return self._sample_typed(self._seed_map(seeds), iteration)
+        return self._sample_plain(seeds, iteration)
 
+    def input_nodes(self, seeds, iteration: int = 0) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Every node whose features the batch needs (the last hop's nodes; per type for typed seeds)."""
+        return self.sample(seeds, iteration)[-1].nodes
+
+    def _sample_plain(self, seeds, iteration: int) -> list[Hop]:
+        """Every hop by one call of the op, with the sampler's own seed."""
+        from lsm_gnn import _C
+
+        if not self.is_homogeneous:
+            raise ValueError(f"seeds as plain ids need a graph of one node type and one relation; this one has "
+                             f"{len(self.node_types)} node types ({', '.join(self.node_types)}) and "
+                             f"{len(self.relations)} relations: pass seeds as {{node type: ids}} or a "
+                             "(node type, ids) pair")
+        relation = self.relations[0]
+        csr = self._csr[relation]
         device = _batch_device(self.device, seeds)
-        indptr, indices = self._csr.on(device)
+        indptr, indices = csr.on(device)
         seeds = as_id_tensor(seeds, device)
         try:
-            flat = torch.ops.lsm_gnn.sample_hops(indptr, indices, seeds, self.fanouts, _signed64(self.seed),
-                                                 int(iteration), self.num_threads)
+            flat = torch.ops.lsm_gnn.sample_hops(indptr, indices, seeds, self._fanouts[relation],
+                                                 _signed64(self.seed), int(iteration), self.num_threads)
         except _C.CorruptGraphError as exc:
-            raise topology_error(exc, *self._csr.files) from None
+            raise topology_error(exc, *csr.files) from None
         return [Hop(nodes, num_dst, torch.stack([src, dst])) for nodes, num_dst, src, dst in
                 hops_of(flat, seeds.numel())]
 
-    def input_nodes(self, seeds, iteration: int = 0) -> torch.Tensor:
-        """Every node whose features the batch needs (the last hop's nodes)."""
-        return self.sample(seeds, iteration)[-1].nodes
+    def _sample_typed(self, seeds: dict, iteration: int) -> list[Hop]:
+        """Per hop, one call of the op per relation, each with its own random streams."""
+        from lsm_gnn import _C
+
+        device = _batch_device(self.device, *seeds.values())
+        frontier = self._seed_nodes(seeds, device)
+        no_ids = torch.empty(0, dtype=torch.int64, device=device)
+        hops = []
+        for h in range(self.num_hops):
+            drawn = {}  # relation -> (neighbor ids of its src type, dst index into frontier[dst type])
+            for r in self.relations:
+                dst_nodes, fanout = frontier[r[2]], self._fanouts[r][h]
+                if dst_nodes.numel() == 0 or fanout == 0:
+                    drawn[r] = (no_ids, no_ids)
+                    continue
+                csr = self._csr[r]
+                indptr, indices = csr.on(device)
+                try:
+                    nodes, src, dst = torch.ops.lsm_gnn.sample_hops(indptr, indices, dst_nodes, [fanout],
+                                                                    self._draw_seeds[r][h], int(iteration),
+                                                                    self.num_threads, self._num_nodes[r[0]])
+                except _C.CorruptGraphError as exc:
+                    raise self._corrupt(r, csr, *exc.args) from None
+                # The op merges neighbors with the seeds numerically, which is wrong across types:
+                # nodes[src] is each edge's neighbor id, exact either way.
+                neighbors = nodes.index_select(0, src)  # not nodes[src]: 10x slower on the CPU
+                drawn[r] = (neighbors, dst)
+            num_dst = {t: int(ids.numel()) for t, ids in frontier.items()}
+            frontier, edge_index = self._merge(frontier, drawn)
+            hops.append(Hop(frontier, num_dst, edge_index))
+        return hops
+
+    def _seed_map(self, seeds) -> dict:
+        if isinstance(seeds, tuple):
+            seeds = {seeds[0]: seeds[1]}
+        unknown = [t for t in seeds if t not in self._num_nodes]
+        if unknown:
+            raise ValueError(f"seeds of node type {unknown[0]!r}, which the graph does not have; its types: "
+                             f"{', '.join(self.node_types)}")
+        return dict(seeds)
+
+    def _seed_nodes(self, seeds: dict, device: torch.device) -> dict[str, torch.Tensor]:
+        """Per type, its seeds as an int64 tensor on ``device`` (empty for types without), checked."""
+        nodes = {}
+        for t in self.node_types:
+            ids = as_id_tensor(seeds.get(t, []), device)
+            outside = (ids < 0) | (ids >= self._num_nodes[t])
+            if bool(outside.any()):
+                i = int(torch.nonzero(outside)[0])
+                raise IndexError(f"seed node {int(ids[i])} of type {t!r} at position {i} is outside "
+                                 f"[0, {self._num_nodes[t]})")
+            ordered = torch.sort(ids).values
+            repeated = ordered[1:] == ordered[:-1]
+            if bool(repeated.any()):
+                raise ValueError(f"seed node {int(ordered[1:][repeated][0])} of type {t!r} appears twice in the "
+                                 "batch; seeds must be distinct")
+            nodes[t] = ids
+        return nodes
+
+    def _merge(self, frontier: dict[str, torch.Tensor], drawn: dict[Relation, tuple[torch.Tensor, torch.Tensor]]
+               ) -> tuple[dict[str, torch.Tensor], dict[Relation, torch.Tensor]]:
+        """Each type's nodes (its previous ones, then the new ones by first occurrence) and each relation's
+        edges in local ids."""
+        nodes, edge_index = {}, {}
+        for t in self.node_types:
+            outgoing = [r for r in self.relations if r[0] == t]
+            reached = [drawn[r][0] for r in outgoing]
+            if sum(ids.numel() for ids in reached) == 0:
+                nodes[t], labels = frontier[t], frontier[t][:0]
+            else:
+                nodes[t], labels = first_occurrence_labels(torch.cat([frontier[t], *reached]))
+                labels = labels[frontier[t].numel():]
+            for r, src in zip(outgoing, torch.split(labels, [ids.numel() for ids in reached])):
+                edge_index[r] = torch.stack([src, drawn[r][1]])
+        return nodes, {r: edge_index[r] for r in self.relations}
