@@ -41,7 +41,7 @@ from lsm_gnn.build import feature_groups
 from lsm_gnn.cache import SoftwareCache, belady_min, cache_geometry, replay
 from lsm_gnn.data.dataset import type_offsets
 from lsm_gnn.sampling import NeighborSampler
-from lsm_gnn.typed_features import FeatureGroup
+from lsm_gnn.features import FeatureGroup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_JSON = "docs/results/hetero.json"
