@@ -194,10 +194,7 @@ class Dataset:
     def split(self, name: str, node_type: str | None = None) -> np.ndarray:
         """Node ids (of ``node_type``, default the target) of split ``name`` (train, val or test)."""
         t = self._type_name(node_type)
-        splits = self.types[t].entry.get("splits") or {}
-        if name not in splits:
-            raise KeyError(f"{self._where(t)} has no '{name}' split; it has: {sorted(splits) or 'none'}")
-        return self._array(splits[name])
+        return self._named_array(self.types[t].entry.get("splits") or {}, name, "split", self._where(t))
 
     def score_names(self, node_type: str | None = None) -> list[str]:
         return sorted(self.node_type(node_type).entry.get("scores") or {})
@@ -205,11 +202,15 @@ class Dataset:
     def score(self, name: str, node_type: str | None = None) -> np.ndarray:
         """Static per-node score ``name`` (e.g. ``reverse_pagerank``, ``degree``) of a node type."""
         t = self._type_name(node_type)
-        scores = self.types[t].entry.get("scores") or {}
-        if name not in scores:
-            raise KeyError(f"{self._where(t)} has no '{name}' score; it has: {sorted(scores) or 'none'}. "
-                           "Compute it with 'lsm-gnn prepare scores <dataset>'")
-        return self._array(scores[name])
+        return self._named_array(self.types[t].entry.get("scores") or {}, name, "score", self._where(t),
+                                 "Compute it with 'lsm-gnn prepare scores <dataset>'")
+
+    def _named_array(self, entries: dict, name: str, what: str, where: str, how: str | None = None) -> np.ndarray:
+        """The array of entry ``name``; a KeyError naming the entries there are (and ``how`` to add one) if absent."""
+        if name not in entries:
+            raise KeyError(f"{where} has no '{name}' {what}; it has: {sorted(entries) or 'none'}"
+                           + (f". {how}" if how else ""))
+        return self._array(entries[name])
 
     def _where(self, node_type: str) -> str:
         return f"dataset {self.path}" if len(self.types) == 1 else f"node type '{node_type}' of {self.path}"
@@ -281,12 +282,9 @@ class Dataset:
 
     def edge_split(self, name: str) -> np.ndarray:
         """Held-out node pairs of split ``name`` (val or test): int64, shape ``(E, 2)``, not in the CSR."""
-        edge_splits = self.meta.get("edge_splits", {})
-        if name not in edge_splits:
-            raise KeyError(f"dataset {self.path} has no '{name}' edge split; it has: {sorted(edge_splits) or 'none'}. "
-                           "Generate a user-item dataset with lsm_gnn.data.bipartite.generate_bipartite, or write "
-                           "held-out pairs with DatasetWriter.write_edge_split")
-        return self._array(edge_splits[name])
+        return self._named_array(self.meta.get("edge_splits", {}), name, "edge split", f"dataset {self.path}",
+                                 "Generate a user-item dataset with lsm_gnn.data.bipartite.generate_bipartite, or "
+                                 "write held-out pairs with DatasetWriter.write_edge_split")
 
 
 __all__ = ["ONE_RELATION", "ONE_TYPE", "Dataset", "NodeType", "Relation", "parse_relation", "relation_key",

@@ -35,7 +35,7 @@ repeats and split) plus a dictionary of the distinct ids.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -246,7 +246,39 @@ def from_interactions(path, interactions, *, format: str | None = None, user_col
     if not os.path.isfile(file_path):
         raise FileNotFoundError(f"interactions: no such file {file_path}")
     fmt = file_format(file_path, format)
-    split = split or ("column" if split_col is not None else "user-random")
+    opts = _check_splitting(split or ("column" if split_col is not None else "user-random"), time_col, split_col,
+                            duplicates, val_fraction, test_fraction, min_user_interactions, seed)
+    scores = check_score_names(scores)
+    sources = {side: _feature_source(f, side) for side, f in (("users", user_features), ("items", item_features))}
+    spaces = _id_spaces(sources, {"users": user_feature_ids, "items": item_feature_ids})
+    feature_info = _feature_layout(sources, feature_dim, feature_dtype)  # checked before the file is read
+    columns = {"user": user_col, "item": item_col}
+    columns.update((role, col) for role, col in (("time", time_col), ("split", split_col)) if col is not None)
+    info, arrays = read_interactions(file_path, fmt, columns, header, delimiter, spaces, progress)
+    pairs = _split_interactions(file_path, info, arrays, spaces, opts)
+    del arrays  # the file's columns: only the distinct pairs are written
+    meta = _conversion_meta(file_path, fmt, info, opts, pairs, sources)
+    with DatasetWriter(path, num_nodes=pairs.num_users + pairs.num_items, feature_dim=feature_info["dim"],
+                       feature_dtype=feature_info["dtype"].name, name=name, overwrite=overwrite, extra_meta=meta,
+                       scores=scores) as writer:
+        _write_features(writer, sources, feature_info, (pairs.num_users, pairs.num_items), seed, progress)
+        _write_interactions(writer, pairs, keep_repeats=duplicates == "keep")
+        return writer.commit()
+
+
+class _Splitting(NamedTuple):
+    """How :func:`from_interactions` splits pairs and treats repeats, in the order ``meta.json`` lists them."""
+    split: str
+    val_fraction: float
+    test_fraction: float
+    min_user_interactions: int
+    seed: Any
+    duplicates: str
+
+
+def _check_splitting(split: str, time_col: Any, split_col: Any, duplicates: str, val_fraction: float,
+                     test_fraction: float, min_user_interactions: int, seed: Any) -> _Splitting:
+    """The split options, checked: a known mode with the column it needs, fractions that hold out test pairs."""
     if split not in SPLIT_MODES:
         raise ValueError(f"split={split!r} is not one of {', '.join(SPLIT_MODES)}")
     if split == "temporal" and time_col is None:
@@ -260,83 +292,113 @@ def from_interactions(path, interactions, *, format: str | None = None, user_col
     if split != "column" and (test_fraction == 0 or val_fraction + test_fraction >= 1):
         raise ValueError(f"test_fraction must be > 0 and val_fraction + test_fraction < 1, got {val_fraction}, "
                          f"{test_fraction}")
-    scores = check_score_names(scores)
-    sources = {side: _feature_source(f, side) for side, f in (("users", user_features), ("items", item_features))}
-    given_ids = {"users": user_feature_ids, "items": item_feature_ids}
+    return _Splitting(split, val_fraction, test_fraction, min_user_interactions, seed, duplicates)
+
+
+def _id_spaces(sources: dict, given_ids: dict) -> dict[str, _IdSpace]:
+    """Each side's id space: its feature file's rows (named by ``given_ids`` where given), else the ids read."""
     spaces = {}
     for side, (array, label) in sources.items():
         rows = None if array is None else int(array.shape[0])
         spaces[side] = _IdSpace(side, rows, label, _feature_row_ids(given_ids[side], side, rows))
-    feature_info = _feature_layout(sources, feature_dim, feature_dtype)  # checked before the file is read
-    columns = {"user": user_col, "item": item_col}
-    if time_col is not None:
-        columns["time"] = time_col
-    if split_col is not None:
-        columns["split"] = split_col
-    info, arrays = read_interactions(file_path, fmt, columns, header, delimiter, spaces, progress)
-    num_users, user_ids, user_remap = spaces["users"].finish()
-    num_items, item_ids, item_remap = spaces["items"].finish()
-    users = arrays["user"] if user_remap is None else user_remap[arrays["user"]]
-    items = arrays["item"] if item_remap is None else item_remap[arrays["item"]]
-    times, lines = arrays.get("time"), arrays["line"]
+    return spaces
 
-    representative, multiplicity = _earliest_of_each_pair(users * num_items + items, times, lines)
+
+class _Interactions(NamedTuple):
+    """The distinct (user, item) pairs of a file, in dense ids (items from 0), and the part each went to."""
+    num_users: int
+    num_items: int
+    user_ids: np.ndarray  # raw ids in node order
+    item_ids: np.ndarray
+    users: np.ndarray  # of each distinct pair, in file order
+    items: np.ndarray
+    counts: np.ndarray  # how many rows hold each pair
+    part: np.ndarray  # _TRAIN, _VAL or _TEST of each pair
+    held: dict[str, int]  # pairs in val and test
+    repeats: int  # rows that repeat an earlier pair
+
+
+def _split_interactions(file_path: str, info: dict, arrays: dict, spaces: dict, opts: _Splitting) -> _Interactions:
+    """The file's rows as dense ids, one per distinct pair (the earliest decides), each given its part."""
+    (num_users, user_ids, users), (num_items, item_ids, items) = _dense_ids(arrays, spaces)
+    lines = arrays["line"]
+    representative, counts = _earliest_of_each_pair(users * num_items + items, arrays.get("time"), lines)
     repeats = users.size - representative.size
-    if repeats and duplicates == "error":
-        row = representative[np.flatnonzero(multiplicity > 1)[0]]  # the first repeated pair in the file
+    if repeats and opts.duplicates == "error":
+        row = representative[np.flatnonzero(counts > 1)[0]]  # the first repeated pair in the file
         same = np.flatnonzero((users == users[row]) & (items == items[row]))
         shown = ", ".join(str(n) for n in np.sort(lines[same])[:5])
         user, item = show(user_ids[users[row]]), show(item_ids[items[row]])
         raise ValueError(f"{file_path}: user {user} and item {item} interact more than once ({info['unit']}s {shown}); "
                          f"{repeats:,} rows repeat a pair. Pass duplicates='drop' or 'keep' (CLI: --duplicates)")
-    r_users, r_items = users[representative], items[representative]
-    if split == "column":
+    r_users = users[representative]
+    if opts.split == "column":
         part = arrays["split"][representative]
     else:
-        rng = np.random.default_rng(seed)
-        key = times[representative] if split == "temporal" else rng.random(representative.size)
-        part = per_user_split(r_users, key, num_users, val_fraction, test_fraction, min_user_interactions)
-    del arrays, users, items
-    held = {name_: int((part == code).sum()) for name_, code in (("val", _VAL), ("test", _TEST))}
+        key = (arrays["time"][representative] if opts.split == "temporal"
+               else np.random.default_rng(opts.seed).random(representative.size))
+        part = per_user_split(r_users, key, num_users, opts.val_fraction, opts.test_fraction,
+                              opts.min_user_interactions)
+    return _Interactions(num_users, num_items, user_ids, item_ids, r_users, items[representative], counts, part,
+                         _held_out(part, file_path, opts), repeats)
+
+
+def _dense_ids(arrays: dict, spaces: dict) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """Per side (users, items): its node count, raw ids in node order and each row's dense id."""
+    sides = []
+    for side, column in (("users", "user"), ("items", "item")):
+        count, raw_ids, remap = spaces[side].finish()
+        sides.append((count, raw_ids, arrays[column] if remap is None else remap[arrays[column]]))
+    return sides
+
+
+def _held_out(part: np.ndarray, file_path: str, opts: _Splitting) -> dict[str, int]:
+    """Pairs in val and test; refuses an empty test, or an empty val that ``val_fraction`` asked for."""
+    held = {name: int((part == code).sum()) for name, code in (("val", _VAL), ("test", _TEST))}
     if held["test"] == 0:
         raise ValueError(f"{file_path}: no interaction went to test"
-                         + (" (the split column names none)" if split == "column" else
-                            f": no user has {max(min_user_interactions, 2)} or more interactions; lower "
+                         + (" (the split column names none)" if opts.split == "column" else
+                            f": no user has {max(opts.min_user_interactions, 2)} or more interactions; lower "
                             "min_user_interactions (CLI: --min-user-interactions)"))
-    if split != "column" and val_fraction > 0 and held["val"] == 0:
-        raise ValueError(f"{file_path}: val_fraction={val_fraction} held out no interaction (every user's "
+    if opts.split != "column" and opts.val_fraction > 0 and held["val"] == 0:
+        raise ValueError(f"{file_path}: val_fraction={opts.val_fraction} held out no interaction (every user's "
                          "round(val_fraction x n) is 0); raise it, or pass val_fraction=0 and train with "
                          "train.eval_splits=[test]")
+    return held
 
-    meta = {"converted": {
+
+def _conversion_meta(file_path: str, fmt: str, info: dict, opts: _Splitting, pairs: _Interactions,
+                     sources: dict) -> dict:
+    """What ``meta.json`` records of the conversion: the file, how it was read and split, and the id maps."""
+    converted = {
         "from": "interactions", "file": os.path.abspath(file_path), "format": fmt, "header": info["header"],
         "columns": {role: (c if isinstance(c, str) else int(c)) for role, c in info["columns"].items()},
-        "split": split, "val_fraction": val_fraction, "test_fraction": test_fraction,
-        "min_user_interactions": int(min_user_interactions), "seed": int(seed), "duplicates": duplicates,
-        "repeated_rows": int(repeats), "interactions": int(representative.size),
+        **opts._asdict(), "min_user_interactions": int(opts.min_user_interactions), "seed": int(opts.seed),
+        "repeated_rows": int(pairs.repeats), "interactions": int(pairs.users.size),
         "features": {side: label or "random" for side, (_, label) in sources.items()},
-    }, "id_maps": dict(ID_FILES)}
+    }
     if "delimiter" in info:
-        meta["converted"]["delimiter"] = info["delimiter"]
-    with DatasetWriter(path, num_nodes=num_users + num_items, feature_dim=feature_info["dim"],
-                       feature_dtype=feature_info["dtype"].name, name=name, overwrite=overwrite, extra_meta=meta,
-                       scores=scores) as writer:
-        _write_features(writer, sources, feature_info, (num_users, num_items), seed, progress)
-        writer.set_bipartite(num_users, num_items)
-        train = part == _TRAIN
-        t_users, t_items = r_users[train], r_items[train]
-        if duplicates == "keep":
-            t_users, t_items = np.repeat(t_users, multiplicity[train]), np.repeat(t_items, multiplicity[train])
-        # An item -> user message and its reverse: a user's row lists its items, an item's row its users.
-        writer.write_edges([(t_items + num_users, t_users)], undirected=True, dedup=duplicates != "keep")
-        for split_name, code in (("val", _VAL), ("test", _TEST)):
-            if held[split_name]:
-                chosen = part == code
-                pairs = np.stack([r_users[chosen], r_items[chosen] + num_users], axis=1)
-                writer.write_edge_split(split_name, pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))])
-        save_npy(os.path.join(writer.tmp, ID_FILES["users"]), user_ids)
-        save_npy(os.path.join(writer.tmp, ID_FILES["items"]), item_ids)
-        return writer.commit()
+        converted["delimiter"] = info["delimiter"]
+    return {"converted": converted, "id_maps": dict(ID_FILES)}
+
+
+def _write_interactions(writer: DatasetWriter, pairs: _Interactions, keep_repeats: bool) -> None:
+    """The train pairs as edges both ways, val and test as sorted held-out pairs, and the id maps."""
+    num_users = pairs.num_users
+    writer.set_bipartite(num_users, pairs.num_items)
+    train = pairs.part == _TRAIN
+    t_users, t_items = pairs.users[train], pairs.items[train]
+    if keep_repeats:  # repeats become parallel training edges
+        t_users, t_items = np.repeat(t_users, pairs.counts[train]), np.repeat(t_items, pairs.counts[train])
+    # An item -> user message and its reverse: a user's row lists its items, an item's row its users.
+    writer.write_edges([(t_items + num_users, t_users)], undirected=True, dedup=not keep_repeats)
+    for split_name, code in (("val", _VAL), ("test", _TEST)):
+        if pairs.held[split_name]:
+            chosen = pairs.part == code
+            held = np.stack([pairs.users[chosen], pairs.items[chosen] + num_users], axis=1)
+            writer.write_edge_split(split_name, held[np.lexsort((held[:, 1], held[:, 0]))])
+    save_npy(os.path.join(writer.tmp, ID_FILES["users"]), pairs.user_ids)
+    save_npy(os.path.join(writer.tmp, ID_FILES["items"]), pairs.item_ids)
 
 
 def _earliest_of_each_pair(pair: np.ndarray, times: np.ndarray | None, lines: np.ndarray

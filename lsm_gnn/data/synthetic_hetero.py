@@ -42,6 +42,8 @@ the parameters, never on ``chunk_nodes`` or on the CSR builder's chunks.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from lsm_gnn.data.convert import check_split_fractions, random_split
@@ -178,6 +180,77 @@ def _per_key(given: dict | None, defaults: dict, what: str) -> dict:
     return {**defaults, **(given or {})}
 
 
+@dataclass(frozen=True)
+class _Parameters:
+    """The checked parameters of one generated dataset."""
+    num_nodes: dict[str, int]
+    dims: dict[str, int | None]
+    dtype: np.dtype
+    num_classes: int
+    seed: int
+    rmat: tuple[float, float, float, float]
+    split: tuple[float, float, float]
+    scores: tuple[str, ...]
+    homophily: float
+    affinity: dict[str, float]
+    separation: dict[str, float]
+    means: dict[str, float]  # mean draws per drawing node, by the keyword that sets them
+    citations_per_paper: float
+    popularity: float
+
+    @classmethod
+    def check(cls, *, num_papers, num_authors, num_institutes, num_fos, feature_dim, feature_dtype, num_classes, seed,
+              rmat, split, scores, homophily, affinity, class_separation, means, citations_per_paper,
+              popularity) -> _Parameters:
+        """:func:`generate_hetero_synthetic`'s arguments, checked (the first bad one raises), defaults filled in."""
+        num_papers = _positive_int(num_papers, "num_papers")
+        num_classes = _positive_int(num_classes, "num_classes")
+        if num_classes > MAX_CLASSES:
+            raise ValueError(f"num_classes must be at most {MAX_CLASSES}, got {num_classes}")
+        num_nodes = _node_counts(num_papers, num_authors, num_institutes, num_fos, num_classes)
+        dims, dtype = _feature_dims(feature_dim), check_feature_dtype(feature_dtype)
+        seed, rmat, split = check_seed(seed), check_rmat(rmat), check_split_fractions(split)
+        scores = check_score_names(scores)
+        check_probability(homophily, "homophily")
+        affinity = _per_key(affinity, DEFAULT_AFFINITY, "affinity")
+        for key, value in affinity.items():
+            check_probability(value, f"affinity of '{key}'")
+        separation = _per_key(class_separation, DEFAULT_SEPARATION, "class_separation")
+        if min(separation.values()) < 0:
+            raise ValueError(f"class_separation must be >= 0 for every type, got {separation}")
+        for key, value in means.items():
+            if not value >= 1:
+                raise ValueError(f"{key} must be >= 1 (every node draws at least one), got {value}")
+        if not citations_per_paper >= 0:
+            raise ValueError(f"citations_per_paper must be >= 0, got {citations_per_paper}")
+        if not popularity >= 0:
+            raise ValueError(f"popularity must be >= 0, got {popularity}")
+        return cls(num_nodes, dims, dtype, num_classes, seed, rmat, split, scores, homophily, affinity, separation,
+                   means, citations_per_paper, popularity)
+
+    @property
+    def num_citations(self) -> int:
+        """Citations generated (before self-loops and repeats are dropped)."""
+        return int(round(self.num_nodes["paper"] * self.citations_per_paper))
+
+    def record(self) -> dict:
+        """The ``generator`` entry of ``meta.json``."""
+        return {
+            "kind": "hetero-communities", "version": GENERATOR_VERSION, "num_nodes": self.num_nodes,
+            "feature_dim": self.dims, "feature_dtype": self.dtype.name, "num_classes": self.num_classes,
+            "seed": self.seed, "citations_per_paper": self.citations_per_paper,
+            "citations_generated": self.num_citations, **self.means, "homophily": self.homophily,
+            "affinity": self.affinity, "popularity": self.popularity, "class_separation": self.separation,
+            "feature_noise": 1.0, "rmat": list(self.rmat), "split": list(self.split),
+        }
+
+    def node_types(self) -> dict[str, dict]:
+        """The writer's node types: each one's count, and its feature width and dtype where it has features."""
+        return {t: {"num_nodes": self.num_nodes[t]} if self.dims[t] is None else
+                {"num_nodes": self.num_nodes[t], "feature_dim": self.dims[t], "feature_dtype": self.dtype.name}
+                for t in NODE_TYPES}
+
+
 def generate_hetero_synthetic(path, *, num_papers: int, num_authors: int | None = None,
                               num_institutes: int | None = None, num_fos: int | None = None,
                               feature_dim: int | dict = DEFAULT_FEATURE_DIM, feature_dtype: str = "float32",
@@ -209,82 +282,75 @@ def generate_hetero_synthetic(path, *, num_papers: int, num_authors: int | None 
     per write and does not change the output. ``overwrite`` replaces an
     lsm-gnn dataset at ``path``, never anything else.
     """
-    num_papers = _positive_int(num_papers, "num_papers")
-    num_classes = _positive_int(num_classes, "num_classes")
-    if num_classes > MAX_CLASSES:
-        raise ValueError(f"num_classes must be at most {MAX_CLASSES}, got {num_classes}")
-    num_nodes = _node_counts(num_papers, num_authors, num_institutes, num_fos, num_classes)
-    dims = _feature_dims(feature_dim)
-    dtype = check_feature_dtype(feature_dtype)
-    seed = check_seed(seed)
-    rmat = check_rmat(rmat)
-    split = check_split_fractions(split)
-    scores = check_score_names(scores)
-    check_probability(homophily, "homophily")
-    affinity = _per_key(affinity, DEFAULT_AFFINITY, "affinity")
-    for key, value in affinity.items():
-        check_probability(value, f"affinity of '{key}'")
-    separation = _per_key(class_separation, DEFAULT_SEPARATION, "class_separation")
-    if min(separation.values()) < 0:
-        raise ValueError(f"class_separation must be >= 0 for every type, got {separation}")
-    means = {"authors_per_paper": authors_per_paper, "topics_per_paper": topics_per_paper,
-             "institutes_per_author": institutes_per_author}
-    for key, value in means.items():
-        if not value >= 1:
-            raise ValueError(f"{key} must be >= 1 (every node draws at least one), got {value}")
-    if not citations_per_paper >= 0:
-        raise ValueError(f"citations_per_paper must be >= 0, got {citations_per_paper}")
-    if not popularity >= 0:
-        raise ValueError(f"popularity must be >= 0, got {popularity}")
-    num_citations = int(round(num_papers * citations_per_paper))
-    params = {
-        "kind": "hetero-communities", "version": GENERATOR_VERSION, "num_nodes": num_nodes, "feature_dim": dims,
-        "feature_dtype": dtype.name, "num_classes": num_classes, "seed": seed,
-        "citations_per_paper": citations_per_paper, "citations_generated": num_citations, **means,
-        "homophily": homophily, "affinity": affinity, "popularity": popularity, "class_separation": separation,
-        "feature_noise": 1.0, "rmat": list(rmat), "split": list(split),
-    }
-    classes = {t: _Classes(t, num_nodes[t], seed, num_classes) for t in NODE_TYPES}
-    node_types = {t: {"num_nodes": num_nodes[t]} if dims[t] is None else
-                  {"num_nodes": num_nodes[t], "feature_dim": dims[t], "feature_dtype": dtype.name}
-                  for t in NODE_TYPES}
-    with HeteroDatasetWriter(path, node_types=node_types, target="paper", name=name, overwrite=overwrite,
-                             extra_meta={"generator": params}) as writer:
-        for t in NODE_TYPES:
-            if dims[t] is None:
-                continue
-            centroids = class_centroids(seed, num_classes, dims[t], separation[t], stream=_type_stream(t, _CENTROIDS))
-            with _progress(progress, total=num_nodes[t], desc=f"{t} features", unit="node", unit_scale=True) as bar:
-                for rows in synthetic_feature_chunks(num_nodes[t], chunk_nodes, seed=seed, centroids=centroids,
-                                                     classes=classes[t], stream=_type_stream(t, _FEATURES)):
-                    writer.write_features(t, rows.astype(dtype, copy=False))
-                    bar.update(rows.shape[0])
-        with _progress(progress, total=num_citations, desc=relation_key(CITES), unit="edge", unit_scale=True) as bar:
-            edges = synthetic_edges(num_papers, num_citations, seed=seed, num_classes=num_classes,
-                                    homophily=homophily, rmat=rmat)
-            writer.write_edges(CITES, counted(edges, bar), self_loops=False)
-        for forward, reverse, drawing, drawn, mean_key in _DRAWN:
-            relation_name = forward[1]
-            with _progress(progress, desc=relation_key(forward), unit="edge", unit_scale=True) as bar:
-                edges = _drawn_edges(drawing, drawn, num_nodes, classes, seed=seed, name=relation_name,
-                                     mean_draws=means[mean_key], affinity=affinity[relation_name],
-                                     popularity=popularity)
-                if forward[0] == drawn:  # the drawn node sends: (drawn, drawing) is (src, dst)
-                    edges = ((drawn_ids, drawing_ids) for drawing_ids, drawn_ids in edges)
-                writer.write_edges(forward, counted(edges, bar))
-            _note(progress, f"{relation_key(reverse)}: the transpose of {relation_key(forward)}")
-            # The forward CSR has no repeats and is read in row order, so every reverse row comes out
-            # sorted and distinct: no dedup pass.
-            writer.write_edges(reverse, ((dst, src) for src, dst in csr_edge_chunks(*writer.csr(forward))),
-                               dedup=False)
-        writer.write_labels("paper", community_labels(num_papers, seed, num_classes), num_classes)
-        for split_name, ids in random_split(num_papers, split, seed=(seed, _STREAM_SPLIT)).items():
-            writer.write_split("paper", split_name, ids)
-        if scores:
-            _note(progress, f"computing scores on the union of {len(RELATIONS)} relations: {', '.join(scores)}")
-            writer.write_union_scores(scores)
+    p = _Parameters.check(num_papers=num_papers, num_authors=num_authors, num_institutes=num_institutes,
+                          num_fos=num_fos, feature_dim=feature_dim, feature_dtype=feature_dtype,
+                          num_classes=num_classes, seed=seed, rmat=rmat, split=split, scores=scores,
+                          homophily=homophily, affinity=affinity, class_separation=class_separation,
+                          means={"authors_per_paper": authors_per_paper, "topics_per_paper": topics_per_paper,
+                                 "institutes_per_author": institutes_per_author},
+                          citations_per_paper=citations_per_paper, popularity=popularity)
+    classes = {t: _Classes(t, p.num_nodes[t], p.seed, p.num_classes) for t in NODE_TYPES}
+    with HeteroDatasetWriter(path, node_types=p.node_types(), target="paper", name=name, overwrite=overwrite,
+                             extra_meta={"generator": p.record()}) as writer:
+        _write_type_features(writer, p, classes, chunk_nodes, progress)
+        _write_citations(writer, p, progress)
+        _write_drawn_relations(writer, p, classes, progress)
+        _write_paper_labels(writer, p)
+        if p.scores:
+            _note(progress, f"computing scores on the union of {len(RELATIONS)} relations: {', '.join(p.scores)}")
+            writer.write_union_scores(p.scores)
         _note(progress, "committing (checksums, fsync)")
         return writer.commit()
+
+
+def _write_type_features(writer: HeteroDatasetWriter, p: _Parameters, classes: dict[str, _Classes],
+                         chunk_nodes: int, progress: bool) -> None:
+    """Each featured type's rows, its class centroid plus unit noise, ``chunk_nodes`` rows per write."""
+    for t in NODE_TYPES:
+        if p.dims[t] is None:
+            continue
+        centroids = class_centroids(p.seed, p.num_classes, p.dims[t], p.separation[t],
+                                    stream=_type_stream(t, _CENTROIDS))
+        with _progress(progress, total=p.num_nodes[t], desc=f"{t} features", unit="node", unit_scale=True) as bar:
+            for rows in synthetic_feature_chunks(p.num_nodes[t], chunk_nodes, seed=p.seed, centroids=centroids,
+                                                 classes=classes[t], stream=_type_stream(t, _FEATURES)):
+                writer.write_features(t, rows.astype(p.dtype, copy=False))
+                bar.update(rows.shape[0])
+
+
+def _write_citations(writer: HeteroDatasetWriter, p: _Parameters, progress: bool) -> None:
+    """``paper cites paper``: the homogeneous generator's R-MAT graph, rewired by ``homophily``."""
+    with _progress(progress, total=p.num_citations, desc=relation_key(CITES), unit="edge", unit_scale=True) as bar:
+        edges = synthetic_edges(p.num_nodes["paper"], p.num_citations, seed=p.seed, num_classes=p.num_classes,
+                                homophily=p.homophily, rmat=p.rmat)
+        writer.write_edges(CITES, counted(edges, bar), self_loops=False)
+
+
+def _write_paper_labels(writer: HeteroDatasetWriter, p: _Parameters) -> None:
+    """The target's labels (each paper's class) and its train, val and test splits."""
+    num_papers = p.num_nodes["paper"]
+    writer.write_labels("paper", community_labels(num_papers, p.seed, p.num_classes), p.num_classes)
+    for split_name, ids in random_split(num_papers, p.split, seed=(p.seed, _STREAM_SPLIT)).items():
+        writer.write_split("paper", split_name, ids)
+
+
+def _write_drawn_relations(writer: HeteroDatasetWriter, p: _Parameters, classes: dict[str, _Classes],
+                           progress: bool) -> None:
+    """Each drawn relation (authors, affiliations, topics) and its reverse, the transpose of its CSR."""
+    for forward, reverse, drawing, drawn, mean_key in _DRAWN:
+        relation_name = forward[1]
+        with _progress(progress, desc=relation_key(forward), unit="edge", unit_scale=True) as bar:
+            edges = _drawn_edges(drawing, drawn, p.num_nodes, classes, seed=p.seed, name=relation_name,
+                                 mean_draws=p.means[mean_key], affinity=p.affinity[relation_name],
+                                 popularity=p.popularity)
+            if forward[0] == drawn:  # the drawn node sends: (drawn, drawing) is (src, dst)
+                edges = ((drawn_ids, drawing_ids) for drawing_ids, drawn_ids in edges)
+            writer.write_edges(forward, counted(edges, bar))
+        _note(progress, f"{relation_key(reverse)}: the transpose of {relation_key(forward)}")
+        # The forward CSR has no repeats and is read in row order, so every reverse row comes out
+        # sorted and distinct: no dedup pass.
+        writer.write_edges(reverse, ((dst, src) for src, dst in csr_edge_chunks(*writer.csr(forward))),
+                           dedup=False)
 
 
 __all__ = ["NODE_TYPES", "RELATIONS", "generate_hetero_synthetic"]

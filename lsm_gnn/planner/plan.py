@@ -88,13 +88,36 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
               recalibrate: bool = False, train_steps: int = 32, storage_seconds: float = 0.5,
               tolerance: float = 0.05, log=_log_to_stderr) -> dict:
     """The plan of ``cfg``'s run over every (policy, PVP, size); see the module docstring."""
-    from lsm_gnn.build import cache_over, resolve
-    from lsm_gnn.cache import CacheTooSmall
-    from lsm_gnn.sizing import config_fix
+    from lsm_gnn.build import resolve
     from lsm_gnn.data import open_dataset
     from lsm_gnn.storage import default_backend
-    from lsm_gnn.tasks import make_task
 
+    cores = _check_arguments(cfg, sizes, policies, pvp, iterations, cores, train_steps, storage_seconds, tolerance)
+    dataset = open_dataset(cfg.dataset, check="fast")
+    _check_plannable(cfg, dataset)
+    grid = grid_configs(cfg, sizes, policies, pvp)
+    specs = [resolve(c, dataset) for c in grid]  # capacity and policy errors before any work
+    backend = default_backend() if cfg.cache.backend == "auto" else cfg.cache.backend
+    store = calibrate.CalibrationStore(calibration_file)  # refuses a file that is no calibration before the trace
+    trace = _record(cfg, dataset, iterations, log)
+    cal = _calibrations(cfg, dataset, backend, store, recalibrate, train_steps, storage_seconds, log)
+    fill_sample_ms = 1e3 * statistics.median(trace.sample_s)
+    rows = _plan_rows(grid, specs, dataset, trace, iterations, cal, cores, fill_sample_ms, log)
+    best = recommend([r for r in rows if "error" not in r], tolerance)
+    return {"dataset": {"path": dataset.path, "num_nodes": dataset.num_nodes, "row_bytes": dataset.features.row_bytes,
+                        "row_stride": dataset.features.row_stride},
+            "run": {"fanouts": cfg.sampler.fanouts, "batch_size": cfg.sampler.batch_size, "model": cfg.model.kind,
+                    "hidden": cfg.model.hidden, "window": cfg.cache.window, "iterations": iterations, "cores": cores,
+                    "train_threads": cal["train"]["torch_threads"],
+                    "backend": backend, "epoch_length": trace.epoch_length,
+                    "nodes_per_batch": trace.nodes_per_batch, "fill_sample_ms": fill_sample_ms},
+            "calibration": {**cal, "file": calibration_file},
+            "rows": rows, "tolerance": tolerance, "recommendation": best}
+
+
+def _check_arguments(cfg: Config, sizes: list[str], policies: list[str], pvp: list[bool], iterations: int,
+                     cores: int | None, train_steps: int, storage_seconds: float, tolerance: float) -> int:
+    """Refuses arguments :func:`make_plan` cannot plan with; returns the cores (default: this machine's)."""
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     if storage_seconds <= 0 or train_steps < 1:
@@ -108,26 +131,31 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
         raise ValueError(f"cores must be >= 1, got {cores}")
     if not cfg.dataset:
         raise ConfigError("no dataset: give dataset=<directory> (make one with lsm-gnn prepare)")
-    dataset = open_dataset(cfg.dataset, check="fast")
-    _check_plannable(cfg, dataset)
-    grid = grid_configs(cfg, sizes, policies, pvp)
-    specs = [resolve(c, dataset) for c in grid]  # capacity and policy errors before any work
-    backend = default_backend() if cfg.cache.backend == "auto" else cfg.cache.backend
-    window = cfg.cache.window
-    store = calibrate.CalibrationStore(calibration_file)
+    return cores
 
+
+def _record(cfg: Config, dataset, iterations: int, log):
+    """The trace of the run's first ``iterations`` batches and its window's, from its own task's loader."""
+    from lsm_gnn.tasks import make_task
+
+    window = cfg.cache.window
     log(f"plan: recording the trace of {iterations} iterations (+{window} of window) ...")
     t0 = time.perf_counter()
     task = make_task(cfg, dataset)
     trace = record_trace(task, dataset, iterations + window)
     log(f"plan: {len(trace.batches)} batches, {trace.nodes_per_batch:,.0f} input nodes each "
         f"({time.perf_counter() - t0:.1f} s)")
+    return trace
 
+
+def _calibrations(cfg: Config, dataset, backend: str, store: calibrate.CalibrationStore, recalibrate: bool,
+                  train_steps: int, storage_seconds: float, log) -> dict:
+    """Storage reads, memcpy and training steps, measured or reused from ``store``: ``{storage, memcpy, train}``."""
     def measured(kind, identity, measure, what):
         log(f"plan: calibrating {what} ...")
         value, cached = store.get_or_measure(kind, identity, measure, refresh=recalibrate)
         if cached:
-            log(f"plan: {what}: reused from {calibration_file}")
+            log(f"plan: {what}: reused from {store.path}")
         return value
 
     storage_cal = measured("storage", {"features": calibrate.file_identity(dataset.feature_path), "backend": backend},
@@ -145,11 +173,16 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
         f"({storage_cal['iops']:,.0f} IOPS at QD {storage_cal['queue_depth']}), memcpy "
         f"{memcpy_cal['memcpy_gb_per_s']:.1f} GB/s (row gather {memcpy_cal['row_gather_gb_per_s']:.1f}), train "
         f"{train_cal['train_ms']:.1f} ms, sample {train_cal['sample_ms']:.1f} ms per iteration")
+    return {"storage": storage_cal, "memcpy": memcpy_cal, "train": train_cal}
 
-    geometry = calibrate.read_geometry(dataset, storage_cal["alignment"])
+
+def _plan_rows(grid: list[Config], specs: list, dataset, trace, iterations: int, cal: dict, cores: int,
+               fill_sample_ms: float, log) -> list[dict]:
+    """One row per grid point: the replayed cache's hits and reads and the modelled times, or why it cannot run."""
+    from lsm_gnn.build import cache_over
+
+    geometry = calibrate.read_geometry(dataset, cal["storage"]["alignment"])
     storage = TraceStorage.like(dataset)
-    threads = train_cal["torch_threads"]
-    fill_sample_ms = 1e3 * statistics.median(trace.sample_s)
     rows = []
     for c, spec in zip(grid, specs):
         def make_cache(s, spec=spec):
@@ -157,46 +190,53 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
             return cache_over(s, spec, scores, torch.device("cpu"), c.sampler.num_threads)
 
         try:
-            sim = on_loader_thread(simulate_cache, trace, iterations, storage, geometry, make_cache, window)
+            sim = on_loader_thread(simulate_cache, trace, iterations, storage, geometry, make_cache, c.cache.window)
         except ValueError as exc:  # e.g. a cache smaller than one batch: the run would stop the same way
-            error = str(exc)
-            if isinstance(exc, CacheTooSmall):  # in config keys, as the run's own message
-                error = (f"a batch has {exc.distinct:,} distinct nodes, the cache {exc.lines:,} lines; "
-                         + config_fix(c.cache.capacity, exc.lines, exc.distinct, c.cache.ways))
-            rows.append({"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
-                         "capacity_bytes": spec.size.bytes, "error": error})
-            log(f"plan: {spec.policy.name}{'+pvp' if spec.pvp else ''} {c.cache.capacity}: cannot run ({error})")
+            rows.append(_error_row(c, spec, exc, log))
             continue
         per = sim["per_iteration"]
-        stages = stage_times(storage_cal, train_cal, per["cache_ms"], per["reads"])
-        each = [stage_times(storage_cal, train_cal, cache_ms, reads)
-                for cache_ms, reads in zip(sim["each"]["cache_ms"], sim["each"]["reads"])]
-        timing = {"window": window, "epoch_length": trace.epoch_length, "queue": LOADER_QUEUE}
-        total = run_ms(each, cores, threads, fill_sample_ms=fill_sample_ms, **timing)
-        steady = run_ms(each, cores, threads, fill_sample_ms=0.0, **timing) / iterations
-        train_c, loader_c = contended_ms(stages, cores, threads)
         row = {"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
                "capacity_bytes": sim["capacity_bytes"], "lines": sim["lines"],
                "share_of_nodes": sim["lines"] / dataset.num_nodes, "hit_ratio": sim["hit_ratio"],
                "bytes_read": sim["bytes_read"], "bytes_read_per_iteration": per["bytes_read"],
                "misses_per_iteration": per["misses"], "reads_per_iteration": per["reads"],
-               "unique_per_iteration": per["unique"], "stages_ms": stages.as_dict(),
-               "contended_ms": {"train": train_c, "loader": loader_c}, "steady_ms": steady,
-               "ms_per_iteration": total / iterations, "run_ms": total, "bound": bound_stage(stages, cores, threads)}
+               "unique_per_iteration": per["unique"],
+               **_modelled_ms(sim, cal, cores, iterations, fill_sample_ms, c.cache.window, trace.epoch_length)}
         rows.append(row)
         log(f"plan: {row['policy']}{'+pvp' if row['pvp'] else ''} {row['capacity']}: hit {row['hit_ratio']:.3f}, "
             f"{row['ms_per_iteration']:.1f} ms/iteration, bound by {row['bound']}")
-    best = recommend([r for r in rows if "error" not in r], tolerance)
-    return {"dataset": {"path": dataset.path, "num_nodes": dataset.num_nodes, "row_bytes": dataset.features.row_bytes,
-                        "row_stride": dataset.features.row_stride},
-            "run": {"fanouts": cfg.sampler.fanouts, "batch_size": cfg.sampler.batch_size, "model": cfg.model.kind,
-                    "hidden": cfg.model.hidden, "window": window, "iterations": iterations, "cores": cores,
-                    "train_threads": train_cal["torch_threads"],
-                    "backend": backend, "epoch_length": trace.epoch_length,
-                    "nodes_per_batch": trace.nodes_per_batch, "fill_sample_ms": fill_sample_ms},
-            "calibration": {"storage": storage_cal, "memcpy": memcpy_cal, "train": train_cal,
-                            "file": calibration_file},
-            "rows": rows, "tolerance": tolerance, "recommendation": best}
+    return rows
+
+
+def _error_row(c: Config, spec, exc: ValueError, log) -> dict:
+    """The row of a grid point whose cache cannot run, saying why (a cache too small in config keys)."""
+    from lsm_gnn.cache import CacheTooSmall
+    from lsm_gnn.sizing import config_fix
+
+    error = str(exc)
+    if isinstance(exc, CacheTooSmall):  # in config keys, as the run's own message
+        error = (f"a batch has {exc.distinct:,} distinct nodes, the cache {exc.lines:,} lines; "
+                 + config_fix(c.cache.capacity, exc.lines, exc.distinct, c.cache.ways))
+    log(f"plan: {spec.policy.name}{'+pvp' if spec.pvp else ''} {c.cache.capacity}: cannot run ({error})")
+    return {"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
+            "capacity_bytes": spec.size.bytes, "error": error}
+
+
+def _modelled_ms(sim: dict, cal: dict, cores: int, iterations: int, fill_sample_ms: float, window: int,
+                 epoch_length: int) -> dict:
+    """A replay's stage times and the run time the model predicts from them, and the stage that bounds it."""
+    storage_cal, train_cal, threads = cal["storage"], cal["train"], cal["train"]["torch_threads"]
+    per = sim["per_iteration"]
+    stages = stage_times(storage_cal, train_cal, per["cache_ms"], per["reads"])
+    each = [stage_times(storage_cal, train_cal, cache_ms, reads)
+            for cache_ms, reads in zip(sim["each"]["cache_ms"], sim["each"]["reads"])]
+    timing = {"window": window, "epoch_length": epoch_length, "queue": LOADER_QUEUE}
+    total = run_ms(each, cores, threads, fill_sample_ms=fill_sample_ms, **timing)
+    steady = run_ms(each, cores, threads, fill_sample_ms=0.0, **timing) / iterations
+    train_c, loader_c = contended_ms(stages, cores, threads)
+    return {"stages_ms": stages.as_dict(), "contended_ms": {"train": train_c, "loader": loader_c},
+            "steady_ms": steady, "ms_per_iteration": total / iterations, "run_ms": total,
+            "bound": bound_stage(stages, cores, threads)}
 
 
 def format_plan(plan: dict) -> str:
