@@ -79,7 +79,7 @@ def run_child(args, method: str) -> dict:
         # recall@20 on every --eval-stride-th test user (a fixed sample), read through the run's own path
         sums, users = ranking_sums(trainer.module, trainer.dataset, trainer.features, cfg.sampler.fanouts, k=20,
                                    split="test", batch_size=args.batch_size, rank=0, world_size=args.eval_stride,
-                                   window=cfg.cache.window, seed=cfg.train.seed + 1, embedding=trainer.embedding)
+                                   window=cfg.cache.window, seed=cfg.train.seed + 1)
         trainer.embedding.close()
         last = result["history"][-1]
         losses = [record["loss"] for record in result["history"]]

@@ -141,7 +141,12 @@ class TypedFeatures:
 
     ``plain``: the graph has one node type, so :meth:`gather` also takes plain ids and returns plain
     tensors (what the one-type loader, models and adapters read); :meth:`of` wraps one
-    :class:`Features` so. Otherwise nodes are given as {type: ids} and rows come back per type."""
+    :class:`Features` so. Otherwise nodes are given as {type: ids} and rows come back per type.
+
+    Besides the input features, a node type may have trainable rows (``trainable``: a
+    :class:`~lsm_gnn.embedding.NodeEmbedding`, ``model.node_embedding``): a writable source gathered with
+    :meth:`gather_trainable` and changed with :meth:`update`, which keeps its own order of reads and
+    updates."""
 
     def __init__(self, groups: list[FeatureGroup], *, plain: bool = False):
         if plain and (len(groups) != 1 or len(groups[0].types) != 1):
@@ -150,6 +155,8 @@ class TypedFeatures:
         self.groups = groups
         self.plain = plain
         self.group_of: dict[str, int] = {t: g for g, group in enumerate(groups) for t in group.types}
+        #: trainable rows by node type (node embeddings); empty without
+        self.trainable: dict = {}
 
     @classmethod
     def of(cls, features, node_type: str = "node") -> TypedFeatures:
@@ -217,6 +224,32 @@ class TypedFeatures:
                 start += count
         return rows, hits
 
+    def add_trainable(self, node_type: str, source) -> None:
+        """Gives ``node_type`` trainable rows from ``source`` (a :class:`~lsm_gnn.embedding.NodeEmbedding`)."""
+        if not self.plain:
+            raise ValueError("trainable rows (model.node_embedding) take a graph of one node type for now; "
+                             f"this one's features are of {list(self.group_of)}")
+        if node_type in self.trainable:
+            raise ValueError(f"node type {node_type!r} has trainable rows already")
+        self.trainable[node_type] = source
+
+    def _only_trainable(self):
+        if not self.trainable:
+            raise ValueError("these features have no trainable rows (model.node_embedding)")
+        return next(iter(self.trainable.values()))
+
+    def gather_trainable(self, nodes, future=None, *, training: bool = False, stop=None):
+        """(trainable rows of ``nodes`` as float32, seconds by stage, bytes read and written), or None if
+        ``stop`` was set while a training gather (``training``: the batch's rows will be updated) waited for
+        the update of the batch before. ``future``: the windows :meth:`gather` takes."""
+        return self._only_trainable().gather(self._plain_ids(nodes), None if future is None else future[0],
+                                             training=training, stop=stop)
+
+    def update(self, nodes, grad: torch.Tensor) -> dict:
+        """One optimizer step on the trainable rows of ``nodes`` given their gradient (collective over ranks);
+        the table bytes it read and wrote."""
+        return self._only_trainable().step(self._plain_ids(nodes), grad)
+
     def counters(self) -> dict[str, int]:
         total: dict[str, int] = {}
         for group in self.groups:
@@ -231,6 +264,8 @@ class TypedFeatures:
     def settle(self) -> None:
         for group in self.groups:
             group.features.settle()
+        for source in self.trainable.values():
+            source.settle()
 
     def describe(self) -> str:
         if self.plain:

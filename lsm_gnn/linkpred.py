@@ -380,8 +380,6 @@ class LinkPrediction:
 
     name = "link"
     k = 20
-    #: the run's trainable node embeddings, which every loader gathers (the trainer sets it), or None
-    embedding = None
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -406,7 +404,7 @@ class LinkPrediction:
         return LinkLoader(self.dataset, features, self.fanouts, c.sampler.batch_size, shuffle=True,
                           num_negatives=c.train.num_negatives,
                           negatives_exclude_positives=c.train.negatives_exclude_positives,
-                          **loader_options(c, rank, world_size, embedding=self.embedding))
+                          **loader_options(c, rank, world_size))
 
     def eval_input_nodes(self, features, split: str, rank: int, world_size: int, count: int) -> list | None:
         """The input nodes of ``count`` of the batches that embed the users and items :meth:`evaluate` ranks
@@ -420,7 +418,7 @@ class LinkPrediction:
         if users.size == 0:
             return []
         loader = NodeLoader(self.dataset, features, self.fanouts, eval_batch_size(c), seeds=nodes, shuffle=False,
-                            **loader_options(c, rank, world_size, evaluation=True, embedding=self.embedding))
+                            **loader_options(c, rank, world_size, evaluation=True))
         try:
             return loader.sample_input_nodes(count, rank=rank)
         finally:
@@ -449,8 +447,7 @@ class LinkPrediction:
                                              world_size=world_size)
         sums, count = ranking_sums(model, self.dataset, features, self.fanouts, k=self.k, split=split,
                                    batch_size=eval_batch_size(c), device=device, embeddings=embeddings,
-                                   **loader_options(c, rank, world_size, evaluation=True,
-                                                    embedding=self.embedding))
+                                   **loader_options(c, rank, world_size, evaluation=True))
         *totals, count = all_reduce_sum([*sums.values(), count])
         means = _means(dict(zip(sums, totals)), int(count))
         return {**{f"{name}@{self.k}": value for name, value in means.items()}, "count": int(count)}

@@ -184,15 +184,16 @@ class NodeLoader:
     that iteration's queue on a background thread while the batch trains);
     ``prefetch_features=False`` leaves every move to the gather itself.
 
-    ``embedding`` (a :class:`~lsm_gnn.embedding.NodeEmbedding`) adds each batch's trainable embeddings
-    (``batch.emb``), gathered after its features; a training loader's gather of batch ``i`` waits until the
-    trainer has applied batch ``i - 1``'s update, so every batch reads the rows as they are after the last.
+    Features with trainable rows (node embeddings) add each batch's (``batch.emb``), gathered after its
+    features. ``training``: the caller updates them after each batch (:meth:`TypedFeatures.update`), so the
+    gather of batch ``i`` waits for the update of batch ``i - 1`` and every batch reads the rows as they are
+    after the last; an evaluation's loader reads them as they are.
     """
 
     def __init__(self, dataset, features, fanouts, batch_size: int, seeds=None, *, shuffle: bool = True,
                  drop_last: bool = False, window: int = WINDOW, prefetch: int = 2, seed: int = 0,
                  rank: int = 0, world_size: int = 1, num_threads: int = 0, prefetch_features: bool = True,
-                 embedding=None, target: str | None = None):
+                 training: bool = False, target: str | None = None):
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
         if batch_size < 1:
@@ -203,8 +204,8 @@ class NodeLoader:
         self.features = TypedFeatures.of(features)
         #: the seeds' node type on a graph of several (whose batches are per type); None on a graph of one
         self.target = None if dataset.is_homogeneous else dataset.target if target is None else target
-        self._check_typing(embedding)
-        self.embedding = embedding
+        self._check_typing()
+        self.training = bool(training)
         self.prefetch_features = bool(prefetch_features)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
@@ -243,9 +244,9 @@ class NodeLoader:
 
     # -- hooks (override to change what a batch is) -------------------------------------------------------------
 
-    def _check_typing(self, embedding) -> None:
-        """Plain features and node embeddings for a graph of one node type; typed features and a target type
-        for a graph of several."""
+    def _check_typing(self) -> None:
+        """Plain features for a graph of one node type; typed features and a target type for a graph of
+        several."""
         if self.target is None and not self.features.plain:
             raise TypeError(f"dataset {self.dataset.path} has one node type; give it plain features (one "
                             "Features, or lsm_gnn.build.build_features of it)")
@@ -256,9 +257,6 @@ class NodeLoader:
             if self.features.plain:
                 raise TypeError(f"dataset {self.dataset.path} has several node types; gather from its typed "
                                 "features (lsm_gnn.build.build_features)")
-            if embedding is not None:
-                raise ValueError("node embeddings take a graph of one node type (model.node_embedding); "
-                                 f"{self.dataset.path} has several")
 
     def _make_sampler(self, fanouts, seed: int, num_threads: int):
         return NeighborSampler(self.dataset, fanouts, seed=seed, num_threads=num_threads)
@@ -427,9 +425,9 @@ class NodeLoader:
                 batch = self._make_batch(first + k, plans[k], hops, x, hit)
                 batch.timings = {"sample": sample_s, "gather": gather_s, **self.features.last_timings}
                 batch.io = {key: after[key] - before[key] for key in after}
-                if self.embedding is not None:
-                    found = self.embedding.gather(nodes, None if window is None else window.buffers[0],
-                                                  iteration=first + k, stop=stop)
+                if self.features.trainable:
+                    found = self.features.gather_trainable(nodes, None if window is None else window.buffers,
+                                                           training=self.training, stop=stop)
                     if found is None:  # stopped while waiting for the previous batch's update
                         return
                     batch.emb, timings, io = found

@@ -7,14 +7,11 @@ from __future__ import annotations
 from lsm_gnn.config import Config
 
 
-def loader_options(cfg: Config, rank: int, world_size: int, evaluation: bool = False, embedding=None) -> dict:
-    """The loader keywords every task takes from the config; evaluation draws its own sampling stream.
-    ``embedding``: the run's node embeddings (:class:`~lsm_gnn.embedding.NodeEmbedding`), or None."""
-    options = {"window": cfg.cache.window, "seed": cfg.train.seed + (1 if evaluation else 0), "rank": rank,
-               "world_size": world_size, "num_threads": cfg.sampler.num_threads}
-    if embedding is not None:
-        options["embedding"] = embedding
-    return options
+def loader_options(cfg: Config, rank: int, world_size: int, evaluation: bool = False) -> dict:
+    """The loader keywords every task takes from the config; evaluation draws its own sampling stream and
+    reads trainable rows as they are."""
+    return {"window": cfg.cache.window, "seed": cfg.train.seed + (1 if evaluation else 0), "rank": rank,
+            "world_size": world_size, "num_threads": cfg.sampler.num_threads, "training": not evaluation}
 
 
 def eval_batch_size(cfg: Config) -> int:

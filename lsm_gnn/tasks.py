@@ -48,8 +48,6 @@ class NodeClassification:
     name = "node"
     #: what :meth:`evaluate` reports per split; model selection watches the first by default
     metrics = ("accuracy",)
-    #: the run's trainable node embeddings, which every loader gathers (the trainer sets it), or None
-    embedding = None
 
     def __init__(self, cfg: Config, dataset):
         self.cfg, self.dataset = cfg, dataset
@@ -86,7 +84,7 @@ class NodeClassification:
     def train_loader(self, features, rank: int, world_size: int) -> NodeLoader:
         c = self.cfg
         return self._loader(features, self.labeled("train"), c.sampler.batch_size, True,
-                            loader_options(c, rank, world_size, embedding=self.embedding))
+                            loader_options(c, rank, world_size))
 
     def eval_input_nodes(self, features, split: str, rank: int, world_size: int, count: int) -> list | None:
         """The input nodes of ``count`` evaluation batches of ``split`` on ``rank``, sampled as :meth:`evaluate`
@@ -99,7 +97,7 @@ class NodeClassification:
             return []
         c = self.cfg
         loader = self._loader(features, seeds, eval_batch_size(c), False,
-                              loader_options(c, rank, world_size, evaluation=True, embedding=self.embedding))
+                              loader_options(c, rank, world_size, evaluation=True))
         try:
             return loader.sample_input_nodes(count, rank=rank)
         finally:
@@ -126,8 +124,7 @@ class NodeClassification:
             c = self.cfg
             # Equal shares per rank (fewer than world_size nodes left out): the exchange is collective.
             loader = self._loader(features, seeds, eval_batch_size(c), False,
-                                  loader_options(c, rank, world_size, evaluation=True,
-                                                 embedding=self.embedding))
+                                  loader_options(c, rank, world_size, evaluation=True))
             for batch in loader:
                 batch = batch_to(batch, device)
                 correct += int((model(batch).argmax(1) == batch.y).sum())

@@ -114,7 +114,8 @@ class Trainer:
         self.embedding = startup.open_node_embedding(cfg, self.feature_spec, self.dataset, self.device, self.ranks,
                                                      saved, self.checkpoint_path) \
             if cfg.model.node_embedding.dim else None
-        self.task.embedding = self.embedding
+        if self.embedding is not None:  # read by every loader with the features, updated after each batch
+            self.features.add_trainable(self.dataset.node_types[0], self.embedding)
         self._build_model()
         self.loader = self.task.train_loader(self.features, self.rank, self.world_size)
         #: each cache against batches sampled before training (lsm_gnn.sizing); empty without a config-built cache
@@ -220,7 +221,7 @@ class Trainer:
         if emb is not None:
             start = time.perf_counter()
             with self.ranks.collectives(f"the node embeddings' update in iteration {self.iterations_done}"):
-                io = self.embedding.step(batch.input_nodes, emb.grad)
+                io = self.features.update(batch.input_nodes, emb.grad)
             batch.timings["update"] = time.perf_counter() - start
             batch.io = {**batch.io, **{k: batch.io.get(k, 0) + v for k, v in io.items()}}
         return loss_value
@@ -263,13 +264,9 @@ class Trainer:
                     times.wall += time.perf_counter() - epoch_start
                     epoch_start = time.perf_counter()
                     self.save_checkpoint()
-                if self.embedding is not None:  # the next batch may read the rows now
-                    self.embedding.release(batch.iteration + 1)
         finally:
             bar.close()
             batches.close()
-            if self.embedding is not None:
-                self.embedding.open()
         times.wall += time.perf_counter() - epoch_start  # training time only, evaluations left out
         self.epoch_state["wall"] += times.wall
         return times
@@ -294,8 +291,6 @@ class Trainer:
     def _evaluate_between(self, batches, epoch: int) -> None:
         """An evaluation between two batches: the loader's thread stops after the last one on every rank."""
         batches.close()
-        if self.embedding is not None:
-            self.embedding.open()
         self._evaluate_all(epoch)
 
     def _segment(self):
@@ -305,8 +300,6 @@ class Trainer:
         if every and self.cfg.train.eval_splits:
             stop = self.loader.state_dict()["position"] + every - self.iterations_done % every
             until = stop if stop < len(self.loader) else None  # at the epoch's end: evaluated there
-        if self.embedding is not None:  # each batch reads the rows after the update of the one before
-            self.embedding.hold(self.loader.state_dict()["iteration"])
         return self.loader.iterate(until), until
 
     # -- evaluation (the selection itself: lsm_gnn.training.selection) ---------------------------------------------

@@ -11,8 +11,11 @@ optimizer. Per training iteration:
 3. a checkpoint flushes every dirty line and syncs the table (:meth:`NodeEmbedding.flush`); the trainer then
    records the table's new generation.
 
-The loader gathers batch ``i`` only once the trainer has applied batch ``i - 1``'s update (:meth:`release`),
-so every batch reads the rows exactly as a dense embedding trained on the same batches would hold them.
+The embeddings keep their own order: a training gather (``training=True``) waits until every earlier training
+gather's batch was stepped, so every batch reads the rows exactly as a dense embedding trained on the same
+batches would hold them, however far ahead the loader samples. Reading, stepping and flushing take turns on
+one lock, so a checkpoint's flush never meets a lookup of the next batch, and each gather's I/O counts are
+its own. :meth:`settle` forgets gathered batches that will not be stepped (an epoch cut short).
 """
 from __future__ import annotations
 
@@ -87,8 +90,9 @@ class NodeEmbedding:
         self.source, self.layout, self.optimizer = source, layout, optimizer
         self.table, self.cache, self.world_size = table, cache, int(world_size)
         self.steps = int(steps)
-        self._released = math.inf  # a training loader may gather batches with iterations up to this one
+        self._unstepped = 0  # training gathers not yet stepped; the next one waits for 0
         self._turn = threading.Condition()
+        self._lock = threading.RLock()  # gather, step and flush use the source one at a time
 
     @property
     def dim(self) -> int:
@@ -100,28 +104,29 @@ class NodeEmbedding:
 
     # -- the order of gathers and updates ----------------------------------------------------------------------
 
-    def hold(self, next_iteration: int) -> None:
-        """Training starts at ``next_iteration``: that batch may gather now, each later one after the update of
-        the batch before it (:meth:`release`)."""
-        self.release(next_iteration)
-
-    def release(self, next_iteration: float) -> None:
-        """The batch before ``next_iteration`` is applied (and checkpointed, if due): ``next_iteration`` may gather."""
+    def _take_turn(self, stop: threading.Event | None) -> bool:
+        """Waits until every earlier training gather was stepped, then counts this one; False if ``stop`` is set
+        meanwhile."""
         with self._turn:
-            self._released = next_iteration
-            self._turn.notify_all()
-
-    def open(self) -> None:
-        """No order to keep (evaluation, or training is over): every gather goes at once."""
-        self.release(math.inf)
-
-    def _wait_turn(self, iteration: int, stop: threading.Event | None) -> bool:
-        with self._turn:
-            while self._released < iteration:
+            while self._unstepped:
                 if stop is not None and stop.is_set():
                     return False
                 self._turn.wait(0.05)
+            self._unstepped += 1
         return True
+
+    def _stepped(self) -> None:
+        with self._turn:
+            self._unstepped = max(0, self._unstepped - 1)
+            self._turn.notify_all()
+
+    def settle(self) -> None:
+        """Joins the source's background work and forgets training gathers that will not be stepped (a loader
+        that stopped with batches it gathered ahead)."""
+        self.source.settle()
+        with self._turn:
+            self._unstepped = 0
+            self._turn.notify_all()
 
     # -- reading and updating --------------------------------------------------------------------------------
 
@@ -138,26 +143,33 @@ class NodeEmbedding:
         after = self._io()
         return {key: after[key] - before[key] for key in after}
 
-    def gather(self, nodes, future=None, *, iteration: int | None = None, stop: threading.Event | None = None):
-        """(float32 embeddings ``[len(nodes), dim]``, seconds by stage, bytes read and written) of ``nodes``;
-        with ``iteration`` (a training loader's batch) it first waits its turn, and returns None if ``stop`` is
-        set meanwhile."""
-        if iteration is not None and not self._wait_turn(iteration, stop):
+    def gather(self, nodes, future=None, *, training: bool = False, stop: threading.Event | None = None):
+        """(float32 embeddings ``[len(nodes), dim]``, seconds by stage, bytes read and written) of ``nodes``.
+        ``training``: the batch will be stepped (:meth:`step`), so this waits until the batches gathered for
+        training before it were; returns None if ``stop`` is set meanwhile."""
+        if training and not self._take_turn(stop):
             return None
-        before = self._io()
-        start = time.perf_counter()
-        rows, _ = self.source.gather(as_id_tensor(nodes), future=future)
-        emb = self.layout.embeddings(rows)
-        timings = {"embedding": time.perf_counter() - start}
-        if self.cache is not None:
-            timings["write-back"] = self.cache.last_timings.get("write-back", 0.0)
-        return emb, timings, self._since(before)
+        with self._lock:
+            before = self._io()
+            start = time.perf_counter()
+            rows, _ = self.source.gather(as_id_tensor(nodes), future=future)
+            emb = self.layout.embeddings(rows)
+            timings = {"embedding": time.perf_counter() - start}
+            if self.cache is not None:
+                timings["write-back"] = self.cache.last_timings.get("write-back", 0.0)
+            return emb, timings, self._since(before)
 
     def step(self, nodes, grad: torch.Tensor) -> dict:
         """Applies one optimizer step to the rows of ``nodes`` (repeats allowed) given ``grad`` (``[len(nodes),
         dim]``: the gradient of this rank's loss): summed per node, averaged over ranks, at each row's owner.
         Collective over ranks: every rank steps once per iteration. Returns the table bytes it read and wrote
         (rows the cache holds none of are read and written in place)."""
+        with self._lock:
+            io = self._step(nodes, grad)
+        self._stepped()
+        return io
+
+    def _step(self, nodes, grad: torch.Tensor) -> dict:
         before = self._io()
         nodes = as_id_tensor(nodes)
         unique, inverse = unique_ids(nodes)
@@ -175,11 +187,12 @@ class NodeEmbedding:
     def flush(self) -> float:
         """Writes every dirty row this rank holds to the table and syncs it (before a checkpoint records the
         table's generation); returns the seconds it took."""
-        start = time.perf_counter()
-        self.source.flush()
-        if self.table is not None:
-            self.table.sync()
-        return time.perf_counter() - start
+        with self._lock:
+            start = time.perf_counter()
+            self.source.flush()
+            if self.table is not None:
+                self.table.sync()
+            return time.perf_counter() - start
 
     def close(self) -> None:
         """Joins background work and closes the table (flush first to keep what is dirty)."""
