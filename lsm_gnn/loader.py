@@ -110,6 +110,8 @@ class Batch:
     def hit_ratio(self) -> float:
         """Share of the gathered rows (of every featured type) served without reading storage: by the cache
         or, with PVP, its victim buffer (the nodes are distinct, so this is the cache's combined ratio)."""
+        if not isinstance(self.hit_mask, dict):  # as it always was for a plain batch: float32's mean
+            return float(self.hit_mask.float().mean()) if self.hit_mask.numel() else 0.0
         return self.hits / self.gathered if self.gathered else 0.0
 
     def hit_ratios(self) -> dict[str, float]:
