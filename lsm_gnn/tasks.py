@@ -1,11 +1,14 @@
 """Training tasks: what a batch's loss is and how a split is evaluated.
 
-The trainer asks a task for its loader (``train_loader``), its loss on a
-batch and its metrics on a split; ``make_task`` picks the task a config
-names (``train.task``: node classification here, link prediction in
-:mod:`lsm_gnn.linkpred`).
+The trainer asks a task (:class:`Task`) for its loader (``train_loader``),
+its loss on a batch and its metrics on a split; ``make_task`` picks the task
+a config names (``train.task``: node classification here, link prediction in
+:mod:`lsm_gnn.linkpred`). Both take graphs of one node type; node
+classification also typed graphs (its target type's seeds).
 """
 from __future__ import annotations
+
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -15,6 +18,29 @@ from lsm_gnn.linkpred import LinkPrediction
 from lsm_gnn.loader import NodeLoader
 from lsm_gnn.parallel import all_reduce_sum, batch_to
 from lsm_gnn.task_options import eval_batch_size, loader_options
+
+
+class Task(Protocol):
+    """What the trainer asks of a task, whichever it is."""
+
+    name: str                    # train.task
+    metrics: tuple[str, ...]     # what evaluate reports per split; model selection watches the first by default
+    splits: list[str]            # the splits evaluate can measure
+    out_dim: int                 # the model's output width
+    fanouts: list | dict         # the sampler's fanouts (per relation on a typed graph)
+
+    def train_loader(self, features, rank: int, world_size: int) -> NodeLoader:
+        """The loader of this rank's training batches (its batches' trainable rows are updated)."""
+
+    def eval_input_nodes(self, features, split: str, rank: int, world_size: int, count: int) -> list | None:
+        """The input nodes of ``count`` evaluation batches of ``split``, for sizing caches before training;
+        None where evaluation reads in another way."""
+
+    def loss(self, model, batch) -> torch.Tensor:
+        """The loss of ``model`` on ``batch``."""
+
+    def evaluate(self, model, features, split: str, device, rank: int, world_size: int) -> dict:
+        """The metrics on ``split`` (collective over ranks), and the "count" they were measured on."""
 
 
 def relation_fanouts(cfg: Config, dataset):
@@ -133,7 +159,7 @@ class NodeClassification:
         return {"accuracy": correct / total if total else float("nan"), "count": int(total)}
 
 
-def make_task(cfg: Config, dataset):
+def make_task(cfg: Config, dataset) -> Task:
     if cfg.train.task == "node":
         return NodeClassification(cfg, dataset)
     if not dataset.is_homogeneous:

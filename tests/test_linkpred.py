@@ -425,3 +425,21 @@ def test_ranking_evaluation_batches_the_cache_cannot_hold_are_refused_before_tra
                                           r"train.eval_batch_size \(now 1500\)"):
         Trainer(load_config(None, [*base, "train.eval_batch_size=1500"]))
     Trainer(load_config(None, [*base, "train.eval_batch_size=16"])).close()
+
+
+def test_both_tasks_answer_the_trainers_questions(ds, tmp_path):
+    """Node classification and link prediction are one interface to the trainer (lsm_gnn.tasks.Task)."""
+    import typing
+
+    from lsm_gnn.config import load_config
+    from lsm_gnn.tasks import Task, make_task
+
+    node_ds, _ = write_tiny_dataset(tmp_path / "node")
+    members = [m for m in typing.get_type_hints(Task)] + [m for m in vars(Task) if not m.startswith("_")]
+    for path, task in ((node_ds.path, "node"), (ds.path, "link")):
+        cfg = load_config(None, [f"dataset={path}", f"train.task={task}"])
+        made = make_task(cfg, open_dataset(path))
+        assert made.name == task
+        missing = [m for m in members if not hasattr(made, m)]
+        assert not missing, f"{task} lacks {missing}"
+        assert made.metrics and made.out_dim > 0 and made.fanouts == cfg.sampler.fanouts
