@@ -242,7 +242,7 @@ class TypedFeatures:
         """(trainable rows of ``nodes`` as float32, seconds by stage, bytes read and written), or None if
         ``stop`` was set while a training gather (``training``: the batch's rows will be updated) waited for
         the update of the batch before. ``future``: the windows :meth:`gather` takes."""
-        return self._only_trainable().gather(self._plain_ids(nodes), None if future is None else future[0],
+        return self._only_trainable().read(self._plain_ids(nodes), None if future is None else future[0],
                                              training=training, stop=stop)
 
     def update(self, nodes, grad: torch.Tensor) -> dict:

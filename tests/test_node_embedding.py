@@ -369,3 +369,32 @@ def test_two_ranks_killed_anywhere_resume_to_the_uninterrupted_losses_and_table(
         assert "resumed from" in finish(start(out))
         assert losses(out) == losses(tmp_path / "whole"), kill_after
         assert np.array_equal(table_bytes(out), table_bytes(tmp_path / "whole")), kill_after
+
+
+def test_a_training_read_waits_for_the_step_of_the_batch_before(tmp_path):
+    """The embedding keeps its own order: a second training read waits until the first read's batch was
+    stepped, sees the stepped rows, and is given up when the loader stops; an evaluation's read never waits."""
+    import threading
+
+    from lsm_gnn.embedding import RowOptimizer, open_table
+
+    layout = RowLayout(4, "float32", "sgd")
+    table = open_table(str(tmp_path / "t"), layout, 10, seed=0, init_std=0.1)
+    emb = NodeEmbedding(table, layout, RowOptimizer(layout, 0.5), table=table)
+    nodes = torch.tensor([1, 3])
+    first, _, _ = emb.read(nodes, training=True)
+    done = []
+    waiting = threading.Thread(target=lambda: done.append(emb.read(nodes, training=True)))
+    waiting.start()
+    waiting.join(0.3)
+    assert waiting.is_alive() and not done, "a training read must wait for the step of the batch before"
+    assert torch.equal(emb.read(nodes)[0], first)  # an evaluation's read goes at once
+    emb.step(nodes, torch.ones(2, 4))
+    waiting.join(5)
+    assert not waiting.is_alive() and torch.allclose(done[0][0], first - 0.5)  # read after the step
+    stop = threading.Event()
+    stop.set()
+    assert emb.read(nodes, training=True, stop=stop) is None  # its batch was never stepped: this one waits
+    emb.settle()  # the loader stopped: the batch read ahead will not be stepped
+    assert emb.read(nodes, training=True, stop=stop) is not None
+    emb.close()

@@ -4,18 +4,19 @@ A :class:`NodeEmbedding` holds the writable :class:`~lsm_gnn.features.Features` 
 itself, the write-back cache over it, or the shared cache over ranks), the row format and the row-wise
 optimizer. Per training iteration:
 
-1. the loader gathers the batch's input nodes' rows like features (``gather``: lookups, misses, write-back of
-   dirty victims) and hands the embeddings to the model as ``batch.emb``;
+1. the loader reads the batch's input nodes' rows like features (:meth:`NodeEmbedding.read`, through the
+   source's ``gather``: lookups, misses, write-back of dirty victims) and hands the embeddings to the model as
+   ``batch.emb``;
 2. after backward, :meth:`NodeEmbedding.step` sums the gradient per node and the owner of each row applies the
    optimizer to it in its cache line (``update``), which becomes dirty;
 3. a checkpoint flushes every dirty line and syncs the table (:meth:`NodeEmbedding.flush`); the trainer then
    records the table's new generation.
 
-The embeddings keep their own order: a training gather (``training=True``) waits until every earlier training
-gather's batch was stepped, so every batch reads the rows exactly as a dense embedding trained on the same
+The embeddings keep their own order: a training read (``training=True``) waits until every earlier training
+read's batch was stepped, so every batch reads the rows exactly as a dense embedding trained on the same
 batches would hold them, however far ahead the loader samples. Reading, stepping and flushing take turns on
-one lock, so a checkpoint's flush never meets a lookup of the next batch, and each gather's I/O counts are
-its own. :meth:`settle` forgets gathered batches that will not be stepped (an epoch cut short).
+one lock, so a checkpoint's flush never meets a lookup of the next batch, and each read's I/O counts are
+its own. :meth:`settle` forgets batches read that will not be stepped (an epoch cut short).
 """
 from __future__ import annotations
 
@@ -90,9 +91,9 @@ class NodeEmbedding:
         self.source, self.layout, self.optimizer = source, layout, optimizer
         self.table, self.cache, self.world_size = table, cache, int(world_size)
         self.steps = int(steps)
-        self._unstepped = 0  # training gathers not yet stepped; the next one waits for 0
+        self._unstepped = 0  # training reads not yet stepped; the next one waits for 0
         self._turn = threading.Condition()
-        self._lock = threading.RLock()  # gather, step and flush use the source one at a time
+        self._lock = threading.RLock()  # read, step and flush use the source one at a time
 
     @property
     def dim(self) -> int:
@@ -105,7 +106,7 @@ class NodeEmbedding:
     # -- the order of gathers and updates ----------------------------------------------------------------------
 
     def _take_turn(self, stop: threading.Event | None) -> bool:
-        """Waits until every earlier training gather was stepped, then counts this one; False if ``stop`` is set
+        """Waits until every earlier training read was stepped, then counts this one; False if ``stop`` is set
         meanwhile."""
         with self._turn:
             while self._unstepped:
@@ -121,8 +122,8 @@ class NodeEmbedding:
             self._turn.notify_all()
 
     def settle(self) -> None:
-        """Joins the source's background work and forgets training gathers that will not be stepped (a loader
-        that stopped with batches it gathered ahead)."""
+        """Joins the source's background work and forgets training reads that will not be stepped (a loader
+        that stopped with batches it read ahead)."""
         self.source.settle()
         with self._turn:
             self._unstepped = 0
@@ -143,9 +144,9 @@ class NodeEmbedding:
         after = self._io()
         return {key: after[key] - before[key] for key in after}
 
-    def gather(self, nodes, future=None, *, training: bool = False, stop: threading.Event | None = None):
+    def read(self, nodes, future=None, *, training: bool = False, stop: threading.Event | None = None):
         """(float32 embeddings ``[len(nodes), dim]``, seconds by stage, bytes read and written) of ``nodes``.
-        ``training``: the batch will be stepped (:meth:`step`), so this waits until the batches gathered for
+        ``training``: the batch will be stepped (:meth:`step`), so this waits until the batches read for
         training before it were; returns None if ``stop`` is set meanwhile."""
         if training and not self._take_turn(stop):
             return None
