@@ -141,7 +141,11 @@ def run_once(args, ds, method: str) -> dict:
     evict_s = features.evict_seconds if isinstance(features, MemmapStorage) else 0.0
     # Eviction ran inside gather (in the loader thread); leave it out of the stall it caused, at most.
     wall = result["wall_s"] - min(evict_s, result["stages_s"]["wait"])
+    # The pipeline's bound from the run's own counters (the trainer's epoch summaries): storage busy time or
+    # the training step, whichever is larger; the efficiency is that over the measured time.
+    bound_s = sum(epoch["bound_s"] for epoch in result["history"])
     return {"method": method, "iterations": result["iterations"], "wall_s": wall, "evict_s": evict_s,
+            "bound_s": bound_s, "pipeline_efficiency": bound_s / wall if wall > 0 else None,
             "stages_s": result["stages_s"], "hit_ratio": last["hit_ratio"], "bytes_read": last["bytes_read"],
             "pvp_hits": last.get("pvp_hits"), "loss": last["loss"]}
 
@@ -174,6 +178,7 @@ def summarize(runs: list[dict]) -> dict:
             "ms_per_iter_wall": 1e3 * statistics.median(r["wall_s"] for r in mine) / n,
             "ms_per_iter": {k: 1e3 * statistics.median(r["stages_s"][k] for r in mine) / n for k in STAGES},
             "hit_ratio": None if mine[0]["hit_ratio"] is None else statistics.median(r["hit_ratio"] for r in mine),
+            "pipeline_efficiency": statistics.median(r["pipeline_efficiency"] for r in mine),
             "bytes_read": statistics.median(r["bytes_read"] for r in mine),
             "pvp_hits": None if mine[0]["pvp_hits"] is None else statistics.median(r["pvp_hits"] for r in mine),
             "repeats": len(mine), "iterations": n,
@@ -183,13 +188,14 @@ def summarize(runs: list[dict]) -> dict:
 
 def table(summary: dict) -> str:
     lines = [f"{'method':<20}{'iters':>6}{'wall s':>8}{'ms/it':>8}" + "".join(f"{k:>9}" for k in STAGES) +
-             f"{'hit':>7}{'read MiB':>10}"]
+             f"{'hit':>7}{'read MiB':>10}{'bound':>7}"]
     for method, s in summary.items():
         hit = "-" if s["hit_ratio"] is None else f"{s['hit_ratio']:.3f}"
         lines.append(f"{method:<20}{s['iterations']:>6}{s['wall_s']:>8.2f}{s['ms_per_iter_wall']:>8.1f}" +
                      "".join(f"{s['ms_per_iter'][k]:>9.1f}" for k in STAGES) +
-                     f"{hit:>7}{s['bytes_read'] / 2**20:>10.1f}")
-    lines.append("(stage columns are ms per iteration; sample and gather overlap train, wait is the stall)")
+                     f"{hit:>7}{s['bytes_read'] / 2**20:>10.1f}{s['pipeline_efficiency']:>7.2f}")
+    lines.append("(stage columns are ms per iteration; sample and gather overlap train, wait is the stall; bound: the "
+                 "pipeline's efficiency, max(storage busy, train) over the measured time)")
     return "\n".join(lines)
 
 

@@ -27,8 +27,9 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-#: counters every Features reports (cumulative since it was opened)
-BASE_COUNTERS = ("bytes_read", "bytes_useful")
+#: counters every Features reports (cumulative since it was opened): bytes from the file, distinct rows' bytes,
+#: and the seconds the storage spent reading them (its busy time: the disk's side of a pipeline's bound)
+BASE_COUNTERS = ("bytes_read", "bytes_useful", "read_seconds")
 #: added by a cache with a victim buffer: rows it served instead of storage, and their bytes
 PVP_COUNTERS = ("pvp_hits", "bytes_saved")
 
@@ -107,7 +108,7 @@ class NoFeatures:
         return torch.empty((n, 0), dtype=self.dtype), torch.zeros(n, dtype=torch.bool)
 
     def counters(self) -> dict[str, int]:
-        return dict.fromkeys(BASE_COUNTERS, 0)
+        return {"bytes_read": 0, "bytes_useful": 0, "read_seconds": 0.0}
 
     def prefetch(self) -> None:
         """Nothing to prefetch."""

@@ -43,6 +43,7 @@ def test_end_to_end_quick(tmp_path):
     assert set(summary) == {"hybrid", "memmap-bound", "memory"}
     assert 0.0 < summary["hybrid"]["hit_ratio"] <= 1.0 and summary["memory"]["hit_ratio"] is None
     assert all(s["ms_per_iter_wall"] > 0 for s in summary.values())
+    assert 0.0 < summary["hybrid"]["pipeline_efficiency"] <= 1.0  # its bound from its own counters
     assert results["ratios"]["hybrid_speedup_vs_memmap_bound"] > 0
 
 

@@ -174,6 +174,9 @@ def test_cli_prints_the_table_and_json(dataset, calibration, capsys, tmp_path):
     assert len(plan["rows"]) == 6
     ok = [r for r in plan["rows"] if "error" not in r]
     assert len(ok) == 4 and all(r["bound"] in ("train", "sample", "cache", "read") for r in ok)
+    for r in ok:  # the efficiency a run would report: max(read, train) over the predicted time per iteration
+        assert r["bound_ms"] == max(r["stages_ms"]["read"], r["stages_ms"]["train"])
+        assert r["pipeline_efficiency"] == pytest.approx(r["bound_ms"] / r["ms_per_iteration"])
     assert plan["recommendation"]["capacity"] in ("40%", "70%")
 
 

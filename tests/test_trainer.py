@@ -51,6 +51,11 @@ def test_metrics_log_every_stage_and_the_cache(graph, tmp_path):
     epoch = [r["epoch_summary"] for r in records if "epoch_summary" in r]
     assert len(epoch) == 1 and epoch[0]["complete"] and "val" in epoch[0] and "test" in epoch[0]
     assert epoch[0]["bytes_read"] == sum(r["bytes_read"] for r in steps)
+    # The pipeline's bound from the epoch's own counters: the storage's busy time and the training step's.
+    e = epoch[0]
+    assert e["read_s"] > 0 and e["train_s"] == pytest.approx(e["stages_s"]["train"] + e["stages_s"]["update"])
+    assert e["bound_s"] == max(e["read_s"], e["train_s"])
+    assert e["pipeline_efficiency"] == pytest.approx(e["bound_s"] / e["wall_s"]) and 0 < e["pipeline_efficiency"] <= 1
 
 
 def test_resume_continues_with_the_same_losses(graph, tmp_path):

@@ -234,9 +234,13 @@ def _modelled_ms(sim: dict, cal: dict, cores: int, iterations: int, fill_sample_
     total = run_ms(each, cores, threads, fill_sample_ms=fill_sample_ms, **timing)
     steady = run_ms(each, cores, threads, fill_sample_ms=0.0, **timing) / iterations
     train_c, loader_c = contended_ms(stages, cores, threads)
+    # The run's bound as the trainer reports it (its epoch summary's pipeline_efficiency): the storage's reads
+    # or the training step, whichever is larger, over the time per iteration.
+    bound_ms = max(stages.read, stages.train)
     return {"stages_ms": stages.as_dict(), "contended_ms": {"train": train_c, "loader": loader_c},
             "steady_ms": steady, "ms_per_iteration": total / iterations, "run_ms": total,
-            "bound": bound_stage(stages, cores, threads)}
+            "bound": bound_stage(stages, cores, threads), "bound_ms": bound_ms,
+            "pipeline_efficiency": bound_ms / (total / iterations) if total > 0 else None}
 
 
 def format_plan(plan: dict) -> str:
@@ -248,7 +252,7 @@ def format_plan(plan: dict) -> str:
              f"batch {run['batch_size']}, {run['model']} hidden {run['hidden']}, window {run['window']}, "
              f"{run['iterations']} iterations on {run['cores']} core(s), {run['backend']} storage",
              f"{'policy':<18}{'size':>9}{'nodes':>7}{'hit':>7}{'read/it':>11}{'sample':>8}{'cache':>8}{'read':>8}"
-             f"{'train':>8}{'steady':>8}{'ms/it':>8}  bound"]
+             f"{'train':>8}{'steady':>8}{'ms/it':>8}{'eff':>6}  bound"]
     for r in plan["rows"]:
         name = r["policy"] + ("+pvp" if r["pvp"] else "")
         if "error" in r:
@@ -258,9 +262,10 @@ def format_plan(plan: dict) -> str:
         lines.append(f"{name:<18}{format_bytes(r['capacity_bytes']):>9}{r['share_of_nodes']:>7.1%}"
                      f"{r['hit_ratio']:>7.3f}{format_bytes(r['bytes_read_per_iteration']):>11}{s['sample']:>8.1f}"
                      f"{s['cache']:>8.1f}{s['read']:>8.1f}{s['train']:>8.1f}{r['steady_ms']:>8.1f}"
-                     f"{r['ms_per_iteration']:>8.1f}  {r['bound']}")
+                     f"{r['ms_per_iteration']:>8.1f}{r['pipeline_efficiency']:>6.2f}  {r['bound']}")
     lines.append("(ms per iteration; sample, cache + read (= gather) run on the loader thread overlapped with train; "
-                 "ms/it includes filling the window at the start)")
+                 "ms/it includes filling the window at the start; eff: the pipeline's efficiency, max(read, train) "
+                 "over ms/it, as a run's epoch summary reports it)")
     best = plan["recommendation"]
     if best is not None:
         lines.append(f"recommended: {best['policy']}{'+pvp' if best['pvp'] else ''} at {best['capacity']} "

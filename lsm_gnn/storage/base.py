@@ -169,7 +169,7 @@ class FeatureStorage(ABC):
 
     def counters(self) -> dict[str, int]:
         s = self.stats()
-        return {"bytes_read": s.bytes_read, "bytes_useful": s.bytes_useful}
+        return {"bytes_read": s.bytes_read, "bytes_useful": s.bytes_useful, "read_seconds": s.total_seconds}
 
     def prefetch(self) -> None:
         """Nothing to prefetch without a cache."""

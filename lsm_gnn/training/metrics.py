@@ -18,7 +18,7 @@ EMBEDDING_STAGES = ("embedding", "write-back", "update")
 ALL_STAGES = STAGES + EMBEDDING_STAGES
 # Counters summed over an epoch's iterations for its summary.
 TOTALS = ("hits", "unique", "bytes_read", "bytes_useful", "pvp_hits", "bytes_saved", "embedding_bytes_read",
-          "embedding_bytes_written")
+          "embedding_bytes_written", "read_seconds")
 
 
 @dataclass
@@ -131,8 +131,9 @@ def add_iteration(state: dict, stage: dict, loss: float, batch) -> None:
     totals["unique"] += batch.gathered
     totals["bytes_read"] += io["bytes_read"]
     totals["bytes_useful"] += io["bytes_useful"]
-    for key in ("pvp_hits", "bytes_saved", "embedding_bytes_read", "embedding_bytes_written"):
-        totals[key] = totals.get(key, 0) + io.get(key, 0)  # with PVP, with node embeddings
+    # With PVP, with node embeddings; read_seconds: lacking in a checkpoint from before it was counted.
+    for key in ("pvp_hits", "bytes_saved", "embedding_bytes_read", "embedding_bytes_written", "read_seconds"):
+        totals[key] = totals.get(key, 0) + io.get(key, 0)
 
 
 def iteration_record(batch, epoch: int, loss: float, stage: dict, cached: bool) -> dict:
@@ -159,13 +160,27 @@ def epoch_summary(state: dict, complete: bool, features, with_embedding: bool) -
                "stages_s": dict(state["stages"]),
                "hit_ratio": totals["hits"] / totals["unique"] if totals["unique"] and cached else None,
                "bytes_read": totals["bytes_read"],
-               "amplification": totals["bytes_read"] / totals["bytes_useful"] if totals["bytes_useful"] else None}
+               "amplification": totals["bytes_read"] / totals["bytes_useful"] if totals["bytes_useful"] else None,
+               **pipeline_bound(state)}
     if "pvp_hits" in features.counters():  # a cache with a victim buffer
         summary.update(pvp_hits=totals["pvp_hits"], bytes_saved=totals["bytes_saved"])
     if with_embedding:  # this rank's reads of the table and writes to it (checkpoint flushes aside)
         summary.update(embedding_bytes_read=totals.get("embedding_bytes_read", 0),
                        embedding_bytes_written=totals.get("embedding_bytes_written", 0))
     return summary
+
+
+def pipeline_bound(state: dict) -> dict:
+    """How close the epoch ran to its bound, from its own counters: the storage's busy time (``read_s``: its
+    reads of misses, at the queue depth it ran) and the training step's (``train_s``, with the node
+    embeddings' update) are two resources a perfect pipeline overlaps, so no run takes less than the larger
+    (``bound_s``); ``pipeline_efficiency`` is that over the training wall time (1.0: nothing else shows)."""
+    stages = state["stages"]
+    read_s = float(state["totals"].get("read_seconds", 0.0))
+    train_s = stages.get("train", 0.0) + stages.get("update", 0.0)
+    bound_s = max(read_s, train_s)
+    return {"read_s": read_s, "train_s": train_s, "bound_s": bound_s,
+            "pipeline_efficiency": bound_s / state["wall"] if state["wall"] > 0 and state["losses"] else None}
 
 
 # -- printed lines -----------------------------------------------------------------------------------------------
@@ -179,6 +194,9 @@ def epoch_line(s: dict) -> str:
         parts.append(f"pvp hits {s['pvp_hits']:,} ({s['bytes_saved'] / 2**20:.1f} MiB saved)")
     if s["amplification"] is not None:
         parts.append(f"read {s['bytes_read'] / 2**20:.1f} MiB (ampl. {s['amplification']:.2f})")
+    if s.get("pipeline_efficiency") is not None:
+        limit = "storage" if s["read_s"] > s["train_s"] else "train"
+        parts.append(f"pipeline {s['pipeline_efficiency']:.2f} of its bound ({limit})")
     if "embedding_bytes_read" in s:
         parts.append(f"table read {s['embedding_bytes_read'] / 2**20:.1f} MiB, written "
                      f"{s['embedding_bytes_written'] / 2**20:.1f} MiB")
