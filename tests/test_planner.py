@@ -237,3 +237,58 @@ def test_plan_validation_benchmark_runs(tmp_path):
         assert r["predicted"]["bytes_read"] == r["measured"]["bytes_read"]
         assert r["predicted"]["ms_per_iteration"] > 0 and r["measured"]["ms_per_iteration"] > 0
     assert json.loads((tmp_path / "v.json").read_text())["summary"]["configs"] == 2
+
+
+# -- trusting a calibration ----------------------------------------------------------------------------------------
+
+def test_a_calibration_is_measured_again_while_its_runs_disagree():
+    from lsm_gnn.planner.calibrate import repeated
+
+    steady = iter([10.0, 10.5, 9.8])
+    got = repeated(lambda: {"ms": next(steady), "other": 1}, "ms")
+    assert got["figures"] == [10.0, 10.5, 9.8] and got["ms"] == 10.0 and got["spread"] == pytest.approx(0.07)
+    assert got["other"] == 1 and got["measured_at"] > 0  # the median run's whole record, with when it was taken
+    unsteady = iter([10.0, 30.0, 10.2, 10.1, 9.9, 50.0])
+    got = repeated(lambda: {"ms": next(unsteady)}, "ms", most=5)
+    assert len(got["figures"]) == 5 and got["ms"] == 10.1  # five runs at most; the median still the usual one
+    assert got["spread"] == pytest.approx((30.0 - 9.9) / 10.1)
+
+
+def test_a_plan_says_what_it_should_not_trust():
+    from lsm_gnn.planner.calibrate import out_of_range, trust_warnings
+
+    quiet = {"figures": [1.0, 1.05], "spread": 0.05, "other_load": 0.05}
+    assert trust_warnings({"storage": quiet, "memcpy": quiet, "train": quiet}) == []
+    warnings = trust_warnings({"storage": {**quiet, "figures": [1.0, 2.0], "spread": 1.0},
+                               "train": {**quiet, "other_load": 1.2}, "memcpy": quiet})
+    assert len(warnings) == 2 and "storage calibration's runs differ by 100%" in warnings[0]
+    assert "1.2 core(s) busy while train was calibrated" in warnings[1] and "--recalibrate" in warnings[1]
+    assert out_of_range({"memcpy_gb_per_s": 0.3}, {"memcpy_gb_per_s": 9.0}).startswith("the stored calibration's")
+    assert out_of_range({"memcpy_gb_per_s": 4.0}, {"memcpy_gb_per_s": 9.0}) is None  # quiet runs vary 2-3x
+
+
+def test_a_stored_calibration_out_of_physical_range_is_measured_again(dataset, tmp_path):
+    from lsm_gnn.planner.plan import format_plan
+
+    cfg = load_config(None, [f"dataset={dataset.path}", *RUN])
+    calibration = str(tmp_path / "cal.json")
+    plan = quick_plan(cfg, calibration, sizes=["30%"], policies=["hybrid"], pvp=[False])
+    text = format_plan(plan)
+    assert "calibration: storage 20" in text and "UTC (runs within" in text  # its date and spread, every plan
+    plan["calibration"]["warnings"] = ["the train calibration's runs differ by 40%"]
+    assert "\nwarning: the train calibration's runs differ by 40%" in format_plan(plan)
+    with open(calibration) as f:
+        stored = json.load(f)
+    for entry in stored["entries"].values():  # as if measured while another job held the machine
+        if "memcpy_gb_per_s" in entry["value"]:
+            entry["value"]["memcpy_gb_per_s"] = 1e-3
+        entry["value"].update(spread=0.9, figures=[1.0, 1.9])
+    with open(calibration, "w") as f:
+        json.dump(stored, f)
+    messages = []
+    plan = make_plan(cfg, sizes=["30%"], policies=["hybrid"], pvp=[False], iterations=8, calibration_file=calibration,
+                     train_steps=2, storage_seconds=0.05, log=messages.append)
+    assert any("memcpy (0.00 GB/s) is below 20%" in m and "measuring every part again" in m for m in messages)
+    assert not any("reused from" in m for m in messages)
+    assert plan["calibration"]["memcpy"]["memcpy_gb_per_s"] > 1e-3
+    assert all(len(plan["calibration"][p]["figures"]) >= 3 for p in ("storage", "memcpy", "train"))

@@ -14,6 +14,13 @@ Each part is stored under a key of everything it depends on (the feature
 file's identity, backend, queue depth, model, batches, threads), so a plan
 over another cache size or policy reuses it and a changed setting measures
 again.
+
+A calibration taken while other work loads the machine is wrong for every
+plan after it, so each part is measured several times (:func:`repeated`:
+more while its runs disagree) and stored with its spread, its date and how
+busy other processes kept the cores meanwhile; :func:`trust_warnings` says
+what a plan should not trust, and :func:`out_of_range` finds a stored memcpy
+far below what the machine copies now.
 """
 from __future__ import annotations
 
@@ -33,7 +40,13 @@ from lsm_gnn.fileio import NotOurFileError, atomic_write_bytes, check_output_fil
 from lsm_gnn.planner.simulate import ReadGeometry, TraceStorage
 from lsm_gnn.timing import median_seconds
 
-CALIBRATION_VERSION = 4
+CALIBRATION_VERSION = 5
+#: a part whose runs' main figure spreads wider than this (range over median) is measured again, then reported
+STEADY_SPREAD = 0.15
+#: each part's main figure: what its spread is judged by
+MAIN_FIGURE = {"storage": "per_read_us", "memcpy": "memcpy_gb_per_s", "train": "train_ms"}
+#: cores other processes may keep busy during a calibration before a plan warns of it
+OTHER_LOAD_WARNING = 0.25
 DEFAULT_FILE = os.path.join(os.path.expanduser("~"), ".cache", "lsm-gnn", "plan-calibration.json")
 
 
@@ -103,6 +116,74 @@ class CalibrationStore:
             self._read(self.path)  # still a calibration: nothing else took its place while this one measured
         document = {"format": CALIBRATION_FORMAT, "version": CALIBRATION_VERSION, "entries": self.entries}
         atomic_write_bytes(json.dumps(document, indent=1).encode(), self.path)
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU seconds every process of the machine has spent busy since boot (``/proc/stat``), or None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return None
+    ticks = [int(x) for x in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle and iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def repeated(measure, figure: str, repeats: int = 3, most: int = 5, spread_limit: float = STEADY_SPREAD) -> dict:
+    """``measure()`` run ``repeats`` times, and again (up to ``most``) while ``figure`` spreads wider than
+    ``spread_limit``; the run with the median ``figure``, and beside it ``spread`` (the runs' range over their
+    median), ``figures`` (every run's), ``other_load`` (cores other processes kept busy meanwhile, from
+    ``/proc/stat`` less this process's CPU time; None off Linux) and ``measured_at`` (Unix seconds)."""
+    runs: list[dict] = []
+    busy, own, start = machine_busy_seconds(), process_cpu_seconds(), time.perf_counter()
+    while len(runs) < repeats or (len(runs) < most and spread_of([r[figure] for r in runs]) > spread_limit):
+        runs.append(measure())
+    wall = time.perf_counter() - start
+    other = None
+    if busy is not None and wall > 0:
+        other = max(machine_busy_seconds() - busy - (process_cpu_seconds() - own), 0.0) / wall
+    figures = [r[figure] for r in runs]
+    middle = sorted(runs, key=lambda r: r[figure])[len(runs) // 2]
+    return {**middle, "spread": spread_of(figures), "figures": figures, "other_load": other,
+            "measured_at": time.time()}
+
+
+def spread_of(values) -> float:
+    """Range over median (0 for fewer than two values)."""
+    values = sorted(values)
+    if len(values) < 2:
+        return 0.0
+    middle = values[len(values) // 2]
+    return (values[-1] - values[0]) / middle if middle else float("inf")
+
+
+def trust_warnings(calibration: dict) -> list[str]:
+    """What a plan should not trust in ``calibration`` ({part: its measurement}): parts whose runs disagreed
+    and parts measured while other processes kept cores busy."""
+    warnings = []
+    for part, value in calibration.items():
+        if not isinstance(value, dict) or part not in MAIN_FIGURE:
+            continue
+        spread, other = value.get("spread"), value.get("other_load")
+        if spread is not None and spread > STEADY_SPREAD:
+            warnings.append(f"the {part} calibration's runs differ by {spread:.0%} ({MAIN_FIGURE[part]} "
+                            f"{', '.join(f'{x:.3g}' for x in value['figures'])}): its figure is uncertain")
+        if other is not None and other > OTHER_LOAD_WARNING:
+            warnings.append(f"other processes kept {other:.1f} core(s) busy while {part} was calibrated: "
+                            "recalibrate on a quiet machine (lsm-gnn plan --recalibrate)")
+    return warnings
+
+
+def out_of_range(stored: dict, now: dict, floor: float = 0.2) -> str | None:
+    """Why a stored memcpy calibration cannot be this machine's (below ``floor`` x what it copies ``now``, a
+    short probe), or None: such a calibration was taken under load, and every part taken with it is suspect.
+    The floor is wide: a copy of cache-sized rows varies 2-3x between quiet runs of one machine."""
+    have, can = stored.get("memcpy_gb_per_s", 0.0), now["memcpy_gb_per_s"]
+    if have < floor * can:
+        return (f"the stored calibration's memcpy ({have:.2f} GB/s) is below {floor:.0%} of what this machine "
+                f"copies now ({can:.2f} GB/s)")
+    return None
 
 
 def file_identity(path: str) -> dict:

@@ -150,22 +150,33 @@ def _record(cfg: Config, dataset, iterations: int, log):
 
 def _calibrations(cfg: Config, dataset, backend: str, store: calibrate.CalibrationStore, recalibrate: bool,
                   train_steps: int, storage_seconds: float, log) -> dict:
-    """Storage reads, memcpy and training steps, measured or reused from ``store``: ``{storage, memcpy, train}``."""
+    """Storage reads, memcpy and training steps, measured (each several times) or reused from ``store``:
+    ``{storage, memcpy, train, warnings}``. A stored calibration whose memcpy is far below what the machine copies
+    now was taken under load: it is measured again, every part."""
+    layout = dataset.features
+    dtype = TORCH_DTYPES[layout.dtype]
+    memcpy_identity = {"dim": layout.dim, "dtype": layout.dtype, "cpus": os.cpu_count()}
+    stored = store.entries.get(store.key("memcpy", memcpy_identity))
+    if stored is not None and not recalibrate:
+        why = calibrate.out_of_range(stored["value"], on_loader_thread(calibrate.measure_memcpy, layout.dim, dtype))
+        if why is not None:
+            log(f"plan: {why}: measuring every part again")
+            recalibrate = True
+
     def measured(kind, identity, measure, what):
         log(f"plan: calibrating {what} ...")
-        value, cached = store.get_or_measure(kind, identity, measure, refresh=recalibrate)
+        value, cached = store.get_or_measure(
+            kind, identity, lambda: calibrate.repeated(measure, calibrate.MAIN_FIGURE[kind]), refresh=recalibrate)
         if cached:
-            log(f"plan: {what}: reused from {store.path}")
+            log(f"plan: {what}: reused from {store.path}, measured {_when(value.get('measured_at'))}")
         return value
 
     storage_cal = measured("storage", {"features": calibrate.file_identity(dataset.feature_path), "backend": backend},
                            lambda: on_loader_thread(calibrate.measure_storage, dataset, backend,
                                                     seconds=storage_seconds),
                            f"{backend} random reads")
-    layout = dataset.features
-    memcpy_cal = measured("memcpy", {"dim": layout.dim, "dtype": layout.dtype, "cpus": os.cpu_count()},
-                          lambda: on_loader_thread(calibrate.measure_memcpy, layout.dim, TORCH_DTYPES[layout.dtype]),
-                          "memcpy bandwidth")
+    memcpy_cal = measured("memcpy", memcpy_identity,
+                          lambda: on_loader_thread(calibrate.measure_memcpy, layout.dim, dtype), "memcpy bandwidth")
     train_cal = measured("train", {**_training_identity(cfg, dataset), "steps": train_steps},
                          lambda: calibrate.measure_training(cfg, dataset, steps=train_steps),
                          f"{train_steps} training steps")
@@ -173,7 +184,15 @@ def _calibrations(cfg: Config, dataset, backend: str, store: calibrate.Calibrati
         f"({storage_cal['iops']:,.0f} IOPS at QD {storage_cal['queue_depth']}), memcpy "
         f"{memcpy_cal['memcpy_gb_per_s']:.1f} GB/s (row gather {memcpy_cal['row_gather_gb_per_s']:.1f}), train "
         f"{train_cal['train_ms']:.1f} ms, sample {train_cal['sample_ms']:.1f} ms per iteration")
-    return {"storage": storage_cal, "memcpy": memcpy_cal, "train": train_cal}
+    cal = {"storage": storage_cal, "memcpy": memcpy_cal, "train": train_cal}
+    return {**cal, "warnings": calibrate.trust_warnings(cal)}
+
+
+def _when(timestamp: float | None) -> str:
+    """A calibration's date as a plan prints it (UTC)."""
+    if timestamp is None:
+        return "at an unknown time"
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(timestamp))
 
 
 def _plan_rows(grid: list[Config], specs: list, dataset, trace, iterations: int, cal: dict, cores: int,
@@ -266,6 +285,12 @@ def format_plan(plan: dict) -> str:
     lines.append("(ms per iteration; sample, cache + read (= gather) run on the loader thread overlapped with train; "
                  "ms/it includes filling the window at the start; eff: the pipeline's efficiency, max(read, train) "
                  "over ms/it, as a run's epoch summary reports it)")
+    cal = plan["calibration"]
+    parts = [f"{part} {_when(cal[part].get('measured_at'))} (runs within {cal[part].get('spread', 0):.0%}"
+             + ("" if cal[part].get("other_load") is None else f", other load {cal[part]['other_load']:.1f} cores")
+             + ")" for part in ("storage", "memcpy", "train")]
+    lines.append("calibration: " + "; ".join(parts))
+    lines += [f"warning: {w}" for w in cal.get("warnings", [])]
     best = plan["recommendation"]
     if best is not None:
         lines.append(f"recommended: {best['policy']}{'+pvp' if best['pvp'] else ''} at {best['capacity']} "
