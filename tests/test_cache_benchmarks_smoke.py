@@ -74,3 +74,14 @@ def test_window_index_quick():
     assert results["allocated_bytes_per_node"] < 14
     assert results["allocated_bytes_full"] > results["allocated_bytes_empty"]
     assert all(ms > 0 for ms in results["median_ms"].values())
+
+
+def test_sampler_vs_dgl_quick(tmp_path):
+    pytest.importorskip("dgl")
+    results = load("sampler_vs_dgl").main(["--quick", "--profile", "--json", str(tmp_path / "d.json")])
+    row = results["rows"][0]
+    one = row["threads"][1]
+    assert one["ours_ms"] > 0 and one["dgl_ms"] > 0 and one["speedup"] > 0
+    # The same work: DGL's fanouts are given in its order, so both draw about as many edges.
+    assert abs(one["edges_first_batch"] - one["dgl_edges_first_batch"]) <= 0.1 * one["edges_first_batch"]
+    assert 0 <= row["profile_1t"]["python_share"] < 1
