@@ -3,14 +3,77 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
-#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "common/errors.h"
 #include "graph/csr_check.h"
 #include "sampler/sampler_rng.h"  // shared with the CUDA sampler, which must draw the same positions
 
 namespace lsm::sampler {
+
+namespace {
+
+// Global id -> index in the batch's node list. The numbering makes one lookup per sampled edge, serially (its
+// order defines the local ids), where std::unordered_map's allocation per insert and pointer chasing cost a
+// large part of the op's time: here keys and values sit in two flat arrays, probed linearly from a
+// multiplicative hash. Ids are >= 0 (checked before they are numbered), so -1 marks an empty slot.
+class LocalIds {
+ public:
+  explicit LocalIds(size_t expected) { resize(capacity_for(expected)); }
+
+  // (the id's index, whether it was new): a new id gets ``next``.
+  std::pair<int64_t, bool> emplace(int64_t id, int64_t next) {
+    if ((size_ + 1) * 2 > keys_.size()) rehash(keys_.size() * 2);
+    for (size_t i = slot(id);; i = (i + 1) & mask_) {
+      if (keys_[i] == kEmpty) {
+        keys_[i] = id;
+        values_[i] = next;
+        ++size_;
+        return {next, true};
+      }
+      if (keys_[i] == id) return {values_[i], false};
+    }
+  }
+
+ private:
+  static constexpr int64_t kEmpty = -1;
+
+  static size_t capacity_for(size_t expected) {
+    size_t capacity = 16;
+    while (capacity < expected * 2) capacity *= 2;
+    return capacity;
+  }
+
+  size_t slot(int64_t id) const {
+    return static_cast<size_t>((static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
+
+  void resize(size_t capacity) {
+    keys_.assign(capacity, kEmpty);
+    values_.assign(capacity, 0);
+    mask_ = capacity - 1;
+    shift_ = 64;
+    for (size_t c = capacity; c > 1; c >>= 1) --shift_;
+  }
+
+  void rehash(size_t capacity) {
+    std::vector<int64_t> keys = std::move(keys_), values = std::move(values_);
+    resize(capacity);
+    size_ = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] != kEmpty) emplace(keys[i], values[i]);
+    }
+  }
+
+  std::vector<int64_t> keys_, values_;
+  size_t mask_ = 0, size_ = 0;
+  int shift_ = 64;
+};
+
+}  // namespace
 
 template <typename Index>
 std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_t num_nodes, int64_t num_edges,
@@ -23,8 +86,7 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
                                     num_nodes, ") is sampled one hop at a time, got ", fanouts.size(), " fanouts"));
   }
   std::vector<int64_t> frontier(seeds, seeds + num_seeds);
-  std::unordered_map<int64_t, int64_t> local;  // global id -> index in the current node list
-  local.reserve(static_cast<size_t>(num_seeds) * 8);
+  LocalIds local(static_cast<size_t>(num_seeds) * 8);  // global id -> index in the current node list
   for (int64_t i = 0; i < num_seeds; ++i) {
     if (seeds[i] < 0 || seeds[i] >= num_nodes) {
       throw std::out_of_range(cat("seed node ", seeds[i], " at position ", i, " is outside [0, ", num_nodes, ")"));
@@ -86,9 +148,9 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
     if (first_bad < n) graph::check_neighbors(indptr, indices, frontier[first_bad], num_ids);
     // Number newly reached nodes in edge order (serial: the order defines local ids).
     for (auto& s : hop.src) {
-      auto [it, inserted] = local.emplace(s, static_cast<int64_t>(frontier.size()));
+      auto [index, inserted] = local.emplace(s, static_cast<int64_t>(frontier.size()));
       if (inserted) frontier.push_back(s);
-      s = it->second;
+      s = index;
     }
     hop.nodes = frontier;
     hops.push_back(std::move(hop));
