@@ -18,28 +18,36 @@ namespace {
 
 // Global id -> index in the batch's node list. The numbering makes one lookup per sampled edge, serially (its
 // order defines the local ids), where std::unordered_map's allocation per insert and pointer chasing cost a
-// large part of the op's time: here keys and values sit in two flat arrays, probed linearly from a
-// multiplicative hash. Ids are >= 0 (checked before they are numbered), so -1 marks an empty slot.
+// large part of the op's time: here each id and its index share a slot of one flat array (one cache line
+// per probe), probed linearly from a multiplicative hash. Ids are >= 0 (checked before they are numbered),
+// so -1 marks an empty slot.
 class LocalIds {
  public:
   explicit LocalIds(size_t expected) { resize(capacity_for(expected)); }
 
   // (the id's index, whether it was new): a new id gets ``next``.
   std::pair<int64_t, bool> emplace(int64_t id, int64_t next) {
-    if ((size_ + 1) * 2 > keys_.size()) rehash(keys_.size() * 2);
+    if ((size_ + 1) * 2 > slots_.size()) rehash(slots_.size() * 2);
     for (size_t i = slot(id);; i = (i + 1) & mask_) {
-      if (keys_[i] == kEmpty) {
-        keys_[i] = id;
-        values_[i] = next;
+      Slot& s = slots_[i];
+      if (s.id == kEmpty) {
+        s = Slot{id, next};
         ++size_;
         return {next, true};
       }
-      if (keys_[i] == id) return {values_[i], false};
+      if (s.id == id) return {s.index, false};
     }
   }
 
+  // Starts loading the slot ``id`` probes first: the serial numbering waits on one cache miss per edge
+  // otherwise.
+  void prefetch(int64_t id) const { __builtin_prefetch(&slots_[slot(id)]); }
+
  private:
   static constexpr int64_t kEmpty = -1;
+  struct Slot {
+    int64_t id, index;
+  };
 
   static size_t capacity_for(size_t expected) {
     size_t capacity = 16;
@@ -52,23 +60,22 @@ class LocalIds {
   }
 
   void resize(size_t capacity) {
-    keys_.assign(capacity, kEmpty);
-    values_.assign(capacity, 0);
+    slots_.assign(capacity, Slot{kEmpty, 0});
     mask_ = capacity - 1;
     shift_ = 64;
     for (size_t c = capacity; c > 1; c >>= 1) --shift_;
   }
 
   void rehash(size_t capacity) {
-    std::vector<int64_t> keys = std::move(keys_), values = std::move(values_);
+    std::vector<Slot> old = std::move(slots_);
     resize(capacity);
     size_ = 0;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (keys[i] != kEmpty) emplace(keys[i], values[i]);
+    for (const Slot& s : old) {
+      if (s.id != kEmpty) emplace(s.id, s.index);
     }
   }
 
-  std::vector<int64_t> keys_, values_;
+  std::vector<Slot> slots_;
   size_t mask_ = 0, size_ = 0;
   int shift_ = 64;
 };
@@ -103,16 +110,22 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
     // Row lengths in parallel: on a memory-mapped CSR that is not in memory, each read of indptr can be a
     // page fault that waits on the disk, and parallel faults keep the disk busy (docs/benchmarks.md, "Out of
     // core: topology and scale"). A bad row cannot throw inside the loop: remember the first, throw after.
-    std::vector<int64_t> offset(n + 1, 0);
+    // Each row's start and length are kept for the draws, so indptr is read at random once per node; the
+    // rows a few nodes ahead are prefetched (the loop waits on one cache miss per node otherwise).
+    constexpr int64_t kAhead = 16;
+    std::vector<int64_t> offset(n + 1, 0), row_start(n), row_length(n);
     int64_t first_bad_row = n;
 #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 256) if (n > 2048)
     for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) __builtin_prefetch(indptr + frontier[i + kAhead]);
       if (!graph::row_ok(indptr, frontier[i], num_edges)) {  // before any size is derived from it
 #pragma omp critical(lsm_sampler_bad_indptr)
         first_bad_row = std::min(first_bad_row, i);
         continue;
       }
-      offset[i + 1] = sample_count(indptr[frontier[i] + 1] - indptr[frontier[i]], k);
+      row_start[i] = indptr[frontier[i]];
+      row_length[i] = indptr[frontier[i] + 1] - row_start[i];
+      offset[i + 1] = sample_count(row_length[i], k);
     }
     if (first_bad_row < n) graph::check_row(indptr, frontier[first_bad_row], num_edges);
     for (int64_t i = 0; i < n; ++i) offset[i + 1] += offset[i];
@@ -125,10 +138,11 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
     int64_t first_bad = n;
 #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 256) if (n > 2048)
     for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) __builtin_prefetch(indices + row_start[i + kAhead]);
       const int64_t v = frontier[i];
       Stream rng = Stream::for_node(key, v);
       int64_t* out = hop.src.data() + offset[i];
-      const int64_t degree = indptr[v + 1] - indptr[v];
+      const int64_t degree = row_length[i];
       const int64_t got = sample_count(degree, k);
       if (got == degree) {
         for (int64_t j = 0; j < degree; ++j) out[j] = j;
@@ -136,7 +150,7 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
         floyd_sample(rng, degree, k, out);
       }
       for (int64_t j = 0; j < got; ++j) {
-        const Index u = indices[indptr[v] + out[j]];  // position -> global neighbor id
+        const Index u = indices[row_start[i] + out[j]];  // position -> global neighbor id
         if (!graph::neighbor_ok(u, num_ids)) {
 #pragma omp critical(lsm_sampler_bad_row)
           first_bad = std::min(first_bad, i);
@@ -147,7 +161,11 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
     }
     if (first_bad < n) graph::check_neighbors(indptr, indices, frontier[first_bad], num_ids);
     // Number newly reached nodes in edge order (serial: the order defines local ids).
-    for (auto& s : hop.src) {
+    // Lookups in flight: the slots of the next edges load meanwhile.
+    const size_t edges = hop.src.size();
+    for (size_t e = 0; e < edges; ++e) {
+      if (e + kAhead < edges) local.prefetch(hop.src[e + kAhead]);
+      int64_t& s = hop.src[e];
       auto [index, inserted] = local.emplace(s, static_cast<int64_t>(frontier.size()));
       if (inserted) frontier.push_back(s);
       s = index;
