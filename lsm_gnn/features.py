@@ -44,6 +44,10 @@ class Features(Protocol):
     row_bytes: int
     #: whether :meth:`gather`'s hit mask means anything (a cache) or is all False (storage)
     caches: bool
+    #: the lines this source caches on this rank (a shared cache: this rank's slice), or None without a cache
+    cache_lines: int | None
+    #: where several ranks share one cache, the rank that owns each row (``owner(ids) -> ranks``); else None
+    owner: object | None
 
     def gather(self, ids, *, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows ``[len(ids), dim]`` in request order, hit mask ``[len(ids)]``) for one batch.
@@ -95,6 +99,7 @@ class NoFeatures:
     (``model.node_embedding.features=false``). Reads nothing."""
 
     caches = False
+    cache_lines = owner = None
     last_timings: dict = {}
     dim = 0
     dtype = torch.float32

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lsm_gnn.cache import SoftwareCache
 from lsm_gnn.cache.geometry import HEADROOM
 from lsm_gnn.config import ConfigError, capacity_spec
 from lsm_gnn.features import TypedFeatures
@@ -71,9 +70,7 @@ class CacheFit:
 def cache_fits(features, batches: list[list], what: str = "the cache") -> list[CacheFit]:
     """Each cache of ``features`` against ``batches[rank][i]``, the input nodes of sampled batch ``i`` on
     each rank (``torch`` or numpy ids; per node type for a heterogeneous dataset). Features without a
-    cache give no entry."""
-    from lsm_gnn.comm import SharedCache
-
+    cache give no entry; a cache shared by ranks is judged by its slices (``owner``)."""
     sampled = len(batches[0]) if batches else 0
     if isinstance(features, TypedFeatures):  # each group's cache against its ids
         fits = []
@@ -81,17 +78,17 @@ def cache_fits(features, batches: list[list], what: str = "the cache") -> list[C
             ids = [[features.group_ids(nodes)[g] for nodes in per_rank] for per_rank in batches]
             fits += cache_fits(group.features, ids, what if features.plain else f"the cache of {'+'.join(group.types)}")
         return fits
-    if isinstance(features, SharedCache):
+    if features.cache_lines is None:
+        return []
+    if features.owner is not None:
         largest = 0
         for i in range(sampled):  # an owner serves the union of what every rank asks of it in one iteration
             ids = np.unique(np.concatenate([_ids(per_rank[i]) for per_rank in batches]))
             largest = max(largest, int(np.bincount(features.owner(ids), minlength=1).max(initial=0)))
         slice_what = "each rank's cache slice" if what == "the cache" else f"each rank's slice of {what[4:]}"
-        return [CacheFit(slice_what, features.cache.num_lines, largest, sampled)]
-    if isinstance(features, SoftwareCache):
-        largest = max((np.unique(_ids(b)).size for per_rank in batches for b in per_rank), default=0)
-        return [CacheFit(what, features.num_lines, int(largest), sampled)]
-    return []
+        return [CacheFit(slice_what, features.cache_lines, largest, sampled)]
+    largest = max((np.unique(_ids(b)).size for per_rank in batches for b in per_rank), default=0)
+    return [CacheFit(what, features.cache_lines, int(largest), sampled)]
 
 
 def _ids(nodes) -> np.ndarray:

@@ -513,6 +513,11 @@ class SoftwareCache(StorageShape):
     # -- the Features interface (lsm_gnn.features): a cache wraps a storage -------------------------------------
 
     caches = True
+    owner = None  # one process's cache: every row is its own
+
+    @property
+    def cache_lines(self) -> int:
+        return self.num_lines
 
     def gather(self, ids, *, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`lookup`: the rows and which of them were served without reading storage."""

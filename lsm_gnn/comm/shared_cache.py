@@ -359,6 +359,11 @@ class SharedCache(StorageShape):
 
     caches = True
 
+    @property
+    def cache_lines(self) -> int:
+        """This rank's slice's lines (``owner`` says which rows it holds)."""
+        return self.cache.num_lines
+
     def gather(self, ids, *, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`lookup` (collective: every rank gathers its batch at the same time)."""
         return self.lookup(ids, future=future, out=out)

@@ -160,6 +160,7 @@ class FeatureStorage(ABC):
     # -- the Features interface (lsm_gnn.features): storage is the source with no cache ---------------------
 
     caches = False
+    cache_lines = owner = None  # no cache, so no lines and no owners
     last_timings: dict = {}
 
     def gather(self, ids, *, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
