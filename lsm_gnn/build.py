@@ -181,7 +181,7 @@ def _group_cache(storage, spec: FeatureSpec, dataset, types: list[str], device: 
     if spec.static_score is not None:
         scores = dataset.score(spec.static_score, types[0]) if len(types) == 1 else \
             np.concatenate([np.asarray(dataset.score(spec.static_score, t)) for t in types])
-    cache = cache_over(storage, spec, scores, device, num_threads, None if capacity == spec.size.bytes else capacity)
+    cache = cache_over(storage, spec, scores, device, num_threads, capacity)
     if not spec.shared:
         return cache
     return shared_over(cache, spec, world_size, access_counts=lambda: _sampled_counts(

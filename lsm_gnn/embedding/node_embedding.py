@@ -20,7 +20,6 @@ its own. :meth:`settle` forgets batches read that will not be stepped (an epoch 
 """
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
