@@ -99,6 +99,7 @@ class PyRowReader {
     d["total_ns"] = c.total_ns.load();
     d["last_batch_ns"] = c.last_batch_ns.load();
     d["max_batch_ns"] = c.max_batch_ns.load();
+    d["busy_ns"] = c.busy_ns.load();
     return d;
   }
 

@@ -21,7 +21,7 @@ import torch
 from lsm_gnn import defaults
 from lsm_gnn.cache import PolicyConfig, SoftwareCache, every_row_sets
 from lsm_gnn.cache.pvp import QueueBudgetTooSmall
-from lsm_gnn.config import Config, ConfigError, capacity_bytes_of, capacity_spec, policy_config
+from lsm_gnn.config import Config, ConfigError, capacity_bytes_of, capacity_spec, policy_config, read_ahead_depth
 from lsm_gnn.features import Features, FeatureGroup, TypedFeatures
 from lsm_gnn.storage import open_storage
 
@@ -60,6 +60,8 @@ class FeatureSpec:
     owner: str                   # who owns a node when shared: hashed | modulo | hotness | path to a .npy map
     pvp_queue_bytes: str | None = None  # all victim queues' bytes (or a share of the cache), instead of lines
     embedding_size: CacheSize | None = None  # model.node_embedding's cache (same policy and victim buffer)
+    read_ahead: int | None = None  # batches whose misses are read ahead (None: the cache's default)
+    read_ahead_bytes: str = defaults.READ_AHEAD_BYTES  # the rows read ahead held at once
 
 
 def resolve(cfg: Config, dataset, world_size: int = 1) -> FeatureSpec:
@@ -86,7 +88,8 @@ def resolve(cfg: Config, dataset, world_size: int = 1) -> FeatureSpec:
         # default, where a figure the user gave that holds none is refused.
         pvp_queue_bytes=None if c.pvp_queue_capacity or c.pvp_queue_bytes == defaults.PVP_QUEUE_BYTES
         else c.pvp_queue_bytes, pvp_reinstall=c.pvp and c.pvp_reinstall,
-        shared=world_size > 1 and c.mode == "shared", owner=c.owner, embedding_size=_embedding_size(cfg, dataset))
+        shared=world_size > 1 and c.mode == "shared", owner=c.owner, embedding_size=_embedding_size(cfg, dataset),
+        read_ahead=read_ahead_depth(c), read_ahead_bytes=c.read_ahead_bytes)
 
 
 def _embedding_size(cfg: Config, dataset) -> CacheSize | None:
@@ -234,7 +237,8 @@ def cache_over(storage, spec: FeatureSpec, static_scores, device: torch.device, 
                              ways=spec.ways, num_sets=num_sets, policy=spec.policy, static_scores=static_scores,
                              oversubscribe=spec.oversubscribe, device=device, num_threads=num_threads, pvp=spec.pvp,
                              pvp_queue_capacity=spec.pvp_queue_capacity, pvp_queue_bytes=spec.pvp_queue_bytes,
-                             pvp_reinstall=spec.pvp_reinstall)
+                             pvp_reinstall=spec.pvp_reinstall, read_ahead=spec.read_ahead,
+                             read_ahead_bytes=spec.read_ahead_bytes)
     except QueueBudgetTooSmall as exc:  # the spec came from config keys: name them, not the Python keyword
         raise ConfigError(f"cache.pvp_queue_bytes={spec.pvp_queue_bytes}: {exc}; or set "
                           "cache.pvp_queue_capacity (lines per queue)") from None

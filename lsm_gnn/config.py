@@ -80,6 +80,10 @@ class CacheConfig:
     # the cache's bytes ("25%"); the queues (one per future iteration) get as many lines each as fit
     pvp_queue_capacity: int = 0  # lines per victim queue instead (0: sized by pvp_queue_bytes)
     pvp_reinstall: bool = True  # with pvp: served lines go back into the cache (False: the paper's bypass)
+    # batches ahead whose misses are read while the loader does the rest: auto (2 where misses come from a
+    # disk and the cache is on the CPU, else 0) or a number (0: off); read_ahead_bytes bounds the rows held
+    read_ahead: str = "auto"
+    read_ahead_bytes: str = defaults.READ_AHEAD_BYTES
 
 
 @dataclass
@@ -297,6 +301,13 @@ def validate(cfg: Config) -> Config:
             queue_budget(cfg.cache.pvp_queue_bytes, cache_bytes=1)
         except ValueError as exc:
             raise ConfigError(f"cache.pvp_queue_bytes: {exc}") from None
+    read_ahead_depth(cfg.cache)
+    try:
+        if parse_bytes(cfg.cache.read_ahead_bytes) < 1:
+            raise ValueError("it must be at least one byte")
+    except ValueError as exc:
+        raise ConfigError(f"cache.read_ahead_bytes={cfg.cache.read_ahead_bytes!r}: {exc}; give bytes like 64M") \
+            from None
     policy_config(cfg.cache)
     check_node_embedding(cfg)
     return cfg
@@ -325,6 +336,17 @@ def check_node_embedding(cfg: Config) -> None:
                           "to checkpoint.dir/node_embedding) or model.node_embedding.path")
     if cfg.train.eval_mode == "full":
         raise ConfigError("train.eval_mode=full does not read node embeddings yet; use train.eval_mode=sampled")
+
+
+def read_ahead_depth(cache: CacheConfig) -> int | None:
+    """``cache.read_ahead`` as the cache takes it: None for auto, else the number of batches."""
+    text = str(cache.read_ahead).strip()
+    if text == "auto":
+        return None
+    if not text.isdigit():
+        raise ConfigError(f"cache.read_ahead must be auto or a number of batches >= 0 (0: off), got "
+                          f"{cache.read_ahead!r}")
+    return int(text)
 
 
 def selection_metric(train: TrainConfig, default: str | None = None) -> tuple[str, str, str] | None:

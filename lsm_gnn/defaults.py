@@ -16,6 +16,11 @@ PVP_QUEUE_BYTES = "25%"
 CAPACITY = "1.5%"            # cache size: a share of the nodes, or bytes ("4G")
 FANOUTS = (5, 2, 2, 2)       # neighbors per hop, next to the seeds first
 BATCH_SIZE = 2048            # seed nodes per mini-batch
+# Batches whose misses a cache reads ahead (from a disk, on the CPU): the next one's, topped up after each
+# lookup, and the one after, so the disk has a batch to read while the first is taken (docs/benchmarks.md,
+# "Read-ahead"); at most READ_AHEAD_BYTES of rows held.
+READ_AHEAD_DEPTH = 2
+READ_AHEAD_BYTES = "64M"
 
 
 def policy_for(pvp: bool) -> str:

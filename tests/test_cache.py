@@ -212,20 +212,24 @@ def test_concurrent_lookups_never_return_a_wrong_row(tiny_cache):
 
 @pytest.mark.parametrize("policy", ["farthest", "lru"])  # overflowing sets: bypassed misses, lines taken twice
 @pytest.mark.parametrize("pvp", [False, True])
-@pytest.mark.parametrize("backend", ["io_uring", "pread"])
-def test_misses_read_into_their_lines_over_the_ssd_backends(tmp_path, backend, pvp, policy):
+@pytest.mark.parametrize("backend,read_ahead", [("io_uring", 0), ("pread", 0), ("io_uring", 2), ("pread", 3)])
+def test_misses_read_into_their_lines_over_the_ssd_backends(tmp_path, backend, read_ahead, pvp, policy):
     """Over an SSD backend the misses are read straight into their lines (read_into); every batch must equal
-    the file, with and without PVP, and batches whose sets overflow (a miss bypassed, or a line taken twice)
-    take the other path."""
+    the file, with and without PVP and read-ahead, and batches whose sets overflow (a miss bypassed, or a line
+    taken twice) take the other path. Every row is read once: at its lookup, or ahead of it."""
     dataset, features = write_tiny_dataset(tmp_path / "ds", num_nodes=400, dim=33)
     trace = power_law_trace(5, 60, 70, n=400)
     with open_storage(dataset, backend) as storage:
         cache = SoftwareCache(storage, num_sets=2, ways=32, policy=policy, window=6, period=1, pvp=pvp,
-                              pvp_queue_capacity=8, oversubscribe=True)
+                              pvp_queue_capacity=8, oversubscribe=True, read_ahead=read_ahead)
         for k, (current, future) in enumerate(replay(trace, 6, num_nodes=400)):
             rows, _ = cache.lookup(current, future=future)
             assert np.array_equal(rows.numpy(), features[current]), f"batch {k}"
-        assert storage.stats().unique_rows == cache.stats.misses
+        cache.settle()
+        ahead = cache.read_ahead.stats if read_ahead else None
+        early = 0 if ahead is None else ahead.used
+        assert storage.stats().unique_rows == cache.stats.misses - early + (0 if ahead is None else ahead.read)
+        assert ahead is None or early > 0
         overflowed = cache.stats.bypassed if policy == "farthest" else cache.stats.evicted_in_use
         assert overflowed > 0 and (not pvp or cache.stats.pvp_hits > 0)
 

@@ -163,6 +163,20 @@ def test_feature_paths_agree(graph, tmp_path):
     assert runs["cache"] == runs["storage"] == runs["memory"]
 
 
+def test_read_ahead_changes_no_loss_and_no_hit(graph, tmp_path):
+    """Reading the next batches' misses ahead changes where their bytes come from, not the run: the same losses
+    and hits, iteration by iteration, with read-ahead off and on (the default over io_uring)."""
+    common = ("cache.backend=io_uring", "train.max_iterations=12", "train.eval_splits=[]")
+    train(config(graph, tmp_path / "off", *common, "cache.read_ahead=0"))
+    trainer = Trainer(config(graph, tmp_path / "on", *common))
+    assert trainer.features.only.read_ahead is not None  # on by default from a disk
+    trainer.fit()
+    assert losses(tmp_path / "on") == losses(tmp_path / "off")
+    hits = [[r["hit_ratio"] for r in records(tmp_path / run) if "iteration" in r] for run in ("on", "off")]
+    assert hits[0] == hits[1]
+    assert trainer.features.only.read_ahead.stats.used > 0
+
+
 def records(tmp_path):
     with open(tmp_path / "log" / "metrics.jsonl") as fh:
         return [json.loads(line) for line in fh]

@@ -82,9 +82,25 @@ RowReader::~RowReader() {
 void RowReader::reset_counters() {
   for (auto* c : {&counters_.batches, &counters_.rows, &counters_.unique_rows, &counters_.requests,
                   &counters_.bytes_read, &counters_.bytes_useful, &counters_.total_ns, &counters_.last_batch_ns,
-                  &counters_.max_batch_ns}) {
+                  &counters_.max_batch_ns, &counters_.busy_ns}) {
     c->store(0, std::memory_order_relaxed);
   }
+}
+
+static uint64_t steady_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+void RowReader::enter_busy() {
+  std::lock_guard<std::mutex> lock(busy_mutex_);
+  if (in_flight_++ == 0) busy_since_ns_ = steady_ns();
+}
+
+void RowReader::leave_busy() {
+  std::lock_guard<std::mutex> lock(busy_mutex_);
+  if (--in_flight_ == 0) counters_.busy_ns.fetch_add(steady_ns() - busy_since_ns_, std::memory_order_relaxed);
 }
 
 void RowReader::read(const int64_t* ids, size_t n, uint8_t* out, const int64_t* slots) {
@@ -93,7 +109,15 @@ void RowReader::read(const int64_t* ids, size_t n, uint8_t* out, const int64_t* 
   if (slots != nullptr) {  // every backend scatters rows to their targets' positions: make those the slots
     for (ReadTarget& target : plan.targets) target.position = slots[target.position];
   }
-  if (n > 0) execute(plan, out);
+  if (n > 0) {
+    struct Busy {
+      RowReader* self;
+      ~Busy() { self->leave_busy(); }
+    };
+    enter_busy();
+    Busy busy{this};
+    execute(plan, out);
+  }
   const uint64_t ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
   counters_.batches.fetch_add(1, std::memory_order_relaxed);

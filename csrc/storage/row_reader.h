@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "storage/read_plan.h"
@@ -31,6 +32,9 @@ struct ReaderCounters {
   std::atomic<uint64_t> total_ns{0};
   std::atomic<uint64_t> last_batch_ns{0};
   std::atomic<uint64_t> max_batch_ns{0};
+  // Time with at least one read in flight: reads on several threads (a cache's read-ahead beside its own
+  // misses) overlap, so their total_ns can exceed the wall time the storage was busy.
+  std::atomic<uint64_t> busy_ns{0};
 };
 
 class RowReader {
@@ -66,6 +70,14 @@ class RowReader {
   bool direct_ = false;
   uint64_t alignment_ = 1;
   ReaderCounters counters_;
+
+ private:
+  // Busy time as a union of intervals: the first read in starts it, the last one out adds it.
+  void enter_busy();
+  void leave_busy();
+  std::mutex busy_mutex_;
+  int in_flight_ = 0;
+  uint64_t busy_since_ns_ = 0;
 };
 
 // Factory by backend name: "io_uring", "pread", "mmap". Raises

@@ -298,6 +298,18 @@ class VictimBuffer:
                 with self._on_own_stream():  # ordered as a move: the next take waits for it
                     self.prefetch_node[torch.isin(self.prefetch_node, nodes.to(self.device))] = -1
 
+    def parked_for(self, iteration: int) -> torch.Tensor:
+        """The ids parked for ``iteration`` (CPU int64; -1 for a discarded line): that batch's victim-buffer
+        hits, which the cache's read-ahead leaves out. Only the queue still collecting for it; a queue
+        already moved is the prefetch buffer's."""
+        with self._state_lock:
+            self._host_waits()
+            slot = iteration % self.num_queues
+            if int(self.queue_iteration[slot]) != iteration:
+                return torch.empty(0, dtype=torch.int64)
+            n = min(int(self.count[slot]), self.capacity)
+            return self.node[slot, :n].cpu()
+
     # -- prefetch -----------------------------------------------------------------------------------------------
 
     def prefetch(self, iteration: int) -> None:

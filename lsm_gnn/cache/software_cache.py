@@ -21,11 +21,12 @@ from lsm_gnn.cache.policies import PolicyConfig, quantize_scores
 from lsm_gnn.cache.plan import LookupPlan
 from lsm_gnn.cache.pvp import DEFAULT_QUEUE_BYTES, VictimBuffer, queue_capacity_for
 from lsm_gnn.cache.pvp_modes import lookup_strategy
+from lsm_gnn.cache.read_ahead import ReadAhead
 from lsm_gnn.cache.staging import MissStaging, side_stream
 from lsm_gnn.cache.state import CacheState
 from lsm_gnn.cache.stats import CacheStats
 from lsm_gnn.cache.window import WindowBuffer
-from lsm_gnn.defaults import PERIOD, WAYS, WINDOW, policy_for
+from lsm_gnn.defaults import PERIOD, READ_AHEAD_BYTES, READ_AHEAD_DEPTH, WAYS, WINDOW, policy_for
 from lsm_gnn.features import StorageShape
 from lsm_gnn.hostmem import host_zeros
 from lsm_gnn.ids import as_id_tensor, unique_ids
@@ -97,6 +98,12 @@ class SoftwareCache(StorageShape):
     when it is evicted (before its victim-buffer copy is made, so a parked line is always clean) and by
     :meth:`flush`. ``stats`` counts the rows written back and ``last_timings["write-back"]`` their seconds.
 
+    ``read_ahead``: after each lookup the cache asks for the rows its next ``read_ahead`` batches (of the
+    ``future`` window) will miss, read on a thread of their own (:mod:`lsm_gnn.cache.read_ahead`), so the disk
+    reads while the loader does everything else; at most ``read_ahead_bytes`` of rows are held. ``None``: 2
+    where misses come from a disk (``storage.from_disk``) that nobody writes and the cache is on the CPU,
+    else 0 (off). What is read ahead changes where a miss's bytes come from, never a result.
+
     Defaults: ``policy=None`` is ``"farthest"``, with or without PVP;
     ``pvp_reinstall=None`` is on with PVP, so PVP leaves the cache's
     decisions as they are without it and only turns misses into PVP hits.
@@ -109,7 +116,8 @@ class SoftwareCache(StorageShape):
                  window: int = WINDOW, period: int = PERIOD, threshold: int | None = None, levels=None,
                  static_scores=None, num_sets: int | None = None, oversubscribe: bool = False,
                  device: str | torch.device = "cpu", num_threads: int = 0, pvp: bool = False,
-                 pvp_queue_capacity: int | None = None, pvp_queue_bytes=None, pvp_reinstall: bool | None = None):
+                 pvp_queue_capacity: int | None = None, pvp_queue_bytes=None, pvp_reinstall: bool | None = None,
+                 read_ahead: int | None = None, read_ahead_bytes=READ_AHEAD_BYTES):
         self.storage = storage
         if policy is None:  # the best measured default (docs/benchmarks.md, PVP section)
             policy = policy_for(pvp)
@@ -148,6 +156,16 @@ class SoftwareCache(StorageShape):
         self.pvp: VictimBuffer | None = self._victim_buffer(pvp, pvp_queue_capacity, pvp_queue_bytes)
         # PVP's part of every lookup, by mode (lsm_gnn.cache.pvp): chosen here, once.
         self._victims = lookup_strategy(self.pvp, self.pvp_reinstall)
+        self.read_ahead = self._read_ahead(read_ahead, read_ahead_bytes)
+
+    def _read_ahead(self, depth: int | None, max_bytes) -> ReadAhead | None:
+        """The read-ahead of the constructor's ``read_ahead`` batches (see the class), or None."""
+        if depth is None:
+            default = getattr(self.storage, "from_disk", False) and not self.writable and self.device.type == "cpu"
+            depth = READ_AHEAD_DEPTH if default else 0
+        if depth < 0:
+            raise ValueError(f"read_ahead is a number of batches >= 0 (0: off), got {depth}")
+        return ReadAhead(self.storage, depth, max_bytes) if depth else None
 
     def _geometry(self, capacity, num_sets: int | None, ways: int) -> tuple[int, int]:
         """(num_sets, ways) from the constructor's capacity or num_sets."""
@@ -239,7 +257,9 @@ class SoftwareCache(StorageShape):
                 # forget those lines, so a later lookup cannot hit stale bytes.
                 self._forget_unfilled(plan.line, plan.hit)
                 raise
-            return self._account(plan, caller)
+            result = self._account(plan, caller)
+            self._request_ahead(plan.future)
+            return result
 
     def _check_out(self, num_ids: int, out: torch.Tensor | None) -> None:
         """``out``, if given, must be able to receive the rows of ``num_ids`` ids as they are."""
@@ -323,8 +343,50 @@ class SoftwareCache(StorageShape):
 
     def _read_misses(self, plan: LookupPlan) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Reads the misses into their lines; returns the distinct ids whose rows go to their positions from
-        elsewhere than a line (misses the policy left uncached, or all when hit rows went first) and those rows."""
-        unique, miss = plan.unique, plan.miss
+        elsewhere than a line (misses the policy left uncached, or all when hit rows went first) and those rows.
+        Rows read ahead (:meth:`_request_ahead`) are taken from there; the storage reads the rest."""
+        miss = plan.miss
+        early = None if self.read_ahead is None else self.read_ahead.take(plan.t, plan.unique[miss].cpu())
+        self.stats.bytes_read += miss.numel() * self.storage.row_bytes
+        if early is None:
+            return self._read_rows(plan, miss)
+        where, rows = early[0].to(self.device), early[1].to(self.device)
+        left = torch.ones(miss.numel(), dtype=torch.bool, device=self.device)
+        left[where] = False
+        left = torch.nonzero(left).reshape(-1)
+        apart = self._read_rows(plan, miss[left]) if left.numel() else None
+        got = miss[where]
+        lines = plan.line[got]
+        cached = lines >= 0
+        self.data.index_copy_(0, lines[cached], rows[cached])
+        if plan.one_gather:  # only the rows without a line go to their positions apart
+            got, rows = got[~cached], rows[~cached]
+        if got.numel():
+            apart = (got, rows) if apart is None else (torch.cat([apart[0], got]), torch.cat([apart[1], rows]))
+        return apart
+
+    def _request_ahead(self, future) -> None:
+        """Asks the read-ahead for the rows the next batches of ``future`` will miss as the cache stands now:
+        the ids it does not hold, less those of a nearer batch (which that batch installs), those parked in
+        the victim buffer for their batch (served from there) and those already asked for."""
+        if self.read_ahead is None or future is None:
+            return
+        nearer = None
+        for j in range(min(self.read_ahead.depth, len(future))):
+            ids = as_id_tensor(future[j])
+            want = ids[self.lines_of(ids) < 0].cpu()
+            for known in (nearer, self.read_ahead.requested(self.iteration + j),
+                          None if self.pvp is None else self.pvp.parked_for(self.iteration + j)):
+                if known is not None and known.numel() and want.numel():
+                    want = want[~torch.isin(want, known)]
+            if want.numel():
+                self.read_ahead.request(self.iteration + j, torch.unique(want))
+            nearer = ids.cpu() if nearer is None else torch.cat([nearer, ids.cpu()])
+
+    def _read_rows(self, plan: LookupPlan, miss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Reads the rows of the misses ``miss`` (positions in ``plan.unique``) from the storage into their lines;
+        returns the rows that go to their positions apart, as :meth:`_read_misses` does."""
+        unique = plan.unique
         miss_ids, miss_lines = unique[miss].cpu(), plan.line[miss]
         cached = miss_lines >= 0
         # A miss without a line: bypassed, or (sets overflowing) its line taken again by a later id.
@@ -348,7 +410,6 @@ class SoftwareCache(StorageShape):
                 apart = (miss, fetched)
             elif not every_miss_cached:
                 apart = (miss[~cached], fetched[~cached])
-        self.stats.bytes_read += miss.numel() * self.storage.row_bytes
         return apart
 
     def _rows_apart(self, plan: LookupPlan, apart_ids: torch.Tensor, apart_rows: torch.Tensor) -> None:
@@ -537,9 +598,11 @@ class SoftwareCache(StorageShape):
             self.pvp.prefetch_async(self.iteration)
 
     def settle(self) -> None:
-        """Joins a prefetch in flight; the next lookup still finds its rows."""
+        """Joins a prefetch in flight and stops reading ahead; the next lookup still finds its rows."""
         if self.pvp is not None:
             self.pvp.close()
+        if self.read_ahead is not None:
+            self.read_ahead.close()
 
     def describe(self) -> str:
         from lsm_gnn.units import format_bytes

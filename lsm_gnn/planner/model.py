@@ -5,6 +5,8 @@ here is tested on hand-made numbers. The trainer's pipeline it models:
 
   loader thread   sample batch k+W  ->  gather batch k (cache lookup + storage reads for the misses)
   main thread     train batch k-1 (overlapped), on ``train_threads`` threads
+  read-ahead      with ``cache.read_ahead``: the misses of batch k+1 read while the loader does the rest,
+                  so the loader takes the longer of its reads and its other work, not their sum
 
 Roughly, the run goes at the pace of the slower thread; :func:`pipeline_ms`
 plays it iteration by iteration through the loader's queue. Each is slowed by
@@ -30,13 +32,15 @@ LOADER_STAGES = ("sample", "cache", "read")
 class StageMs:
     """Milliseconds per iteration of each stage, each measured alone: ``cache`` is the cache's CPU work
     in gather (lookup metadata, copying hits out and misses in), ``read`` the storage reads of the misses,
-    ``read_cpu`` the part of ``read`` the CPU is busy."""
+    ``read_cpu`` the part of ``read`` the CPU is busy; ``read_ahead``: the reads run beside the loader's
+    other work (the cache reads the next batch's misses ahead)."""
 
     sample: float
     cache: float
     read: float
     train: float
     read_cpu: float = 0.0
+    read_ahead: bool = False
 
     @property
     def gather(self) -> float:
@@ -44,7 +48,10 @@ class StageMs:
 
     @property
     def loader(self) -> float:
-        """The loader thread's time per iteration, alone: sampling one batch and gathering one."""
+        """The loader's time per iteration, alone: sampling one batch and gathering one; with read-ahead the
+        reads overlap the rest."""
+        if self.read_ahead:
+            return max(self.read, self.sample + self.cache)
         return self.sample + self.gather
 
     @property

@@ -9,6 +9,7 @@ rank for ``iterations`` iterations, evaluation left out.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import os
 import statistics
@@ -29,12 +30,21 @@ from lsm_gnn.storage.base import TORCH_DTYPES
 LOADER_QUEUE = inspect.signature(NodeLoader).parameters["prefetch"].default
 
 
-def stage_times(storage_cal: dict, train_cal: dict, cache_ms: float, reads: float) -> StageMs:
+def stage_times(storage_cal: dict, train_cal: dict, cache_ms: float, reads: float, read_ahead: bool = False
+                ) -> StageMs:
     """One iteration's stages: the calibrated sample and train, the simulated cache time, and the
-    calibrated cost of ``reads`` storage reads (none: no storage call at all)."""
+    calibrated cost of ``reads`` storage reads (none: no storage call at all), read ahead or not."""
     read_ms = storage_cal["fixed_ms"] + 1e-3 * storage_cal["per_read_us"] * reads if reads else 0.0
     return StageMs(sample=train_cal["sample_ms"], cache=cache_ms, read=read_ms, train=train_cal["train_ms"],
-                   read_cpu=read_ms * storage_cal["cpu_fraction"])
+                   read_cpu=read_ms * storage_cal["cpu_fraction"], read_ahead=read_ahead)
+
+
+def reads_ahead(spec, device: str = "cpu") -> bool:
+    """Whether the run's cache reads misses ahead: ``cache.read_ahead`` as given, or its default (from a disk,
+    on the CPU: :class:`~lsm_gnn.cache.SoftwareCache`)."""
+    if spec.read_ahead is not None:
+        return spec.read_ahead > 0
+    return spec.source == "cache" and spec.backend not in ("memory", "gds") and device == "cpu"
 
 
 def _log_to_stderr(message: str) -> None:
@@ -206,7 +216,9 @@ def _plan_rows(grid: list[Config], specs: list, dataset, trace, iterations: int,
     for c, spec in zip(grid, specs):
         def make_cache(s, spec=spec):
             scores = None if spec.static_score is None else dataset.score(spec.static_score)
-            return cache_over(s, spec, scores, torch.device("cpu"), c.sampler.num_threads)
+            # The replay counts every read at its lookup: nothing read ahead (the model overlaps the reads).
+            return cache_over(s, dataclasses.replace(spec, read_ahead=0), scores, torch.device("cpu"),
+                              c.sampler.num_threads)
 
         try:
             sim = on_loader_thread(simulate_cache, trace, iterations, storage, geometry, make_cache, c.cache.window)
@@ -214,13 +226,17 @@ def _plan_rows(grid: list[Config], specs: list, dataset, trace, iterations: int,
             rows.append(_error_row(c, spec, exc, log))
             continue
         per = sim["per_iteration"]
+        gpu = c.train.device == "cuda" or (c.train.device == "auto" and torch.cuda.is_available())
+        ahead = reads_ahead(spec, "cuda" if gpu else "cpu")
         row = {"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
                "capacity_bytes": sim["capacity_bytes"], "lines": sim["lines"],
                "share_of_nodes": sim["lines"] / dataset.num_nodes, "hit_ratio": sim["hit_ratio"],
                "bytes_read": sim["bytes_read"], "bytes_read_per_iteration": per["bytes_read"],
                "misses_per_iteration": per["misses"], "reads_per_iteration": per["reads"],
                "unique_per_iteration": per["unique"],
-               **_modelled_ms(sim, cal, cores, iterations, fill_sample_ms, c.cache.window, trace.epoch_length)}
+               "read_ahead": ahead,
+               **_modelled_ms(sim, cal, cores, iterations, fill_sample_ms, c.cache.window, trace.epoch_length,
+                              ahead)}
         rows.append(row)
         log(f"plan: {row['policy']}{'+pvp' if row['pvp'] else ''} {row['capacity']}: hit {row['hit_ratio']:.3f}, "
             f"{row['ms_per_iteration']:.1f} ms/iteration, bound by {row['bound']}")
@@ -242,12 +258,12 @@ def _error_row(c: Config, spec, exc: ValueError, log) -> dict:
 
 
 def _modelled_ms(sim: dict, cal: dict, cores: int, iterations: int, fill_sample_ms: float, window: int,
-                 epoch_length: int) -> dict:
+                 epoch_length: int, read_ahead: bool = False) -> dict:
     """A replay's stage times and the run time the model predicts from them, and the stage that bounds it."""
     storage_cal, train_cal, threads = cal["storage"], cal["train"], cal["train"]["torch_threads"]
     per = sim["per_iteration"]
-    stages = stage_times(storage_cal, train_cal, per["cache_ms"], per["reads"])
-    each = [stage_times(storage_cal, train_cal, cache_ms, reads)
+    stages = stage_times(storage_cal, train_cal, per["cache_ms"], per["reads"], read_ahead)
+    each = [stage_times(storage_cal, train_cal, cache_ms, reads, read_ahead)
             for cache_ms, reads in zip(sim["each"]["cache_ms"], sim["each"]["reads"])]
     timing = {"window": window, "epoch_length": epoch_length, "queue": LOADER_QUEUE}
     total = run_ms(each, cores, threads, fill_sample_ms=fill_sample_ms, **timing)

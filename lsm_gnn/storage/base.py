@@ -25,7 +25,8 @@ class StorageStats:
 
     ``bytes_read`` is what crossed from the file (aligned reads, whole runs);
     ``bytes_useful`` is distinct rows x row bytes; their ratio is the I/O
-    amplification. Latencies are per ``read`` call.
+    amplification. Latencies are per ``read`` call. ``busy_seconds`` is the time at least one read was in
+    flight: reads on several threads overlap, so it can be less than ``total_seconds``, their sum.
     """
 
     backend: str
@@ -38,6 +39,7 @@ class StorageStats:
     total_seconds: float = 0.0
     last_batch_seconds: float = 0.0
     max_batch_seconds: float = 0.0
+    busy_seconds: float = 0.0
 
     @property
     def amplification(self) -> float:
@@ -120,6 +122,8 @@ class FeatureStorage(ABC):
 
     # -- writes (a writable storage: an embedding table) ----------------------------------------------------
 
+    #: whether reads come from a disk, so that reading them early hides their time (a cache reads ahead)
+    from_disk = False
     #: whether :meth:`write` works (a feature file is read-only; a trainable embedding table is not)
     writable = False
     #: a journaling storage's ``before_change(ids, rows)``: a cache hands it the stored rows of clean lines
@@ -170,7 +174,7 @@ class FeatureStorage(ABC):
 
     def counters(self) -> dict[str, int]:
         s = self.stats()
-        return {"bytes_read": s.bytes_read, "bytes_useful": s.bytes_useful, "read_seconds": s.total_seconds}
+        return {"bytes_read": s.bytes_read, "bytes_useful": s.bytes_useful, "read_seconds": s.busy_seconds}
 
     def prefetch(self) -> None:
         """Nothing to prefetch without a cache."""
@@ -241,6 +245,7 @@ class CountingStorage(FeatureStorage):
             s.bytes_read += bytes_read
             s.bytes_useful += bytes_useful
             s.total_seconds += seconds
+            s.busy_seconds += seconds  # a cache reads ahead only from the native backends: no overlap here
             s.last_batch_seconds = seconds
             s.max_batch_seconds = max(s.max_batch_seconds, seconds)
 

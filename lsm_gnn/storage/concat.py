@@ -27,6 +27,7 @@ class ConcatStorage(FeatureStorage):
                 raise ValueError(f"'{name}' has rows of {part.dim} x {part.dtype_name}, '{names[0]}' of "
                                  f"{first.dim} x {first.dtype_name}: only rows of one format share an id space")
         self.backend = first.backend
+        self.from_disk = all(part.from_disk for part in parts)
         self.parts, self.names = list(parts), list(names)
         sizes = np.array([p.num_rows for p in parts], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(sizes)])  # part k holds ids [offsets[k], offsets[k+1])

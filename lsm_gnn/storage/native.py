@@ -13,6 +13,8 @@ class NativeStorage(FeatureStorage):
     """Rows read by ``lsm_gnn._C.RowReader``: sorted, deduplicated, coalesced
     into aligned runs, many in flight; the GIL is released while reading."""
 
+    from_disk = True
+
     def __init__(self, dataset, backend: str, queue_depth: int = 64, direct: bool = True,
                  max_request_bytes: int | str = "128K"):
         from lsm_gnn import _C
@@ -61,7 +63,7 @@ class NativeStorage(FeatureStorage):
             backend=self.backend, batches=c["batches"], rows=c["rows"], unique_rows=c["unique_rows"],
             requests=c["requests"], bytes_read=c["bytes_read"], bytes_useful=c["bytes_useful"],
             total_seconds=c["total_ns"] * 1e-9, last_batch_seconds=c["last_batch_ns"] * 1e-9,
-            max_batch_seconds=c["max_batch_ns"] * 1e-9,
+            max_batch_seconds=c["max_batch_ns"] * 1e-9, busy_seconds=c["busy_ns"] * 1e-9,
         )
 
     def reset_stats(self) -> None:

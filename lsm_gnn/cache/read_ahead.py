@@ -1,0 +1,172 @@
+"""Read-ahead: the rows a cache's next batches will miss, read on a thread of their own.
+
+A lookup reads its misses from storage and the disk is idle the rest of the time: while the cache works out
+the next batch's hits, while the loader samples and hands the batch over. After each lookup the cache knows
+the next batches (its window) and which of their ids it holds now, so it asks :class:`ReadAhead` for the rows
+those batches will miss; the worker thread reads them while the loader does everything else, and the next
+lookup takes them from here instead of the disk.
+
+What is read ahead never changes a result: the cache's decisions are made as before and read-ahead only
+decides where a miss's bytes come from (the same file, read earlier). Rows are read only from a storage
+nobody writes (a feature file), so a row read early is the row read late. A prediction can be wrong both
+ways: an id the cache holds now may be evicted before its batch (it is then read at its lookup, as without
+read-ahead, and topped up after the next lookup when there is time), and an id predicted to miss may be
+served otherwise (its row is dropped unused; ``stats`` counts both).
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from lsm_gnn.defaults import READ_AHEAD_BYTES, READ_AHEAD_DEPTH
+from lsm_gnn.units import parse_bytes
+
+
+@dataclass
+class ReadAheadStats:
+    requested: int = 0  # rows asked for ahead of their lookup
+    read: int = 0       # of them, rows the worker read (the others were taken back, or their read failed)
+    used: int = 0       # of them, rows a lookup took instead of reading them
+    dropped: int = 0    # rows read ahead that no lookup needed (predicted wrongly, or past the budget's end)
+    cut: int = 0        # rows not asked for because the memory budget was full
+    failed: int = 0     # chunks whose read failed (their lookup read them itself and met the error there)
+
+    def as_dict(self) -> dict:
+        return dict(vars(self))
+
+
+@dataclass(eq=False)
+class _Chunk:
+    iteration: int          # the lookup these rows are for
+    ids: torch.Tensor       # sorted distinct ids
+    rows: torch.Tensor | None = None  # once read (None: not read, or the read failed)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class ReadAhead:
+    """Reads rows of ``storage`` ahead of the lookup that needs them, on one worker thread, holding at most
+    ``max_bytes`` of rows. :meth:`request` queues ids for a lookup; :meth:`take` gives that lookup the rows of
+    the ids it asks for that were read (waiting for a read in flight); :meth:`close` stops the worker.
+    Thread-safe; the worker starts with the first request."""
+
+    def __init__(self, storage, depth: int = READ_AHEAD_DEPTH, max_bytes=READ_AHEAD_BYTES):
+        if depth < 1:
+            raise ValueError(f"read-ahead depth is a number of batches >= 1, got {depth}")
+        if getattr(storage, "writable", False):
+            raise ValueError("read-ahead needs a storage nobody writes: a row read early from a writable one "
+                             "(an embedding table) could be changed before its lookup")
+        self.storage = storage
+        self.depth = int(depth)
+        self.max_rows = max(1, parse_bytes(max_bytes) // storage.row_bytes)
+        self.stats = ReadAheadStats()
+        self._chunks: list[_Chunk] = []  # every chunk not yet taken or dropped, in request order
+        self._queue: deque[_Chunk] = deque()  # the chunks the worker has still to read
+        self._held = 0  # rows in _chunks
+        self._cond = threading.Condition()
+        self._worker: threading.Thread | None = None
+        self._closed = False
+
+    # -- the cache's side ----------------------------------------------------------------------------------------
+
+    def requested(self, iteration: int) -> torch.Tensor | None:
+        """The ids already asked for ``iteration`` (sorted), or None."""
+        with self._cond:
+            parts = [c.ids for c in self._chunks if c.iteration == iteration]
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else torch.sort(torch.cat(parts)).values
+
+    def request(self, iteration: int, ids: torch.Tensor) -> None:
+        """Queues the rows of ``ids`` (sorted, distinct, CPU int64) for the lookup of ``iteration``; as many as
+        the memory budget leaves room for."""
+        if ids.numel() == 0:
+            return
+        with self._cond:
+            if self._closed:
+                return
+            room = self.max_rows - self._held
+            if room < ids.numel():
+                self.stats.cut += ids.numel() - max(room, 0)
+                ids = ids[:max(room, 0)]
+            if ids.numel() == 0:
+                return
+            chunk = _Chunk(int(iteration), ids)
+            self._chunks.append(chunk)
+            self._queue.append(chunk)
+            self._held += ids.numel()
+            self.stats.requested += ids.numel()
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="lsm-gnn-read-ahead", daemon=True)
+                self._worker.start()
+            self._cond.notify()
+
+    def take(self, iteration: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """For the lookup of ``iteration`` reading ``ids`` (CPU int64): ``(where, rows)``, the positions in
+        ``ids`` of the rows read ahead and those rows, or None when none was. A chunk of this iteration being
+        read is waited for; one still queued is left to the lookup, which reads it beside the worker. Every
+        chunk of this iteration or an earlier one is used or dropped here."""
+        with self._cond:
+            mine = [c for c in self._chunks if c.iteration <= iteration]
+            if not mine:
+                return None
+            self._chunks = [c for c in self._chunks if c.iteration > iteration]
+            unread = {id(c) for c in self._queue if c.iteration <= iteration}
+            self._queue = deque(c for c in self._queue if c.iteration > iteration)
+        wheres, parts = [], []
+        for chunk in mine:
+            if chunk.iteration != iteration or id(chunk) in unread or ids.numel() == 0:
+                continue
+            chunk.done.wait()
+            if chunk.rows is None:  # the read failed: the lookup reads these rows and meets the error
+                continue
+            at = torch.searchsorted(chunk.ids, ids).clamp_max(chunk.ids.numel() - 1)
+            where = torch.nonzero(chunk.ids[at] == ids).reshape(-1)  # chunks of one iteration never share ids
+            wheres.append(where)
+            parts.append(chunk.rows[at[where]])
+        used = sum(int(w.numel()) for w in wheres)
+        with self._cond:
+            self._held -= sum(c.ids.numel() for c in mine)
+            self.stats.used += used
+            self.stats.dropped += sum(c.ids.numel() for c in mine) - used
+        if not used:
+            return None
+        if len(wheres) == 1:
+            return wheres[0], parts[0]
+        return torch.cat(wheres), torch.cat(parts)
+
+    def close(self) -> None:
+        """Stops the worker after the read in flight and forgets every chunk (idempotent); a later request
+        starts a new worker."""
+        with self._cond:
+            self._closed = True
+            self._queue.clear()
+            self._cond.notify_all()
+            worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            worker.join()
+        with self._cond:
+            self.stats.dropped += self._held
+            self._chunks, self._held, self._worker, self._closed = [], 0, None, False
+
+    # -- the worker ----------------------------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                chunk = self._queue.popleft()
+            try:
+                chunk.rows = self.storage.read(chunk.ids)
+                with self._cond:
+                    self.stats.read += chunk.ids.numel()
+            except BaseException:  # the lookup reads these rows itself and meets the error there
+                with self._cond:
+                    self.stats.failed += 1
+            finally:
+                chunk.done.set()

@@ -1,0 +1,194 @@
+"""Read-ahead (lsm_gnn.cache.read_ahead): rows a cache's next batches will miss, read early on a thread of
+their own. It may change where a miss's bytes come from, never a row, a hit or a decision."""
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lsm_gnn import open_storage
+from lsm_gnn.cache import SoftwareCache
+from lsm_gnn.cache.read_ahead import ReadAhead
+from lsm_gnn.cache.window import replay
+from lsm_gnn.config import ConfigError, load_config
+from lsm_gnn.testing import write_tiny_dataset
+
+
+@pytest.fixture(scope="module")
+def disk(tmp_path_factory):
+    dataset, features = write_tiny_dataset(tmp_path_factory.mktemp("ra") / "ds", num_nodes=600, dim=20)
+    return dataset, features
+
+
+def trace_of(seed, iterations, batch, n=600, skew=1.1):
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, n + 1) ** skew
+    weights /= weights.sum()
+    return [np.unique(rng.choice(n, size=batch, p=weights)) for _ in range(iterations)]
+
+
+def test_take_gives_exactly_the_rows_read_and_forgets_older_chunks(disk):
+    dataset, features = disk
+    with open_storage(dataset, "io_uring") as storage:
+        ahead = ReadAhead(storage, depth=2)
+        ahead.request(5, torch.tensor([3, 9, 40, 41]))
+        ahead.request(5, torch.tensor([100]))   # a top-up: a second chunk for the same lookup
+        ahead.request(4, torch.tensor([7, 8]))  # an older lookup's chunk: dropped when lookup 5 takes
+        ahead.request(6, torch.tensor([50]))    # a later lookup's: kept
+        read_all(ahead, 8)  # (a chunk still queued when its lookup comes is left to the lookup to read)
+        where, rows = ahead.take(5, torch.tensor([1, 9, 100, 3, 2]))
+        order = torch.argsort(where)
+        assert where[order].tolist() == [1, 2, 3]
+        assert np.array_equal(rows[order].numpy(), features[[9, 100, 3]])
+        assert ahead.take(5, torch.tensor([40])) is None  # taken once only
+        assert ahead.requested(6).tolist() == [50] and ahead.requested(5) is None
+        ahead.close()
+        s = ahead.stats
+        assert (s.requested, s.used) == (8, 3) and s.dropped == 5  # 40, 41, 7, 8 and the closed 50
+        assert ahead.take(6, torch.tensor([50])) is None  # close forgot it
+
+
+def read_all(ahead, rows, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while ahead.stats.read < rows:
+        assert time.monotonic() < deadline, "the read-ahead's worker did not read its chunks"
+        time.sleep(0.001)
+
+
+def test_a_chunk_still_queued_is_left_to_its_lookup(disk):
+    dataset, _ = disk
+    with open_storage(dataset, "pread") as storage:
+        ahead = ReadAhead(storage, depth=1)
+        gate = threading.Event()
+        real_read = storage.read
+
+        def slow_read(ids, out=None):
+            gate.wait()
+            return real_read(ids, out)
+
+        storage.read = slow_read
+        ahead.request(1, torch.tensor([1, 2]))  # the worker waits in this read
+        ahead.request(1, torch.tensor([3]))     # a top-up queued behind it
+        threading.Timer(0.2, gate.set).start()
+        where, rows = ahead.take(1, torch.tensor([2, 3]))  # waits for the read in flight, not the queued one
+        assert where.tolist() == [0] and ahead.stats.read == 2 and ahead.stats.dropped == 2
+        ahead.close()
+
+
+def test_the_budget_cuts_requests_short(disk):
+    dataset, _ = disk
+    with open_storage(dataset, "pread") as storage:
+        ahead = ReadAhead(storage, depth=1, max_bytes=3 * storage.row_bytes)
+        ahead.request(1, torch.tensor([1, 2]))
+        ahead.request(2, torch.tensor([3, 4, 5]))
+        assert ahead.stats.requested == 3 and ahead.stats.cut == 2
+        assert ahead.requested(2).tolist() == [3]
+        ahead.close()
+
+
+def test_bad_arguments_are_refused(disk, tmp_path):
+    dataset, _ = disk
+    with open_storage(dataset, "pread") as storage:
+        with pytest.raises(ValueError, match="depth"):
+            ReadAhead(storage, depth=0)
+        with pytest.raises(ValueError, match="read_ahead"):
+            SoftwareCache(storage, num_sets=2, read_ahead=-1)
+
+        class Writable:
+            writable, row_bytes = True, 8
+
+        with pytest.raises(ValueError, match="nobody writes"):
+            ReadAhead(Writable())
+    for value, match in (("soon", "cache.read_ahead"), ("-1", "cache.read_ahead")):
+        with pytest.raises(ConfigError, match=match):
+            load_config(None, [f"cache.read_ahead={value}"])
+    with pytest.raises(ConfigError, match="read_ahead_bytes"):
+        load_config(None, ["cache.read_ahead_bytes=lots"])
+
+
+def test_on_by_default_only_from_a_disk_on_the_cpu(disk):
+    dataset, _ = disk
+    with open_storage(dataset, "io_uring") as storage:
+        assert SoftwareCache(storage, num_sets=2).read_ahead.depth == 2
+        assert SoftwareCache(storage, num_sets=2, read_ahead=0).read_ahead is None
+    with open_storage(dataset, "memory") as storage:
+        assert SoftwareCache(storage, num_sets=2).read_ahead is None
+
+
+class FailingAhead:
+    """A storage whose reads fail on the read-ahead's thread only: the lookup must read the rows itself."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.writable, self.from_disk = False, True
+        self.num_rows, self.dim, self.dtype = inner.num_rows, inner.dim, inner.dtype
+        self.row_bytes, self.backend = inner.row_bytes, inner.backend
+        self.read_into = inner.read_into
+
+    def read(self, ids, out=None):
+        if threading.current_thread().name == "lsm-gnn-read-ahead":
+            raise OSError("injected read error")
+        return self._inner.read(ids, out)
+
+
+def test_a_failed_read_ahead_leaves_the_lookup_to_read(disk):
+    dataset, features = disk
+    trace = trace_of(3, 20, 60)
+    with open_storage(dataset, "pread") as inner:
+        cache = SoftwareCache(FailingAhead(inner), num_sets=4, ways=16, window=4, read_ahead=2)
+        for ids, future in replay(trace, 4, num_nodes=600):
+            rows, _ = cache.lookup(ids, future=future)
+            assert np.array_equal(rows.numpy(), features[np.asarray(ids)])
+        cache.settle()
+        assert cache.read_ahead.stats.failed > 0 and cache.read_ahead.stats.used == 0
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), depth=st.integers(1, 4), budget_rows=st.sampled_from([1, 7, 64, 10_000]),
+       policy=st.sampled_from(["farthest", "hybrid", "lru"]), pvp=st.booleans(),
+       num_sets=st.sampled_from([1, 2, 5]), batch=st.integers(1, 90))
+def test_property_read_ahead_changes_no_row_hit_or_decision(disk, seed, depth, budget_rows, policy, pvp,
+                                                            num_sets, batch):
+    """Against the same cache without read-ahead, batch after batch: the same rows (the file's), the same
+    hit masks and the same lines, whatever the depth, budget and policy; every miss is read once."""
+    dataset, features = disk
+    trace = trace_of(seed, 30, batch)
+    with open_storage(dataset, "io_uring") as storage, open_storage(dataset, "pread") as plain_storage:
+        kwargs = dict(num_sets=num_sets, ways=16, policy=policy, window=5, period=2, pvp=pvp, pvp_queue_capacity=4,
+                      oversubscribe=True)
+        early = SoftwareCache(storage, read_ahead=depth, read_ahead_bytes=budget_rows * storage.row_bytes, **kwargs)
+        plain = SoftwareCache(plain_storage, read_ahead=0, **kwargs)
+        for k, (ids, future) in enumerate(replay(trace, 5, num_nodes=600)):
+            rows, hit = early.lookup(ids, future=future)
+            want_rows, want_hit = plain.lookup(ids, future=list(future))
+            assert np.array_equal(rows.numpy(), features[np.asarray(ids)]), f"batch {k}"
+            assert torch.equal(hit, want_hit) and torch.equal(early.state.tags, plain.state.tags), f"batch {k}"
+        early.settle()
+        ahead = early.read_ahead.stats
+        assert storage.stats().unique_rows == early.stats.misses - ahead.used + ahead.read
+        assert early.stats.misses == plain.stats.misses
+        # Every batch asked for is looked up, and what is asked for is exactly what will miss (the ids not held
+        # nor installed by a nearer batch nor parked for the batch): no row is read in vain.
+        assert ahead.read == ahead.used
+
+
+def test_busy_time_counts_overlapping_reads_once(disk):
+    dataset, _ = disk
+    with open_storage(dataset, "pread") as storage:
+        ids = torch.arange(600)
+
+        def reads():
+            for _ in range(30):
+                storage.read(ids)
+
+        threads = [threading.Thread(target=reads) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        s = storage.stats()
+        assert 0 < s.busy_seconds <= s.total_seconds
+        assert storage.counters()["read_seconds"] == s.busy_seconds
