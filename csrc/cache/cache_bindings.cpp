@@ -3,6 +3,7 @@
 
 #include "cache/belady.h"
 #include "cache/cpu_cache.h"
+#include "cache/read_ahead.h"
 #include "cache/state_tensors.h"
 #include "cache/victim_buffer.h"
 #include "cache/window_index.h"
@@ -320,6 +321,37 @@ void bind_cache(py::module& m) {
       },
       py::arg("batches"), py::arg("num_nodes"), py::arg("num_sets"), py::arg("ways"), py::arg("count_from") = 0,
       "Belady's MIN per set of a num_sets x ways cache (the cache's set_of): (hits, requests)");
+  m.def(
+      "ahead_misses",
+      [](const torch::Tensor& tags, int64_t ways, const std::vector<torch::Tensor>& batches,
+         const std::vector<torch::Tensor>& known) {
+        check(tags, "tags", torch::kInt64, -1);
+        TORCH_CHECK_VALUE(ways > 0 && tags.numel() % ways == 0, "tags must hold whole sets of ", ways, " ways");
+        auto spans = [](const std::vector<torch::Tensor>& tensors, const char* name) {
+          std::vector<lsm::cache::IdSpan> out;
+          for (const auto& t : tensors) {
+            check(t, name, torch::kInt64, -1);
+            out.push_back({t.data_ptr<int64_t>(), static_cast<size_t>(t.numel())});
+          }
+          return out;
+        };
+        const auto b = spans(batches, "batch");
+        const auto k = spans(known, "known");
+        std::vector<std::vector<int64_t>> want;
+        {
+          py::gil_scoped_release release;
+          want = lsm::cache::ahead_misses(tags.data_ptr<int64_t>(), tags.numel() / ways, static_cast<int>(ways), b, k);
+        }
+        std::vector<torch::Tensor> out;
+        for (auto& w : want) {
+          auto t = torch::empty({static_cast<int64_t>(w.size())}, torch::kInt64);
+          std::copy(w.begin(), w.end(), t.data_ptr<int64_t>());
+          out.push_back(t);
+        }
+        return out;
+      },
+      py::arg("tags"), py::arg("ways"), py::arg("batches"), py::arg("known"),
+      "Per next batch: its sorted distinct ids the cache does not hold, no earlier batch has and known[j] lacks");
   m.def("cache_assign", &assign, py::arg("tags"), py::arg("records"), py::arg("flags"), py::arg("static_score"),
         py::arg("last_use"), py::arg("rr_pointer"), py::arg("ways"), py::arg("unique"), py::arg("node_static"),
         py::arg("policy"), py::arg("iteration"), py::arg("scan_base"), py::arg("threshold"), py::arg("level_rank"),

@@ -15,7 +15,9 @@ served otherwise (its row is dropped unused; ``stats`` counts both).
 """
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -23,6 +25,17 @@ import torch
 
 from lsm_gnn.defaults import READ_AHEAD_BYTES, READ_AHEAD_DEPTH
 from lsm_gnn.units import parse_bytes
+
+
+#: every ReadAhead alive: closed at exit, so no worker is inside a native read while the interpreter ends
+#: (its thread would be killed there: std::terminate)
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for ahead in list(_LIVE):
+        ahead.close()
 
 
 @dataclass
@@ -68,6 +81,7 @@ class ReadAhead:
         self._cond = threading.Condition()
         self._worker: threading.Thread | None = None
         self._closed = False
+        _LIVE.add(self)
 
     # -- the cache's side ----------------------------------------------------------------------------------------
 

@@ -368,20 +368,25 @@ class SoftwareCache(StorageShape):
     def _request_ahead(self, future) -> None:
         """Asks the read-ahead for the rows the next batches of ``future`` will miss as the cache stands now:
         the ids it does not hold, less those of a nearer batch (which that batch installs), those parked in
-        the victim buffer for their batch (served from there) and those already asked for."""
+        the victim buffer for their batch (served from there) and those already asked for. One native pass
+        per batch, without the GIL."""
+        from lsm_gnn import _C
+
         if self.read_ahead is None or future is None:
             return
-        nearer = None
-        for j in range(min(self.read_ahead.depth, len(future))):
-            ids = as_id_tensor(future[j])
-            want = ids[self.lines_of(ids) < 0].cpu()
-            for known in (nearer, self.read_ahead.requested(self.iteration + j),
-                          None if self.pvp is None else self.pvp.parked_for(self.iteration + j)):
-                if known is not None and known.numel() and want.numel():
-                    want = want[~torch.isin(want, known)]
+        depth = min(self.read_ahead.depth, len(future))
+        if depth == 0:
+            return
+        batches = [as_id_tensor(future[j]).cpu() for j in range(depth)]
+        known = []
+        for j in range(depth):
+            parts = [self.read_ahead.requested(self.iteration + j),
+                     None if self.pvp is None else self.pvp.parked_for(self.iteration + j)]
+            parts = [p for p in parts if p is not None and p.numel()]
+            known.append(torch.cat(parts) if len(parts) > 1 else parts[0] if parts else torch.empty(0, dtype=torch.int64))
+        for j, want in enumerate(_C.ahead_misses(self.state.tags.cpu(), self.ways, batches, known)):
             if want.numel():
-                self.read_ahead.request(self.iteration + j, torch.unique(want))
-            nearer = ids.cpu() if nearer is None else torch.cat([nearer, ids.cpu()])
+                self.read_ahead.request(self.iteration + j, want)
 
     def _read_rows(self, plan: LookupPlan, miss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Reads the rows of the misses ``miss`` (positions in ``plan.unique``) from the storage into their lines;
