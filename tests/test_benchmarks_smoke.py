@@ -121,3 +121,22 @@ def test_same_behaviour_names_what_differs():
     shorter = json.loads(json.dumps(record))
     shorter["per_iteration"]["bytes_read"].pop()
     assert compare._differences(record, shorter) == ["bytes_read differs (3 vs 2 iterations logged)"]
+
+
+def test_pipeline_benchmark_runs_its_variants_on_the_same_batches(tmp_path):
+    """benchmarks/pipeline.py at tiny size: both default variants run, end with the same loss, and every
+    figure it reports is there; a malformed variant is refused with the form it wants."""
+    from lsm_gnn.testing import write_tiny_dataset
+
+    pipeline = load_benchmark("pipeline")
+    dataset, _ = write_tiny_dataset(tmp_path / "ds", num_nodes=400, dim=16)
+    out = tmp_path / "pipeline.json"
+    assert pipeline.main([os.path.join(os.path.dirname(BENCH_DIR), "configs", "demo.yaml"), f"dataset={dataset.path}",
+                          "sampler.batch_size=16", "sampler.fanouts=[3,2]", "cache.capacity=60%", "--repeats", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["variants"]) == {"serial", "read-ahead"}
+    runs = [v["runs"][0] for v in result["variants"].values()]
+    assert runs[0]["loss"] == runs[1]["loss"] and runs[0]["hit_ratio"] == runs[1]["hit_ratio"]
+    assert all(0 < r["pipeline_efficiency"] <= 1.0 + 1e-9 and r["ms_per_iteration"] > 0 for r in runs)
+    with pytest.raises(SystemExit, match="NAME=KEY=VALUE"):
+        pipeline.parse_variant("serial")
