@@ -4,7 +4,8 @@
   too, from the start to :meth:`RunResources.close`);
 - rank 0's locks on the directories it writes (``checkpoint.dir``, ``log.dir``), taken after proving them
   writable, and the refusal of a ``last.pt``/``best.pt`` the run did not write;
-- the check of the data beside training (``data.verify``, :mod:`lsm_gnn.data.verify`).
+- the check of the data beside training (``data.verify``, :mod:`lsm_gnn.data.verify`);
+- torch's thread count for the training step (``train.threads``), set back at the end.
 
 :class:`~lsm_gnn.trainer.Trainer` makes one first and closes it in :meth:`~lsm_gnn.trainer.Trainer.close`, or at
 once when the trainer cannot be made: a failed start leaves no lock held, no thread running and no setting changed.
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+
+import torch
 
 from lsm_gnn.checkpoint import check_replaceable
 from lsm_gnn.config import Config, ConfigError
@@ -30,7 +33,14 @@ class RunResources:
         #: the data check's mode for this dataset (``auto`` resolved) and its checker on rank 0, else None
         self.verify_mode = "off"
         self.verify = None
+        self._threads_before: int | None = None
         self._released = False
+
+    def use_threads(self, threads: int) -> None:
+        """torch's intra-op threads for the run (0: leave torch's setting); :meth:`close` sets the old count back."""
+        if threads and self._threads_before is None:
+            self._threads_before = torch.get_num_threads()
+            torch.set_num_threads(threads)
 
     def lock_outputs(self, cfg: Config) -> None:
         """Rank 0, the only writer: fails now, not after an epoch of training, on a directory it cannot write,
@@ -77,6 +87,8 @@ class RunResources:
         for lock in self.locks:
             lock.release()
         self.locks = []
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
         self._kernels.close()
 
 

@@ -60,6 +60,7 @@ class Trainer:
         # the data check: held for the trainer's life, given back by close(), or at once by a failed start.
         self.resources = RunResources(cfg.kernels)
         try:
+            self.resources.use_threads(cfg.train.threads)
             self._setup(cfg, out, features)
         except BaseException:
             self.resources.close()

@@ -177,6 +177,18 @@ def test_read_ahead_changes_no_loss_and_no_hit(graph, tmp_path):
     assert trainer.features.only.read_ahead.stats.used > 0
 
 
+def test_train_threads_hold_for_the_run_and_are_set_back(graph, tmp_path):
+    before = torch.get_num_threads()
+    seen = []
+    with Trainer(config(graph, tmp_path, "train.threads=1", "train.max_iterations=2", "train.eval_splits=[]")) as t:
+        seen.append(torch.get_num_threads())
+        t.fit()
+        seen.append(torch.get_num_threads())
+    assert seen == [1, 1] and torch.get_num_threads() == before
+    with pytest.raises(ConfigError, match="train.threads"):
+        config(graph, tmp_path, "train.threads=-1")
+
+
 def records(tmp_path):
     with open(tmp_path / "log" / "metrics.jsonl") as fh:
         return [json.loads(line) for line in fh]
