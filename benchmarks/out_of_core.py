@@ -290,7 +290,7 @@ def crossover(records: list[dict], ours: str = "hybrid", peer: str = "memmap") -
     larger one) ``peer`` is at least as fast (paired median of peer's time over ours at most 1), and the largest
     cap below it, where ours is faster. None where no cap has both."""
     points = [(rec["cap"], rec["ratios"].get(f"{ours}_speedup_vs_{peer}")) for rec in records]
-    points = [(cap, r["median"]) for cap, r in points if r is not None]
+    points = [(cap, r["median"], spread(r["per_repeat"])) for cap, r in points if r is not None]
     if not points:
         return None
     k = len(points)
@@ -298,15 +298,23 @@ def crossover(records: list[dict], ours: str = "hybrid", peer: str = "memmap") -
         k -= 1
     at, behind = (points[k] if k < len(points) else None), (points[k - 1] if k > 0 else None)
     if at is None:
-        words = (f"{peer} never catches up with {ours}: {ours} is still {behind[1]:.3g}x faster at the largest cap, "
-                 f"{behind[0]}")
+        words = (f"{peer} never catches up with {ours}: at the largest cap, {behind[0]}, {ours} is still "
+                 f"{behind[1]:.3g}x faster{behind[2]}")
     elif behind is None:
-        words = f"{peer} is at least as fast as {ours} at every cap ({1 / at[1]:.3g}x {ours}'s speed at {at[0]})"
+        words = (f"{peer} is at least as fast as {ours} at every cap: at {at[0]} {ours} runs at {at[1]:.3g}x "
+                 f"{peer}'s speed{at[2]}")
     else:
-        words = (f"{peer} catches up with {ours} between {behind[0]} ({ours} {behind[1]:.3g}x faster) and {at[0]} "
-                 f"({peer} {1 / at[1]:.3g}x {ours}'s speed) and stays there up to the largest cap")
+        words = (f"{peer} catches up with {ours} between {behind[0]}, where {ours} is {behind[1]:.3g}x faster"
+                 f"{behind[2]}, and {at[0]}, where {ours} runs at {at[1]:.3g}x {peer}'s speed{at[2]}, and stays "
+                 "there up to the largest cap")
     return {"ours": ours, "peer": peer, "peer_at_least_as_fast_from": at and at[0],
             "ours_faster_up_to": behind and behind[0], "sentence": words}
+
+
+def spread(per_repeat: list[float]) -> str:
+    """`` (0.68-1.8x per repeat)`` where the repeats differ, else nothing."""
+    low, high = min(per_repeat), max(per_repeat)
+    return f" ({low:.2g}-{high:.2g}x per repeat)" if len(per_repeat) > 1 and f"{low:.2g}" != f"{high:.2g}" else ""
 
 
 def table(summary: dict, cap: str = "") -> str:
@@ -362,8 +370,9 @@ def report(result: dict) -> None:
     print(f"\n-- the curve: a {format_bytes(result['dataset']['feature_file_bytes'])} feature file, "
           f"{repeats(result)}, ratios paired per repeat")
     print(curve_table(records, methods))
-    if result.get("crossover"):
-        print(result["crossover"]["sentence"])
+    verdict = crossover(records)  # from the records, so that --from-json reads an older run the same way
+    if verdict:
+        print(verdict["sentence"])
 
 
 def plot_curve(result: dict, path: str) -> None:
@@ -413,7 +422,9 @@ def plot_curve(result: dict, path: str) -> None:
 
 # -- command line ------------------------------------------------------------------------------------------------
 
-DEFAULT_CAPS = "1G,1.5G,2G,3G,4G,6G"  # the default 4.3 GiB file fits, with the process beside it, under 6 GiB
+# The default 4.3 GiB file should fit under 6 GiB with the process beside it: at 3M nodes memmap's peak was the
+# 2.86 GiB file plus 0.6 GiB (docs/benchmarks.md, "The curve").
+DEFAULT_CAPS = "1G,1.5G,2G,3G,4G,6G"
 QUICK_CAPS = "512M,768M"
 
 

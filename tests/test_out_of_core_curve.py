@@ -115,7 +115,8 @@ def test_crossover_names_the_caps_around_it(bench):
     result = fake_result(bench, [5000, 400, 20, 8])
     cross = result["crossover"]
     assert cross["ours_faster_up_to"] == "3.0 GiB" and cross["peer_at_least_as_fast_from"] == "4.0 GiB"
-    assert "between 3.0 GiB (hybrid 2x faster) and 4.0 GiB" in cross["sentence"]
+    assert ("between 3.0 GiB, where hybrid is 2x faster, and 4.0 GiB, where hybrid runs at 0.8x memmap's speed"
+            in cross["sentence"])
     never = fake_result(bench, [5000, 400])["crossover"]
     assert never["peer_at_least_as_fast_from"] is None and "never catches up" in never["sentence"]
     always = fake_result(bench, [9, 8])["crossover"]
@@ -124,6 +125,13 @@ def test_crossover_names_the_caps_around_it(bench):
     dip = fake_result(bench, [5000, 9, 20])["crossover"]
     assert dip["peer_at_least_as_fast_from"] is None and dip["ours_faster_up_to"] == "3.0 GiB"
     assert bench.crossover([{"cap": "1.0 GiB", "ratios": {}}]) is None
+
+
+def test_the_verdict_shows_how_far_the_repeats_spread(bench):
+    records = [{"cap": "4.0 GiB", "ratios": {"hybrid_speedup_vs_memmap": {"per_repeat": [1.83, 1.1, 0.68],
+                                                                         "median": 1.1}}}]
+    assert bench.crossover(records)["sentence"] == ("memmap never catches up with hybrid: at the largest cap, "
+                                                    "4.0 GiB, hybrid is still 1.1x faster (0.68-1.8x per repeat)")
 
 
 def test_report_prints_every_cap_and_the_curve(bench, capsys):
