@@ -37,6 +37,15 @@ def test_out_of_core_measures_every_method_on_the_same_batches(children_import_t
     assert len({loss for row in summary.values() for loss in row["losses"]}) == 1, "same batches, same losses"
     assert 0 < summary["hybrid"]["hit_ratio"] < 1 and summary["storage"]["feature_bytes_read"] > 0
     assert result["ratios"]["hybrid_speedup_vs_memmap"]["median"] > 0
+    # --quick measures two caps: one record each, the smallest's summary and ratios also at the top
+    curve = result["curve"]
+    assert [rec["cap_bytes"] for rec in curve] == result["settings"]["caps_bytes"] and len(curve) == 2
+    assert curve[0]["summary"] == summary and curve[0]["cap_bytes"] == result["settings"]["cap_bytes"]
+    for rec in curve:
+        assert set(rec["summary"]) == set(bench.METHODS) and rec["ratios"]["hybrid_speedup_vs_memmap"]["median"] > 0
+        runs = [r for r in result["runs"] if r["cap_bytes"] == rec["cap_bytes"]]
+        assert runs and all(0 < r["peak_bytes"] <= rec["cap_bytes"] for r in runs)
+    assert result["crossover"]["sentence"]
 
 
 def test_bounded_memory_reports_bytes_per_node_and_each_epoch(children_import_this_checkout, tmp_path):
