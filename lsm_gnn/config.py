@@ -59,6 +59,9 @@ class SamplerConfig:
     relation_fanouts: dict = field(default_factory=dict)
     batch_size: int = defaults.BATCH_SIZE
     num_threads: int = 0       # 0: OpenMP's default
+    # how the sampler reads a memory-mapped topology: auto (preload one that takes at most a quarter of the
+    # memory left, else random) | random (no read-around: a topology far larger than memory) | normal | preload
+    topology: str = "auto"
 
 
 @dataclass
@@ -166,6 +169,7 @@ CHOICES = {
     "train.eval_mode": ("sampled", "full"),
     "train.early_stopping.mode": ("auto", "max", "min"),
     "train.device": ("auto", "cpu", "cuda"),
+    "sampler.topology": defaults.TOPOLOGY_ACCESS,
 }
 
 

@@ -21,6 +21,9 @@ BATCH_SIZE = 2048            # seed nodes per mini-batch
 # "Read-ahead"); at most READ_AHEAD_BYTES of rows held.
 READ_AHEAD_DEPTH = 2
 READ_AHEAD_BYTES = "64M"
+# How the sampler reads a memory-mapped topology (lsm_gnn.sampling.neighbor.advise_mapped); auto preloads one
+# that takes at most a quarter of the memory left, else reads it at random.
+TOPOLOGY_ACCESS = ("auto", "random", "normal", "preload")
 
 
 def policy_for(pvp: bool) -> str:

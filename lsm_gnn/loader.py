@@ -186,6 +186,9 @@ class NodeLoader:
     that iteration's queue on a background thread while the batch trains);
     ``prefetch_features=False`` leaves every move to the gather itself.
 
+    ``topology_access``: how the sampler reads a memory-mapped topology (:class:`~lsm_gnn.sampling.NeighborSampler`;
+    ``auto`` preloads one that fits a quarter of the memory left).
+
     Features with trainable rows (node embeddings) add each batch's (``batch.emb``), gathered after its
     features. ``training``: the caller updates them after each batch (:meth:`TypedFeatures.update`), so the
     gather of batch ``i`` waits for the update of batch ``i - 1`` and every batch reads the rows as they are
@@ -195,7 +198,7 @@ class NodeLoader:
     def __init__(self, dataset, features, fanouts, batch_size: int, seeds=None, *, shuffle: bool = True,
                  drop_last: bool = False, window: int = WINDOW, prefetch: int = 2, seed: int = 0,
                  rank: int = 0, world_size: int = 1, num_threads: int = 0, prefetch_features: bool = True,
-                 training: bool = False, target: str | None = None):
+                 training: bool = False, target: str | None = None, topology_access: str = "auto"):
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
         if batch_size < 1:
@@ -212,7 +215,7 @@ class NodeLoader:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.rank, self.world_size = rank, world_size
-        self.sampler = self._make_sampler(fanouts, seed, num_threads)
+        self.sampler = self._make_sampler(fanouts, seed, num_threads, topology_access)
         self.seeds = np.asarray(self._split("train") if seeds is None else seeds, dtype=np.int64)
         if self.seeds.size == 0:
             raise ValueError("there are no seed nodes to iterate over")
@@ -260,8 +263,9 @@ class NodeLoader:
                 raise TypeError(f"dataset {self.dataset.path} has several node types; gather from its typed "
                                 "features (lsm_gnn.build.build_features)")
 
-    def _make_sampler(self, fanouts, seed: int, num_threads: int):
-        return NeighborSampler(self.dataset, fanouts, seed=seed, num_threads=num_threads)
+    def _make_sampler(self, fanouts, seed: int, num_threads: int, topology_access: str = "auto"):
+        return NeighborSampler(self.dataset, fanouts, seed=seed, num_threads=num_threads,
+                               topology_access=topology_access)
 
     def _split(self, name: str):
         return self.dataset.split(name, self.target)
@@ -408,6 +412,9 @@ class NodeLoader:
                     window.push(hops[-1].nodes)
                 ahead += 1
 
+            # Counters between batches: each batch's io is what the features did since the batch before was
+            # gathered, so reads made in between (a cache reading ahead) count too.
+            last = self.features.counters()  # this thread is the features' only reader while the epoch runs
             for k in range(len(plans)):
                 if stop.is_set():
                     return
@@ -417,7 +424,6 @@ class NodeLoader:
                 if window is not None:
                     window.pop()
                 nodes = hops[-1].nodes
-                before = self.features.counters()  # this thread is the features' only reader while the epoch runs
                 start = time.perf_counter()
                 x, hit = self.features.gather(nodes, future=None if window is None else window.buffers)
                 gather_s = time.perf_counter() - start
@@ -426,7 +432,8 @@ class NodeLoader:
                 after = self.features.counters()
                 batch = self._make_batch(first + k, plans[k], hops, x, hit)
                 batch.timings = {"sample": sample_s, "gather": gather_s, **self.features.last_timings}
-                batch.io = {key: after[key] - before[key] for key in after}
+                batch.io = {key: after[key] - last[key] for key in after}
+                last = after
                 if self.features.trainable:
                     found = self.features.gather_trainable(nodes, None if window is None else window.buffers,
                                                            training=self.training, stop=stop)

@@ -11,7 +11,8 @@ def loader_options(cfg: Config, rank: int, world_size: int, evaluation: bool = F
     """The loader keywords every task takes from the config; evaluation draws its own sampling stream and
     reads trainable rows as they are."""
     return {"window": cfg.cache.window, "seed": cfg.train.seed + (1 if evaluation else 0), "rank": rank,
-            "world_size": world_size, "num_threads": cfg.sampler.num_threads, "training": not evaluation}
+            "world_size": world_size, "num_threads": cfg.sampler.num_threads, "training": not evaluation,
+            "topology_access": cfg.sampler.topology}
 
 
 def eval_batch_size(cfg: Config) -> int:

@@ -69,10 +69,29 @@ def test_the_sampler_turns_read_around_off_on_the_mapped_csr_unless_asked(tmp_pa
     files = [ds.file_path(ds.meta["graph"][k]) for k in ("indptr", "indices")]
     NeighborSampler(ds, [2], topology_access="normal")
     assert all("rr" not in vm_flags(f) for f in files)
-    NeighborSampler(ds, [2])
+    NeighborSampler(ds, [2], topology_access="random")
     assert all("rr" in vm_flags(f) for f in files)
-    with pytest.raises(ValueError, match="topology access must be one of random, normal"):
+    NeighborSampler(ds, [2])  # auto: a topology this small is preloaded, read-around on
+    assert all("rr" not in vm_flags(f) for f in files)
+    with pytest.raises(ValueError, match="topology_access must be one of auto, random, normal, preload"):
         NeighborSampler(ds, [2], topology_access="sequential")
+
+
+def test_auto_preloads_only_a_topology_that_fits_a_quarter_of_the_memory_left(tmp_path, monkeypatch):
+    import lsm_gnn.memcap as memcap
+    from lsm_gnn.sampling.neighbor import topology_access_for
+
+    write_tiny_dataset(tmp_path / "ds", num_nodes=300)
+    ds = open_dataset(tmp_path / "ds")
+    relations = [tuple(r) for r in ds.relations]
+    size = sum(a.nbytes for a in ds.csr(relations[0]))
+    monkeypatch.setattr(memcap, "available_memory", lambda: 4 * size)
+    assert topology_access_for(ds, relations, "auto") == "preload"
+    monkeypatch.setattr(memcap, "available_memory", lambda: 4 * size - 1)
+    assert topology_access_for(ds, relations, "auto") == "random"
+    monkeypatch.setattr(memcap, "available_memory", lambda: None)  # unknown: never preload
+    assert topology_access_for(ds, relations, "auto") == "random"
+    assert topology_access_for(ds, relations, "normal") == "normal"
 
 
 def test_row_lengths_read_in_parallel_still_name_the_first_bad_row():
