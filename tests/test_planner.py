@@ -70,6 +70,10 @@ def test_read_ahead_overlaps_the_reads_with_the_loaders_other_work():
     assert StageMs(sample=6.0, cache=7.0, read=10.0, train=5.0, read_ahead=True).loader == 13.0
     assert ahead.loader_cpu == serial.loader_cpu  # the same CPU work, only overlapped
     assert steady_ms(ahead, 8, 1) == 10.0 and bound_stage(ahead, 8, 1) == "read"
+    # Two cores, training on both: training slows the loader's CPU work (by half the 4 ms it has), not its reads.
+    assert contended_ms(ahead, 2, 2) == (5.0 + 0.5 * 4.0, 10.0)
+    cpu_bound = StageMs(sample=4.0, cache=4.0, read=9.0, train=10.0, read_ahead=True)
+    assert contended_ms(cpu_bound, 2, 2) == (10.0 + 0.5 * 8.0, 4.0 + 4.0 + 0.5 * 8.0)
 
 
 def test_recommendation_is_the_smallest_cache_within_tolerance():

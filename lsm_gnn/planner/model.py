@@ -70,8 +70,10 @@ def contended_ms(stages: StageMs, cores: int, train_threads: int) -> tuple[float
     used = min(train_threads, cores)
     loss = max(used + 1 - cores, 0) / cores  # share of the other's CPU time each thread loses
     train = stages.train + loss * stages.loader_cpu
-    loader = stages.loader + loss * min(stages.train, stages.loader_cpu)
-    return train, loader
+    slowed = loss * min(stages.train, stages.loader_cpu)  # what training's CPU work adds to the loader's
+    if stages.read_ahead:  # only the loader's CPU work is slowed; the reads beside it wait on the device
+        return train, max(stages.read, stages.sample + stages.cache + slowed)
+    return train, stages.loader + slowed
 
 
 def steady_ms(stages: StageMs, cores: int, train_threads: int = 1) -> float:
