@@ -115,7 +115,7 @@ class TrainConfig:
     num_negatives: int = 1     # link: negative items per positive edge
     negatives_exclude_positives: bool = False  # link: draw negatives only among the user's non-training items
     device: str = "auto"       # auto | cpu | cuda
-    threads: int = 0           # torch's threads for the training step (0: torch's default, one per core)
+    threads: int = 0           # torch's threads for the training step (0: one fewer than torch's default, >= 1)
 
 
 @dataclass
@@ -278,7 +278,7 @@ def validate(cfg: Config) -> Config:
     if not 0 <= cfg.train.seed < 1 << 63:  # numpy's and torch's generators take a non-negative 64-bit seed
         raise ConfigError(f"train.seed must be an integer from 0 to 2^63 - 1, got {cfg.train.seed}")
     if cfg.train.threads < 0:
-        raise ConfigError(f"train.threads must be >= 0 (0: torch's default), got {cfg.train.threads}")
+        raise ConfigError(f"train.threads must be >= 0 (0: one fewer than torch's default), got {cfg.train.threads}")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")
     if cfg.model.kind == "gat" and len(f) > 1 and cfg.model.hidden % cfg.model.heads:

@@ -185,6 +185,9 @@ def test_train_threads_hold_for_the_run_and_are_set_back(graph, tmp_path):
         t.fit()
         seen.append(torch.get_num_threads())
     assert seen == [1, 1] and torch.get_num_threads() == before
+    with Trainer(config(graph, tmp_path / "auto", "train.max_iterations=1", "train.eval_splits=[]")):
+        assert torch.get_num_threads() == max(1, before - 1)  # auto: a core left to the loader's thread
+    assert torch.get_num_threads() == before
     with pytest.raises(ConfigError, match="train.threads"):
         config(graph, tmp_path, "train.threads=-1")
 

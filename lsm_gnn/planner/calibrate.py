@@ -38,6 +38,7 @@ import torch
 
 from lsm_gnn.fileio import NotOurFileError, atomic_write_bytes, check_output_file
 from lsm_gnn.planner.simulate import ReadGeometry, TraceStorage
+from lsm_gnn.run_resources import training_threads
 from lsm_gnn.timing import median_seconds
 
 CALIBRATION_VERSION = 5
@@ -286,4 +287,4 @@ def measure_training(cfg, dataset, steps: int = 32, skip: int = 3) -> dict:
     # job takes a core from training's thread team) for seconds at a time, and a median picks one mode.
     return {"steps": len(times), "train_ms": 1e3 * statistics.fmean(t["train"] for t in times),
             "sample_ms": 1e3 * statistics.fmean(t["sample"] for t in times),
-            "torch_threads": torch.get_num_threads()}
+            "torch_threads": training_threads(cfg.train.threads)}

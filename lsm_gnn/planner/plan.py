@@ -23,6 +23,7 @@ from lsm_gnn.loader import NodeLoader
 from lsm_gnn.planner import calibrate
 from lsm_gnn.planner.model import StageMs, bound_stage, contended_ms, recommend, run_ms
 from lsm_gnn.planner.simulate import TraceStorage, on_loader_thread, record_trace, simulate_cache
+from lsm_gnn.run_resources import training_threads
 from lsm_gnn.storage.base import TORCH_DTYPES
 
 
@@ -90,7 +91,7 @@ def _training_identity(cfg: Config, dataset) -> dict:
             "graph": calibrate.file_identity(os.path.join(dataset.path, "meta.json")),
             "model": d["model"], "sampler": d["sampler"], "task": d["train"]["task"], "device": d["train"]["device"],
             "lr": d["train"]["lr"], "window": d["cache"]["window"], "kernels": d["kernels"],
-            "torch_threads": torch.get_num_threads()}
+            "torch_threads": training_threads(cfg.train.threads)}
 
 
 def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[bool], iterations: int = 100,
