@@ -54,7 +54,10 @@ def run_config(args, ds, fanouts: str, batch: int, capacity: str, policy: str, p
                               f"cache.capacity={capacity}", f"cache.policy={policy}", f"cache.pvp={str(pvp).lower()}",
                               f"cache.window={args.window}", f"cache.pvp_queue_capacity={args.pvp_queue_capacity}",
                               f"train.max_iterations={args.iterations}", "train.eval_splits=[]",
-                              "log.progress=false", "train.lr=0.003", "cache.backend=io_uring"])
+                              "log.progress=false", "train.lr=0.003", "cache.backend=io_uring",
+                              # Read-ahead off, in the plan and the run alike: with it a run's bytes read are not
+                              # the plan's per lookup (docs/planner.md), and this validation checks them exactly.
+                              "cache.read_ahead=0"])
 
 
 def measure(cfg, ds) -> dict:
