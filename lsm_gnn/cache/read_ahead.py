@@ -47,9 +47,6 @@ class ReadAheadStats:
     cut: int = 0        # rows not asked for because the memory budget was full
     failed: int = 0     # chunks whose read failed (their lookup read them itself and met the error there)
 
-    def as_dict(self) -> dict:
-        return dict(vars(self))
-
 
 @dataclass(eq=False)
 class _Chunk:
@@ -86,12 +83,12 @@ class ReadAhead:
     # -- the cache's side ----------------------------------------------------------------------------------------
 
     def requested(self, iteration: int) -> torch.Tensor | None:
-        """The ids already asked for ``iteration`` (sorted), or None."""
+        """The ids already asked for ``iteration`` (each chunk's sorted, one after another), or None."""
         with self._cond:
             parts = [c.ids for c in self._chunks if c.iteration == iteration]
         if not parts:
             return None
-        return parts[0] if len(parts) == 1 else torch.sort(torch.cat(parts)).values
+        return parts[0] if len(parts) == 1 else torch.cat(parts)  # its reader builds a set of them
 
     def request(self, iteration: int, ids: torch.Tensor) -> None:
         """Queues the rows of ``ids`` (sorted, distinct, CPU int64) for the lookup of ``iteration``; as many as
