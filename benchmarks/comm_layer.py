@@ -66,7 +66,8 @@ def worker(args) -> None:
     gather = exchange = 0.0
     dist.barrier()
     start = time.perf_counter()
-    for batch in loader:
+    # Every rank's loader thread stops after the same gather: none waits in a collective the other never joins.
+    for batch in loader.iterate(args.iterations if args.iterations < len(loader) else None):
         hits += int(batch.hit_mask.sum())
         requests += batch.hit_mask.numel()
         gather += batch.timings["gather"]

@@ -354,9 +354,10 @@ class NodeLoader:
 
     def iterate(self, until: int | None = None):
         """``iter(loader)``, or only up to position ``until`` of the epoch (a batch count): the background
-        thread then samples and gathers nothing past it, so every rank stops its collective gathers at the
-        same batch (an evaluation in mid-epoch). The next segment starts after :meth:`load_state_dict` with
-        :meth:`state_dict`, as a resumed run does."""
+        thread then gathers nothing past it, so every rank stops its collective gathers at the same batch (an
+        evaluation in mid-epoch, train.max_iterations). It still samples past it for the cache's window, so
+        the cache decides exactly as in one unbroken epoch. The next segment starts after
+        :meth:`load_state_dict` with :meth:`state_dict`, as a resumed run does."""
         self.close()  # a new epoch ends any epoch still running
         self._stop = threading.Event()
         ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
@@ -364,8 +365,9 @@ class NodeLoader:
         skip, self._resume_position = self._resume_position, 0
         self._running_epoch, self._epoch_length = self.epoch, len(plans)
         self._epoch_first, self._position = self.iteration, skip
-        self._worker = threading.Thread(target=self._produce, args=(plans[skip:until], self.iteration + skip, ready,
-                                                                    self._stop),
+        count = len(plans) - skip if until is None else max(0, min(until, len(plans)) - skip)
+        self._worker = threading.Thread(target=self._produce, args=(plans[skip:], count, self.iteration + skip,
+                                                                    ready, self._stop),
                                         name="lsm-gnn-loader", daemon=True)
         self._worker.start()
         self.epoch += 1
@@ -387,7 +389,8 @@ class NodeLoader:
         finally:
             self.close()  # also runs when the caller breaks out or raises: no thread left behind
 
-    def _produce(self, plans, first: int, ready: queue.Queue, stop: threading.Event) -> None:
+    def _produce(self, plans, count: int, first: int, ready: queue.Queue, stop: threading.Event) -> None:
+        """Samples ``plans`` and gathers the first ``count`` of them (the rest only feed the window)."""
         def put(item) -> bool:
             # Never block forever: the consumer may have stopped listening.
             while not stop.is_set():
@@ -415,7 +418,7 @@ class NodeLoader:
             # Counters between batches: each batch's io is what the features did since the batch before was
             # gathered, so reads made in between (a cache reading ahead) count too.
             last = self.features.counters()  # this thread is the features' only reader while the epoch runs
-            for k in range(len(plans)):
+            for k in range(count):
                 if stop.is_set():
                     return
                 while ahead < len(plans) and ahead <= k + self.window:

@@ -116,6 +116,14 @@ def test_a_stopped_epoch_resumed_has_one_summary_over_all_its_iterations(graph, 
     assert stable(result["history"]) == uninterrupted[0]
 
 
+def test_the_loader_gathers_no_batch_past_the_iteration_limit(graph, tmp_path):
+    """Its thread stops after the last batch trained: with several ranks, a thread that ran ahead would wait in a
+    collective gather that the other rank's, already stopped, never joins."""
+    trainer = Trainer(config(graph, tmp_path, "train.max_iterations=3", "checkpoint.every=0"))
+    trainer.fit()
+    assert trainer.features.only.stats.iterations == 3  # one cache lookup per gathered batch
+
+
 def test_stale_temporary_checkpoints_of_dead_writers_are_removed(graph, tmp_path):
     from lsm_gnn.fileio import temp_prefix
 
