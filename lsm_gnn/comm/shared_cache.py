@@ -1,23 +1,28 @@
 """The communication layer: per-rank cache slices that behave as one cache.
 
 Every rank holds a :class:`~lsm_gnn.cache.SoftwareCache` for the nodes it
-owns. Each iteration, ``SharedCache.lookup(ids)`` on every rank makes three
+owns. Each iteration, ``SharedCache.lookup(ids)`` on every rank makes two
 ``all_to_all_single`` calls, whatever the window:
 
 1. deduplicates the batch's ids and buckets them by owner, and so the
    distinct ids of each batch newly sampled into the window;
-2. exchanges a fixed-size header of counts (3 integers per pair of ranks);
-3. exchanges, in one int64 message per owner, the ids it asks for and its
+2. sends, in one int64 message per owner, the ids it asks for and its
    share of the new window batches (the owners keep a window of what every
-   rank will ask for; it drives their dynamic policies);
-4. serves what it received from its own slice in one lookup (so an id that
+   rank will ask for; it drives their dynamic policies). The messages go
+   in chunks of a size every rank knows without asking, their lengths
+   inside them (:mod:`lsm_gnn.comm.padded`): no collective of counts
+   first. A message longer than its chunk (a new window's whole future,
+   once an epoch) costs one more collective, which every rank knows of
+   from the chunks;
+3. serves what it received from its own slice in one lookup (so an id that
    several ranks asked for is looked up, and read from storage, once);
-5. sends the rows back as raw bytes of the features' dtype, each owner's
+4. sends the rows back as raw bytes of the features' dtype, each owner's
    hit flags (one byte per row) after its rows in the same message: the
    sizes need no exchange, since a rank gets one row per id it asked. A
-   rank's own rows never enter a message: its cache writes them into the
-   front of the buffer that receives the other owners' replies;
-6. copies the rows once, from that buffer into the batch's request order.
+   rank's own ids and rows never enter a message: its cache writes its
+   rows into the front of the buffer that receives the other owners'
+   replies;
+5. copies the rows once, from that buffer into the batch's request order.
 
 Calls are collective: every rank must call ``lookup`` the same number of
 times with windows of the same length (the loader guarantees it). The
@@ -39,6 +44,7 @@ import torch.distributed as dist
 
 from lsm_gnn.cache import SoftwareCache, WindowBuffer
 from lsm_gnn.comm.group import TIMEOUT_ENV, ProgressBoard, collective_timeout, first_line
+from lsm_gnn.comm.padded import PaddedAllToAll
 from lsm_gnn.features import StorageShape
 from lsm_gnn.ids import as_id_tensor, unique_ids
 
@@ -56,10 +62,12 @@ class ExchangeStats:
     exchange_seconds: float = 0.0  # in the exchange: its collectives and packing the messages
     serve_seconds: float = 0.0     # the local lookup for all ranks' requests
     last_exchange_seconds: float = 0.0
-    collectives: int = 0           # all_to_all_single calls made (3 per lookup)
-    #: seconds in each kind of collective: "counts" (mostly waiting for the slowest rank to arrive),
-    #: "ids and future", "rows"
+    collectives: int = 0           # all_to_all_single calls made (2 per lookup, 3 when a request spills)
+    #: seconds in each kind of collective: "ids and future" (with the counts inside; mostly waiting for the
+    #: slowest rank to arrive), "ids and future, spill" (the words past a chunk), "rows", and the "update ..."
+    #: kinds of :meth:`SharedCache.update`
     collective_seconds: dict = field(default_factory=dict)
+    collective_calls: dict = field(default_factory=dict)  # calls of each kind
     #: seconds of the exchange's local work: "window" (the owners' windows; "window, filled" when a new
     #: window's whole future is forwarded, once an epoch), "pack" (ids and rows into messages), "unpack"
     #: (rows into request order)
@@ -121,6 +129,9 @@ class SharedCache(StorageShape):
         self.owner_window: WindowBuffer | None = None
         self._ahead = 0              # future batches already forwarded and not yet current
         self._lock = threading.Lock()
+        # Each kind of message agrees on its own chunk size: requests and updates differ in length.
+        self._requests = PaddedAllToAll(self.rank, self.world_size, "ids and future")
+        self._updates = PaddedAllToAll(self.rank, self.world_size, "update ids")
 
     # -- collectives ---------------------------------------------------------------------------------------------
 
@@ -137,9 +148,20 @@ class SharedCache(StorageShape):
                 f"rank {self.rank}: exchanging {what} at iteration {self.stats.iterations} failed after at most "
                 f"{self.timeout_s:g} s ({TIMEOUT_ENV}): {self.progress.laggards()}; check its log. "
                 f"({self.backend}: {first_line(exc)})") from None
-        self.stats.collectives += 1
-        self.stats.collective_seconds[what] = self.stats.collective_seconds.get(what, 0.0) + time.perf_counter() - t
+        s = self.stats
+        s.collectives += 1
+        s.collective_seconds[what] = s.collective_seconds.get(what, 0.0) + time.perf_counter() - t
+        s.collective_calls[what] = s.collective_calls.get(what, 0) + 1
         return recv
+
+    def _exchange(self, padded: PaddedAllToAll, messages: list[np.ndarray], start: float) -> list[np.ndarray]:
+        """``padded.exchange(messages)``, its time outside the collectives (padding the messages into chunks
+        and reading them out) counted, with the time since ``start``, as "pack"."""
+        s = self.stats
+        waited = sum(s.collective_seconds.values())
+        received = padded.exchange(messages, self._all_to_all)
+        s.add("pack", start + sum(s.collective_seconds.values()) - waited)
+        return received
 
     def _by_owner(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(order that groups ids by owner, count per owner)."""
@@ -168,8 +190,8 @@ class SharedCache(StorageShape):
     def _request(self, unique: np.ndarray, new: list[np.ndarray]):
         """Sends every owner the ids this rank asks it for and its share of the new future batches.
 
-        Two collectives: a fixed-size header per pair of ranks ``[ids, new batches, future ids]``, then one
-        int64 payload per owner ``[ids | size of each new batch's share | the batches' ids]``.
+        One int64 message per owner ``[ids asked, new batches, size of each new batch's share | ids | the
+        batches' ids]``, in one collective (two when a message outgrows the agreed chunk).
         Returns (the order grouping ``unique`` by owner, ids asked of each owner, the ids each rank asks of
         this one (one array per rank), and each rank's share of the new batches (``[rank][batch]``)).
         """
@@ -182,25 +204,20 @@ class SharedCache(StorageShape):
         f_order = np.lexsort((batch_of, future_owner))
         f_counts = np.bincount(future_owner * len(new) + batch_of, minlength=world * len(new)).reshape(
             world, len(new)).astype(np.int64)
-        header = np.stack([counts, np.full(world, len(new)), f_counts.sum(axis=1)], axis=1)
-        payload = np.concatenate([np.concatenate([s, c, f]) for s, c, f in zip(
-            np.split(unique[order], np.cumsum(counts)[:-1]), f_counts,
-            np.split(future_ids[f_order], np.cumsum(f_counts.sum(axis=1))[:-1]))])
-        self.stats.add("pack", start)
-        got = self._all_to_all(torch.from_numpy(header.reshape(-1)), [3] * world, [3] * world, "counts")
-        got = got.cpu().numpy().reshape(world, 3)
-        if (got[:, 1] != len(new)).any():
-            raise ExchangeError(f"rank {self.rank}: other ranks forward {got[:, 1].tolist()} new future batches at "
-                                f"iteration {self.stats.iterations}, this one {len(new)}: every rank must gather "
-                                "with windows of the same length")
-        sizes = got.sum(axis=1)
-        received = self._all_to_all(torch.from_numpy(payload), (header.sum(axis=1)).tolist(), sizes.tolist(),
-                                    "ids and future")
-        asked, shares = [], []
-        for part, (n_ids, m, _) in zip(np.split(received.cpu().numpy(), np.cumsum(sizes)[:-1]), got):
-            asked.append(part[:n_ids])
-            per_batch = part[n_ids:n_ids + m]
-            shares.append(np.split(part[n_ids + m:], np.cumsum(per_batch)[:-1]) if m else [])
+        messages = [np.concatenate([[n, len(new)], c, s, f]) for n, c, s, f in zip(
+            counts, f_counts, np.split(unique[order], np.cumsum(counts)[:-1]),
+            np.split(future_ids[f_order], np.cumsum(f_counts.sum(axis=1))[:-1]))]
+        received = self._exchange(self._requests, messages, start)
+        batches = [int(part[1]) for part in received]
+        if any(m != len(new) for m in batches):
+            raise ExchangeError(f"rank {self.rank}: ranks forward {batches} new future batches at iteration "
+                                f"{self.stats.iterations}, this one {len(new)}: every rank must gather with windows "
+                                "of the same length")
+        asked, shares, m = [], [], len(new)
+        for part in received:
+            n_ids = int(part[0])
+            asked.append(part[2 + m:2 + m + n_ids])
+            shares.append(np.split(part[2 + m + n_ids:], np.cumsum(part[2:2 + m])[:-1]) if m else [])
         return order, counts, asked, shares
 
     # -- one iteration ---------------------------------------------------------------------------------------
@@ -208,8 +225,9 @@ class SharedCache(StorageShape):
     def lookup(self, ids, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows of ``ids`` in request order and their hit mask, served by their owners.
 
-        Three collectives per call, whatever the window: a header of counts, the ids with the window's new
-        batches, and the rows with their hit flags (whose sizes each side knows from the ids)."""
+        Two collectives per call, whatever the window: the ids with the window's new batches (their counts
+        inside), and the rows with their hit flags (whose sizes each side knows from the ids). A third
+        carries what outgrew the agreed chunk of the first (:mod:`lsm_gnn.comm.padded`)."""
         with self._lock:
             start = time.perf_counter()
             self.progress.mark(self.stats.iterations)
@@ -331,18 +349,18 @@ class SharedCache(StorageShape):
         """Read-modify-write across ranks (collective): each rank sends the distinct ``ids`` it changes, with
         their ``grads`` rows, to their owners; an owner sums the rows every rank sent for one id and applies
         ``apply(rows, summed)`` to its slice once (:meth:`SoftwareCache.update`). So every row has one writer
-        and every rank's next lookup sees the change. Three collectives: counts, ids, rows."""
+        and every rank's next lookup sees the change. Two collectives: the ids (their counts inside, a third
+        when they outgrow the agreed chunk), then the rows."""
         with self._lock:
             start = time.perf_counter()
             ids = as_id_tensor(ids)
             grads = grads.detach().cpu().contiguous() if self.exchange_device.type == "cpu" else grads.detach()
             order, counts = self._by_owner(ids.numpy())
+            grouped = ids.numpy()[order]
             order = torch.from_numpy(order)
-            world = self.world_size
-            got = self._all_to_all(torch.from_numpy(counts.astype(np.int64)), [1] * world, [1] * world,
-                                   "update counts").cpu()
-            sends, receives = counts.tolist(), got.tolist()
-            asked = self._all_to_all(ids[order], sends, receives, "update ids").cpu()
+            asked = self._updates.exchange(np.split(grouped, np.cumsum(counts)[:-1]), self._all_to_all)
+            sends, receives = counts.tolist(), [a.size for a in asked]
+            asked = torch.from_numpy(np.concatenate(asked))
             rows = self._all_to_all(grads[order.to(grads.device)], sends, receives, "update rows")
             # Every rank's rows for one id summed in rank order: the same sum whoever computes it.
             unique, inverse = unique_ids(asked)
