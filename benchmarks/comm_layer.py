@@ -52,7 +52,9 @@ def worker(args) -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
     ds = open_dataset(args.data, check="shape")
-    storage = open_storage(ds, "io_uring")
+    # --buffered: misses read through the page cache (the file fits in RAM), so a lookup's time is CPU work
+    # and timing runs do not swing with the disk's latency
+    storage = open_storage(ds, "io_uring", direct=not args.buffered)
     capacity = cache_capacity_bytes(args.capacity, ds.num_nodes, storage.row_bytes)
     cache = SoftwareCache(storage, capacity, policy=args.policy, window=args.window,
                           static_scores=ds.score("reverse_pagerank"), oversubscribe=True)
@@ -122,7 +124,8 @@ def run(args, world: int, mode: str, capacity: str, out: str) -> dict:
                    OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         cmd = [sys.executable, __file__, "--worker", "--data", args.data, "--out", out, "--mode", mode,
                "--capacity", capacity, "--policy", args.policy, "--window", str(args.window), "--owner", args.owner,
-               "--fanouts", args.fanouts, "--batch-size", str(args.batch_size), "--iterations", str(args.iterations)]
+               "--fanouts", args.fanouts, "--batch-size", str(args.batch_size), "--iterations", str(args.iterations),
+               *(["--buffered"] if args.buffered else [])]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = [p.communicate(timeout=3600)[0] for p in procs]
     if any(p.returncode for p in procs):
@@ -216,6 +219,7 @@ def main(argv=None) -> dict:
     p.add_argument("--json", default="docs/results/comm_layer.json")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-big", action="store_true", help="skip the isolated N x C caches (timing runs)")
+    p.add_argument("--buffered", action="store_true", help="read misses without O_DIRECT (from the page cache)")
     p.add_argument("--shared-only", action="store_true",
                    help="run the shared cache alone (repeated timing runs of the exchange)")
     p.add_argument("--merged", action="store_true",

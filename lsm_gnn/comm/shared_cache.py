@@ -46,7 +46,7 @@ from lsm_gnn.cache import SoftwareCache, WindowBuffer
 from lsm_gnn.comm.group import TIMEOUT_ENV, ProgressBoard, collective_timeout, first_line
 from lsm_gnn.comm.padded import PaddedAllToAll
 from lsm_gnn.features import StorageShape
-from lsm_gnn.hostmem import host_zeros
+from lsm_gnn.hostmem import HostBufferPool, host_zeros
 from lsm_gnn.ids import as_id_tensor, unique_ids
 
 
@@ -132,6 +132,7 @@ class SharedCache(StorageShape):
         self._lock = threading.Lock()
         # Each kind of message agrees on its own chunk size: requests and updates differ in length.
         self._buffers: dict[str, torch.Tensor] = {}  # see _scratch
+        self._results = HostBufferPool()  # the rows returned, over memory reused once the caller drops them
         self._requests = PaddedAllToAll(self.rank, self.world_size, "ids and future")
         self._updates = PaddedAllToAll(self.rank, self.world_size, "update ids")
 
@@ -351,8 +352,8 @@ class SharedCache(StorageShape):
             first += n
         rows = whole.view(self.cache.data.dtype)  # [rows, dim]: each row is row_bytes of that dtype
         index = torch.from_numpy(slot).to(on)[inverse.to(on)]
-        if out is None and on.type == "cpu":  # on huge pages: a fifth of the page faults' cost of fresh memory
-            out = host_zeros((index.numel(), *rows.shape[1:]), rows.dtype)
+        if out is None and on.type == "cpu":  # memory an earlier batch touched, once nothing uses it
+            out = self._results.empty((index.numel(), *rows.shape[1:]), rows.dtype)
         if out is None:
             result = rows[index]
         else:
