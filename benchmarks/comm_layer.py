@@ -68,7 +68,8 @@ def worker(args) -> None:
     gather = exchange = 0.0
     dist.barrier()
     start = time.perf_counter()
-    for batch in loader:
+    # Every rank's loader thread stops after the same gather (a rank must not wait in one the other never joins).
+    for batch in loader.iterate(args.iterations if args.iterations < len(loader) else None):
         hits += int(batch.hit_mask.sum())
         requests += batch.hit_mask.numel()
         gather += batch.timings["gather"]
@@ -148,7 +149,7 @@ def run(args, world: int, mode: str, capacity: str, out: str) -> dict:
                                                   for r in ranks)
         exchange = ranks[0]["exchange"]
         detail["collectives_per_iteration"] = exchange["collectives"] / exchange["iterations"]
-        detail["lookups"] = exchange["iterations"]  # the loader may gather one batch past the last one timed
+        detail["lookups"] = exchange["iterations"]
         # lookups whose request outgrew the agreed chunk (a third collective): 0 in a layer without chunks
         detail["spills"] = sum(n for k, n in exchange.get("collective_calls", {}).items()
                                if k.endswith("spill") and not k.startswith("update"))

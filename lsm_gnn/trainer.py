@@ -295,12 +295,19 @@ class Trainer:
 
     def _segment(self):
         """(the loader's batches up to the next evaluation due by train.eval_every, that position), or
-        (the rest of the epoch, None): the loader's thread must not gather alongside an evaluation."""
+        (the rest of the epoch, None): the loader's thread must not gather alongside an evaluation. The
+        batches also end at train.max_iterations: every rank's loader thread then stops after the same
+        gather, instead of one waiting in a collective gather that the other, stopped, never joins."""
         every, until = self.cfg.train.eval_every, None
+        position = self.loader.state_dict()["position"]
         if every and self.cfg.train.eval_splits:
-            stop = self.loader.state_dict()["position"] + every - self.iterations_done % every
+            stop = position + every - self.iterations_done % every
             until = stop if stop < len(self.loader) else None  # at the epoch's end: evaluated there
-        return self.loader.iterate(until), until
+        last = until
+        if self.cfg.train.max_iterations:
+            stop = position + max(0, self.cfg.train.max_iterations - self.iterations_done)
+            last = stop if last is None else min(last, stop)
+        return self.loader.iterate(last if last is None or last < len(self.loader) else None), until
 
     # -- evaluation (the selection itself: lsm_gnn.training.selection) ---------------------------------------------
 

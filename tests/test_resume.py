@@ -116,6 +116,14 @@ def test_a_stopped_epoch_resumed_has_one_summary_over_all_its_iterations(graph, 
     assert stable(result["history"]) == uninterrupted[0]
 
 
+def test_the_loader_gathers_no_batch_past_the_iteration_limit(graph, tmp_path):
+    """Its thread stops after the last batch trained, not when the trainer breaks off: with several ranks, one
+    rank's thread must not wait in a collective gather that the other's, already stopped, never joins."""
+    trainer = Trainer(config(graph, tmp_path, "train.max_iterations=4"))
+    trainer.fit()
+    assert trainer.features.only.stats.iterations == 4  # the cache's lookups: one per gathered batch
+
+
 def test_stale_temporary_checkpoints_of_dead_writers_are_removed(graph, tmp_path):
     from lsm_gnn.fileio import temp_prefix
 
