@@ -30,14 +30,24 @@ def correctness(ds, rank, world, out):
                           oversubscribe=True)
     shared = SharedCache(cache, ModuloOwner(world), timeout_s=60)
     requested, served = [], []
+    lookup = shared.lookup
+
+    def logged(*args, **kwargs):  # on the loader's thread, which runs ahead of this one
+        found = lookup(*args, **kwargs)
+        served.append(shared.last_served)
+        return found
+
+    shared.lookup = logged
     loader = make_loader(ds, shared, rank, world)
-    for _ in range(int(os.environ.get("COMM_TEST_EPOCHS", "2"))):
+    epochs = int(os.environ.get("COMM_TEST_EPOCHS", "2"))
+    for _ in range(epochs):
         for batch in loader:
             if not torch.equal(batch.x, expected[batch.input_nodes]):
                 raise AssertionError(f"rank {rank}: batch {batch.iteration} differs from the feature file")
             requested.append(np.unique(batch.input_nodes.numpy()))
-            served.append(shared.last_served)
             assert "exchange" in batch.timings
+    if shared.stats.announced != len(requested) - epochs:  # every lookup but the first of each epoch
+        raise AssertionError(f"rank {rank}: {shared.stats.announced} lookups announced of {len(requested)}")
     np.savez(os.path.join(out, f"rank{rank}.npz"), requested=np.array(requested, dtype=object),
              served=np.array(served, dtype=object), allow_pickle=True)
 
@@ -194,14 +204,20 @@ def reference(ds, rank, world, out):
     owner = ModuloOwner(world)
     shared = SharedCache(SoftwareCache(open_storage(ds, "memory"), **config), owner, timeout_s=60)
     mine = reference_batches(rank, world, ds.num_nodes, iterations)
+    announce = os.environ.get("COMM_TEST_ANNOUNCE") == "1"  # each lookup's request sent during the one before
     got = []
     for t, ids, future in zip(range(iterations), mine, replay(mine, window_size, ds.num_nodes)):
-        rows, hit = shared.lookup(ids, future=future[1])
+        following = None
+        if announce and t + 1 < iterations:  # replay pushes batch t + 1 + window before the next lookup
+            entering = mine[t + 1 + window_size:t + 2 + window_size]
+            following = (np.concatenate([mine[t + 1], mine[t + 1][:3]]), entering)  # repeats are fine
+        rows, hit = shared.lookup(ids, future=future[1], following=following)
         if not torch.equal(rows, expected[torch.from_numpy(ids)]):
             raise AssertionError(f"rank {rank}: iteration {t}: rows differ from the feature file")
         got.append(hit.numpy())
-    if shared.stats.collectives != 2 * iterations:
-        raise AssertionError(f"rank {rank}: {shared.stats.collectives} collectives in {iterations} lookups")
+    if shared.stats.collectives != 2 * iterations or shared.stats.announced != (iterations - 1 if announce else 0):
+        raise AssertionError(f"rank {rank}: {shared.stats.collectives} collectives in {iterations} lookups, "
+                             f"{shared.stats.announced} announced")
     everyone = [reference_batches(r, world, ds.num_nodes, iterations) for r in range(world)]
     hit_of = {}  # (iteration, id) -> hit, from each owner's reference cache
     evictions = 0
@@ -220,6 +236,31 @@ def reference(ds, rank, world, out):
                                  f"reference's {want.astype(int)}")
     if evictions == 0 or not any(h.any() for h in got):
         raise AssertionError(f"rank {rank}: no eviction or no hit in the reference; the test is too easy")
+
+
+def announce_misuse(ds, rank, world, out):
+    """A lookup other than the one announced (``following``) is refused on every rank; settle() drops the
+    announcement and the cache serves on; an announced lookup gets its rows whatever the order and repeats of
+    its ids, with only the rows collective left to make."""
+    expected = torch.from_numpy(ds.read_features_direct(np.arange(ds.num_nodes)))
+    shared = SharedCache(SoftwareCache(open_storage(ds, "memory"), num_sets=4, ways=32, oversubscribe=True),
+                         ModuloOwner(world), timeout_s=60)
+    ids = np.arange(rank, 300, 3)
+    shared.lookup(ids, following=(np.arange(10), []))
+    try:
+        shared.lookup(np.arange(11))
+    except ValueError as exc:
+        assert "11 distinct ids, not the 10 announced" in str(exc) and "settle()" in str(exc), exc
+    else:
+        raise AssertionError("a lookup other than the announced one was served")
+    shared.settle()
+    rows, _ = shared.lookup(ids, following=(ids[::-1], []))
+    assert torch.equal(rows, expected[ids])
+    asked = np.concatenate([ids, ids[:7]])
+    before = shared.stats.collectives
+    rows, _ = shared.lookup(asked)
+    assert torch.equal(rows, expected[asked]) and shared.stats.collectives - before == 1  # the rows only
+    assert shared.stats.announced == 2
 
 
 def write_back(ds, rank, world, out):
@@ -270,7 +311,7 @@ def main():
         return
     ds = open_dataset(path)
     scenarios = {"correctness": correctness, "hit_ratios": hit_ratios, "killed": killed, "write_back": write_back,
-                 "reference": reference}
+                 "reference": reference, "announce_misuse": announce_misuse}
     scenarios[scenario](ds, rank, world, out)
     if scenario != "killed":
         dist.barrier()

@@ -138,12 +138,18 @@ def test_the_exchange_returns_the_file_bytes_in_two_collectives(tmp_path):
         assert loader["spills"] == 0 and loader["calls"] == 2 * loader["batches"] == 6, loader
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_every_owner_decides_as_a_single_process_reference_fed_the_union_would(dataset, tmp_path, world):
+@pytest.mark.parametrize("world,announce", [(2, False), (3, False), (2, True), (3, True)])
+def test_every_owner_decides_as_a_single_process_reference_fed_the_union_would(dataset, tmp_path, world, announce):
     """Small evicting slices with windows, random and adversarial batches (one rank empty, all ids owned by one
-    rank, duplicates, all empty): each rank's hit flags equal a per-owner SoftwareCache's in one process."""
-    codes, logs, _ = run_ranks("reference", dataset, tmp_path, world)
+    rank, duplicates, all empty): each rank's hit flags equal a per-owner SoftwareCache's in one process, with
+    2 collectives a lookup, also when each lookup's request was announced during the one before."""
+    codes, logs, _ = run_ranks("reference", dataset, tmp_path, world, COMM_TEST_ANNOUNCE=str(int(announce)))
     assert codes == [0] * world, "\n".join(logs)
+
+
+def test_a_lookup_other_than_the_announced_one_is_refused(dataset, tmp_path):
+    codes, logs, _ = run_ranks("announce_misuse", dataset, tmp_path, 2)
+    assert codes == [0, 0], "\n".join(logs)
 
 
 def test_a_dead_rank_makes_the_others_fail_fast(dataset, tmp_path):

@@ -19,6 +19,10 @@ class ThreadGroup:
         self.calls = [[] for _ in range(world)]  # (what, elements sent) per rank
 
     def for_rank(self, rank):
+        """``post`` for rank ``rank``: the collective runs at once (every thread meets in it)."""
+        def post(send, send_counts, recv_counts, what):
+            return Done(all_to_all(send, send_counts, recv_counts, what))
+
         def all_to_all(send, send_counts, recv_counts, what):
             assert send.dtype == torch.int64 and send.numel() == sum(send_counts)
             self.posted[rank] = (torch.split(send, send_counts), list(send_counts))
@@ -31,7 +35,15 @@ class ThreadGroup:
                 parts.append(chunks[rank])
             self.barrier.wait()
             return torch.cat(parts).clone()
-        return all_to_all
+        return post
+
+
+class Done:
+    def __init__(self, received):
+        self.received = received
+
+    def wait(self):
+        return self.received
 
 
 def run_rounds(world, rounds):
@@ -97,3 +109,17 @@ def test_bad_input_is_refused():
         PaddedAllToAll(0, 2, "ids").exchange([np.zeros(1, np.int64)], lambda *a: None)
     with pytest.raises(ValueError, match="header"):
         PaddedAllToAll(0, 2, "ids", capacity=2)
+
+
+def test_a_started_call_must_be_finished_before_the_next_starts():
+    """The next chunk's size comes from the call in flight: a second start before its finish is refused."""
+    group = ThreadGroup(1)
+    padded = PaddedAllToAll(0, 1, "ids")
+    post = group.for_rank(0)
+    first = padded.start([np.arange(5)], post)
+    with pytest.raises(RuntimeError, match="still in flight"):
+        padded.start([np.arange(3)], post)
+    assert [m.tolist() for m in padded.finish(first)] == [list(range(5))]
+    with pytest.raises(RuntimeError, match="not the one in flight"):
+        padded.finish(first)
+    assert [m.tolist() for m in padded.exchange([np.arange(2)], post)] == [[0, 1]]
