@@ -49,12 +49,17 @@ class Features(Protocol):
     #: where several ranks share one cache, the rank that owns each row (``owner(ids) -> ranks``); else None
     owner: object | None
 
-    def gather(self, ids, *, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather(self, ids, *, future=None, out: torch.Tensor | None = None, following=None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows ``[len(ids), dim]`` in request order, hit mask ``[len(ids)]``) for one batch.
 
         ``future`` is the window of upcoming batches (a
         :class:`~lsm_gnn.cache.WindowBuffer`) for caches that plan with it;
-        ``out`` receives the rows when given.
+        ``out`` receives the rows when given. ``following = (ids, new)``, when
+        known, is the next gather: of ``ids``, once the batches ``new`` (ids
+        each) have entered the window. A source that exchanges with other
+        ranks sends that request while this gather is served; the others
+        ignore it.
         """
 
     def counters(self) -> dict[str, int]:
@@ -108,7 +113,8 @@ class NoFeatures:
     def __init__(self, num_rows: int):
         self.num_rows = int(num_rows)
 
-    def gather(self, ids, *, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather(self, ids, *, future=None, out: torch.Tensor | None = None, following=None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(ids)
         return torch.empty((n, 0), dtype=self.dtype), torch.zeros(n, dtype=torch.bool)
 
@@ -209,21 +215,30 @@ class TypedFeatures:
                              "{node type: ids}, not by plain ids")
         return ids
 
-    def gather(self, nodes, *, future=None, out: torch.Tensor | None = None):
+    def gather(self, nodes, *, future=None, out: torch.Tensor | None = None, following=None):
         """(rows, hit mask) of ``nodes``: plain ids give tensors (plain features only; ``out`` receives the
         rows when given), {type: local ids} gives dicts per type (types without features are left out).
 
         ``future``: the window of upcoming batches, one per group (``GroupWindows.buffers`` in
-        :mod:`lsm_gnn.loader`), or None. Every group gathers, even with no ids of its types in the batch:
-        a cache's iterations then stay in step with its window, and a shared cache's collectives with the
-        other ranks'."""
+        :mod:`lsm_gnn.loader`), or None. ``following = (nodes, new)``: the next gather's nodes and the
+        batches of nodes entering the window before it (:meth:`Features.gather`), or None. Every group
+        gathers, even with no ids of its types in the batch: a cache's iterations then stay in step with
+        its window, and a shared cache's collectives with the other ranks'."""
+        if following is not None:  # per group, in its id space, as its window holds them
+            entering = [self.group_ids(batch) for batch in following[1]]
+            following = [(ids, [batch[g] for batch in entering])
+                         for g, ids in enumerate(self.group_ids(following[0]))]
+        else:
+            following = [None] * len(self.groups)
         if not isinstance(nodes, dict):
             ids = self._plain_ids(nodes)
-            return self.groups[0].features.gather(ids, future=None if future is None else future[0], out=out)
+            return self.groups[0].features.gather(ids, future=None if future is None else future[0], out=out,
+                                                  following=following[0])
         rows, hits = {}, {}
         for g, group in enumerate(self.groups):
             ids, parts = group.ids(nodes)
-            x, hit = group.features.gather(ids, future=None if future is None else future[g])
+            x, hit = group.features.gather(ids, future=None if future is None else future[g],
+                                           following=following[g])
             start = 0
             for t, count in parts:
                 rows[t], hits[t] = x[start:start + count], hit[start:start + count]

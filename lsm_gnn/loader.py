@@ -404,15 +404,13 @@ class NodeLoader:
         try:
             window = self._make_window() if self.window else None
             sampled: dict[int, tuple[list[Hop], float]] = {}
-            ahead = 0  # batches sampled so far
+            ahead = pushed = 0  # batches sampled so far; of them, those pushed into the window
 
             def sample_next():
                 nonlocal ahead
                 start = time.perf_counter()
                 hops = self.sampler.sample(self._plan_nodes(plans[ahead]), first + ahead)
                 sampled[ahead] = hops, time.perf_counter() - start
-                if window is not None:
-                    window.push(hops[-1].nodes)
                 ahead += 1
 
             # Counters between batches: each batch's io is what the features did since the batch before was
@@ -421,14 +419,25 @@ class NodeLoader:
             for k in range(count):
                 if stop.is_set():
                     return
-                while ahead < len(plans) and ahead <= k + self.window:
+                # The window's batches (k + 1 to k + window after the pop) and one more, sampled but not yet in
+                # the window: the batch that enters it before the next gather, which this gather announces.
+                while ahead < len(plans) and ahead <= k + self.window + 1:
                     sample_next()
+                while window is not None and pushed < min(ahead, k + self.window + 1):
+                    window.push(sampled[pushed][0][-1].nodes)
+                    pushed += 1
                 hops, sample_s = sampled.pop(k)
                 if window is not None:
                     window.pop()
                 nodes = hops[-1].nodes
                 start = time.perf_counter()
-                x, hit = self.features.gather(nodes, future=None if window is None else window.buffers)
+                following = None
+                if k + 1 < count:  # a shared cache sends the next request while this batch is served
+                    entering = [] if window is None else [sampled[j][0][-1].nodes
+                                                          for j in range(pushed, min(ahead, k + self.window + 2))]
+                    following = (sampled[k + 1][0][-1].nodes, entering)
+                x, hit = self.features.gather(nodes, future=None if window is None else window.buffers,
+                                              following=following)
                 gather_s = time.perf_counter() - start
                 if self.prefetch_features:  # e.g. the next iteration's victims move while this batch trains
                     self.features.prefetch()

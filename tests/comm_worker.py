@@ -30,14 +30,24 @@ def correctness(ds, rank, world, out):
                           oversubscribe=True)
     shared = SharedCache(cache, ModuloOwner(world), timeout_s=60)
     requested, served = [], []
+    lookup = shared.lookup
+
+    def logged(*args, **kwargs):  # on the loader's thread, which runs ahead of this one
+        found = lookup(*args, **kwargs)
+        served.append(shared.last_served)
+        return found
+
+    shared.lookup = logged
     loader = make_loader(ds, shared, rank, world)
-    for _ in range(int(os.environ.get("COMM_TEST_EPOCHS", "2"))):
+    epochs = int(os.environ.get("COMM_TEST_EPOCHS", "2"))
+    for _ in range(epochs):
         for batch in loader:
             if not torch.equal(batch.x, expected[batch.input_nodes]):
                 raise AssertionError(f"rank {rank}: batch {batch.iteration} differs from the feature file")
             requested.append(np.unique(batch.input_nodes.numpy()))
-            served.append(shared.last_served)
             assert "exchange" in batch.timings
+    if shared.stats.announced != len(requested) - epochs:  # every lookup but the first of each epoch
+        raise AssertionError(f"rank {rank}: {shared.stats.announced} lookups announced of {len(requested)}")
     np.savez(os.path.join(out, f"rank{rank}.npz"), requested=np.array(requested, dtype=object),
              served=np.array(served, dtype=object), allow_pickle=True)
 
@@ -97,7 +107,7 @@ def adversarial_batches(rank, world, num_nodes):
 
 
 def protocol(paths, rank, world, out):
-    """Exact bytes, hit flags and 3 collectives per lookup, for each dataset (several dtypes and row sizes)."""
+    """Exact bytes, hit flags and 2 collectives per lookup, for each dataset (several dtypes and row sizes)."""
     calls = []
     count_collectives(calls)
     report = {}
@@ -129,7 +139,7 @@ def protocol(paths, rank, world, out):
                 want = expected[torch.from_numpy(ids).long()]
                 assert rows.dtype == expected.dtype and hit.dtype == torch.bool and hit.shape == (ids.size,), name
                 assert torch.equal(rows.view(torch.uint8), want.view(torch.uint8)), f"{path} {name}: bytes differ"
-                assert len(calls) - before == 3, f"{name}: {len(calls) - before} collectives"
+                assert len(calls) - before == 2, f"{name}: {len(calls) - before} collectives"
                 rows_sent, row_bytes = calls[-1], expected.shape[1] * expected.element_size()
                 assert rows_sent[1] == "torch.uint8" and rows_sent[2][1:] == [row_bytes], rows_sent  # not widened
                 assert np.array_equal(hit.numpy(), seen[ids]), f"{name}: wrong hit flags"
@@ -137,16 +147,120 @@ def protocol(paths, rank, world, out):
                     seen[other[i][1]] = True
         report[path] = {"lookups": lookups, "collectives": shared.stats.collectives,
                         "by_kind": sorted(shared.stats.collective_seconds)}
+        report[path]["spill"] = spill(shared, expected, rank, world)
     # Through the loader the exchange runs on its background thread, beside training on the main thread.
     ds = open_dataset(paths.split(os.pathsep)[0])
     cache = SoftwareCache(open_storage(ds, "io_uring"), num_sets=4, ways=32, oversubscribe=True, window=WINDOW)
     del calls[:]
-    for batch in make_loader(ds, SharedCache(cache, ModuloOwner(world), timeout_s=60), rank, world):
+    shared = SharedCache(cache, ModuloOwner(world), timeout_s=60)
+    for batch in make_loader(ds, shared, rank, world):
         pass
     report["loader_threads"] = sorted({c[0] for c in calls})
-    report["loader_calls_per_batch"] = len(calls) / (batch.iteration + 1)
+    report["loader"] = {"calls": len(calls), "batches": batch.iteration + 1,
+                        "spills": shared.stats.collective_calls.get("ids and future, spill", 0)}
     with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
         json.dump(report, fh)
+
+
+def spill(shared, expected, rank, world):
+    """A request longer than the agreed chunk (a whole window of every node) takes a third collective, the
+    rows are still the file's, and the lookup after it is back to two collectives. Returns the collectives
+    each of the two lookups made."""
+    num = expected.shape[0]
+    window = WindowBuffer(6, num)
+    for j in range(6):
+        window.push(np.arange(num))  # every node in every future batch: far over a chunk to each owner
+    made = []
+    for ids, future in ((np.arange(rank, num, 3), window), (np.array([1, 2, 3]), None)):
+        before = shared.stats.collectives
+        rows, hit = shared.lookup(ids, future=future)
+        made.append(shared.stats.collectives - before)
+        assert torch.equal(rows.view(torch.uint8), expected[torch.from_numpy(ids)].view(torch.uint8)), made
+    return made
+
+
+def reference_batches(rank, world, num_nodes, iterations):
+    """Each rank's batches, the same on every rank that asks: mostly random with duplicates, and at fixed
+    iterations an empty batch on rank 0, every id owned by rank 0, one id repeated, everyone empty."""
+    rng = np.random.default_rng([11, rank])
+    batches = [rng.integers(0, num_nodes, int(rng.integers(50, 400))) for _ in range(iterations)]
+    if rank == 0:
+        batches[3] = np.empty(0, dtype=np.int64)
+    batches[5] = rng.choice(np.arange(0, num_nodes, world), 200)
+    batches[7] = np.full(40, 9 + rank)
+    batches[9] = np.empty(0, dtype=np.int64)
+    return batches
+
+
+def reference(ds, rank, world, out):
+    """Small slices that evict every iteration, with windows: every rank's hit flags must equal those of a
+    single-process reference, one SoftwareCache per owner fed what that owner should see (the union of every
+    rank's distinct ids it owns, and likewise its window), and its rows the file's; 2 collectives a lookup."""
+    from lsm_gnn.cache import replay
+
+    iterations, window_size = 16, 4
+    expected = torch.from_numpy(ds.read_features_direct(np.arange(ds.num_nodes)))
+    config = dict(num_sets=2, ways=32, policy="hybrid", window=window_size, oversubscribe=True)
+    owner = ModuloOwner(world)
+    shared = SharedCache(SoftwareCache(open_storage(ds, "memory"), **config), owner, timeout_s=60)
+    mine = reference_batches(rank, world, ds.num_nodes, iterations)
+    announce = os.environ.get("COMM_TEST_ANNOUNCE") == "1"  # each lookup's request sent during the one before
+    got = []
+    for t, ids, future in zip(range(iterations), mine, replay(mine, window_size, ds.num_nodes)):
+        following = None
+        if announce and t + 1 < iterations:  # replay pushes batch t + 1 + window before the next lookup
+            entering = mine[t + 1 + window_size:t + 2 + window_size]
+            following = (np.concatenate([mine[t + 1], mine[t + 1][:3]]), entering)  # repeats are fine
+        rows, hit = shared.lookup(ids, future=future[1], following=following)
+        if not torch.equal(rows, expected[torch.from_numpy(ids)]):
+            raise AssertionError(f"rank {rank}: iteration {t}: rows differ from the feature file")
+        got.append(hit.numpy())
+    if shared.stats.collectives != 2 * iterations or shared.stats.announced != (iterations - 1 if announce else 0):
+        raise AssertionError(f"rank {rank}: {shared.stats.collectives} collectives in {iterations} lookups, "
+                             f"{shared.stats.announced} announced")
+    everyone = [reference_batches(r, world, ds.num_nodes, iterations) for r in range(world)]
+    hit_of = {}  # (iteration, id) -> hit, from each owner's reference cache
+    evictions = 0
+    for o in range(world):
+        trace = [np.unique(np.concatenate([b[t] for b in everyone])) for t in range(iterations)]
+        trace = [ids[owner(ids) == o] for ids in trace]
+        cache = SoftwareCache(open_storage(ds, "memory"), **config)
+        for t, (ids, future) in enumerate(replay(trace, window_size, ds.num_nodes)):
+            _, hit = cache.lookup(ids, future=future)
+            hit_of.update(zip(((t, int(i)) for i in ids.tolist()), hit.tolist()))
+        evictions += cache.stats.evictions
+    for t, (ids, hit) in enumerate(zip(mine, got)):
+        want = np.array([hit_of[t, int(i)] for i in ids], dtype=bool)
+        if not np.array_equal(hit, want):
+            raise AssertionError(f"rank {rank}: iteration {t}: hit flags {hit.astype(int)} differ from the "
+                                 f"reference's {want.astype(int)}")
+    if evictions == 0 or not any(h.any() for h in got):
+        raise AssertionError(f"rank {rank}: no eviction or no hit in the reference; the test is too easy")
+
+
+def announce_misuse(ds, rank, world, out):
+    """A lookup other than the one announced (``following``) is refused on every rank; settle() drops the
+    announcement and the cache serves on; an announced lookup gets its rows whatever the order and repeats of
+    its ids, with only the rows collective left to make."""
+    expected = torch.from_numpy(ds.read_features_direct(np.arange(ds.num_nodes)))
+    shared = SharedCache(SoftwareCache(open_storage(ds, "memory"), num_sets=4, ways=32, oversubscribe=True),
+                         ModuloOwner(world), timeout_s=60)
+    ids = np.arange(rank, 300, 3)
+    shared.lookup(ids, following=(np.arange(10), []))
+    try:
+        shared.lookup(np.arange(11))
+    except ValueError as exc:
+        assert "11 distinct ids, not the 10 announced" in str(exc) and "settle()" in str(exc), exc
+    else:
+        raise AssertionError("a lookup other than the announced one was served")
+    shared.settle()
+    rows, _ = shared.lookup(ids, following=(ids[::-1], []))
+    assert torch.equal(rows, expected[ids])
+    asked = np.concatenate([ids, ids[:7]])
+    before = shared.stats.collectives
+    rows, _ = shared.lookup(asked)
+    assert torch.equal(rows, expected[asked]) and shared.stats.collectives - before == 1  # the rows only
+    assert shared.stats.announced == 2
 
 
 def write_back(ds, rank, world, out):
@@ -196,7 +310,8 @@ def main():
         dist.destroy_process_group()
         return
     ds = open_dataset(path)
-    scenarios = {"correctness": correctness, "hit_ratios": hit_ratios, "killed": killed, "write_back": write_back}
+    scenarios = {"correctness": correctness, "hit_ratios": hit_ratios, "killed": killed, "write_back": write_back,
+                 "reference": reference, "announce_misuse": announce_misuse}
     scenarios[scenario](ds, rank, world, out)
     if scenario != "killed":
         dist.barrier()

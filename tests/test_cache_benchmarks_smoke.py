@@ -65,7 +65,10 @@ def test_comm_layer_quick(tmp_path):
     assert abs(row["hit_merged_NxC"] - row["hit_shared"]) < 0.05  # the bound a shared cache's slices come near
     assert 0.0 <= row["exchange_share"] < 1.0
     shared = next(r for r in results["runs"] if r["mode"] == "shared")
-    assert shared["collectives_per_iteration"] == 3 and shared["bare_rows_all_to_all_ms"] > 0
+    # 2 a lookup; only the first lookup's whole window (8 batches) may outgrow the first chunk and spill
+    assert shared["spills"] <= 1 and shared["bare_rows_all_to_all_ms"] > 0
+    assert shared["lookups"] == 8  # each rank's loader stops after the last timed batch
+    assert round(shared["collectives_per_iteration"] * 8) == 2 * 8 + shared["spills"]
     assert set(row["exchange_breakdown"]) >= {"rows collective", "serve (owner's lookup)", "unpack"}
 
 

@@ -110,10 +110,11 @@ def test_a_shared_cache_beats_isolated_ones_and_matches_one_big_cache(dataset, t
     assert abs(ratio["shared"] - single) < 0.05, (ratio, single)
 
 
-def test_the_exchange_returns_the_file_bytes_in_three_collectives(tmp_path):
+def test_the_exchange_returns_the_file_bytes_in_two_collectives(tmp_path):
     """Random and adversarial batches (one rank empty, all ids owned by one rank, duplicates), float16 and
-    uint8 rows of odd widths: exactly the file's bytes, hit flags intact, 3 collectives per lookup with the
-    rows sent as bytes of their dtype, and through the loader on its background thread only."""
+    uint8 rows of odd widths: exactly the file's bytes, hit flags intact, 2 collectives per lookup with the
+    rows sent as bytes of their dtype (3 only for a request longer than the agreed chunk), and through the
+    loader on its background thread only."""
     rng = np.random.default_rng(0)
     f16, _ = write_tiny_dataset(tmp_path / "f16", num_nodes=500, dim=5, dtype="float16",
                                 features=rng.standard_normal((500, 5)).astype(np.float16))
@@ -128,9 +129,27 @@ def test_the_exchange_returns_the_file_bytes_in_three_collectives(tmp_path):
     for rank in range(2):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for path in (f16.path, u8.path):
-            assert report[path]["collectives"] == 3 * report[path]["lookups"]
-            assert report[path]["by_kind"] == ["counts", "ids and future", "rows"]
-        assert report["loader_threads"] == ["lsm-gnn-loader"] and report["loader_calls_per_batch"] == 3
+            assert report[path]["collectives"] == 2 * report[path]["lookups"]
+            assert report[path]["by_kind"] == ["ids and future", "rows"]
+            assert report[path]["spill"] == [3, 2]
+        assert report["loader_threads"] == ["lsm-gnn-loader"]
+        # 3 batches a rank: the first lookup's whole window (2 batches) fits the first chunk
+        loader = report["loader"]
+        assert loader["spills"] == 0 and loader["calls"] == 2 * loader["batches"] == 6, loader
+
+
+@pytest.mark.parametrize("world,announce", [(2, False), (3, False), (2, True), (3, True)])
+def test_every_owner_decides_as_a_single_process_reference_fed_the_union_would(dataset, tmp_path, world, announce):
+    """Small evicting slices with windows, random and adversarial batches (one rank empty, all ids owned by one
+    rank, duplicates, all empty): each rank's hit flags equal a per-owner SoftwareCache's in one process, with
+    2 collectives a lookup, also when each lookup's request was announced during the one before."""
+    codes, logs, _ = run_ranks("reference", dataset, tmp_path, world, COMM_TEST_ANNOUNCE=str(int(announce)))
+    assert codes == [0] * world, "\n".join(logs)
+
+
+def test_a_lookup_other_than_the_announced_one_is_refused(dataset, tmp_path):
+    codes, logs, _ = run_ranks("announce_misuse", dataset, tmp_path, 2)
+    assert codes == [0, 0], "\n".join(logs)
 
 
 def test_a_dead_rank_makes_the_others_fail_fast(dataset, tmp_path):

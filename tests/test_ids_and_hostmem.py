@@ -91,3 +91,38 @@ def test_small_buffers_are_plain_tensors(monkeypatch):
     monkeypatch.setattr(hostmem.mmap, "mmap", lambda *a, **k: calls.append(a))
     host_zeros((4, 4), torch.float32)
     assert calls == []
+
+
+def test_a_pool_hands_a_map_out_again_only_once_no_view_or_array_of_it_is_left():
+    pool = hostmem.HostBufferPool(keep=2)
+    shape = ((4 << 20) // 4096, 1024)  # 4 MiB of float32
+    first = pool.empty(shape, torch.float32)
+    first.fill_(1.0)
+    kept_view, kept_array = first[10:20], first[:5].numpy()
+    address = first.data_ptr()
+    del first
+    second = pool.empty(shape, torch.float32)  # the first map is still in use, through a view and an array
+    assert second.data_ptr() != address and not np.shares_memory(second.numpy(), kept_array)
+    del kept_view
+    assert pool.empty(shape, torch.float32).data_ptr() != address  # the array still holds it
+    del kept_array
+    smaller = pool.empty((shape[0] // 2, shape[1]), torch.float32)
+    assert smaller.data_ptr() == address and tuple(smaller.shape) == (shape[0] // 2, shape[1])
+    assert smaller.is_contiguous() and smaller.dtype == torch.float32
+    smaller.fill_(3.0)  # writable to its last byte
+    assert float(smaller[-1, -1]) == 3.0
+
+
+def test_a_pool_keeps_at_most_its_maps_and_replaces_a_free_one_too_small():
+    pool = hostmem.HostBufferPool(keep=2)
+    small, held = pool.empty((4 << 20,), torch.uint8), pool.empty((4 << 20,), torch.uint8)
+    extra = pool.empty((4 << 20,), torch.uint8)  # past keep: allocated, not kept
+    assert len(pool._maps) == 2
+    del small, extra
+    big = pool.empty((16 << 20,), torch.uint8)  # the free small map makes way for a big one
+    assert len(pool._maps) == 2 and max(len(m) for m in pool._maps) >= 16 << 20
+    address = big.data_ptr()
+    del big
+    assert pool.empty((12 << 20,), torch.uint8).data_ptr() == address
+    assert pool.empty((3,), torch.uint8).numel() == 3 and len(pool._maps) == 2  # small: a plain tensor
+    del held

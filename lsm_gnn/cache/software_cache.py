@@ -585,8 +585,10 @@ class SoftwareCache(StorageShape):
     def cache_lines(self) -> int:
         return self.num_lines
 
-    def gather(self, ids, *, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`lookup`: the rows and which of them were served without reading storage."""
+    def gather(self, ids, *, future=None, out: torch.Tensor | None = None, following=None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`lookup`: the rows and which of them were served without reading storage (``following`` is
+        ignored: one process's cache has nothing to send ahead)."""
         return self.lookup(ids, future=future, out=out)
 
     def counters(self) -> dict[str, int]:

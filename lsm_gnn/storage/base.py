@@ -167,8 +167,10 @@ class FeatureStorage(ABC):
     cache_lines = owner = None  # no cache, so no lines and no owners
     last_timings: dict = {}
 
-    def gather(self, ids, *, future=None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`read`, with an all-False hit mask (nothing is cached); ``future`` is ignored."""
+    def gather(self, ids, *, future=None, out: torch.Tensor | None = None, following=None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`read`, with an all-False hit mask (nothing is cached); ``future`` and ``following`` are
+        ignored."""
         rows = self.read(ids, out)
         return rows, torch.zeros(rows.shape[0], dtype=torch.bool)
 
