@@ -60,7 +60,8 @@ class SamplerConfig:
     batch_size: int = defaults.BATCH_SIZE
     num_threads: int = 0       # 0: OpenMP's default
     # how the sampler reads a memory-mapped topology: auto (preload one that takes at most a quarter of the
-    # memory left, else random) | random (no read-around: a topology far larger than memory) | normal | preload
+    # memory left, else random) | random (no read-around: a topology far larger than memory) | normal |
+    # preload (a copy in memory, on huge pages)
     topology: str = "auto"
 
 
@@ -128,7 +129,7 @@ class CheckpointConfig:
 @dataclass
 class LogConfig:
     dir: str = ""              # JSON-lines metrics go to dir/metrics.jsonl ("" disables)
-    progress: bool = True      # a tqdm progress bar
+    progress: bool = True      # a tqdm progress bar, on a terminal only
     tensorboard: bool = False  # also write TensorBoard scalars to dir/tensorboard
     every: int = 1             # log one JSON line every N iterations
 

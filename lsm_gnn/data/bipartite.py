@@ -30,10 +30,11 @@ import numpy as np
 from lsm_gnn.data.dataset import Dataset
 from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
 from lsm_gnn.data.synthetic import (
-    FEATURE_BLOCK, PopularitySampler, _note, _positive_int, _progress, _rng, check_feature_dtype, check_seed,
+    FEATURE_BLOCK, PopularitySampler, _note, _positive_int, _rng, check_feature_dtype, check_seed,
     class_centroids, community, synthetic_feature_block,
 )
 from lsm_gnn.data.writer import DatasetWriter
+from lsm_gnn.progress import progress_bar
 
 USER_BLOCK = 1 << 16      # users per RNG block
 GENERATOR_VERSION = 1     # bump when the output for given parameters changes
@@ -117,7 +118,7 @@ def generate_bipartite(path, *, num_users: int, num_items: int, avg_interactions
     with DatasetWriter(path, num_nodes=num_nodes, feature_dim=feature_dim, feature_dtype=feature_dtype, name=name,
                        overwrite=overwrite, extra_meta={"generator": params}, scores=scores) as writer:
         writer.set_bipartite(num_users, num_items)
-        with _progress(progress, total=num_nodes, desc="features", unit="node", unit_scale=True) as bar:
+        with progress_bar(progress, total=num_nodes, desc="features", unit="node", unit_scale=True) as bar:
             for block in range(-(-num_nodes // FEATURE_BLOCK)):
                 rows = synthetic_feature_block(block, num_nodes, seed=seed, centroids=centroids)
                 writer.write_features(rows.astype(feature_dtype, copy=False))

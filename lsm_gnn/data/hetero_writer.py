@@ -22,6 +22,7 @@ from lsm_gnn.data.writer import (
     save_npy, score_array, split_ids, write_csr_files,
 )
 from lsm_gnn.fileio import temp_prefix
+from lsm_gnn.progress import progress_bar
 from lsm_gnn.version import __version__
 
 
@@ -211,8 +212,6 @@ def hetero_scores(source, names=None, *, progress: bool = False) -> dict[str, di
     bounded memory in a temporary directory (inside a writer's, or named as a writer's temporary beside
     the dataset, so a later writer removes one a killed process left) and removed before returning.
     """
-    from tqdm.auto import tqdm
-
     from lsm_gnn.data.scores import SCORE_NAMES, compute_scores  # imports torch: only when scores are made
 
     names = SCORE_NAMES if names is None else tuple(names)
@@ -228,7 +227,7 @@ def hetero_scores(source, names=None, *, progress: bool = False) -> dict[str, di
         workdir = tempfile.mkdtemp(prefix=temp_prefix(source.path), dir=os.path.dirname(source.path))
     num_edges = sum(int(source.csr(r)[0][-1]) for r in relations)
     try:
-        with tqdm(total=num_edges, desc="scores", unit="edge", unit_scale=True, disable=not progress) as bar:
+        with progress_bar(progress, total=num_edges, desc="scores", unit="edge", unit_scale=True) as bar:
             def union_edges():
                 for src, name, dst in relations:
                     for chunk in csr_edge_chunks(*source.csr((src, name, dst)), src_offset=offsets[src],

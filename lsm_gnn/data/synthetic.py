@@ -35,6 +35,7 @@ import numpy as np
 from lsm_gnn.data.dataset import Dataset
 from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
 from lsm_gnn.data.writer import DatasetWriter
+from lsm_gnn.progress import progress_bar
 
 EDGE_BLOCK = 1 << 21     # edges per RNG block (~100 MB of temporaries)
 FEATURE_BLOCK = 1 << 12  # feature rows per RNG block; chunks are whole blocks
@@ -277,12 +278,6 @@ def synthetic_feature_chunks(num_nodes: int, chunk_nodes: int, **block_options) 
 
 # -- the generator -------------------------------------------------------------------
 
-def _progress(enabled: bool, **kw):
-    from tqdm.auto import tqdm
-
-    return tqdm(disable=not enabled, dynamic_ncols=True, **kw)
-
-
 def _note(enabled: bool, message: str, bar=None) -> None:
     """A progress line on stderr; ``bar``, an open progress bar, is cleared first and drawn again after."""
     if enabled and bar is not None:
@@ -366,11 +361,11 @@ def generate_synthetic(path, *, num_nodes: int, avg_degree: float = 10, feature_
     centroids = class_centroids(seed, num_classes, feature_dim, class_separation)
     with DatasetWriter(path, num_nodes=num_nodes, feature_dim=feature_dim, feature_dtype=dtype.name,
                        name=name, overwrite=overwrite, extra_meta={"generator": params}, scores=scores) as writer:
-        with _progress(progress, total=num_nodes, desc="features", unit="node", unit_scale=True) as bar:
+        with progress_bar(progress, total=num_nodes, desc="features", unit="node", unit_scale=True) as bar:
             for rows in synthetic_feature_chunks(num_nodes, chunk_nodes, seed=seed, centroids=centroids):
                 writer.write_features(rows.astype(dtype, copy=False))
                 bar.update(rows.shape[0])
-        with _progress(progress, total=num_generated, desc="edges", unit="edge", unit_scale=True) as bar:
+        with progress_bar(progress, total=num_generated, desc="edges", unit="edge", unit_scale=True) as bar:
             edges = synthetic_edges(num_nodes, num_generated, seed=seed, num_classes=num_classes,
                                     homophily=homophily, rmat=rmat)
             writer.write_edges(counted(edges, bar), undirected=True, dedup=True, self_loops=False,

@@ -52,11 +52,12 @@ from lsm_gnn.data.dataset import Dataset, relation_key
 from lsm_gnn.data.hetero_writer import HeteroDatasetWriter
 from lsm_gnn.data.scores import SCORE_NAMES
 from lsm_gnn.data.synthetic import (
-    _STREAM_SPLIT, AffineBijection, PopularitySampler, _note, _positive_int, _progress, _rng, check_feature_dtype,
+    _STREAM_SPLIT, AffineBijection, PopularitySampler, _note, _positive_int, _rng, check_feature_dtype,
     check_probability, check_rmat, check_score_names, check_seed, class_centroids, community, community_labels,
     counted, synthetic_edges, synthetic_feature_chunks,
 )
 from lsm_gnn.data.writer import csr_edge_chunks
+from lsm_gnn.progress import progress_bar
 
 SOURCE_BLOCK = 1 << 16  # drawing papers (authors) per RNG block of a drawn relation
 GENERATOR_VERSION = 1   # bump when the output for given parameters changes
@@ -311,7 +312,7 @@ def _write_type_features(writer: HeteroDatasetWriter, p: _Parameters, classes: d
             continue
         centroids = class_centroids(p.seed, p.num_classes, p.dims[t], p.separation[t],
                                     stream=_type_stream(t, _CENTROIDS))
-        with _progress(progress, total=p.num_nodes[t], desc=f"{t} features", unit="node", unit_scale=True) as bar:
+        with progress_bar(progress, total=p.num_nodes[t], desc=f"{t} features", unit="node", unit_scale=True) as bar:
             for rows in synthetic_feature_chunks(p.num_nodes[t], chunk_nodes, seed=p.seed, centroids=centroids,
                                                  classes=classes[t], stream=_type_stream(t, _FEATURES)):
                 writer.write_features(t, rows.astype(p.dtype, copy=False))
@@ -320,7 +321,7 @@ def _write_type_features(writer: HeteroDatasetWriter, p: _Parameters, classes: d
 
 def _write_citations(writer: HeteroDatasetWriter, p: _Parameters, progress: bool) -> None:
     """``paper cites paper``: the homogeneous generator's R-MAT graph, rewired by ``homophily``."""
-    with _progress(progress, total=p.num_citations, desc=relation_key(CITES), unit="edge", unit_scale=True) as bar:
+    with progress_bar(progress, total=p.num_citations, desc=relation_key(CITES), unit="edge", unit_scale=True) as bar:
         edges = synthetic_edges(p.num_nodes["paper"], p.num_citations, seed=p.seed, num_classes=p.num_classes,
                                 homophily=p.homophily, rmat=p.rmat)
         writer.write_edges(CITES, counted(edges, bar), self_loops=False)
@@ -339,7 +340,7 @@ def _write_drawn_relations(writer: HeteroDatasetWriter, p: _Parameters, classes:
     """Each drawn relation (authors, affiliations, topics) and its reverse, the transpose of its CSR."""
     for forward, reverse, drawing, drawn, mean_key in _DRAWN:
         relation_name = forward[1]
-        with _progress(progress, desc=relation_key(forward), unit="edge", unit_scale=True) as bar:
+        with progress_bar(progress, desc=relation_key(forward), unit="edge", unit_scale=True) as bar:
             edges = _drawn_edges(drawing, drawn, p.num_nodes, classes, seed=p.seed, name=relation_name,
                                  mean_draws=p.means[mean_key], affinity=p.affinity[relation_name],
                                  popularity=p.popularity)

@@ -438,11 +438,11 @@ class EmbeddingTable(NativeStorage):
 
 def _write_rows_file(path: str, meta: dict, init, chunk_rows: int, progress: bool) -> None:
     """Writes table.bin of a new table: the rows from ``init`` in chunks, zero padded, fsynced."""
-    from tqdm.auto import tqdm
+    from lsm_gnn.progress import progress_bar
 
     num_rows, row_bytes, stride = meta["num_rows"], meta["row_bytes"], meta["row_stride"]
     with CheckedFile(path, size=meta["file_bytes"]) as fh, \
-            tqdm(total=num_rows, desc="table rows", unit="row", unit_scale=True, disable=not progress) as bar:
+            progress_bar(progress, total=num_rows, desc="table rows", unit="row", unit_scale=True) as bar:
         for start in range(0, num_rows, chunk_rows):
             stop = min(start + chunk_rows, num_rows)
             rows = _check_init_rows(init(start, stop), start, stop, row_bytes)
