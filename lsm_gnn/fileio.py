@@ -237,12 +237,18 @@ def _written_by(path: str) -> str | None:
 
 def check_output_file(path: str, option: str) -> None:
     """Refuses, before any work, an output ``path`` that cannot be written or that would replace a file lsm-gnn
-    did not write (a dataset's ``meta.json``, a config, anything else)."""
+    did not write (a dataset's ``meta.json``, a config, anything else). Its directory is made if missing, as
+    ``mkdir -p`` would."""
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise ValueError(f"{option} {path} is a directory; give a file name")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{option} {path}: cannot make its directory {directory} ({exc.strerror}); give a path "
+                         "in a directory you can write") from None
     if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
-        raise ValueError(f"{option} {path}: directory {directory} does not exist or is not writable")
+        raise ValueError(f"{option} {path}: directory {directory} is not writable")
     if os.path.lexists(path):
         if os.path.islink(path) or not os.path.isfile(path):
             kind = "a symbolic link" if os.path.islink(path) else "not a regular file"

@@ -35,6 +35,18 @@ def test_bench_storage(dataset, capsys, tmp_path):
     assert all(r["rows_per_s"] > 0 for r in results)
 
 
+def test_json_output_makes_its_folder_and_names_one_it_cannot_make(dataset, capsys, tmp_path):
+    out_json = tmp_path / "results" / "today" / "bench.json"  # neither folder exists yet
+    assert main(["bench", "storage", dataset.path, "--backends", "memory", "--seconds", "0.02",
+                 "--json", str(out_json)]) == 0
+    assert json.loads(out_json.read_text())["results"][0]["backend"] == "memory"
+    (tmp_path / "a-file").write_text("")
+    assert main(["bench", "storage", dataset.path, "--backends", "memory", "--seconds", "0.02",
+                 "--json", str(tmp_path / "a-file" / "bench.json")]) == 1
+    err = capsys.readouterr().err
+    assert "cannot make its directory" in err and "Traceback" not in err
+
+
 def test_errors_are_one_clear_line(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "missing")]) == 1
     err = capsys.readouterr().err
