@@ -256,6 +256,18 @@ def test_bad_input_is_refused_with_a_message_naming_it(tmp_path, rows, kw, messa
     assert not (tmp_path / "ds").exists()
 
 
+def test_an_extension_the_reader_does_not_know_asks_for_the_format(tmp_path):
+    """A RecBole-style ``.inter`` file: tab separated, named neither .csv nor .tsv."""
+    (tmp_path / "ml.inter").write_text("user_id:token\titem_id:token\n" + "".join(
+        f"u{u}\ti{(u * 7 + k) % 13}\n" for u in range(20) for k in range(6)))
+    with pytest.raises(ValueError, match=r"extension '\.inter'.*--format csv, tsv or npy"):
+        from_interactions(tmp_path / "ds", tmp_path / "ml.inter", progress=False)
+    assert not (tmp_path / "ds").exists()
+    ds = from_interactions(tmp_path / "ds", tmp_path / "ml.inter", format="tsv", user_col="user_id:token",
+                           item_col="item_id:token", progress=False)
+    assert ds.num_nodes == 20 + 13
+
+
 def test_an_empty_file_and_a_missing_file(tmp_path):
     (tmp_path / "empty.csv").write_text("")
     with pytest.raises(ValueError, match="holds no interactions"):

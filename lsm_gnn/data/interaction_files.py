@@ -26,7 +26,12 @@ def file_format(file_path: str, fmt: str | None) -> str:
             raise ValueError(f"format={fmt!r} is not supported; use csv, tsv or npy")
         return fmt
     ext = os.path.splitext(file_path)[1].lower()
-    return {".npy": "npy", ".tsv": "tsv", ".tab": "tsv"}.get(ext, "csv")
+    known = {".npy": "npy", ".tsv": "tsv", ".tab": "tsv", ".csv": "csv", ".txt": "csv"}
+    if ext not in known:  # guessing csv would fail later on a parse error that does not say why
+        raise ValueError(f"cannot tell the format of {file_path} from its extension {ext or '(none)'!r} (known: "
+                         f"{', '.join(known)}); give --format csv, tsv or npy, and --delimiter for another "
+                         "separator (e.g. a RecBole .inter file: --format tsv)")
+    return known[ext]
 
 
 def _column_index(spec: Any, names: list[str] | None, role: str, where: str) -> int:
