@@ -26,6 +26,7 @@ from lsm_gnn.comm.group import ProgressBoard, check_agreement
 from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.features import TypedFeatures
 from lsm_gnn.parallel import batch_to, distributed_context
+from lsm_gnn.progress import progress_bar
 from lsm_gnn.run_resources import RunResources
 from lsm_gnn.tasks import make_task
 from lsm_gnn.training import startup
@@ -230,16 +231,14 @@ class Trainer:
     def train_epoch(self, progress: bool) -> StageTimes:
         """Trains the rest of the loader's current epoch (or up to the iteration limit), adding to
         ``epoch_state``; returns this call's stage times."""
-        from tqdm import tqdm
-
         times = StageTimes()
         epoch = self.loader.state_dict()["epoch"]
         if self.epoch_state is None or self.epoch_state["epoch"] != epoch:
             self.epoch_state = new_epoch_state(epoch)
         self.model.train()
-        bar = tqdm(total=len(self.loader), initial=self.loader.state_dict()["position"], unit="batch",
-                   desc=f"epoch {epoch}", disable=not progress or self.rank != 0, file=sys.stderr, leave=False,
-                   mininterval=0.2 if sys.stderr.isatty() else 10.0)  # keep logs of non-interactive runs short
+        bar = progress_bar(progress and self.rank == 0, total=len(self.loader),
+                           initial=self.loader.state_dict()["position"], unit="batch", desc=f"epoch {epoch}",
+                           leave=False, mininterval=0.2)
         epoch_start = time.perf_counter()
         batches, until = self._segment()
         try:
@@ -318,8 +317,10 @@ class Trainer:
     def _evaluate_all(self, epoch: int) -> dict:
         """Evaluates every split of train.eval_splits, logs it, updates the selection (best.pt, early stop)."""
         record = {"epoch": epoch, "iterations": self.iterations_done}
+        start = time.perf_counter()
         for split in self.cfg.train.eval_splits:
             record[split] = self.evaluate(split)
+        record["seconds"] = time.perf_counter() - start
         self.log.write({"evaluation": record})
         self.selection.add(record)
         return record
@@ -413,8 +414,9 @@ class Trainer:
         state = self.epoch_state
         summary = epoch_summary(state, complete, self.features, with_embedding=self.embedding is not None)
         if complete and self._epoch_eval_due(state["epoch"]):
-            summary.update({s: m for s, m in self._evaluate_all(state["epoch"]).items()
-                            if s in self.cfg.train.eval_splits})
+            record = self._evaluate_all(state["epoch"])
+            summary.update({s: m for s, m in record.items() if s in self.cfg.train.eval_splits})
+            summary["eval_s"] = record["seconds"]
         if self.history and self.history[-1]["epoch"] == summary["epoch"] and not self.history[-1]["complete"]:
             self.history[-1] = summary  # a stopped epoch went on: its summary now covers all of it
         else:
@@ -427,9 +429,14 @@ class Trainer:
         # Epoch summaries stand in for a checkpoint from before evaluations were kept.
         last_eval = last_evaluation(self.evaluations or self.history, self.cfg.train.eval_splits)
         best = self.best_summary()
+        # every evaluation of the run, those before a restart included (their records keep their time)
+        eval_s = sum(record.get("seconds", 0.0) for record in self.evaluations)
         result = {"iterations": self.iterations_done, "history": self.history,
                   "evaluations": self.evaluations, "stages_s": total.seconds, "wall_s": total.wall,
-                  "eval": last_eval, "best": best, "checkpoint": self.checkpoint_path}
+                  "eval_s": eval_s, "eval": last_eval, "best": best, "checkpoint": self.checkpoint_path}
+        if self.evaluations:
+            self._print(f"evaluation: {eval_s:.1f}s in {len(self.evaluations)} evaluation(s), beside the "
+                        f"{total.wall:.1f}s of training above")
         if self.resources.verify is not None:
             result["data_verify"] = self.resources.verify.summary()
         for line in result_lines(last_eval, best, self.cfg.train.early_stopping.patience):

@@ -102,7 +102,9 @@ def test_evaluation_every_n_epochs_and_always_after_the_last(graph, tmp_path):
 def test_no_validation_split_no_selection(graph, tmp_path):
     result = Trainer(config(graph, tmp_path, "train.epochs=1", "train.eval_splits=[test]")).fit()
     assert result["best"] is None and not (tmp_path / "ckpt" / "best.pt").exists()
-    assert [set(e) for e in result["evaluations"]] == [{"epoch", "iterations", "test"}]
+    assert [set(e) for e in result["evaluations"]] == [{"epoch", "iterations", "test", "seconds"}]
+    # the time evaluating, beside training's, in the epoch's summary and the run's
+    assert result["eval_s"] == result["evaluations"][0]["seconds"] == result["history"][0]["eval_s"] > 0
     nothing = Trainer(config(graph, tmp_path / "none", "train.epochs=1", "train.eval_splits=[]")).fit()
     assert nothing["evaluations"] == [] and nothing["eval"] == {} and nothing["best"] is None
 

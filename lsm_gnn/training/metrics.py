@@ -204,6 +204,8 @@ def epoch_line(s: dict) -> str:
         if split in s:
             metric = next(iter(s[split].items()))
             parts.append(f"{split} {metric[0]} {metric[1]:.4f}")
+    if s.get("eval_s") is not None:
+        parts.append(f"(evaluated in {s['eval_s']:.1f}s)")
     return "  ".join(parts)
 
 
