@@ -45,6 +45,7 @@ from lsm_gnn.features import FeatureGroup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_JSON = "docs/results/hetero.json"
+STEP_JSON = "docs/results/hetero_step.json"  # --step-only
 POLICIES = ("rr", "static", "dynamic", "hybrid", "hybrid+pvp")
 WAYS = 32
 STATIC_SCORE = "reverse_pagerank"
@@ -288,6 +289,104 @@ def time_training(args, ds) -> dict:
             "hybrid_slowdown_vs_memory_median": statistics.median(per_repeat)}
 
 
+def model_batches(ds, args) -> list:
+    """``--step-batches`` typed batches of the target's train split with their features (read from the files,
+    so the step is all that is timed): (hops, {type: rows}, labels)."""
+    sampler = NeighborSampler(ds, args.fanouts, seed=args.seed)
+    train = np.asarray(ds.split("train", ds.target))
+    rng = np.random.default_rng(args.seed)
+    labels = torch.from_numpy(np.asarray(ds.labels(ds.target)).astype(np.int64))
+    batches = []
+    for k in range(args.step_batches):
+        seeds = torch.from_numpy(np.sort(rng.choice(train, min(args.batch_size, train.size), replace=False)))
+        hops = sampler.sample({ds.target: seeds}, k)
+        x = {t: torch.from_numpy(ds.node_type(t).read_features_direct(ids.numpy()))
+             for t, ids in hops[-1].nodes.items() if ds.node_type(t).feature_dim}
+        batches.append(SimpleNamespace(hops=hops, x=x, y=labels[seeds]))
+    return batches
+
+
+class DestinationOnlyReference(torch.nn.Module):
+    """A plain PyG R-SAGE / R-GAT written for this comparison: per layer and relation a conv of (its sources,
+    only its destinations), summed per type, each type's root term, ReLU between layers. The issue's reference
+    for the training step; the model under test adds only what a trainer needs (learned vectors for types
+    without features, dropout, checks)."""
+
+    def __init__(self, model):
+        super().__init__()
+        import copy
+
+        # The same convs and root terms, copied: equal work and equal starting weights.
+        self.convs, self.skips = copy.deepcopy(model.convs), copy.deepcopy(model.skips)
+        self.embedding, self.target = copy.deepcopy(model.embedding), model.target
+
+    def forward(self, batch):
+        nodes = batch.hops[-1].nodes
+        x = {t: batch.x[t].float() if t in batch.x else self.embedding[t].expand(nodes[t].numel(), -1)
+             for t in nodes}
+        for i, (layer, skip, hop) in enumerate(zip(self.convs, self.skips, reversed(batch.hops))):
+            out = {t: skip[t](x[t][:hop.num_dst[t]]) for t in skip}
+            for (src, rel, dst), conv in layer.convs.items():
+                edges = hop.edge_index.get((src, rel, dst))
+                if dst in out and edges is not None and edges.shape[1]:
+                    out[dst] = out[dst] + conv((x[src], x[dst][:hop.num_dst[dst]]), edges)
+            x = out if i == len(self.convs) - 1 else {t: torch.relu(y) for t, y in out.items()}
+        return x[self.target]
+
+
+def time_model_steps(args, ds) -> dict:
+    """The training step alone (forward, backward, Adam) on the same batches: the trainer's model, the same
+    model when every relation's conv runs over the whole layer (PyG's HeteroConv on the layer's rows, what it
+    did before issue 31), and :class:`DestinationOnlyReference`; repeats alternate, medians of ms per step."""
+    import lsm_gnn.models as models
+
+    batches = model_batches(ds, args)
+    in_dims = {t: ds.node_type(t).feature_dim for t in ds.node_types}
+    num_classes = int(max(int(b.y.max()) for b in batches)) + 1
+    torch.manual_seed(args.seed)
+    ours = models.HeteroHopGNN(args.model, in_dims, ds.relations, ds.target, args.hidden, num_classes,
+                               len(args.fanouts), heads=4)
+    reference = DestinationOnlyReference(ours)
+    destination_only = models._destination_messages
+
+    def whole_layers(conv, x, edges, num_dst):
+        return {t: y[:num_dst[t]] for t, y in conv(x, edges).items()} if edges else {}
+
+    def run(model, messages) -> float:
+        models._destination_messages = messages
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        try:
+            start = time.perf_counter()
+            for batch in batches:
+                optimizer.zero_grad(set_to_none=True)
+                torch.nn.functional.cross_entropy(model(batch), batch.y).backward()
+                optimizer.step()
+            return 1000 * (time.perf_counter() - start) / len(batches)
+        finally:
+            models._destination_messages = destination_only
+
+    variants = {"ours": (ours, destination_only), "whole_layers": (ours, whole_layers),
+                "reference": (reference, destination_only)}
+    for model, messages in variants.values():  # warm-up
+        run(model, messages)
+    times = {name: [] for name in variants}
+    for repeat in range(args.step_repeats):
+        order = list(variants) if repeat % 2 == 0 else list(reversed(variants))
+        for name in order:
+            times[name].append(run(*variants[name]))
+    ms = {name: statistics.median(t) for name, t in times.items()}
+    per_repeat = [a / b for a, b in zip(times["ours"], times["reference"])]
+    result = {"model": args.model, "hidden": args.hidden, "batches": len(batches), "ms_per_step": ms,
+              "ms_per_step_runs": times, "ours_over_reference_per_repeat": per_repeat,
+              "ours_over_reference": statistics.median(per_repeat),
+              "whole_layers_over_ours": statistics.median(a / b for a, b in zip(times["whole_layers"], times["ours"])),
+              "threads": torch.get_num_threads()}
+    print(f"training step ({args.model}): ours {ms['ours']:.1f} ms, reference {ms['reference']:.1f} ms "
+          f"(ours/reference {result['ours_over_reference']:.2f}x), whole layers {ms['whole_layers']:.1f} ms "
+          f"({result['whole_layers_over_ours']:.2f}x ours)", file=sys.stderr)
+    return result
+
+
 def trace_summary(trace: TypedTrace, warmup: int) -> dict:
     sizes = np.array([ids.numel() for ids in trace.batches])
     accesses = trace.accesses()
@@ -328,6 +427,9 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=5, help="training runs per feature path (0: no training)")
     p.add_argument("--model", default="sage")
     p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--step-batches", type=int, default=20, help="batches of the training-step comparison (0: none)")
+    p.add_argument("--step-repeats", type=int, default=5, help="repeats of it, alternating the variants' order")
+    p.add_argument("--step-only", action="store_true", help="only the training-step comparison")
     p.add_argument("--json", default=None, help=f"result file (default {DEFAULT_JSON}; none with --quick)")
     p.add_argument("--quick", action="store_true", help="tiny graph, short trace, one training repeat")
     args = p.parse_args(argv)
@@ -335,9 +437,10 @@ def parse_args(argv=None):
         args.num_papers, args.feature_dim, args.batch_size, args.fanouts = 4000, 16, 64, "5,5"
         args.window, args.warmup, args.sizes = 8, 4, "0.05,0.1"
         args.train_iterations, args.repeats, args.train_capacity = 5, min(args.repeats, 1), "40%"
+        args.step_batches, args.step_repeats, args.hidden = min(args.step_batches, 3), min(args.step_repeats, 2), 16
         args.data = args.data + "-quick"
     elif args.json is None:
-        args.json = DEFAULT_JSON
+        args.json = STEP_JSON if args.step_only else DEFAULT_JSON
     args.fanouts = [int(k) for k in args.fanouts.split(",")]
     args.policies = [p for p in args.policies.split(",") if p]
     unknown = sorted(set(args.policies) - set(POLICIES))
@@ -385,6 +488,14 @@ def main(argv=None) -> dict:
     started = time.perf_counter()
     os.makedirs(os.path.dirname(os.path.abspath(args.data)), exist_ok=True)
     ds = ensure_dataset(args.data, args.num_papers, args.feature_dim, args.seed)
+    command = "python benchmarks/hetero.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.step_only:
+        result = {"command": command, "settings": {k: v for k, v in vars(args).items() if k != "json"},
+                  "machine": machine_info(), "training_step": time_model_steps(args, ds),
+                  "seconds": time.perf_counter() - started}
+        if args.json:
+            write_json(args.json, result)
+        return result
     group = single_group(ds)
     trace = record_trace(ds, group, args.fanouts, args.batch_size, args.epochs, args.seed)
     if args.warmup >= len(trace.batches):
@@ -397,7 +508,7 @@ def main(argv=None) -> dict:
                         if args.queue_capacity == "scaled" else int(args.queue_capacity))
     static_by_type = {t: np.asarray(ds.score(STATIC_SCORE, t)) for t in trace.types}
     static = np.concatenate([static_by_type[t] for t in trace.types])  # the trainer's: group order
-    result = {"command": "python benchmarks/hetero.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    result = {"command": command,
               "settings": {k: v for k, v in vars(args).items() if k != "json"}, "machine": machine_info(),
               "dataset": {"path": ds.path, "num_nodes": {t: ds.num_nodes_of(t) for t in ds.node_types},
                           "total_rows": trace.num_rows, "row_bytes": args.feature_dim * 4,
@@ -412,6 +523,8 @@ def main(argv=None) -> dict:
         if "hybrid" in policies:
             row["layout"] = run_layouts(trace, static_by_type, policies["hybrid"], lines, args)
         result["sizes"][f"{fraction:g}"] = row
+    if args.step_batches:
+        result["training_step"] = time_model_steps(args, ds)
     if args.repeats:
         result["training"] = time_training(args, ds)
     result["seconds"] = time.perf_counter() - started
