@@ -32,8 +32,9 @@ from lsm_gnn.tasks import make_task
 from lsm_gnn.training import startup
 from lsm_gnn.training.checkpointing import RESUME_KEYS, Checkpointer
 from lsm_gnn.training.metrics import (ALL_STAGES, EMBEDDING_STAGES, STAGES, TOTALS, MetricsLog, StageTimes,
-                                      add_iteration, epoch_line, epoch_summary, flatten, iteration_record,
-                                      last_evaluation, new_epoch_state, result_lines)
+                                      add_iteration, epoch_line, epoch_summary, flatten,
+                                      iteration_record, last_evaluation, new_epoch_state, ratios_text,
+                                      result_lines, run_hit_ratios_by_type)
 from lsm_gnn.training.ranks import Ranks, distributed
 from lsm_gnn.training.selection import ModelSelection, best_checkpoint_path, watched_metric
 
@@ -434,6 +435,10 @@ class Trainer:
         result = {"iterations": self.iterations_done, "history": self.history,
                   "evaluations": self.evaluations, "stages_s": total.seconds, "wall_s": total.wall,
                   "eval_s": eval_s, "eval": last_eval, "best": best, "checkpoint": self.checkpoint_path}
+        by_type = run_hit_ratios_by_type(self.history)
+        if by_type:
+            result["hit_ratio_by_type"] = by_type
+            self._print(f"hit ratio by node type over the run: {ratios_text(by_type)}")
         if self.evaluations:
             self._print(f"evaluation: {eval_s:.1f}s in {len(self.evaluations)} evaluation(s), beside the "
                         f"{total.wall:.1f}s of training above")

@@ -59,6 +59,13 @@ def test_r_sage_and_r_gat_train_through_the_cache(dataset, tmp_path, kind):
     assert result["eval"]["val"]["accuracy"] > 0.6, "the authors' and topics' features give the class away"
     records = [json.loads(line) for line in open(tmp_path / "log" / "metrics.jsonl") if '"iteration"' in line]
     assert set(records[0]["hit_ratio_by_type"]) == {"paper", "author"} and records[-1]["hit_ratio"] > 0
+    # per node type in the epochs' summaries and the run's, consistent with the one ratio over all rows
+    for summary in history:
+        by_type, rows = summary["hit_ratio_by_type"], summary["rows_by_type"]
+        assert by_type.keys() == rows.keys() == {"paper", "author"}
+        weighted = sum(by_type[t] * rows[t] for t in rows) / sum(rows.values())
+        assert abs(weighted - summary["hit_ratio"]) < 1e-9
+    assert result["hit_ratio_by_type"].keys() == {"paper", "author"}
 
 
 def test_a_resumed_run_matches_an_uninterrupted_one(dataset, tmp_path):

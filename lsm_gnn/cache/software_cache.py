@@ -615,8 +615,11 @@ class SoftwareCache(StorageShape):
         from lsm_gnn.units import format_bytes
 
         pvp = f" with a victim buffer ({self.pvp.capacity:,} lines per queue)" if self.pvp is not None else ""
+        rows = self.storage.num_rows  # the rows this cache serves: of a typed graph, its group's types only
+        share = f"room for all {rows:,} rows" if self.num_lines >= rows else \
+            f"for {rows:,} rows: {self.num_lines / rows:.2%}"
         return (f"a {format_bytes(self.capacity_bytes)} {self.policy.name} cache ({self.num_lines:,} lines, "
-                f"{self.num_lines / self.storage.num_rows:.2%} of nodes){pvp} over {self.storage.backend} storage")
+                f"{share}){pvp} over {self.storage.backend} storage")
 
     def _forget_unfilled(self, line: torch.Tensor, hit: torch.Tensor) -> None:
         """Invalidates the lines this lookup assigned to ids it did not hit (after a failed fill)."""
