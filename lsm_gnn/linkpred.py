@@ -287,6 +287,12 @@ def evaluated_nodes(dataset, pairs: np.ndarray, rank: int, world_size: int) -> t
     return users, np.concatenate([users, np.arange(num_users, dataset.num_nodes)])
 
 
+def known_splits(split: str, splits) -> list[str]:
+    """The held-out splits whose pairs a ranking of ``split`` treats as known (removed, like training items):
+    every other split for ``test``, none for any other (validation must not see where the test pairs are)."""
+    return [name for name in splits if name != split] if split == "test" else []
+
+
 def ranking_sums(model, dataset, features, fanouts, *, k: int = 20, split: str = "test", batch_size: int = 1024,
                  device=None, rank: int = 0, world_size: int = 1, embeddings: torch.Tensor | None = None,
                  **options) -> tuple[dict[str, float], int]:
@@ -314,15 +320,16 @@ def ranking_sums(model, dataset, features, fanouts, *, k: int = 20, split: str =
     chunk = max(1, SCORE_CHUNK // num_items)
     for start in range(0, users.size, chunk):
         block = users[start:start + chunk]
-        # Known items (training and the other held-out splits) are neither ranked nor counted.
+        # Known items are neither ranked nor counted: the training items, and for the test split the other
+        # held-out splits' too (validation happened before it). A validation ranking never knows the test
+        # items: removing them would tell model selection where the test pairs are, and inflate its recall.
         known = np.zeros((block.size, num_items), dtype=bool)
         local, items = row_entries(dataset.indptr, dataset.indices, block)
         keep = items >= num_users
         known[local[keep], items[keep] - num_users] = True
-        for name, pairs in sorted_pairs.items():
-            if name != split:
-                local, items = _pairs_of(pairs, block)
-                known[local, items - num_users] = True
+        for name in known_splits(split, sorted_pairs):
+            local, items = _pairs_of(sorted_pairs[name], block)
+            known[local, items - num_users] = True
         target = np.zeros_like(known)
         local, items = _pairs_of(sorted_pairs[split], block)
         target[local, items - num_users] = True
@@ -350,8 +357,8 @@ def recall_at_k(model, dataset, features, fanouts, *, k: int = 20, split: str = 
     Users with held-out items and all items are embedded by
     :func:`embed_nodes` (``options`` go to its loader: ``seed``, ``window``,
     ...). For each user u, every item is scored ``<emb(u), emb(i)>``; the
-    user's known items (its training items and its pairs in the other edge
-    splits) are removed; ``H(u)`` is u's held-out items of ``split`` that
+    user's known items (its training items, and for ``split="test"`` its
+    pairs in the other edge splits: :func:`known_splits`) are removed; ``H(u)`` is u's held-out items of ``split`` that
     are not known, and users with empty ``H(u)`` are skipped. Then, as in
     LightGCN's evaluation code (:func:`user_ranking_metrics`)::
 

@@ -271,6 +271,35 @@ def test_recall_is_one_for_an_oracle_and_matches_the_analytic_random_baseline(ds
     assert 0.015 < result["random_recall"] < 0.03  # about k / num_items
 
 
+def test_validation_ranks_the_test_items_and_test_ranking_removes_the_validation_items(ds):
+    """No leak into model selection: an oracle that scores each user's test items highest pushes the val items
+    down in a val ranking (the test items stay candidates), while a test ranking removes the val items."""
+    from lsm_gnn.linkpred import known_splits
+
+    assert known_splits("val", ["val", "test"]) == [] and known_splits("test", ["val", "test"]) == ["val"]
+    features = open_storage(ds, "memory")
+    val, test = np.asarray(ds.edge_split("val")), np.asarray(ds.edge_split("test"))
+    table = torch.zeros(U + I, U, dtype=torch.float64)
+    table[torch.arange(U), torch.arange(U)] = 1
+    table[torch.from_numpy(test[:, 1]), torch.from_numpy(test[:, 0])] = 2  # test items: the top scores
+    table[torch.from_numpy(val[:, 1]), torch.from_numpy(val[:, 0])] = 1
+    k = 5
+    on_val = recall_at_k(TableModel(table), ds, features, [2], k=k, split="val")
+    # Each user's top k: its test items first, then val items: the val recall is what is left of k.
+    users = np.intersect1d(np.unique(val[:, 0]), np.arange(U))
+    expected = []
+    for u in users:
+        held = int((val[:, 0] == u).sum())
+        room = max(0, k - int((test[:, 0] == u).sum()))
+        expected.append(min(room, held) / held)
+    assert on_val["users"] == users.size and on_val["recall"] == pytest.approx(np.mean(expected))
+    assert on_val["recall"] < 0.9  # with test items removed it would be about 1
+    table[torch.from_numpy(val[:, 1]), torch.from_numpy(val[:, 0])] = 3  # val items above test items
+    on_test = recall_at_k(TableModel(table), ds, features, [2], k=20, split="test")
+    held = np.unique(test[:, 0], return_counts=True)[1]
+    assert on_test["recall"] == pytest.approx(np.mean(np.minimum(20, held) / held))  # val items removed
+
+
 def test_ranking_metrics_match_hand_computed_values():
     """LightGCN's recall (hits / |H|) and NDCG (IDCG over min(k, |H|) ideal positions), and the capped recall."""
     top_hits = torch.tensor([[1, 0, 1], [0, 1, 0], [0, 0, 0], [1, 1, 0]], dtype=torch.bool)
