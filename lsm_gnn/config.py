@@ -111,7 +111,10 @@ class TrainConfig:
     eval_splits: list = field(default_factory=lambda: ["val", "test"])
     eval_every: int = 0        # also evaluate every N iterations (0: at epoch ends only)
     eval_every_epochs: int = 1  # evaluate after every N-th epoch (0: never at epoch ends); the last always is
-    eval_mode: str = "sampled"  # sampled (sampler.fanouts) | full (every neighbour, layer by layer; node task)
+    eval_mode: str = "sampled"  # sampled (train.eval_fanouts) | full (every neighbour, layer by layer; node task)
+    # sampled evaluation's fanouts, one per layer, for every relation ([]: sampler.fanouts); more neighbours
+    # than training's make evaluations steadier from one to the next
+    eval_fanouts: list = field(default_factory=list)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     num_negatives: int = 1     # link: negative items per positive edge
     negatives_exclude_positives: bool = False  # link: draw negatives only among the user's non-training items
@@ -257,6 +260,10 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"{key} must be a list of {len(f)} ints >= -1 (one per layer, as sampler.fanouts), "
                               f"got {given!r}")
         cfg.sampler.relation_fanouts[relation] = ks
+    e = cfg.train.eval_fanouts
+    if e and (len(e) != len(f) or not all(isinstance(k, int) and not isinstance(k, bool) and k >= -1 for k in e)):
+        raise ConfigError(f"train.eval_fanouts must be [] (sampler.fanouts) or a list of {len(f)} ints >= -1, one "
+                          f"per layer as sampler.fanouts, got {e!r}")
     positive = {"sampler.batch_size": cfg.sampler.batch_size, "cache.ways": cfg.cache.ways,
                 "model.hidden": cfg.model.hidden, "model.heads": cfg.model.heads, "train.epochs": cfg.train.epochs,
                 "log.every": cfg.log.every, "train.num_negatives": cfg.train.num_negatives}

@@ -23,7 +23,7 @@ from lsm_gnn.inference import row_entries
 from lsm_gnn.loader import Batch, NodeLoader
 from lsm_gnn.parallel import all_reduce_sum, batch_to
 from lsm_gnn.sampling import Hop
-from lsm_gnn.task_options import eval_batch_size, loader_options
+from lsm_gnn.task_options import eval_batch_size, eval_fanouts, loader_options
 
 SCORE_CHUNK = 1 << 24  # user x item scores held at once in recall_at_k (64 MiB of float32)
 
@@ -424,8 +424,8 @@ class LinkPrediction:
         users, nodes = evaluated_nodes(self.dataset, self.dataset.edge_split(split), rank, world_size)
         if users.size == 0:
             return []
-        loader = NodeLoader(self.dataset, features, self.fanouts, eval_batch_size(c), seeds=nodes, shuffle=False,
-                            **loader_options(c, rank, world_size, evaluation=True))
+        loader = NodeLoader(self.dataset, features, eval_fanouts(c, self.fanouts), eval_batch_size(c), seeds=nodes,
+                            shuffle=False, **loader_options(c, rank, world_size, evaluation=True))
         try:
             return loader.sample_input_nodes(count, rank=rank)
         finally:
@@ -452,8 +452,8 @@ class LinkPrediction:
             embeddings = layerwise_inference(model, self.dataset, features, np.arange(self.dataset.num_nodes),
                                              chunk_size=size, read_rows=size, device=device, rank=rank,
                                              world_size=world_size)
-        sums, count = ranking_sums(model, self.dataset, features, self.fanouts, k=self.k, split=split,
-                                   batch_size=eval_batch_size(c), device=device, embeddings=embeddings,
+        sums, count = ranking_sums(model, self.dataset, features, eval_fanouts(c, self.fanouts), k=self.k,
+                                   split=split, batch_size=eval_batch_size(c), device=device, embeddings=embeddings,
                                    **loader_options(c, rank, world_size, evaluation=True))
         *totals, count = all_reduce_sum([*sums.values(), count])
         means = _means(dict(zip(sums, totals)), int(count))

@@ -17,3 +17,12 @@ def loader_options(cfg: Config, rank: int, world_size: int, evaluation: bool = F
 
 def eval_batch_size(cfg: Config) -> int:
     return cfg.train.eval_batch_size or cfg.sampler.batch_size
+
+
+def eval_fanouts(cfg: Config, fanouts):
+    """Sampled evaluation's fanouts: ``train.eval_fanouts`` for every relation (``fanouts`` is training's: a
+    list, or a dict per relation), or training's where it is empty."""
+    given = cfg.train.eval_fanouts
+    if not given:
+        return fanouts
+    return {key: list(given) for key in fanouts} if isinstance(fanouts, dict) else list(given)

@@ -17,7 +17,7 @@ from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.linkpred import LinkPrediction
 from lsm_gnn.loader import NodeLoader
 from lsm_gnn.parallel import all_reduce_sum, batch_to
-from lsm_gnn.task_options import eval_batch_size, loader_options
+from lsm_gnn.task_options import eval_batch_size, eval_fanouts, loader_options
 
 
 class Task(Protocol):
@@ -105,7 +105,8 @@ class NodeClassification:
         return seeds[np.asarray(self._labels)[seeds] >= 0]
 
     def _loader(self, features, seeds, batch_size: int, shuffle: bool, options: dict):
-        return NodeLoader(self.dataset, features, self.fanouts, batch_size, seeds=seeds, shuffle=shuffle, **options)
+        fanouts = self.fanouts if options["training"] else eval_fanouts(self.cfg, self.fanouts)
+        return NodeLoader(self.dataset, features, fanouts, batch_size, seeds=seeds, shuffle=shuffle, **options)
 
     def train_loader(self, features, rank: int, world_size: int) -> NodeLoader:
         c = self.cfg
