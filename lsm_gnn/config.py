@@ -86,6 +86,7 @@ class CacheConfig:
     pvp_reinstall: bool = True  # with pvp: served lines go back into the cache (False: the paper's bypass)
     # batches ahead whose misses are read while the loader does the rest: auto (2 where misses come from a
     # disk and the cache is on the CPU, else 0) or a number (0: off); read_ahead_bytes bounds the rows held
+    # (auto: 64M, or an eighth of the memory available at the start where that is less)
     read_ahead: str = "auto"
     read_ahead_bytes: str = defaults.READ_AHEAD_BYTES
 
@@ -317,12 +318,13 @@ def validate(cfg: Config) -> Config:
         except ValueError as exc:
             raise ConfigError(f"cache.pvp_queue_bytes: {exc}") from None
     read_ahead_depth(cfg.cache)
-    try:
-        if parse_bytes(cfg.cache.read_ahead_bytes) < 1:
-            raise ValueError("it must be at least one byte")
-    except ValueError as exc:
-        raise ConfigError(f"cache.read_ahead_bytes={cfg.cache.read_ahead_bytes!r}: {exc}; give bytes like 64M") \
-            from None
+    if cfg.cache.read_ahead_bytes != "auto":
+        try:
+            if parse_bytes(cfg.cache.read_ahead_bytes) < 1:
+                raise ValueError("it must be at least one byte")
+        except ValueError as exc:
+            raise ConfigError(f"cache.read_ahead_bytes={cfg.cache.read_ahead_bytes!r}: {exc}; give auto or bytes "
+                              "like 64M") from None
     policy_config(cfg.cache)
     check_node_embedding(cfg)
     return cfg

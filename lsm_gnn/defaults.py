@@ -18,11 +18,17 @@ FANOUTS = (5, 2, 2, 2)       # neighbors per hop, next to the seeds first
 BATCH_SIZE = 2048            # seed nodes per mini-batch
 # Batches whose misses a cache reads ahead (from a disk, on the CPU): the next one's, topped up after each
 # lookup, and the one after, so the disk has a batch to read while the first is taken (docs/benchmarks.md,
-# "Read-ahead"); at most READ_AHEAD_BYTES of rows held.
+# "Read-ahead"); at most READ_AHEAD_BYTES of rows held: auto is READ_AHEAD_MAX_BYTES, or an eighth of the
+# memory still available when the cache starts where that is less (a run under a tight memory cap).
 READ_AHEAD_DEPTH = 2
-READ_AHEAD_BYTES = "64M"
+READ_AHEAD_BYTES = "auto"
+READ_AHEAD_MAX_BYTES = 64 << 20
+READ_AHEAD_MEMORY_SHARE = 1 / 8
+# Below this much memory available at the start, auto leaves read-ahead off: its thread's reads cost about
+# 40 MiB more than its budget in malloc's per-thread arenas, which a run under a 400 MiB cap did not have.
+READ_AHEAD_MIN_ROOM = 256 << 20
 # How the sampler reads a memory-mapped topology (lsm_gnn.sampling.neighbor.advise_mapped); auto preloads one
-# that takes at most a quarter of the memory left, else reads it at random.
+# (copies it into memory on huge pages) that takes at most a quarter of the memory left, else reads it at random.
 TOPOLOGY_ACCESS = ("auto", "random", "normal", "preload")
 
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lsm_gnn.defaults import READ_AHEAD_BYTES, READ_AHEAD_DEPTH
+from lsm_gnn.defaults import (READ_AHEAD_BYTES, READ_AHEAD_DEPTH, READ_AHEAD_MAX_BYTES, READ_AHEAD_MEMORY_SHARE,
+                              READ_AHEAD_MIN_ROOM)
 from lsm_gnn.units import parse_bytes
 
 
@@ -56,6 +57,33 @@ class _Chunk:
     done: threading.Event = field(default_factory=threading.Event)
 
 
+def default_depth(from_disk: bool, on_cpu: bool) -> int:
+    """``cache.read_ahead=auto``: READ_AHEAD_DEPTH batches where misses come from a disk nobody writes
+    (``from_disk``) into a cache on the CPU, with at least READ_AHEAD_MIN_ROOM of memory available; else 0."""
+    if not (from_disk and on_cpu):
+        return 0
+    from lsm_gnn.memcap import available_memory
+
+    room = available_memory()
+    return READ_AHEAD_DEPTH if room is None or room >= READ_AHEAD_MIN_ROOM else 0
+
+
+def read_ahead_budget(value) -> int:
+    """Bytes of rows a read-ahead may hold: ``value`` in bytes ("64M"), or ``"auto"``: READ_AHEAD_MAX_BYTES, or
+    READ_AHEAD_MEMORY_SHARE of the memory still available (a memory cgroup's limit counted) where that is less.
+    A fixed 64 MiB pushed a run under a 400 MiB cap, whose imports alone take 250 MiB, into the OOM killer."""
+    if value != "auto":
+        budget = parse_bytes(value)
+        if budget < 1:
+            raise ValueError(f"a read-ahead budget must be at least one byte, got {value!r}")
+        return budget
+    from lsm_gnn.memcap import available_memory
+
+    room = available_memory()
+    return READ_AHEAD_MAX_BYTES if room is None else max(1, min(READ_AHEAD_MAX_BYTES,
+                                                                 int(room * READ_AHEAD_MEMORY_SHARE)))
+
+
 class ReadAhead:
     """Reads rows of ``storage`` ahead of the lookup that needs them, on one worker thread, holding at most
     ``max_bytes`` of rows. :meth:`request` queues ids for a lookup; :meth:`take` gives that lookup the rows of
@@ -70,7 +98,7 @@ class ReadAhead:
                              "(an embedding table) could be changed before its lookup")
         self.storage = storage
         self.depth = int(depth)
-        self.max_rows = max(1, parse_bytes(max_bytes) // storage.row_bytes)
+        self.max_rows = max(1, read_ahead_budget(max_bytes) // storage.row_bytes)
         self.stats = ReadAheadStats()
         self._chunks: list[_Chunk] = []  # every chunk not yet taken or dropped, in request order
         self._queue: deque[_Chunk] = deque()  # the chunks the worker has still to read

@@ -21,12 +21,12 @@ from lsm_gnn.cache.policies import PolicyConfig, quantize_scores
 from lsm_gnn.cache.plan import LookupPlan
 from lsm_gnn.cache.pvp import DEFAULT_QUEUE_BYTES, VictimBuffer, queue_capacity_for
 from lsm_gnn.cache.pvp_modes import lookup_strategy
-from lsm_gnn.cache.read_ahead import ReadAhead
+from lsm_gnn.cache.read_ahead import ReadAhead, default_depth
 from lsm_gnn.cache.staging import MissStaging, side_stream
 from lsm_gnn.cache.state import CacheState
 from lsm_gnn.cache.stats import CacheStats
 from lsm_gnn.cache.window import WindowBuffer
-from lsm_gnn.defaults import PERIOD, READ_AHEAD_BYTES, READ_AHEAD_DEPTH, WAYS, WINDOW, policy_for
+from lsm_gnn.defaults import PERIOD, READ_AHEAD_BYTES, WAYS, WINDOW, policy_for
 from lsm_gnn.features import StorageShape
 from lsm_gnn.hostmem import host_zeros
 from lsm_gnn.ids import as_id_tensor, unique_ids
@@ -102,7 +102,7 @@ class SoftwareCache(StorageShape):
     ``future`` window) will miss, read on a thread of their own (:mod:`lsm_gnn.cache.read_ahead`), so the disk
     reads while the loader does everything else; at most ``read_ahead_bytes`` of rows are held. ``None``: 2
     where misses come from a disk (``storage.from_disk``) that nobody writes and the cache is on the CPU,
-    else 0 (off). What is read ahead changes where a miss's bytes come from, never a result.
+    with 256 MiB of memory available (:func:`~lsm_gnn.cache.read_ahead.default_depth`), else 0 (off). What is read ahead changes where a miss's bytes come from, never a result.
 
     Defaults: ``policy=None`` is ``"farthest"``, with or without PVP;
     ``pvp_reinstall=None`` is on with PVP, so PVP leaves the cache's
@@ -161,8 +161,8 @@ class SoftwareCache(StorageShape):
     def _read_ahead(self, depth: int | None, max_bytes) -> ReadAhead | None:
         """The read-ahead of the constructor's ``read_ahead`` batches (see the class), or None."""
         if depth is None:
-            default = getattr(self.storage, "from_disk", False) and not self.writable and self.device.type == "cpu"
-            depth = READ_AHEAD_DEPTH if default else 0
+            depth = default_depth(getattr(self.storage, "from_disk", False) and not self.writable,
+                                  self.device.type == "cpu")
         if depth < 0:
             raise ValueError(f"read_ahead is a number of batches >= 0 (0: off), got {depth}")
         return ReadAhead(self.storage, depth, max_bytes) if depth else None

@@ -43,9 +43,11 @@ def stage_times(storage_cal: dict, train_cal: dict, cache_ms: float, reads: floa
 def reads_ahead(spec, device: str = "cpu") -> bool:
     """Whether the run's cache reads misses ahead: ``cache.read_ahead`` as given, or its default (from a disk,
     on the CPU: :class:`~lsm_gnn.cache.SoftwareCache`)."""
+    from lsm_gnn.cache.read_ahead import default_depth
+
     if spec.read_ahead is not None:
         return spec.read_ahead > 0
-    return spec.source == "cache" and spec.backend not in ("memory", "gds") and device == "cpu"
+    return spec.source == "cache" and default_depth(spec.backend not in ("memory", "gds"), device == "cpu") > 0
 
 
 def _log_to_stderr(message: str) -> None:
