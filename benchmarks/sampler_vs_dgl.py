@@ -95,26 +95,35 @@ def measure(ds, graph, setup: str, threads: list[int], batches_per: int, repeats
     row = {"fanouts": fanouts, "batch_size": batch_size, "threads": {}}
     for t in threads:
         set_threads(t)
-        ours = NeighborSampler(ds, fanouts, seed=0, num_threads=t)
+        ours = NeighborSampler(ds, fanouts, seed=0, num_threads=t)  # auto: preloaded, on huge pages
+        # the topology where it is mapped (the file's page cache pages), as read before preloading copied it
+        mapped = NeighborSampler(ds, fanouts, seed=0, num_threads=t, topology_access="random")
         # DGL lists fanouts from the input layer to the seeds' layer, ours from the seeds outward: reversed,
         # both draw the same number of neighbours at each hop (the edge counts below show it).
         theirs = dgl.dataloading.NeighborSampler(list(reversed(fanouts)))
         seconds_per_batch(lambda k, s: ours.sample(s, k), batches[:2])  # warm up both
         seconds_per_batch(lambda k, s: theirs.sample_blocks(graph, s), dgl_seeds[:2])
-        mine, dgls, ratios = [], [], []
-        for _ in range(repeats):  # alternating, so a change in the machine's load meets both
+        seconds_per_batch(lambda k, s: mapped.sample(s, k), batches[:2])
+        mine, dgls, ratios, mapped_s, mapped_ratios = [], [], [], [], []
+        for _ in range(repeats):  # alternating, so a change in the machine's load meets all
             a = seconds_per_batch(lambda k, s: ours.sample(s, k), batches)
             b = seconds_per_batch(lambda k, s: theirs.sample_blocks(graph, s), dgl_seeds)
+            c = seconds_per_batch(lambda k, s: mapped.sample(s, k), batches)
             mine.append(a)
             dgls.append(b)
             ratios.append(b / a)
+            mapped_s.append(c)
+            mapped_ratios.append(b / c)
         edges = sum(h.edge_index.shape[1] for h in ours.sample(batches[0], 0))
         dgl_edges = sum(block.num_edges() for block in theirs.sample_blocks(graph, dgl_seeds[0])[2])
         row["threads"][t] = {"ours_ms": 1e3 * statistics.median(mine), "dgl_ms": 1e3 * statistics.median(dgls),
                              "speedup": statistics.median(ratios), "speedups": ratios,
+                             "mapped_ms": 1e3 * statistics.median(mapped_s),
+                             "mapped_speedup": statistics.median(mapped_ratios), "mapped_speedups": mapped_ratios,
                              "edges_first_batch": edges, "dgl_edges_first_batch": dgl_edges}
         print(f"{setup} {t} thread(s): ours {row['threads'][t]['ours_ms']:.2f} ms, DGL "
-              f"{row['threads'][t]['dgl_ms']:.2f} ms a batch: {row['threads'][t]['speedup']:.2f}x", file=sys.stderr)
+              f"{row['threads'][t]['dgl_ms']:.2f} ms a batch: {row['threads'][t]['speedup']:.2f}x (topology mapped: "
+              f"{row['threads'][t]['mapped_ms']:.2f} ms, {row['threads'][t]['mapped_speedup']:.2f}x)", file=sys.stderr)
     row["batches"] = batches
     return row
 

@@ -1,5 +1,6 @@
-"""Samplers read the topology where it is mapped: no copy, so a topology larger than memory still samples
-(the page cache holds what is touched, and may drop it)."""
+"""Samplers read a topology too large to preload where it is mapped: no copy, so a topology larger than memory
+still samples (the page cache holds what is touched, and may drop it). One that fits is copied in once, on huge
+pages, and samples the same hops."""
 import re
 import sys
 
@@ -23,19 +24,72 @@ def test_the_sampler_wraps_the_mapped_csr_without_copying(tmp_path):
     write_tiny_dataset(tmp_path / "ds", num_nodes=500)
     ds = open_dataset(tmp_path / "ds", check="fast")
     assert ds.indices.dtype == np.int32  # 32-bit neighbor ids while the node count allows
-    sampler = NeighborSampler(ds, [3, 2])
+    sampler = NeighborSampler(ds, [3, 2], topology_access="random")  # what auto picks for one too large
     assert is_the_mapping(sampler.indptr, ds.indptr) and is_the_mapping(sampler.indices, ds.indices)
-    loader = NodeLoader(ds, open_storage(ds, "memory"), [3, 2], batch_size=32)
+    loader = NodeLoader(ds, open_storage(ds, "memory"), [3, 2], batch_size=32, topology_access="random")
     assert is_the_mapping(loader.sampler.indptr, ds.indptr) and is_the_mapping(loader.sampler.indices, ds.indices)
     assert next(iter(loader)).x.shape[0] > 0
 
 
 def test_the_hetero_sampler_wraps_every_relation_without_copying(tmp_path):
     ds = write_tiny_hetero_dataset(tmp_path / "h")
-    sampler = NeighborSampler(ds, [3, 2])
+    sampler = NeighborSampler(ds, [3, 2], topology_access="random")
     for relation, csr in sampler._csr.items():
         indptr, indices = ds.csr(relation)
         assert is_the_mapping(csr.indptr, indptr) and is_the_mapping(csr.indices, indices), relation
+
+
+@pytest.mark.parametrize("hetero", [False, True])
+def test_a_preloaded_topology_is_a_copy_that_samples_the_same_hops(tmp_path, hetero):
+    import torch
+
+    if hetero:
+        write_tiny_hetero_dataset(tmp_path / "ds")
+    else:
+        write_tiny_dataset(tmp_path / "ds", num_nodes=500)
+    ds = open_dataset(tmp_path / "ds")
+    mapped = NeighborSampler(ds, [3, 2], topology_access="random")
+    loaded = NeighborSampler(ds, [3, 2], topology_access="preload")
+    for relation, csr in loaded._csr.items():
+        indptr, indices = ds.csr(relation)
+        assert not is_the_mapping(csr.indptr, indptr) and not is_the_mapping(csr.indices, indices)
+        assert np.array_equal(csr.indptr.numpy(), indptr) and np.array_equal(csr.indices.numpy(), indices)
+        assert csr.indices.dtype == mapped._csr[relation].indices.dtype
+    seeds = {ds.target: torch.arange(0, 40, 3)} if hetero else torch.arange(0, 40, 3)
+    for a, b in zip(mapped.sample(seeds, 5), loaded.sample(seeds, 5), strict=True):
+        assert_same(a, b)
+
+
+def assert_same(a, b):
+    """Equal hops: every field equal, tensors (also inside dicts) exactly."""
+    import dataclasses
+
+    import torch
+
+    for field in dataclasses.fields(a):
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        if isinstance(x, dict):
+            assert x.keys() == y.keys()
+            pairs = [(x[k], y[k]) for k in x]
+        else:
+            pairs = [(x, y)]
+        for u, v in pairs:
+            assert torch.equal(u, v) if isinstance(u, torch.Tensor) else u == v, field.name
+
+
+def test_auto_counts_one_preloaded_copy_per_rank_on_the_host(tmp_path, monkeypatch):
+    import lsm_gnn.memcap as memcap
+    from lsm_gnn.sampling.neighbor import topology_access_for
+
+    write_tiny_dataset(tmp_path / "ds", num_nodes=300)
+    ds = open_dataset(tmp_path / "ds")
+    relations = [tuple(r) for r in ds.relations]
+    size = sum(a.nbytes for a in ds.csr(relations[0]))
+    monkeypatch.setattr(memcap, "available_memory", lambda: 4 * size)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert topology_access_for(ds, relations, "auto") == "random"  # two copies would take half the room
+    monkeypatch.setattr(memcap, "available_memory", lambda: 8 * size)
+    assert topology_access_for(ds, relations, "auto") == "preload"
 
 
 def test_inspect_summarizes_degrees_chunk_by_chunk(tmp_path):

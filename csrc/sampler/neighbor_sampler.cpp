@@ -12,6 +12,10 @@
 #include "graph/csr_check.h"
 #include "sampler/sampler_rng.h"  // shared with the CUDA sampler, which must draw the same positions
 
+#ifndef LSM_DRAW_AHEAD_EDGES
+#define LSM_DRAW_AHEAD_EDGES 32
+#endif
+
 namespace lsm::sampler {
 
 namespace {
@@ -136,27 +140,41 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
     const uint64_t key = hop_key(base, h);
     // An exception cannot leave the parallel loop: remember the first row with a bad neighbor id.
     int64_t first_bad = n;
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 256) if (n > 2048)
-    for (int64_t i = 0; i < n; ++i) {
-      if (i + kAhead < n) __builtin_prefetch(indices + row_start[i + kAhead]);
-      const int64_t v = frontier[i];
-      Stream rng = Stream::for_node(key, v);
+    // Each node's positions are drawn some nodes before its neighbours are read, and the line of every
+    // drawn neighbour is prefetched then: the random loads of indices were most of the draws' time, and a
+    // row's first line (all a prefetch of the row start covers) holds few of a long row's draws.
+    auto draw_positions = [&](int64_t i) {
       int64_t* out = hop.src.data() + offset[i];
       const int64_t degree = row_length[i];
       const int64_t got = sample_count(degree, k);
       if (got == degree) {
         for (int64_t j = 0; j < degree; ++j) out[j] = j;
       } else {
+        Stream rng = Stream::for_node(key, frontier[i]);
         floyd_sample(rng, degree, k, out);
       }
-      for (int64_t j = 0; j < got; ++j) {
-        const Index u = indices[row_start[i] + out[j]];  // position -> global neighbor id
-        if (!graph::neighbor_ok(u, num_ids)) {
+      for (int64_t j = 0; j < got; ++j) __builtin_prefetch(indices + row_start[i] + out[j]);
+    };
+    constexpr int64_t kBlock = 256;
+    const int64_t draw_ahead = LSM_DRAW_AHEAD_EDGES / std::max<int64_t>(1, k < 0 ? 8 : k);  // ~ lines in flight
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) if (n > 2048)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t begin = b * kBlock, end = std::min(n, begin + kBlock);
+      for (int64_t i = begin; i < std::min(end, begin + draw_ahead); ++i) draw_positions(i);
+      for (int64_t i = begin; i < end; ++i) {
+        if (i + draw_ahead < end) draw_positions(i + draw_ahead);
+        int64_t* out = hop.src.data() + offset[i];
+        const int64_t got = offset[i + 1] - offset[i];
+        for (int64_t j = 0; j < got; ++j) {
+          const Index u = indices[row_start[i] + out[j]];  // position -> global neighbor id
+          if (!graph::neighbor_ok(u, num_ids)) {
 #pragma omp critical(lsm_sampler_bad_row)
-          first_bad = std::min(first_bad, i);
+            first_bad = std::min(first_bad, i);
+          }
+          out[j] = static_cast<int64_t>(u);
+          hop.dst[offset[i] + j] = i;
         }
-        out[j] = static_cast<int64_t>(u);
-        hop.dst[offset[i] + j] = i;
       }
     }
     if (first_bad < n) graph::check_neighbors(indptr, indices, frontier[first_bad], num_ids);
