@@ -19,11 +19,12 @@ def quick_run(hetero_bench, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hetero_bench")
     try:
         import torch_geometric  # noqa: F401  (the trainer's models)
-        repeats = "1"
+        repeats, step = "1", "3"
     except ImportError:
-        repeats = "0"
+        repeats, step = "0", "0"
     out = tmp / "hetero.json"
-    result = hetero_bench.main(["--quick", "--data", str(tmp / "data"), "--json", str(out), "--repeats", repeats])
+    result = hetero_bench.main(["--quick", "--data", str(tmp / "data"), "--json", str(out), "--repeats", repeats,
+                                "--step-batches", step])
     with open(out) as f:
         return result, json.load(f)
 
@@ -82,3 +83,10 @@ def test_per_type_lines_hold_small_types_whole_and_add_up(hetero_bench):
     assert geometries["big"] == ((3200 - 64) // 32, 32)
     tiny = hetero_bench.type_geometries(64, {"big": 0.9, "small": 0.1}, caps)
     assert tiny["small"] == (1, 6) and tiny["big"] == (1, 32)
+
+
+def test_the_training_step_comparison_times_three_variants(quick_run):
+    pytest.importorskip("torch_geometric")
+    step = quick_run[1]["training_step"]
+    assert set(step["ms_per_step"]) == {"ours", "whole_layers", "reference"} and step["batches"] == 3
+    assert all(ms > 0 for ms in step["ms_per_step"].values()) and step["ours_over_reference"] > 0
