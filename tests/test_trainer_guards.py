@@ -105,7 +105,8 @@ def test_a_diverging_run_stops_with_an_error_and_keeps_the_last_good_weights(gra
 
 
 def test_a_json_output_that_cannot_be_written_fails_before_training(graph, tmp_path, capsys):
-    assert cli(["train", *overrides(graph), "--json", str(tmp_path / "missing" / "r.json")]) == 1
+    (tmp_path / "a-file").write_text("")  # a folder that cannot be made (a missing one is made)
+    assert cli(["train", *overrides(graph), "--json", str(tmp_path / "a-file" / "r.json")]) == 1
     assert "--json" in capsys.readouterr().err
     assert cli(["train", *overrides(graph), "--json", str(tmp_path)]) == 1
     assert "is a directory" in capsys.readouterr().err
