@@ -55,7 +55,9 @@ class Trainer:
     :class:`~lsm_gnn.features.Features` (a storage, a SoftwareCache, a SharedCache).
     """
 
-    def __init__(self, cfg: Config, out=None, features=None):
+    def __init__(self, cfg: Config, out=None, features=None, *, resume_from: str | None = None):
+        """``resume_from``: a checkpoint file to take the state from instead of checkpoint.dir's last.pt
+        (``lsm-gnn evaluate`` and ``export`` load a trained model this way, with checkpoint.dir empty)."""
         if not cfg.dataset:
             raise ConfigError("no dataset: set dataset=<directory> (make one with lsm-gnn prepare)")
         # kernels= (CPU tensors: the C++ core, or the Triton kernels under the interpreter), the output locks and
@@ -63,7 +65,7 @@ class Trainer:
         self.resources = RunResources(cfg.kernels)
         try:
             self.resources.use_threads(cfg.train.threads)
-            self._setup(cfg, out, features)
+            self._setup(cfg, out, features, resume_from)
         except BaseException:
             self.resources.close()
             raise
@@ -79,7 +81,7 @@ class Trainer:
 
     # -- the start ---------------------------------------------------------------------------------------------
 
-    def _setup(self, cfg: Config, out, features) -> None:
+    def _setup(self, cfg: Config, out, features, resume_from: str | None = None) -> None:
         from lsm_gnn.data import open_dataset
 
         self.cfg = cfg
@@ -112,10 +114,12 @@ class Trainer:
             cfg, self.feature_spec, self.dataset, self.device, self.task, self.world_size)
         self.checkpointer = Checkpointer(self, cfg.checkpoint.dir)
         self.checkpoint_path = self.checkpointer.path
-        saved = self.checkpointer.saved(cfg.checkpoint.resume)  # the checkpoint this run resumes from
+        # the checkpoint this run resumes from
+        saved = load_checkpoint(resume_from) if resume_from else self.checkpointer.saved(cfg.checkpoint.resume)
+        self.resumed_path = resume_from or self.checkpoint_path
         #: trainable node embeddings (model.node_embedding), or None
         self.embedding = startup.open_node_embedding(cfg, self.feature_spec, self.dataset, self.device, self.ranks,
-                                                     saved, self.checkpoint_path) \
+                                                     saved, self.resumed_path) \
             if cfg.model.node_embedding.dim else None
         if self.embedding is not None:  # read by every loader with the features, updated after each batch
             self.features.add_trainable(self.dataset.node_types[0], self.embedding)
@@ -158,7 +162,7 @@ class Trainer:
         if self.checkpoint_path and self.rank == 0:
             self.checkpointer.remove_stale_temporaries(self.checkpoint_path, self.selection.best_path)
         if saved is not None:
-            self.resume(self.checkpoint_path, saved)
+            self.resume(self.resumed_path, saved)
         if distributed():  # a rank that cannot see the checkpoint (another host's disk) would start over
             check_agreement({"resumed at iteration": self.iterations_done},
                             fix="Put checkpoint.dir on a file system every rank sees")

@@ -1,0 +1,81 @@
+"""lsm-gnn evaluate and export: a trained model back from its checkpoint, measured on a split or written out."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from lsm_gnn.cli import main
+from lsm_gnn.data.bipartite import generate_bipartite
+from lsm_gnn.testing import write_tiny_dataset
+
+pytest.importorskip("torch_geometric")
+
+
+@pytest.fixture(scope="module")
+def link_run(tmp_path_factory):
+    """A short link-prediction run with checkpoints: (dataset, run folder, its result)."""
+    tmp = tmp_path_factory.mktemp("eval")
+    ds = generate_bipartite(tmp / "g", num_users=300, num_items=200, avg_interactions=12, feature_dim=8, seed=0,
+                            val_fraction=0.1, progress=False)
+    out = tmp / "run"
+    assert main(["train", f"dataset={ds.path}", "train.task=link", "model.kind=sage", "model.hidden=16",
+                 "sampler.fanouts=[4,3]", "sampler.batch_size=256", "cache.features=memory", "train.epochs=2",
+                 f"checkpoint.dir={out / 'ck'}", f"log.dir={out / 'log'}", "log.progress=false",
+                 "--json", str(out / "result.json")]) == 0
+    return ds, out, json.loads((out / "result.json").read_text())
+
+
+def test_evaluate_gives_the_runs_own_metrics_and_writes_nothing(link_run, tmp_path, capsys):
+    ds, out, result = link_run
+    log = (out / "log" / "metrics.jsonl").read_text()
+    assert main(["evaluate", str(out / "ck" / "last.pt"), "--split", "test", "--json", str(tmp_path / "e.json")]) == 0
+    measured = json.loads((tmp_path / "e.json").read_text())
+    assert measured["test"] == pytest.approx(result["eval"]["test"])  # the run's last evaluation, again
+    assert "test: recall@20" in capsys.readouterr().out
+    assert (out / "log" / "metrics.jsonl").read_text() == log  # nothing logged, nothing truncated
+    assert main(["evaluate", str(out / "ck" / "last.pt"), "--split", "train"]) == 1
+    assert "no ['train'] split" in capsys.readouterr().err
+
+
+def test_export_writes_embeddings_and_each_users_top_items_it_never_met(link_run, tmp_path):
+    ds, out, _ = link_run
+    assert main(["export", str(out / "ck" / "last.pt"), "--out", str(tmp_path / "x"), "--top-k", "5"]) == 0
+    emb = np.load(tmp_path / "x" / "embeddings.npy")
+    assert emb.shape == (ds.num_nodes, 16) and np.isfinite(emb).all()
+    top = np.load(tmp_path / "x" / "top_k.npy")
+    assert top.shape == (300, 5) and top.min() >= 0 and top.max() < 200
+    # the best items by the exported embeddings, known ones (training and held out) left out
+    indptr, indices = np.asarray(ds.indptr), np.asarray(ds.indices)
+    u = 7
+    known = {int(i) - 300 for i in indices[indptr[u]:indptr[u + 1]]}
+    for name in ds.edge_split_names:
+        pairs = np.asarray(ds.edge_split(name))
+        known |= {int(i) - 300 for i in pairs[pairs[:, 0] == u, 1]}
+    scores = torch.from_numpy(emb[300:] @ emb[u])
+    scores[list(known)] = -float("inf")
+    assert top[u].tolist() == scores.topk(5).indices.tolist() and not known & set(top[u].tolist())
+
+
+def test_export_refuses_a_node_classification_checkpoint(tmp_path, capsys):
+    ds, _ = write_tiny_dataset(tmp_path / "ds", num_nodes=300)
+    assert main(["train", f"dataset={ds.path}", "model.kind=sage", "model.hidden=8", "sampler.fanouts=[3]",
+                 "sampler.batch_size=64", "cache.features=memory", "train.epochs=1", f"checkpoint.dir={tmp_path / 'c'}",
+                 "log.progress=false"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "c" / "last.pt")]) == 0
+    assert "val: accuracy" in capsys.readouterr().out
+    assert main(["export", str(tmp_path / "c" / "last.pt"), "--out", str(tmp_path / "x")]) == 1
+    assert "train.task=link" in capsys.readouterr().err
+
+
+def test_a_model_with_node_embeddings_is_evaluated_on_the_table_its_checkpoint_left(link_run, tmp_path):
+    ds = link_run[0]
+    out = tmp_path / "emb"
+    assert main(["train", f"dataset={ds.path}", "train.task=link", "model.kind=sage", "model.hidden=8",
+                 "model.node_embedding.dim=8", "sampler.fanouts=[3]", "sampler.batch_size=256",
+                 "cache.features=memory", "train.epochs=2", f"checkpoint.dir={out / 'ck'}", "log.progress=false",
+                 "--json", str(out / "r.json")]) == 0
+    ran = json.loads((out / "r.json").read_text())["eval"]["test"]
+    assert main(["evaluate", str(out / "ck" / "last.pt"), "--split", "test", "--json", str(out / "e.json")]) == 0
+    assert json.loads((out / "e.json").read_text())["test"] == pytest.approx(ran)
