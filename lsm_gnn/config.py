@@ -128,6 +128,9 @@ class CheckpointConfig:
     dir: str = ""              # "" disables checkpoints
     every: int = 0             # also every N iterations (0: at the end of each epoch only)
     resume: bool = True        # continue from dir/last.pt when it exists
+    # with model.node_embedding: best.pt keeps a copy of the table as it was at the best evaluation (the
+    # table's size on disk, written at each improvement); false: no best.pt with node embeddings
+    best_table: bool = True
 
 
 @dataclass

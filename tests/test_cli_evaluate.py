@@ -79,3 +79,20 @@ def test_a_model_with_node_embeddings_is_evaluated_on_the_table_its_checkpoint_l
     ran = json.loads((out / "r.json").read_text())["eval"]["test"]
     assert main(["evaluate", str(out / "ck" / "last.pt"), "--split", "test", "--json", str(out / "e.json")]) == 0
     assert json.loads((out / "e.json").read_text())["test"] == pytest.approx(ran)
+
+
+def test_best_pt_with_node_embeddings_keeps_its_table_and_evaluates_as_selected(link_run, tmp_path):
+    """The selected model of a run with node embeddings is recoverable: best.pt's own copy of the table."""
+    ds = link_run[0]
+    out = tmp_path / "best"
+    assert main(["train", f"dataset={ds.path}", "train.task=link", "model.kind=sage", "model.hidden=8",
+                 "model.node_embedding.dim=8", "sampler.fanouts=[3]", "sampler.batch_size=128", "train.lr=0.02",
+                 "cache.features=memory", "train.epochs=4", "train.eval_splits=[val,test]",
+                 f"checkpoint.dir={out / 'ck'}", "log.progress=false", "--json", str(out / "r.json")]) == 0
+    best = json.loads((out / "r.json").read_text())["best"]
+    copies = sorted(p.name for p in (out / "ck").iterdir() if p.name.startswith("best_node_embedding.g"))
+    assert best["checkpoint"].endswith("best.pt") and len(copies) == 1  # earlier bests' copies are gone
+    assert main(["evaluate", str(out / "ck" / "best.pt"), "--json", str(out / "e.json")]) == 0
+    again = json.loads((out / "e.json").read_text())
+    assert again["val"] == pytest.approx(best["eval"]["val"]) and again["test"] == pytest.approx(best["eval"]["test"])
+    assert main(["evaluate", str(out / "ck" / "best.pt"), "checkpoint.best_table=false"]) == 0  # reads it all the same

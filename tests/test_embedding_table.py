@@ -617,3 +617,27 @@ def test_create_refuses_an_existing_path_and_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="generation must be an integer >= the current generation 0"):
         table.set_generation(-1)
     table.close()
+
+
+@pytest.mark.parametrize("native_copy", [True, False])
+def test_a_snapshot_is_a_table_of_its_own_at_the_given_generation(tmp_path, monkeypatch, native_copy):
+    from lsm_gnn.storage.table import snapshot_table
+
+    if not native_copy:  # the buffered copy where copy_file_range is missing
+        monkeypatch.delattr(os, "copy_file_range", raising=False)
+    table, init = make_table(tmp_path / "t")
+    rng = np.random.default_rng(1)
+    changed = random_rows(rng, 5, 40)
+    table.write(torch.arange(5), torch.from_numpy(changed))
+    table.sync()
+    snapshot_table(table.path, str(tmp_path / "copy"), generation=7)
+    table.write(torch.arange(5, 10), torch.from_numpy(random_rows(rng, 5, 40)))  # the source trains on
+    table.sync()
+    copy = EmbeddingTable.open(tmp_path / "copy", expect_generation=7)
+    expected = init.copy()
+    expected[:5] = changed
+    assert copy.generation == 7 and np.array_equal(all_rows(copy), expected)
+    copy.close()
+    with pytest.raises(TableError, match="already exists"):
+        snapshot_table(table.path, str(tmp_path / "copy"), generation=8)
+    table.close()

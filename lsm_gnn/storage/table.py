@@ -25,6 +25,7 @@ and the recovery are :mod:`lsm_gnn.storage.journal`'s.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -434,6 +435,61 @@ class EmbeddingTable(NativeStorage):
     def __repr__(self) -> str:
         return (f"EmbeddingTable({self.path!r}, rows={self.num_rows}, row_bytes={self.row_bytes}, "
                 f"generation={self.generation}, rank={self.rank})")
+
+
+def snapshot_table(source: str, path: str, generation: int) -> None:
+    """Copies the table directory ``source`` (its rows on disk, no writer's dirty lines left) to a new
+    directory ``path``, recorded at ``generation``: a table of its own, opened like any other, that later
+    training of ``source`` leaves alone (``best.pt``'s table). It appears whole or not at all; the bytes go
+    by ``copy_file_range``, which a file system that shares extents (XFS, btrfs) does without copying."""
+    meta = _load_meta(source)
+    # as a new table's: no rank has written it yet, so no journal is expected
+    meta = {k: v for k, v in meta.items() if k != "writers"} | {"generation": int(generation)}
+    meta_bytes = json.dumps(meta, indent=1).encode()
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.lexists(path):
+        raise TableError(f"{path} already exists; a snapshot is written to a new directory")
+    tmp = tempfile.mkdtemp(prefix=temp_prefix(path), dir=parent)
+    try:
+        data = os.path.join(tmp, DATA_FILE)
+        with open(os.path.join(source, DATA_FILE), "rb") as src, open(data, "wb") as dst:
+            with reporting_disk_full(data):
+                _copy_bytes(src.fileno(), dst.fileno(), os.fstat(src.fileno()).st_size)
+                os.fsync(dst.fileno())
+        with CheckedFile(os.path.join(tmp, META_FILE), size=len(meta_bytes)) as fh:
+            fh.write(meta_bytes)
+            fh.close(sync=True)
+        fsync_path(tmp)
+        os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_path(parent)
+
+
+def _copy_bytes(src: int, dst: int, size: int) -> None:
+    """``size`` bytes from the start of one file descriptor to the other: copy_file_range where the platform
+    has it (in the kernel, or as shared extents), else a buffered copy."""
+    done = 0
+    if hasattr(os, "copy_file_range"):
+        try:
+            while done < size:
+                n = os.copy_file_range(src, dst, size - done, done, done)
+                if n == 0:
+                    break
+                done += n
+        except OSError as exc:  # EXDEV on old kernels, ENOSYS, EINVAL on some file systems: copy by hand
+            if done or exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+    if done < size:
+        os.lseek(src, done, os.SEEK_SET)
+        os.lseek(dst, done, os.SEEK_SET)
+        while done < size:
+            chunk = os.read(src, min(64 << 20, size - done))
+            if not chunk:
+                raise TableError(f"the table file ended {size - done} bytes early while it was copied")
+            pwrite_all(dst, chunk, done)
+            done += len(chunk)
 
 
 def _write_rows_file(path: str, meta: dict, init, chunk_rows: int, progress: bool) -> None:

@@ -5,6 +5,7 @@ log's length), and with node embeddings the generation of the table it pairs wit
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import torch
@@ -106,9 +107,38 @@ class Checkpointer:
         if t.rank == 0:
             state = self.state_dict(rng_by_rank)
             state["embedding"] = {**t.embedding.state_dict(), "generation": generation}
+            if path != self.path:  # best.pt: the table as it is now, in a directory of its own beside it
+                state["embedding"]["snapshot"] = self._snapshot_table(path, generation)
             atomic_torch_save(state, path)
+            if path != self.path:
+                self._remove_old_snapshots(path, keep=state["embedding"]["snapshot"])
         self.commit_table(generation)
         return path
+
+    @staticmethod
+    def _snapshot_name(path: str, generation: int) -> str:
+        return f"{os.path.splitext(os.path.basename(path))[0]}_node_embedding.g{generation}"
+
+    def _snapshot_table(self, path: str, generation: int) -> str:
+        """Copies the flushed table beside ``path`` (a checkpoint that is not last.pt), named after it and the
+        generation; returns the name, which the checkpoint records (relative: the folder may move)."""
+        from lsm_gnn.storage.table import snapshot_table
+
+        name = self._snapshot_name(path, generation)
+        target = os.path.join(os.path.dirname(os.path.abspath(path)), name)
+        if os.path.isdir(target):  # left by a run killed after its copy, before its checkpoint: made again
+            shutil.rmtree(target)
+        snapshot_table(self.trainer.embedding.table.path, target, generation)
+        return name
+
+    def _remove_old_snapshots(self, path: str, keep: str) -> None:
+        """The copies of earlier generations ``path`` no longer names (it was replaced first: a crash between
+        leaves one more copy, never a checkpoint without its table)."""
+        folder = os.path.dirname(os.path.abspath(path))
+        prefix = f"{os.path.splitext(os.path.basename(path))[0]}_node_embedding.g"
+        for name in os.listdir(folder):
+            if name.startswith(prefix) and name != keep:
+                shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
 
     def commit_table(self, generation: int) -> None:
         """The table's generation recorded (rank 0) and every rank's undo journal started afresh for it."""

@@ -18,10 +18,10 @@ def watched_metric(cfg, task) -> tuple | None:
 
 
 def best_checkpoint_path(cfg, watch, with_embedding: bool) -> str | None:
-    """Where the best evaluation's state goes. None with node embeddings: the table is not copied at each better
-    evaluation, so no best.pt could pair with it."""
-    return os.path.join(cfg.checkpoint.dir, "best.pt") if cfg.checkpoint.dir and watch and not with_embedding \
-        else None
+    """Where the best evaluation's state goes (None: not kept). With node embeddings best.pt pairs with a copy
+    of the table made at that evaluation, unless checkpoint.best_table=false declines its cost."""
+    keep = cfg.checkpoint.dir and watch and (cfg.checkpoint.best_table or not with_embedding)
+    return os.path.join(cfg.checkpoint.dir, "best.pt") if keep else None
 
 
 class ModelSelection:

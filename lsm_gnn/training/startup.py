@@ -108,6 +108,8 @@ def open_node_embedding(cfg, spec, dataset, device, ranks, saved: dict | None, c
                           "or start fresh with checkpoint.resume=false or another checkpoint.dir")
     e = cfg.model.node_embedding
     path = e.path or os.path.join(cfg.checkpoint.dir, "node_embedding")
+    if state is not None and state.get("snapshot"):  # best.pt: the copy of the table made beside it
+        path = os.path.join(os.path.dirname(os.path.abspath(checkpoint_path)), state["snapshot"])
     return build_node_embedding(spec, cfg, dataset, path, device, rank=ranks.rank, world_size=ranks.world_size,
                                 state=state, barrier=ranks.barrier)
 
