@@ -222,8 +222,9 @@ def test_a_resumed_run_selects_and_stops_as_an_uninterrupted_one(graph, tmp_path
     assert sorted(os.listdir(tmp_path / "ckpt")) == [".lsm-gnn.lock", "best.pt", "last.pt"]
 
 
-# With node embeddings there is no best.pt: a better evaluation used to write last.pt before the epoch summary, so
-# a kill there resumed into a second evaluation that counted as no improvement and stopped early.
+# With node embeddings a better evaluation writes best.pt and a copy of the table, and leaves the run's table at
+# last.pt's generation (a kill before the next last.pt rolls it back). It used to write last.pt before the epoch
+# summary, so a kill there resumed into a second evaluation that counted as no improvement and stopped early.
 EMBEDDING_SELECTING = ("train.epochs=3", "train.early_stopping.patience=1", "train.early_stopping.min_delta=0",
                        "model.node_embedding.dim=4", "checkpoint.every=0")
 

@@ -103,32 +103,42 @@ class Checkpointer:
         # then does the table take it (a crash in between: the table is rolled forward or back to match last.pt).
         t.embedding.flush()
         t.ranks.barrier()
+        if path != self.path:
+            # best.pt: the table as it is now, copied into a directory of its own beside it. The run's table
+            # keeps its generation and journal (last.pt's): a kill before the next last.pt still rolls it back.
+            if t.rank == 0:
+                generation = t.embedding.table.generation
+                state = self.state_dict(rng_by_rank)
+                name = self._snapshot_table(path, generation)
+                state["embedding"] = {**t.embedding.state_dict(), "generation": generation, "snapshot": name}
+                atomic_torch_save(state, path)
+                self._remove_old_snapshots(path, keep=name)
+            t.ranks.barrier()
+            return path
         generation = t.embedding.table.generation + 1
         if t.rank == 0:
             state = self.state_dict(rng_by_rank)
             state["embedding"] = {**t.embedding.state_dict(), "generation": generation}
-            if path != self.path:  # best.pt: the table as it is now, in a directory of its own beside it
-                state["embedding"]["snapshot"] = self._snapshot_table(path, generation)
             atomic_torch_save(state, path)
-            if path != self.path:
-                self._remove_old_snapshots(path, keep=state["embedding"]["snapshot"])
         self.commit_table(generation)
         return path
 
-    @staticmethod
-    def _snapshot_name(path: str, generation: int) -> str:
-        return f"{os.path.splitext(os.path.basename(path))[0]}_node_embedding.g{generation}"
-
     def _snapshot_table(self, path: str, generation: int) -> str:
-        """Copies the flushed table beside ``path`` (a checkpoint that is not last.pt), named after it and the
-        generation; returns the name, which the checkpoint records (relative: the folder may move)."""
+        """Copies the flushed table beside ``path`` (a checkpoint that is not last.pt), named after it, the
+        table's generation and the iteration (two better evaluations can share a generation); returns the name,
+        which the checkpoint records (relative: the folder may move)."""
         from lsm_gnn.storage.table import snapshot_table
 
-        name = self._snapshot_name(path, generation)
-        target = os.path.join(os.path.dirname(os.path.abspath(path)), name)
-        if os.path.isdir(target):  # left by a run killed after its copy, before its checkpoint: made again
-            shutil.rmtree(target)
-        snapshot_table(self.trainer.embedding.table.path, target, generation)
+        stem = os.path.splitext(os.path.basename(path))[0]
+        base = f"{stem}_node_embedding.g{generation}-i{self.trainer.iterations_done}"
+        name, copies = base, 1
+        # A resumed run redoing the same evaluation finds that name taken (perhaps by the best.pt on disk, which
+        # must keep its table until it is replaced): the next free one.
+        while os.path.lexists(os.path.join(os.path.dirname(os.path.abspath(path)), name)):
+            copies += 1
+            name = f"{base}.{copies}"
+        snapshot_table(self.trainer.embedding.table.path, os.path.join(os.path.dirname(os.path.abspath(path)), name),
+                       generation)
         return name
 
     def _remove_old_snapshots(self, path: str, keep: str) -> None:
