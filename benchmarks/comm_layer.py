@@ -52,7 +52,9 @@ def worker(args) -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
     ds = open_dataset(args.data, check="shape")
-    storage = open_storage(ds, "io_uring")
+    # --buffered: misses read through the page cache (the file fits in RAM), so a lookup's time is CPU work
+    # and timing runs do not swing with the disk's latency
+    storage = open_storage(ds, "io_uring", direct=not args.buffered)
     capacity = cache_capacity_bytes(args.capacity, ds.num_nodes, storage.row_bytes)
     cache = SoftwareCache(storage, capacity, policy=args.policy, window=args.window,
                           static_scores=ds.score("reverse_pagerank"), oversubscribe=True)
@@ -123,7 +125,8 @@ def run(args, world: int, mode: str, capacity: str, out: str) -> dict:
                    OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         cmd = [sys.executable, __file__, "--worker", "--data", args.data, "--out", out, "--mode", mode,
                "--capacity", capacity, "--policy", args.policy, "--window", str(args.window), "--owner", args.owner,
-               "--fanouts", args.fanouts, "--batch-size", str(args.batch_size), "--iterations", str(args.iterations)]
+               "--fanouts", args.fanouts, "--batch-size", str(args.batch_size), "--iterations", str(args.iterations),
+               *(["--buffered"] if args.buffered else [])]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = [p.communicate(timeout=3600)[0] for p in procs]
     if any(p.returncode for p in procs):
@@ -144,7 +147,12 @@ def run(args, world: int, mode: str, capacity: str, out: str) -> dict:
         detail["bare_rows_all_to_all_ms"] = 1000 * max(r["bare_rows_all_to_all_s"] for r in ranks)
         detail["rows_collective_ms"] = 1000 * max(r["exchange"]["collective_seconds"]["rows"] / r["iterations"]
                                                   for r in ranks)
-        detail["collectives_per_iteration"] = ranks[0]["exchange"]["collectives"] / ranks[0]["exchange"]["iterations"]
+        exchange = ranks[0]["exchange"]
+        detail["collectives_per_iteration"] = exchange["collectives"] / exchange["iterations"]
+        detail["lookups"] = exchange["iterations"]
+        # lookups whose request outgrew the agreed chunk (a third collective): 0 in a layer without chunks
+        detail["spills"] = sum(n for k, n in exchange.get("collective_calls", {}).items()
+                               if k.endswith("spill") and not k.startswith("update"))
     return {**detail, "loadavg_at_end": ranks[0]["loadavg"],
             "ms_per_gather": 1000 * gather / sum(r["iterations"] for r in ranks),
             "world": world, "mode": mode, "capacity_per_rank": capacity,
@@ -212,6 +220,9 @@ def main(argv=None) -> dict:
     p.add_argument("--json", default="docs/results/comm_layer.json")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-big", action="store_true", help="skip the isolated N x C caches (timing runs)")
+    p.add_argument("--buffered", action="store_true", help="read misses without O_DIRECT (from the page cache)")
+    p.add_argument("--shared-only", action="store_true",
+                   help="run the shared cache alone (repeated timing runs of the exchange)")
     p.add_argument("--merged", action="store_true",
                    help="also replay the ranks' union through one cache of N x C (what any ownership could reach)")
     args = p.parse_args(argv)
@@ -233,7 +244,7 @@ def main(argv=None) -> dict:
     for world in [int(w) for w in args.worlds.split(",")]:
         for capacity in args.capacities.split(","):
             runs = [("shared", capacity), ("isolated", capacity), ("isolated", scaled(capacity, world))]
-            for mode, cap in runs[:2] if args.no_big else runs:
+            for mode, cap in runs[:1] if args.shared_only else runs[:2] if args.no_big else runs:
                 r = run(args, world, mode, cap, os.path.join(args.out, f"{world}-{mode}-{cap}"))
                 r["capacity_per_rank_base"] = capacity
                 rows.append(r)
@@ -250,7 +261,9 @@ def main(argv=None) -> dict:
     for world in sorted({r["world"] for r in rows}):
         for capacity in args.capacities.split(","):
             group = [r for r in rows if r["world"] == world and r["capacity_per_rank_base"] == capacity]
-            shared, isolated, big = group if len(group) == 3 else (*group, {"hit_ratio": float("nan")})
+            missing = {"hit_ratio": float("nan"), "bytes_read": float("nan"), "ms_per_gather": float("nan"),
+                       "rows_per_gather_s": float("nan")}
+            shared, isolated, big = (*group, missing, missing)[:3]
             row = {"world": world, "capacity_per_rank": capacity, "hit_shared": shared["hit_ratio"],
                    "hit_isolated": isolated["hit_ratio"], "hit_isolated_NxC": big["hit_ratio"],
                    "read_ratio_shared_vs_isolated": shared["bytes_read"] / max(isolated["bytes_read"], 1),
