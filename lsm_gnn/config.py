@@ -45,7 +45,7 @@ class NodeEmbeddingConfig:
 
 @dataclass
 class ModelConfig:
-    kind: str = "gat"          # gat | sage | gcn
+    kind: str = "gat"          # gat | sage | gcn | lightgcn (link task, node embeddings only)
     hidden: int = 512
     heads: int = 4             # GAT only
     dropout: float = 0.0
@@ -119,6 +119,9 @@ class TrainConfig:
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     num_negatives: int = 1     # link: negative items per positive edge
     negatives_exclude_positives: bool = False  # link: draw negatives only among the user's non-training items
+    # link with node embeddings: L2 on the batch's own rows of the table, as LightGCN's loss has it (its 1e-4):
+    # embedding_l2 x (|e_user|^2 + |e_pos|^2 + mean over negatives |e_neg|^2) / 2, averaged over the batch
+    embedding_l2: float = 0.0
     device: str = "auto"       # auto | cpu | cuda
     threads: int = 0           # torch's threads for the training step (0: one fewer than torch's default, >= 1)
 
@@ -166,7 +169,7 @@ class Config:
 CHOICES = {
     "kernels": ("native", "triton"),
     "data.verify": ("auto", "off", "sampled", "checksums"),
-    "model.kind": ("gat", "sage", "gcn"),
+    "model.kind": ("gat", "sage", "gcn", "lightgcn"),
     "model.node_embedding.dtype": ("float32", "float16"),
     "model.node_embedding.optimizer": ("sgd", "adagrad", "adam"),
     "cache.features": ("cache", "storage", "memory", "device"),
@@ -275,14 +278,14 @@ def validate(cfg: Config) -> Config:
         if value < 1:
             raise ConfigError(f"{key} must be >= 1, got {value}")
     for key, value in {"train.lr": cfg.train.lr, "train.weight_decay": cfg.train.weight_decay,
-                       "model.dropout": cfg.model.dropout,
+                       "train.embedding_l2": cfg.train.embedding_l2, "model.dropout": cfg.model.dropout,
                        "train.early_stopping.min_delta": cfg.train.early_stopping.min_delta}.items():
         if not math.isfinite(value):
             raise ConfigError(f"{key} must be a finite number, got {value}")
     for key, value in {"train.max_iterations": cfg.train.max_iterations,
                        "train.eval_batch_size": cfg.train.eval_batch_size, "checkpoint.every": cfg.checkpoint.every,
                        "train.lr": cfg.train.lr, "train.weight_decay": cfg.train.weight_decay,
-                       "train.eval_every": cfg.train.eval_every, "train.eval_every_epochs": cfg.train.eval_every_epochs,
+                       "train.embedding_l2": cfg.train.embedding_l2, "train.eval_every": cfg.train.eval_every, "train.eval_every_epochs": cfg.train.eval_every_epochs,
                        "train.early_stopping.patience": cfg.train.early_stopping.patience,
                        "train.early_stopping.min_delta": cfg.train.early_stopping.min_delta}.items():
         if value < 0:

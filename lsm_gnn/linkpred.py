@@ -434,7 +434,13 @@ class LinkPrediction:
     def loss(self, model, batch: LinkBatch) -> torch.Tensor:
         emb = model(batch)
         user, pos, neg = (t.to(emb.device) for t in (batch.user, batch.pos, batch.neg))
-        return bpr_loss(emb[user], emb[pos], emb[neg])
+        loss = bpr_loss(emb[user], emb[pos], emb[neg])
+        l2 = self.cfg.train.embedding_l2
+        if l2 and batch.emb is not None:  # the seeds lead the input nodes, so their table rows lead batch.emb
+            ego = batch.emb[:emb.shape[0]].to(emb.device)
+            norms = ego.pow(2).sum(1)
+            loss = loss + l2 * 0.5 * (norms[user] + norms[pos] + norms[neg].mean(1)).mean()
+        return loss
 
     def evaluate(self, model, features, split: str, device, rank: int, world_size: int) -> dict:
         from lsm_gnn.config import ConfigError

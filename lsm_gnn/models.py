@@ -77,11 +77,52 @@ def _conv(kind: str, in_dim: int, out_dim: int, heads: int, last: bool):
     raise ValueError(f"unknown model {kind!r}; valid names are {', '.join(MODEL_KINDS)}")
 
 
+class LightGCN(nn.Module):
+    """LightGCN (He et al., SIGIR 2020) over sampled hops: no weights and no nonlinearity; each layer is
+    ``e_u <- sum over neighbours i of e_i / sqrt(d_u d_i)`` with ``d`` the nodes' degrees in the whole training
+    graph, and a node's representation is the mean of its layers 0..K. Layer 0 is the nodes' trainable
+    embeddings (``model.node_embedding``; with ``features`` also the dataset's features before them).
+
+    Over a hop that holds ``c_u`` of u's ``d_u`` neighbours (a fanout below the degree, or the batch's own
+    positive edges left out) the sum is scaled by ``d_u / c_u``, the unbiased estimate of the full sum; with
+    every neighbour (fanouts -1) it is LightGCN's own propagation, restricted to what the seeds can reach."""
+
+    def __init__(self, degree: torch.Tensor, num_layers: int):
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        self.num_layers = num_layers
+        self.register_buffer("degree", degree.float(), persistent=False)
+
+    def forward(self, batch) -> torch.Tensor:
+        if len(batch.hops) != self.num_layers:
+            raise ValueError(f"the batch has {len(batch.hops)} hops but the model has {self.num_layers} layers; "
+                             "use as many fanouts as layers")
+        x = model_inputs(batch)
+        degree = self.degree[batch.hops[-1].nodes.to(self.degree.device)].clamp(min=1)
+        num_seeds = batch.hops[0].num_dst
+        layers = [x[:num_seeds]]
+        for hop in reversed(batch.hops):
+            x = self.propagate(x, hop.edge_index, hop.num_dst, degree)
+            layers.append(x[:num_seeds])  # the seeds lead every hop's node list
+        return torch.stack(layers).mean(0)
+
+    @staticmethod
+    def propagate(x: torch.Tensor, edge_index: torch.Tensor, num_dst: int, degree: torch.Tensor) -> torch.Tensor:
+        src, dst = edge_index[0], edge_index[1]
+        held = torch.zeros(num_dst, device=x.device).index_add_(0, dst, torch.ones_like(dst, dtype=torch.float32))
+        weight = (degree[src] * degree[dst]).rsqrt() * degree[dst] / held[dst].clamp(min=1)
+        out = torch.zeros(num_dst, x.shape[1], dtype=x.dtype, device=x.device)
+        return out.index_add_(0, dst, x[src] * weight.unsqueeze(1).to(x.dtype))
+
+
 def model_inputs(batch) -> torch.Tensor:
     """What a model reads for a batch's input nodes: their features, then their trainable embeddings
     (``batch.emb``: with ``model.node_embedding``, else None)."""
     x = batch.x.float()
-    return x if batch.emb is None else torch.cat([x, batch.emb], dim=1)
+    if batch.emb is None:
+        return x
+    return batch.emb if x.shape[1] == 0 else torch.cat([x, batch.emb], dim=1)
 
 
 class HopGNN(nn.Module):

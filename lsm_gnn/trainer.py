@@ -136,14 +136,15 @@ class Trainer:
         startup.check_model_fits(cfg, self.features, self.task, self.device)
         self.module = startup.build_model(cfg, self.dataset, self.features, self.task).to(self.device)
         self.model = self.module
-        if distributed():
+        weights = [p for p in self.module.parameters() if p.requires_grad]
+        if distributed() and weights:  # a model of none (LightGCN) has nothing for DDP to all-reduce
             from torch.nn.parallel import DistributedDataParallel
 
             # A typed batch may lack a relation's edges, leaving its layer's parameters out of that loss.
             self.model = DistributedDataParallel(self.module,
                                                  find_unused_parameters=not self.dataset.is_homogeneous)
-        self.optimizer = torch.optim.Adam(self.module.parameters(), lr=cfg.train.lr,
-                                          weight_decay=cfg.train.weight_decay)
+        self.optimizer = torch.optim.Adam(weights, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay) \
+            if weights else NoWeights()
 
     def _start_state(self, saved: dict | None) -> None:
         """The run's counters, log and selection: fresh, or as ``saved`` (the checkpoint resumed from) left them."""
@@ -461,6 +462,24 @@ class Trainer:
         if self.embedding is not None:
             self.embedding.close()
         self.resources.close()
+
+
+class NoWeights:
+    """The optimizer of a model without weights (LightGCN: only its node embeddings train, by their own
+    optimizer): nothing to step, an empty state in checkpoints."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            raise ValueError("the checkpoint has optimizer state for weights this model does not have")
 
 
 def train(cfg: Config, out=None) -> dict:

@@ -16,7 +16,8 @@ from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.fileio import contained_path
 
 # Settings a resumed run must share with the checkpoint, or its losses would differ.
-RESUME_KEYS = ("dataset", "model", "sampler", "train.task", "train.seed", "train.lr", "train.weight_decay")
+RESUME_KEYS = ("dataset", "model", "sampler", "train.task", "train.seed", "train.lr", "train.weight_decay",
+               "train.embedding_l2")
 
 
 def _with_defaults(saved: dict, defaults: dict) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+import numpy as np
 import torch
 
 from lsm_gnn.build import build_features
@@ -63,6 +64,16 @@ def build_model(cfg, dataset, features, task) -> torch.nn.Module:
     from lsm_gnn.models import HETERO_MODEL_KINDS, HeteroHopGNN, HopGNN
 
     m, layers = cfg.model, len(cfg.sampler.fanouts)
+    if m.kind == "lightgcn":
+        from lsm_gnn.models import LightGCN
+
+        if cfg.train.task != "link" or not m.node_embedding.dim or not dataset.is_homogeneous:
+            raise ConfigError("model.kind=lightgcn ranks items for users: it needs train.task=link and "
+                              "model.node_embedding.dim (e.g. 64), on a user-item dataset")
+        if m.node_embedding.features and dataset.feature_dim:
+            raise ConfigError("model.kind=lightgcn has no weights to mix features with its embeddings: set "
+                              "model.node_embedding.features=false")
+        return LightGCN(torch.as_tensor(np.diff(np.asarray(dataset.indptr))), num_layers=layers)
     if dataset.is_homogeneous:
         in_dim = (dataset.feature_dim if m.node_embedding.features else 0) + m.node_embedding.dim
         return HopGNN(m.kind, in_dim, m.hidden, task.out_dim, num_layers=layers,
