@@ -88,3 +88,13 @@ def test_sampler_vs_dgl_quick(tmp_path):
     # The same work: DGL's fanouts are given in its order, so both draw about as many edges.
     assert abs(one["edges_first_batch"] - one["dgl_edges_first_batch"]) <= 0.1 * one["edges_first_batch"]
     assert 0 <= row["profile_1t"]["python_share"] < 1
+
+
+def test_recsys_quick(tmp_path):
+    """Every method on one small split, measured by the one ranking function."""
+    pytest.importorskip("torch_geometric")
+    results = load("recsys").main(["--quick", "--json", str(tmp_path / "r.json")])["results"]
+    assert set(results) == {"popularity", "bpr-mf", "lightgcn-torch", "lsm-gnn lightgcn"}
+    users = {r["test"]["users"] for r in results.values()}
+    assert len(users) == 1 and users.pop() > 0  # the same users ranked for every method
+    assert all(0 <= r["test"]["recall"] <= 1 and 0 <= r["test"]["ndcg"] <= 1 for r in results.values())

