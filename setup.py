@@ -53,7 +53,7 @@ setup(
     extras_require={
         "pyg": ["torch_geometric>=2.4"],
         "test": ["pytest>=7", "hypothesis>=6"],
-        "plot": ["matplotlib>=3.5"],  # the benchmarks' --plot
+        "plot": ["matplotlib>=3.5"],  # lsm-gnn plot and the benchmarks' --plot
     },
     entry_points={"console_scripts": ["lsm-gnn=lsm_gnn.cli:main"]},
 )
