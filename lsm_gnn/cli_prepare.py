@@ -237,6 +237,15 @@ def _run_hetero_igbh(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_hetero_arrays(args: argparse.Namespace) -> int:
+    from lsm_gnn.data.convert_hetero import hetero_from_manifest
+
+    ds = hetero_from_manifest(args.out, args.manifest, add_reverse=not args.no_reverse, feature_dtype=args.dtype,
+                              scores=args.scores, overwrite=args.overwrite, progress=not args.no_progress)
+    print(summarize(ds))
+    return 0
+
+
 def _common_convert_kwargs(args: argparse.Namespace) -> dict:
     return {"undirected": args.undirected, "dedup": not args.keep_duplicates, "self_loops": not args.drop_self_loops,
             "feature_dtype": args.dtype, "random_split_fractions": args.random_split,
@@ -345,7 +354,7 @@ def _add_hetero_parser(sub) -> None:
     parser = sub.add_parser("hetero", help="heterogeneous datasets: several node types, typed relations",
                             description="Create schema-2 datasets (node types with their own features, typed "
                                         "relations; see docs/dataset_format.md).")
-    hetero = parser.add_subparsers(dest="hetero_command", metavar="{synthetic,igbh}")
+    hetero = parser.add_subparsers(dest="hetero_command", metavar="{synthetic,igbh,arrays}")
     hetero.required = True
 
     p = hetero.add_parser("synthetic", help="IGBH-shaped graph: papers, authors, institutes, fields of study",
@@ -396,6 +405,18 @@ def _add_hetero_parser(sub) -> None:
     p.add_argument("--num-nodes", type=parse_type_dims, metavar="TYPE=N,...",
                    help="node counts of types that have no files of their own")
     p.set_defaults(func=_run_hetero_igbh)
+
+    p = hetero.add_parser("arrays", help="convert a folder of .npy files that a manifest names",
+                          description="Convert your own typed arrays: a YAML (or JSON) manifest names, relative to "
+                                      "its folder, each node type's features (or num_nodes), labels, num_classes "
+                                      "and splits, and each relation's (2, E) or (E, 2) edge array as "
+                                      "src__name__dst: file.npy. Example in docs/hetero.md. Every file is "
+                                      "memory-mapped")
+    _add_output_flags(p)
+    p.add_argument("manifest", help="the manifest file (YAML or JSON)")
+    p.add_argument("--no-reverse", action="store_true", help="do not add reverse relations (rev_<name>)")
+    p.add_argument("--dtype", default=None, help="stored feature dtype (default: the input's)")
+    p.set_defaults(func=_run_hetero_arrays)
 
 
 def _add_interactions_parser(sub) -> None:

@@ -383,3 +383,65 @@ def test_prepare_hetero_igbh_from_the_cli(graph, tmp_path, capsys):
                  "institute=7", "--raw-feature-dim", "13", "--scores", "none", "--no-progress"]) == 0
     assert "target paper" in capsys.readouterr().out
     check_dataset(open_dataset(out), graph, order=("paper", "author", "fos", "institute"), reverse=True)
+
+
+# -- a folder of .npy files and a manifest (lsm-gnn prepare hetero arrays) ------------------------------------------
+
+def write_arrays(graph, folder) -> str:
+    """The graph as .npy files beside a manifest (edges as (E, 2) and (2, E) alike); returns its path."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    types = {}
+    for t, features in graph["features"].items():
+        if features is None:
+            types[t] = {"num_nodes": graph["num_nodes"][t]}
+        else:
+            np.save(folder / f"{t}_x.npy", features)
+            types[t] = {"features": f"{t}_x.npy"}
+    np.save(folder / "paper_y.npy", graph["labels"]["paper"])
+    types["paper"].update(labels="paper_y.npy", num_classes=CLASSES, splits={})
+    for split, ids in graph["splits"]["paper"].items():
+        np.save(folder / f"{split}.npy", ids)
+        types["paper"]["splits"][split] = f"{split}.npy"
+    relations = {}
+    for i, ((src, name, dst), (a, b)) in enumerate(graph["edges"].items()):
+        pairs = np.stack([a, b]) if i % 2 else np.stack([a, b], axis=1)
+        np.save(folder / f"{name}.npy", pairs)
+        relations[f"{src}__{name}__{dst}"] = f"{name}.npy"
+    manifest = folder / "manifest.json"
+    manifest.write_text(json.dumps({"target": "paper", "node_types": types, "relations": relations}))
+    return str(manifest)
+
+
+def test_a_manifest_of_npy_files_converts_to_the_same_dataset(graph, tmp_path, capsys):
+    from lsm_gnn.cli import main
+
+    manifest = write_arrays(graph, tmp_path / "arrays")
+    assert main(["prepare", "hetero", "arrays", manifest, "--out", str(tmp_path / "ds"), "--no-progress",
+                 "--no-reverse"]) == 0
+    from lsm_gnn.data import open_dataset
+
+    check_dataset(open_dataset(tmp_path / "ds"), graph)
+    assert main(["prepare", "hetero", "arrays", manifest, "--out", str(tmp_path / "rev"), "--no-progress"]) == 0
+    check_dataset(open_dataset(tmp_path / "rev"), graph, reverse=True)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda m: m["node_types"]["paper"].update(feature="x.npy"), r"unknown key\(s\) \['feature'\]"),
+    (lambda m: m["node_types"]["author"].update(features="missing.npy"), "no such file .*missing.npy"),
+    (lambda m: m["node_types"].update(topic={}), "node type 'topic' needs features"),
+    (lambda m: m.pop("relations"), "must map node_types"),
+])
+def test_a_bad_manifest_is_refused_naming_what_is_wrong(graph, tmp_path, change, message):
+    import json
+
+    from lsm_gnn.data.convert_hetero import hetero_from_manifest
+
+    manifest = write_arrays(graph, tmp_path / "arrays")
+    spec = json.loads(open(manifest).read())
+    change(spec)
+    open(manifest, "w").write(json.dumps(spec))
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        hetero_from_manifest(tmp_path / "ds", manifest, progress=False)
+    assert not (tmp_path / "ds").exists()

@@ -27,7 +27,7 @@ import numpy as np
 
 from lsm_gnn.data.convert import (
     FOLDER_PATTERNS, _array_like, _attr, _check_edge_index, _check_features, _check_labels, _check_split,
-    _dtype_of, _feature_dtype, _progress, _range_hint, _require_integer,
+    _dtype_of, _feature_dtype, _open_npy, _progress, _range_hint, _require_integer,
     checked_edge_chunks, dgl_splits, num_edges_of, pyg_splits, random_split, write_feature_chunks,
 )
 from lsm_gnn.data.format import SPLITS
@@ -516,3 +516,82 @@ def hetero_from_igbh(path, root, *, size: str | None = None, target: str | None 
 
 __all__ = ["REVERSE_PREFIX", "hetero_from_dgl", "hetero_from_igbh", "hetero_from_numpy", "hetero_from_pyg",
            "hetero_scores", "missing_reverses", "reverse_relation"]
+
+
+#: what a manifest of :func:`hetero_from_manifest` may hold, per level
+MANIFEST_KEYS = {"top": ("node_types", "relations", "target", "name"),
+                 "node_type": ("features", "num_nodes", "labels", "num_classes", "splits")}
+
+
+def hetero_from_manifest(path, manifest: str, *, add_reverse: bool = True, **kw) -> Dataset:
+    """Writes a heterogeneous dataset from a folder of ``.npy`` files that a small manifest (YAML or JSON)
+    names; returns it opened. Paths are relative to the manifest's folder; every file is memory-mapped::
+
+        target: paper                       # the labeled type trained on (default: the only labeled one)
+        node_types:
+          paper:  {features: paper_x.npy, labels: paper_y.npy, num_classes: 3,
+                   splits: {train: train.npy, val: val.npy, test: test.npy}}   # ids or boolean masks
+          author: {features: author_x.npy}
+          topic:  {num_nodes: 30}           # no features: a count
+        relations:
+          author__writes__paper: writes.npy # (2, E) or (E, 2): (src, dst) ids local to their types
+
+    ``add_reverse`` adds ``rev_<name>`` for every relation without a reverse (so every type receives
+    messages); ``kw`` goes to :func:`hetero_from_numpy` (``scores``, ``overwrite``, ``progress``, ...)."""
+    import yaml
+
+    folder = os.path.dirname(os.path.abspath(manifest))
+    try:
+        with open(manifest) as fh:
+            spec = yaml.safe_load(fh)
+    except OSError as exc:
+        raise FileNotFoundError(f"cannot read the manifest {manifest}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{manifest} is not YAML or JSON: {exc}") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("node_types"), dict) or \
+            not isinstance(spec.get("relations"), dict):
+        raise ValueError(f"{manifest} must map node_types (type: its files) and relations (src__name__dst: a "
+                         "file); see lsm-gnn prepare hetero arrays --help")
+    _known_keys(spec, MANIFEST_KEYS["top"], manifest)
+
+    def array(entry: Any, what: str) -> np.ndarray:
+        if not isinstance(entry, str):
+            raise ValueError(f"{manifest}: {what} must name a .npy file, got {entry!r}")
+        return _open_npy(entry if os.path.isabs(entry) else os.path.join(folder, entry), f"{manifest}: {what}")
+
+    features, num_nodes, labels, num_classes, splits = {}, {}, {}, {}, {}
+    for t, entry in spec["node_types"].items():
+        entry = entry or {}
+        if not isinstance(entry, dict):
+            raise ValueError(f"{manifest}: node type {t!r} must map its files, got {entry!r}")
+        _known_keys(entry, MANIFEST_KEYS["node_type"], f"{manifest}, node type {t!r}")
+        if "features" in entry:
+            features[t] = array(entry["features"], f"node type {t!r} features")
+        elif "num_nodes" in entry:
+            num_nodes[t] = int(entry["num_nodes"])
+        else:
+            raise ValueError(f"{manifest}: node type {t!r} needs features (a .npy file) or num_nodes")
+        if "labels" in entry:
+            labels[t] = array(entry["labels"], f"node type {t!r} labels")
+        if "num_classes" in entry:
+            num_classes[t] = int(entry["num_classes"])
+        if "splits" in entry:
+            if not isinstance(entry["splits"], dict):
+                raise ValueError(f"{manifest}: the splits of {t!r} must map split names to files")
+            splits[t] = {s: array(f, f"node type {t!r} split {s!r}") for s, f in entry["splits"].items()}
+    edges = {}
+    for relation, file in spec["relations"].items():
+        pairs = array(file, f"relation {relation!r}")
+        if pairs.ndim != 2 or 2 not in pairs.shape:
+            raise ValueError(f"{manifest}: relation {relation!r} must be a (2, E) or (E, 2) array of (src, dst) "
+                             f"ids, got shape {pairs.shape}")
+        edges[relation] = pairs if pairs.shape[0] == 2 else pairs.T
+    return hetero_from_numpy(path, features=features, edges=edges, num_nodes=num_nodes or None,
+                             labels=labels or None, num_classes=num_classes or None, splits=splits or None,
+                             target=spec.get("target"), name=spec.get("name"), add_reverse=add_reverse, **kw)
+
+
+def _known_keys(entry: dict, known: tuple, where: str) -> None:
+    unknown = sorted(set(entry) - set(known))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; known: {', '.join(known)}")
