@@ -6,11 +6,22 @@ silent wrap of huge unsigned ids) are the same everywhere.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
 _EXACT_ID_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)  # convert to int64 losslessly
 _INT64_MAX = np.iinfo(np.int64).max
+
+
+def read_only_tensor(array: np.ndarray) -> torch.Tensor:
+    """``torch.from_numpy`` of an array that may be a read-only memory map, which torch then warns about once
+    per process (on stderr, where a command's one error line must stand alone). Its callers only read it; the
+    copy torch suggests would double the memory."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 def as_id_tensor(ids, device="cpu") -> torch.Tensor:

@@ -28,6 +28,7 @@ import torch
 from lsm_gnn.cache import WindowBuffer
 from lsm_gnn.defaults import WINDOW
 from lsm_gnn.features import TypedFeatures
+from lsm_gnn.ids import read_only_tensor
 from lsm_gnn.sampling import Hop, NeighborSampler
 
 _DONE = object()
@@ -51,9 +52,9 @@ def compact_labels(labels, block: int = LABEL_BLOCK) -> tuple[torch.Tensor, torc
     the page cache, counted against a memory cap. Eight classes need one byte a node.
     """
     array = np.asarray(labels)
-    dtype = torch.from_numpy(array[:0]).dtype
+    dtype = read_only_tensor(array[:0]).dtype
     if array.ndim != 1 or array.dtype.kind not in "iu" or array.size == 0:
-        return torch.from_numpy(array), dtype
+        return read_only_tensor(array), dtype
     # One pass over the file: each block's min and max while it is in the page cache.
     bounds = [(int(part.min()), int(part.max())) for part in (array[start:start + block]
                                                                for start in range(0, array.size, block))]
@@ -61,7 +62,7 @@ def compact_labels(labels, block: int = LABEL_BLOCK) -> tuple[torch.Tensor, torc
     narrow = next((d for d in (np.int8, np.int16, np.int32, np.int64)
                    if np.iinfo(d).min <= low and high <= np.iinfo(d).max), None)
     if narrow is None:  # uint64 labels beyond int64: as they are
-        return torch.from_numpy(array), dtype
+        return read_only_tensor(array), dtype
     out = np.empty(array.size, dtype=narrow)
     for start in range(0, array.size, block):
         out[start:start + block] = array[start:start + block]

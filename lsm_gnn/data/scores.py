@@ -1,13 +1,12 @@
 """Static per-node scores for the cache's static policy, computed by the native core."""
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import torch
 
 from lsm_gnn.data.format import check_neighbor_ids, source_file, topology_error
 from lsm_gnn.data.csr_build import EDGE_CHUNK
+from lsm_gnn.ids import read_only_tensor
 
 SCORE_NAMES = ("reverse_pagerank", "degree")
 
@@ -23,12 +22,9 @@ def reverse_pagerank(indptr: np.ndarray, indices: np.ndarray, damping: float = 0
     indices = np.ascontiguousarray(indices)
     if indices.dtype not in (np.int32, np.int64):
         indices = indices.astype(np.int64)
-    with warnings.catch_warnings():
-        # Memory-mapped arrays are read-only; the native core only reads them,
-        # so wrap them without the copy torch suggests (it would double memory).
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        indptr_t = torch.from_numpy(np.ascontiguousarray(indptr, dtype=np.int64))
-        indices_t = torch.from_numpy(indices)
+    # memory-mapped arrays are read-only; the native core only reads them
+    indptr_t = read_only_tensor(np.ascontiguousarray(indptr, dtype=np.int64))
+    indices_t = read_only_tensor(indices)
     try:
         scores, _, _ = _C.reverse_pagerank(indptr_t, indices_t, damping, max_iterations, tolerance, num_threads)
     except _C.CorruptGraphError as exc:  # the native code bounds-checks the whole CSR first

@@ -36,7 +36,6 @@ a destination (give the graph reverse relations, as PyG's ``ToUndirected`` does)
 from __future__ import annotations
 
 import hashlib
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -49,7 +48,7 @@ from lsm_gnn.data.format import source_file, topology_error
 from lsm_gnn.defaults import TOPOLOGY_ACCESS
 from lsm_gnn.hashing import mix64
 from lsm_gnn.hostmem import host_zeros
-from lsm_gnn.ids import as_id_tensor, first_occurrence_labels
+from lsm_gnn.ids import as_id_tensor, first_occurrence_labels, read_only_tensor
 from lsm_gnn.kernels.ops import hops_of  # importing it registers torch.ops.lsm_gnn
 
 _MASK64 = (1 << 64) - 1
@@ -126,13 +125,6 @@ class CSRGraph:
 
     def csr(self, relation: Relation = ONE_RELATION) -> tuple[np.ndarray, np.ndarray]:
         return self.indptr, self.indices
-
-
-def _tensor(array: np.ndarray) -> torch.Tensor:
-    with warnings.catch_warnings():
-        # Memory-mapped topology is read-only; the sampler only reads it.
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(array)
 
 
 def _require_cuda() -> None:
@@ -247,11 +239,11 @@ class _SamplingCSR:
             indptr, indices = _preloaded(indptr), _preloaded(indices)
         indptr = np.ascontiguousarray(indptr, dtype=np.int64)
         self.num_rows = indptr.size - 1
-        self.indptr = _tensor(indptr)
+        self.indptr = read_only_tensor(indptr)
         indices = np.ascontiguousarray(indices)
         if indices.dtype not in (np.int32, np.int64):
             indices = indices.astype(np.int64)
-        self.indices = _tensor(indices)
+        self.indices = read_only_tensor(indices)
         self._on_device: dict = {}  # CUDA device -> (indptr, indices) there
 
     def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
