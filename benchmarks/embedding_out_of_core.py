@@ -80,7 +80,8 @@ def run_child(args, method: str) -> dict:
         sums, users = ranking_sums(trainer.module, trainer.dataset, trainer.features, cfg.sampler.fanouts, k=20,
                                    split="test", batch_size=args.batch_size, rank=0, world_size=args.eval_stride,
                                    window=cfg.cache.window, seed=cfg.train.seed + 1)
-        trainer.embedding.close()
+        (embedding,) = trainer.embeddings.values()
+        embedding.close()
         last = result["history"][-1]
         losses = [record["loss"] for record in result["history"]]
         return {"method": method, "iterations": result["iterations"], "wall_s": result["wall_s"],
@@ -90,7 +91,7 @@ def run_child(args, method: str) -> dict:
                 "recall@20": sums["recall"] / users if users else float("nan"), "eval_users": users,
                 "table": table_digest(os.path.join(run_dir, "node_embedding")),
                 "table_size": os.path.getsize(os.path.join(run_dir, "node_embedding", "table.bin")),
-                "embedding": trainer.embedding.describe(), "loss_mean": float(np.mean(losses))}
+                "embedding": embedding.describe(), "loss_mean": float(np.mean(losses))}
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 

@@ -13,6 +13,7 @@ composes.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,8 @@ import torch
 from lsm_gnn import defaults
 from lsm_gnn.cache import PolicyConfig, SoftwareCache, every_row_sets
 from lsm_gnn.cache.pvp import QueueBudgetTooSmall
-from lsm_gnn.config import Config, ConfigError, capacity_bytes_of, capacity_spec, policy_config, read_ahead_depth
+from lsm_gnn.config import (Config, ConfigError, NodeEmbeddingConfig, capacity_bytes_of, capacity_spec, policy_config,
+                            read_ahead_depth, type_embedding)
 from lsm_gnn.features import Features, FeatureGroup, TypedFeatures
 from lsm_gnn.storage import open_storage
 
@@ -59,7 +61,8 @@ class FeatureSpec:
     shared: bool                 # several ranks share one cache (the communication layer)
     owner: str                   # who owns a node when shared: hashed | modulo | hotness | path to a .npy map
     pvp_queue_bytes: str | None = None  # all victim queues' bytes (or a share of the cache), instead of lines
-    embedding_size: CacheSize | None = None  # model.node_embedding's cache (same policy and victim buffer)
+    #: per node type with node embeddings, its table's cache (the features' policy and victim buffer, its own size)
+    embedding_sizes: dict = dataclasses.field(default_factory=dict)
     read_ahead: int | None = None  # batches whose misses are read ahead (None: the cache's default)
     read_ahead_bytes: str = defaults.READ_AHEAD_BYTES  # the rows read ahead held at once
 
@@ -88,24 +91,55 @@ def resolve(cfg: Config, dataset, world_size: int = 1) -> FeatureSpec:
         # default, where a figure the user gave that holds none is refused.
         pvp_queue_bytes=None if c.pvp_queue_capacity or c.pvp_queue_bytes == defaults.PVP_QUEUE_BYTES
         else c.pvp_queue_bytes, pvp_reinstall=c.pvp and c.pvp_reinstall,
-        shared=world_size > 1 and c.mode == "shared", owner=c.owner, embedding_size=_embedding_size(cfg, dataset),
+        shared=world_size > 1 and c.mode == "shared", owner=c.owner, embedding_sizes=_embedding_sizes(cfg, dataset),
         read_ahead=read_ahead_depth(c), read_ahead_bytes=c.read_ahead_bytes)
 
 
-def _embedding_size(cfg: Config, dataset) -> CacheSize | None:
-    """``model.node_embedding``'s cache: ``model.node_embedding.capacity`` (default: ``cache.capacity``) of
-    its table's rows, one per node."""
+def embedding_tables(cfg: Config, dataset) -> dict[str, NodeEmbeddingConfig]:
+    """The node embedding tables ``cfg`` asks for on ``dataset``: per node type, its settings
+    (``model.node_embedding.<type>.*`` over the section's keys) with the table's directory filled in. On a graph of
+    one node type that is the one table of ``model.node_embedding``; on a heterogeneous graph
+    ``model.node_embedding.dim`` gives the types without features theirs, and a type's own ``dim`` adds or removes
+    one (with features, the embedding follows them). Empty without node embeddings."""
     e = cfg.model.node_embedding
-    if not e.dim:
-        return None
+    unknown = sorted(set(e.types) - set(dataset.node_types))
+    if unknown:
+        raise ConfigError(f"model.node_embedding names node types {unknown}, which {dataset.path} does not have; its "
+                          f"types are {dataset.node_types}")
+    base = e.path or os.path.join(cfg.checkpoint.dir, "node_embedding")
+    tables = {}
+    for t in dataset.node_types:
+        settings = type_embedding(e, t)
+        if not dataset.is_homogeneous and "dim" not in e.types.get(t, {}) and t in dataset.feature_types:
+            settings.dim = 0  # the section's dim is for the types without features
+        if not settings.dim:
+            continue
+        if not settings.path:  # one table per type, each in a directory of its own
+            settings.path = base if dataset.is_homogeneous else os.path.join(base, t)
+        tables[t] = settings
+    if tables and not dataset.is_homogeneous and not e.features:
+        raise ConfigError("model.node_embedding.features=false takes a graph of one node type; on a heterogeneous "
+                          "graph give the types to learn embeddings for (model.node_embedding.dim: every type "
+                          "without features; model.node_embedding.<type>.dim: one type) and keep features=true")
+    return tables
+
+
+def _embedding_sizes(cfg: Config, dataset) -> dict[str, CacheSize]:
+    """Each node embedding table's cache: its ``capacity`` (default: ``cache.capacity``) of the table's rows, one
+    per node of its type."""
     from lsm_gnn.embedding import RowLayout
 
-    try:
-        row_bytes = RowLayout(e.dim, e.dtype, e.optimizer).row_bytes
-    except ValueError as exc:
-        raise ConfigError(f"model.node_embedding: {exc}") from None
-    return CacheSize.of(e.capacity or cfg.cache.capacity, "model.node_embedding.capacity", dataset.num_nodes,
-                        row_bytes)
+    sizes = {}
+    for t, e in embedding_tables(cfg, dataset).items():
+        key = f"model.node_embedding.{t}" if "capacity" in cfg.model.node_embedding.types.get(t, {}) \
+            else "model.node_embedding"
+        try:
+            row_bytes = RowLayout(e.dim, e.dtype, e.optimizer).row_bytes
+        except ValueError as exc:
+            raise ConfigError(f"{key}: {exc}") from None
+        sizes[t] = CacheSize.of(e.capacity or cfg.cache.capacity, f"{key}.capacity", dataset.num_nodes_of(t),
+                                row_bytes)
+    return sizes
 
 
 def _row_bytes(features_of) -> int:
@@ -217,11 +251,15 @@ def shared_over(cache, spec: FeatureSpec, world_size: int, access_counts=None):
                                          access_counts=access_counts))
 
 
-def cached(storage, spec: FeatureSpec, dataset, device: torch.device, *, world_size: int = 1, fanouts=None,
-           batch_size: int = 1024, seed: int = 0, num_threads: int = 0) -> Features:
-    """The cache over ``storage`` (rows by ``dataset``'s node ids: a trainable embedding table), and with
-    several ranks sharing, the communication layer over it."""
-    return _group_cache(storage, spec, dataset, dataset.node_types[:1], device,
+def cached(storage, spec: FeatureSpec, dataset, device: torch.device, *, node_type: str | None = None,
+           world_size: int = 1, fanouts=None, batch_size: int = 1024, seed: int = 0, num_threads: int = 0) -> Features:
+    """The cache over ``storage`` (rows by the node ids of ``node_type``, default the graph's first: a trainable
+    embedding table), and with several ranks sharing, the communication layer over it. A node type without the
+    static score (a type without features: converters score the featured ones) is ranked by the window alone."""
+    node_type = node_type or dataset.node_types[0]
+    if spec.static_score is not None and spec.static_score not in dataset.score_names(node_type):
+        spec = dataclasses.replace(spec, static_score=None)
+    return _group_cache(storage, spec, dataset, [node_type], device,
                         spec.size.bytes, world_size=world_size, fanouts=fanouts, batch_size=batch_size, seed=seed,
                         num_threads=num_threads)
 
@@ -261,33 +299,40 @@ def split_capacity(capacity_bytes: int, weights: list[float]) -> list[int]:
     return [int(capacity_bytes * w / total) for w in weights]
 
 
-def build_node_embedding(spec: FeatureSpec, cfg: Config, dataset, path: str, device: torch.device, *, rank: int = 0,
-                         world_size: int = 1, state: dict | None = None, barrier=lambda: None):
-    """``model.node_embedding``: its table at ``path`` (made on a fresh start; opened at the generation
-    ``state``, the resumed checkpoint's record, names), behind a write-back cache like the features' (same
-    policy and victim buffer, sized by ``model.node_embedding.capacity``), shared over ranks like them."""
+def build_node_embedding(spec: FeatureSpec, cfg: Config, dataset, node_type: str, device: torch.device, *,
+                         rank: int = 0, world_size: int = 1, state: dict | None = None, path: str | None = None,
+                         barrier=lambda: None):
+    """The node embeddings of ``node_type`` (:func:`embedding_tables` gives their settings): the table at its path
+    (``path`` instead: a checkpoint's copy of it), made on a fresh start, opened at the generation ``state`` (the
+    resumed checkpoint's record) names, behind a write-back cache like the features' (same policy and victim
+    buffer, sized by its ``capacity``), shared over ranks like them."""
     from lsm_gnn.embedding import NodeEmbedding, RowLayout, RowOptimizer, open_table
 
-    e = cfg.model.node_embedding
+    e = embedding_tables(cfg, dataset)[node_type]
     if world_size > 1 and not (spec.source == "cache" and spec.shared):
         raise ConfigError("node embeddings over several ranks need one writer per row: set cache.features=cache and "
                           "cache.mode=shared (the owner of each row applies every rank's updates)")
     layout = RowLayout(e.dim, e.dtype, e.optimizer)
-    table = open_table(path, layout, dataset.num_nodes, seed=cfg.train.seed, init_std=e.init_std, rank=rank,
-                       world_size=world_size, generation=None if state is None else int(state["generation"]),
-                       barrier=barrier, progress=cfg.log.progress)
+    # each type's table its own random rows (the first type's as a one-type graph's always were)
+    seed = cfg.train.seed + 1_000_003 * dataset.node_types.index(node_type)
+    table = open_table(path or e.path, layout, dataset.num_nodes_of(node_type), seed=seed, init_std=e.init_std,
+                       rank=rank, world_size=world_size,
+                       generation=None if state is None else int(state["generation"]), barrier=barrier,
+                       progress=cfg.log.progress)
     source, cache = table, None
     if spec.source == "cache":
         from lsm_gnn.sizing import check_one_set
 
-        spec = dataclasses.replace(spec, size=spec.embedding_size)  # the features' cache settings, its own size
+        spec = dataclasses.replace(spec, size=spec.embedding_sizes[node_type])  # the features' settings, its size
         try:
-            check_one_set(spec, dataset, layout.row_bytes)
+            check_one_set(spec, dataset, layout.row_bytes, dataset.num_nodes_of(node_type))
         except ConfigError:
             table.close()
             raise
-        source = cached(table, spec, dataset, device, world_size=world_size, fanouts=cfg.sampler.fanouts,
-                        batch_size=cfg.sampler.batch_size, seed=cfg.train.seed, num_threads=cfg.sampler.num_threads)
+        source = cached(table, spec, dataset, device, node_type=node_type, world_size=world_size,
+                        fanouts=cfg.sampler.fanouts, batch_size=cfg.sampler.batch_size, seed=cfg.train.seed,
+                        num_threads=cfg.sampler.num_threads)
         cache = source.cache if spec.shared else source
     return NodeEmbedding(source, layout, RowOptimizer(layout, e.lr), table=table, cache=cache, world_size=world_size,
-                         steps=0 if state is None else int(state["steps"]))
+                         steps=0 if state is None else int(state["steps"]),
+                         node_type=None if dataset.is_homogeneous else node_type)

@@ -305,22 +305,26 @@ def _run_embedding(args: argparse.Namespace) -> int:
     from lsm_gnn.units import format_bytes
 
     ds = open_dataset(args.dataset, check="shape")
-    if not ds.is_homogeneous:
-        raise DatasetError(f"{args.dataset} has several node types or relations; node embeddings are for graphs "
-                           "of one node type and one relation")
+    node_type = args.node_type
+    if node_type is None and not ds.is_homogeneous:
+        raise DatasetError(f"{args.dataset} has node types {ds.node_types}; name the one whose nodes get the table "
+                           "with --node-type")
+    if node_type is not None and node_type not in ds.node_types:
+        raise DatasetError(f"--node-type {node_type!r} is not a node type of {args.dataset}; it has {ds.node_types}")
+    key = "model.node_embedding" if ds.is_homogeneous else f"model.node_embedding.{node_type}"
+    num_rows = ds.num_nodes_of(node_type)
     try:
         layout = RowLayout(args.dim, args.dtype, args.optimizer)
     except ValueError as exc:
         raise DatasetError(f"--dim/--dtype/--optimizer: {exc}") from None
-    EmbeddingTable.create(args.out, ds.num_nodes, layout.row_bytes, layout=layout.as_dict(),
+    EmbeddingTable.create(args.out, num_rows, layout.row_bytes, layout=layout.as_dict(),
                           progress=not args.no_progress,
                           init=lambda start, stop: initial_rows(layout, start, stop, seed=args.seed,
                                                                 std=args.init_std)).close()
-    size = format_bytes(ds.num_nodes * layout.row_bytes)
-    print(f"{args.out}: {ds.num_nodes:,} embeddings of {layout.dim} {layout.dtype} values with {layout.optimizer} "
-          f"state, {layout.row_bytes} bytes a row ({size}); train it with model.node_embedding.path={args.out} "
-          f"model.node_embedding.dim={layout.dim} model.node_embedding.dtype={layout.dtype} "
-          f"model.node_embedding.optimizer={layout.optimizer}")
+    size = format_bytes(num_rows * layout.row_bytes)
+    print(f"{args.out}: {num_rows:,} embeddings of {layout.dim} {layout.dtype} values with {layout.optimizer} "
+          f"state, {layout.row_bytes} bytes a row ({size}); train it with {key}.path={args.out} "
+          f"{key}.dim={layout.dim} {key}.dtype={layout.dtype} {key}.optimizer={layout.optimizer}")
     return 0
 
 
@@ -537,6 +541,7 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="adagrad", choices=("sgd", "adagrad", "adam"),
                    help="the row-wise optimizer whose state each row carries (default: adagrad)")
     p.add_argument("--init-std", type=float, default=0.1, help="initial values ~ N(0, std^2) (default: 0.1)")
+    p.add_argument("--node-type", help="on a graph of several node types, whose nodes get the table")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_run_embedding)

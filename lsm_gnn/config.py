@@ -41,6 +41,14 @@ class NodeEmbeddingConfig:
     features: bool = True      # also feed the dataset's features (before the embedding); false: embeddings only
     capacity: str = ""         # the table's cache: bytes ("1G") or a share of its rows ("10%"); "": cache.capacity
     path: str = ""             # the table's directory; "": checkpoint.dir/node_embedding
+    # A heterogeneous graph's node types, each its own table: model.node_embedding.<type>.<key> (dim, dtype,
+    # optimizer, lr, init_std, capacity, path); the keys above are every type's defaults, and dim goes to the
+    # types without features unless a type says otherwise (docs/hetero.md)
+    types: dict = field(default_factory=dict)
+
+
+#: what model.node_embedding.<type> may set: a table's own settings (features is the model's, one for all types)
+TYPE_EMBEDDING_KEYS = ("dim", "dtype", "optimizer", "lr", "init_std", "capacity", "path")
 
 
 @dataclass
@@ -218,16 +226,23 @@ def _apply(obj, key_prefix: str, values: dict) -> None:
     hints = typing.get_type_hints(type(obj))
     for name, value in values.items():
         key = f"{key_prefix}{name}"
+        if isinstance(obj, NodeEmbeddingConfig) and name not in fields and isinstance(value, dict):
+            name, value = "types", {name: value}  # model.node_embedding.<node type>.<key>: one type's table
         if name not in fields:
             valid = ", ".join(f"{key_prefix}{n}" for n in fields)
+            if isinstance(obj, NodeEmbeddingConfig):
+                valid += f", or a node type's {key_prefix}<type>.<key> ({', '.join(TYPE_EMBEDDING_KEYS)})"
             raise ConfigError(f"unknown config key {key!r}; valid keys here are: {valid}")
         kind = hints[name]
         if dataclasses.is_dataclass(kind):
             if not isinstance(value, dict):
                 raise ConfigError(f"{key} is a section; give it keys like {key}.{next(iter(_sections(kind)))}")
             _apply(getattr(obj, name), f"{key}.", value)
-        elif kind is dict and isinstance(value, dict):  # keys given one by one add up
-            setattr(obj, name, {**getattr(obj, name), **value})
+        elif kind is dict and isinstance(value, dict):  # keys given one by one add up (a level deeper too)
+            merged = dict(getattr(obj, name))
+            for k, v in value.items():
+                merged[k] = {**merged[k], **v} if isinstance(merged.get(k), dict) and isinstance(v, dict) else v
+            setattr(obj, name, merged)
         else:
             setattr(obj, name, _coerce(key, value, kind))
 
@@ -337,28 +352,53 @@ def validate(cfg: Config) -> Config:
 
 
 def check_node_embedding(cfg: Config) -> None:
-    """``model.node_embedding``'s values and what they need from the rest of the config."""
+    """``model.node_embedding``'s values (every node type's, ``model.node_embedding.<type>.*``) and what they need
+    from the rest of the config. Which types exist is the dataset's to say (:func:`lsm_gnn.build.embedding_tables`)."""
     e = cfg.model.node_embedding
-    if e.dim < 0:
-        raise ConfigError(f"model.node_embedding.dim must be >= 0 (0: no embeddings), got {e.dim}")
-    if not e.dim:
+    hints = typing.get_type_hints(NodeEmbeddingConfig)
+    for t, given in list(e.types.items()):
+        if not isinstance(given, dict):
+            raise ConfigError(f"model.node_embedding.{t} is a node type's section; give it keys like "
+                              f"model.node_embedding.{t}.dim=64")
+        unknown = sorted(set(given) - set(TYPE_EMBEDDING_KEYS))
+        if unknown:
+            raise ConfigError(f"model.node_embedding.{t} has unknown keys {unknown}; a node type sets "
+                              f"{', '.join(TYPE_EMBEDDING_KEYS)}")
+        e.types[t] = {k: _coerce(f"model.node_embedding.{t}.{k}", v, hints[k]) for k, v in given.items()}
+    tables = [("model.node_embedding.", e)] + [(f"model.node_embedding.{t}.", type_embedding(e, t)) for t in e.types]
+    if not any(settings.dim for _, settings in tables):
         if not e.features:
             raise ConfigError("model.node_embedding.features=false leaves the model no input: set "
                               "model.node_embedding.dim to a size (e.g. 64) or features=true")
         return
-    if not e.lr > 0 or not e.init_std >= 0:
-        raise ConfigError(f"model.node_embedding.lr must be > 0 and init_std >= 0, got lr={e.lr}, "
-                          f"init_std={e.init_std}")
-    if e.capacity:
-        try:
-            capacity_spec(e.capacity)
-        except ValueError as exc:
-            raise ConfigError(f"model.node_embedding.capacity: {exc}") from None
-    if not e.path and not cfg.checkpoint.dir:
-        raise ConfigError("model.node_embedding needs a directory for its table: set checkpoint.dir (the table goes "
-                          "to checkpoint.dir/node_embedding) or model.node_embedding.path")
+    for key, settings in tables:
+        if settings.dim < 0:
+            raise ConfigError(f"{key}dim must be >= 0 (0: no embeddings), got {settings.dim}")
+        for name in ("dtype", "optimizer"):
+            valid = CHOICES[f"model.node_embedding.{name}"]
+            if getattr(settings, name) not in valid:
+                raise ConfigError(f"{key}{name}={getattr(settings, name)!r} is not valid; choose one of: "
+                                  f"{', '.join(valid)}")
+        if not settings.dim:
+            continue
+        if not settings.lr > 0 or not settings.init_std >= 0:
+            raise ConfigError(f"{key}lr must be > 0 and init_std >= 0, got lr={settings.lr}, "
+                              f"init_std={settings.init_std}")
+        if settings.capacity:
+            try:
+                capacity_spec(settings.capacity)
+            except ValueError as exc:
+                raise ConfigError(f"{key}capacity: {exc}") from None
+        if not settings.path and not cfg.checkpoint.dir:
+            raise ConfigError(f"{key[:-1]} needs a directory for its table: set checkpoint.dir (the table goes "
+                              f"to checkpoint.dir/node_embedding) or {key}path")
     if cfg.train.eval_mode == "full":
         raise ConfigError("train.eval_mode=full does not read node embeddings yet; use train.eval_mode=sampled")
+
+
+def type_embedding(e: NodeEmbeddingConfig, node_type: str) -> NodeEmbeddingConfig:
+    """The settings of ``node_type``'s table: ``model.node_embedding.<type>.*`` over the section's own keys."""
+    return dataclasses.replace(e, types={}, **e.types.get(node_type, {}))
 
 
 def read_ahead_depth(cache: CacheConfig) -> int | None:

@@ -148,6 +148,11 @@ class FeatureGroup:
         return ids, [(t, local.numel()) for t, local in parts]
 
 
+def _add_to(total: dict, part: dict) -> None:
+    for key, value in part.items():
+        total[key] = total.get(key, 0) + value
+
+
 class TypedFeatures:
     """A graph's feature rows by (node type, local id), one :class:`FeatureGroup` per row format.
 
@@ -247,29 +252,60 @@ class TypedFeatures:
 
     def add_trainable(self, node_type: str, source) -> None:
         """Gives ``node_type`` trainable rows from ``source`` (a :class:`~lsm_gnn.embedding.NodeEmbedding`)."""
-        if not self.plain:
-            raise ValueError("trainable rows (model.node_embedding) take a graph of one node type for now; "
-                             f"this one's features are of {list(self.group_of)}")
         if node_type in self.trainable:
             raise ValueError(f"node type {node_type!r} has trainable rows already")
+        if self.plain and self.trainable:
+            raise ValueError(f"a graph of one node type has one table of trainable rows; got another for "
+                             f"{node_type!r}")
         self.trainable[node_type] = source
 
-    def _only_trainable(self):
-        if not self.trainable:
-            raise ValueError("these features have no trainable rows (model.node_embedding)")
-        return next(iter(self.trainable.values()))
+    def window_ids(self, nodes) -> list[torch.Tensor]:
+        """Per window the loader keeps, the ids of ``nodes`` in it: each feature group's (:meth:`group_ids`), then on
+        a typed graph each trainable type's (its table's own ids; a plain graph's table plans with the features'
+        window, whose ids are the same)."""
+        ids = self.group_ids(nodes)
+        if not self.plain:
+            ids += [nodes[t].to(torch.int64) if t in nodes else torch.empty(0, dtype=torch.int64) for t in self.trainable]
+        return ids
+
+    def window_rows(self) -> list[int]:
+        """The rows of each window's id space, in :meth:`window_ids`' order."""
+        rows = [group.features.num_rows for group in self.groups]
+        if not self.plain:
+            rows += [source.source.num_rows for source in self.trainable.values()]
+        return rows
 
     def gather_trainable(self, nodes, future=None, *, training: bool = False, stop=None):
         """(trainable rows of ``nodes`` as float32, seconds by stage, bytes read and written), or None if
         ``stop`` was set while a training gather (``training``: the batch's rows will be updated) waited for
-        the update of the batch before. ``future``: the windows :meth:`gather` takes."""
-        return self._only_trainable().read(self._plain_ids(nodes), None if future is None else future[0],
-                                             training=training, stop=stop)
+        the update of the batch before. Plain ids give a tensor, {type: ids} a dict per trainable type.
+        ``future``: the windows (:meth:`window_ids`), or None."""
+        if not self.trainable:
+            raise ValueError("these features have no trainable rows (model.node_embedding)")
+        if not isinstance(nodes, dict):
+            return next(iter(self.trainable.values())).read(self._plain_ids(nodes),
+                                                            None if future is None else future[0],
+                                                            training=training, stop=stop)
+        rows, timings, io = {}, {}, {}
+        for i, (t, source) in enumerate(self.trainable.items()):
+            found = source.read(nodes[t], None if future is None else future[len(self.groups) + i],
+                                training=training, stop=stop)
+            if found is None:
+                return None
+            rows[t] = found[0]
+            _add_to(timings, found[1])
+            _add_to(io, found[2])
+        return rows, timings, io
 
-    def update(self, nodes, grad: torch.Tensor) -> dict:
-        """One optimizer step on the trainable rows of ``nodes`` given their gradient (collective over ranks);
-        the table bytes it read and wrote."""
-        return self._only_trainable().step(self._plain_ids(nodes), grad)
+    def update(self, nodes, grad) -> dict:
+        """One optimizer step on the trainable rows of ``nodes`` given their gradient (a tensor for plain ids, a
+        dict per trainable type for typed nodes; collective over ranks); the table bytes it read and wrote."""
+        if not isinstance(nodes, dict):
+            return next(iter(self.trainable.values())).step(self._plain_ids(nodes), grad)
+        io: dict = {}
+        for t, source in self.trainable.items():  # every rank in the same order: each step is a collective
+            _add_to(io, source.step(nodes[t], grad[t]))
+        return io
 
     def counters(self) -> dict[str, int]:
         total: dict[str, int] = {}

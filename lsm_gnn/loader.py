@@ -102,8 +102,9 @@ class Batch:
     #: what gathering this batch read from storage: "bytes_read" (from the file) and "bytes_useful";
     #: with a victim-buffer prefetcher also "pvp_hits" (rows it served) and "bytes_saved"
     io: dict = field(default_factory=dict)
-    #: the input nodes' trainable embeddings (``model.node_embedding``; float32 ``[len(input_nodes), dim]``), or None
-    emb: torch.Tensor | None = None
+    #: the input nodes' trainable embeddings (``model.node_embedding``; float32 ``[len(input_nodes), dim]``, per
+    #: type with embeddings on a typed graph), or None
+    emb: torch.Tensor | dict[str, torch.Tensor] | None = None
     #: the node type of ``seeds`` on a graph of several node types; None on a graph of one
     target: str | None = None
 
@@ -141,22 +142,23 @@ class Batch:
             hop.edge_index = _to(hop.edge_index, device)
         self.x = _to(self.x, device)
         if self.emb is not None:
-            self.emb = self.emb.to(device, non_blocking=True)
+            self.emb = _to(self.emb, device)
         if self.y is not None:
             self.y = self.y.to(device, non_blocking=True)
         return self
 
 
 class GroupWindows:
-    """The input nodes of the next batches, one window buffer per feature group (what each group's cache
-    plans with; :meth:`~lsm_gnn.features.TypedFeatures.gather`'s ``future`` is :attr:`buffers`)."""
+    """The input nodes of the next batches, one window buffer per feature group and per trainable node type of a
+    typed graph (what each cache plans with; :meth:`~lsm_gnn.features.TypedFeatures.gather`'s ``future`` is
+    :attr:`buffers`)."""
 
     def __init__(self, features: TypedFeatures, size: int):
         self.features = features
-        self.buffers = [WindowBuffer(size, group.features.num_rows) for group in features.groups]
+        self.buffers = [WindowBuffer(size, rows) for rows in features.window_rows()]
 
     def push(self, nodes) -> None:
-        for buffer, ids in zip(self.buffers, self.features.group_ids(nodes)):
+        for buffer, ids in zip(self.buffers, self.features.window_ids(nodes)):
             buffer.push(ids)
 
     def pop(self) -> None:

@@ -116,13 +116,20 @@ class LightGCN(nn.Module):
         return out.index_add_(0, dst, x[src] * weight.unsqueeze(1).to(x.dtype))
 
 
-def model_inputs(batch) -> torch.Tensor:
+def model_inputs(batch) -> torch.Tensor | dict[str, torch.Tensor]:
     """What a model reads for a batch's input nodes: their features, then their trainable embeddings
-    (``batch.emb``: with ``model.node_embedding``, else None)."""
-    x = batch.x.float()
-    if batch.emb is None:
-        return x
-    return batch.emb if x.shape[1] == 0 else torch.cat([x, batch.emb], dim=1)
+    (``batch.emb``: with ``model.node_embedding``, else None). Per node type on a typed batch, for the types
+    with features or embeddings."""
+    if not isinstance(batch.x, dict):
+        return _features_then_embeddings(batch.x, batch.emb)
+    emb = batch.emb or {}
+    return {t: _features_then_embeddings(batch.x.get(t), emb.get(t)) for t in {**batch.x, **emb}}
+
+
+def _features_then_embeddings(x: torch.Tensor | None, emb: torch.Tensor | None) -> torch.Tensor:
+    if emb is None:
+        return x.float()
+    return emb if x is None or x.shape[1] == 0 else torch.cat([x.float(), emb], dim=1)
 
 
 class HopGNN(nn.Module):
@@ -192,8 +199,9 @@ def _destination_messages(conv, x: dict, edges: dict, num_dst: dict) -> dict:
 class HeteroHopGNN(nn.Module):
     """R-SAGE / R-GAT over typed hops (:class:`~lsm_gnn.sampling.Hop` with dict fields): per hop one PyG ``HeteroConv``
     with a ``SAGEConv`` or ``GATConv`` per relation, summed per destination type, plus each type's own
-    linear term (so a type no relation points to keeps a representation). Types without features start
-    from a learned vector of their own (``in_dims[t] == 0``). Returns the logits of the target type's seeds.
+    linear term (so a type no relation points to keeps a representation). A type's input is its features, then
+    its node embeddings (``batch.emb``, with ``model.node_embedding``); types with neither start from a learned
+    vector shared by their nodes (``in_dims[t] == 0``). Returns the logits of the target type's seeds.
     """
 
     def __init__(self, kind: str, in_dims: dict[str, int], relations, target: str, hidden: int, out_dim: int,
@@ -232,13 +240,9 @@ class HeteroHopGNN(nn.Module):
         if len(batch.hops) != len(self.convs):
             raise ValueError(f"the batch has {len(batch.hops)} hops but the model has {len(self.convs)} layers; "
                              "use as many fanouts as layers")
-        nodes = batch.hops[-1].nodes
-        x = {}
-        for t in self.node_types:
-            if t in self.embedding:
-                x[t] = self.embedding[t].expand(nodes[t].numel(), -1)
-            else:
-                x[t] = batch.x[t].float()
+        nodes, inputs = batch.hops[-1].nodes, model_inputs(batch)
+        x = {t: self.embedding[t].expand(nodes[t].numel(), -1) if t in self.embedding else inputs[t]
+             for t in self.node_types}
         for i, (conv, skip, hop, produced) in enumerate(zip(self.convs, self.skips, reversed(batch.hops),
                                                             self.outputs)):
             edges = {r: e for r, e in hop.edge_index.items() if e.shape[1] and r[2] in produced}

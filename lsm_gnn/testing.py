@@ -48,9 +48,10 @@ def write_tiny_dataset(path: str | os.PathLike, num_nodes: int = 1000, dim: int 
 
 
 def write_tiny_hetero_dataset(path: str | os.PathLike, papers: int = 600, authors: int = 500, topics: int = 30,
-                              num_classes: int = 3, seed: int = 4):
+                              num_classes: int = 3, seed: int = 4, paper_signal: float = 0.2):
     """A small schema-2 dataset a heterogeneous GNN learns well: papers (the target) whose class shows in
-    their authors' and topics' features more than in their own; topics have no features. Returns it opened."""
+    their authors' and topics' features more than in their own (``paper_signal``: how much; 0, none);
+    topics have no features. Returns it opened."""
     from lsm_gnn.data.hetero_writer import HeteroDatasetWriter
 
     rng = np.random.default_rng(seed)
@@ -60,7 +61,7 @@ def write_tiny_hetero_dataset(path: str | os.PathLike, papers: int = 600, author
     types = {"paper": {"num_nodes": papers, "feature_dim": 16}, "author": {"num_nodes": authors, "feature_dim": 16},
              "topic": {"num_nodes": topics}}
     with HeteroDatasetWriter(path, node_types=types, target="paper") as w:
-        w.write_features("paper", centroids[label] * 0.2 + rng.standard_normal((papers, 16)))
+        w.write_features("paper", centroids[label] * paper_signal + rng.standard_normal((papers, 16)))
         w.write_features("author", centroids[author_class] + rng.standard_normal((authors, 16)) * 0.5)
         # Each paper has 3 authors, mostly of its own class, and one topic of its class.
         by_class = [np.flatnonzero(author_class == c) for c in range(num_classes)]

@@ -87,9 +87,6 @@ class Trainer:
         self.cfg = cfg
         self.out = sys.stdout if out is None else out
         self.dataset = open_dataset(cfg.dataset, check="fast")
-        if cfg.model.node_embedding.dim and not self.dataset.is_homogeneous:
-            raise ConfigError("model.node_embedding supports datasets of one node type; "
-                              f"{self.dataset.path} has several")
         self.device = startup.run_device(cfg.train.device)
         self.rank, self.world_size = distributed_context(self.device)
         # data.verify: the dataset's files, or the blocks the run reads, checked beside training (rank 0)
@@ -117,17 +114,16 @@ class Trainer:
         # the checkpoint this run resumes from
         saved = load_checkpoint(resume_from) if resume_from else self.checkpointer.saved(cfg.checkpoint.resume)
         self.resumed_path = resume_from or self.checkpoint_path
-        #: trainable node embeddings (model.node_embedding), or None
-        self.embedding = startup.open_node_embedding(cfg, self.feature_spec, self.dataset, self.device, self.ranks,
-                                                     saved, self.resumed_path) \
-            if cfg.model.node_embedding.dim else None
-        if self.embedding is not None:  # read by every loader with the features, updated after each batch
-            self.features.add_trainable(self.dataset.node_types[0], self.embedding)
+        #: trainable node embeddings per node type (model.node_embedding), empty without
+        self.embeddings = startup.open_node_embeddings(cfg, self.feature_spec, self.dataset, self.device, self.ranks,
+                                                       saved, self.resumed_path)
+        for node_type, embedding in self.embeddings.items():  # read by every loader with the features, updated
+            self.features.add_trainable(node_type, embedding)  # after each batch
         self._build_model()
         self.loader = self.task.train_loader(self.features, self.rank, self.world_size)
         #: each cache against batches sampled before training (lsm_gnn.sizing); empty without a config-built cache
         self.cache_fits = [] if features is not None else startup.check_cache_size(
-            cfg, self.feature_spec, self.loader, self.task, self.features, self.embedding, self.world_size)
+            cfg, self.feature_spec, self.loader, self.task, self.features, self.embeddings, self.world_size)
         self._start_state(saved)
 
     def _build_model(self) -> None:
@@ -153,7 +149,7 @@ class Trainer:
         self.history: list[dict] = []
         #: model selection: every evaluation, the best by the watched metric (best.pt), early stopping
         self.selection = ModelSelection(cfg.train, self.watch,
-                                        best_checkpoint_path(cfg, self.watch, self.embedding is not None),
+                                        best_checkpoint_path(cfg, self.watch, bool(self.embeddings)),
                                         self.ranks.rank0_decides, self.save_checkpoint)
         #: the accumulators of the epoch in progress (None between epochs); checkpointed, so a resumed
         #: epoch's summary covers all of its iterations
@@ -211,15 +207,17 @@ class Trainer:
 
     def _train_step(self, batch) -> float:
         self.optimizer.zero_grad(set_to_none=True)
-        emb = batch.emb  # None without model.node_embedding
-        if emb is not None:
-            emb.requires_grad_(True)  # a leaf: its gradient is the rows' sparse gradient
+        emb = batch.emb  # None without model.node_embedding; per node type on a typed graph
+        leaves = [] if emb is None else list(emb.values()) if isinstance(emb, dict) else [emb]
+        for leaf in leaves:
+            leaf.requires_grad_(True)  # a leaf: its gradient is the rows' sparse gradient
         loss = self.task.loss(self.model, batch)
         loss.backward()
         loss_value = float(loss.detach())  # syncs the device, so the train time is complete
-        if emb is not None and emb.grad is None:  # a model that left them out of the loss
-            emb.grad = torch.zeros_like(emb)
-        emb_finite = emb is None or bool(torch.isfinite(emb.grad).all())
+        for leaf in leaves:
+            if leaf.grad is None:  # a model that left them out of the loss
+                leaf.grad = torch.zeros_like(leaf)
+        emb_finite = all(bool(torch.isfinite(leaf.grad).all()) for leaf in leaves)
         if not math.isfinite(loss_value) or not self._grads_finite() or not emb_finite:
             raise TrainingDiverged(
                 f"the loss or its gradients became {loss_value if not math.isfinite(loss_value) else 'non-finite'} "
@@ -229,7 +227,8 @@ class Trainer:
         if emb is not None:
             start = time.perf_counter()
             with self.ranks.collectives(f"the node embeddings' update in iteration {self.iterations_done}"):
-                io = self.features.update(batch.input_nodes, emb.grad)
+                io = self.features.update(batch.input_nodes, {t: e.grad for t, e in emb.items()}
+                                          if isinstance(emb, dict) else emb.grad)
             batch.timings["update"] = time.perf_counter() - start
             batch.io = {**batch.io, **{k: batch.io.get(k, 0) + v for k, v in io.items()}}
         return loss_value
@@ -366,9 +365,10 @@ class Trainer:
                 total.merge(self.train_epoch(self.cfg.log.progress))
                 if self._limit_reached() and self.loader.state_dict()["epoch"] == self.epoch_state["epoch"]:
                     self._end_epoch(complete=False)  # stopped inside the epoch: a partial summary
-            if self.embedding is not None and self.checkpoint_path is None:  # no checkpoint committed the table
-                total.seconds["write-back"] += self.embedding.flush()
-                self.checkpointer.commit_table(self.embedding.table.generation + 1)
+            if self.embeddings and self.checkpoint_path is None:  # no checkpoint committed the tables
+                for embedding in self.embeddings.values():
+                    total.seconds["write-back"] += embedding.flush()
+                    self.checkpointer.commit_table(embedding, embedding.table.generation + 1)
             waited = self.resources.finish_verify()  # a run that ends normally read only data that matched
             if waited > 1:
                 self._print(f"data.verify={self.resources.verify_mode}: waited {waited:.1f}s for the last checks")
@@ -386,8 +386,8 @@ class Trainer:
         self._print(f"training {cfg.model.kind} on {self.dataset.name} ({size}) "
                     f"with features from {self._describe_features()}; {self.world_size} rank(s), "
                     f"device {self.device}")
-        if self.embedding is not None:
-            self._print(f"with {self.embedding.describe()}")
+        for embedding in self.embeddings.values():
+            self._print(f"with {embedding.describe()}")
         for fit in self.cache_fits:
             self._print(f"cache sizing: {fit.describe()}")
         verify_mode = self.resources.verify_mode
@@ -418,7 +418,7 @@ class Trainer:
     def _summarize_epoch(self, complete: bool) -> dict:
         """The epoch's summary from ``epoch_state``; a complete epoch is also evaluated."""
         state = self.epoch_state
-        summary = epoch_summary(state, complete, self.features, with_embedding=self.embedding is not None)
+        summary = epoch_summary(state, complete, self.features, with_embedding=bool(self.embeddings))
         if complete and self._epoch_eval_due(state["epoch"]):
             record = self._evaluate_all(state["epoch"])
             summary.update({s: m for s, m in record.items() if s in self.cfg.train.eval_splits})
@@ -459,8 +459,8 @@ class Trainer:
         directory locks and the kernels= scope (a process's exit does all of this too)."""
         self.loader.close()
         self.log.close()
-        if self.embedding is not None:
-            self.embedding.close()
+        for embedding in self.embeddings.values():
+            embedding.close()
         self.resources.close()
 
 

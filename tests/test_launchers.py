@@ -89,3 +89,31 @@ def test_torchrun_two_ranks_share_one_cache_over_a_heterogeneous_graph(tmp_path)
     with open(tmp_path / "shared" / "metrics.jsonl") as fh:
         steps = [json.loads(line) for line in fh if '"iteration"' in line]
     assert set(steps[-1]["hit_ratio_by_type"]) == {"paper", "author"}
+
+
+def test_torchrun_two_ranks_train_node_embeddings_per_node_type(tmp_path):
+    """Topics' and authors' tables shared by 2 ranks (each row's owner applies both ranks' updates): the authors'
+    cache writing dirty rows back gives the losses and tables of caches holding every row."""
+    import numpy as np
+    import torch
+
+    from lsm_gnn.storage import EmbeddingTable
+    from lsm_gnn.testing import write_tiny_hetero_dataset
+
+    hetero = write_tiny_hetero_dataset(tmp_path / "ds").path
+    args = ("sampler.fanouts=[3,2]", "sampler.batch_size=40", "cache.capacity=70%", "cache.ways=8",
+            "cache.static_score=degree", "train.eval_splits=[val]", "model.node_embedding.dim=8",
+            "model.node_embedding.author.dim=4", "model.node_embedding.topic.capacity=100%")
+    out, small = launch("torchrun.sh", hetero, tmp_path / "small", *args, f"checkpoint.dir={tmp_path / 'ck-small'}",
+                        "model.node_embedding.author.capacity=60%")
+    assert "shared by 2 ranks" in out and "topic node embeddings" in out and "author node embeddings" in out
+    _, every = launch("torchrun.sh", hetero, tmp_path / "every", *args, f"checkpoint.dir={tmp_path / 'ck-every'}",
+                      "model.node_embedding.author.capacity=100%")
+    assert len(small) == 5 and small == every
+    for t in ("topic", "author"):
+        tables = []
+        for run in ("ck-small", "ck-every"):
+            table = EmbeddingTable.open(str(tmp_path / run / "node_embedding" / t))
+            tables.append(table.read(torch.arange(table.num_rows)).numpy().copy())
+            table.close()
+        assert np.array_equal(*tables), f"{t}'s table differs"

@@ -291,17 +291,8 @@ def test_several_ranks_need_one_writer_per_row(graph, tmp_path):
     cfg = load_config(None, overrides(graph, tmp_path, "cache.mode=isolated"))
     dataset = open_dataset(graph)
     with pytest.raises(ConfigError, match="cache.mode=shared"):
-        build_node_embedding(resolve(cfg, dataset, 2), cfg, dataset, str(tmp_path / "t"), torch.device("cpu"),
+        build_node_embedding(resolve(cfg, dataset, 2), cfg, dataset, dataset.node_types[0], torch.device("cpu"),
                              world_size=2)
-
-
-def test_heterogeneous_datasets_are_refused_with_the_reason(tmp_path):
-    from lsm_gnn.testing import write_tiny_hetero_dataset
-
-    ds = write_tiny_hetero_dataset(tmp_path / "h")
-    with pytest.raises(ConfigError, match="one node type"):
-        Trainer(load_config(None, [f"dataset={getattr(ds, 'path', ds)}", "model.kind=sage",
-                                   f"checkpoint.dir={tmp_path / 'ck'}", "model.node_embedding.dim=4"]))
 
 
 @pytest.mark.slow

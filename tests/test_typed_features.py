@@ -150,19 +150,21 @@ def test_resolve_sizes_every_cache_once_with_its_key(tmp_path):
     ds, _ = write_tiny_dataset(tmp_path / "one", num_nodes=200, dim=8)
     cfg = load_config(None, [f"dataset={ds.path}", "cache.capacity=25%", "cache.static_score=none"])
     spec = resolve(cfg, ds)
-    assert spec.size == CacheSize("25%", "cache.capacity", 50 * 8 * 4, False) and spec.embedding_size is None
+    assert spec.size == CacheSize("25%", "cache.capacity", 50 * 8 * 4, False) and spec.embedding_sizes == {}
     # Node embeddings: their own cache, sized in their own rows, named by their own key; the default is the
     # features' share.
     row_bytes = RowLayout(16, "float32", "adagrad").row_bytes
     cfg = load_config(None, [f"dataset={ds.path}", "cache.capacity=25%", "cache.static_score=none",
                              "model.node_embedding.dim=16", "model.node_embedding.optimizer=adagrad",
                              f"checkpoint.dir={tmp_path}"])
-    assert resolve(cfg, ds).embedding_size == CacheSize("25%", "model.node_embedding.capacity", 50 * row_bytes, False)
+    node = ds.node_types[0]
+    assert resolve(cfg, ds).embedding_sizes == {node: CacheSize("25%", "model.node_embedding.capacity",
+                                                                50 * row_bytes, False)}
     cfg = load_config(None, [f"dataset={ds.path}", "cache.static_score=none", "model.node_embedding.dim=16",
                              "model.node_embedding.optimizer=adagrad", "model.node_embedding.capacity=100%",
                              f"checkpoint.dir={tmp_path}"])
-    assert resolve(cfg, ds).embedding_size == CacheSize("100%", "model.node_embedding.capacity", 200 * row_bytes,
-                                                        True)
+    assert resolve(cfg, ds).embedding_sizes == {node: CacheSize("100%", "model.node_embedding.capacity",
+                                                                200 * row_bytes, True)}
 
 
 def test_a_graph_of_one_type_has_plain_features(tmp_path):

@@ -83,13 +83,14 @@ class NodeEmbedding:
     """
 
     def __init__(self, source, layout: RowLayout, optimizer: RowOptimizer, *, table=None, cache=None,
-                 world_size: int = 1, steps: int = 0):
+                 world_size: int = 1, steps: int = 0, node_type: str | None = None):
         if not getattr(source, "writable", False):
             raise TypeError(f"node embeddings need a writable source (an embedding table or a cache over one), got "
                             f"{type(source).__name__}")
         self.source, self.layout, self.optimizer = source, layout, optimizer
         self.table, self.cache, self.world_size = table, cache, int(world_size)
         self.steps = int(steps)
+        self.node_type = node_type  # whose rows these are (on a graph of several types), for what it prints
         self._unstepped = 0  # training reads not yet stepped; the next one waits for 0
         self._turn = threading.Condition()
         self._lock = threading.RLock()  # read, step and flush use the source one at a time
@@ -99,7 +100,8 @@ class NodeEmbedding:
         return self.layout.dim
 
     def describe(self) -> str:
-        return (f"node embeddings of {self.dim} {self.layout.dtype} values with row-wise {self.layout.optimizer} "
+        whose = f"{self.node_type} " if self.node_type else ""
+        return (f"{whose}node embeddings of {self.dim} {self.layout.dtype} values with row-wise {self.layout.optimizer} "
                 f"({self.layout.row_bytes} bytes a row) from {self.source.describe()}")
 
     # -- the order of gathers and updates ----------------------------------------------------------------------

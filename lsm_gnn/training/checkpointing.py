@@ -45,11 +45,21 @@ def rng_state() -> dict:
     return rng
 
 
+def saved_embeddings(saved: dict | None, dataset) -> dict:
+    """The node embeddings' state per node type a checkpoint recorded (one written before node types had tables
+    of their own kept its one-type graph's under ``embedding``)."""
+    if not saved:
+        return {}
+    if "embeddings" in saved:
+        return dict(saved["embeddings"])
+    return {dataset.node_types[0]: saved["embedding"]} if saved.get("embedding") else {}
+
+
 class Checkpointer:
     """Writes and restores ``trainer``'s checkpoints (``checkpoint.dir/last.pt``; None: no checkpoint.dir).
 
     It reads the trainer's parts as they are at each call: ``cfg``, ``module``, ``optimizer``, ``loader``,
-    ``iterations_done``, ``history``, ``epoch_state``, ``selection``, ``log``, ``embedding`` and ``ranks``.
+    ``iterations_done``, ``history``, ``epoch_state``, ``selection``, ``log``, ``embeddings`` and ``ranks``.
     """
 
     def __init__(self, trainer, directory: str):
@@ -96,69 +106,75 @@ class Checkpointer:
         if path is None:
             return None
         rng_by_rank = self.rng_by_rank()  # a collective: every rank saves together
-        if t.embedding is None:
+        if not t.embeddings:
             if t.rank == 0:
                 atomic_torch_save(self.state_dict(rng_by_rank), path)
             return path
-        # Every rank's dirty rows on disk first; then the checkpoint names the table's next generation, and only
-        # then does the table take it (a crash in between: the table is rolled forward or back to match last.pt).
-        t.embedding.flush()
+        # Every rank's dirty rows on disk first; then the checkpoint names each table's next generation, and only
+        # then does each table take it (a crash in between: each table is rolled forward or back to match last.pt).
+        for embedding in t.embeddings.values():
+            embedding.flush()
         t.ranks.barrier()
         if path != self.path:
-            # best.pt: the table as it is now, copied into a directory of its own beside it. The run's table
-            # keeps its generation and journal (last.pt's): a kill before the next last.pt still rolls it back.
+            # best.pt: the tables as they are now, each copied into a directory of its own beside it. The run's
+            # tables keep their generations and journals (last.pt's): a kill before the next last.pt still rolls
+            # them back.
             if t.rank == 0:
-                generation = t.embedding.table.generation
                 state = self.state_dict(rng_by_rank)
-                name = self._snapshot_table(path, generation)
-                state["embedding"] = {**t.embedding.state_dict(), "generation": generation, "snapshot": name}
+                names = {node_type: self._snapshot_table(path, node_type, embedding)
+                         for node_type, embedding in t.embeddings.items()}
+                state["embeddings"] = {node_type: {**embedding.state_dict(), "snapshot": names[node_type]}
+                                       for node_type, embedding in t.embeddings.items()}
                 atomic_torch_save(state, path)
-                self._remove_old_snapshots(path, keep=name)
+                self._remove_old_snapshots(path, keep=set(names.values()))
             t.ranks.barrier()
             return path
-        generation = t.embedding.table.generation + 1
         if t.rank == 0:
             state = self.state_dict(rng_by_rank)
-            state["embedding"] = {**t.embedding.state_dict(), "generation": generation}
+            state["embeddings"] = {node_type: {**embedding.state_dict(), "generation": embedding.table.generation + 1}
+                                   for node_type, embedding in t.embeddings.items()}
             atomic_torch_save(state, path)
-        self.commit_table(generation)
+        for embedding in t.embeddings.values():
+            self.commit_table(embedding, embedding.table.generation + 1)
         return path
 
-    def _snapshot_table(self, path: str, generation: int) -> str:
-        """Copies the flushed table beside ``path`` (a checkpoint that is not last.pt), named after it, the
-        table's generation and the iteration (two better evaluations can share a generation); returns the name,
-        which the checkpoint records (relative: the folder may move)."""
+    def _snapshot_table(self, path: str, node_type: str, embedding) -> str:
+        """Copies ``node_type``'s flushed table beside ``path`` (a checkpoint that is not last.pt), named after it,
+        the node type (on a typed graph), the table's generation and the iteration (two better evaluations can
+        share a generation); returns the name, which the checkpoint records (relative: the folder may move)."""
         from lsm_gnn.storage.table import snapshot_table
 
         stem = os.path.splitext(os.path.basename(path))[0]
-        base = f"{stem}_node_embedding.g{generation}-i{self.trainer.iterations_done}"
+        whose = "" if embedding.node_type is None else f".{embedding.node_type}"
+        generation = embedding.table.generation
+        base = f"{stem}_node_embedding{whose}.g{generation}-i{self.trainer.iterations_done}"
         name, copies = base, 1
         # A resumed run redoing the same evaluation finds that name taken (perhaps by the best.pt on disk, which
         # must keep its table until it is replaced): the next free one.
         while os.path.lexists(os.path.join(os.path.dirname(os.path.abspath(path)), name)):
             copies += 1
             name = f"{base}.{copies}"
-        snapshot_table(self.trainer.embedding.table.path, os.path.join(os.path.dirname(os.path.abspath(path)), name),
-                       generation)
+        snapshot_table(embedding.table.path, os.path.join(os.path.dirname(os.path.abspath(path)), name), generation)
         return name
 
-    def _remove_old_snapshots(self, path: str, keep: str) -> None:
+    def _remove_old_snapshots(self, path: str, keep: set[str]) -> None:
         """The copies of earlier generations ``path`` no longer names (it was replaced first: a crash between
         leaves one more copy, never a checkpoint without its table)."""
         folder = os.path.dirname(os.path.abspath(path))
-        prefix = f"{os.path.splitext(os.path.basename(path))[0]}_node_embedding.g"
+        prefix = f"{os.path.splitext(os.path.basename(path))[0]}_node_embedding."
         for name in os.listdir(folder):
-            if name.startswith(prefix) and name != keep:
+            if name.startswith(prefix) and name not in keep:
                 shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
 
-    def commit_table(self, generation: int) -> None:
-        """The table's generation recorded (rank 0) and every rank's undo journal started afresh for it."""
+    def commit_table(self, embedding, generation: int) -> None:
+        """``embedding``'s table's generation recorded (rank 0) and every rank's undo journal started afresh
+        for it."""
         t = self.trainer
         t.ranks.barrier()
         if t.rank == 0:
-            t.embedding.table.set_generation(generation)
+            embedding.table.set_generation(generation)
         t.ranks.barrier()
-        t.embedding.table.reset_journal(generation)
+        embedding.table.reset_journal(generation)
 
     def resume(self, path: str, ckpt: dict | None = None) -> dict:
         """Puts the trainer back in the state ``path`` (``ckpt``, when already loaded) recorded; returns that."""
@@ -176,8 +192,9 @@ class Checkpointer:
                 torch.cuda.set_rng_state_all(rng["cuda"])
             t.iterations_done = int(ckpt["iterations_done"])
             t.history = list(ckpt["history"])
-            if t.embedding is not None:
-                t.embedding.steps = int(ckpt["embedding"]["steps"])
+            states = saved_embeddings(ckpt, t.dataset)
+            for node_type, embedding in t.embeddings.items():
+                embedding.steps = int(states[node_type]["steps"])
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise CheckpointError(f"cannot resume from {path}: its state does not fit this run ({exc}); start "
                                   "fresh with checkpoint.resume=false or another checkpoint.dir") from None

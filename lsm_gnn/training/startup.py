@@ -74,16 +74,17 @@ def build_model(cfg, dataset, features, task) -> torch.nn.Module:
             raise ConfigError("model.kind=lightgcn has no weights to mix features with its embeddings: set "
                               "model.node_embedding.features=false")
         return LightGCN(torch.as_tensor(np.diff(np.asarray(dataset.indptr))), num_layers=layers)
+    embedded = {t: source.dim for t, source in features.trainable.items()}  # node embeddings' widths
     if dataset.is_homogeneous:
-        in_dim = (dataset.feature_dim if m.node_embedding.features else 0) + m.node_embedding.dim
+        in_dim = (dataset.feature_dim if m.node_embedding.features else 0) + sum(embedded.values())
         return HopGNN(m.kind, in_dim, m.hidden, task.out_dim, num_layers=layers,
                       heads=m.heads, dropout=m.dropout)
     if m.kind not in HETERO_MODEL_KINDS:
         raise ConfigError(f"model.kind={m.kind} has no heterogeneous form; use one of "
                           f"{', '.join(HETERO_MODEL_KINDS)} (R-SAGE, R-GAT)")
     dims = features.dims()
-    return HeteroHopGNN(m.kind, {t: dims.get(t, 0) for t in dataset.node_types}, dataset.relations,
-                        dataset.target, m.hidden, task.out_dim, num_layers=layers, heads=m.heads,
+    return HeteroHopGNN(m.kind, {t: dims.get(t, 0) + embedded.get(t, 0) for t in dataset.node_types},
+                        dataset.relations, dataset.target, m.hidden, task.out_dim, num_layers=layers, heads=m.heads,
                         dropout=m.dropout)
 
 
@@ -108,21 +109,34 @@ def check_model_fits(cfg, features, task, device: torch.device) -> None:
                           f"{format_bytes(free)} of memory free on {device}; lower model.hidden")
 
 
-def open_node_embedding(cfg, spec, dataset, device, ranks, saved: dict | None, checkpoint_path: str | None):
-    """The run's trainable node embeddings: the table opened (made on a fresh start) at the generation
-    ``saved`` (the checkpoint resumed from) recorded, behind the cache the config describes."""
-    from lsm_gnn.build import build_node_embedding
+def open_node_embeddings(cfg, spec, dataset, device, ranks, saved: dict | None, checkpoint_path: str | None) -> dict:
+    """The run's trainable node embeddings, per node type (:func:`lsm_gnn.build.embedding_tables`; empty without):
+    each table opened (made on a fresh start) at the generation ``saved`` (the checkpoint resumed from) recorded,
+    behind the cache the config describes."""
+    from lsm_gnn.build import build_node_embedding, embedding_tables
+    from lsm_gnn.training.checkpointing import saved_embeddings
 
-    state = (saved or {}).get("embedding")
-    if saved is not None and state is None:
-        raise ConfigError(f"{checkpoint_path} was trained without model.node_embedding; resume without it, "
-                          "or start fresh with checkpoint.resume=false or another checkpoint.dir")
-    e = cfg.model.node_embedding
-    path = e.path or os.path.join(cfg.checkpoint.dir, "node_embedding")
-    if state is not None and state.get("snapshot"):  # best.pt: the copy of the table made beside it
-        path = os.path.join(os.path.dirname(os.path.abspath(checkpoint_path)), state["snapshot"])
-    return build_node_embedding(spec, cfg, dataset, path, device, rank=ranks.rank, world_size=ranks.world_size,
-                                state=state, barrier=ranks.barrier)
+    tables = embedding_tables(cfg, dataset)
+    states = saved_embeddings(saved, dataset)
+    if saved is not None and set(states) != set(tables):
+        had = f"node embeddings of {sorted(states)}" if states else "no node embeddings"
+        raise ConfigError(f"{checkpoint_path} was trained with {had}, this config asks for "
+                          f"{sorted(tables) or 'none'}; resume with the settings it was trained with (model."
+                          "node_embedding), or start fresh with checkpoint.resume=false or another checkpoint.dir")
+    opened: dict = {}
+    try:
+        for t in tables:
+            state, path = states.get(t), None
+            if state is not None and state.get("snapshot"):  # best.pt: the copy of the table made beside it
+                path = os.path.join(os.path.dirname(os.path.abspath(checkpoint_path)), state["snapshot"])
+            opened[t] = build_node_embedding(spec, cfg, dataset, t, device, rank=ranks.rank,
+                                             world_size=ranks.world_size, state=state, path=path,
+                                             barrier=ranks.barrier)
+    except BaseException:
+        for embedding in opened.values():
+            embedding.close()
+        raise
+    return opened
 
 
 def _sizing_batches(cfg, loader, task, features, world_size: int) -> list:
@@ -139,7 +153,7 @@ def _sizing_batches(cfg, loader, task, features, world_size: int) -> list:
     return checks
 
 
-def check_cache_size(cfg, spec, loader, task, features, embedding, world_size: int) -> list:
+def check_cache_size(cfg, spec, loader, task, features, embeddings: dict, world_size: int) -> list:
     """Samples a few batches (every rank's, so every rank decides alike) and raises a ConfigError naming
     a capacity with headroom when the largest would not fit: before any training, not at that batch (nor after
     an epoch of it, at an evaluation). Returns the training batches' fits."""
@@ -150,12 +164,15 @@ def check_cache_size(cfg, spec, loader, task, features, embedding, world_size: i
         return []
     checks = _sizing_batches(cfg, loader, task, features, world_size)
     fits = []
-    for cached, what, size in ((features, "the cache", spec.size),
-                               (embedding.source if embedding else None, "the node embeddings' cache",
-                                spec.embedding_size)):
-        if cached is None:
-            continue
+    caches = [(features, None, "the cache", spec.size)]
+    for t, embedding in embeddings.items():
+        caches.append((embedding.source, None if features.plain else t,
+                       "the node embeddings' cache" if features.plain else f"the {t} node embeddings' cache",
+                       spec.embedding_sizes[t]))
+    for cached, node_type, what, size in caches:
         for stage, batches in checks:
+            if node_type is not None:  # a typed graph's table: its type's ids
+                batches = [[nodes[node_type] for nodes in per_rank] for per_rank in batches]
             found = cache_fits(cached, batches, what)
             tight = min(found, key=lambda f: f.lines / max(f.largest, 1), default=None)
             if tight is not None and not tight.fits:
