@@ -53,11 +53,22 @@ def moving_average(values: list[float], width: int = SMOOTH) -> list[float]:
 
 
 def _save(fig, path: str) -> str:
+    """Writes ``fig`` to ``path`` atomically as a PNG of 256 colours (a third of the full-colour file's size, the
+    same to the eye for line art), or full colour where Pillow, a dependency of matplotlib, is missing."""
     import io
 
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    atomic_write_bytes(buffer.getvalue(), path)
+    data = buffer.getvalue()
+    try:
+        from PIL import Image
+    except ImportError:
+        pass
+    else:
+        buffer = io.BytesIO()
+        Image.open(io.BytesIO(data)).convert("RGB").quantize(256).save(buffer, format="png", optimize=True)
+        data = buffer.getvalue()
+    atomic_write_bytes(data, path)
     return path
 
 
@@ -305,11 +316,16 @@ def draw_plan(plan: dict, path: str, title: str = "") -> list[dict]:
 
 def validation_series(result: dict) -> dict:
     """plan_validation.py's result as its figure draws it: ``{names, predicted: {ms_per_iteration, hit_ratio},
-    measured: {...}, error: [relative error of ms/it]}``, one entry per configuration in the file's order."""
-    out = {"names": [], "error": [], **{side: {"ms_per_iteration": [], "hit_ratio": []}
-                                        for side in ("predicted", "measured")}}
+    measured: {...}, error: [relative error of ms/it], range: {predicted: [(min, max)], measured: [...]}}``, one
+    entry per configuration in the file's order; ``range`` spans the ms/it of the repeated plans and runs whose
+    medians the file keeps ((None, None) for a single one)."""
+    out = {"names": [], "error": [], "range": {"predicted": [], "measured": []},
+           **{side: {"ms_per_iteration": [], "hit_ratio": []} for side in ("predicted", "measured")}}
     for r in result["results"]:
         out["names"].append(r.get("name") or str(len(out["names"])))
+        for side, repeats in (("predicted", r.get("plans") or ()), ("measured", r.get("runs") or ())):
+            times = [each["ms_per_iteration"] for each in repeats]
+            out["range"][side].append((min(times), max(times)) if len(times) > 1 else (None, None))
         for side in ("predicted", "measured"):
             for figure in ("ms_per_iteration", "hit_ratio"):
                 out[side][figure].append(r[side][figure])
@@ -332,16 +348,18 @@ def draw_validation(result: dict, path: str, title: str = "") -> dict:
         ms.bar([i + (k - 0.5) * width for i in x], data[side]["ms_per_iteration"], width, color=color, label=side)
         hit.plot(x, data[side]["hit_ratio"], ls="none", marker="o" if k == 0 else "x",
                  markersize=9 if k == 0 else 8, markerfacecolor="none" if k == 0 else None, color=color, label=side)
-    spread = [(i, r["runs"]) for i, r in enumerate(result["results"]) if len(r.get("runs") or ()) > 1]
-    if spread:  # the measured runs' range around their median
-        runs = [[run["ms_per_iteration"] for run in rs] for _, rs in spread]
-        medians = [data["measured"]["ms_per_iteration"][i] for i, _ in spread]
-        ms.errorbar([i + 0.5 * width for i, _ in spread], medians, fmt="none", ecolor="black", capsize=3, lw=1,
-                    yerr=[[m - min(r) for m, r in zip(medians, runs)], [max(r) - m for m, r in zip(medians, runs)]],
-                    label="measured runs' range")
     tops = [max(p, m) for p, m in zip(data["predicted"]["ms_per_iteration"], data["measured"]["ms_per_iteration"])]
-    for i, rs in spread:
-        tops[i] = max(tops[i], *(run["ms_per_iteration"] for run in rs))
+    label = "range of the repeats"
+    for k, side in enumerate(("predicted", "measured")):  # the ms/it of the repeats, around their median
+        spread = [(i, lo, hi) for i, (lo, hi) in enumerate(data["range"][side]) if lo is not None]
+        if spread:
+            medians = [data[side]["ms_per_iteration"][i] for i, _, _ in spread]
+            ms.errorbar([i + (k - 0.5) * width for i, _, _ in spread], medians, fmt="none", ecolor="black",
+                        capsize=3, lw=1, yerr=[[m - lo for m, (_, lo, _) in zip(medians, spread)],
+                                               [hi - m for m, (_, _, hi) in zip(medians, spread)]], label=label)
+            label = None
+            for i, _, hi in spread:
+                tops[i] = max(tops[i], hi)
     for i, (error, top) in enumerate(zip(data["error"], tops)):
         if error is not None:
             ms.annotate(f"{error:+.0%}", (i, top), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7)
@@ -371,13 +389,17 @@ def draw_validation(result: dict, path: str, title: str = "") -> dict:
 def plot_command(args) -> int:
     kind, document = read_input(args.log)
     out = args.out or (args.log if os.path.isdir(args.log) else os.path.dirname(os.path.abspath(args.log)))
+    one_file = out.lower().endswith(".png") and not os.path.isdir(out)
     if kind == "run":
+        if one_file:
+            raise ValueError(f"--out {out}: a run is drawn in three files (curves.png, stages.png, cache.png); "
+                             "give a folder")
         written = plot_run(document, out, title=args.title or "")
     else:
-        os.makedirs(out, exist_ok=True)
         name, draw = {"plan": ("plan.png", draw_plan), "validation": ("plan_validation.png", draw_validation)}[kind]
-        draw(document, os.path.join(out, name), title=args.title or "")
-        written = [os.path.join(out, name)]
+        path = out if one_file else os.path.join(out, name)
+        draw(document, path, title=args.title or "")
+        written = [path]
     for path in written:
         print(f"wrote {path}")
     return 0
@@ -391,6 +413,7 @@ def add_plot_parser(sub) -> None:
                                       "plan_validation.png (needs matplotlib)")
     plot.add_argument("log", metavar="INPUT", help="the run's log.dir or its metrics.jsonl, a plan's JSON, or a "
                                                    "plan validation's JSON (told apart by their content)")
-    plot.add_argument("--out", help="folder for the PNG files (default: the input's folder)")
+    plot.add_argument("--out", help="folder for the PNG files (default: the input's folder); for a plan or a "
+                                    "validation, one figure, a file name ending .png is taken as it is")
     plot.add_argument("--title", help="a title before each figure's own")
     plot.set_defaults(func=plot_command)

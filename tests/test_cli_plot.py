@@ -29,6 +29,8 @@ def test_a_runs_log_becomes_three_pictures(tmp_path, capsys):
         assert f"wrote {tmp_path / 'pics' / name}" in out
     assert main(["plot", str(tmp_path / "nothing")]) == 1
     assert "no metrics log" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path / "log"), "--out", str(tmp_path / "one.png")]) == 1
+    assert "give a folder" in capsys.readouterr().err and not (tmp_path / "one.png").exists()
 
 
 def test_the_moving_average_skips_missing_values():
@@ -68,6 +70,8 @@ def test_plan_is_drawn_from_its_json_and_by_plan_plot(plan_files, tmp_path, caps
     data = (tmp_path / "pics" / "plan.png").read_bytes()
     assert data[:8] == PNG and len(data) > 20_000
     assert read_input(str(plan_json))[0] == "plan"
+    assert main(["plot", str(plan_json), "--out", str(tmp_path / "named.png")]) == 0  # one figure: a file name
+    assert (tmp_path / "named.png").read_bytes()[:8] == PNG
 
 
 def test_the_plan_figure_draws_every_row_of_the_plan(plan_files, tmp_path):
@@ -78,7 +82,8 @@ def test_the_plan_figure_draws_every_row_of_the_plan(plan_files, tmp_path):
     for s in series:
         for capacity, size, error in s["cannot_run"]:
             row = next(rows)
-            assert (row["capacity"], row["capacity_bytes"], row["error"]) == (capacity, size, error) and capacity == "1%"
+            assert (row["capacity"], row["capacity_bytes"], row["error"]) == (capacity, size, error)
+            assert capacity == "1%"
         for k, capacity in enumerate(s["capacity"]):
             row = next(rows)
             assert (row["policy"], row["pvp"], row["capacity"]) == (s["policy"], s["pvp"], capacity)
@@ -101,6 +106,9 @@ def test_plan_validation_is_drawn_predicted_beside_measured(tmp_path, capsys):
         for figure in ("ms_per_iteration", "hit_ratio"):
             assert data[side][figure] == [r[side][figure] for r in result["results"]]
     assert data["error"] == pytest.approx([r["error"]["ms_per_iteration"] for r in result["results"]])
+    for side, repeats in (("predicted", "plans"), ("measured", "runs")):  # 5 repeats of each
+        assert data["range"][side] == [(min(x["ms_per_iteration"] for x in r[repeats]),
+                                        max(x["ms_per_iteration"] for x in r[repeats])) for r in result["results"]]
     assert main(["plot", VALIDATION, "--out", str(tmp_path / "pics"), "--title", "quiet"]) == 0
     assert (tmp_path / "pics" / "plan_validation.png").read_bytes()[:8] == PNG
 
