@@ -194,12 +194,31 @@ def _kind(document) -> str | None:
 PLAN_STAGES = ("sample", "cache", "read", "train")
 
 
-def plan_series(plan: dict) -> list[dict]:
+def measured_runs(plan: dict, validation: dict) -> dict[tuple, dict]:
+    """The measured figures of ``validation`` (plan_validation.py's JSON) that ran one of ``plan``'s settings:
+    ``{(policy, pvp, capacity): measured}`` for each result of the same graph size, row size, model, fanouts and
+    batch size as the plan, keyed as the plan's rows are."""
+    settings, run, ds = validation.get("settings") or {}, plan["run"], plan["dataset"]
+    graph = {"num_nodes": ds["num_nodes"], "model": run["model"], "hidden": run["hidden"]}
+    if any(settings.get(key, value) != value for key, value in graph.items()):
+        return {}
+    out = {}
+    for r in validation["results"]:
+        s = r.get("settings") or {}
+        fanouts = json.loads(s["fanouts"]) if isinstance(s.get("fanouts"), str) else s.get("fanouts")
+        if (s.get("row_bytes"), fanouts, s.get("batch_size")) == (ds["row_bytes"], list(run["fanouts"]),
+                                                                  run["batch_size"]):
+            out[(s.get("policy"), bool(s.get("pvp")), s.get("capacity"))] = r["measured"]
+    return out
+
+
+def plan_series(plan: dict, measured: dict | None = None) -> list[dict]:
     """The plan's rows as the figure draws them: one series per (policy, PVP) in the plan's order, each
     ``{label, policy, pvp, capacity, capacity_bytes, hit_ratio, ms_per_iteration, steady_ms, stages: {stage: ms},
     recommended (index into the lists, or None), cannot_run: [(capacity, capacity_bytes, error)]}``, its points
     in the plan's order (sizes as given). A row a cache too small cannot run is left out of the lines and listed
-    under ``cannot_run``."""
+    under ``cannot_run``. ``measured`` (:func:`measured_runs`) adds ``measured: {capacity_bytes, hit_ratio,
+    ms_per_iteration}``, the points of the series that ran."""
     best = plan.get("recommendation")
     series, by_key = [], {}
     for row in plan["rows"]:
@@ -211,7 +230,8 @@ def plan_series(plan: dict) -> list[dict]:
             s = {"label": label if not same else f"{label} ({same + 1})", "policy": row["policy"],
                  "pvp": bool(row["pvp"]), "capacity": [], "capacity_bytes": [], "hit_ratio": [],
                  "ms_per_iteration": [], "steady_ms": [], "stages": {stage: [] for stage in PLAN_STAGES},
-                 "recommended": None, "cannot_run": []}
+                 "recommended": None, "cannot_run": [],
+                 "measured": {"capacity_bytes": [], "hit_ratio": [], "ms_per_iteration": []}}
             series.append(s)
             by_key[key] = s
         if "error" in row:
@@ -228,6 +248,11 @@ def plan_series(plan: dict) -> list[dict]:
         s["steady_ms"].append(row["steady_ms"])
         for stage in PLAN_STAGES:
             s["stages"][stage].append(row["stages_ms"][stage])
+        ran = (measured or {}).get((row["policy"], bool(row["pvp"]), row["capacity"]))
+        if ran is not None:
+            s["measured"]["capacity_bytes"].append(row["capacity_bytes"])
+            s["measured"]["hit_ratio"].append(ran["hit_ratio"])
+            s["measured"]["ms_per_iteration"].append(ran["ms_per_iteration"])
     return series
 
 
@@ -251,12 +276,16 @@ def _size_axis(ax, series: list[dict]) -> None:
     ax.set_xlabel("cache size")
 
 
-def draw_plan(plan: dict, path: str, title: str = "") -> list[dict]:
+def draw_plan(plan: dict, path: str, title: str = "", measured: dict | None = None) -> list[dict]:
     """Writes ``path``, a PNG of ``plan`` (:func:`lsm_gnn.planner.make_plan`'s result): the predicted hit ratio
     and ms per iteration against the cache size, one line per policy (and PVP on/off), the recommended point
-    starred, and per series its stages' ms per iteration. Returns the series drawn (:func:`plan_series`)."""
+    starred, and per series its stages' ms per iteration; with ``measured`` (plan_validation.py's JSON) the
+    measured runs of the plan's settings as hollow squares. Returns the series drawn (:func:`plan_series`)."""
     plt = pyplot()
-    series = plan_series(plan)
+    series = plan_series(plan, None if measured is None else measured_runs(plan, measured))
+    if measured is not None and not any(s["measured"]["capacity_bytes"] for s in series):
+        raise ValueError("no measured run of the plan's settings: --measured must hold runs of the same graph size, "
+                         "row size, model, fanouts, batch size, policy, PVP and capacity as the plan")
     if not series:
         raise ValueError("the plan has no rows to draw")
     panels = (len(series) + 1) // 2
@@ -266,6 +295,11 @@ def draw_plan(plan: dict, path: str, title: str = "") -> list[dict]:
         mib = [b / 2**20 for b in s["capacity_bytes"]]
         hit.plot(mib, s["hit_ratio"], marker="o", color=f"C{i}", label=s["label"])
         total.plot(mib, s["ms_per_iteration"], marker="o", color=f"C{i}", label=s["label"])
+        ran = s["measured"]
+        if ran["capacity_bytes"]:
+            for ax, figure in ((hit, "hit_ratio"), (total, "ms_per_iteration")):
+                ax.plot([b / 2**20 for b in ran["capacity_bytes"]], ran[figure], ls="none", marker="s", markersize=10,
+                        markerfacecolor="none", markeredgewidth=1.5, color=f"C{i}", label=f"{s['label']} measured")
         if s["recommended"] is not None:
             k = s["recommended"]
             total.plot(mib[k], s["ms_per_iteration"][k], marker="*", markersize=16, color="gold",
@@ -390,6 +424,9 @@ def plot_command(args) -> int:
     kind, document = read_input(args.log)
     out = args.out or (args.log if os.path.isdir(args.log) else os.path.dirname(os.path.abspath(args.log)))
     one_file = out.lower().endswith(".png") and not os.path.isdir(out)
+    if args.measured and kind != "plan":
+        raise ValueError(f"--measured goes with a plan's JSON; {args.log} is a "
+                         + {"run": "run's log", "validation": "plan validation, which holds its measured runs"}[kind])
     if kind == "run":
         if one_file:
             raise ValueError(f"--out {out}: a run is drawn in three files (curves.png, stages.png, cache.png); "
@@ -398,7 +435,14 @@ def plot_command(args) -> int:
     else:
         name, draw = {"plan": ("plan.png", draw_plan), "validation": ("plan_validation.png", draw_validation)}[kind]
         path = out if one_file else os.path.join(out, name)
-        draw(document, path, title=args.title or "")
+        if kind == "plan" and args.measured:
+            what, validation = read_input(args.measured)
+            if what != "validation":
+                raise ValueError(f"--measured {args.measured} is no plan validation: give the JSON of "
+                                 "benchmarks/plan_validation.py")
+            draw_plan(document, path, title=args.title or "", measured=validation)
+        else:
+            draw(document, path, title=args.title or "")
         written = [path]
     for path in written:
         print(f"wrote {path}")
@@ -415,5 +459,7 @@ def add_plot_parser(sub) -> None:
                                                    "plan validation's JSON (told apart by their content)")
     plot.add_argument("--out", help="folder for the PNG files (default: the input's folder); for a plan or a "
                                     "validation, one figure, a file name ending .png is taken as it is")
+    plot.add_argument("--measured", metavar="JSON", help="with a plan: benchmarks/plan_validation.py's JSON, whose "
+                                                         "runs of the plan's settings are drawn beside the prediction")
     plot.add_argument("--title", help="a title before each figure's own")
     plot.set_defaults(func=plot_command)

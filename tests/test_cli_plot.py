@@ -97,6 +97,34 @@ def test_the_plan_figure_draws_every_row_of_the_plan(plan_files, tmp_path):
     assert marked == [(best["policy"] + ("+pvp" if best["pvp"] else ""), best["capacity"])]
 
 
+def test_measured_runs_of_the_plans_settings_are_drawn_beside_it(plan_files, tmp_path, capsys):
+    plan = json.loads(plan_files[0].read_text())
+    run, row = plan["run"], next(r for r in plan["rows"] if r["policy"] == "rr" and r["pvp"] and "error" not in r)
+    # plan_validation.py's layout, its figures made up: one result of the plan's settings, one of another batch
+    settings = {"row_bytes": plan["dataset"]["row_bytes"], "fanouts": "[4,3]", "batch_size": run["batch_size"],
+                "capacity": row["capacity"], "policy": "rr", "pvp": True}
+    validation = {"settings": {"num_nodes": 600, "model": "sage", "hidden": 16}, "results": [
+        {"name": "same", "settings": settings, "predicted": {},
+         "measured": {"hit_ratio": 0.25, "ms_per_iteration": 9.0}},
+        {"name": "other", "settings": {**settings, "batch_size": 32}, "predicted": {},
+         "measured": {"hit_ratio": 0.5, "ms_per_iteration": 1.0}}]}
+    series = draw_plan(plan, str(tmp_path / "m.png"), measured=validation)
+    drawn = {s["label"]: s["measured"] for s in series if s["measured"]["capacity_bytes"]}
+    assert drawn == {"rr+pvp": {"capacity_bytes": [row["capacity_bytes"]], "hit_ratio": [0.25],
+                                "ms_per_iteration": [9.0]}}
+    (tmp_path / "v.json").write_text(json.dumps(validation))
+    assert main(["plot", str(plan_files[0]), "--measured", str(tmp_path / "v.json"), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "plan.png").read_bytes()[:8] == PNG
+    validation["settings"]["num_nodes"] = 601  # another graph: nothing to draw, and said so
+    (tmp_path / "v.json").write_text(json.dumps(validation))
+    assert main(["plot", str(plan_files[0]), "--measured", str(tmp_path / "v.json"), "--out", str(tmp_path)]) == 1
+    assert "no measured run of the plan's settings" in capsys.readouterr().err
+    assert main(["plot", str(plan_files[0]), "--measured", str(plan_files[0]), "--out", str(tmp_path)]) == 1
+    assert "is no plan validation" in capsys.readouterr().err
+    assert main(["plot", VALIDATION, "--measured", VALIDATION, "--out", str(tmp_path)]) == 1
+    assert "--measured goes with a plan's JSON" in capsys.readouterr().err
+
+
 def test_plan_validation_is_drawn_predicted_beside_measured(tmp_path, capsys):
     result = json.loads(open(VALIDATION).read())
     data = draw_validation(result, str(tmp_path / "v.png"))
