@@ -96,12 +96,16 @@ def _write_top_k(ds, emb, k: int, out: str) -> list[str]:
     import torch
 
     from lsm_gnn.inference import row_entries
-    from lsm_gnn.linkpred import SCORE_CHUNK, user_item_sizes
+    from lsm_gnn.linkpred import SCORE_CHUNK, _pairs_of, user_item_sizes
 
     num_users, num_items = user_item_sizes(ds)
     k = min(k, num_items)
     users, items = emb[:num_users], emb[num_users:]
-    held = [np.asarray(ds.edge_split(name)) for name in ds.edge_split_names]
+    # Every split's held-out pairs, sorted by user once: each block of users takes its slice by binary search
+    # instead of scanning all pairs again.
+    held = np.concatenate([np.asarray(ds.edge_split(name)).reshape(-1, 2) for name in ds.edge_split_names]
+                          or [np.zeros((0, 2), dtype=np.int64)])
+    held = held[np.argsort(held[:, 0], kind="stable")]
     top = np.full((num_users, k), -1, dtype=np.int64)
     chunk = max(1, SCORE_CHUNK // max(1, num_items))
     for start in range(0, num_users, chunk):
@@ -110,9 +114,8 @@ def _write_top_k(ds, emb, k: int, out: str) -> list[str]:
         local, neighbours = row_entries(ds.indptr, ds.indices, block)
         keep = neighbours >= num_users
         known[local[keep], neighbours[keep] - num_users] = True
-        for pairs in held:
-            mine = (pairs[:, 0] >= block[0]) & (pairs[:, 0] <= block[-1])
-            known[pairs[mine, 0] - block[0], pairs[mine, 1] - num_users] = True
+        local, held_items = _pairs_of(held, block)
+        known[local, held_items - num_users] = True
         scores = (users[block] @ items.T).masked_fill_(torch.from_numpy(known), float("-inf"))
         values, index = scores.topk(k, dim=1)
         top[block] = np.where(torch.isfinite(values).numpy(), index.numpy(), -1)

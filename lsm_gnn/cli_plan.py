@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 
 def _names(text: str) -> list[str]:
@@ -31,6 +32,12 @@ def _plan(args) -> int:
         config = None
     if args.json and args.json != "-":
         check_output_file(args.json, "--json")
+    if args.plot:  # refused before the plan's work, not after it
+        from lsm_gnn.cli_plot import pyplot
+
+        if os.path.isdir(args.plot):
+            raise ValueError(f"--plot {args.plot} is a directory; give a PNG file name")
+        pyplot()
     cfg = load_config(config, overrides)
     pvp = {"off": [False], "on": [True], "both": [False, True], None: [cfg.cache.pvp]}[args.pvp]
     plan = make_plan(cfg, sizes=args.sizes or [cfg.cache.capacity], policies=args.policies or [cfg.cache.policy],
@@ -40,10 +47,15 @@ def _plan(args) -> int:
                      storage_seconds=args.storage_seconds, tolerance=args.tolerance / 100)
     if args.json == "-":
         print(json.dumps(plan, indent=2, default=str))
-        return 0
-    print(format_plan(plan))
-    if args.json:
-        write_json_output(args.json, plan, "lsm-gnn plan", "--json")
+    else:
+        print(format_plan(plan))
+        if args.json:
+            write_json_output(args.json, plan, "lsm-gnn plan", "--json")
+    if args.plot:
+        from lsm_gnn.cli_plot import draw_plan
+
+        draw_plan(plan, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr if args.json == "-" else sys.stdout)
     return 0
 
 
@@ -82,4 +94,6 @@ def add_plan_parser(sub) -> None:
     plan.add_argument("--tolerance", type=float, default=5.0,
                       help="recommend the smallest cache within this many %% of the fastest (default 5)")
     plan.add_argument("--json", help="also write the plan to this file ('-': print JSON instead of the table)")
+    plan.add_argument("--plot", metavar="PNG", help="also draw the plan into this PNG file, as lsm-gnn plot "
+                                                    "draws a plan's JSON (needs matplotlib)")
     plan.set_defaults(func=_plan)

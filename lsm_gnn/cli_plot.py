@@ -1,9 +1,13 @@
-"""``lsm-gnn plot``: pictures of a run from its metrics log (``log.dir/metrics.jsonl``).
+"""``lsm-gnn plot``: pictures of a run from its metrics log (``log.dir/metrics.jsonl``), or of a plan.
 
-Three PNG files: ``curves.png`` (the loss per iteration, smoothed, and every evaluation's metrics over the
-iterations), ``stages.png`` (each stage's milliseconds per iteration: sampling, gathering, waiting, training, and
-with node embeddings their stages) and ``cache.png`` (the hit ratio per iteration, per node type on a typed
-graph, and the bytes read from storage). Needs matplotlib (``pip install matplotlib``, or the ``plot`` extra).
+From a run's log, three PNG files: ``curves.png`` (the loss per iteration, smoothed, and every evaluation's
+metrics over the iterations), ``stages.png`` (each stage's milliseconds per iteration: sampling, gathering,
+waiting, training, and with node embeddings their stages) and ``cache.png`` (the hit ratio per iteration, per
+node type on a typed graph, and the bytes read from storage). From a plan (``lsm-gnn plan --json``),
+``plan.png``: the predicted hit ratio and ms per iteration against the cache size per policy, and each
+policy's stages (:func:`draw_plan`). From ``benchmarks/plan_validation.py``'s JSON, ``plan_validation.png``:
+predicted beside measured ms per iteration and hit ratio (:func:`draw_validation`). The input is told apart by
+its content (:func:`read_input`). Needs matplotlib (``pip install matplotlib``, or the ``plot`` extra).
 """
 from __future__ import annotations
 
@@ -49,16 +53,27 @@ def moving_average(values: list[float], width: int = SMOOTH) -> list[float]:
 
 
 def _save(fig, path: str) -> str:
+    """Writes ``fig`` to ``path`` atomically as a PNG of 256 colours (a third of the full-colour file's size, the
+    same to the eye for line art), or full colour where Pillow, a dependency of matplotlib, is missing."""
     import io
 
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    atomic_write_bytes(buffer.getvalue(), path)
+    data = buffer.getvalue()
+    try:
+        from PIL import Image
+    except ImportError:
+        pass
+    else:
+        buffer = io.BytesIO()
+        Image.open(io.BytesIO(data)).convert("RGB").quantize(256).save(buffer, format="png", optimize=True)
+        data = buffer.getvalue()
+    atomic_write_bytes(data, path)
     return path
 
 
-def plot_run(log: dict, out: str, title: str = "") -> list[str]:
-    """Writes the three figures of ``log`` (:func:`read_log`) into folder ``out``; returns their paths."""
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, or a ValueError saying how to install it."""
     try:
         import matplotlib
     except ImportError:
@@ -66,6 +81,12 @@ def plot_run(log: dict, out: str, title: str = "") -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_run(log: dict, out: str, title: str = "") -> list[str]:
+    """Writes the three figures of ``log`` (:func:`read_log`) into folder ``out``; returns their paths."""
+    plt = pyplot()
     os.makedirs(out, exist_ok=True)
     records = log["iterations"]
     steps = [r["iteration"] for r in records]
@@ -125,19 +146,320 @@ def plot_run(log: dict, out: str, title: str = "") -> list[str]:
     return written
 
 
+#: what ``lsm-gnn plot`` reads, for the message that refuses anything else
+INPUTS = ("a run's log.dir (or its metrics.jsonl), a plan (lsm-gnn plan --json FILE) or the JSON of "
+          "benchmarks/plan_validation.py")
+
+
+def read_input(path: str) -> tuple[str, dict]:
+    """What ``path`` holds, by its content: ``("run", read_log(path))`` for a run's log folder or metrics log,
+    ``("plan", plan)`` for ``lsm-gnn plan``'s JSON, ``("validation", result)`` for plan_validation.py's."""
+    if os.path.isdir(path) or path.endswith(".jsonl"):
+        return "run", read_log(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"no metrics log, plan or plan validation at {path}: give {INPUTS}")
+    with open(path, "rb") as fh:
+        data = fh.read()
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        first = data.split(b"\n", 1)[0]
+        try:  # a metrics log not named .jsonl: one JSON object a line
+            document = json.loads(first)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            document = None
+    kind = _kind(document)
+    if kind is None:
+        raise ValueError(f"{path} is neither a metrics log, a plan nor a plan validation: give {INPUTS}")
+    return kind, (read_log(path) if kind == "run" else document)
+
+
+def _kind(document) -> str | None:
+    if not isinstance(document, dict):
+        return None
+    if isinstance(document.get("rows"), list) and "recommendation" in document and "run" in document:
+        return "plan"
+    results = document.get("results")
+    if isinstance(results, list) and results and all(isinstance(r, dict) and "predicted" in r and "measured" in r
+                                                     for r in results):
+        return "validation"
+    if any(key in document for key in ("iteration", "evaluation", "epoch_summary", "run_summary")):
+        return "run"
+    return None
+
+
+# -- a plan: predictions against the cache size ------------------------------------------------------------------
+
+#: the stages a plan predicts, as its rows' ``stages_ms`` name them, in the order drawn
+PLAN_STAGES = ("sample", "cache", "read", "train")
+
+
+def measured_runs(plan: dict, validation: dict) -> dict[tuple, dict]:
+    """The measured figures of ``validation`` (plan_validation.py's JSON) that ran one of ``plan``'s settings:
+    ``{(policy, pvp, capacity): measured}`` for each result of the same graph size, row size, model, fanouts and
+    batch size as the plan, keyed as the plan's rows are."""
+    settings, run, ds = validation.get("settings") or {}, plan["run"], plan["dataset"]
+    graph = {"num_nodes": ds["num_nodes"], "model": run["model"], "hidden": run["hidden"]}
+    if any(settings.get(key, value) != value for key, value in graph.items()):
+        return {}
+    out = {}
+    for r in validation["results"]:
+        s = r.get("settings") or {}
+        fanouts = json.loads(s["fanouts"]) if isinstance(s.get("fanouts"), str) else s.get("fanouts")
+        if (s.get("row_bytes"), fanouts, s.get("batch_size")) == (ds["row_bytes"], list(run["fanouts"]),
+                                                                  run["batch_size"]):
+            out[(s.get("policy"), bool(s.get("pvp")), s.get("capacity"))] = r["measured"]
+    return out
+
+
+def plan_series(plan: dict, measured: dict | None = None) -> list[dict]:
+    """The plan's rows as the figure draws them: one series per (policy, PVP) in the plan's order, each
+    ``{label, policy, pvp, capacity, capacity_bytes, hit_ratio, ms_per_iteration, steady_ms, stages: {stage: ms},
+    recommended (index into the lists, or None), cannot_run: [(capacity, capacity_bytes, error)]}``, its points
+    in the plan's order (sizes as given). A row a cache too small cannot run is left out of the lines and listed
+    under ``cannot_run``. ``measured`` (:func:`measured_runs`) adds ``measured: {capacity_bytes, hit_ratio,
+    ms_per_iteration}``, the points of the series that ran."""
+    best = plan.get("recommendation")
+    series, by_key = [], {}
+    for row in plan["rows"]:
+        key = (row["policy"], bool(row["pvp"]))
+        s = by_key.get(key)
+        if s is None or row["capacity"] in s["capacity"] + [c for c, _, _ in s["cannot_run"]]:
+            label = row["policy"] + ("+pvp" if row["pvp"] else "")
+            same = sum(1 for t in series if t["policy"] == row["policy"] and t["pvp"] == bool(row["pvp"]))
+            s = {"label": label if not same else f"{label} ({same + 1})", "policy": row["policy"],
+                 "pvp": bool(row["pvp"]), "capacity": [], "capacity_bytes": [], "hit_ratio": [],
+                 "ms_per_iteration": [], "steady_ms": [], "stages": {stage: [] for stage in PLAN_STAGES},
+                 "recommended": None, "cannot_run": [],
+                 "measured": {"capacity_bytes": [], "hit_ratio": [], "ms_per_iteration": []}}
+            series.append(s)
+            by_key[key] = s
+        if "error" in row:
+            s["cannot_run"].append((row["capacity"], row["capacity_bytes"], row["error"]))
+            continue
+        if best is not None and all(best.get(k) == row.get(k) for k in
+                                    ("policy", "pvp", "capacity", "capacity_bytes", "ms_per_iteration")):
+            s["recommended"] = len(s["capacity"])
+            best = None  # one point only, should two rows be equal
+        s["capacity"].append(row["capacity"])
+        s["capacity_bytes"].append(row["capacity_bytes"])
+        s["hit_ratio"].append(row["hit_ratio"])
+        s["ms_per_iteration"].append(row["ms_per_iteration"])
+        s["steady_ms"].append(row["steady_ms"])
+        for stage in PLAN_STAGES:
+            s["stages"][stage].append(row["stages_ms"][stage])
+        ran = (measured or {}).get((row["policy"], bool(row["pvp"]), row["capacity"]))
+        if ran is not None:
+            s["measured"]["capacity_bytes"].append(row["capacity_bytes"])
+            s["measured"]["hit_ratio"].append(ran["hit_ratio"])
+            s["measured"]["ms_per_iteration"].append(ran["ms_per_iteration"])
+    return series
+
+
+def _size_axis(ax, series: list[dict]) -> None:
+    """Cache size in MiB on a log axis when the sizes span more than 4x, ticks labelled as the plan gave them."""
+    from lsm_gnn.units import format_bytes
+
+    ticks = {}
+    for s in series:
+        for capacity, size in zip(s["capacity"], s["capacity_bytes"]):
+            ticks.setdefault(size, capacity)
+        for capacity, size, _ in s["cannot_run"]:
+            ticks.setdefault(size, capacity)
+    sizes = sorted(ticks)
+    if sizes and sizes[0] > 0 and sizes[-1] / sizes[0] > 4:
+        ax.set_xscale("log")
+    ax.set_xticks([b / 2**20 for b in sizes])
+    ax.set_xticklabels([ticks[b] if ticks[b] == format_bytes(b) else f"{ticks[b]}\n{format_bytes(b)}"
+                        for b in sizes], fontsize=7)
+    ax.minorticks_off()
+    ax.set_xlabel("cache size")
+
+
+def draw_plan(plan: dict, path: str, title: str = "", measured: dict | None = None) -> list[dict]:
+    """Writes ``path``, a PNG of ``plan`` (:func:`lsm_gnn.planner.make_plan`'s result): the predicted hit ratio
+    and ms per iteration against the cache size, one line per policy (and PVP on/off), the recommended point
+    starred, and per series its stages' ms per iteration; with ``measured`` (plan_validation.py's JSON) the
+    measured runs of the plan's settings as hollow squares. Returns the series drawn (:func:`plan_series`)."""
+    plt = pyplot()
+    series = plan_series(plan, None if measured is None else measured_runs(plan, measured))
+    if measured is not None and not any(s["measured"]["capacity_bytes"] for s in series):
+        raise ValueError("no measured run of the plan's settings: --measured must hold runs of the same graph size, "
+                         "row size, model, fanouts, batch size, policy, PVP and capacity as the plan")
+    if not series:
+        raise ValueError("the plan has no rows to draw")
+    panels = (len(series) + 1) // 2
+    fig, axes = plt.subplots(1 + panels, 2, figsize=(10, 3.6 * (1 + panels)), squeeze=False)
+    hit, total = axes[0]
+    for i, s in enumerate(series):
+        mib = [b / 2**20 for b in s["capacity_bytes"]]
+        hit.plot(mib, s["hit_ratio"], marker="o", color=f"C{i}", label=s["label"])
+        total.plot(mib, s["ms_per_iteration"], marker="o", color=f"C{i}", label=s["label"])
+        ran = s["measured"]
+        if ran["capacity_bytes"]:
+            for ax, figure in ((hit, "hit_ratio"), (total, "ms_per_iteration")):
+                ax.plot([b / 2**20 for b in ran["capacity_bytes"]], ran[figure], ls="none", marker="s", markersize=10,
+                        markerfacecolor="none", markeredgewidth=1.5, color=f"C{i}", label=f"{s['label']} measured")
+        if s["recommended"] is not None:
+            k = s["recommended"]
+            total.plot(mib[k], s["ms_per_iteration"][k], marker="*", markersize=16, color="gold",
+                       markeredgecolor="black", zorder=5, label=f"recommended: {s['label']} at {s['capacity'][k]}")
+    small = sorted({b / 2**20 for s in series for _, b, _ in s["cannot_run"]})
+    for ax in (hit, total) if small else ():
+        ax.plot(small, [0] * len(small), "x", color="0.4", markersize=9, clip_on=False,
+                label="cannot run (a batch does not fit)")
+    hit.set_ylabel("predicted hit ratio")
+    hit.set_ylim(0, 1)
+    total.set_ylabel("predicted ms per iteration")
+    total.set_ylim(bottom=0)
+    for ax in (hit, total):
+        _size_axis(ax, series)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    for i, s in enumerate(series):
+        ax = axes[1 + i // 2][i % 2]
+        mib = [b / 2**20 for b in s["capacity_bytes"]]
+        for j, stage in enumerate(PLAN_STAGES):
+            ax.plot(mib, s["stages"][stage], marker=".", color=f"C{j}", label=stage)
+        ax.plot(mib, s["ms_per_iteration"], color="black", lw=2, label="ms/it (run)")
+        ax.plot(mib, s["steady_ms"], color="black", lw=1, ls="--", label="steady")
+        if s["recommended"] is not None:
+            k = s["recommended"]
+            ax.plot(mib[k], s["ms_per_iteration"][k], marker="*", markersize=16, color="gold",
+                    markeredgecolor="black", zorder=5)
+        ax.set_title(f"{s['label']}: ms per iteration by stage", fontsize=9)
+        ax.set_ylabel("ms per iteration")
+        ax.set_ylim(bottom=0)
+        _size_axis(ax, [s])
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    if len(series) % 2:
+        axes[-1][1].set_visible(False)
+    run, ds = plan["run"], plan["dataset"]
+    fig.suptitle(f"{title} plan: {ds['num_nodes']:,} nodes of {ds['row_bytes']} B, fanouts {run['fanouts']}, batch "
+                 f"{run['batch_size']}, {run['model']}, {run['iterations']} iterations on {run['cores']} core(s)\n"
+                 "(stages each alone: sample, cache, read on the loader thread, overlapped with train)".strip(),
+                 fontsize=9)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+    return series
+
+
+# -- the plan against measured runs ------------------------------------------------------------------------------
+
+def validation_series(result: dict) -> dict:
+    """plan_validation.py's result as its figure draws it: ``{names, predicted: {ms_per_iteration, hit_ratio},
+    measured: {...}, error: [relative error of ms/it], range: {predicted: [(min, max)], measured: [...]}}``, one
+    entry per configuration in the file's order; ``range`` spans the ms/it of the repeated plans and runs whose
+    medians the file keeps ((None, None) for a single one)."""
+    out = {"names": [], "error": [], "range": {"predicted": [], "measured": []},
+           **{side: {"ms_per_iteration": [], "hit_ratio": []} for side in ("predicted", "measured")}}
+    for r in result["results"]:
+        out["names"].append(r.get("name") or str(len(out["names"])))
+        for side, repeats in (("predicted", r.get("plans") or ()), ("measured", r.get("runs") or ())):
+            times = [each["ms_per_iteration"] for each in repeats]
+            out["range"][side].append((min(times), max(times)) if len(times) > 1 else (None, None))
+        for side in ("predicted", "measured"):
+            for figure in ("ms_per_iteration", "hit_ratio"):
+                out[side][figure].append(r[side][figure])
+        p, m = r["predicted"]["ms_per_iteration"], r["measured"]["ms_per_iteration"]
+        out["error"].append((p - m) / m if m else None)
+    return out
+
+
+def draw_validation(result: dict, path: str, title: str = "") -> dict:
+    """Writes ``path``, a PNG of plan_validation.py's ``result``: per configuration the predicted beside the
+    measured ms per iteration (the error written above) and hit ratio. Returns the data drawn
+    (:func:`validation_series`)."""
+    plt = pyplot()
+    data = validation_series(result)
+    n = len(data["names"])
+    fig, (ms, hit) = plt.subplots(2, 1, figsize=(max(7.0, 0.8 * n + 2), 7), sharex=True)
+    x = list(range(n))
+    width = 0.38
+    for k, (side, color) in enumerate((("predicted", "C0"), ("measured", "C1"))):
+        ms.bar([i + (k - 0.5) * width for i in x], data[side]["ms_per_iteration"], width, color=color, label=side)
+        hit.plot(x, data[side]["hit_ratio"], ls="none", marker="o" if k == 0 else "x",
+                 markersize=9 if k == 0 else 8, markerfacecolor="none" if k == 0 else None, color=color, label=side)
+    tops = [max(p, m) for p, m in zip(data["predicted"]["ms_per_iteration"], data["measured"]["ms_per_iteration"])]
+    label = "range of the repeats"
+    for k, side in enumerate(("predicted", "measured")):  # the ms/it of the repeats, around their median
+        spread = [(i, lo, hi) for i, (lo, hi) in enumerate(data["range"][side]) if lo is not None]
+        if spread:
+            medians = [data[side]["ms_per_iteration"][i] for i, _, _ in spread]
+            ms.errorbar([i + (k - 0.5) * width for i, _, _ in spread], medians, fmt="none", ecolor="black",
+                        capsize=3, lw=1, yerr=[[m - lo for m, (_, lo, _) in zip(medians, spread)],
+                                               [hi - m for m, (_, _, hi) in zip(medians, spread)]], label=label)
+            label = None
+            for i, _, hi in spread:
+                tops[i] = max(tops[i], hi)
+    for i, (error, top) in enumerate(zip(data["error"], tops)):
+        if error is not None:
+            ms.annotate(f"{error:+.0%}", (i, top), xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7)
+    ms.set_ylabel("ms per iteration")
+    ms.set_ylim(0, 1.2 * max(tops, default=1))
+    ms.legend(fontsize=8, loc="upper center", ncol=3)
+    hit.set_ylabel("hit ratio")
+    hit.set_ylim(0, 1)
+    hit.legend(fontsize=8)
+    hit.set_xticks(x)
+    hit.set_xticklabels(data["names"], rotation=30, ha="right", fontsize=8)
+    for ax in (ms, hit):
+        ax.grid(True, axis="y", alpha=0.3)
+    summary = result.get("summary") or {}
+    line = (f"|error| of ms/it: median {summary['median_abs_error_ms']:.0%}, max {summary['max_abs_error_ms']:.0%}"
+            if "median_abs_error_ms" in summary else "")
+    ms.set_title(f"{title} planner predicted vs measured (labels: the prediction's error){'; ' + line if line else ''}"
+                 .strip(), fontsize=9)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+    return data
+
+
+# -- the command -------------------------------------------------------------------------------------------------
+
 def plot_command(args) -> int:
-    log = read_log(args.log)
+    kind, document = read_input(args.log)
     out = args.out or (args.log if os.path.isdir(args.log) else os.path.dirname(os.path.abspath(args.log)))
-    for path in plot_run(log, out, title=args.title or ""):
+    one_file = out.lower().endswith(".png") and not os.path.isdir(out)
+    if args.measured and kind != "plan":
+        raise ValueError(f"--measured goes with a plan's JSON; {args.log} is a "
+                         + {"run": "run's log", "validation": "plan validation, which holds its measured runs"}[kind])
+    if kind == "run":
+        if one_file:
+            raise ValueError(f"--out {out}: a run is drawn in three files (curves.png, stages.png, cache.png); "
+                             "give a folder")
+        written = plot_run(document, out, title=args.title or "")
+    else:
+        name, draw = {"plan": ("plan.png", draw_plan), "validation": ("plan_validation.png", draw_validation)}[kind]
+        path = out if one_file else os.path.join(out, name)
+        if kind == "plan" and args.measured:
+            what, validation = read_input(args.measured)
+            if what != "validation":
+                raise ValueError(f"--measured {args.measured} is no plan validation: give the JSON of "
+                                 "benchmarks/plan_validation.py")
+            draw_plan(document, path, title=args.title or "", measured=validation)
+        else:
+            draw(document, path, title=args.title or "")
+        written = [path]
+    for path in written:
         print(f"wrote {path}")
     return 0
 
 
 def add_plot_parser(sub) -> None:
-    plot = sub.add_parser("plot", help="draw a run's training curves, stage times and hit ratio",
+    plot = sub.add_parser("plot", help="draw a run's training curves, stage times and hit ratio, or a plan",
                           description="Reads a run's metrics log (log.dir/metrics.jsonl) and writes curves.png, "
-                                      "stages.png and cache.png (needs matplotlib)")
-    plot.add_argument("log", help="the run's log.dir, or its metrics.jsonl")
-    plot.add_argument("--out", help="folder for the PNG files (default: the log's folder)")
+                                      "stages.png and cache.png; or a plan (lsm-gnn plan --json) and writes "
+                                      "plan.png; or benchmarks/plan_validation.py's JSON and writes "
+                                      "plan_validation.png (needs matplotlib)")
+    plot.add_argument("log", metavar="INPUT", help="the run's log.dir or its metrics.jsonl, a plan's JSON, or a "
+                                                   "plan validation's JSON (told apart by their content)")
+    plot.add_argument("--out", help="folder for the PNG files (default: the input's folder); for a plan or a "
+                                    "validation, one figure, a file name ending .png is taken as it is")
+    plot.add_argument("--measured", metavar="JSON", help="with a plan: benchmarks/plan_validation.py's JSON, whose "
+                                                         "runs of the plan's settings are drawn beside the prediction")
     plot.add_argument("--title", help="a title before each figure's own")
     plot.set_defaults(func=plot_command)

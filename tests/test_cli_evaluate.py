@@ -57,6 +57,33 @@ def test_export_writes_embeddings_and_each_users_top_items_it_never_met(link_run
     assert top[u].tolist() == scores.topk(5).indices.tolist() and not known & set(top[u].tolist())
 
 
+def test_top_k_equals_a_brute_force_ranking_of_every_user_across_score_blocks(link_run, tmp_path, monkeypatch):
+    import lsm_gnn.linkpred
+
+    ds, out, _ = link_run
+    monkeypatch.setattr(lsm_gnn.linkpred, "SCORE_CHUNK", 200 * 7)  # blocks of 7 users: 43 of them
+    for k in (5, 195):  # 195: more than any user's candidates, the rest padded with -1
+        assert main(["export", str(out / "ck" / "last.pt"), "--out", str(tmp_path / f"k{k}"), "--top-k", str(k)]) == 0
+    emb = np.load(tmp_path / "k5" / "embeddings.npy")
+    top5, top195 = np.load(tmp_path / "k5" / "top_k.npy"), np.load(tmp_path / "k195" / "top_k.npy")
+    indptr, indices = np.asarray(ds.indptr), np.asarray(ds.indices)
+    held = np.concatenate([np.asarray(ds.edge_split(name)) for name in ds.edge_split_names])
+    for u in range(300):
+        known = {int(i) - 300 for i in indices[indptr[u]:indptr[u + 1]] if i >= 300}
+        known |= {int(i) - 300 for i in held[held[:, 0] == u, 1]}
+        candidates = sorted(set(range(200)) - known)
+        scores = torch.from_numpy(emb[300:] @ emb[u])
+        scores[list(known)] = -float("inf")
+        assert top5[u].tolist() == scores.topk(5).indices.tolist(), u
+        ranked = top195[u][top195[u] >= 0]
+        assert ranked.size == min(195, len(candidates)) and (top195[u][ranked.size:] == -1).all(), u
+        assert set(ranked.tolist()) <= set(candidates) and len(set(ranked.tolist())) == ranked.size, u
+        assert (np.diff(scores[ranked].numpy()) <= 1e-5).all(), u  # best first
+        left = sorted(set(candidates) - set(ranked.tolist()))
+        assert not left or scores[left].max() <= scores[ranked].min() + 1e-5, u  # none better left out
+    assert (top195 == -1).any() and (top195 >= 0).all(axis=1).any()  # both cases met
+
+
 def test_export_refuses_a_node_classification_checkpoint(tmp_path, capsys):
     ds, _ = write_tiny_dataset(tmp_path / "ds", num_nodes=300)
     assert main(["train", f"dataset={ds.path}", "model.kind=sage", "model.hidden=8", "sampler.fanouts=[3]",

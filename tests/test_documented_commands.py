@@ -59,6 +59,9 @@ SKIP = {
         "README.md's launch/torchrun.sh command is the same 2-rank run (20 s): once is enough here",
     "NPROC=2 launch/mpirun.sh configs/default.yaml dataset=data/igb":
         "the same run as launch/torchrun.sh's, started by Open MPI; tests/test_launchers.py runs it",
+    "lsm-gnn plot docs/results/plan_validation_quiet.json --out docs/images/plan_validation_quiet.png "
+    "--title 'quiet machine (load 0.4-1.1):'":
+        "draws the repository's docs/results/plan_validation_quiet.json; tests/test_cli_plot.py draws that file",
 }
 EXPECTED_ERRORS = {
     "lsm-gnn train configs/demo.yaml cache.polcy=rr": "unknown config key 'cache.polcy'",

@@ -77,7 +77,10 @@ def assert_same(a, b):
             assert torch.equal(u, v) if isinstance(u, torch.Tensor) else u == v, field.name
 
 
-def test_auto_counts_one_preloaded_copy_per_rank_on_the_host(tmp_path, monkeypatch):
+def auto_access_with_memory(tmp_path, monkeypatch):
+    """``(access, size)``: ``access(available)`` is the topology access ``auto`` picks for a tiny dataset of
+    ``size`` bytes of topology while the host reports ``available`` bytes of memory left (None: unknown);
+    ``access(available, asked)`` what ``asked`` resolves to."""
     import lsm_gnn.memcap as memcap
     from lsm_gnn.sampling.neighbor import topology_access_for
 
@@ -85,11 +88,19 @@ def test_auto_counts_one_preloaded_copy_per_rank_on_the_host(tmp_path, monkeypat
     ds = open_dataset(tmp_path / "ds")
     relations = [tuple(r) for r in ds.relations]
     size = sum(a.nbytes for a in ds.csr(relations[0]))
-    monkeypatch.setattr(memcap, "available_memory", lambda: 4 * size)
+
+    def access(available: int | None, asked: str = "auto") -> str:
+        monkeypatch.setattr(memcap, "available_memory", lambda: available)
+        return topology_access_for(ds, relations, asked)
+
+    return access, size
+
+
+def test_auto_counts_one_preloaded_copy_per_rank_on_the_host(tmp_path, monkeypatch):
+    access, size = auto_access_with_memory(tmp_path, monkeypatch)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert topology_access_for(ds, relations, "auto") == "random"  # two copies would take half the room
-    monkeypatch.setattr(memcap, "available_memory", lambda: 8 * size)
-    assert topology_access_for(ds, relations, "auto") == "preload"
+    assert access(4 * size) == "random"  # two copies would take half the room
+    assert access(8 * size) == "preload"
 
 
 def test_inspect_summarizes_degrees_chunk_by_chunk(tmp_path):
@@ -132,20 +143,11 @@ def test_the_sampler_turns_read_around_off_on_the_mapped_csr_unless_asked(tmp_pa
 
 
 def test_auto_preloads_only_a_topology_that_fits_a_quarter_of_the_memory_left(tmp_path, monkeypatch):
-    import lsm_gnn.memcap as memcap
-    from lsm_gnn.sampling.neighbor import topology_access_for
-
-    write_tiny_dataset(tmp_path / "ds", num_nodes=300)
-    ds = open_dataset(tmp_path / "ds")
-    relations = [tuple(r) for r in ds.relations]
-    size = sum(a.nbytes for a in ds.csr(relations[0]))
-    monkeypatch.setattr(memcap, "available_memory", lambda: 4 * size)
-    assert topology_access_for(ds, relations, "auto") == "preload"
-    monkeypatch.setattr(memcap, "available_memory", lambda: 4 * size - 1)
-    assert topology_access_for(ds, relations, "auto") == "random"
-    monkeypatch.setattr(memcap, "available_memory", lambda: None)  # unknown: never preload
-    assert topology_access_for(ds, relations, "auto") == "random"
-    assert topology_access_for(ds, relations, "normal") == "normal"
+    access, size = auto_access_with_memory(tmp_path, monkeypatch)
+    assert access(4 * size) == "preload"
+    assert access(4 * size - 1) == "random"
+    assert access(None) == "random"  # unknown: never preload
+    assert access(None, "normal") == "normal"
 
 
 def test_row_lengths_read_in_parallel_still_name_the_first_bad_row():
