@@ -85,6 +85,34 @@ def test_deterministic_in_seed_and_iteration(graph):
     assert not same(a, c) and not same(a, d)
 
 
+@pytest.mark.parametrize("shape", ["random", "hubs"])
+def test_numbering_on_several_threads_equals_one_thread(tmp_path, shape):
+    """A hop of 16,384 edges or more has its new nodes numbered by several threads (claims on a shared table,
+    the first position of each id, prefix sums per chunk); the local ids must be the serial numbering's, new
+    ids in order of their first edge. "hubs": nearly every edge reaches one of 5 nodes, some of them seeds, so
+    threads race to claim the same slots and most edges find an id numbered before."""
+    from lsm_gnn.data.writer import DatasetWriter
+
+    rng = np.random.default_rng(3)
+    n = 20_000
+    if shape == "random":
+        dataset, _ = write_tiny_dataset(tmp_path / "ds", num_nodes=n, dim=2, avg_degree=12)
+    else:
+        src = np.repeat(np.arange(n), 12)
+        dst = np.where(rng.random(src.size) < 0.95, rng.integers(0, 5, src.size), rng.integers(0, n, src.size))
+        with DatasetWriter(tmp_path / "ds", num_nodes=n, feature_dim=2, scores=()) as writer:
+            writer.write_features(np.zeros((n, 2), dtype=np.float32))
+            writer.write_edges([(dst, src)])  # each node's row (its in-neighbours) mostly hubs
+            dataset = writer.commit()
+    seeds = np.concatenate([[0, 1, 2], rng.choice(np.arange(3, n), 4500, replace=False)])
+    runs = [NeighborSampler(dataset, [10, 5], seed=5, num_threads=t).sample(seeds, 2) for t in (1, 2, 3)]
+    assert runs[0][0].edge_index.shape[1] >= 16_384, "the first hop must be large enough to number in parallel"
+    for threads, hops in zip((2, 3), runs[1:]):
+        for h, (one, several) in enumerate(zip(runs[0], hops)):
+            assert torch.equal(one.nodes, several.nodes), f"hop {h}, {threads} threads: other nodes or order"
+            assert torch.equal(one.edge_index, several.edge_index), f"hop {h}, {threads} threads: other local ids"
+
+
 def test_samples_are_uniform(graph):
     v = int(np.argmax(np.diff(np.asarray(graph.indptr))))
     nbrs = neighbors(graph, v)

@@ -15,10 +15,16 @@
 #ifndef LSM_DRAW_AHEAD_EDGES
 #define LSM_DRAW_AHEAD_EDGES 32
 #endif
+// Edges of a hop from which several threads number its new nodes (below, the passes cost more than they save)
+#ifndef LSM_PARALLEL_NUMBERING_EDGES
+#define LSM_PARALLEL_NUMBERING_EDGES 16384
+#endif
 
 namespace lsm::sampler {
 
 namespace {
+
+constexpr size_t kParallelNumbering = LSM_PARALLEL_NUMBERING_EDGES;
 
 // Global id -> index in the batch's node list. The numbering makes one lookup per sampled edge, serially (its
 // order defines the local ids), where std::unordered_map's allocation per insert and pointer chasing cost a
@@ -47,8 +53,70 @@ class LocalIds {
   // otherwise.
   void prefetch(int64_t id) const { __builtin_prefetch(&slots_[slot(id)]); }
 
+  size_t size() const { return size_; }
+
+  // Numbers ``ids`` (a hop's sampled neighbours, global ids) in place with ``num_threads`` threads, exactly as
+  // emplace() in edge order would: an id not numbered yet gets the next index at its first occurrence, and is
+  // appended to ``nodes``. Four parallel passes: find or claim each id's slot (compare-and-swap on the id) and
+  // keep the earliest position it occurs at (atomic min); count the first occurrences per chunk; number them
+  // from the chunks' prefix sums; give every edge its id's index.
+  void number_in_parallel(std::vector<int64_t>& ids, std::vector<int64_t>& nodes, int num_threads) {
+    const int64_t n = static_cast<int64_t>(ids.size());
+    if ((size_ + ids.size()) * 2 > slots_.size()) rehash(capacity_for(size_ + ids.size()));  // no growth below
+    const int64_t capacity = static_cast<int64_t>(slots_.size());
+    first_.resize(slots_.size());
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t i = 0; i < capacity; ++i) first_[i] = slots_[i].id == kEmpty ? kNotSeen : kNumbered;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t e = 0; e < n; ++e) {
+      const int64_t id = ids[e];
+      size_t i = slot(id);
+      for (;; i = (i + 1) & mask_) {
+        int64_t seen = __atomic_load_n(&slots_[i].id, __ATOMIC_ACQUIRE);
+        if (seen == kEmpty &&
+            __atomic_compare_exchange_n(&slots_[i].id, &seen, id, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+          break;  // claimed for ``id``
+        }
+        if (seen == id) break;  // ``seen`` holds the winner when the exchange failed
+      }
+      int64_t first = __atomic_load_n(&first_[i], __ATOMIC_RELAXED);
+      while (e < first && !__atomic_compare_exchange_n(&first_[i], &first, e, true, __ATOMIC_RELAXED,
+                                                        __ATOMIC_RELAXED)) {
+      }
+      ids[e] = static_cast<int64_t>(i);  // the slot, until the last pass
+    }
+    // Chunks in edge order; a chunk's new ids are numbered after every earlier chunk's.
+    const int64_t chunks = num_threads, per = (n + chunks - 1) / chunks;
+    std::vector<int64_t> starts(chunks + 1, 0);
+#pragma omp parallel for num_threads(num_threads) schedule(static, 1)
+    for (int64_t c = 0; c < chunks; ++c) {
+      int64_t count = 0;
+      for (int64_t e = c * per, end = std::min(n, e + per); e < end; ++e) count += first_[ids[e]] == e;
+      starts[c + 1] = count;
+    }
+    for (int64_t c = 0; c < chunks; ++c) starts[c + 1] += starts[c];
+    const int64_t base = static_cast<int64_t>(nodes.size());
+    nodes.resize(base + starts[chunks]);
+#pragma omp parallel for num_threads(num_threads) schedule(static, 1)
+    for (int64_t c = 0; c < chunks; ++c) {
+      int64_t next = base + starts[c];
+      for (int64_t e = c * per, end = std::min(n, e + per); e < end; ++e) {
+        Slot& s = slots_[ids[e]];
+        if (first_[ids[e]] == e) {
+          s.index = next;
+          nodes[next++] = s.id;
+        }
+      }
+    }
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t e = 0; e < n; ++e) ids[e] = slots_[ids[e]].index;
+    size_ += static_cast<size_t>(starts[chunks]);
+  }
+
  private:
   static constexpr int64_t kEmpty = -1;
+  // first_[slot] in number_in_parallel(): an id numbered before, or not among the ids (yet)
+  static constexpr int64_t kNumbered = -1, kNotSeen = INT64_MAX;
   struct Slot {
     int64_t id, index;
   };
@@ -80,6 +148,7 @@ class LocalIds {
   }
 
   std::vector<Slot> slots_;
+  std::vector<int64_t> first_;  // number_in_parallel(): per slot, the first position of its id among the ids
   size_t mask_ = 0, size_ = 0;
   int shift_ = 64;
 };
@@ -178,9 +247,15 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
       }
     }
     if (first_bad < n) graph::check_neighbors(indptr, indices, frontier[first_bad], num_ids);
-    // Number newly reached nodes in edge order (serial: the order defines local ids).
-    // Lookups in flight: the slots of the next edges load meanwhile.
+    // Number newly reached nodes in edge order (the order defines local ids): serially, with the slots of
+    // the next edges loading meanwhile, or on several threads for a large hop (the same numbers).
     const size_t edges = hop.src.size();
+    if (num_threads > 1 && edges >= kParallelNumbering) {
+      local.number_in_parallel(hop.src, frontier, num_threads);
+      hop.nodes = frontier;
+      hops.push_back(std::move(hop));
+      continue;
+    }
     for (size_t e = 0; e < edges; ++e) {
       if (e + kAhead < edges) local.prefetch(hop.src[e + kAhead]);
       int64_t& s = hop.src[e];
