@@ -168,7 +168,7 @@ def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_si
     if plain:
         capacities = [spec.size.bytes]
     else:
-        capacities = _group_capacities(spec, dataset, groups, weights, fanouts, batch_size, seed)
+        capacities = group_capacities(spec, dataset, groups, weights, fanouts, batch_size, seed)
     built = []
     for types, capacity in zip(groups, capacities):
         storage = _group_storage(spec, dataset, types, device)
@@ -176,15 +176,21 @@ def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_si
         if spec.source == "cache":
             features = _group_cache(storage, spec, dataset, types, device, capacity, world_size=world_size,
                                     fanouts=fanouts, batch_size=batch_size, seed=seed, num_threads=num_threads)
-        offsets = {t: storage.offset(t) for t in types} if len(types) > 1 else {types[0]: 0}
-        built.append(FeatureGroup(types, offsets, features))
+        built.append(FeatureGroup(types, group_offsets(storage, types), features))
     return TypedFeatures(built, plain=plain)
 
 
-def _group_capacities(spec: FeatureSpec, dataset, groups: list[list[str]], weights, fanouts, batch_size: int,
-                      seed: int) -> list[int]:
+def group_offsets(storage, types: list[str]) -> dict[str, int]:
+    """The first id of each of ``types`` in the id space of ``storage``, their group's (one type: its own ids;
+    several: a :class:`~lsm_gnn.storage.concat.ConcatStorage` of them)."""
+    return {t: storage.offset(t) for t in types} if len(types) > 1 else {types[0]: 0}
+
+
+def group_capacities(spec: FeatureSpec, dataset, groups: list[list[str]], weights=None, fanouts=None,
+                     batch_size: int = 1024, seed: int = 0) -> list[int]:
     """Each feature group's share of the cache budget, at least one set of lines however rare its rows are
-    (a cache needs one)."""
+    (a cache needs one): what :func:`build_features` gives each group's cache (the planner sizes its replayed
+    caches here too, so they are the run's)."""
     if weights is None and len(groups) > 1 and fanouts is not None and spec.source == "cache":
         from lsm_gnn.sampling.hotness import sampled_type_accesses
 
@@ -214,15 +220,20 @@ def _group_cache(storage, spec: FeatureSpec, dataset, types: list[str], device: 
                  world_size: int, fanouts, batch_size: int, seed: int, num_threads: int) -> Features:
     """The cache over one group's ``storage`` with ``capacity`` bytes and, with several ranks sharing, the
     communication layer over it."""
-    scores = None
-    if spec.static_score is not None:
-        scores = dataset.score(spec.static_score, types[0]) if len(types) == 1 else \
-            np.concatenate([np.asarray(dataset.score(spec.static_score, t)) for t in types])
-    cache = cache_over(storage, spec, scores, device, num_threads, capacity)
+    cache = cache_over(storage, spec, group_scores(spec, dataset, types), device, num_threads, capacity)
     if not spec.shared:
         return cache
     return shared_over(cache, spec, world_size, access_counts=lambda: _sampled_counts(
         dataset, fanouts, batch_size, seed))
+
+
+def group_scores(spec: FeatureSpec, dataset, types: list[str]):
+    """The static scores that rank the lines of the cache over ``types`` (one id space), or None."""
+    if spec.static_score is None:
+        return None
+    if len(types) == 1:
+        return dataset.score(spec.static_score, types[0])
+    return np.concatenate([np.asarray(dataset.score(spec.static_score, t)) for t in types])
 
 
 def _sampled_counts(dataset, fanouts, batch_size: int, seed: int):

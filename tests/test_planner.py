@@ -122,6 +122,59 @@ def test_predicted_hit_ratio_and_bytes_are_the_runs(dataset, calibration, policy
     assert 0 < row["hit_ratio"] < 1
 
 
+@pytest.fixture(scope="module")
+def hetero(tmp_path_factory):
+    from lsm_gnn.data.synthetic_hetero import generate_hetero_synthetic
+
+    # Two feature groups: papers and authors share a row format (one cache, one id space over two files),
+    # institutes have rows of their own (a second cache); fields of study have no features.
+    return generate_hetero_synthetic(tmp_path_factory.mktemp("plan") / "hetero", num_papers=600,
+                                     feature_dim={"paper": 64, "author": 64, "institute": 32, "fos": 0},
+                                     progress=False)
+
+
+# 22 iterations: past the window's reach into the epoch's end (23 batches), as for one node type.
+@pytest.mark.parametrize("policy,pvp,iterations,score", [("hybrid", False, 8, "none"), ("auto", True, 8, "none"),
+                                                         ("hybrid", False, 22, "reverse_pagerank")])
+def test_a_heterogeneous_plans_hit_ratios_and_bytes_are_the_runs(hetero, calibration, policy, pvp, iterations, score):
+    cfg = load_config(None, [f"dataset={hetero.path}", *RUN, f"train.max_iterations={iterations}",
+                             "cache.pvp_queue_capacity=64", f"cache.policy={policy}", f"cache.pvp={str(pvp).lower()}",
+                             "cache.capacity=40%", "cache.read_ahead=0", f"cache.static_score={score}"])
+    plan = make_plan(cfg, iterations=iterations, calibration_file=calibration, train_steps=2, storage_seconds=0.05,
+                     log=lambda m: None, sizes=["40%"], policies=[policy], pvp=[pvp])
+    row = plan["rows"][0]
+    trainer = Trainer(cfg, out=open("/dev/null", "w"))
+    result = trainer.fit()
+    measured = result["history"][0]
+    assert len(result["history"]) == 1
+    assert row["hit_ratio"] == pytest.approx(measured["hit_ratio"], abs=1e-12)
+    assert row["bytes_read"] == measured["bytes_read"]
+    assert row["rows_by_type"] == measured["rows_by_type"]
+    assert row["hit_ratio_by_type"] == pytest.approx(measured["hit_ratio_by_type"], abs=1e-12)
+    assert 0 < row["hit_ratio"] < 1 and set(row["hit_ratio_by_type"]) == {"paper", "author", "institute"}
+    # the run's caches, one per feature group, with the share of the budget the run gave each
+    assert plan["dataset"]["groups"] == [["paper", "author"], ["institute"]]
+    assert [g["types"] for g in row["groups"]] == [group.types for group in trainer.features.groups]
+    assert [g["capacity_bytes"] for g in row["groups"]] == [group.features.capacity_bytes
+                                                            for group in trainer.features.groups]
+    assert row["capacity_bytes"] == sum(g["capacity_bytes"] for g in row["groups"])
+
+
+def test_each_feature_files_reads_cost_at_its_own_calibration():
+    from lsm_gnn.planner.plan import stage_times
+
+    train = {"sample_ms": 1.0, "train_ms": 5.0}
+    paper = {"fixed_ms": 0.5, "per_read_us": 20.0, "cpu_fraction": 0.5}
+    author = {"fixed_ms": 0.25, "per_read_us": 100.0, "cpu_fraction": 0.2}
+    one = stage_times(paper, train, 2.0, 100)
+    assert one.read == pytest.approx(0.5 + 2.0) and one.read_cpu == pytest.approx(1.25)
+    both = stage_times({"paper": paper, "author": author}, train, 2.0, {"paper": 100, "author": 10})
+    assert both.read == pytest.approx(2.5 + 0.25 + 1.0) and both.read_cpu == pytest.approx(1.25 + 0.25)
+    # a file the batch reads nothing of costs nothing, not its fixed cost
+    assert stage_times({"paper": paper, "author": author}, train, 2.0, {"paper": 100, "author": 0}).read == \
+        pytest.approx(2.5)
+
+
 def test_calibration_is_reused_from_its_file(dataset, calibration):
     cfg = load_config(None, [f"dataset={dataset.path}", *RUN])
     quick_plan(cfg, calibration, sizes=["30%"], policies=["hybrid"], pvp=[False])
@@ -217,12 +270,45 @@ def test_cli_missing_dataset_and_bad_counts(tmp_path, capsys):
         main(["plan", str(tmp_path), "--iterations", "0"])
 
 
-def test_cli_refuses_a_heterogeneous_dataset(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def tiny_hetero(tmp_path_factory):
     from lsm_gnn.testing import write_tiny_hetero_dataset
 
-    ds = write_tiny_hetero_dataset(tmp_path / "hetero")
-    assert main(["plan", ds.path, "cache.static_score=none"]) == 1
-    assert "graphs of one node type and one relation only" in capsys.readouterr().err
+    return write_tiny_hetero_dataset(tmp_path_factory.mktemp("plan") / "tiny-hetero")
+
+
+def test_cli_plans_a_heterogeneous_dataset(tiny_hetero, calibration, capsys, tmp_path):
+    out_json = tmp_path / "plan.json"
+    assert main(["plan", tiny_hetero.path, *RUN, "--sizes", "30%,50%,70%", "--iterations", "6", "--train-steps", "2",
+                 "--storage-seconds", "0.05", "--calibration", calibration, "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "3 node types" not in out and "(paper 600 x 64 B, author 500 x 64 B, topic 30)" in out
+    assert "1 cache(s): paper+author" in out and "storage of paper" in out and "storage of author" in out
+    assert out.count("hit by type: paper ") == 2 and "recommended:" in out
+    # too small for a batch: the group's cache named, the fix in config keys as the run would give it
+    assert "cannot run: the cache of paper+author: a batch has" in out and "set cache.capacity=" in out
+    plan = json.loads(out_json.read_text())
+    assert set(plan["calibration"]["storage_by_type"]) == {"paper", "author"} and "storage" not in plan["calibration"]
+    assert [r.get("error") is None for r in plan["rows"]] == [False, True, True]
+    for row in plan["rows"][1:]:
+        assert set(row["hit_ratio_by_type"]) == {"paper", "author"} and row["groups"][0]["types"] == ["paper", "author"]
+        assert sum(row["rows_by_type"].values()) == row["unique_per_iteration"] * 6
+        assert sum(row["bytes_read_by_type"].values()) == row["bytes_read"]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["model.node_embedding.dim=8", "checkpoint.dir=ck"], "not yet node embedding tables"),
+    (["cache.mode=shared", "cache.owner=hotness"], "cannot plan cache.owner=hotness on a heterogeneous"),
+    (["model.kind=gcn"], "model.kind=gcn has no heterogeneous form"),
+    (["train.task=link"], "train.task=link needs a dataset of one node type"),
+])
+def test_what_a_heterogeneous_run_refuses_the_plan_refuses_first(tiny_hetero, capsys, extra, message, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", tiny_hetero.path, *RUN, *extra, "--calibration", "none"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("lsm-gnn: error:") and message in err and "Traceback" not in err
+    assert "calibrating" not in err  # refused before any measuring (the task's own check: before the trace too)
 
 
 def test_work_on_the_loader_thread_returns_or_raises_in_the_caller():

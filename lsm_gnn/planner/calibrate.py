@@ -1,6 +1,7 @@
 """Short measurements the planner's model takes its constants from, kept in a file between plans.
 
 - storage: random reads of distinct rows of the dataset's own feature file
+  (on a heterogeneous graph each featured node type's file, on its own)
   through the run's backend and queue depth, at a few batch sizes; a line
   fitted through (reads issued, seconds) gives a fixed cost per batch and a
   cost per read (its inverse is the IOPS at that queue depth);
@@ -37,7 +38,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.fileio import NotOurFileError, atomic_write_bytes, check_output_file
-from lsm_gnn.planner.simulate import ReadGeometry, TraceStorage
+from lsm_gnn.planner.simulate import ReadGeometry, TraceStorage, trace_features
 from lsm_gnn.run_resources import training_threads
 from lsm_gnn.timing import median_seconds
 
@@ -163,12 +164,15 @@ def trust_warnings(calibration: dict) -> list[str]:
     """What a plan should not trust in ``calibration`` ({part: its measurement}): parts whose runs disagreed
     and parts measured while other processes kept cores busy."""
     warnings = []
-    for part, value in calibration.items():
-        if not isinstance(value, dict) or part not in MAIN_FIGURE:
+    parts = [(part, part, value) for part, value in calibration.items() if part in MAIN_FIGURE]
+    # a heterogeneous graph's feature files, each calibrated on its own
+    parts += [(f"storage of {t}", "storage", value) for t, value in calibration.get("storage_by_type", {}).items()]
+    for part, kind, value in parts:
+        if not isinstance(value, dict):
             continue
         spread, other = value.get("spread"), value.get("other_load")
         if spread is not None and spread > STEADY_SPREAD:
-            warnings.append(f"the {part} calibration's runs differ by {spread:.0%} ({MAIN_FIGURE[part]} "
+            warnings.append(f"the {part} calibration's runs differ by {spread:.0%} ({MAIN_FIGURE[kind]} "
                             f"{', '.join(f'{x:.3g}' for x in value['figures'])}): its figure is uncertain")
         if other is not None and other > OTHER_LOAD_WARNING:
             warnings.append(f"other processes kept {other:.1f} core(s) busy while {part} was calibrated: "
@@ -276,7 +280,8 @@ def measure_training(cfg, dataset, steps: int = 32, skip: int = 3) -> dict:
         settings["log"].update(dir=log_dir, progress=False, tensorboard=False, every=1)
         settings["checkpoint"].update(dir="")
         run_cfg = build_config(settings)
-        trainer = Trainer(run_cfg, out=io.StringIO(), features=TraceStorage.like(dataset))
+        features = TraceStorage.like(dataset) if dataset.is_homogeneous else trace_features(dataset)
+        trainer = Trainer(run_cfg, out=io.StringIO(), features=features)
         trainer.fit()
         with open(os.path.join(log_dir, "metrics.jsonl")) as f:
             records = [json.loads(line) for line in f]

@@ -5,6 +5,13 @@ memcpy and a few training steps (or reuse a stored calibration); replay the
 trace through each cache of the grid; feed the stage times to the model
 (:mod:`lsm_gnn.planner.model`). The run modelled is the trainer's on one
 rank for ``iterations`` iterations, evaluation left out.
+
+On a heterogeneous graph the run has one cache per feature group (node types
+of one row format, :func:`lsm_gnn.build.build_features`), each with its share
+of the budget (:func:`lsm_gnn.build.group_capacities`): the trace holds each
+group's ids as its window does, each group's cache is replayed on its own,
+the groups' hits, bytes and reads are summed, and each node type's feature
+file is calibrated on its own (the loader reads them one after another).
 """
 from __future__ import annotations
 
@@ -22,22 +29,31 @@ from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.loader import NodeLoader
 from lsm_gnn.planner import calibrate
 from lsm_gnn.planner.model import StageMs, bound_stage, contended_ms, recommend, run_ms
-from lsm_gnn.planner.simulate import TraceStorage, on_loader_thread, record_trace, simulate_cache
+from lsm_gnn.planner.simulate import TraceStorage, on_loader_thread, record_trace, simulate_cache, trace_features
 from lsm_gnn.run_resources import training_threads
 from lsm_gnn.storage.base import TORCH_DTYPES
+from lsm_gnn.training.metrics import ratios_text
 
 
 #: batches the loader may queue ahead of training (NodeLoader's ``prefetch``, which the tasks leave at its default)
 LOADER_QUEUE = inspect.signature(NodeLoader).parameters["prefetch"].default
 
 
-def stage_times(storage_cal: dict, train_cal: dict, cache_ms: float, reads: float, read_ahead: bool = False
+def stage_times(storage_cal: dict, train_cal: dict, cache_ms: float, reads, read_ahead: bool = False
                 ) -> StageMs:
     """One iteration's stages: the calibrated sample and train, the simulated cache time, and the
-    calibrated cost of ``reads`` storage reads (none: no storage call at all), read ahead or not."""
-    read_ms = storage_cal["fixed_ms"] + 1e-3 * storage_cal["per_read_us"] * reads if reads else 0.0
+    calibrated cost of ``reads`` storage reads (none: no storage call at all), read ahead or not.
+
+    ``reads`` is a count of reads of the one file ``storage_cal`` calibrated, or {file: count} with
+    ``storage_cal`` {file: its calibration} (a heterogeneous graph's feature files, read one after another)."""
+    files = reads.items() if isinstance(reads, dict) else [(None, reads)]
+    cals = storage_cal if isinstance(reads, dict) else {None: storage_cal}
+    read_ms = read_cpu = 0.0
+    for name, count in files:
+        ms = cals[name]["fixed_ms"] + 1e-3 * cals[name]["per_read_us"] * count if count else 0.0
+        read_ms, read_cpu = read_ms + ms, read_cpu + ms * cals[name]["cpu_fraction"]
     return StageMs(sample=train_cal["sample_ms"], cache=cache_ms, read=read_ms, train=train_cal["train_ms"],
-                   read_cpu=read_ms * storage_cal["cpu_fraction"], read_ahead=read_ahead)
+                   read_cpu=read_cpu, read_ahead=read_ahead)
 
 
 def reads_ahead(spec, device: str = "cpu") -> bool:
@@ -79,17 +95,35 @@ def _check_plannable(cfg: Config, dataset) -> None:
     if cfg.cache.backend not in PLANNED_BACKENDS:
         raise ConfigError(f"lsm-gnn plan models reads from a file (cache.backend in {', '.join(PLANNED_BACKENDS)}), "
                           f"got cache.backend={cfg.cache.backend}")
-    if not dataset.is_homogeneous:
-        raise ConfigError(f"lsm-gnn plan models graphs of one node type and one relation only; {dataset.path} has "
-                          f"{len(dataset.node_types)} node types and {len(dataset.relations)} relations")
     if cfg.cache.features != "cache":
         raise ConfigError(f"lsm-gnn plan models the cached path (cache.features=cache), got "
                           f"cache.features={cfg.cache.features}")
+    if dataset.is_homogeneous:
+        return
+    # What a run on a heterogeneous graph refuses, refused before the trace (as the run would).
+    from lsm_gnn.training.startup import check_hetero_model_kind
+
+    where = f"{dataset.path} has {len(dataset.node_types)} node types and {len(dataset.relations)} relations"
+    if not dataset.feature_types:
+        raise ConfigError(f"{where} but none with features: lsm-gnn plan models the features' caches")
+    check_hetero_model_kind(cfg.model.kind)
+    from lsm_gnn.build import embedding_tables
+
+    tables = embedding_tables(cfg, dataset)
+    if tables:
+        raise ConfigError(f"lsm-gnn plan models the features' caches of a heterogeneous dataset ({where}), not yet "
+                          f"node embedding tables (this config gives {sorted(tables)} one): plan without them "
+                          "(model.node_embedding.dim=0, and 0 for each type given its own)")
+    if cfg.cache.mode == "shared" and cfg.cache.owner == "hotness":
+        raise ConfigError(f"lsm-gnn plan cannot plan cache.owner=hotness on a heterogeneous dataset ({where}): "
+                          "runs over several ranks refuse it there; use cache.owner=hashed")
 
 
 def _training_identity(cfg: Config, dataset) -> dict:
     d = cfg.to_dict()
-    return {"dataset": calibrate.file_identity(dataset.feature_path),
+    files = calibrate.file_identity(dataset.feature_path) if dataset.is_homogeneous else \
+        {t: calibrate.file_identity(dataset.node_type(t).feature_path) for t in dataset.feature_types}
+    return {"dataset": files,
             "graph": calibrate.file_identity(os.path.join(dataset.path, "meta.json")),
             "model": d["model"], "sampler": d["sampler"], "task": d["train"]["task"], "device": d["train"]["device"],
             "lr": d["train"]["lr"], "window": d["cache"]["window"], "kernels": d["kernels"],
@@ -112,13 +146,18 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
     specs = [resolve(c, dataset) for c in grid]  # capacity and policy errors before any work
     backend = default_backend() if cfg.cache.backend == "auto" else cfg.cache.backend
     store = calibrate.CalibrationStore(calibration_file)  # refuses a file that is no calibration before the trace
-    trace = _record(cfg, dataset, iterations, log)
-    cal = _calibrations(cfg, dataset, backend, store, recalibrate, train_steps, storage_seconds, log)
+    typed = None if dataset.is_homogeneous else trace_features(dataset)
+    task, trace = _record(cfg, dataset, iterations, log, typed)
+    cal = _calibrations(cfg, dataset, backend, store, recalibrate, train_steps, storage_seconds, log,
+                        dataset.features if typed is None else _busiest_layout(dataset, typed, trace))
     fill_sample_ms = 1e3 * statistics.median(trace.sample_s)
-    rows = _plan_rows(grid, specs, dataset, trace, iterations, cal, cores, fill_sample_ms, log)
+    if typed is None:
+        rows = _plan_rows(grid, specs, dataset, trace, iterations, cal, cores, fill_sample_ms, log)
+    else:
+        rows = _typed_plan_rows(grid, specs, dataset, typed, task, trace, iterations, cal, cores, fill_sample_ms,
+                                log)
     best = recommend([r for r in rows if "error" not in r], tolerance)
-    return {"dataset": {"path": dataset.path, "num_nodes": dataset.num_nodes, "row_bytes": dataset.features.row_bytes,
-                        "row_stride": dataset.features.row_stride},
+    return {"dataset": _dataset_summary(dataset, typed),
             "run": {"fanouts": cfg.sampler.fanouts, "batch_size": cfg.sampler.batch_size, "model": cfg.model.kind,
                     "hidden": cfg.model.hidden, "window": cfg.cache.window, "iterations": iterations, "cores": cores,
                     "train_threads": cal["train"]["torch_threads"],
@@ -147,26 +186,50 @@ def _check_arguments(cfg: Config, sizes: list[str], policies: list[str], pvp: li
     return cores
 
 
-def _record(cfg: Config, dataset, iterations: int, log):
-    """The trace of the run's first ``iterations`` batches and its window's, from its own task's loader."""
+def _dataset_summary(dataset, typed) -> dict:
+    """The dataset as a plan reports it: its nodes and row format; on a heterogeneous graph per node type
+    (featureless ones: their count only), and its feature groups (one cache each)."""
+    if typed is None:
+        return {"path": dataset.path, "num_nodes": dataset.num_nodes, "row_bytes": dataset.features.row_bytes,
+                "row_stride": dataset.features.row_stride}
+    types = {}
+    for t in dataset.node_types:
+        layout = dataset.node_type(t).features
+        types[t] = {"num_nodes": dataset.num_nodes_of(t)} if layout is None else {
+            "num_nodes": dataset.num_nodes_of(t), "row_bytes": layout.row_bytes, "row_stride": layout.row_stride}
+    return {"path": dataset.path, "num_nodes": dataset.num_nodes, "target": dataset.target,
+            "relations": len(dataset.relations), "node_types": types, "groups": [g.types for g in typed.groups]}
+
+
+def _busiest_layout(dataset, typed, trace):
+    """The row format of the feature group whose rows the trace gathers most bytes of: what a
+    heterogeneous run's hits mostly copy (the memcpy calibration's rows)."""
+    gathered = [trace.of_group(typed, g).nodes_per_batch * group.features.row_bytes
+                for g, group in enumerate(typed.groups)]
+    return dataset.node_type(typed.groups[gathered.index(max(gathered))].types[0]).features
+
+
+def _record(cfg: Config, dataset, iterations: int, log, features=None):
+    """The run's task, and the trace of its first ``iterations`` batches and its window's, from its own loader
+    (``features``: a heterogeneous graph's null feature groups, :func:`trace_features`)."""
     from lsm_gnn.tasks import make_task
 
     window = cfg.cache.window
     log(f"plan: recording the trace of {iterations} iterations (+{window} of window) ...")
     t0 = time.perf_counter()
     task = make_task(cfg, dataset)
-    trace = record_trace(task, dataset, iterations + window)
+    trace = record_trace(task, dataset, iterations + window, features)
     log(f"plan: {len(trace.batches)} batches, {trace.nodes_per_batch:,.0f} input nodes each "
         f"({time.perf_counter() - t0:.1f} s)")
-    return trace
+    return task, trace
 
 
 def _calibrations(cfg: Config, dataset, backend: str, store: calibrate.CalibrationStore, recalibrate: bool,
-                  train_steps: int, storage_seconds: float, log) -> dict:
-    """Storage reads, memcpy and training steps, measured (each several times) or reused from ``store``:
-    ``{storage, memcpy, train, warnings}``. A stored calibration whose memcpy is far below what the machine copies
-    now was taken under load: it is measured again, every part."""
-    layout = dataset.features
+                  train_steps: int, storage_seconds: float, log, layout) -> dict:
+    """Storage reads, memcpy (of ``layout``'s rows) and training steps, measured (each several times) or reused
+    from ``store``: ``{storage, memcpy, train, warnings}``; on a heterogeneous graph ``storage_by_type`` (each
+    featured type's file, calibrated on its own) instead of ``storage``. A stored calibration whose memcpy is
+    far below what the machine copies now was taken under load: it is measured again, every part."""
     dtype = TORCH_DTYPES[layout.dtype]
     memcpy_identity = {"dim": layout.dim, "dtype": layout.dtype, "cpus": os.cpu_count()}
     stored = store.entries.get(store.key("memcpy", memcpy_identity))
@@ -184,20 +247,33 @@ def _calibrations(cfg: Config, dataset, backend: str, store: calibrate.Calibrati
             log(f"plan: {what}: reused from {store.path}, measured {_when(value.get('measured_at'))}")
         return value
 
-    storage_cal = measured("storage", {"features": calibrate.file_identity(dataset.feature_path), "backend": backend},
-                           lambda: on_loader_thread(calibrate.measure_storage, dataset, backend,
-                                                    seconds=storage_seconds),
-                           f"{backend} random reads")
+    def storage_of(source, what):
+        return measured("storage", {"features": calibrate.file_identity(source.feature_path), "backend": backend},
+                        lambda: on_loader_thread(calibrate.measure_storage, source, backend, seconds=storage_seconds),
+                        what)
+
+    if dataset.is_homogeneous:
+        storage_cal = storage_of(dataset, f"{backend} random reads")
+        files = {}
+    else:
+        files = {t: storage_of(dataset.node_type(t), f"{backend} random reads of {t}'s features")
+                 for t in dataset.feature_types}
     memcpy_cal = measured("memcpy", memcpy_identity,
                           lambda: on_loader_thread(calibrate.measure_memcpy, layout.dim, dtype), "memcpy bandwidth")
     train_cal = measured("train", {**_training_identity(cfg, dataset), "steps": train_steps},
                          lambda: calibrate.measure_training(cfg, dataset, steps=train_steps),
                          f"{train_steps} training steps")
-    log(f"plan: storage {storage_cal['fixed_ms']:.3f} ms + {storage_cal['per_read_us']:.1f} us/read "
-        f"({storage_cal['iops']:,.0f} IOPS at QD {storage_cal['queue_depth']}), memcpy "
-        f"{memcpy_cal['memcpy_gb_per_s']:.1f} GB/s (row gather {memcpy_cal['row_gather_gb_per_s']:.1f}), train "
-        f"{train_cal['train_ms']:.1f} ms, sample {train_cal['sample_ms']:.1f} ms per iteration")
-    cal = {"storage": storage_cal, "memcpy": memcpy_cal, "train": train_cal}
+    def storage_text(c):
+        return (f"{c['fixed_ms']:.3f} ms + {c['per_read_us']:.1f} us/read ({c['iops']:,.0f} IOPS at QD "
+                f"{c['queue_depth']})")
+
+    storage = f"storage {storage_text(storage_cal)}" if not files else "storage " + ", ".join(
+        f"{t} {storage_text(c)}" for t, c in files.items())
+    log(f"plan: {storage}, memcpy {memcpy_cal['memcpy_gb_per_s']:.1f} GB/s (row gather "
+        f"{memcpy_cal['row_gather_gb_per_s']:.1f}), train {train_cal['train_ms']:.1f} ms, sample "
+        f"{train_cal['sample_ms']:.1f} ms per iteration")
+    cal = {"storage": storage_cal} if not files else {"storage_by_type": files}
+    cal.update(memcpy=memcpy_cal, train=train_cal)
     return {**cal, "warnings": calibrate.trust_warnings(cal)}
 
 
@@ -228,26 +304,101 @@ def _plan_rows(grid: list[Config], specs: list, dataset, trace, iterations: int,
         except ValueError as exc:  # e.g. a cache smaller than one batch: the run would stop the same way
             rows.append(_error_row(c, spec, exc, log))
             continue
-        per = sim["per_iteration"]
-        gpu = c.train.device == "cuda" or (c.train.device == "auto" and torch.cuda.is_available())
-        ahead = reads_ahead(spec, "cuda" if gpu else "cpu")
-        row = {"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
-               "capacity_bytes": sim["capacity_bytes"], "lines": sim["lines"],
-               "share_of_nodes": sim["lines"] / dataset.num_nodes, "hit_ratio": sim["hit_ratio"],
-               "bytes_read": sim["bytes_read"], "bytes_read_per_iteration": per["bytes_read"],
-               "misses_per_iteration": per["misses"], "reads_per_iteration": per["reads"],
-               "unique_per_iteration": per["unique"],
-               "read_ahead": ahead,
-               **_modelled_ms(sim, cal, cores, iterations, fill_sample_ms, c.cache.window, trace.epoch_length,
-                              ahead)}
-        rows.append(row)
-        log(f"plan: {row['policy']}{'+pvp' if row['pvp'] else ''} {row['capacity']}: hit {row['hit_ratio']:.3f}, "
-            f"{row['ms_per_iteration']:.1f} ms/iteration, bound by {row['bound']}")
+        rows.append(_row(c, spec, sim, dataset.num_nodes, cal, cores, iterations, fill_sample_ms,
+                         trace.epoch_length, log))
     return rows
 
 
-def _error_row(c: Config, spec, exc: ValueError, log) -> dict:
-    """The row of a grid point whose cache cannot run, saying why (a cache too small in config keys)."""
+def _row(c: Config, spec, sim: dict, num_rows: int, cal: dict, cores: int, iterations: int, fill_sample_ms: float,
+         epoch_length: int, log, **extra) -> dict:
+    """A grid point's row from its replay ``sim`` (``num_rows``: the rows its caches could hold) and the times the
+    model predicts from it; ``extra`` keys go in before the times."""
+    per = sim["per_iteration"]
+    gpu = c.train.device == "cuda" or (c.train.device == "auto" and torch.cuda.is_available())
+    ahead = reads_ahead(spec, "cuda" if gpu else "cpu")
+    row = {"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
+           "capacity_bytes": sim["capacity_bytes"], "lines": sim["lines"],
+           "share_of_nodes": sim["lines"] / num_rows, "hit_ratio": sim["hit_ratio"],
+           "bytes_read": sim["bytes_read"], "bytes_read_per_iteration": per["bytes_read"],
+           "misses_per_iteration": per["misses"], "reads_per_iteration": per["reads"],
+           "unique_per_iteration": per["unique"],
+           "read_ahead": ahead, **extra,
+           **_modelled_ms(sim, cal, cores, iterations, fill_sample_ms, c.cache.window, epoch_length, ahead)}
+    by_type = "" if "hit_ratio_by_type" not in row else f" ({ratios_text(row['hit_ratio_by_type'])})"
+    log(f"plan: {row['policy']}{'+pvp' if row['pvp'] else ''} {row['capacity']}: hit {row['hit_ratio']:.3f}"
+        f"{by_type}, {row['ms_per_iteration']:.1f} ms/iteration, bound by {row['bound']}")
+    return row
+
+
+def _typed_plan_rows(grid: list[Config], specs: list, dataset, typed, task, trace, iterations: int, cal: dict,
+                     cores: int, fill_sample_ms: float, log) -> list[dict]:
+    """:func:`_plan_rows` on a heterogeneous graph: per grid point each feature group's cache, built and sized as
+    the run builds it (:func:`lsm_gnn.build.group_capacities`, its share of the budget), replays the group's
+    ids; the groups' counts are summed, and each node type's kept beside them (``hit_ratio_by_type``, as the
+    trainer reports it)."""
+    from lsm_gnn.build import cache_over, group_capacities, group_scores
+    from lsm_gnn.training.startup import feature_sampling
+
+    groups = [group.types for group in typed.groups]
+    traces = [trace.of_group(typed, g) for g in range(len(groups))]
+    storages = [TraceStorage.group(dataset, types) for types in groups]
+    geometries = [{t: calibrate.read_geometry(dataset.node_type(t), cal["storage_by_type"][t]["alignment"])
+                   for t in types} for types in groups]
+    featured_rows = sum(dataset.num_nodes_of(t) for t in dataset.feature_types)
+    rows = []
+    for c, spec in zip(grid, specs):
+        capacities = group_capacities(spec, dataset, groups, **feature_sampling(c, task))
+        sims = []
+        for types, group_trace, storage, geometry, capacity in zip(groups, traces, storages, geometries, capacities):
+            def make_cache(s, types=types, capacity=capacity):
+                # The replay counts every read at its lookup: nothing read ahead (the model overlaps the reads).
+                return cache_over(s, dataclasses.replace(spec, read_ahead=0), group_scores(spec, dataset, types),
+                                  torch.device("cpu"), c.sampler.num_threads, capacity)
+
+            try:
+                sims.append(on_loader_thread(simulate_cache, group_trace, iterations, storage, geometry, make_cache,
+                                             c.cache.window))
+            except ValueError as exc:  # e.g. a group's cache smaller than one batch: the run would stop the same way
+                rows.append(_error_row(c, spec, exc, log, f"the cache of {'+'.join(types)}: "))
+                break
+        else:
+            sim = _summed(sims, groups, iterations)
+            by_type = sim["by_part"]
+            rows.append(_row(c, spec, sim, featured_rows, cal, cores, iterations, fill_sample_ms,
+                             trace.epoch_length, log,
+                             hit_ratio_by_type={t: n["hits"] / n["unique"] if n["unique"] else None
+                                                for t, n in by_type.items()},
+                             rows_by_type={t: n["unique"] for t, n in by_type.items()},
+                             bytes_read_by_type={t: n["bytes_read"] for t, n in by_type.items()},
+                             groups=[{"types": types, "capacity_bytes": s["capacity_bytes"], "lines": s["lines"],
+                                      "hit_ratio": s["hit_ratio"], "bytes_read": s["bytes_read"]}
+                                     for types, s in zip(groups, sims)]))
+    return rows
+
+
+def _summed(sims: list[dict], groups: list[list[str]], iterations: int) -> dict:
+    """The replays of a heterogeneous run's feature groups as one: counts, bytes, reads and cache time summed
+    (the loader gathers group after group), reads per node type kept for the read time of each file."""
+    n = max(iterations, 1)
+    total = {key: sum(s[key] for s in sims) for key in ("hits", "unique", "misses", "bytes_read", "reads",
+                                                          "cache_s", "lines", "capacity_bytes")}
+    by_type = {t: s["by_part"][t] for types, s in zip(groups, sims) for t in types}
+    each_reads = [{t: r for part in parts for t, r in part.items()}
+                  for parts in zip(*(s["each"]["reads_by_part"] for s in sims))]
+    return {**total, "hit_ratio": total["hits"] / total["unique"] if total["unique"] else 0.0,
+            "per_iteration": {"unique": total["unique"] / n, "misses": total["misses"] / n,
+                              "bytes_read": total["bytes_read"] / n, "reads": total["reads"] / n,
+                              "cache_ms": sum(s["per_iteration"]["cache_ms"] for s in sims),
+                              "reads_by_type": {t: counts["reads"] / n for t, counts in by_type.items()}},
+            "each": {"cache_ms": [sum(ms) for ms in zip(*(s["each"]["cache_ms"] for s in sims))],
+                     "reads": [sum(r) for r in zip(*(s["each"]["reads"] for s in sims))],
+                     "reads_by_type": each_reads},
+            "by_part": by_type}
+
+
+def _error_row(c: Config, spec, exc: ValueError, log, where: str = "") -> dict:
+    """The row of a grid point whose cache cannot run, saying why (a cache too small in config keys);
+    ``where``: which of a heterogeneous run's caches."""
     from lsm_gnn.cache import CacheTooSmall
     from lsm_gnn.sizing import config_fix
 
@@ -255,6 +406,7 @@ def _error_row(c: Config, spec, exc: ValueError, log) -> dict:
     if isinstance(exc, CacheTooSmall):  # in config keys, as the run's own message
         error = (f"a batch has {exc.distinct:,} distinct nodes, the cache {exc.lines:,} lines; "
                  + config_fix(c.cache.capacity, exc.lines, exc.distinct, c.cache.ways))
+    error = where + error
     log(f"plan: {spec.policy.name}{'+pvp' if spec.pvp else ''} {c.cache.capacity}: cannot run ({error})")
     return {"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
             "capacity_bytes": spec.size.bytes, "error": error}
@@ -263,11 +415,15 @@ def _error_row(c: Config, spec, exc: ValueError, log) -> dict:
 def _modelled_ms(sim: dict, cal: dict, cores: int, iterations: int, fill_sample_ms: float, window: int,
                  epoch_length: int, read_ahead: bool = False) -> dict:
     """A replay's stage times and the run time the model predicts from them, and the stage that bounds it."""
-    storage_cal, train_cal, threads = cal["storage"], cal["train"], cal["train"]["torch_threads"]
+    train_cal, threads = cal["train"], cal["train"]["torch_threads"]
     per = sim["per_iteration"]
-    stages = stage_times(storage_cal, train_cal, per["cache_ms"], per["reads"], read_ahead)
+    if "reads_by_type" in per:  # a heterogeneous run's: each node type's reads at its file's calibration
+        storage_cal, reads, reads_each = cal["storage_by_type"], per["reads_by_type"], sim["each"]["reads_by_type"]
+    else:
+        storage_cal, reads, reads_each = cal["storage"], per["reads"], sim["each"]["reads"]
+    stages = stage_times(storage_cal, train_cal, per["cache_ms"], reads, read_ahead)
     each = [stage_times(storage_cal, train_cal, cache_ms, reads, read_ahead)
-            for cache_ms, reads in zip(sim["each"]["cache_ms"], sim["each"]["reads"])]
+            for cache_ms, reads in zip(sim["each"]["cache_ms"], reads_each)]
     timing = {"window": window, "epoch_length": epoch_length, "queue": LOADER_QUEUE}
     total = run_ms(each, cores, threads, fill_sample_ms=fill_sample_ms, **timing)
     steady = run_ms(each, cores, threads, fill_sample_ms=0.0, **timing) / iterations
@@ -286,7 +442,14 @@ def format_plan(plan: dict) -> str:
     from lsm_gnn.units import format_bytes
 
     run, ds = plan["run"], plan["dataset"]
-    lines = [f"plan for {ds['path']}: {ds['num_nodes']:,} nodes, {ds['row_bytes']} B rows; fanouts {run['fanouts']}, "
+    if "node_types" in ds:  # a heterogeneous graph: its types' rows, and which of them share a cache
+        kinds = ", ".join(f"{t} {d['num_nodes']:,}" + (f" x {d['row_bytes']} B" if "row_bytes" in d else "")
+                          for t, d in ds["node_types"].items())
+        what = (f"{ds['num_nodes']:,} nodes ({kinds}), {ds['relations']} relations, target {ds['target']}; "
+                f"{len(ds['groups'])} cache(s): {', '.join('+'.join(g) for g in ds['groups'])}")
+    else:
+        what = f"{ds['num_nodes']:,} nodes, {ds['row_bytes']} B rows"
+    lines = [f"plan for {ds['path']}: {what}; fanouts {run['fanouts']}, "
              f"batch {run['batch_size']}, {run['model']} hidden {run['hidden']}, window {run['window']}, "
              f"{run['iterations']} iterations on {run['cores']} core(s), {run['backend']} storage",
              f"{'policy':<18}{'size':>9}{'nodes':>7}{'hit':>7}{'read/it':>11}{'sample':>8}{'cache':>8}{'read':>8}"
@@ -301,13 +464,19 @@ def format_plan(plan: dict) -> str:
                      f"{r['hit_ratio']:>7.3f}{format_bytes(r['bytes_read_per_iteration']):>11}{s['sample']:>8.1f}"
                      f"{s['cache']:>8.1f}{s['read']:>8.1f}{s['train']:>8.1f}{r['steady_ms']:>8.1f}"
                      f"{r['ms_per_iteration']:>8.1f}{r['pipeline_efficiency']:>6.2f}  {r['bound']}")
+        if "hit_ratio_by_type" in r:
+            caches = ", ".join(f"{'+'.join(g['types'])} {format_bytes(g['capacity_bytes'])}" for g in r["groups"])
+            lines.append(f"{'':<18}hit by type: {ratios_text(r['hit_ratio_by_type'])}; caches {caches}")
     lines.append("(ms per iteration; sample, cache + read (= gather) run on the loader thread overlapped with train; "
                  "ms/it includes filling the window at the start; eff: the pipeline's efficiency, max(read, train) "
                  "over ms/it, as a run's epoch summary reports it)")
     cal = plan["calibration"]
-    parts = [f"{part} {_when(cal[part].get('measured_at'))} (runs within {cal[part].get('spread', 0):.0%}"
-             + ("" if cal[part].get("other_load") is None else f", other load {cal[part]['other_load']:.1f} cores")
-             + ")" for part in ("storage", "memcpy", "train")]
+    measured = [(f"storage of {t}", c) for t, c in cal.get("storage_by_type", {}).items()]
+    measured = measured or [("storage", cal["storage"])]
+    measured += [(part, cal[part]) for part in ("memcpy", "train")]
+    parts = [f"{part} {_when(c.get('measured_at'))} (runs within {c.get('spread', 0):.0%}"
+             + ("" if c.get("other_load") is None else f", other load {c['other_load']:.1f} cores")
+             + ")" for part, c in measured]
     lines.append("calibration: " + "; ".join(parts))
     lines += [f"warning: {w}" for w in cal.get("warnings", [])]
     best = plan["recommendation"]

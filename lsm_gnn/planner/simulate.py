@@ -8,6 +8,12 @@ code, window scans and victim buffer) over that storage: the hit ratio it
 reports is the cache's, not an estimate, and the ids it misses go through
 the storage engine's read plan (``_C.plan_reads``) for the bytes and reads
 a run would issue.
+
+On a heterogeneous graph the loader gathers from one cache per feature group
+(:func:`trace_features` lays the groups out as the run does); a group's trace
+is its ids in its own id space (:meth:`Trace.of_group`), and its replay
+counts hits, misses and reads per node type (each type's file is read on its
+own).
 """
 from __future__ import annotations
 
@@ -19,7 +25,9 @@ import numpy as np
 import torch
 
 from lsm_gnn.cache import SoftwareCache, replay
+from lsm_gnn.features import FeatureGroup, TypedFeatures
 from lsm_gnn.storage.base import CountingStorage
+from lsm_gnn.storage.concat import ConcatStorage
 
 MAX_REQUEST_BYTES = 128 << 10  # the storage engine's default longest coalesced read
 
@@ -41,6 +49,17 @@ class TraceStorage(CountingStorage):
         layout = dataset.features
         return cls(dataset.num_nodes, layout.dim, layout.dtype, record)
 
+    @classmethod
+    def group(cls, dataset, types: list[str]):
+        """The null storage of one feature group of a heterogeneous ``dataset``, in its id space as
+        :func:`lsm_gnn.build.build_features` lays it out: one type's rows, or several types' one after another
+        (a :class:`~lsm_gnn.storage.concat.ConcatStorage` of a null storage per type)."""
+        if len(types) == 1:
+            return cls.like(dataset.node_type(types[0]))
+        from lsm_gnn.storage.concat import ConcatStorage
+
+        return ConcatStorage([cls.like(dataset.node_type(t)) for t in types], types)
+
     def _read(self, ids: torch.Tensor, out: torch.Tensor) -> None:
         start = time.perf_counter()
         out.zero_()
@@ -55,28 +74,53 @@ class TraceStorage(CountingStorage):
         return reads
 
 
+def trace_features(dataset) -> TypedFeatures:
+    """A heterogeneous ``dataset``'s features as a run's loader gathers them, one group per row format in
+    its id space (:func:`lsm_gnn.build.build_features`), every group over a null storage."""
+    from lsm_gnn.build import feature_groups, group_offsets
+
+    groups = []
+    for types in feature_groups(dataset):
+        storage = TraceStorage.group(dataset, types)
+        groups.append(FeatureGroup(types, group_offsets(storage, types), storage))
+    return TypedFeatures(groups)
+
+
 @dataclass
 class Trace:
-    """The input nodes of each iteration of a run, in order, and what sampling them cost."""
+    """The input nodes of each iteration of a run, in order, and what sampling them cost. On a heterogeneous
+    graph a batch is {node type: ids}; :meth:`of_group` gives one feature group's ids, as its cache sees them."""
 
-    batches: list[torch.Tensor]
+    batches: list
     sample_s: list[float]       # loader-thread seconds per batch, sampled with nothing else running
     epoch_length: int           # batches per epoch (the window refills when an epoch starts)
 
     @property
     def nodes_per_batch(self) -> float:
-        return float(np.mean([b.numel() for b in self.batches])) if self.batches else 0.0
+        return float(np.mean([_numel(b) for b in self.batches])) if self.batches else 0.0
+
+    def of_group(self, features: TypedFeatures, group: int) -> "Trace":
+        """The ids of feature group ``group`` of ``features`` in each batch (its id space; empty where a batch
+        has none of its types): what that group's window holds and its cache looks up."""
+        return Trace([features.group_ids(b)[group] for b in self.batches], self.sample_s, self.epoch_length)
 
 
-def record_trace(task, dataset, iterations: int) -> Trace:
+def _numel(nodes) -> int:
+    return sum(ids.numel() for ids in nodes.values()) if isinstance(nodes, dict) else nodes.numel()
+
+
+def record_trace(task, dataset, iterations: int, features=None) -> Trace:
     """The first ``iterations`` batches of ``task``'s train loader (rank 0 of 1), epochs following on
-    as the trainer's do."""
-    loader = task.train_loader(TraceStorage.like(dataset), 0, 1)
+    as the trainer's do. ``features``: what the loader gathers from (default: a null storage of the
+    dataset's one feature file; a heterogeneous graph's: :func:`trace_features`)."""
+    loader = task.train_loader(TraceStorage.like(dataset) if features is None else features, 0, 1)
     batches, sample_s = [], []
     try:
         while len(batches) < iterations:
             for batch in loader:
-                batches.append(batch.input_nodes.clone())
+                nodes = batch.input_nodes
+                batches.append({t: ids.clone() for t, ids in nodes.items()} if isinstance(nodes, dict)
+                               else nodes.clone())
                 sample_s.append(batch.timings["sample"])
                 if len(batches) >= iterations:
                     break
@@ -145,17 +189,36 @@ def _epoch_by_epoch(trace: Trace, window: int, num_nodes: int):
         yield from replay(trace.batches[start:start + length], window, num_nodes=num_nodes)
 
 
-def simulate_cache(trace: Trace, measured: int, storage: TraceStorage, geometry: ReadGeometry,
-                   make_cache, window: int) -> dict:
+def _storage_parts(storage, geometry) -> list[tuple]:
+    """(name, first id, end, null storage, read geometry) per file the cache's ``storage`` reads: one (name
+    None) for a :class:`ReadGeometry`; per node type for ``geometry`` by type (a feature group's files)."""
+    if isinstance(geometry, ReadGeometry):
+        return [(None, 0, storage.num_rows, storage, geometry)]
+    if isinstance(storage, ConcatStorage):
+        return [(name, int(storage.offsets[k]), int(storage.offsets[k + 1]), part, geometry[name])
+                for k, (name, part) in enumerate(zip(storage.names, storage.parts))]
+    (name,) = geometry
+    return [(name, 0, storage.num_rows, storage, geometry[name])]
+
+
+def simulate_cache(trace: Trace, measured: int, storage, geometry, make_cache, window: int) -> dict:
     """Replays the first ``measured`` batches of ``trace`` (the rest only fill the window) through
     ``make_cache(storage)``; returns totals and per-iteration means of hits, misses, bytes read and
     reads, the cache's own time (lookup time less the storage's), and under ``each`` the reads and cache
-    milliseconds of every iteration."""
-    storage.record = True
-    storage.take_reads()
+    milliseconds of every iteration.
+
+    ``storage`` is a :class:`TraceStorage` and ``geometry`` its file's :class:`ReadGeometry`, or, for a
+    feature group of a heterogeneous graph, :meth:`TraceStorage.group` and a ReadGeometry per node type;
+    ``by_part`` then has each type's hits, rows, misses, bytes read and reads, and ``each`` its reads per
+    iteration (``reads_by_part``)."""
+    parts = _storage_parts(storage, geometry)
+    for part in parts:
+        part[3].record = True
+        part[3].take_reads()
     cache: SoftwareCache = make_cache(storage)
     hits = unique = misses = bytes_read = reads = 0
-    cache_s, reads_each = [], []
+    by_part = {p[0]: dict.fromkeys(("hits", "unique", "misses", "bytes_read", "reads"), 0) for p in parts}
+    cache_s, reads_each, reads_by_part_each = [], [], []
     try:
         for t, (current, future) in enumerate(_epoch_by_epoch(trace, window, storage.num_rows)):
             if t >= measured:
@@ -169,16 +232,33 @@ def simulate_cache(trace: Trace, measured: int, storage: TraceStorage, geometry:
             hits += n_hit
             unique += hit.numel()
             batch_bytes = batch_reads = 0
-            for ids in storage.take_reads():
-                misses += ids.numel()
-                b, r = geometry.plan(ids)
-                batch_bytes, batch_reads = batch_bytes + b, batch_reads + r
+            batch_reads_by_part = {}
+            for name, low, high, part, part_geometry in parts:
+                counts = by_part[name]
+                if len(parts) == 1:
+                    counts["hits"], counts["unique"] = hits, unique
+                else:  # this part's rows of the batch
+                    mine = (current >= low) & (current < high)
+                    counts["hits"] += int(hit[mine].sum())
+                    counts["unique"] += int(mine.sum())
+                part_reads = 0
+                for ids in part.take_reads():
+                    misses += ids.numel()
+                    counts["misses"] += ids.numel()
+                    b, r = part_geometry.plan(ids)
+                    batch_bytes, batch_reads = batch_bytes + b, batch_reads + r
+                    counts["bytes_read"] += b
+                    part_reads += r
+                counts["reads"] += part_reads
+                batch_reads_by_part[name] = part_reads
             bytes_read += batch_bytes
             reads += batch_reads
             reads_each.append(batch_reads)
+            reads_by_part_each.append(batch_reads_by_part)
     finally:
         cache.settle()
-        storage.record = False
+        for part in parts:
+            part[3].record = False
     n = max(measured, 1)
     typical = typical_mean(cache_s, cache.policy.period)
     # Per iteration: the measured pattern (scan iterations cost more), at the robust level.
@@ -187,5 +267,6 @@ def simulate_cache(trace: Trace, measured: int, storage: TraceStorage, geometry:
             "bytes_read": bytes_read, "reads": reads, "cache_s": sum(cache_s),
             "per_iteration": {"unique": unique / n, "misses": misses / n, "bytes_read": bytes_read / n,
                               "reads": reads / n, "cache_ms": 1e3 * typical},
-            "each": {"cache_ms": [1e3 * scale * c for c in cache_s], "reads": reads_each},
-            "lines": cache.num_lines, "capacity_bytes": cache.capacity_bytes}
+            "each": {"cache_ms": [1e3 * scale * c for c in cache_s], "reads": reads_each,
+                     "reads_by_part": reads_by_part_each},
+            "by_part": by_part, "lines": cache.num_lines, "capacity_bytes": cache.capacity_bytes}

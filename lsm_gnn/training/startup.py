@@ -39,9 +39,15 @@ def build_run_features(cfg, spec, dataset, device, task, world_size: int) -> Typ
     if not cfg.model.node_embedding.features:
         return TypedFeatures.of(NoFeatures(dataset.num_nodes))
     check_one_set(spec, dataset)
-    return build_features(spec, dataset, device, world_size=world_size, fanouts=task.fanouts,
-                          batch_size=cfg.sampler.batch_size, seed=cfg.train.seed,
-                          num_threads=cfg.sampler.num_threads)
+    return build_features(spec, dataset, device, world_size=world_size, num_threads=cfg.sampler.num_threads,
+                          **feature_sampling(cfg, task))
+
+
+def feature_sampling(cfg, task) -> dict:
+    """The batches :func:`~lsm_gnn.build.build_features` pre-samples to split a heterogeneous graph's cache
+    budget between its feature groups (and to rank nodes for hotness ownership): the run's fanouts, batch size
+    and seed. The planner sizes its caches with the same."""
+    return {"fanouts": task.fanouts, "batch_size": cfg.sampler.batch_size, "seed": cfg.train.seed}
 
 
 def agreed_settings(cfg, dataset) -> dict:
@@ -61,7 +67,7 @@ def agreed_settings(cfg, dataset) -> dict:
 def build_model(cfg, dataset, features, task) -> torch.nn.Module:
     """The model of ``model.kind`` for the batches the loader makes: plain on a graph of one node type,
     per type on a graph of several."""
-    from lsm_gnn.models import HETERO_MODEL_KINDS, HeteroHopGNN, HopGNN
+    from lsm_gnn.models import HeteroHopGNN, HopGNN
 
     m, layers = cfg.model, len(cfg.sampler.fanouts)
     if m.kind == "lightgcn":
@@ -79,13 +85,20 @@ def build_model(cfg, dataset, features, task) -> torch.nn.Module:
         in_dim = (dataset.feature_dim if m.node_embedding.features else 0) + sum(embedded.values())
         return HopGNN(m.kind, in_dim, m.hidden, task.out_dim, num_layers=layers,
                       heads=m.heads, dropout=m.dropout)
-    if m.kind not in HETERO_MODEL_KINDS:
-        raise ConfigError(f"model.kind={m.kind} has no heterogeneous form; use one of "
-                          f"{', '.join(HETERO_MODEL_KINDS)} (R-SAGE, R-GAT)")
+    check_hetero_model_kind(m.kind)
     dims = features.dims()
     return HeteroHopGNN(m.kind, {t: dims.get(t, 0) + embedded.get(t, 0) for t in dataset.node_types},
                         dataset.relations, dataset.target, m.hidden, task.out_dim, num_layers=layers, heads=m.heads,
                         dropout=m.dropout)
+
+
+def check_hetero_model_kind(kind: str) -> None:
+    """Refuses a ``model.kind`` with no heterogeneous form (R-SAGE and R-GAT have one)."""
+    from lsm_gnn.models import HETERO_MODEL_KINDS
+
+    if kind not in HETERO_MODEL_KINDS:
+        raise ConfigError(f"model.kind={kind} has no heterogeneous form; use one of "
+                          f"{', '.join(HETERO_MODEL_KINDS)} (R-SAGE, R-GAT)")
 
 
 def check_model_fits(cfg, features, task, device: torch.device) -> None:
