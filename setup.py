@@ -53,7 +53,8 @@ setup(
     extras_require={
         "pyg": ["torch_geometric>=2.4"],
         "test": ["pytest>=7", "hypothesis>=6"],
-        "plot": ["matplotlib>=3.5"],  # lsm-gnn plot and the benchmarks' --plot
+        "plot": ["matplotlib>=3.5"],  # lsm-gnn plot, lsm-gnn report and the benchmarks' --plot
+        "tensorboard": ["tensorboard>=2.10"],  # log.tensorboard=true
     },
     entry_points={"console_scripts": ["lsm-gnn=lsm_gnn.cli:main"]},
 )

@@ -131,14 +131,17 @@ def _embedding_sizes(cfg: Config, dataset) -> dict[str, CacheSize]:
 
     sizes = {}
     for t, e in embedding_tables(cfg, dataset).items():
-        key = f"model.node_embedding.{t}" if "capacity" in cfg.model.node_embedding.types.get(t, {}) \
-            else "model.node_embedding"
+        # a typed graph's tables are sized (and advice given) per type, whether or not the type sets its own
+        key = "model.node_embedding" if dataset.is_homogeneous else f"model.node_embedding.{t}"
         try:
             row_bytes = RowLayout(e.dim, e.dtype, e.optimizer).row_bytes
         except ValueError as exc:
             raise ConfigError(f"{key}: {exc}") from None
-        sizes[t] = CacheSize.of(e.capacity or cfg.cache.capacity, f"{key}.capacity", dataset.num_nodes_of(t),
-                                row_bytes)
+        size = CacheSize.of(e.capacity or cfg.cache.capacity, f"{key}.capacity", dataset.num_nodes_of(t), row_bytes)
+        if not dataset.is_homogeneous:  # one set at least, as each feature group's cache (a small type's share)
+            size = dataclasses.replace(size, bytes=max(size.bytes, min(cfg.cache.ways, dataset.num_nodes_of(t))
+                                                       * row_bytes))
+        sizes[t] = size
     return sizes
 
 
@@ -336,7 +339,7 @@ def build_node_embedding(spec: FeatureSpec, cfg: Config, dataset, node_type: str
 
         spec = dataclasses.replace(spec, size=spec.embedding_sizes[node_type])  # the features' settings, its size
         try:
-            check_one_set(spec, dataset, layout.row_bytes, dataset.num_nodes_of(node_type))
+            check_one_set(spec, dataset, layout.row_bytes)
         except ConfigError:
             table.close()
             raise

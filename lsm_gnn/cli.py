@@ -218,10 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     from lsm_gnn.cli_plan import add_plan_parser
     from lsm_gnn.cli_plot import add_plot_parser
     from lsm_gnn.cli_prepare import add_prepare_parser
+    from lsm_gnn.cli_report import add_report_parser
 
     parser = argparse.ArgumentParser(prog="lsm-gnn", description="GNN training with node features on SSD")
     parser.add_argument("--version", action="version", version=f"lsm-gnn {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{prepare,train,evaluate,export,plot,plan,inspect,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{prepare,train,evaluate,export,plot,report,plan,inspect,bench}")
     add_prepare_parser(sub)
 
     train = sub.add_parser("train", help="train a GNN from a YAML config",
@@ -234,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=_train)
     add_evaluate_parsers(sub)
     add_plot_parser(sub)
+    add_report_parser(sub)
     add_plan_parser(sub)
 
     inspect = sub.add_parser("inspect", help="print a dataset's or a checkpoint's summary")

@@ -45,8 +45,9 @@ if ! $PYTHON -c "import torch" >/dev/null 2>&1; then
   $PYTHON -m pip install -q torch==2.13.0
 fi
 $PYTHON -m pip install -q ninja "numpy>=1.23" "pyyaml>=6" "tqdm>=4.60" "pytest>=7" "hypothesis>=6" scipy torch_geometric libcachesim
-# matplotlib: lsm-gnn plot and the benchmarks' --plot (optional for training; its tests need it)
-$PYTHON -m pip install -q "matplotlib>=3.5"
+# matplotlib: lsm-gnn plot, lsm-gnn report and the benchmarks' --plot; tensorboard: log.tensorboard=true
+# (both optional for training; their tests need them)
+$PYTHON -m pip install -q "matplotlib>=3.5" "tensorboard>=2.10"
 # Triton: the GPU kernels' language; CUDA builds of torch bring it, CPU machines run its interpreter in the tests.
 # --no-deps: it needs nothing else, and must not touch the torch pin.
 if ! $PYTHON -c "import triton" >/dev/null 2>&1; then

@@ -178,7 +178,7 @@ def test_every_documented_command_runs(doc, tmp_path):
         result = _run(argv, env, cwd)
         expected = EXPECTED_ERRORS.get(command)
         for _ in range(0 if expected else 3):  # a share for the documented graph, too small here: follow the advice
-            advice = re.search(r"error: ((?:cache|model\.node_embedding)\.capacity)=.* set (\1=[^\s,]+)",
+            advice = re.search(r"error: ((?:cache|model\.node_embedding(?:\.\w+)?)\.capacity)=.* set (\1=[^\s,]+)",
                                result.stderr)
             if not (result.returncode and advice):
                 break
