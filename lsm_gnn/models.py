@@ -120,9 +120,10 @@ def model_inputs(batch) -> torch.Tensor | dict[str, torch.Tensor]:
     """What a model reads for a batch's input nodes: their features, then their trainable embeddings
     (``batch.emb``: with ``model.node_embedding``, else None). Per node type on a typed batch, for the types
     with features or embeddings."""
+    emb = getattr(batch, "emb", None)  # a batch made elsewhere (a benchmark's, a user's) may have none
     if not isinstance(batch.x, dict):
-        return _features_then_embeddings(batch.x, batch.emb)
-    emb = batch.emb or {}
+        return _features_then_embeddings(batch.x, emb)
+    emb = emb or {}
     return {t: _features_then_embeddings(batch.x.get(t), emb.get(t)) for t in {**batch.x, **emb}}
 
 
