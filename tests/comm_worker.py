@@ -322,8 +322,8 @@ def slow_reader(ds, rank, world):
 
 def exchange_choice(ds, rank, world, out):
     """``auto`` falls back to the rows collective, with no error, when the ranks do not share /dev/shm (here
-    each rank has a directory of its own); ``shm`` then raises on every rank, as do ranks that ask for
-    different exchanges."""
+    each rank has a directory of its own) or it has too little free; ``shm`` raises on every rank without a
+    shared /dev/shm, as do ranks that ask for different exchanges."""
     from lsm_gnn.comm import shm
 
     expected = torch.from_numpy(ds.read_features_direct(np.arange(ds.num_nodes)))
@@ -342,6 +342,9 @@ def exchange_choice(ds, rank, world, out):
     else:
         raise AssertionError("exchange=shm was granted without a shared /dev/shm")
     shm.SHM_DIR = real
+    shm.AUTO_MIN_FREE = 1 << 60  # more than /dev/shm has free: auto declines, shm is still granted
+    assert SharedCache(cache, ModuloOwner(world), timeout_s=60).exchange == "collective"
+    assert SharedCache(cache, ModuloOwner(world), timeout_s=60, exchange="shm").exchange == "shm"
     try:
         SharedCache(cache, ModuloOwner(world), timeout_s=60, exchange="shm" if rank == 0 else "collective")
     except ValueError as exc:

@@ -162,8 +162,9 @@ def test_rows_through_shared_memory_are_those_of_the_rows_collective(dataset, tm
 
 
 def test_auto_falls_back_to_the_collective_without_a_shared_dev_shm(dataset, tmp_path):
-    """Ranks that cannot read each other's files in /dev/shm: auto sends the rows in the collective, shm is
-    refused on every rank with the reason, and so are ranks that ask for different exchanges."""
+    """Ranks that cannot read each other's files in /dev/shm, or too little free there: auto sends the rows in
+    the collective; shm without a shared /dev/shm is refused on every rank with the reason, and so are ranks
+    that ask for different exchanges."""
     codes, logs, _ = run_ranks("exchange_choice", dataset, tmp_path, 2)
     assert codes == [0, 0], "\n".join(logs)
 

@@ -55,6 +55,9 @@ PREFIX = "lsm-gnn-rows"
 HEADER = 3  # int64 words before the row indices: [parity, generation, capacity in rows]
 PARITIES = 2  # segments a rank keeps, used in turn by its lookups (see "Ordering")
 EXCHANGE_ENV = "LSM_GNN_EXCHANGE"
+#: auto wants this much free in /dev/shm at start: a container's default (64 MB in Docker) is less than two
+#: batches of 4 KiB rows, and a full /dev/shm would stop the run at its first larger batch
+AUTO_MIN_FREE = 1 << 30
 EXCHANGES = ("auto", "shm", "collective")
 
 
@@ -75,7 +78,8 @@ def negotiate(group, backend: str, wanted: str) -> list[str] | None:
 
     Shared memory needs a gloo group (over NCCL the rows stay on the devices) whose ranks all see the same
     ``/dev/shm``. Each rank writes a file with a random token there and reads every other rank's: the same
-    host name or boot id is not enough (containers on one host may each have their own ``/dev/shm``)."""
+    host name or boot id is not enough (containers on one host may each have their own ``/dev/shm``).
+    ``auto`` also wants :data:`AUTO_MIN_FREE` bytes free there."""
     world = dist.get_world_size(group)
     if backend != "gloo" or world == 1:
         if wanted == "shm":
@@ -89,10 +93,15 @@ def negotiate(group, backend: str, wanted: str) -> list[str] | None:
             fh.write(token)
     except OSError:
         probe = None
+    try:
+        fs = os.statvfs(SHM_DIR)
+        free = fs.f_bavail * fs.f_frsize
+    except OSError:
+        free = 0
     ranks: list = [None] * world
-    dist.all_gather_object(ranks, (socket.gethostname(), wanted, token if probe else None), group=group)
+    dist.all_gather_object(ranks, (socket.gethostname(), wanted, token if probe else None, free), group=group)
     seen = []
-    for _, _, other in ranks:
+    for _, _, other, _ in ranks:
         try:
             with open(os.path.join(SHM_DIR, f"{PREFIX}-probe-{other}")) as fh:
                 seen.append(other is not None and fh.read() == other)
@@ -102,18 +111,18 @@ def negotiate(group, backend: str, wanted: str) -> list[str] | None:
     dist.all_gather_object(everyone, seen, group=group)  # after it every rank has read every probe
     if probe:
         os.unlink(probe)
-    wants = sorted({w for _, w, _ in ranks})
+    wants = sorted({r[1] for r in ranks})
     if len(wants) > 1:
         raise ValueError(f"ranks ask for different exchanges ({', '.join(wants)}: cache.exchange or "
                          f"{EXCHANGE_ENV}); start every rank with the same setting")
     blind = [(r, s) for r, row in enumerate(everyone) for s, ok in enumerate(row) if not ok]
-    if wanted == "collective" or blind and wanted == "auto":
+    if wanted == "collective" or wanted == "auto" and (blind or min(r[3] for r in ranks) < AUTO_MIN_FREE):
         return None
     if blind:
         r, s = blind[0]
         raise ValueError(f"exchange=shm needs every rank to share {SHM_DIR}: rank {r} (host {ranks[r][0]}) cannot "
                          f"read rank {s}'s file there (host {ranks[s][0]}); use auto or collective")
-    return [t for _, _, t in ranks]
+    return [r[2] for r in ranks]
 
 
 class Segment:
