@@ -272,8 +272,11 @@ def shm_matches_collective(ds, rank, world, out):
     mine = growing_batches(rank, world, ds.num_nodes)
     segments = paths["shm"]._shm
     token = segments.tokens[rank]
-    named = lambda: sorted(f for f in os.listdir(shm.SHM_DIR) if f.startswith(f"{shm.PREFIX}-{token}-"))
-    generations = []
+
+    def named():  # this rank's segments still in /dev/shm
+        return sorted(f for f in os.listdir(shm.SHM_DIR) if f.startswith(f"{shm.PREFIX}-{token}-"))
+
+    generations, hits, requests = [], 0, 0
     for t, (ids, future) in enumerate(replay(mine, 4, ds.num_nodes)):  # one window, read by both paths
         following = (mine[t + 1], mine[t + 5:t + 6]) if t + 1 < len(mine) else None
         found = {name: p.lookup(ids, future=future, following=following) for name, p in paths.items()}
@@ -283,9 +286,12 @@ def shm_matches_collective(ds, rank, world, out):
                 raise AssertionError(f"rank {rank}: iteration {t}: {name} rows differ from the isolated cache's")
         if not torch.equal(found["shm"][1], found["collective"][1]):
             raise AssertionError(f"rank {rank}: iteration {t}: hit flags differ between the two paths")
+        hits, requests = hits + int(found["shm"][1].sum()), requests + len(ids)
         generations.append(segments.generation)
         if len(named()) > 2:  # the files of this lookup at most: the earlier ones every rank has mapped
             raise AssertionError(f"rank {rank}: iteration {t}: files still named: {named()}")
+    if not 0 < hits < requests:
+        raise AssertionError(f"rank {rank}: {hits} hits of {requests}: the hit flags prove nothing")
     if generations[-1] < 3 or generations[0] > 2:  # both parities made, and then grown
         raise AssertionError(f"rank {rank}: the segments did not grow: generations {generations}")
     if paths["shm"].stats.collectives != paths["collective"].stats.collectives:
