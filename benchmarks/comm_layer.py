@@ -16,13 +16,19 @@ batches: the bound for any ownership. Commands and figures (4-byte and
 
     python benchmarks/comm_layer.py                    # ~20 min on 2 cores
     python benchmarks/comm_layer.py --quick
+
+``--exchanges shm,collective --repeats 3`` runs the shared cache once per
+way its rows travel (shared memory, the rows collective), interleaved within
+each repeat, and reports each one's medians.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -61,7 +67,7 @@ def worker(args) -> None:
     fanouts = [int(f) for f in args.fanouts.split(",")]
     owner = make_owner(args.owner, ds, world,
                        access_counts=lambda: sampled_access_counts(ds, fanouts, args.batch_size))
-    features = SharedCache(cache, owner) if args.mode == "shared" else cache
+    features = SharedCache(cache, owner, exchange=args.exchange) if args.mode == "shared" else cache
     loader = NodeLoader(ds, features, fanouts, args.batch_size,
                         window=args.window, rank=rank, world_size=world, seed=0)
     hits = requests = 0
@@ -84,6 +90,7 @@ def worker(args) -> None:
     if args.mode == "shared":  # where the exchange's time goes: each collective, and the owner's lookup
         result["exchange"] = vars(features.stats)  # as_dict() where it exists; this also reads an older layer
         result["exchange"] = {k: v for k, v in result["exchange"].items() if isinstance(v, (int, float, dict))}
+        result["rows_through"] = getattr(features, "exchange", "collective")
         result["bare_rows_all_to_all_s"] = bare_all_to_all(features, storage.row_bytes)
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as fh:
         json.dump(result, fh)
@@ -114,7 +121,7 @@ def bare_all_to_all(shared, row_bytes: int, repeats: int = 9) -> float:
     return sorted(times)[repeats // 2]
 
 
-def run(args, world: int, mode: str, capacity: str, out: str) -> dict:
+def run(args, world: int, mode: str, capacity: str, out: str, exchange: str = "auto") -> dict:
     os.makedirs(out, exist_ok=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -126,6 +133,7 @@ def run(args, world: int, mode: str, capacity: str, out: str) -> dict:
         cmd = [sys.executable, __file__, "--worker", "--data", args.data, "--out", out, "--mode", mode,
                "--capacity", capacity, "--policy", args.policy, "--window", str(args.window), "--owner", args.owner,
                "--fanouts", args.fanouts, "--batch-size", str(args.batch_size), "--iterations", str(args.iterations),
+               "--exchange", exchange,
                *(["--buffered"] if args.buffered else [])]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = [p.communicate(timeout=3600)[0] for p in procs]
@@ -150,6 +158,7 @@ def run(args, world: int, mode: str, capacity: str, out: str) -> dict:
         exchange = ranks[0]["exchange"]
         detail["collectives_per_iteration"] = exchange["collectives"] / exchange["iterations"]
         detail["lookups"] = exchange["iterations"]
+        detail["rows_through"] = ranks[0]["rows_through"]
         # lookups whose request outgrew the agreed chunk (a third collective): 0 in a layer without chunks
         detail["spills"] = sum(n for k, n in exchange.get("collective_calls", {}).items()
                                if k.endswith("spill") and not k.startswith("update"))
@@ -198,6 +207,33 @@ def merged_hit_ratio(args, world: int, capacity: str) -> float:
     return hits / total
 
 
+def shared_medians(rows: list[dict]) -> list[dict]:
+    """Per (ranks, capacity, exchange asked) of the shared runs, medians over the repeats: ms per gather, the
+    exchange's ms and share of it, and each part of the breakdown in ms per gather; printed one line each."""
+    out = []
+    shared = [r for r in rows if r["mode"] == "shared"]
+    for world, capacity, exchange in sorted({(r["world"], r["capacity_per_rank_base"], r["exchange_asked"])
+                                             for r in shared}):
+        runs = [r for r in shared if (r["world"], r["capacity_per_rank_base"], r["exchange_asked"]) ==
+                (world, capacity, exchange)]
+        ms = [r["ms_per_gather"] for r in runs]
+        parts = sorted({k for r in runs for k in r.get("share_of_gather", {})})
+        row = {"world": world, "capacity_per_rank": capacity, "exchange": exchange, "runs": len(runs),
+               "rows_through": runs[0].get("rows_through"), "ms_per_gather": statistics.median(ms),
+               "exchange_ms": statistics.median(r["ms_per_gather"] * r["exchange_share_of_gather"] for r in runs),
+               "exchange_share": statistics.median(r["exchange_share_of_gather"] for r in runs),
+               "hit_ratio": statistics.median(r["hit_ratio"] for r in runs),
+               "breakdown_ms": {k: statistics.median(r["ms_per_gather"] * r["share_of_gather"].get(k, 0.0)
+                                                     for r in runs) for k in parts},
+               "loadavg_1min": [min(r["loadavg_at_end"][0] for r in runs), max(r["loadavg_at_end"][0] for r in runs)]}
+        out.append(row)
+        print(f"{world} ranks, {capacity}/rank, rows: {row['rows_through']} ({exchange}), medians of {len(runs)}: "
+              f"{row['ms_per_gather']:.1f} ms per gather, exchange {row['exchange_ms']:.1f} ms = "
+              f"{row['exchange_share']:.1%}; " + ", ".join(f"{k} {v:.1f}" for k, v in row["breakdown_ms"].items()),
+              file=sys.stderr)
+    return out
+
+
 def scaled(capacity: str, factor: int) -> str:
     return f"{float(capacity.rstrip('%')) * factor:g}%"
 
@@ -223,6 +259,10 @@ def main(argv=None) -> dict:
     p.add_argument("--buffered", action="store_true", help="read misses without O_DIRECT (from the page cache)")
     p.add_argument("--shared-only", action="store_true",
                    help="run the shared cache alone (repeated timing runs of the exchange)")
+    p.add_argument("--exchange", default="auto", help=argparse.SUPPRESS)  # a worker's
+    p.add_argument("--exchanges", default="auto",
+                   help="how the shared cache's rows travel, one run each per repeat: auto, shm, collective")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each configuration, interleaved")
     p.add_argument("--merged", action="store_true",
                    help="also replay the ranks' union through one cache of N x C (what any ownership could reach)")
     args = p.parse_args(argv)
@@ -241,26 +281,31 @@ def main(argv=None) -> dict:
         args.worlds, args.capacities, args.iterations, args.window = "2", "10%", 8, 8
         args.fanouts, args.batch_size = "4,3", 32
     rows = []
-    for world in [int(w) for w in args.worlds.split(",")]:
-        for capacity in args.capacities.split(","):
-            runs = [("shared", capacity), ("isolated", capacity), ("isolated", scaled(capacity, world))]
-            for mode, cap in runs[:1] if args.shared_only else runs[:2] if args.no_big else runs:
-                r = run(args, world, mode, cap, os.path.join(args.out, f"{world}-{mode}-{cap}"))
-                r["capacity_per_rank_base"] = capacity
+    exchanges = args.exchanges.split(",")
+    for repeat, world, capacity in itertools.product(range(args.repeats), [int(w) for w in args.worlds.split(",")],
+                                                     args.capacities.split(",")):
+        runs = [("shared", capacity), ("isolated", capacity), ("isolated", scaled(capacity, world))]
+        for mode, cap in runs[:1] if args.shared_only else runs[:2] if args.no_big else runs:
+            for exchange in exchanges if mode == "shared" else exchanges[:1]:
+                r = run(args, world, mode, cap, os.path.join(args.out, f"{world}-{mode}-{cap}"), exchange)
+                r.update(capacity_per_rank_base=capacity, repeat=repeat, exchange_asked=exchange)
                 rows.append(r)
-                print(f"{world} ranks {mode:<9} {cap:>6}/rank: hit {r['hit_ratio']:.3f}  read "
+                through = f" (rows: {r['rows_through']})" if "rows_through" in r else ""
+                print(f"{world} ranks {mode:<9} {cap:>6}/rank{through}: hit {r['hit_ratio']:.3f}  read "
                       f"{r['bytes_read'] / 2**20:.1f} MiB  exchange {r['exchange_share_of_gather']:.1%} of gather, "
                       f"{r['ms_per_gather']:.1f} ms per gather, load {r['loadavg_at_end'][0]:.2f}", file=sys.stderr)
                 if "share_of_gather" in r:
                     print("   " + ", ".join(f"{k} {v:.1%}" for k, v in r["share_of_gather"].items()) +
                           f"; rows collective {r['rows_collective_ms']:.1f} ms/iteration, a bare all_to_all of "
                           f"its bytes {r['bare_rows_all_to_all_ms']:.1f} ms", file=sys.stderr)
+    medians = shared_medians(rows)
     print(f"{'ranks':>5} {'C/rank':>7} {'shared':>8} {'isolated':>9} {'isol. NxC':>10} {'read shared/isol.':>18} "
           f"{'exchange/gather':>16} {'rows/s shared':>14} {'rows/s isol.':>13}")
     table = []
     for world in sorted({r["world"] for r in rows}):
         for capacity in args.capacities.split(","):
-            group = [r for r in rows if r["world"] == world and r["capacity_per_rank_base"] == capacity]
+            group = [r for r in rows if r["world"] == world and r["capacity_per_rank_base"] == capacity
+                     and r["repeat"] == 0 and r["exchange_asked"] == exchanges[0]]
             missing = {"hit_ratio": float("nan"), "bytes_read": float("nan"), "ms_per_gather": float("nan"),
                        "rows_per_gather_s": float("nan")}
             shared, isolated, big = (*group, missing, missing)[:3]
@@ -282,7 +327,7 @@ def main(argv=None) -> dict:
                   f"{row['exchange_share']:>16.1%} {row['rows_per_s_shared']:>14,.0f} "
                   f"{row['rows_per_s_isolated']:>13,.0f}")
     result = {"settings": {k: v for k, v in vars(args).items() if k not in ("worker", "json")}, "runs": rows,
-              "table": table, "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()}
+              "table": table, "shared_medians": medians, "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()}
     if args.json:
         write_json(args.json, result)
     return result

@@ -65,6 +65,7 @@ class FeatureSpec:
     embedding_sizes: dict = dataclasses.field(default_factory=dict)
     read_ahead: int | None = None  # batches whose misses are read ahead (None: the cache's default)
     read_ahead_bytes: str = defaults.READ_AHEAD_BYTES  # the rows read ahead held at once
+    exchange: str = "auto"       # how rows travel between ranks when shared: auto | shm | collective
 
 
 def resolve(cfg: Config, dataset, world_size: int = 1) -> FeatureSpec:
@@ -92,7 +93,7 @@ def resolve(cfg: Config, dataset, world_size: int = 1) -> FeatureSpec:
         pvp_queue_bytes=None if c.pvp_queue_capacity or c.pvp_queue_bytes == defaults.PVP_QUEUE_BYTES
         else c.pvp_queue_bytes, pvp_reinstall=c.pvp and c.pvp_reinstall,
         shared=world_size > 1 and c.mode == "shared", owner=c.owner, embedding_sizes=_embedding_sizes(cfg, dataset),
-        read_ahead=read_ahead_depth(c), read_ahead_bytes=c.read_ahead_bytes)
+        read_ahead=read_ahead_depth(c), read_ahead_bytes=c.read_ahead_bytes, exchange=c.exchange)
 
 
 def embedding_tables(cfg: Config, dataset) -> dict[str, NodeEmbeddingConfig]:
@@ -262,7 +263,8 @@ def shared_over(cache, spec: FeatureSpec, world_size: int, access_counts=None):
     from lsm_gnn.comm import SharedCache, make_owner
 
     return SharedCache(cache, make_owner(spec.owner, _IdSpace(cache.num_rows), world_size,
-                                         access_counts=access_counts))
+                                         access_counts=access_counts),
+                       exchange=None if spec.exchange == "auto" else spec.exchange)  # auto: LSM_GNN_EXCHANGE
 
 
 def cached(storage, spec: FeatureSpec, dataset, device: torch.device, *, node_type: str | None = None,

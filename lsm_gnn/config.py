@@ -21,6 +21,7 @@ import yaml
 from lsm_gnn import defaults
 from lsm_gnn.cache.policies import POLICIES, PolicyConfig
 from lsm_gnn.cache.pvp import queue_budget
+from lsm_gnn.comm.shm import EXCHANGES
 from lsm_gnn.storage import BACKENDS
 from lsm_gnn.units import parse_bytes
 
@@ -87,6 +88,10 @@ class CacheConfig:
     oversubscribe: bool = False  # allow a batch larger than the cache (hit ratio studies)
     mode: str = "shared"       # with several ranks: shared (one cache over all ranks) | isolated (one per rank)
     owner: str = "hashed"      # who owns a node in shared mode: hashed | modulo | hotness | path/to/partition.npy
+    # how a shared cache's rows travel between ranks over gloo: auto (through shared memory where every rank
+    # sees the same /dev/shm, else in the rows collective) | shm (shared memory or an error) | collective;
+    # auto defers to LSM_GNN_EXCHANGE where it is set
+    exchange: str = "auto"
     pvp: bool = False          # the victim-buffer prefetcher (paper section 4.3)
     pvp_queue_bytes: str = defaults.PVP_QUEUE_BYTES  # all victim queues' memory: bytes ("256M") or a share of
     # the cache's bytes ("25%"); the queues (one per future iteration) get as many lines each as fit
@@ -184,6 +189,7 @@ CHOICES = {
     "cache.policy": ("auto", *POLICIES),
     "cache.backend": ("auto", *BACKENDS),
     "cache.mode": ("shared", "isolated"),
+    "cache.exchange": EXCHANGES,
     "train.task": ("node", "link"),
     "train.eval_mode": ("sampled", "full"),
     "train.early_stopping.mode": ("auto", "max", "min"),

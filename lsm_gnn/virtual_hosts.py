@@ -2,7 +2,8 @@
 
 Each host is a Linux network namespace with its own interface and address on a private /24, so a torchrun
 agent, an mpirun daemon or any command started in it reaches the other host over that link and not over
-loopback, as on two machines: rendezvous, gloo's collectives and the cache's exchange all cross it. The
+loopback, as on two machines: rendezvous, gloo's collectives and the cache's exchange (its rows too:
+``LSM_GNN_EXCHANGE=collective``) all cross it. The
 interface has the same name on both hosts (:data:`INTERFACE`), as ``eth0`` has on a real cluster, so one
 ``GLOO_SOCKET_IFNAME`` serves every rank.
 
@@ -34,6 +35,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+
+from lsm_gnn.comm.shm import EXCHANGE_ENV
 
 INTERFACE = "lsm-link"   # the link's name inside each host
 RELAY_MTU = 65000        # large frames keep the relay's packet rate (its cost) low
@@ -83,9 +86,12 @@ class Host:
         return ["ip", "netns", "exec", self.namespace, *argv]
 
     def env(self, base: dict | None = None) -> dict:
-        """Environment for a rank on this host: gloo binds to the host's link, not to loopback."""
+        """Environment for a rank on this host: gloo binds to the host's link, not to loopback, and the shared
+        cache's rows cross it too (unless ``base`` says otherwise): the namespaced hosts share this machine's
+        /dev/shm, which two machines do not, and would pass the rows through it (docs/distributed.md)."""
         env = dict(os.environ if base is None else base)
         env["GLOO_SOCKET_IFNAME"] = self.interface
+        env.setdefault(EXCHANGE_ENV, "collective")
         return env
 
     def popen(self, argv: list[str], env: dict | None = None, **kwargs) -> subprocess.Popen:

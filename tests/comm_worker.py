@@ -71,6 +71,9 @@ def hit_ratios(ds, rank, world, out):
 def killed(ds, rank, world, out):
     cache = SoftwareCache(open_storage(ds, "io_uring"), num_sets=4, ways=32, oversubscribe=True, window=WINDOW)
     shared = SharedCache(cache, ModuloOwner(world), timeout_s=30)
+    if shared.exchange == "shm":  # for the test to find the segments' files
+        with open(os.path.join(out, f"token{rank}.txt"), "w") as fh:
+            fh.write(shared._shm.tokens[rank])
     try:
         for batch in make_loader(ds, shared, rank, world):
             if rank == 1 and batch.iteration == 2:
@@ -141,11 +144,14 @@ def protocol(paths, rank, world, out):
                 assert torch.equal(rows.view(torch.uint8), want.view(torch.uint8)), f"{path} {name}: bytes differ"
                 assert len(calls) - before == 2, f"{name}: {len(calls) - before} collectives"
                 rows_sent, row_bytes = calls[-1], expected.shape[1] * expected.element_size()
-                assert rows_sent[1] == "torch.uint8" and rows_sent[2][1:] == [row_bytes], rows_sent  # not widened
+                if shared.exchange == "collective":  # the rows' bytes, not widened
+                    assert rows_sent[1] == "torch.uint8" and rows_sent[2][1:] == [row_bytes], rows_sent
+                else:  # where the rows are in the owners' shared memory
+                    assert rows_sent[1] == "torch.int64" and len(rows_sent[2]) == 1, rows_sent
                 assert np.array_equal(hit.numpy(), seen[ids]), f"{name}: wrong hit flags"
                 for other in everyone:  # every rank's requests fill the shared cache
                     seen[other[i][1]] = True
-        report[path] = {"lookups": lookups, "collectives": shared.stats.collectives,
+        report[path] = {"lookups": lookups, "collectives": shared.stats.collectives, "exchange": shared.exchange,
                         "by_kind": sorted(shared.stats.collective_seconds)}
         report[path]["spill"] = spill(shared, expected, rank, world)
     # Through the loader the exchange runs on its background thread, beside training on the main thread.
@@ -238,6 +244,121 @@ def reference(ds, rank, world, out):
         raise AssertionError(f"rank {rank}: no eviction or no hit in the reference; the test is too easy")
 
 
+def growing_batches(rank, world, num_nodes):
+    """:func:`reference_batches` with sizes that jump up and down (the segments must grow, in both parities, and
+    a smaller batch after a larger one reuses them) and every rank's ids owned by one rank in one batch."""
+    rng = np.random.default_rng([23, rank])
+    batches = reference_batches(rank, world, num_nodes, 12)
+    batches[1] = rng.integers(0, num_nodes, 20)
+    batches[2] = rng.integers(0, num_nodes, 2500)
+    batches[4] = rng.integers(0, num_nodes, 6000)  # over the node count: every id, some many times
+    batches[6] = np.arange(1, num_nodes, world)    # everyone's ids owned by rank 1
+    return batches
+
+
+def shm_matches_collective(ds, rank, world, out):
+    """Rows through shared memory and through the rows collective, side by side over the same batches (random,
+    adversarial, growing) with windows and ``following``: the same bytes as an isolated cache's (the file's)
+    and the same hit flags, each lookup; the segments grow, and are unlinked once mapped and at close."""
+    from lsm_gnn.cache import replay
+    from lsm_gnn.comm import shm
+
+    config = dict(num_sets=2, ways=32, policy="hybrid", window=4, oversubscribe=True)
+    owner = ModuloOwner(world)
+    paths = {name: SharedCache(SoftwareCache(open_storage(ds, "memory"), **config), owner, timeout_s=60,
+                               exchange=name) for name in ("shm", "collective")}
+    assert paths["shm"].exchange == "shm" and paths["collective"].exchange == "collective"
+    isolated = SoftwareCache(open_storage(ds, "memory"), num_sets=64, ways=64, oversubscribe=True)
+    mine = growing_batches(rank, world, ds.num_nodes)
+    segments = paths["shm"]._shm
+    token = segments.tokens[rank]
+
+    def named():  # this rank's segments still in /dev/shm
+        return sorted(f for f in os.listdir(shm.SHM_DIR) if f.startswith(f"{shm.PREFIX}-{token}-"))
+
+    generations, hits, requests = [], 0, 0
+    for t, (ids, future) in enumerate(replay(mine, 4, ds.num_nodes)):  # one window, read by both paths
+        following = (mine[t + 1], mine[t + 5:t + 6]) if t + 1 < len(mine) else None
+        found = {name: p.lookup(ids, future=future, following=following) for name, p in paths.items()}
+        want, _ = isolated.lookup(torch.as_tensor(ids))
+        for name, (rows, hit) in found.items():
+            if not torch.equal(rows.view(torch.uint8), want.view(torch.uint8)) or hit.shape != (len(ids),):
+                raise AssertionError(f"rank {rank}: iteration {t}: {name} rows differ from the isolated cache's")
+        if not torch.equal(found["shm"][1], found["collective"][1]):
+            raise AssertionError(f"rank {rank}: iteration {t}: hit flags differ between the two paths")
+        hits, requests = hits + int(found["shm"][1].sum()), requests + len(ids)
+        generations.append(segments.generation)
+        if len(named()) > 2:  # the files of this lookup at most: the earlier ones every rank has mapped
+            raise AssertionError(f"rank {rank}: iteration {t}: files still named: {named()}")
+    if not 0 < hits < requests:
+        raise AssertionError(f"rank {rank}: {hits} hits of {requests}: the hit flags prove nothing")
+    if generations[-1] < 3 or generations[0] > 2:  # both parities made, and then grown
+        raise AssertionError(f"rank {rank}: the segments did not grow: generations {generations}")
+    if paths["shm"].stats.collectives != paths["collective"].stats.collectives:
+        raise AssertionError("the shared-memory path made other collectives than the rows collective's")
+    dist.barrier()
+    paths["shm"].close()
+    if named():
+        raise AssertionError(f"rank {rank}: files left after close: {named()}")
+    slow_reader(ds, rank, world)
+
+
+def slow_reader(ds, rank, world):
+    """Rank 1 copies its rows from the owners' segments late, while rank 0 runs on to its next lookup (sent
+    ahead with ``following``) and serves it: into the other segment, so rank 1 still reads the rows it asked."""
+    import time
+
+    expected = torch.from_numpy(ds.read_features_direct(np.arange(ds.num_nodes)))
+    shared = SharedCache(SoftwareCache(open_storage(ds, "memory"), num_sets=2, ways=32, oversubscribe=True),
+                         ModuloOwner(world), timeout_s=60, exchange="shm")
+    if rank == 1:
+        peer = shared._shm.peer
+
+        def late(*args):
+            time.sleep(0.05)
+            return peer(*args)
+
+        shared._shm.peer = late
+    batches = [np.random.default_rng([t, rank]).integers(0, ds.num_nodes, 300) for t in range(8)]
+    for t, ids in enumerate(batches):
+        rows, _ = shared.lookup(ids, following=(batches[t + 1], []) if t + 1 < len(batches) else None)
+        if not torch.equal(rows, expected[ids]):
+            raise AssertionError(f"rank {rank}: lookup {t}: rows overwritten before this rank read them")
+
+
+def exchange_choice(ds, rank, world, out):
+    """``auto`` falls back to the rows collective, with no error, when the ranks do not share /dev/shm (here
+    each rank has a directory of its own) or it has too little free; ``shm`` raises on every rank without a
+    shared /dev/shm, as do ranks that ask for different exchanges."""
+    from lsm_gnn.comm import shm
+
+    expected = torch.from_numpy(ds.read_features_direct(np.arange(ds.num_nodes)))
+    cache = SoftwareCache(open_storage(ds, "memory"), num_sets=4, ways=32, oversubscribe=True)
+    real = shm.SHM_DIR
+    shm.SHM_DIR = os.path.join(out, f"shm{rank}")
+    os.makedirs(shm.SHM_DIR, exist_ok=True)
+    shared = SharedCache(cache, ModuloOwner(world), timeout_s=60, exchange="auto")
+    assert shared.exchange == "collective", shared.exchange
+    ids = np.arange(rank, 500, 2)
+    assert torch.equal(shared.lookup(ids)[0], expected[ids])
+    try:
+        SharedCache(cache, ModuloOwner(world), timeout_s=60, exchange="shm")
+    except ValueError as exc:
+        assert "cannot read rank" in str(exc) and "use auto or collective" in str(exc), exc
+    else:
+        raise AssertionError("exchange=shm was granted without a shared /dev/shm")
+    shm.SHM_DIR = real
+    shm.AUTO_MIN_FREE = 1 << 60  # more than /dev/shm has free: auto declines, shm is still granted
+    assert SharedCache(cache, ModuloOwner(world), timeout_s=60).exchange == "collective"
+    assert SharedCache(cache, ModuloOwner(world), timeout_s=60, exchange="shm").exchange == "shm"
+    try:
+        SharedCache(cache, ModuloOwner(world), timeout_s=60, exchange="shm" if rank == 0 else "collective")
+    except ValueError as exc:
+        assert "different exchanges" in str(exc), exc
+    else:
+        raise AssertionError("ranks asking for different exchanges were accepted")
+
+
 def announce_misuse(ds, rank, world, out):
     """A lookup other than the one announced (``following``) is refused on every rank; settle() drops the
     announcement and the cache serves on; an announced lookup gets its rows whatever the order and repeats of
@@ -311,7 +432,8 @@ def main():
         return
     ds = open_dataset(path)
     scenarios = {"correctness": correctness, "hit_ratios": hit_ratios, "killed": killed, "write_back": write_back,
-                 "reference": reference, "announce_misuse": announce_misuse}
+                 "reference": reference, "announce_misuse": announce_misuse,
+                 "shm_matches_collective": shm_matches_collective, "exchange_choice": exchange_choice}
     scenarios[scenario](ds, rank, world, out)
     if scenario != "killed":
         dist.barrier()

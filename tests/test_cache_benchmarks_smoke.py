@@ -57,7 +57,7 @@ def test_sampler_throughput_quick(tmp_path):
 
 @pytest.mark.slow
 def test_comm_layer_quick(tmp_path):
-    results = load("comm_layer").main(["--quick", "--merged", "--out", str(tmp_path),
+    results = load("comm_layer").main(["--quick", "--merged", "--out", str(tmp_path), "--exchanges", "shm,collective",
                                         "--json", str(tmp_path / "comm.json")])
     row = results["table"][0]
     assert row["world"] == 2
@@ -70,6 +70,9 @@ def test_comm_layer_quick(tmp_path):
     assert shared["lookups"] == 8  # each rank's loader stops after the last timed batch
     assert round(shared["collectives_per_iteration"] * 8) == 2 * 8 + shared["spills"]
     assert set(row["exchange_breakdown"]) >= {"rows collective", "serve (owner's lookup)", "unpack"}
+    # the table's shared run is the first exchange's; each exchange has its medians
+    assert [(m["exchange"], m["rows_through"], m["hit_ratio"]) for m in results["shared_medians"]] == [
+        ("collective", "collective", row["hit_shared"]), ("shm", "shm", row["hit_shared"])]
 
 
 def test_window_index_quick():

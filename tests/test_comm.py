@@ -110,11 +110,12 @@ def test_a_shared_cache_beats_isolated_ones_and_matches_one_big_cache(dataset, t
     assert abs(ratio["shared"] - single) < 0.05, (ratio, single)
 
 
-def test_the_exchange_returns_the_file_bytes_in_two_collectives(tmp_path):
+@pytest.mark.parametrize("exchange", ["shm", "collective"])
+def test_the_exchange_returns_the_file_bytes_in_two_collectives(tmp_path, exchange):
     """Random and adversarial batches (one rank empty, all ids owned by one rank, duplicates), float16 and
     uint8 rows of odd widths: exactly the file's bytes, hit flags intact, 2 collectives per lookup with the
-    rows sent as bytes of their dtype (3 only for a request longer than the agreed chunk), and through the
-    loader on its background thread only."""
+    rows sent as bytes of their dtype, or through shared memory with their places sent instead (3 only for a
+    request longer than the agreed chunk), and through the loader on its background thread only."""
     rng = np.random.default_rng(0)
     f16, _ = write_tiny_dataset(tmp_path / "f16", num_nodes=500, dim=5, dtype="float16",
                                 features=rng.standard_normal((500, 5)).astype(np.float16))
@@ -124,11 +125,12 @@ def test_the_exchange_returns_the_file_bytes_in_two_collectives(tmp_path):
     class Paths:
         path = f"{f16.path}{os.pathsep}{u8.path}"
 
-    codes, logs, _ = run_ranks("protocol", Paths, tmp_path, 2)
+    codes, logs, _ = run_ranks("protocol", Paths, tmp_path, 2, LSM_GNN_EXCHANGE=exchange)
     assert codes == [0, 0], "\n".join(logs)
     for rank in range(2):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for path in (f16.path, u8.path):
+            assert report[path]["exchange"] == exchange
             assert report[path]["collectives"] == 2 * report[path]["lookups"]
             assert report[path]["by_kind"] == ["ids and future", "rows"]
             assert report[path]["spill"] == [3, 2]
@@ -138,13 +140,33 @@ def test_the_exchange_returns_the_file_bytes_in_two_collectives(tmp_path):
         assert loader["spills"] == 0 and loader["calls"] == 2 * loader["batches"] == 6, loader
 
 
-@pytest.mark.parametrize("world,announce", [(2, False), (3, False), (2, True), (3, True)])
-def test_every_owner_decides_as_a_single_process_reference_fed_the_union_would(dataset, tmp_path, world, announce):
+@pytest.mark.parametrize("world,announce,exchange", [(2, False, "auto"), (3, False, "auto"), (2, True, "auto"),
+                                                     (3, True, "auto"), (3, True, "collective")])
+def test_every_owner_decides_as_a_single_process_reference_fed_the_union_would(dataset, tmp_path, world, announce,
+                                                                               exchange):
     """Small evicting slices with windows, random and adversarial batches (one rank empty, all ids owned by one
     rank, duplicates, all empty): each rank's hit flags equal a per-owner SoftwareCache's in one process, with
-    2 collectives a lookup, also when each lookup's request was announced during the one before."""
-    codes, logs, _ = run_ranks("reference", dataset, tmp_path, world, COMM_TEST_ANNOUNCE=str(int(announce)))
+    2 collectives a lookup, also when each lookup's request was announced during the one before; the rows
+    through shared memory (auto, on one host) and in the rows collective."""
+    codes, logs, _ = run_ranks("reference", dataset, tmp_path, world, COMM_TEST_ANNOUNCE=str(int(announce)),
+                               LSM_GNN_EXCHANGE=exchange)
     assert codes == [0] * world, "\n".join(logs)
+
+
+def test_rows_through_shared_memory_are_those_of_the_rows_collective(dataset, tmp_path):
+    """Both paths side by side over random, adversarial and growing batches with windows and ``following``:
+    byte-identical rows (an isolated cache's) and hit flags; the segments grow, their files are unlinked once
+    every rank mapped them and at close, and a rank that reads late still reads its own lookup's rows."""
+    codes, logs, _ = run_ranks("shm_matches_collective", dataset, tmp_path, 2)
+    assert codes == [0, 0], "\n".join(logs)
+
+
+def test_auto_falls_back_to_the_collective_without_a_shared_dev_shm(dataset, tmp_path):
+    """Ranks that cannot read each other's files in /dev/shm, or too little free there: auto sends the rows in
+    the collective; shm without a shared /dev/shm is refused on every rank with the reason, and so are ranks
+    that ask for different exchanges."""
+    codes, logs, _ = run_ranks("exchange_choice", dataset, tmp_path, 2)
+    assert codes == [0, 0], "\n".join(logs)
 
 
 def test_a_lookup_other_than_the_announced_one_is_refused(dataset, tmp_path):
@@ -159,6 +181,11 @@ def test_a_dead_rank_makes_the_others_fail_fast(dataset, tmp_path):
     message = (tmp_path / "rank0.txt").read_text()
     assert "rank 0" in message and "failed" in message and "rank 1" in message
     assert seconds < 60
+    from lsm_gnn.comm.shm import PREFIX, SHM_DIR
+
+    for rank in range(2):  # the survivor unlinked its segments and those the dead rank left
+        token = (tmp_path / f"token{rank}.txt").read_text()
+        assert not [f for f in os.listdir(SHM_DIR) if f.startswith(f"{PREFIX}-{token}-")], rank
 
 
 def test_hashed_ownership_spreads_ids_and_fills_every_set_of_each_owner(dataset):

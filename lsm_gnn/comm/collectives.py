@@ -37,8 +37,8 @@ class ExchangeStats:
     collective_calls: dict = field(default_factory=dict)  # calls of each kind
     announced: int = 0             # lookups whose request went during the lookup before (``following``)
     #: seconds of the exchange's local work: "window" (the owners' windows; "window, filled" when a new
-    #: window's whole future is forwarded, once an epoch), "pack" (ids and rows into messages), "unpack"
-    #: (rows into request order)
+    #: window's whole future is forwarded, once an epoch), "pack" (ids and rows into messages), "copy from
+    #: owners" (rows through shared memory: from the owners' segments), "unpack" (rows into request order)
     local_seconds: dict = field(default_factory=dict)
 
     def add(self, what: str, start: float) -> float:

@@ -21,7 +21,10 @@ owns. Each iteration, ``SharedCache.lookup(ids)`` on every rank makes two
    sizes need no exchange, since a rank gets one row per id it asked. A
    rank's own ids and rows never enter a message: its cache writes its
    rows into the front of the buffer that receives the other owners'
-   replies;
+   replies. Between ranks on one host the rows skip the collective: that
+   buffer is in shared memory, each requester copies its rows from the
+   owner's, and the collective carries where they are
+   (:mod:`lsm_gnn.comm.shm`; ``exchange`` chooses);
 5. copies the rows once, from that buffer into the batch's request order.
 
 The loader tells each lookup what the next one will be (``following``:
@@ -54,6 +57,7 @@ from lsm_gnn.cache import SoftwareCache, WindowBuffer
 from lsm_gnn.comm.collectives import Collectives, ExchangeError, ExchangeStats, exchange_backend
 from lsm_gnn.comm.group import ProgressBoard, collective_timeout
 from lsm_gnn.comm.padded import PaddedAllToAll, Pending
+from lsm_gnn.comm.shm import HEADER, SharedRows, exchange_choice, negotiate
 from lsm_gnn.features import StorageShape
 from lsm_gnn.hostmem import HostBufferPool, host_zeros
 from lsm_gnn.ids import as_id_tensor, unique_ids
@@ -79,10 +83,14 @@ class SharedCache(StorageShape):
     Over NCCL the rows never leave the device: the exchange sends the cache's
     device tensors as they are. Over gloo they cross in host memory (staged
     there if the cache is on a GPU). The same code serves both.
+
+    ``exchange`` says how the rows travel over gloo: ``auto`` (None: ``LSM_GNN_EXCHANGE``, else auto) through
+    shared memory when every rank sees the same ``/dev/shm``, else in the rows collective; ``shm`` insists on
+    shared memory (ValueError where there is none), ``collective`` never uses it. :attr:`exchange` says which.
     """
 
     def __init__(self, cache: SoftwareCache, owner, group=None, timeout_s: float | None = None,
-                 backend: str | None = None):
+                 backend: str | None = None, exchange: str | None = None):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("SharedCache needs torch.distributed initialised (torchrun, launch/mpirun.sh, or "
                                "dist.init_process_group); with one process use the SoftwareCache directly")
@@ -104,6 +112,9 @@ class SharedCache(StorageShape):
         self.world_size = dist.get_world_size(self.group)
         self.stats = ExchangeStats()
         self.net = Collectives(group, self.exchange_device, self.timeout_s, self.stats, self.progress)
+        tokens = negotiate(group, self.backend, exchange_choice(exchange))
+        self._shm = None if tokens is None else SharedRows(self.rank, self.world_size, self.row_bytes, tokens)
+        self.exchange = "collective" if self._shm is None else "shm"
         self.last_served: np.ndarray | None = None  # ids served as owner in the last iteration (for tests)
         self._window = None          # the caller's window these owner windows mirror
         self.owner_window: WindowBuffer | None = None
@@ -248,48 +259,57 @@ class SharedCache(StorageShape):
         announced, else it raises ValueError (the other ranks have its request already); :meth:`settle`
         drops an announced request that no lookup will take."""
         with self._lock:
-            start = time.perf_counter()
-            self.progress.mark(self.stats.iterations)
-            t = self.stats.add("progress mark", start)
-            ids = self._checked(ids)
-            s = self.stats
-            t = s.add("pack", t)
-            new = self._new_future(future)
-            filling = "window, filled" if len(new) > 1 else "window"  # a new window's whole future: once an epoch
-            t = s.add(filling, t)
-            unique, inverse = unique_ids(ids)
-            if self._announced is not None:  # sent during the lookup before: usually here by now
-                order, counts, asked, shares = self._take_announced(unique.numpy(), new)
-            else:
-                order, counts, asked, shares = self._request(unique.numpy(), new)
-            if following is not None:
-                self._send_ahead(following)
-            t = time.perf_counter()
-            for j in range(len(new)):  # each owner's window holds the union of every rank's future
-                union, _ = unique_ids(torch.from_numpy(np.concatenate([share[j] for share in shares])))
-                self.owner_window.push(union)
-            t = s.add(filling, t)
-            # Serve every rank's requests in one lookup: shared ids are looked up and read once.
-            served, back = unique_ids(torch.from_numpy(np.concatenate(asked)))
-            sizes = [a.size for a in asked]
-            whole, rows, hit = self._serve(served, counts)
-            serve = time.perf_counter() - t
-            self._reply(rows, hit, back, sizes, counts, whole)
-            t = time.perf_counter()
-            own = sum(sizes[:self.rank])
-            result, hit_mask = self._unpack(whole, served.numel(), back[own:own + sizes[self.rank]], hit,
-                                            counts, order, inverse, out)
-            s.add("unpack", t)
-            elapsed = time.perf_counter() - start
-            s.iterations += 1
-            s.requested += unique.numel()
-            s.served += served.numel()
-            s.remote_requested += int(unique.numel() - counts[self.rank])
-            s.serve_seconds += serve
-            s.last_exchange_seconds = elapsed - serve
-            s.exchange_seconds += elapsed - serve
-            self.last_served = served.cpu().numpy()
-            return result, hit_mask
+            try:
+                return self._lookup(ids, future, out, following)
+            except ExchangeError:
+                if self._shm is not None:  # the group is broken: no rank will map a segment again
+                    self._shm.abandon()
+                raise
+
+    def _lookup(self, ids, future, out, following) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`lookup`, under its lock."""
+        start = time.perf_counter()
+        self.progress.mark(self.stats.iterations)
+        t = self.stats.add("progress mark", start)
+        ids = self._checked(ids)
+        s = self.stats
+        t = s.add("pack", t)
+        new = self._new_future(future)
+        filling = "window, filled" if len(new) > 1 else "window"  # a new window's whole future: once an epoch
+        t = s.add(filling, t)
+        unique, inverse = unique_ids(ids)
+        if self._announced is not None:  # sent during the lookup before: usually here by now
+            order, counts, asked, shares = self._take_announced(unique.numpy(), new)
+        else:
+            order, counts, asked, shares = self._request(unique.numpy(), new)
+        if following is not None:
+            self._send_ahead(following)
+        t = time.perf_counter()
+        for j in range(len(new)):  # each owner's window holds the union of every rank's future
+            union, _ = unique_ids(torch.from_numpy(np.concatenate([share[j] for share in shares])))
+            self.owner_window.push(union)
+        t = s.add(filling, t)
+        # Serve every rank's requests in one lookup: shared ids are looked up and read once.
+        served, back = unique_ids(torch.from_numpy(np.concatenate(asked)))
+        sizes = [a.size for a in asked]
+        whole, rows, hit = self._serve(served, counts)
+        serve = time.perf_counter() - t
+        self._reply(rows, hit, back, sizes, counts, whole)
+        t = time.perf_counter()
+        own = sum(sizes[:self.rank])
+        result, hit_mask = self._unpack(whole, served.numel(), back[own:own + sizes[self.rank]], hit,
+                                        counts, order, inverse, out)
+        s.add("unpack", t)
+        elapsed = time.perf_counter() - start
+        s.iterations += 1
+        s.requested += unique.numel()
+        s.served += served.numel()
+        s.remote_requested += int(unique.numel() - counts[self.rank])
+        s.serve_seconds += serve
+        s.last_exchange_seconds = elapsed - serve
+        s.exchange_seconds += elapsed - serve
+        self.last_served = served.cpu().numpy()
+        return result, hit_mask
 
     def _scratch(self, name: str, rows: int) -> torch.Tensor:
         """``rows`` rows of ``row_bytes`` bytes on the exchange's device, from a buffer kept between lookups
@@ -316,7 +336,10 @@ class SharedCache(StorageShape):
         buffer into request order, and this rank's own rows never enter a message."""
         on = self.exchange_device
         remote = sum(int(n) + self._flag_rows(int(n)) for d, n in enumerate(counts) if d != self.rank)
-        whole = self._scratch("whole", served.numel() + remote)
+        if self._shm is None:
+            whole = self._scratch("whole", served.numel() + remote)
+        else:  # the other ranks read this rank's rows from there
+            whole = self._shm.buffer(self.stats.iterations, served.numel() + remote).rows[:served.numel() + remote]
         rows = whole[:served.numel()].view(self.cache.data.dtype)
         if self.cache.device == on:
             _, hit = self.cache.lookup(served, future=self.owner_window, out=rows)
@@ -327,6 +350,15 @@ class SharedCache(StorageShape):
 
     def _reply(self, rows: torch.Tensor, hit: torch.Tensor, back: torch.Tensor, asked: list[int],
                counts: np.ndarray, whole: torch.Tensor) -> None:
+        """Gives each other rank the rows it asked for and receives this rank's into the back of ``whole``, in
+        the rows collective or through shared memory (the same bytes in the same places)."""
+        if self._shm is None:
+            self._send_rows(rows, hit, back, asked, counts, whole)
+        else:
+            self._share_rows(rows.shape[0], hit, back, asked, counts, whole)
+
+    def _send_rows(self, rows: torch.Tensor, hit: torch.Tensor, back: torch.Tensor, asked: list[int],
+                   counts: np.ndarray, whole: torch.Tensor) -> None:
         """Sends each other rank its rows (as raw bytes of the features' dtype: never widened) then their hit
         flags (one byte each, padded to whole rows) in one collective, received into the back of ``whole``.
         Both sides know the sizes (a rank gets one row per id it asked), and a rank sends itself nothing."""
@@ -347,6 +379,38 @@ class SharedCache(StorageShape):
         recv_sizes = [0 if d == self.rank else int(n) + self._flag_rows(int(n)) for d, n in enumerate(counts)]
         self.stats.add("pack", start)
         self.net.all_to_all(send, send_sizes, recv_sizes, "rows", recv=whole[rows.shape[0]:])
+
+    def _share_rows(self, num_served: int, hit: torch.Tensor, back: torch.Tensor, asked: list[int],
+                    counts: np.ndarray, whole: torch.Tensor) -> None:
+        """:meth:`_send_rows` through shared memory: this rank's rows are in its segment already (``whole``'s
+        front), its hit flags go beside them, and the rows collective tells each other rank which segment
+        and which of its rows hold the ids it asked for (int64: ``HEADER`` words, then a row per id). Then
+        this rank copies each other owner's rows for it, and their flags, from that owner's segment into the
+        back of ``whole``, where the collective would have put them."""
+        start = time.perf_counter()
+        shm, lookup = self._shm, self.stats.iterations
+        shm.buffer(lookup, 0).flags[:num_served].copy_(hit)  # the segment _serve wrote the rows into
+        header = torch.tensor(shm.header(lookup), dtype=torch.int64)
+        back = back.cpu()
+        send_sizes = [0 if d == self.rank else HEADER + n for d, n in enumerate(asked)]
+        starts = np.cumsum([0, *asked])
+        send = torch.cat([part for d in range(self.world_size) if d != self.rank
+                          for part in (header, back[starts[d]:starts[d + 1]])])
+        recv_sizes = [0 if d == self.rank else HEADER + int(n) for d, n in enumerate(counts)]
+        self.stats.add("pack", start)
+        got = self.net.all_to_all(send, send_sizes, recv_sizes, "rows")
+        start = time.perf_counter()
+        shm.unlink_mapped(lookup)  # every rank has finished the lookup before: it mapped what was new then
+        first, position = 0, num_served
+        for d, size in enumerate(recv_sizes):
+            if d == self.rank:
+                continue
+            message, n = got[first:first + size], size - HEADER
+            segment, where = shm.peer(d, message[:HEADER]), message[HEADER:]
+            torch.index_select(segment.rows, 0, where, out=whole[position:position + n])
+            whole[position + n:position + n + self._flag_rows(n)].view(-1)[:n] = segment.flags[where]
+            first, position = first + size, position + n + self._flag_rows(n)
+        self.stats.add("copy from owners", start)
 
     def _unpack(self, whole: torch.Tensor, num_served: int, own_back: torch.Tensor, own_hit: torch.Tensor,
                 counts: np.ndarray, order: np.ndarray, inverse: torch.Tensor, out: torch.Tensor | None
@@ -443,9 +507,16 @@ class SharedCache(StorageShape):
                 self._requests.finish(announced.pending)
         self.cache.settle()
 
+    def close(self) -> None:
+        """Unlinks this rank's shared-memory segments and drops its maps (the same happens when the cache is
+        collected or the process exits). No lookup may follow."""
+        if self._shm is not None:
+            self._shm.close()
+
     def describe(self) -> str:
+        rows = ", rows through shared memory" if self._shm is not None else ""
         return (f"{self.cache.describe()}, one slice of a cache shared by {self.world_size} ranks "
-                f"({self.owner.name} ownership)")
+                f"({self.owner.name} ownership{rows})")
 
     @property
     def last_timings(self) -> dict:
