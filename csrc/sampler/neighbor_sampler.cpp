@@ -57,66 +57,69 @@ class LocalIds {
 
   // Numbers ``ids`` (a hop's sampled neighbours, global ids) in place with ``num_threads`` threads, exactly as
   // emplace() in edge order would: an id not numbered yet gets the next index at its first occurrence, and is
-  // appended to ``nodes``. Four parallel passes: find or claim each id's slot (compare-and-swap on the id) and
-  // keep the earliest position it occurs at (atomic min); count the first occurrences per chunk; number them
-  // from the chunks' prefix sums; give every edge its id's index.
+  // appended to ``nodes``. Each thread takes a contiguous chunk of the edges, in one parallel region: it finds or
+  // claims each id's slot (compare-and-swap on the id) and keeps there the earliest position the id occurs at
+  // (an atomic min on the slot's index, kept below zero until it is numbered); then counts its chunk's first
+  // occurrences; numbers them from the chunks' prefix sums; and gives every edge its id's index.
   void number_in_parallel(std::vector<int64_t>& ids, std::vector<int64_t>& nodes, int num_threads) {
     const int64_t n = static_cast<int64_t>(ids.size());
     if ((size_ + ids.size()) * 2 > slots_.size()) rehash(capacity_for(size_ + ids.size()));  // no growth below
-    const int64_t capacity = static_cast<int64_t>(slots_.size());
-    first_.resize(slots_.size());
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t i = 0; i < capacity; ++i) first_[i] = slots_[i].id == kEmpty ? kNotSeen : kNumbered;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t e = 0; e < n; ++e) {
-      const int64_t id = ids[e];
-      size_t i = slot(id);
-      for (;; i = (i + 1) & mask_) {
-        int64_t seen = __atomic_load_n(&slots_[i].id, __ATOMIC_ACQUIRE);
-        if (seen == kEmpty &&
-            __atomic_compare_exchange_n(&slots_[i].id, &seen, id, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-          break;  // claimed for ``id``
-        }
-        if (seen == id) break;  // ``seen`` holds the winner when the exchange failed
-      }
-      int64_t first = __atomic_load_n(&first_[i], __ATOMIC_RELAXED);
-      while (e < first && !__atomic_compare_exchange_n(&first_[i], &first, e, true, __ATOMIC_RELAXED,
-                                                        __ATOMIC_RELAXED)) {
-      }
-      ids[e] = static_cast<int64_t>(i);  // the slot, until the last pass
-    }
-    // Chunks in edge order; a chunk's new ids are numbered after every earlier chunk's.
-    const int64_t chunks = num_threads, per = (n + chunks - 1) / chunks;
-    std::vector<int64_t> starts(chunks + 1, 0);
-#pragma omp parallel for num_threads(num_threads) schedule(static, 1)
-    for (int64_t c = 0; c < chunks; ++c) {
-      int64_t count = 0;
-      for (int64_t e = c * per, end = std::min(n, e + per); e < end; ++e) count += first_[ids[e]] == e;
-      starts[c + 1] = count;
-    }
-    for (int64_t c = 0; c < chunks; ++c) starts[c + 1] += starts[c];
+    constexpr int64_t kAhead = 16;
+    std::vector<int64_t> starts(num_threads + 1, 0);
     const int64_t base = static_cast<int64_t>(nodes.size());
-    nodes.resize(base + starts[chunks]);
-#pragma omp parallel for num_threads(num_threads) schedule(static, 1)
-    for (int64_t c = 0; c < chunks; ++c) {
-      int64_t next = base + starts[c];
-      for (int64_t e = c * per, end = std::min(n, e + per); e < end; ++e) {
+#pragma omp parallel num_threads(num_threads)
+    {
+      const int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
+      const int64_t begin = n * t / threads, end = n * (t + 1) / threads;
+      for (int64_t e = begin; e < end; ++e) {
+        if (e + kAhead < end) prefetch(ids[e + kAhead]);
+        const int64_t id = ids[e];
+        size_t i = slot(id);
+        for (;; i = (i + 1) & mask_) {
+          int64_t seen = __atomic_load_n(&slots_[i].id, __ATOMIC_ACQUIRE);
+          if (seen == kEmpty &&
+              __atomic_compare_exchange_n(&slots_[i].id, &seen, id, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            break;  // claimed for ``id``
+          }
+          if (seen == id) break;  // ``seen`` holds the winner when the exchange failed
+        }
+        int64_t* index = &slots_[i].index;
+        int64_t held = __atomic_load_n(index, __ATOMIC_RELAXED);
+        // numbered before (>= 0, not unnumbered): kept; else the earliest position
+        while ((held == kUnnumbered || held < 0) && kFirstAt + e < held &&
+               !__atomic_compare_exchange_n(index, &held, kFirstAt + e, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        }
+        ids[e] = static_cast<int64_t>(i);  // the slot, until the last pass
+      }
+#pragma omp barrier
+      int64_t count = 0;
+      for (int64_t e = begin; e < end; ++e) count += slots_[ids[e]].index == kFirstAt + e;
+      starts[t + 1] = count;
+#pragma omp barrier
+#pragma omp single
+      {
+        for (int64_t c = 0; c < threads; ++c) starts[c + 1] += starts[c];
+        nodes.resize(base + starts[threads]);
+        size_ += static_cast<size_t>(starts[threads]);
+      }  // (a barrier)
+      int64_t next = base + starts[t];
+      for (int64_t e = begin; e < end; ++e) {
         Slot& s = slots_[ids[e]];
-        if (first_[ids[e]] == e) {
-          s.index = next;
+        if (__atomic_load_n(&s.index, __ATOMIC_RELAXED) == kFirstAt + e) {  // others' first ones may change
+          __atomic_store_n(&s.index, next, __ATOMIC_RELAXED);
           nodes[next++] = s.id;
         }
       }
+#pragma omp barrier
+      for (int64_t e = begin; e < end; ++e) ids[e] = slots_[ids[e]].index;
     }
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t e = 0; e < n; ++e) ids[e] = slots_[ids[e]].index;
-    size_ += static_cast<size_t>(starts[chunks]);
   }
 
  private:
   static constexpr int64_t kEmpty = -1;
-  // first_[slot] in number_in_parallel(): an id numbered before, or not among the ids (yet)
-  static constexpr int64_t kNumbered = -1, kNotSeen = INT64_MAX;
+  // An empty slot's index; while number_in_parallel() runs, a claimed slot's index is kFirstAt + the position of
+  // its id's first occurrence (negative) until it is numbered
+  static constexpr int64_t kUnnumbered = INT64_MAX, kFirstAt = INT64_MIN;
   struct Slot {
     int64_t id, index;
   };
@@ -132,7 +135,7 @@ class LocalIds {
   }
 
   void resize(size_t capacity) {
-    slots_.assign(capacity, Slot{kEmpty, 0});
+    slots_.assign(capacity, Slot{kEmpty, kUnnumbered});
     mask_ = capacity - 1;
     shift_ = 64;
     for (size_t c = capacity; c > 1; c >>= 1) --shift_;
@@ -148,7 +151,6 @@ class LocalIds {
   }
 
   std::vector<Slot> slots_;
-  std::vector<int64_t> first_;  // number_in_parallel(): per slot, the first position of its id among the ids
   size_t mask_ = 0, size_ = 0;
   int shift_ = 64;
 };
