@@ -9,7 +9,7 @@ numbering on several threads").
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import statistics
 import sys
 import time
@@ -17,6 +17,7 @@ import time
 import numpy as np
 import torch
 
+from lsm_gnn.benchmarking import write_json
 from lsm_gnn.data import open_dataset
 from lsm_gnn.sampling import NeighborSampler
 
@@ -51,9 +52,9 @@ def main(argv=None) -> dict:
             median = statistics.median(times)
             result["ms_per_batch"][f"{setup}/{threads}"] = {"median": median, "repeats": times}
             print(f"{setup} {threads} thread(s): {median:.3f} ms a batch", file=sys.stderr)
+    result["load_average"] = os.getloadavg()  # what else ran: the figures are only as quiet as the machine
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
+        write_json(args.json, result)
     return result
 
 
