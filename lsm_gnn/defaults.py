@@ -24,11 +24,14 @@ READ_AHEAD_DEPTH = 2
 READ_AHEAD_BYTES = "auto"
 READ_AHEAD_MAX_BYTES = 64 << 20
 READ_AHEAD_MEMORY_SHARE = 1 / 8
-# Below this much memory available at the start, auto leaves read-ahead off: its thread's reads cost about
-# 40 MiB more than its budget in malloc's per-thread arenas, which a run under a 400 MiB cap did not have.
-READ_AHEAD_MIN_ROOM = 256 << 20
+# Below this much memory available at the start, auto leaves what only speeds a run up off: read-ahead (its
+# thread's reads cost about 40 MiB more than its budget in malloc's per-thread arenas, which a run under a 400 MiB
+# cap did not have) and the preloaded topology (an anonymous copy, where the mapped file's pages can be reclaimed;
+# under a 400 MiB cap a 26 MiB copy left the run 15 MiB from an OOM kill).
+AUTO_MIN_ROOM = 256 << 20
 # How the sampler reads a memory-mapped topology (lsm_gnn.sampling.neighbor.advise_mapped); auto preloads one
-# (copies it into memory on huge pages) that takes at most a quarter of the memory left, else reads it at random.
+# (copies it into memory on huge pages) that takes at most a quarter of the memory left, with AUTO_MIN_ROOM left at
+# least, else reads it at random.
 TOPOLOGY_ACCESS = ("auto", "random", "normal", "preload")
 
 

@@ -197,12 +197,12 @@ def test_busy_time_counts_overlapping_reads_once(disk):
 def test_auto_reads_ahead_only_with_room_and_bounds_its_budget_by_the_memory_left(monkeypatch):
     import lsm_gnn.memcap as memcap
     from lsm_gnn.cache.read_ahead import default_depth, read_ahead_budget
-    from lsm_gnn.defaults import READ_AHEAD_DEPTH, READ_AHEAD_MAX_BYTES, READ_AHEAD_MIN_ROOM
+    from lsm_gnn.defaults import READ_AHEAD_DEPTH, READ_AHEAD_MAX_BYTES, AUTO_MIN_ROOM
 
     monkeypatch.setattr(memcap, "available_memory", lambda: 16 << 30)
     assert default_depth(True, True) == READ_AHEAD_DEPTH and read_ahead_budget("auto") == READ_AHEAD_MAX_BYTES
     assert default_depth(False, True) == default_depth(True, False) == 0  # from memory; on a GPU
-    monkeypatch.setattr(memcap, "available_memory", lambda: READ_AHEAD_MIN_ROOM - 1)  # a tight memory cap
+    monkeypatch.setattr(memcap, "available_memory", lambda: AUTO_MIN_ROOM - 1)  # a tight memory cap
     assert default_depth(True, True) == 0
     monkeypatch.setattr(memcap, "available_memory", lambda: 300 << 20)
     assert default_depth(True, True) == READ_AHEAD_DEPTH and read_ahead_budget("auto") == (300 << 20) // 8

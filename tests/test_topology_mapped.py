@@ -81,9 +81,11 @@ def auto_access_with_memory(tmp_path, monkeypatch):
     """``(access, size)``: ``access(available)`` is the topology access ``auto`` picks for a tiny dataset of
     ``size`` bytes of topology while the host reports ``available`` bytes of memory left (None: unknown);
     ``access(available, asked)`` what ``asked`` resolves to."""
+    import lsm_gnn.defaults as defaults
     import lsm_gnn.memcap as memcap
     from lsm_gnn.sampling.neighbor import topology_access_for
 
+    monkeypatch.setattr(defaults, "AUTO_MIN_ROOM", 0)  # the floor of a tight cap has a test of its own
     write_tiny_dataset(tmp_path / "ds", num_nodes=300)
     ds = open_dataset(tmp_path / "ds")
     relations = [tuple(r) for r in ds.relations]
@@ -148,6 +150,17 @@ def test_auto_preloads_only_a_topology_that_fits_a_quarter_of_the_memory_left(tm
     assert access(4 * size - 1) == "random"
     assert access(None) == "random"  # unknown: never preload
     assert access(None, "normal") == "normal"
+
+
+def test_auto_preloads_nothing_under_a_tight_memory_cap(tmp_path, monkeypatch):
+    """Below AUTO_MIN_ROOM of memory left the copy, which cannot be reclaimed as the mapped file's pages can, is
+    not made however small it is (under a 400 MiB cap a 26 MiB copy left a run 15 MiB from an OOM kill)."""
+    import lsm_gnn.defaults as defaults
+
+    access, size = auto_access_with_memory(tmp_path, monkeypatch)
+    monkeypatch.setattr(defaults, "AUTO_MIN_ROOM", 10 * size)
+    assert access(10 * size - 1) == "random"
+    assert access(10 * size) == "preload"
 
 
 def test_row_lengths_read_in_parallel_still_name_the_first_bad_row():

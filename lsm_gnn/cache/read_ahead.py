@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lsm_gnn.defaults import (READ_AHEAD_BYTES, READ_AHEAD_DEPTH, READ_AHEAD_MAX_BYTES, READ_AHEAD_MEMORY_SHARE,
-                              READ_AHEAD_MIN_ROOM)
+                              AUTO_MIN_ROOM)
 from lsm_gnn.units import parse_bytes
 
 
@@ -59,13 +59,13 @@ class _Chunk:
 
 def default_depth(from_disk: bool, on_cpu: bool) -> int:
     """``cache.read_ahead=auto``: READ_AHEAD_DEPTH batches where misses come from a disk nobody writes
-    (``from_disk``) into a cache on the CPU, with at least READ_AHEAD_MIN_ROOM of memory available; else 0."""
+    (``from_disk``) into a cache on the CPU, with at least AUTO_MIN_ROOM of memory available; else 0."""
     if not (from_disk and on_cpu):
         return 0
     from lsm_gnn.memcap import available_memory
 
     room = available_memory()
-    return READ_AHEAD_DEPTH if room is None or room >= READ_AHEAD_MIN_ROOM else 0
+    return READ_AHEAD_DEPTH if room is None or room >= AUTO_MIN_ROOM else 0
 
 
 def read_ahead_budget(value) -> int:

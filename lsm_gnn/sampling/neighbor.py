@@ -179,14 +179,16 @@ def _ranks_on_this_host() -> int:
 def topology_access_for(graph: Graph, relations, access: str) -> str:
     """``access`` with ``auto`` decided: ``preload`` when the mapped CSRs of ``relations``, once per rank on
     this host, take at most :data:`PRELOAD_SHARE` of the memory this process can still use (a memory cgroup's
-    limit counted), else ``random``."""
+    limit counted) and that is at least ``defaults.AUTO_MIN_ROOM`` (under a tight cap the copy, which cannot be
+    reclaimed as the mapped file's pages can, takes the run's margin), else ``random``."""
     if access != "auto":
         return access
+    from lsm_gnn.defaults import AUTO_MIN_ROOM
     from lsm_gnn.memcap import available_memory
 
     mapped = sum(a.nbytes for r in relations for a in graph.csr(r) if getattr(a, "_mmap", None) is not None)
     room = available_memory()
-    fits = room is not None and mapped * _ranks_on_this_host() <= PRELOAD_SHARE * room
+    fits = room is not None and room >= AUTO_MIN_ROOM and mapped * _ranks_on_this_host() <= PRELOAD_SHARE * room
     return "preload" if mapped and fits else "random"
 
 
