@@ -133,6 +133,15 @@ def test_a_link_prediction_runs_page_and_its_plan(tmp_path):
 def test_what_is_no_run_log_is_refused_in_one_line(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 1
     assert "no metrics log" in capsys.readouterr().err
+    log = tmp_path / "log"
+    log.mkdir()
+    (log / "metrics.jsonl").write_text('{"iteration": 0, "epoch": 0, "loss": 1.0, "time": {"train": 0.01}, '
+                                       '"hit_ratio": null, "bytes_read": 0}\n')
+    assert main(["report", str(log), "--out", str(tmp_path)]) == 1  # a folder where the page goes
+    assert "is a folder; give the page's file name" in capsys.readouterr().err
+    assert main(["report", str(log), "--out", str(tmp_path / "p.html"), "--plan", str(log / "metrics.jsonl")]) == 1
+    assert "is no plan" in capsys.readouterr().err
+    assert not (tmp_path / "p.html").exists()  # nothing half-written
 
 
 def test_tensorboard_event_files_hold_the_logged_scalars(tmp_path):
