@@ -80,8 +80,11 @@ def _assign_record(ids, mask, first_iteration_ptr, first_position_ptr, first_ran
 
 @triton.jit
 def _find_hits(unique_ptr, n, tags_ptr, last_use_ptr, flags_ptr, records_ptr, line_ptr, hit_ptr, set_ptr,
+               evicted_tag_ptr, evicted_record_ptr, evicted_line_ptr, counts_ptr,
                num_sets, iteration, scan_base, known, first_iteration_ptr, first_position_ptr, first_rank_ptr,
                num_nodes, front, limit, WAYS: tl.constexpr, BLOCK: tl.constexpr):
+    # Also writes every id's "nothing evicted" (the outputs are allocated empty: no fill launches) and adds its
+    # misses to counts[3], which the host reads to skip the install when the batch hit in full.
     pid = tl.program_id(0)
     u = pid * BLOCK + tl.arange(0, BLOCK)
     valid = u < n
@@ -97,6 +100,10 @@ def _find_hits(unique_ptr, n, tags_ptr, last_use_ptr, flags_ptr, records_ptr, li
     tl.store(line_ptr + u, line, mask=valid)
     tl.store(hit_ptr + u, hit.to(tl.int8), mask=valid)
     tl.store(set_ptr + u, sets, mask=valid)
+    tl.store(evicted_tag_ptr + u, tl.full([BLOCK], INVALID_TAG, tl.int64), mask=valid)
+    tl.store(evicted_record_ptr + u, tl.full([BLOCK], NO_REUSE_RECORD, tl.int64), mask=valid)
+    tl.store(evicted_line_ptr + u, tl.full([BLOCK], -1, tl.int64), mask=valid)
+    tl.atomic_add(counts_ptr + 3, tl.sum((valid & (way < 0)).to(tl.int32), axis=0))
     safe = tl.where(hit, line, 0)
     tl.store(last_use_ptr + safe, tl.zeros_like(line) + iteration, mask=hit)
     old = tl.load(flags_ptr + safe, mask=hit, other=0)
@@ -242,7 +249,8 @@ def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways:
                  bypass: bool = False, block: int = 128):
     """Triton twin of ``_C.cache_assign`` (same arguments, same outputs, same state changes):
     ``(line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use, bypassed)``.
-    On a GPU it reads one thing back to the host, the three counts, at the end."""
+    On a GPU it reads back the number of misses after the hit kernel (an all-hit batch launches nothing more) and,
+    where there were misses, the three counts at the end."""
     if ways < 1 or ways & (ways - 1):
         raise ValueError(f"the Triton cache kernels need a power of two ways (a set is one vector), got {ways}; "
                          "use cache.ways=32 (the default), 16, 8, ...")
@@ -266,21 +274,23 @@ def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways:
     bypass = bool(bypass) and known
     n = unique.numel()
     num_sets = tags.numel() // ways
-    line = torch.full((n,), -1, dtype=torch.int64, device=device)
-    hit8 = torch.zeros(n, dtype=torch.int8, device=device)
-    sets = torch.zeros(n, dtype=torch.int64, device=device)
-    evicted_tag = torch.full((n,), layout.INVALID_TAG, dtype=torch.int64, device=device)
-    evicted_record = torch.full((n,), layout.NO_REUSE_RECORD, dtype=torch.int64, device=device)
-    evicted_line = torch.full((n,), -1, dtype=torch.int64, device=device)
-    counts = torch.zeros(3, dtype=torch.int32, device=device)
+    # Allocated empty: _find_hits writes every entry (a lookup's fixed cost is launches, so none are spent on fills).
+    outputs = torch.empty(5, n, dtype=torch.int64, device=device)
+    line, sets, evicted_tag, evicted_record, evicted_line = outputs.unbind(0)
+    hit8 = torch.empty(n, dtype=torch.int8, device=device)
+    counts = torch.zeros(4, dtype=torch.int32, device=device)  # evictions, in use, bypassed, misses
     if n == 0:
-        return line, hit8.bool(), evicted_tag, evicted_record, evicted_line, 0, 0, 0
+        return line, hit8.view(torch.bool), evicted_tag, evicted_record, evicted_line, 0, 0, 0
     # Fewer ids a program as the ways widen: the [ids, ways] tile of tags stays in registers.
     rows = max(1, min(block, FIND_HITS_TILE_ELEMENTS // ways))
-    _find_hits[(triton.cdiv(n, rows),)](unique, n, tags, last_use, flags, records, line, hit8, sets, num_sets,
+    _find_hits[(triton.cdiv(n, rows),)](unique, n, tags, last_use, flags, records, line, hit8, sets,
+                                        evicted_tag, evicted_record, evicted_line, counts, num_sets,
                                         iteration, scan_base, int(known), *window, num_nodes, front, limit,
                                         WAYS=ways, BLOCK=rows)
-    hit = hit8.bool()
+    hit = hit8.view(torch.bool)  # 0 or 1 in every byte
+    misses = int(counts[3])  # the first of at most two reads back; an all-hit batch ends here
+    if misses == 0:
+        return line, hit, evicted_tag, evicted_record, evicted_line, 0, 0, 0
     # The misses by set, in ascending id order within a set (a stable sort: the C++ core's order), then the hits
     # under the key num_sets. Each set's first position becomes a segment start, found without a host sync.
     by_set = torch.where(hit, num_sets, sets)
@@ -289,7 +299,7 @@ def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways:
     starts = torch.ones(n, dtype=torch.bool, device=device)
     starts[1:] = sorted_sets[1:] != sorted_sets[:-1]
     starts &= sorted_sets < num_sets
-    segments = min(n, num_sets)  # at most one per distinct miss set
+    segments = min(misses, num_sets)  # at most one per distinct miss set: one program each
     position = torch.arange(n, device=device)
     # Non-starts scatter to slots of their own past the segments: every index distinct, so deterministic.
     slot = torch.where(starts, torch.cumsum(starts, 0) - 1, segments + position)
@@ -308,5 +318,5 @@ def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways:
         iteration, scan_base, threshold, policy, r[0], r[1], r[2], r[3], room,
         0 if queue_room is None else queue_room.numel(), int(known), int(bypass), *window, num_nodes, front,
         limit, WAYS=ways, num_warps=1)
-    evictions, in_use, bypassed = counts.tolist()  # the one read back
+    evictions, in_use, bypassed, _ = counts.tolist()
     return line, hit, evicted_tag, evicted_record, evicted_line, evictions, in_use, bypassed
