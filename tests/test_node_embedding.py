@@ -53,6 +53,15 @@ def table_bytes(out) -> np.ndarray:
         table.close()
 
 
+def table_layout(out) -> RowLayout:
+    """The row layout of the table a run checkpointed (to decode :func:`table_bytes`' rows)."""
+    table = EmbeddingTable.open(str(out / "ckpt" / "node_embedding"))
+    try:
+        return RowLayout.from_dict(table.layout)
+    finally:
+        table.close()
+
+
 def losses(out) -> list[float]:
     with open(out / "log" / "metrics.jsonl") as fh:
         return [json.loads(line)["loss"] for line in fh if '"iteration"' in line]
