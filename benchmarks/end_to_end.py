@@ -272,6 +272,9 @@ def parse_args(argv=None):
     p.add_argument("--iterations", type=int, default=200)
     p.add_argument("--bound-iterations", type=int, default=10, help="iterations of the memmap-*-bound methods")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=0,
+                   help="iterations of one untimed run of each method first (on a GPU, Triton compiles its kernels "
+                        "at their first launches)")
     p.add_argument("--pvp-queue-capacity", type=int, default=512,
                    help="lines per victim queue of the +pvp methods (default: ~13%% of the ~4,000 distinct nodes of a "
                         "default batch, near the paper's 16K of 140K)")
@@ -313,6 +316,10 @@ def run_rotated(args, ds, methods, repeats: int) -> list[dict]:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     ds = ensure_graph(args.data, args.num_nodes, args.feature_dim)
+    if args.warmup > 0:
+        for method in args.methods:
+            run_once(argparse.Namespace(**{**vars(args), "iterations": args.warmup}), ds, method)
+            print(f"warm-up {method:<13} {args.warmup} iterations (not counted)", file=sys.stderr)
     runs = run_rotated(args, ds, args.methods, args.repeats)
     summary = summarize(runs)
     result = {"settings": {k: v for k, v in vars(args).items() if k != "json"},
