@@ -6,6 +6,7 @@ measured in one run, medians of ``--repeats``:
   cache all-hit   torch.ops.lsm_gnn.cache_assign on a batch whose ids are all cached (the hit
                   kernel) plus the row gather, in GB/s of rows served, beside ``copy_`` of the same
                   bytes from one device buffer to another (the limit; the paper's 750 GB/s on an A100)
+  lookup all-hit  the same batch through SoftwareCache.lookup, the loader's call (its own fixed cost added)
   sampler         torch.ops.lsm_gnn.sample_hops (the Triton sampler) in sampled edges/s on a power-law
                   CSR in device memory, beside the C++ sampler on the host
 
@@ -89,6 +90,30 @@ def cache_all_hit(device, num_lines: int, batch: int, row_bytes: int, repeats: i
             "copy_gb_per_s": moved / copy_s / 1e9, "ratio_to_copy": copy_s / serve_s}
 
 
+def lookup_all_hit(device, batch: int, row_bytes: int, repeats: int) -> dict:
+    """``SoftwareCache.lookup`` of a batch the cache holds in full, as the loader calls it (distinct ids, range
+    check, assign, gather into a reused ``out``, stats): the op figure plus the lookup's own fixed cost."""
+    from lsm_gnn.cache import SoftwareCache
+    from lsm_gnn.planner.simulate import TraceStorage
+
+    num_rows = 4 * batch
+    storage = TraceStorage(num_rows, row_bytes // 4, "float32")
+    # Four lines per id of the batch: no set of 32 ways overflows, so the second lookup on hits everything.
+    cache = SoftwareCache(storage, capacity=4 * batch * row_bytes, device=device)
+    ids = torch.randperm(num_rows)[:batch].to(device)
+    out = torch.empty(batch, row_bytes // 4, device=device)
+    cache.lookup(ids, out=out)  # installs the batch
+    cache.data.normal_()  # random rows: zeros can copy faster than real data
+    _, hit = cache.lookup(ids, out=out)
+    lookup_s = timed(lambda: cache.lookup(ids, out=out), device, repeats)
+    src, dst = torch.randn(batch, row_bytes // 4, device=device), torch.empty(batch, row_bytes // 4, device=device)
+    copy_s = timed(lambda: dst.copy_(src), device, repeats)
+    moved = batch * row_bytes
+    return {"batch": batch, "row_bytes": row_bytes, "hit_ratio": float(hit.float().mean()),
+            "lookup_gb_per_s": moved / lookup_s / 1e9, "copy_gb_per_s": moved / copy_s / 1e9,
+            "ratio_to_copy": copy_s / lookup_s}
+
+
 def sampler_edges(device, num_nodes: int, avg_degree: int, batch: int, fanouts, repeats: int) -> dict:
     from lsm_gnn import _C
 
@@ -130,10 +155,13 @@ def main(argv=None) -> int:
         p.error(f"--hit-batch takes batch sizes separated by commas, got {args.hit_batch!r}")
     all_hit = [cache_all_hit(device, num_lines=(1 << 20) if big else 256, batch=b, row_bytes=4096 if big else 64,
                              repeats=args.repeats, profile=args.profile) for b in batches]
+    lookups = [lookup_all_hit(device, batch=b, row_bytes=4096 if big else 64, repeats=args.repeats)
+               for b in batches]
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)",
         "cache_all_hit": all_hit[0],  # the first batch size; every size in cache_all_hit_by_batch
         "cache_all_hit_by_batch": all_hit,
+        "lookup_all_hit_by_batch": lookups,
     }
     if args.skip_sampler:
         print(json.dumps(result))
@@ -149,6 +177,10 @@ def main(argv=None) -> int:
         label = f"cache all-hit GB/s, {c['batch']:,} ids"
         print(f"{label:<28}{c['serve_gb_per_s']:>14.2f}{c['copy_gb_per_s']:>16.2f}"
               f"{c['ratio_to_copy']:>8.2f}   (limit: device copy)")
+    for c in lookups:
+        label = f"lookup all-hit GB/s, {c['batch']:,}"
+        print(f"{label:<28}{c['lookup_gb_per_s']:>14.2f}{c['copy_gb_per_s']:>16.2f}"
+              f"{c['ratio_to_copy']:>8.2f}   (SoftwareCache.lookup; hit ratio {c['hit_ratio']:.3f})")
     ratio = s["triton_edges_per_s"] / s["cpp_cpu_edges_per_s"]
     print(f"{'sampler edges/s':<28}{s['triton_edges_per_s']:>14,.0f}{s['cpp_cpu_edges_per_s']:>16,.0f}"
           f"{ratio:>8.2f}   (peer: C++ sampler on the host)")
