@@ -11,9 +11,12 @@ ops on the same device.
 
 The kernel bounds-checks what it follows, as the C++ sampler does: a row
 whose ``indptr`` decreases or leaves ``indices``, or a neighbor id outside
-``[0, num_nodes)``, is reported through a flag tensor (the interpreter skips
-device asserts) and raised as the C++ sampler's ``lsm_gnn._C.CorruptGraphError``
-(message, "indptr" or "indices"), which callers turn into a DatasetError naming the file.
+``[0, num_nodes)``, is reported through an error code per row and a flag per
+hop (the interpreter skips device asserts). The flags are read once, after the
+last hop (a bad id is stored as 0 meanwhile, so later hops stay in bounds), and
+the first flagged hop's first bad row raised as the C++ sampler's
+``lsm_gnn._C.CorruptGraphError`` (message, "indptr" or "indices"), which callers
+turn into a DatasetError naming the file.
 """
 from __future__ import annotations
 
@@ -54,7 +57,7 @@ def _mulhi(a, b):
 
 
 @triton.jit
-def _draw(indptr_ptr, indices_ptr, frontier_ptr, offsets_ptr, src_ptr, dst_ptr, error_ptr, n, num_nodes,
+def _draw(indptr_ptr, indices_ptr, frontier_ptr, offsets_ptr, src_ptr, dst_ptr, error_ptr, flag_ptr, n, num_nodes,
           num_edges, fanout, key_lo, key_hi, BLOCK: tl.constexpr, KMAX: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     valid = i < n
@@ -80,35 +83,44 @@ def _draw(indptr_ptr, indices_ptr, frontier_ptr, offsets_ptr, src_ptr, dst_ptr, 
         pick = tl.where(taken, j, r)
         positions = tl.where((cols[None, :] == c) & active[:, None], pick[:, None], positions)
     # Positions to neighbor ids (nodes that take every neighbor, perhaps many, are _copy_all's).
+    bad_any = tl.zeros([BLOCK], tl.int32)
     for c in range(0, KMAX):
         write = drawn & (c < got)
         position = tl.sum(tl.where(cols[None, :] == c, positions, 0), axis=1)
         neighbor = tl.load(indices_ptr + begin + position, mask=write, other=0).to(tl.int64)
-        tl.store(src_ptr + out + c, neighbor, mask=write)
-        tl.store(dst_ptr + out + c, i, mask=write)
         bad = write & ((neighbor < 0) | (neighbor >= num_nodes))
-        tl.store(error_ptr + i, tl.full([BLOCK], 2, tl.int8), mask=bad)
-    tl.store(error_ptr + i, tl.full([BLOCK], 1, tl.int8), mask=bad_row)
+        # A bad id is stored as 0: the error is raised after the last hop, and later hops must index in bounds.
+        tl.store(src_ptr + out + c, tl.where(bad, 0, neighbor), mask=write)
+        tl.store(dst_ptr + out + c, i, mask=write)
+        bad_any = bad_any | bad.to(tl.int32)
+    # Every row's code is written (no zero fill); the hop's flag is what the host reads, once for all hops.
+    code = tl.where(bad_row, 1, tl.where(bad_any != 0, 2, 0)).to(tl.int8)
+    tl.store(error_ptr + i, code, mask=valid)
+    tl.store(flag_ptr + 0 * i, tl.full([BLOCK], 1, tl.int8), mask=valid & (code != 0))
 
 
 @triton.jit
-def _copy_all(indptr_ptr, indices_ptr, frontier_ptr, offsets_ptr, src_ptr, dst_ptr, error_ptr, node_ptr, n_all,
-              num_nodes, BLOCK: tl.constexpr):
-    """Nodes that take every neighbor (fanout -1 or degree <= fanout): one program per such node."""
-    which = tl.program_id(0)
-    i = tl.load(node_ptr + which)
+def _copy_all(indptr_ptr, indices_ptr, frontier_ptr, offsets_ptr, src_ptr, dst_ptr, error_ptr, flag_ptr, num_nodes,
+              num_edges, fanout, BLOCK: tl.constexpr):
+    """Nodes that take every neighbor (fanout -1 or degree <= fanout): one program per frontier node, which
+    decides itself (no list of such nodes to read back first); the others' loops run no trip."""
+    i = tl.program_id(0)
     v = tl.load(frontier_ptr + i)
     begin = tl.load(indptr_ptr + v)
     end = tl.load(indptr_ptr + v + 1)
+    bad_row = (begin < 0) | (end < begin) | (end > num_edges)
+    degree = tl.where(bad_row, 0, end - begin)
+    count = tl.where((fanout < 0) | (degree <= fanout), degree, 0)
     out = tl.load(offsets_ptr + i)
-    for start in range(0, end - begin, BLOCK):
+    for start in range(0, count, BLOCK):
         j = start + tl.arange(0, BLOCK)
-        m = j < end - begin
+        m = j < count
         neighbor = tl.load(indices_ptr + begin + j, mask=m, other=0).to(tl.int64)
-        tl.store(src_ptr + out + j, neighbor, mask=m)
-        tl.store(dst_ptr + out + j, i + 0 * j, mask=m)
         bad = m & ((neighbor < 0) | (neighbor >= num_nodes))
+        tl.store(src_ptr + out + j, tl.where(bad, 0, neighbor), mask=m)  # 0: in bounds for later hops
+        tl.store(dst_ptr + out + j, i + 0 * j, mask=m)
         tl.store(error_ptr + i + 0 * j, tl.full([BLOCK], 2, tl.int8), mask=bad)
+        tl.store(flag_ptr + 0 * j, tl.full([BLOCK], 1, tl.int8), mask=bad)
 
 
 def _raise_corrupt(error: torch.Tensor, frontier: torch.Tensor, indptr: torch.Tensor, num_ids: int) -> None:
@@ -148,43 +160,64 @@ def sample_hops(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor
         raise ValueError(f"a CSR whose neighbor ids lie in [0, {num_ids}) but whose rows are [0, {num_nodes}) is "
                          f"sampled one hop at a time, got {len(fanouts)} fanouts")
     seeds = seeds.to(torch.int64).contiguous()
+    checks = None
     if seeds.numel():
-        if bool(((seeds < 0) | (seeds >= num_nodes)).any()):
-            i = int(torch.nonzero((seeds < 0) | (seeds >= num_nodes))[0])
-            raise IndexError(f"seed node {int(seeds[i])} at position {i} is outside [0, {num_nodes})")
+        if num_nodes == 0:
+            raise IndexError(f"seed node {int(seeds[0])} at position 0 is outside [0, 0)")
+        # Both seed checks stay on the device; they come back with the first hop's edge count (one read).
         ordered = torch.sort(seeds).values
-        repeated = ordered[1:] == ordered[:-1]
-        if bool(repeated.any()):
-            raise ValueError(f"seed node {int(ordered[1:][repeated][0])} appears twice in the batch; seeds must be "
-                             "distinct")
+        checks = torch.stack([*torch.aminmax(seeds), (ordered[1:] == ordered[:-1]).sum()])
     batch = batch_key(int(seed), int(iteration))
     frontier = seeds
-    hops = []
+    hops, errors = [], []
+    # One flag per hop, set by the kernels beside a row's error code: read once after the last hop.
+    flags = torch.zeros(len(fanouts), dtype=torch.int8, device=device)
     for h, fanout in enumerate(int(k) for k in fanouts):
         key = hop_key(batch, h)
         n = frontier.numel()
-        begin, end = indptr[frontier], indptr[frontier + 1]
-        bad_row = (begin < 0) | (end < begin) | (end > num_edges)
-        degree = torch.where(bad_row, torch.zeros_like(begin), end - begin)
-        got = degree if fanout < 0 else torch.clamp(degree, max=fanout)
         offsets = torch.zeros(n + 1, dtype=torch.int64, device=device)
-        offsets[1:] = torch.cumsum(got, 0)
-        total = int(offsets[-1])
+        if n:
+            # Unchecked seeds are clamped for these gathers: an index out of bounds would kill the CUDA context.
+            safe = frontier.clamp(0, num_nodes - 1) if checks is not None and h == 0 else frontier
+            ranges = indptr.unfold(0, 2, 1)[safe]  # [begin, end) of each row in one gather
+            begin, end = ranges[:, 0], ranges[:, 1]
+            bad_row = (begin < 0) | (end < begin) | (end > num_edges)
+            degree = torch.where(bad_row, 0, end - begin)
+            got = degree if fanout < 0 else torch.clamp(degree, max=fanout)
+            torch.cumsum(got, 0, dtype=torch.int64, out=offsets[1:])
+        if checks is not None and h == 0:
+            total, low, high, repeats = torch.cat([offsets[-1:], checks]).tolist()
+            _check_seeds(seeds, num_nodes, low, high, repeats)
+        else:
+            total = int(offsets[-1])
         src = torch.empty(total, dtype=torch.int64, device=device)
         dst = torch.empty(total, dtype=torch.int64, device=device)
-        error = torch.zeros(n, dtype=torch.int8, device=device)
+        error = torch.empty(n, dtype=torch.int8, device=device)
         if n:
             kmax, rows = draw_tile(fanout, block)
-            _draw[(triton.cdiv(n, rows),)](indptr, indices, frontier, offsets, src, dst, error, n, num_ids,
+            flag = flags[h:h + 1]
+            _draw[(triton.cdiv(n, rows),)](indptr, indices, frontier, offsets, src, dst, error, flag, n, num_ids,
                                             num_edges, fanout, key & 0xFFFFFFFF, key >> 32, BLOCK=rows, KMAX=kmax)
-            take_all = torch.nonzero((got == degree) & (degree > 0) & ~bad_row).reshape(-1)
-            if take_all.numel():
-                _copy_all[(take_all.numel(),)](indptr, indices, frontier, offsets, src, dst, error, take_all,
-                                               take_all.numel(), num_ids, BLOCK=128)
-        if bool(error.any()):
-            _raise_corrupt(error, frontier, indptr, num_ids)
+            _copy_all[(n,)](indptr, indices, frontier, offsets, src, dst, error, flag, num_ids, num_edges, fanout,
+                            BLOCK=128)
+        errors.append((error, frontier))
         # Relabel as the CPU does: a node's local id is its rank by first occurrence in [frontier, sources].
         nodes, labels = first_occurrence_labels(torch.cat([frontier, src]))
         hops.append((nodes, n, labels[n:], dst))
         frontier = nodes
+    flagged = [h for h, f in enumerate(flags.tolist() if len(errors) else []) if f]
+    if flagged:  # the first hop with an error, as when each hop was checked before the next
+        _raise_corrupt(*errors[flagged[0]], indptr, num_ids)
     return hops
+
+
+def _check_seeds(seeds: torch.Tensor, num_nodes: int, low: int, high: int, repeats: int) -> None:
+    """The seed errors, from the seeds' minimum, maximum and count of repeats read back with the first hop."""
+    if low < 0 or high >= num_nodes:
+        i = int(torch.nonzero((seeds < 0) | (seeds >= num_nodes))[0])
+        raise IndexError(f"seed node {int(seeds[i])} at position {i} is outside [0, {num_nodes})")
+    if repeats:
+        ordered = torch.sort(seeds).values
+        repeated = ordered[1:] == ordered[:-1]
+        raise ValueError(f"seed node {int(ordered[1:][repeated][0])} appears twice in the batch; seeds must be "
+                         "distinct")
