@@ -96,10 +96,27 @@ def first_occurrence_labels(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def _first_occurrence_labels_torch(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """first_occurrence_labels in torch ops, for ids on a GPU."""
-    unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
-    first = torch.full((unique.numel(),), ids.numel(), dtype=torch.int64, device=ids.device)
-    first.scatter_reduce_(0, inverse, torch.arange(ids.numel(), device=ids.device), "amin", include_self=True)
-    first_sorted, order = torch.sort(first)
-    rank = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=ids.device))
-    return ids[first_sorted], rank[inverse]
+    """first_occurrence_labels in torch ops, for ids on a GPU.
+
+    One stable sort and one read back (the count): torch.unique's own sort, then a second sort of the first
+    positions, cost two sorts' worth of launches. In the stable order each run of equal ids starts at its
+    first occurrence, so the runs' ranks come from prefix sums instead."""
+    n = ids.numel()
+    if n == 0:
+        return ids.clone(), ids.clone()
+    device = ids.device
+    ordered, order = torch.sort(ids, stable=True)
+    starts = torch.empty(n, dtype=torch.bool, device=device)  # a run of equal ids begins here (sorted order)
+    starts[:1] = True
+    torch.ne(ordered[1:], ordered[:-1], out=starts[1:])
+    is_first = torch.empty_like(starts).scatter_(0, order, starts)  # the same, at the ids' own positions
+    rank = torch.cumsum(is_first, 0)  # at a first occurrence: 1 + how many distinct ids came before it
+    run = torch.cumsum(starts, 0)  # each sorted position's run, from 1
+    # Each run's rank, stored at its number (the other positions all go to slot 0, never read).
+    run_rank = torch.empty(n + 1, dtype=torch.int64, device=device)
+    run_rank.scatter_(0, run * starts, rank[order] - 1)
+    labels = torch.empty(n, dtype=torch.int64, device=device).scatter_(0, order, run_rank[run])
+    count = int(run[-1])
+    # Every occurrence of an id writes that same id to its label: duplicates agree.
+    nodes = torch.empty(count, dtype=ids.dtype, device=device).scatter_(0, labels, ids)
+    return nodes, labels

@@ -268,6 +268,15 @@ def test_first_occurrence_labels_on_cpu_equal_the_gpu_way():
     assert torch.equal(nodes, other_nodes) and torch.equal(labels, other_labels)
 
 
+
+@pytest.mark.parametrize("ids", [[], [7], [3, 3, 3], [-5, 2**62, -5, 0, 2**62, 1], list(range(9, -1, -1)) * 3])
+def test_first_occurrence_labels_gpu_way_at_the_edges(ids):
+    ids = torch.tensor(ids, dtype=torch.int64)
+    nodes, labels = first_occurrence_labels(ids)
+    other_nodes, other_labels = _first_occurrence_labels_torch(ids)
+    assert torch.equal(nodes, other_nodes) and torch.equal(labels, other_labels)
+    assert other_nodes.dtype == other_labels.dtype == torch.int64
+
 def test_the_triton_kernel_draws_the_same_hops(graph, monkeypatch):
     pytest.importorskip("triton")
     from lsm_gnn import _C
