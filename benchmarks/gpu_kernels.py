@@ -9,6 +9,7 @@ measured in one run, medians of ``--repeats``:
   lookup all-hit  the same batch through SoftwareCache.lookup, the loader's call (its own fixed cost added)
   sampler         torch.ops.lsm_gnn.sample_hops (the Triton sampler) in sampled edges/s on a power-law
                   CSR in device memory, beside the C++ sampler on the host
+                  (``--profile-sampler``: its time by op, where the host's launches and reads back show)
 
 ``--device cpu`` runs the same code on CPU tensors under Triton's interpreter at a tiny size: a smoke
 test of the script (tests run it), not a measurement.
@@ -114,7 +115,8 @@ def lookup_all_hit(device, batch: int, row_bytes: int, repeats: int) -> dict:
             "ratio_to_copy": copy_s / lookup_s}
 
 
-def sampler_edges(device, num_nodes: int, avg_degree: int, batch: int, fanouts, repeats: int) -> dict:
+def sampler_edges(device, num_nodes: int, avg_degree: int, batch: int, fanouts, repeats: int,
+                  profile: bool = False) -> dict:
     from lsm_gnn import _C
 
     rng = np.random.default_rng(0)
@@ -125,6 +127,13 @@ def sampler_edges(device, num_nodes: int, avg_degree: int, batch: int, fanouts, 
     on_device = (indptr.to(device), indices.to(device), seeds.to(device))
     hops = torch.ops.lsm_gnn.sample_hops(*on_device, fanouts, 7, 0, 0)
     edges = sum(t.numel() for t in hops[1::3])
+    if profile:  # where a batch's time goes: the host's launches and reads back, beside the kernels themselves
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                torch.ops.lsm_gnn.sample_hops(*on_device, fanouts, 7, 0, 0)
+            synchronize(device)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
     triton_s = timed(lambda: torch.ops.lsm_gnn.sample_hops(*on_device, fanouts, 7, 0, 0), device, repeats)
     cpp_s = median_seconds(lambda: _C.sample_hops(indptr, indices, seeds, fanouts, 7, 0, 0), repeats)
     return {"edges_per_batch": edges, "triton_edges_per_s": edges / triton_s, "cpp_cpu_edges_per_s": edges / cpp_s}
@@ -140,6 +149,8 @@ def main(argv=None) -> int:
                    help="ids of the all-hit batch (4 KiB rows each); several, comma-separated, each measured")
     p.add_argument("--skip-sampler", action="store_true", help="only the cache figure")
     p.add_argument("--profile", action="store_true", help="print the all-hit serve's time by op (torch.profiler)")
+    p.add_argument("--profile-sampler", action="store_true",
+                   help="print the sampler's time by op for 10 batches (torch.profiler, by self CPU time)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -168,7 +179,7 @@ def main(argv=None) -> int:
         return 0
     result["sampler"] = sampler_edges(device, num_nodes=1_000_000 if big else 500, avg_degree=10,
                                       batch=4096 if big else 32, fanouts=[10, 5] if big else [3, 2],
-                                      repeats=args.repeats)
+                                      repeats=args.repeats, profile=args.profile_sampler)
     write_json(args.json, result)
     s = result["sampler"]
     print(f"device {result['device']}")
