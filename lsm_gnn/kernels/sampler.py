@@ -186,8 +186,8 @@ def sample_hops(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor
             got = degree if fanout < 0 else torch.clamp(degree, max=fanout)
             torch.cumsum(got, 0, dtype=torch.int64, out=offsets[1:])
         if checks is not None and h == 0:
-            total, low, high, repeats = torch.cat([offsets[-1:], checks]).tolist()
-            _check_seeds(seeds, num_nodes, low, high, repeats)
+            total, *seen = torch.cat([offsets[-1:], checks]).tolist()
+            _check_seeds(seeds, num_nodes, *seen)
         else:
             total = int(offsets[-1])
         src = torch.empty(total, dtype=torch.int64, device=device)
@@ -205,7 +205,9 @@ def sample_hops(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor
         nodes, labels = first_occurrence_labels(torch.cat([frontier, src]))
         hops.append((nodes, n, labels[n:], dst))
         frontier = nodes
-    flagged = [h for h, f in enumerate(flags.tolist() if len(errors) else []) if f]
+    if checks is not None and not hops:  # no hop read them
+        _check_seeds(seeds, num_nodes, *checks.tolist())
+    flagged = [h for h, f in enumerate(flags.tolist() if hops else []) if f]
     if flagged:  # the first hop with an error, as when each hop was checked before the next
         _raise_corrupt(*errors[flagged[0]], indptr, num_ids)
     return hops
