@@ -101,8 +101,8 @@ def lookup_all_hit(device, batch: int, row_bytes: int, repeats: int) -> dict:
     storage = TraceStorage(num_rows, row_bytes // 4, "float32")
     # Four lines per id of the batch: no set of 32 ways overflows, so the second lookup on hits everything.
     cache = SoftwareCache(storage, capacity=4 * batch * row_bytes, device=device)
-    ids = torch.randperm(num_rows)[:batch].to(device)
-    out = torch.empty(batch, row_bytes // 4, device=device)
+    ids = torch.randperm(num_rows)[:batch].to(cache.device)
+    out = torch.empty(batch, row_bytes // 4, device=cache.device)
     cache.lookup(ids, out=out)  # installs the batch
     cache.data.normal_()  # random rows: zeros can copy faster than real data
     _, hit = cache.lookup(ids, out=out)

@@ -133,7 +133,7 @@ def device_cases():
                                    id=f"cpu_triton-{policy}-{mode}")
 
 
-@pytest.mark.parametrize("device,policy,pvp", device_cases())
+@pytest.mark.parametrize("device,policy,pvp", list(device_cases()))
 def test_a_device_cache_returns_the_file_and_decides_as_the_cpu_cache(dataset, device, policy, pvp):
     """Line by line: the rows equal the file's bytes, and hits, the line of every id, evictions, victim-buffer
     counts and the cache's whole state equal the CPU cache's, batch by batch over power-law batches."""

@@ -62,6 +62,8 @@ def _cache_device(device) -> torch.device:
                            "use device='cpu' or run on a GPU machine")
     if device_.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or a CUDA device, got {device!r}")
+    if device_.type == "cuda" and device_.index is None:  # "cuda" is the current device: its tensors say cuda:N
+        device_ = torch.device("cuda", torch.cuda.current_device())
     return device_
 
 
@@ -101,7 +103,7 @@ class SoftwareCache(StorageShape):
     ``read_ahead``: after each lookup the cache asks for the rows its next ``read_ahead`` batches (of the
     ``future`` window) will miss, read on a thread of their own (:mod:`lsm_gnn.cache.read_ahead`), so the disk
     reads while the loader does everything else; at most ``read_ahead_bytes`` of rows are held. ``None``: 2
-    where misses come from a disk (``storage.from_disk``) that nobody writes and the cache is on the CPU,
+    where misses come from a disk (``storage.from_disk``) that nobody writes,
     with 256 MiB of memory available (:func:`~lsm_gnn.cache.read_ahead.default_depth`), else 0 (off). What is read ahead changes where a miss's bytes come from, never a result.
 
     Defaults: ``policy=None`` is ``"farthest"``, with or without PVP;
@@ -161,8 +163,7 @@ class SoftwareCache(StorageShape):
     def _read_ahead(self, depth: int | None, max_bytes) -> ReadAhead | None:
         """The read-ahead of the constructor's ``read_ahead`` batches (see the class), or None."""
         if depth is None:
-            depth = default_depth(getattr(self.storage, "from_disk", False) and not self.writable,
-                                  self.device.type == "cpu")
+            depth = default_depth(getattr(self.storage, "from_disk", False) and not self.writable)
         if depth < 0:
             raise ValueError(f"read_ahead is a number of batches >= 0 (0: off), got {depth}")
         return ReadAhead(self.storage, depth, max_bytes) if depth else None

@@ -243,6 +243,19 @@ def _install_misses(order_ptr, sorted_set_ptr, seg_start_ptr, n, unique_ptr, nod
     tl.atomic_add(counts_ptr + 2, bypassed)
 
 
+_STAND_INS: dict = {}
+
+
+def _stand_ins(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The window arrays' single-entry stand-ins on ``device``, made once (never written: three fills a batch
+    saved)."""
+    if device not in _STAND_INS:
+        _STAND_INS[device] = (torch.zeros(1, dtype=torch.int32, device=device),
+                              torch.zeros(1, dtype=torch.int32, device=device),
+                              torch.zeros(1, dtype=torch.uint8, device=device))
+    return _STAND_INS[device]
+
+
 def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways: int, unique, node_static,
                  policy: int, iteration: int, scan_base: int, threshold: int, level_rank, queue_room=None,
                  first_iteration=None, first_position=None, first_rank=None, front: int = 0, limit: int = 0,
@@ -269,8 +282,7 @@ def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways:
                                  f"index's array), got {array.dtype} [{array.numel()}] on {array.device}")
     else:  # the kernels read nothing through these: single entries stand in
         num_nodes = 0
-        window = (torch.zeros(1, dtype=torch.int32, device=device), torch.zeros(1, dtype=torch.int32, device=device),
-                  torch.zeros(1, dtype=torch.uint8, device=device))
+        window = _stand_ins(device)
     bypass = bool(bypass) and known
     n = unique.numel()
     num_sets = tags.numel() // ways
