@@ -98,7 +98,7 @@ class CacheConfig:
     pvp_queue_capacity: int = 0  # lines per victim queue instead (0: sized by pvp_queue_bytes)
     pvp_reinstall: bool = True  # with pvp: served lines go back into the cache (False: the paper's bypass)
     # batches ahead whose misses are read while the loader does the rest: auto (2 where misses come from a
-    # disk and the cache is on the CPU, else 0) or a number (0: off); read_ahead_bytes bounds the rows held
+    # disk, with the cache on the CPU or a GPU, else 0) or a number (0: off); read_ahead_bytes bounds the rows held
     # (auto: 64M, or an eighth of the memory available at the start where that is less)
     read_ahead: str = "auto"
     read_ahead_bytes: str = defaults.READ_AHEAD_BYTES

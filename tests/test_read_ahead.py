@@ -200,12 +200,12 @@ def test_auto_reads_ahead_only_with_room_and_bounds_its_budget_by_the_memory_lef
     from lsm_gnn.defaults import READ_AHEAD_DEPTH, READ_AHEAD_MAX_BYTES, AUTO_MIN_ROOM
 
     monkeypatch.setattr(memcap, "available_memory", lambda: 16 << 30)
-    assert default_depth(True, True) == READ_AHEAD_DEPTH and read_ahead_budget("auto") == READ_AHEAD_MAX_BYTES
-    assert default_depth(False, True) == default_depth(True, False) == 0  # from memory; on a GPU
+    assert default_depth(True) == READ_AHEAD_DEPTH and read_ahead_budget("auto") == READ_AHEAD_MAX_BYTES
+    assert default_depth(False) == 0  # misses from memory
     monkeypatch.setattr(memcap, "available_memory", lambda: AUTO_MIN_ROOM - 1)  # a tight memory cap
-    assert default_depth(True, True) == 0
+    assert default_depth(True) == 0
     monkeypatch.setattr(memcap, "available_memory", lambda: 300 << 20)
-    assert default_depth(True, True) == READ_AHEAD_DEPTH and read_ahead_budget("auto") == (300 << 20) // 8
+    assert default_depth(True) == READ_AHEAD_DEPTH and read_ahead_budget("auto") == (300 << 20) // 8
     assert read_ahead_budget("8M") == 8 << 20
     with pytest.raises(ValueError, match="at least one byte"):
         read_ahead_budget("0")

@@ -57,10 +57,11 @@ class _Chunk:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-def default_depth(from_disk: bool, on_cpu: bool) -> int:
+def default_depth(from_disk: bool) -> int:
     """``cache.read_ahead=auto``: READ_AHEAD_DEPTH batches where misses come from a disk nobody writes
-    (``from_disk``) into a cache on the CPU, with at least AUTO_MIN_ROOM of memory available; else 0."""
-    if not (from_disk and on_cpu):
+    (``from_disk``), with at least AUTO_MIN_ROOM of memory available; else 0. A cache on a GPU too: on an H200
+    the misses' reads then overlapped training (13.0 ms an iteration against 26.1, at 0.92 of the disk's bound)."""
+    if not from_disk:
         return 0
     from lsm_gnn.memcap import available_memory
 

@@ -56,14 +56,14 @@ def stage_times(storage_cal: dict, train_cal: dict, cache_ms: float, reads, read
                    read_cpu=read_cpu, read_ahead=read_ahead)
 
 
-def reads_ahead(spec, device: str = "cpu") -> bool:
-    """Whether the run's cache reads misses ahead: ``cache.read_ahead`` as given, or its default (from a disk,
-    on the CPU: :class:`~lsm_gnn.cache.SoftwareCache`)."""
+def reads_ahead(spec) -> bool:
+    """Whether the run's cache reads misses ahead: ``cache.read_ahead`` as given, or its default (misses from a
+    disk: :class:`~lsm_gnn.cache.SoftwareCache`), on the CPU or a GPU alike."""
     from lsm_gnn.cache.read_ahead import default_depth
 
     if spec.read_ahead is not None:
         return spec.read_ahead > 0
-    return spec.source == "cache" and default_depth(spec.backend not in ("memory", "gds"), device == "cpu") > 0
+    return spec.source == "cache" and default_depth(spec.backend not in ("memory", "gds")) > 0
 
 
 def _log_to_stderr(message: str) -> None:
@@ -314,8 +314,7 @@ def _row(c: Config, spec, sim: dict, num_rows: int, cal: dict, cores: int, itera
     """A grid point's row from its replay ``sim`` (``num_rows``: the rows its caches could hold) and the times the
     model predicts from it; ``extra`` keys go in before the times."""
     per = sim["per_iteration"]
-    gpu = c.train.device == "cuda" or (c.train.device == "auto" and torch.cuda.is_available())
-    ahead = reads_ahead(spec, "cuda" if gpu else "cpu")
+    ahead = reads_ahead(spec)
     row = {"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
            "capacity_bytes": sim["capacity_bytes"], "lines": sim["lines"],
            "share_of_nodes": sim["lines"] / num_rows, "hit_ratio": sim["hit_ratio"],
