@@ -39,6 +39,20 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def print_profile(fn, device, title: str, sort_by: str, rows: int = 18) -> None:
+    """``fn``'s time by op over 10 calls (torch.profiler, host and device), after one untimed call: a call that
+    compiles a kernel (a new specialization) would otherwise fill the table."""
+    fn()
+    synchronize(device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            fn()
+        synchronize(device)
+    print(f"-- {title}: 10 calls, by {sort_by}")
+    print(prof.key_averages().table(sort_by=sort_by, row_limit=rows))
+
+
 def timed(fn, device, repeats: int) -> float:
     def run():
         fn()
@@ -76,13 +90,8 @@ def cache_all_hit(device, num_lines: int, batch: int, row_bytes: int, repeats: i
     _, hit, *_ = assign(hot, 0)
     hit_ratio = float(hit.float().mean())
     if profile:  # where an all-hit serve's time goes, op by op (the figure to close toward the copy)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(10):
-                serve()
-            synchronize(device)
-        sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-        print(prof.key_averages().table(sort_by=sort, row_limit=18))
+        print_profile(serve, device, f"all-hit assign + gather, {batch:,} ids",
+                      "cuda_time_total" if device.type == "cuda" else "cpu_time_total")
     src, dst = torch.randn(batch, dim, device=device), torch.empty(batch, dim, device=device)
     serve_s = timed(serve, device, repeats)
     copy_s = timed(lambda: dst.copy_(src), device, repeats)
@@ -91,7 +100,7 @@ def cache_all_hit(device, num_lines: int, batch: int, row_bytes: int, repeats: i
             "copy_gb_per_s": moved / copy_s / 1e9, "ratio_to_copy": copy_s / serve_s}
 
 
-def lookup_all_hit(device, batch: int, row_bytes: int, repeats: int) -> dict:
+def lookup_all_hit(device, batch: int, row_bytes: int, repeats: int, profile: bool = False) -> dict:
     """``SoftwareCache.lookup`` of a batch the cache holds in full, as the loader calls it (distinct ids, range
     check, assign, gather into a reused ``out``, stats): the op figure plus the lookup's own fixed cost."""
     from lsm_gnn.cache import SoftwareCache
@@ -106,6 +115,9 @@ def lookup_all_hit(device, batch: int, row_bytes: int, repeats: int) -> dict:
     cache.lookup(ids, out=out)  # installs the batch
     cache.data.normal_()  # random rows: zeros can copy faster than real data
     _, hit = cache.lookup(ids, out=out)
+    if profile:  # the lookup's own cost is host time: by self CPU time
+        print_profile(lambda: cache.lookup(ids, out=out), device, f"all-hit SoftwareCache.lookup, {batch:,} ids",
+                      "self_cpu_time_total", rows=30)
     lookup_s = timed(lambda: cache.lookup(ids, out=out), device, repeats)
     src, dst = torch.randn(batch, row_bytes // 4, device=device), torch.empty(batch, row_bytes // 4, device=device)
     copy_s = timed(lambda: dst.copy_(src), device, repeats)
@@ -128,12 +140,8 @@ def sampler_edges(device, num_nodes: int, avg_degree: int, batch: int, fanouts, 
     hops = torch.ops.lsm_gnn.sample_hops(*on_device, fanouts, 7, 0, 0)
     edges = sum(t.numel() for t in hops[1::3])
     if profile:  # where a batch's time goes: the host's launches and reads back, beside the kernels themselves
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(10):
-                torch.ops.lsm_gnn.sample_hops(*on_device, fanouts, 7, 0, 0)
-            synchronize(device)
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+        print_profile(lambda: torch.ops.lsm_gnn.sample_hops(*on_device, fanouts, 7, 0, 0), device,
+                      f"sampler, fanouts {fanouts}, {batch:,} seeds", "self_cpu_time_total", rows=30)
     triton_s = timed(lambda: torch.ops.lsm_gnn.sample_hops(*on_device, fanouts, 7, 0, 0), device, repeats)
     cpp_s = median_seconds(lambda: _C.sample_hops(indptr, indices, seeds, fanouts, 7, 0, 0), repeats)
     return {"edges_per_batch": edges, "triton_edges_per_s": edges / triton_s, "cpp_cpu_edges_per_s": edges / cpp_s}
@@ -148,7 +156,8 @@ def main(argv=None) -> int:
     p.add_argument("--hit-batch", default="65536,262144",
                    help="ids of the all-hit batch (4 KiB rows each); several, comma-separated, each measured")
     p.add_argument("--skip-sampler", action="store_true", help="only the cache figure")
-    p.add_argument("--profile", action="store_true", help="print the all-hit serve's time by op (torch.profiler)")
+    p.add_argument("--profile", action="store_true",
+                   help="print the all-hit serve's and lookup's time by op (torch.profiler)")
     p.add_argument("--profile-sampler", action="store_true",
                    help="print the sampler's time by op for 10 batches (torch.profiler, by self CPU time)")
     args = p.parse_args(argv)
@@ -166,8 +175,8 @@ def main(argv=None) -> int:
         p.error(f"--hit-batch takes batch sizes separated by commas, got {args.hit_batch!r}")
     all_hit = [cache_all_hit(device, num_lines=(1 << 20) if big else 256, batch=b, row_bytes=4096 if big else 64,
                              repeats=args.repeats, profile=args.profile) for b in batches]
-    lookups = [lookup_all_hit(device, batch=b, row_bytes=4096 if big else 64, repeats=args.repeats)
-               for b in batches]
+    lookups = [lookup_all_hit(device, batch=b, row_bytes=4096 if big else 64, repeats=args.repeats,
+                              profile=args.profile) for b in batches]
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)",
         "cache_all_hit": all_hit[0],  # the first batch size; every size in cache_all_hit_by_batch
