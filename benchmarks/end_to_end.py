@@ -299,6 +299,8 @@ def parse_args(argv=None):
         args.num_nodes, args.iterations, args.repeats, args.capacity = 20_000, 10, 1, "40%"
         args.bound_iterations = 3
         args.data = args.data + "-quick"
+    if args.warmup < 0:
+        p.error(f"--warmup is a number of iterations >= 0 (0: none), got {args.warmup}")
     args.methods = [m for m in args.methods.split(",") if m]
     bad = [m for m in args.methods if m not in METHODS]
     if bad:

@@ -111,3 +111,9 @@ def test_recsys_quick(tmp_path):
     users = {r["test"]["users"] for r in results.values()}
     assert len(users) == 1 and users.pop() > 0  # the same users ranked for every method
     assert all(0 <= r["test"]["recall"] <= 1 and 0 <= r["test"]["ndcg"] <= 1 for r in results.values())
+
+
+def test_end_to_end_refuses_a_negative_warm_up(capsys):
+    with pytest.raises(SystemExit):
+        load("end_to_end").parse_args(["--warmup", "-1"])
+    assert "--warmup is a number of iterations >= 0" in capsys.readouterr().err

@@ -38,8 +38,12 @@ COMMAND = re.compile(rf"^{_ENV}(?:lsm-gnn|python3? -m lsm_gnn|launch/[\w.]+\.sh)
 
 SMALL = {"--num-nodes": "2000", "--num-users": "300", "--num-items": "200", "--num-papers": "800",
          "--feature-dim": "16"}
-PLACEHOLDERS = {"/tmp/lpdoc/recsys": "data/recsys", "/work/bench-data/": "data/", "/tmp/lsm-gnn-bench/": "data/",
-                "/tmp/slurm-g": "data/slurm-g"}
+PLACEHOLDERS = {
+    "/tmp/lpdoc/recsys": "data/recsys",
+    "/work/bench-data/": "data/",
+    "/tmp/lsm-gnn-bench/": "data/",
+    "/tmp/slurm-g": "data/slurm-g",
+}
 
 SKIP = {
     "lsm-gnn prepare folder --src /data/igb/full --out data/igb":
