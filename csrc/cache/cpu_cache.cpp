@@ -46,6 +46,71 @@ int choose_victim(const CacheView& c, int64_t set, const PolicyParams& p) {
   return 0;  // unreachable: the second pass always finds a way
 }
 
+// One set's victims for a batch, in the order choose_victim would pick them while nothing else in the set
+// changes: its invalid ways, then its lines not used at this iteration by (key, way). Keys are computed once
+// per set instead of once per miss and way; a line taken leaves the order. Once every way was used this
+// iteration (an oversubscribed set) choose_victim's second pass decides, as before.
+class SetVictims {
+ public:
+  explicit SetVictims(int ways) : key_(ways), tier_(ways) {}
+
+  void reset(const CacheView& c, int64_t set, const PolicyParams& p) {
+    set_ = set;
+    const int64_t base = set * c.ways;
+    for (int w = 0; w < c.ways; ++w) {
+      const int64_t i = base + w;
+      if (c.tags[i] == kInvalidTag) {
+        tier_[w] = kInvalid;
+        key_[w] = 0;
+      } else if (c.last_use[i] == p.iteration) {
+        tier_[w] = kUsed;
+        key_[w] = 0;
+      } else {
+        tier_[w] = kValid;
+        key_[w] = victim_key(c.records[i], c.flags[i], c.static_score[i], c.last_use[i], p);
+      }
+    }
+  }
+
+  int next(const CacheView& c, const PolicyParams& p) const {
+    int best = -1;
+    for (int w = 0; w < c.ways; ++w) {
+      if (tier_[w] == kUsed) continue;
+      if (best < 0 || tier_[w] < tier_[best] || (tier_[w] == tier_[best] && key_[w] < key_[best])) best = w;
+    }
+    return best >= 0 ? best : choose_victim(c, set_, p);
+  }
+
+  void taken(int w) { tier_[w] = kUsed; }
+
+ private:
+  enum : uint8_t { kInvalid = 0, kValid = 1, kUsed = 2 };
+  std::vector<uint64_t> key_;
+  std::vector<uint8_t> tier_;
+  int64_t set_ = 0;
+};
+
+// The misses (u with !hit[u]) as (set, u) grouped by set, ascending u within a set: a counting sort by set
+// where the sets are few beside the misses, else a stable sort.
+std::vector<std::pair<int64_t, int64_t>> misses_by_set(const CacheView& c, const std::vector<int64_t>& set,
+                                                       const uint8_t* hit) {
+  std::vector<std::pair<int64_t, int64_t>> misses;
+  for (int64_t u = 0; u < static_cast<int64_t>(set.size()); ++u) {
+    if (!hit[u]) misses.emplace_back(set[u], u);
+  }
+  const int64_t m = static_cast<int64_t>(misses.size());
+  if (c.num_sets > 4 * m + 1024) {
+    std::stable_sort(misses.begin(), misses.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    return misses;
+  }
+  std::vector<int64_t> start(c.num_sets + 1, 0);
+  for (const auto& miss : misses) ++start[miss.first + 1];
+  for (int64_t s = 0; s < c.num_sets; ++s) start[s + 1] += start[s];
+  std::vector<std::pair<int64_t, int64_t>> grouped(misses.size());
+  for (const auto& miss : misses) grouped[start[miss.first]++] = miss;
+  return grouped;
+}
+
 }  // namespace
 
 void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t* node_static,
@@ -53,9 +118,11 @@ void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t
   if (num_threads <= 0) num_threads = omp_get_max_threads();
   const bool known = p.first_iteration != nullptr;  // next use at assign
   // Phase 1: hits. Distinct ids map to distinct lines, so writes never collide.
+  std::vector<int64_t> set(n);  // each id's set, for phase 2's misses
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (n > 4096)
   for (int64_t u = 0; u < n; ++u) {
-    const int64_t base = set_of(unique[u], c.num_sets) * c.ways;
+    set[u] = set_of(unique[u], c.num_sets);
+    const int64_t base = set[u] * c.ways;
     out.line[u] = -1;
     out.hit[u] = 0;
     out.evicted_tag[u] = kInvalidTag;
@@ -78,12 +145,7 @@ void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t
     }
   }
   // Phase 2: misses sorted by set (ids are already ascending, the sort is stable).
-  std::vector<std::pair<int64_t, int64_t>> misses;  // (set, u)
-  for (int64_t u = 0; u < n; ++u) {
-    if (!out.hit[u]) misses.emplace_back(set_of(unique[u], c.num_sets), u);
-  }
-  std::stable_sort(misses.begin(), misses.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  const std::vector<std::pair<int64_t, int64_t>> misses = misses_by_set(c, set, out.hit);  // (set, u)
   std::vector<int64_t> segment_start;
   for (size_t k = 0; k < misses.size(); ++k) {
     if (k == 0 || misses[k].first != misses[k - 1].first) segment_start.push_back(static_cast<int64_t>(k));
@@ -95,12 +157,15 @@ void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t
 #pragma omp parallel num_threads(num_threads) if (num_segments > 256)
   {
     std::vector<int64_t> installed_by(c.ways);  // way -> unique index installed there by this batch
+    SetVictims victims(c.ways);
+    const bool in_key_order = p.policy != kRoundRobin;  // round robin picks by its pointer, not by keys
 #pragma omp for schedule(dynamic, 64) reduction(+ : evictions, evicted_in_use, bypassed)
     for (int64_t s = 0; s < num_segments; ++s) {
       std::fill(installed_by.begin(), installed_by.end(), -1);
+      if (in_key_order) victims.reset(c, misses[segment_start[s]].first, p);
       for (int64_t k = segment_start[s]; k < segment_start[s + 1]; ++k) {
         const int64_t set = misses[k].first, u = misses[k].second;
-        const int w = choose_victim(c, set, p);
+        const int w = in_key_order ? victims.next(c, p) : choose_victim(c, set, p);
         const int64_t i = set * c.ways + w;
         const uint64_t record = known ? assign_record(p, unique[u]) : kNoReuseRecord;
         if (p.bypass && known && c.tags[i] != kInvalidTag) {
@@ -124,6 +189,7 @@ void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t
         if (installed_by[w] >= 0) out.line[installed_by[w]] = -1;
         installed_by[w] = u;
         install_line(c, i, unique[u], node_static, p.iteration, known, record);
+        if (in_key_order) victims.taken(w);
         out.line[u] = i;
       }
     }
