@@ -175,6 +175,58 @@ def test_property_read_ahead_changes_no_row_hit_or_decision(disk, seed, depth, b
         assert ahead.read == ahead.used
 
 
+def test_the_ring_takes_spans_first_fit_and_the_longest_gap_when_none_fits():
+    from lsm_gnn.cache.read_ahead import _RowRing
+
+    ring = _RowRing(10, 2, torch.float32)
+    assert [ring.take(3), ring.take(3), ring.take(3)] == [(0, 3), (3, 3), (6, 3)]
+    ring.free(3)
+    assert ring.take(2) == (3, 2)  # the first gap that fits (9..10 is too short)
+    ring.free(0)
+    assert ring.take(1) == (0, 1)  # first fit: the lowest rows again, so few pages are ever touched
+    assert ring.take(5) == (1, 2)  # none fits 5: the longest gap (1..3, not 5..6 or 9..10), cut
+    assert [ring.take(1), ring.take(1), ring.take(1)] == [(5, 1), (9, 1), (0, 0)]  # then full
+    ring.clear()
+    assert ring.take(10) == (0, 10)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), budget_rows=st.sampled_from([1, 5, 40, 1_000]))
+def test_property_chunks_read_into_one_ring_never_overlap_and_give_the_files_rows(disk, seed, budget_rows):
+    """Requests for lookups in any order, takes of some of them, reads in flight or done: every chunk's rows
+    are read into the ring (no buffer of its own), live chunks never share a row of it, the rows held stay
+    within the budget and every row taken is the file's."""
+    dataset, features = disk
+    rng = np.random.default_rng(seed)
+    with open_storage(dataset, "pread") as storage:
+        ahead = ReadAhead(storage, depth=3, max_bytes=budget_rows * storage.row_bytes)
+        iteration = 0
+        for _ in range(40):
+            if rng.random() < 0.6:
+                ids = np.unique(rng.integers(0, 600, size=int(rng.integers(1, 30))))
+                ahead.request(iteration + int(rng.integers(0, 4)), torch.from_numpy(ids))
+            else:
+                if rng.random() < 0.5:  # else the take may find reads in flight or queued
+                    with ahead._cond:
+                        live = list(ahead._chunks)
+                    assert all(chunk.done.wait(10.0) for chunk in live)
+                ask = torch.from_numpy(np.unique(rng.integers(0, 600, size=40)))
+                got = ahead.take(iteration, ask)
+                if got is not None:
+                    where, rows = got
+                    assert np.array_equal(rows.numpy(), features[ask[where].numpy()])
+                iteration += 1
+            with ahead._cond:
+                spans = sorted((c.start, c.start + c.ids.numel()) for c in ahead._chunks)
+                assert spans == ahead._ring._spans and sum(e - s for s, e in spans) == ahead._held
+                assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])) and (not spans or spans[-1][1] <= budget_rows)
+                for chunk in ahead._chunks:
+                    if chunk.rows is not None:
+                        assert chunk.rows.data_ptr() == ahead._ring.view(chunk.start, 1).data_ptr()
+        ahead.close()
+        assert ahead._ring._spans == []
+
+
 def test_busy_time_counts_overlapping_reads_once(disk):
     dataset, _ = disk
     with open_storage(dataset, "pread") as storage:
