@@ -1,7 +1,9 @@
 // The one place that knows both torch and the native core: thin wrappers
 // that check tensors, release the GIL and forward raw pointers.
+#include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <cstring>
 #include <system_error>
 
 #include <unistd.h>
@@ -39,6 +41,34 @@ py::object unique_inverse(const torch::Tensor& ids) {
   auto distinct = torch::empty({static_cast<int64_t>(unique.size())}, torch::kInt64);
   std::copy(unique.begin(), unique.end(), distinct.data_ptr<int64_t>());
   return py::make_tuple(distinct, inverse);
+}
+
+// dst[dst_index[i]] = src[src_index[i]] for every i, rows of bytes, without the GIL: rows gathered from one
+// buffer and scattered into another in one copy (torch would gather into a temporary, then scatter it).
+void copy_rows(torch::Tensor& dst, const torch::Tensor& dst_index, const torch::Tensor& src,
+               const torch::Tensor& src_index) {
+  check_cpu_contiguous(dst, "dst", torch::kUInt8);
+  check_cpu_contiguous(src, "src", torch::kUInt8);
+  check_cpu_contiguous(dst_index, "dst_index", torch::kInt64);
+  check_cpu_contiguous(src_index, "src_index", torch::kInt64);
+  TORCH_CHECK_VALUE(dst.dim() == 2 && src.dim() == 2 && dst.size(1) == src.size(1),
+                    "dst and src must be [rows, row_bytes] with the same row_bytes, got ", dst.sizes(), " and ",
+                    src.sizes());
+  TORCH_CHECK_VALUE(dst_index.numel() == src_index.numel(), "one source row per destination row: ",
+                    src_index.numel(), " sources for ", dst_index.numel(), " destinations");
+  const int64_t n = dst_index.numel(), row_bytes = dst.size(1), dst_rows = dst.size(0), src_rows = src.size(0);
+  const int64_t* to = dst_index.data_ptr<int64_t>();
+  const int64_t* from = src_index.data_ptr<int64_t>();
+  uint8_t* out = dst.data_ptr<uint8_t>();
+  const uint8_t* in = src.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK_INDEX(to[i] >= 0 && to[i] < dst_rows && from[i] >= 0 && from[i] < src_rows, "copy_rows: pair ", i,
+                      " copies row ", from[i], " of ", src_rows, " to row ", to[i], " of ", dst_rows);
+  }
+  py::gil_scoped_release release;
+  at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) std::memcpy(out + to[i] * row_bytes, in + from[i] * row_bytes, row_bytes);
+  });
 }
 
 class PyRowReader {
@@ -243,6 +273,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "unique_rows, max_run_bytes");
   m.def("unique_inverse", &unique_inverse, py::arg("ids"),
         "(sorted distinct ids, index of each id among them) in linear time; None if an id is negative");
+  m.def("copy_rows", &copy_rows, py::arg("dst"), py::arg("dst_index"), py::arg("src"), py::arg("src_index"),
+        "dst[dst_index[i]] = src[src_index[i]] for each i: rows of bytes in one copy, without the GIL");
   m.def("write_rows", &write_rows, py::arg("fd"), py::arg("ids"), py::arg("rows"), py::arg("row_stride"),
         "pwrite rows[i] at ids[i] * row_stride of fd, one call per row without the GIL; returns the bytes");
   m.def("io_uring_available", &lsm::io_uring_available, "Whether the kernel allows io_uring for this process");

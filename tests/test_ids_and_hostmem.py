@@ -1,4 +1,4 @@
-"""The base layer's id helpers and huge-page host buffers."""
+"""The base layer's id helpers, huge-page host buffers and row copies."""
 import numpy as np
 import pytest
 import torch
@@ -126,3 +126,25 @@ def test_a_pool_keeps_at_most_its_maps_and_replaces_a_free_one_too_small():
     assert pool.empty((12 << 20,), torch.uint8).data_ptr() == address
     assert pool.empty((3,), torch.uint8).numel() == 3 and len(pool._maps) == 2  # small: a plain tensor
     del held
+
+
+def test_copy_rows_gathers_and_scatters_rows_in_one_copy_and_refuses_bad_rows():
+    from lsm_gnn import _C
+
+    rng = np.random.default_rng(1)
+    src = torch.from_numpy(rng.integers(0, 256, (50, 24), dtype=np.uint8))
+    dst = torch.zeros((40, 24), dtype=torch.uint8)
+    to = torch.from_numpy(rng.permutation(40)[:30])
+    frm = torch.from_numpy(rng.integers(0, 50, 30))  # repeats allowed in the sources
+    _C.copy_rows(dst, to, src, frm)
+    want = torch.zeros_like(dst)
+    want[to] = src[frm]
+    assert torch.equal(dst, want)
+    with pytest.raises(IndexError, match="row 50 of 50"):
+        _C.copy_rows(dst, torch.tensor([0]), src, torch.tensor([50]))
+    with pytest.raises(IndexError, match="to row -1 of 40"):
+        _C.copy_rows(dst, torch.tensor([-1]), src, torch.tensor([0]))
+    with pytest.raises(ValueError, match="same row_bytes"):
+        _C.copy_rows(torch.zeros((4, 8), dtype=torch.uint8), torch.tensor([0]), src, torch.tensor([0]))
+    with pytest.raises(ValueError, match="one source row per destination"):
+        _C.copy_rows(dst, torch.tensor([0, 1]), src, torch.tensor([0]))

@@ -294,11 +294,11 @@ class SharedCache(StorageShape):
         sizes = [a.size for a in asked]
         whole, rows, hit = self._serve(served, counts)
         serve = time.perf_counter() - t
-        self._reply(rows, hit, back, sizes, counts, whole)
+        remote = self._reply(rows, hit, back, sizes, counts, whole)
         t = time.perf_counter()
         own = sum(sizes[:self.rank])
-        result, hit_mask = self._unpack(whole, served.numel(), back[own:own + sizes[self.rank]], hit,
-                                        counts, order, inverse, out)
+        result, hit_mask = self._unpack(whole, back[own:own + sizes[self.rank]], hit, remote, counts, order,
+                                        inverse, out)
         s.add("unpack", t)
         elapsed = time.perf_counter() - start
         s.iterations += 1
@@ -332,14 +332,15 @@ class SharedCache(StorageShape):
 
     def _serve(self, served: torch.Tensor, counts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(one byte buffer, this slice's rows of ``served`` at its front, their hit mask): the cache writes the
-        rows there and the other owners' replies land after them, so the batch is copied once, from that
-        buffer into request order, and this rank's own rows never enter a message."""
+        rows there and, over the rows collective, the other owners' replies land after them, so the batch is
+        copied once into request order and this rank's own rows never enter a message. Through shared memory
+        the buffer is this rank's segment, which the other ranks read, and holds this slice's rows only."""
         on = self.exchange_device
-        remote = sum(int(n) + self._flag_rows(int(n)) for d, n in enumerate(counts) if d != self.rank)
         if self._shm is None:
+            remote = sum(int(n) + self._flag_rows(int(n)) for d, n in enumerate(counts) if d != self.rank)
             whole = self._scratch("whole", served.numel() + remote)
-        else:  # the other ranks read this rank's rows from there
-            whole = self._shm.buffer(self.stats.iterations, served.numel() + remote).rows[:served.numel() + remote]
+        else:
+            whole = self._shm.buffer(self.stats.iterations, served.numel()).rows[:served.numel()]
         rows = whole[:served.numel()].view(self.cache.data.dtype)
         if self.cache.device == on:
             _, hit = self.cache.lookup(served, future=self.owner_window, out=rows)
@@ -349,13 +350,14 @@ class SharedCache(StorageShape):
         return whole, rows, hit.to(on)
 
     def _reply(self, rows: torch.Tensor, hit: torch.Tensor, back: torch.Tensor, asked: list[int],
-               counts: np.ndarray, whole: torch.Tensor) -> None:
-        """Gives each other rank the rows it asked for and receives this rank's into the back of ``whole``, in
-        the rows collective or through shared memory (the same bytes in the same places)."""
+               counts: np.ndarray, whole: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Gives each other rank the rows it asked for and returns, for each other owner ``d``, where this
+        rank's rows from it are: ``(buffer [*, row_bytes], row of each id asked of d in it, hit flags)``. The
+        rows collective puts them at the back of ``whole``; through shared memory they stay in the owner's
+        segment, copied once, straight into request order."""
         if self._shm is None:
-            self._send_rows(rows, hit, back, asked, counts, whole)
-        else:
-            self._share_rows(rows.shape[0], hit, back, asked, counts, whole)
+            return self._send_rows(rows, hit, back, asked, counts, whole)
+        return self._share_rows(rows.shape[0], hit, back, asked, counts)
 
     def _send_rows(self, rows: torch.Tensor, hit: torch.Tensor, back: torch.Tensor, asked: list[int],
                    counts: np.ndarray, whole: torch.Tensor) -> None:
@@ -379,14 +381,20 @@ class SharedCache(StorageShape):
         recv_sizes = [0 if d == self.rank else int(n) + self._flag_rows(int(n)) for d, n in enumerate(counts)]
         self.stats.add("pack", start)
         self.net.all_to_all(send, send_sizes, recv_sizes, "rows", recv=whole[rows.shape[0]:])
+        remote, position = {}, rows.shape[0]
+        for d, n in enumerate(counts.tolist()):
+            if d != self.rank:
+                flags = whole[position + n:position + n + self._flag_rows(n)].view(-1)[:n]
+                remote[d] = (whole, torch.arange(position, position + n, device=whole.device), flags.bool())
+                position += n + self._flag_rows(n)
+        return remote
 
     def _share_rows(self, num_served: int, hit: torch.Tensor, back: torch.Tensor, asked: list[int],
-                    counts: np.ndarray, whole: torch.Tensor) -> None:
+                    counts: np.ndarray) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """:meth:`_send_rows` through shared memory: this rank's rows are in its segment already (``whole``'s
         front), its hit flags go beside them, and the rows collective tells each other rank which segment
-        and which of its rows hold the ids it asked for (int64: ``HEADER`` words, then a row per id). Then
-        this rank copies each other owner's rows for it, and their flags, from that owner's segment into the
-        back of ``whole``, where the collective would have put them."""
+        and which of its rows hold the ids it asked for (int64: ``HEADER`` words, then a row per id). The
+        rows stay there until the unpack copies them into request order; their flags are read now."""
         start = time.perf_counter()
         shm, lookup = self._shm, self.stats.iterations
         shm.buffer(lookup, 0).flags[:num_served].copy_(hit)  # the segment _serve wrote the rows into
@@ -401,46 +409,58 @@ class SharedCache(StorageShape):
         got = self.net.all_to_all(send, send_sizes, recv_sizes, "rows")
         start = time.perf_counter()
         shm.unlink_mapped(lookup)  # every rank has finished the lookup before: it mapped what was new then
-        first, position = 0, num_served
+        remote, first = {}, 0
         for d, size in enumerate(recv_sizes):
             if d == self.rank:
                 continue
-            message, n = got[first:first + size], size - HEADER
+            message = got[first:first + size]
             segment, where = shm.peer(d, message[:HEADER]), message[HEADER:]
-            torch.index_select(segment.rows, 0, where, out=whole[position:position + n])
-            whole[position + n:position + n + self._flag_rows(n)].view(-1)[:n] = segment.flags[where]
-            first, position = first + size, position + n + self._flag_rows(n)
-        self.stats.add("copy from owners", start)
+            remote[d] = (segment.rows, where, segment.flags[where].bool())
+            first += size
+        self.stats.add("flags from owners", start)
+        return remote
 
-    def _unpack(self, whole: torch.Tensor, num_served: int, own_back: torch.Tensor, own_hit: torch.Tensor,
-                counts: np.ndarray, order: np.ndarray, inverse: torch.Tensor, out: torch.Tensor | None
+    def _unpack(self, whole: torch.Tensor, own_back: torch.Tensor, own_hit: torch.Tensor,
+                remote: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], counts: np.ndarray,
+                order: np.ndarray, inverse: torch.Tensor, out: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows in request order, copied once from ``whole`` (this slice's rows, then the other owners'
-        replies), and their hit mask."""
+        """The rows in request order, each copied once from where it is (this slice's rows at the front of
+        ``whole``, each other owner's where :meth:`_reply` says), and their hit mask."""
         on = self.exchange_device
-        slot = np.empty(order.size, dtype=np.int64)  # each distinct id's row in ``whole``
+        if out is not None and (not out.is_contiguous() or tuple(out.shape) != (inverse.numel(), self.storage.dim)
+                                or out.dtype != self.cache.data.dtype or out.device != on):
+            raise ValueError(f"out must be a contiguous {self.cache.data.dtype} tensor of shape "
+                             f"({inverse.numel()}, {self.storage.dim}) on {on}, got {out.dtype} "
+                             f"{tuple(out.shape)} on {out.device}")
+        source = np.empty(order.size, dtype=np.int64)  # the owner of each distinct id
+        row = torch.empty(order.size, dtype=torch.int64)  # its row in that owner's buffer
         hit = torch.empty(order.size, dtype=torch.bool, device=on)
-        first, position = 0, num_served
+        first = 0
         for d, n in enumerate(counts.tolist()):
             mine = order[first:first + n]
-            if d == self.rank:  # served here: the rows the cache wrote, in the order this rank asked them
-                slot[mine] = own_back.numpy() if own_back.device.type == "cpu" else own_back.cpu().numpy()
-                hit[torch.from_numpy(mine).to(on)] = own_hit[own_back.to(on)]
-            else:
-                slot[mine] = np.arange(position, position + n)
-                flags = whole[position + n:position + n + self._flag_rows(n)].view(-1)[:n]
-                hit[torch.from_numpy(mine).to(on)] = flags.bool()
-                position += n + self._flag_rows(n)
+            source[mine] = d
+            index, flags = (own_back, own_hit[own_back.to(on)]) if d == self.rank else remote[d][1:]
+            row[torch.from_numpy(mine)] = index.cpu()
+            hit[torch.from_numpy(mine).to(on)] = flags.to(on)
             first += n
-        rows = whole.view(self.cache.data.dtype)  # [rows, dim]: each row is row_bytes of that dtype
-        index = torch.from_numpy(slot).to(on)[inverse.to(on)]
+        buffers = {d: remote[d][0] for d in remote}
+        buffers[self.rank] = whole
+        dtype = self.cache.data.dtype
+        rows = whole.view(dtype)  # [rows, dim]: each row is row_bytes of that dtype
         if out is None and on.type == "cpu":  # memory an earlier batch touched, once nothing uses it
-            out = self._results.empty((index.numel(), *rows.shape[1:]), rows.dtype)
-        if out is None:
-            result = rows[index]
-        else:
-            result = torch.index_select(rows, 0, index, out=out)
-        return result, hit[inverse.to(on)]
+            out = self._results.empty((inverse.numel(), *rows.shape[1:]), dtype)
+        if all(buffer is whole for buffer in buffers.values()):  # every row in one buffer: one gather
+            index = row.to(on)[inverse.to(on)]
+            result = rows[index] if out is None else torch.index_select(rows, 0, index, out=out)
+            return result, hit[inverse.to(on)]
+        from lsm_gnn import _C  # rows in several ranks' buffers: a gather from each, scattered in one copy
+
+        owner, where = torch.from_numpy(source)[inverse], row[inverse]
+        target = out.view(torch.uint8).view(-1, self.row_bytes)
+        for d, buffer in buffers.items():
+            positions = torch.nonzero(owner == d).reshape(-1)
+            _C.copy_rows(target, positions, buffer, where[positions])
+        return out, hit[inverse.to(on)]
 
     # -- writes: every row changes at its owner --------------------------------------------------------------
 
