@@ -37,8 +37,9 @@ class ExchangeStats:
     collective_calls: dict = field(default_factory=dict)  # calls of each kind
     announced: int = 0             # lookups whose request went during the lookup before (``following``)
     #: seconds of the exchange's local work: "window" (the owners' windows; "window, filled" when a new
-    #: window's whole future is forwarded, once an epoch), "pack" (ids and rows into messages), "copy from
-    #: owners" (rows through shared memory: from the owners' segments), "unpack" (rows into request order)
+    #: window's whole future is forwarded, once an epoch), "pack" (ids and rows into messages), "flags from
+    #: owners" (through shared memory: the hit flags of the rows in the owners' segments), "unpack" (rows into
+    #: request order, this rank's own while the others' replies travel)
     local_seconds: dict = field(default_factory=dict)
 
     def add(self, what: str, start: float) -> float:

@@ -294,12 +294,10 @@ class SharedCache(StorageShape):
         sizes = [a.size for a in asked]
         whole, rows, hit = self._serve(served, counts)
         serve = time.perf_counter() - t
-        remote = self._reply(rows, hit, back, sizes, counts, whole)
-        t = time.perf_counter()
+        arrive = self._reply(rows, hit, back, sizes, counts, whole)
         own = sum(sizes[:self.rank])
-        result, hit_mask = self._unpack(whole, back[own:own + sizes[self.rank]], hit, remote, counts, order,
+        result, hit_mask = self._unpack(whole, back[own:own + sizes[self.rank]], hit, arrive, counts, order,
                                         inverse, out)
-        s.add("unpack", t)
         elapsed = time.perf_counter() - start
         s.iterations += 1
         s.requested += unique.numel()
@@ -350,11 +348,12 @@ class SharedCache(StorageShape):
         return whole, rows, hit.to(on)
 
     def _reply(self, rows: torch.Tensor, hit: torch.Tensor, back: torch.Tensor, asked: list[int],
-               counts: np.ndarray, whole: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Gives each other rank the rows it asked for and returns, for each other owner ``d``, where this
-        rank's rows from it are: ``(buffer [*, row_bytes], row of each id asked of d in it, hit flags)``. The
-        rows collective puts them at the back of ``whole``; through shared memory they stay in the owner's
-        segment, copied once, straight into request order."""
+               counts: np.ndarray, whole: torch.Tensor):
+        """Starts giving each other rank the rows it asked for; returns ``arrive()``, which waits for this
+        rank's replies and gives, for each other owner ``d``, where this rank's rows from it are: ``(buffer
+        [*, row_bytes], row of each id asked of d in it, hit flags)``. The rows collective puts them at the
+        back of ``whole``; through shared memory they stay in the owner's segment, copied once, straight into
+        request order. Until ``arrive()``, this rank may read only the front of ``whole`` (its own rows)."""
         if self._shm is None:
             return self._send_rows(rows, hit, back, asked, counts, whole)
         return self._share_rows(rows.shape[0], hit, back, asked, counts)
@@ -380,17 +379,22 @@ class SharedCache(StorageShape):
             first, position = first + n, position + size
         recv_sizes = [0 if d == self.rank else int(n) + self._flag_rows(int(n)) for d, n in enumerate(counts)]
         self.stats.add("pack", start)
-        self.net.all_to_all(send, send_sizes, recv_sizes, "rows", recv=whole[rows.shape[0]:])
-        remote, position = {}, rows.shape[0]
-        for d, n in enumerate(counts.tolist()):
-            if d != self.rank:
-                flags = whole[position + n:position + n + self._flag_rows(n)].view(-1)[:n]
-                remote[d] = (whole, torch.arange(position, position + n, device=whole.device), flags.bool())
-                position += n + self._flag_rows(n)
-        return remote
+        posted = self.net.post(send, send_sizes, recv_sizes, "rows", recv=whole[rows.shape[0]:])
+
+        def arrive():
+            posted.wait()
+            remote, position = {}, rows.shape[0]
+            for d, n in enumerate(counts.tolist()):
+                if d != self.rank:
+                    flags = whole[position + n:position + n + self._flag_rows(n)].view(-1)[:n]
+                    remote[d] = (whole, torch.arange(position, position + n, device=whole.device), flags.bool())
+                    position += n + self._flag_rows(n)
+            return remote
+
+        return arrive
 
     def _share_rows(self, num_served: int, hit: torch.Tensor, back: torch.Tensor, asked: list[int],
-                    counts: np.ndarray) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+                    counts: np.ndarray):
         """:meth:`_send_rows` through shared memory: this rank's rows are in its segment already (``whole``'s
         front), its hit flags go beside them, and the rows collective tells each other rank which segment
         and which of its rows hold the ids it asked for (int64: ``HEADER`` words, then a row per id). The
@@ -406,60 +410,75 @@ class SharedCache(StorageShape):
                           for part in (header, back[starts[d]:starts[d + 1]])])
         recv_sizes = [0 if d == self.rank else HEADER + int(n) for d, n in enumerate(counts)]
         self.stats.add("pack", start)
-        got = self.net.all_to_all(send, send_sizes, recv_sizes, "rows")
-        start = time.perf_counter()
-        shm.unlink_mapped(lookup)  # every rank has finished the lookup before: it mapped what was new then
-        remote, first = {}, 0
-        for d, size in enumerate(recv_sizes):
-            if d == self.rank:
-                continue
-            message = got[first:first + size]
-            segment, where = shm.peer(d, message[:HEADER]), message[HEADER:]
-            remote[d] = (segment.rows, where, segment.flags[where].bool())
-            first += size
-        self.stats.add("flags from owners", start)
-        return remote
+        posted = self.net.post(send, send_sizes, recv_sizes, "rows")
 
-    def _unpack(self, whole: torch.Tensor, own_back: torch.Tensor, own_hit: torch.Tensor,
-                remote: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], counts: np.ndarray,
-                order: np.ndarray, inverse: torch.Tensor, out: torch.Tensor | None
+        def arrive():
+            got = posted.wait()
+            start = time.perf_counter()
+            shm.unlink_mapped(lookup)  # every rank has finished the lookup before: it mapped what was new then
+            remote, first = {}, 0
+            for d, size in enumerate(recv_sizes):
+                if d == self.rank:
+                    continue
+                message = got[first:first + size]
+                segment, where = shm.peer(d, message[:HEADER]), message[HEADER:]
+                remote[d] = (segment.rows, where, segment.flags[where].bool())
+                first += size
+            self.stats.add("flags from owners", start)
+            return remote
+
+        return arrive
+
+    def _unpack(self, whole: torch.Tensor, own_back: torch.Tensor, own_hit: torch.Tensor, arrive,
+                counts: np.ndarray, order: np.ndarray, inverse: torch.Tensor, out: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows in request order, each copied once from where it is (this slice's rows at the front of
-        ``whole``, each other owner's where :meth:`_reply` says), and their hit mask."""
-        on = self.exchange_device
+        """The rows in request order, each copied once from where it is, and their hit mask. In host memory this
+        rank's own rows (the front of ``whole``) go first, while the other owners' replies are on their way;
+        then ``arrive()`` (:meth:`_reply`) says where those are. On a device, one gather once all arrived."""
+        start = time.perf_counter()
+        on, dtype = self.exchange_device, self.cache.data.dtype
         if out is not None and (not out.is_contiguous() or tuple(out.shape) != (inverse.numel(), self.storage.dim)
-                                or out.dtype != self.cache.data.dtype or out.device != on):
-            raise ValueError(f"out must be a contiguous {self.cache.data.dtype} tensor of shape "
-                             f"({inverse.numel()}, {self.storage.dim}) on {on}, got {out.dtype} "
-                             f"{tuple(out.shape)} on {out.device}")
-        source = np.empty(order.size, dtype=np.int64)  # the owner of each distinct id
+                                or out.dtype != dtype or out.device != on):
+            raise ValueError(f"out must be a contiguous {dtype} tensor of shape ({inverse.numel()}, "
+                             f"{self.storage.dim}) on {on}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+        owner = np.empty(order.size, dtype=np.int64)  # the owner of each distinct id
         row = torch.empty(order.size, dtype=torch.int64)  # its row in that owner's buffer
         hit = torch.empty(order.size, dtype=torch.bool, device=on)
-        first = 0
-        for d, n in enumerate(counts.tolist()):
-            mine = order[first:first + n]
-            source[mine] = d
-            index, flags = (own_back, own_hit[own_back.to(on)]) if d == self.rank else remote[d][1:]
-            row[torch.from_numpy(mine)] = index.cpu()
-            hit[torch.from_numpy(mine).to(on)] = flags.to(on)
-            first += n
-        buffers = {d: remote[d][0] for d in remote}
-        buffers[self.rank] = whole
-        dtype = self.cache.data.dtype
+        ranges = np.cumsum([0, *counts.tolist()])
+        for d in range(self.world_size):
+            owner[order[ranges[d]:ranges[d + 1]]] = d
+        mine = torch.from_numpy(order[ranges[self.rank]:ranges[self.rank + 1]])
+        row[mine] = own_back.cpu()
+        hit[mine.to(on)] = own_hit[own_back.to(on)]
         rows = whole.view(dtype)  # [rows, dim]: each row is row_bytes of that dtype
-        if out is None and on.type == "cpu":  # memory an earlier batch touched, once nothing uses it
-            out = self._results.empty((inverse.numel(), *rows.shape[1:]), dtype)
-        if all(buffer is whole for buffer in buffers.values()):  # every row in one buffer: one gather
-            index = row.to(on)[inverse.to(on)]
-            result = rows[index] if out is None else torch.index_select(rows, 0, index, out=out)
-            return result, hit[inverse.to(on)]
-        from lsm_gnn import _C  # rows in several ranks' buffers: a gather from each, scattered in one copy
+        if on.type == "cpu":
+            from lsm_gnn import _C
 
-        owner, where = torch.from_numpy(source)[inverse], row[inverse]
-        target = out.view(torch.uint8).view(-1, self.row_bytes)
-        for d, buffer in buffers.items():
-            positions = torch.nonzero(owner == d).reshape(-1)
-            _C.copy_rows(target, positions, buffer, where[positions])
+            if out is None:  # memory an earlier batch touched, once nothing uses it
+                out = self._results.empty((inverse.numel(), *rows.shape[1:]), dtype)
+            target = out.view(torch.uint8).view(-1, self.row_bytes)
+            by_owner = torch.from_numpy(owner)[inverse]
+
+            def copy(d: int, buffer: torch.Tensor, where: torch.Tensor) -> None:
+                positions = torch.nonzero(by_owner == d).reshape(-1)
+                _C.copy_rows(target, positions, buffer, where[positions])
+
+            copy(self.rank, whole, row[inverse])
+        self.stats.add("unpack", start)
+        remote = arrive()
+        t = time.perf_counter()  # (the wait counts as the rows collective's)
+        for d, (_, index, flags) in remote.items():
+            sent = torch.from_numpy(order[ranges[d]:ranges[d + 1]])
+            row[sent] = index.cpu()
+            hit[sent.to(on)] = flags.to(on)
+        if on.type == "cpu":
+            where = row[inverse]
+            for d, (buffer, _, _) in remote.items():
+                copy(d, buffer, where)
+        else:  # every row is in whole: one gather on the device
+            index = row.to(on)[inverse.to(on)]
+            out = rows[index] if out is None else torch.index_select(rows, 0, index, out=out)
+        self.stats.add("unpack", t)
         return out, hit[inverse.to(on)]
 
     # -- writes: every row changes at its owner --------------------------------------------------------------
