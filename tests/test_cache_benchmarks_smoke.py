@@ -33,6 +33,17 @@ def test_cache_throughput_quick(tmp_path):
         assert results[key] > 0
 
 
+def test_lookup_cpu_quick(tmp_path):
+    results = load("lookup_cpu").main(["--num-nodes", "3000", "--batch", "400", "--lookups", "30", "--warmup", "5",
+                                       "--data-dir", str(tmp_path), "--json", str(tmp_path / "lookup.json")])
+    assert (tmp_path / "lookup.json").exists()
+    for name in ("lookup", "read-ahead"):
+        r = results[name]
+        assert 0 < r["assign_ms"] < r["ms_per_lookup"] and 0 < r["hit_ratio"] < 1
+    assert results["read-ahead"]["read_ahead"]["used"] > 0  # the second run did read ahead
+    assert results["lookup"]["hit_ratio"] == results["read-ahead"]["hit_ratio"]  # and decided the same
+
+
 def test_end_to_end_quick(tmp_path):
     pytest.importorskip("torch_geometric")
     out = tmp_path / "e2e.json"
