@@ -1,7 +1,8 @@
 """Our neighbour sampler alone, per thread count: ms per batch over fixed batches of seeds.
 
 No DGL in the process (``sampler_vs_dgl.py`` compares against it): this measures how the native op scales with
-``num_threads``. To compare two builds, run it from each checkout in turn, alternating (docs/benchmarks.md, "The
+``num_threads``, two ways: one batch at a time with the threads inside it (``sample``), and all the batches at
+once, side by side on the threads, one each (``sample_many``, as a loader fills its window). To compare two builds, run it from each checkout in turn, alternating (docs/benchmarks.md, "The
 numbering on several threads").
 
     python benchmarks/sampler_threads.py --data /work/bench-data/syn-2m-d15
@@ -17,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from lsm_gnn.benchmarking import write_json
+from lsm_gnn.benchmarking import side_by_side_per_batch, write_json
 from lsm_gnn.data import open_dataset
 from lsm_gnn.sampling import NeighborSampler
 
@@ -52,6 +53,10 @@ def main(argv=None) -> dict:
             median = statistics.median(times)
             result["ms_per_batch"][f"{setup}/{threads}"] = {"median": median, "repeats": times}
             print(f"{setup} {threads} thread(s): {median:.3f} ms a batch", file=sys.stderr)
+            many = [1e3 * side_by_side_per_batch(sampler, seeds) for _ in range(args.repeats)]
+            median = statistics.median(many)
+            result["ms_per_batch"][f"{setup}/{threads}/side-by-side"] = {"median": median, "repeats": many}
+            print(f"{setup} {threads} thread(s), batches side by side: {median:.3f} ms a batch", file=sys.stderr)
     result["load_average"] = os.getloadavg()  # what else ran: the figures are only as quiet as the machine
     if args.json:
         write_json(args.json, result)

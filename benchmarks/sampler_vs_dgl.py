@@ -4,7 +4,10 @@ DGL's ``dgl.dataloading.NeighborSampler(fanouts).sample_blocks`` and ours (``lsm
 sample the same batches of seed nodes (uniform without replacement, in-neighbors, one hop after another,
 both numbering the reached nodes; DGL's fanouts are given in its order, input layer first, so both draw the
 same neighbours per hop). The two run alternately, ``--repeats`` times each, at every thread count;
-the figures are medians, and the ratio DGL time / our time is taken within each repeat. DGL must be
+the figures are medians, and the ratio DGL time / our time is taken within each repeat. Ours is also timed
+with the batches side by side (``sample_many``: the threads take whole batches, as a loader filling its window
+does), against DGL's one batch at a time on the same threads (DGL's own way across batches is worker
+processes, not measured here). DGL must be
 importable (``pip install dgl``); without it the script says so and exits.
 
 ``--profile`` also splits one thread's time per batch of ours into the native op (``sample_hops``) and the
@@ -29,6 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from lsm_gnn.benchmarking import side_by_side_per_batch  # noqa: E402
 from lsm_gnn.data import open_dataset  # noqa: E402
 from lsm_gnn.sampling import NeighborSampler  # noqa: E402
 
@@ -104,26 +108,34 @@ def measure(ds, graph, setup: str, threads: list[int], batches_per: int, repeats
         seconds_per_batch(lambda k, s: ours.sample(s, k), batches[:2])  # warm up both
         seconds_per_batch(lambda k, s: theirs.sample_blocks(graph, s), dgl_seeds[:2])
         seconds_per_batch(lambda k, s: mapped.sample(s, k), batches[:2])
-        mine, dgls, ratios, mapped_s, mapped_ratios = [], [], [], [], []
+        mine, dgls, ratios, mapped_s, mapped_ratios, many, many_ratios = [], [], [], [], [], [], []
+        ours.sample_many([(s, k) for k, s in enumerate(batches[:2])])  # its workers started
         for _ in range(repeats):  # alternating, so a change in the machine's load meets all
             a = seconds_per_batch(lambda k, s: ours.sample(s, k), batches)
             b = seconds_per_batch(lambda k, s: theirs.sample_blocks(graph, s), dgl_seeds)
             c = seconds_per_batch(lambda k, s: mapped.sample(s, k), batches)
+            d = side_by_side_per_batch(ours, batches)
             mine.append(a)
             dgls.append(b)
             ratios.append(b / a)
             mapped_s.append(c)
             mapped_ratios.append(b / c)
+            many.append(d)
+            many_ratios.append(b / d)
         edges = sum(h.edge_index.shape[1] for h in ours.sample(batches[0], 0))
         dgl_edges = sum(block.num_edges() for block in theirs.sample_blocks(graph, dgl_seeds[0])[2])
         row["threads"][t] = {"ours_ms": 1e3 * statistics.median(mine), "dgl_ms": 1e3 * statistics.median(dgls),
                              "speedup": statistics.median(ratios), "speedups": ratios,
                              "mapped_ms": 1e3 * statistics.median(mapped_s),
                              "mapped_speedup": statistics.median(mapped_ratios), "mapped_speedups": mapped_ratios,
+                             "side_by_side_ms": 1e3 * statistics.median(many),
+                             "side_by_side_speedup": statistics.median(many_ratios),
                              "edges_first_batch": edges, "dgl_edges_first_batch": dgl_edges}
         print(f"{setup} {t} thread(s): ours {row['threads'][t]['ours_ms']:.2f} ms, DGL "
               f"{row['threads'][t]['dgl_ms']:.2f} ms a batch: {row['threads'][t]['speedup']:.2f}x (topology mapped: "
-              f"{row['threads'][t]['mapped_ms']:.2f} ms, {row['threads'][t]['mapped_speedup']:.2f}x)", file=sys.stderr)
+              f"{row['threads'][t]['mapped_ms']:.2f} ms, {row['threads'][t]['mapped_speedup']:.2f}x; batches side by "
+              f"side: {row['threads'][t]['side_by_side_ms']:.2f} ms, {row['threads'][t]['side_by_side_speedup']:.2f}x)",
+              file=sys.stderr)
     row["batches"] = batches
     return row
 

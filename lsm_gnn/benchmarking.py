@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import sys
+import time
 
 from lsm_gnn.data import DatasetError, open_dataset
 from lsm_gnn.fileio import atomic_write_bytes
@@ -85,3 +86,13 @@ def reusable_dataset(path: str, *, num_nodes: int | dict[str, int], feature_dim:
             or (feature_dtype is not None and ds.feature_dtype.name != feature_dtype):
         return None
     return ds
+
+
+def side_by_side_per_batch(sampler, batches, group: int = 8) -> float:
+    """Seconds per batch of ``sampler.sample_many`` over ``batches``, ``group`` at a time (each group's hops
+    dropped before the next, as a loader's window keeps about that many: holding every batch's hops at once
+    would time fresh memory's page faults, not the sampler)."""
+    start = time.perf_counter()
+    for first in range(0, len(batches), group):
+        sampler.sample_many([(s, first + k) for k, s in enumerate(batches[first:first + group])])
+    return (time.perf_counter() - start) / len(batches)

@@ -409,12 +409,18 @@ class NodeLoader:
             sampled: dict[int, tuple[list[Hop], float]] = {}
             ahead = pushed = 0  # batches sampled so far; of them, those pushed into the window
 
-            def sample_next():
+            def sample_up_to(end: int) -> None:
+                """Samples the batches from ``ahead`` to ``end``: side by side on the sampler's threads when there
+                are several (a window filling), each one's seconds the mean of theirs."""
                 nonlocal ahead
+                if end <= ahead:
+                    return
                 start = time.perf_counter()
-                hops = self.sampler.sample(self._plan_nodes(plans[ahead]), first + ahead)
-                sampled[ahead] = hops, time.perf_counter() - start
-                ahead += 1
+                found = self.sampler.sample_many([(self._plan_nodes(plans[j]), first + j) for j in range(ahead, end)])
+                seconds = (time.perf_counter() - start) / (end - ahead)
+                for j, hops in enumerate(found, ahead):
+                    sampled[j] = hops, seconds
+                ahead = end
 
             # Counters between batches: each batch's io is what the features did since the batch before was
             # gathered, so reads made in between (a cache reading ahead) count too.
@@ -424,8 +430,7 @@ class NodeLoader:
                     return
                 # The window's batches (k + 1 to k + window after the pop) and one more, sampled but not yet in
                 # the window: the batch that enters it before the next gather, which this gather announces.
-                while ahead < len(plans) and ahead <= k + self.window + 1:
-                    sample_next()
+                sample_up_to(min(len(plans), k + self.window + 2))
                 while window is not None and pushed < min(ahead, k + self.window + 1):
                     window.push(sampled[pushed][0][-1].nodes)
                     pushed += 1

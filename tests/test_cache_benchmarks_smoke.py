@@ -99,7 +99,8 @@ def test_sampler_threads_quick(tmp_path):
     ds, _ = write_tiny_dataset(tmp_path / "g", num_nodes=3000, dim=2, avg_degree=8)
     results = load("sampler_threads").main(["--data", str(ds.path), "--setups", "5,2@256", "--threads", "1,2",
                                             "--batches", "3", "--repeats", "2", "--json", str(tmp_path / "t.json")])
-    assert set(results["ms_per_batch"]) == {"5,2@256/1", "5,2@256/2"}
+    assert set(results["ms_per_batch"]) == {"5,2@256/1", "5,2@256/2", "5,2@256/1/side-by-side",
+                                            "5,2@256/2/side-by-side"}
     assert all(len(r["repeats"]) == 2 and r["median"] > 0 for r in results["ms_per_batch"].values())
 
 

@@ -148,6 +148,13 @@ def test_deterministic_in_seed_and_iteration(graph):
     assert not same_hops(a, c) and not same_hops(a, d)
 
 
+def test_many_typed_batches_side_by_side_equal_each_sampled_alone(graph):
+    batches = [({"paper": np.arange(k, 300, 7)}, k) for k in range(6)]
+    alone = [NeighborSampler(graph, [4, 2], seed=1).sample(seeds, it) for seeds, it in batches]
+    together = NeighborSampler(graph, [4, 2], seed=1, num_threads=2).sample_many(batches)
+    assert all(same_hops(a, b) for a, b in zip(alone, together))
+
+
 def test_relations_draw_independently():
     """Two relations with identical CSRs into the same type, and one relation hop after hop, draw
     different neighbors of a hub: their random streams differ."""

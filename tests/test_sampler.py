@@ -85,6 +85,33 @@ def test_deterministic_in_seed_and_iteration(graph):
     assert not same(a, c) and not same(a, d)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_many_batches_side_by_side_equal_each_sampled_alone(graph, threads, monkeypatch):
+    """sample_many over several workers, one thread each: every batch's hops are those of sample(), in order;
+    the work was spread over the workers (threads > 1)."""
+    import threading
+    import time
+
+    rng = np.random.default_rng(5)
+    batches = [(np.sort(rng.choice(graph.num_nodes, 50, replace=False)), 10 + k) for k in range(9)]
+    alone = [NeighborSampler(graph, [5, 2], seed=3).sample(seeds, it) for seeds, it in batches]
+    sampler = NeighborSampler(graph, [5, 2], seed=3, num_threads=threads)
+    workers, inner = set(), sampler._sample
+
+    def recording(*args):
+        workers.add(threading.current_thread().name)
+        time.sleep(0.005)  # so that no worker drains the queue before the others start
+        return inner(*args)
+
+    monkeypatch.setattr(sampler, "_sample", recording)
+    together = sampler.sample_many(batches)
+    same = lambda x, y: all(torch.equal(p.nodes, q.nodes) and torch.equal(p.edge_index, q.edge_index)
+                            for p, q in zip(x, y))
+    assert len(together) == len(batches) and all(same(a, b) for a, b in zip(alone, together))
+    assert (len(workers) > 1) == (threads > 1)  # (9 batches: every worker of 2 or 3 gets some)
+    assert sampler.sample_many([]) == []
+
+
 @pytest.mark.parametrize("shape", ["random", "hubs"])
 def test_numbering_on_several_threads_equals_one_thread(tmp_path, shape):
     """A hop of 16,384 edges or more has its new nodes numbered by several threads (claims on a shared table,

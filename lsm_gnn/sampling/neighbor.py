@@ -36,7 +36,10 @@ a destination (give the graph reverse relations, as PyG's ``ToUndirected`` does)
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -346,6 +349,9 @@ class NeighborSampler:
         self.seed = int(seed) & _MASK64
         self.num_threads = num_threads
         self.device = _sampler_device(device)
+        self._pool: ThreadPoolExecutor | None = None  # sample_many's workers, made at its first parallel call
+        self._pool_threads = 0
+        self._pool_lock = threading.Lock()
         self._draw_seeds = {r: [_draw_seed(self.seed, r, h) for h in range(self.num_hops)] for r in self.relations}
         if topology_access not in TOPOLOGY_ACCESS:
             raise ValueError(f"topology_access must be one of {', '.join(TOPOLOGY_ACCESS)}, got {topology_access!r}")
@@ -401,15 +407,38 @@ class NeighborSampler:
     def sample(self, seeds, iteration: int = 0) -> list[Hop]:
         """The hops of one mini-batch, on the sampling device. ``seeds``: distinct ids (plain hops; a graph of
         one node type and one relation only), or {type: distinct ids} or a (type, ids) pair (typed hops)."""
+        return self._sample(seeds, iteration, self.num_threads)
+
+    def _sample(self, seeds, iteration: int, num_threads: int) -> list[Hop]:
         if _typed_seeds(seeds):
-            return self._sample_typed(self._seed_map(seeds), iteration)
-        return self._sample_plain(seeds, iteration)
+            return self._sample_typed(self._seed_map(seeds), iteration, num_threads)
+        return self._sample_plain(seeds, iteration, num_threads)
+
+    def sample_many(self, batches: Sequence[tuple[object, int]]) -> list[list[Hop]]:
+        """:meth:`sample` of each ``(seeds, iteration)`` in ``batches``, in order, with the same results. On the
+        CPU the batches are spread over ``num_threads`` workers (0: the cores this process may use), one thread
+        each: a batch alone is a fraction of a millisecond, too short to share across threads well, while
+        whole batches side by side scale (a loader filling its window samples dozens at once)."""
+        batches = list(batches)
+        threads = self.num_threads if self.num_threads > 0 else len(os.sched_getaffinity(0))
+        on_cpu = all(_batch_device(self.device, *(b[0].values() if isinstance(b[0], dict) else [b[0]])).type
+                     == "cpu" for b in batches)
+        if len(batches) < 2 or threads < 2 or not on_cpu:
+            return [self.sample(seeds, iteration) for seeds, iteration in batches]
+        with self._pool_lock:
+            if self._pool is None or self._pool_threads != threads:
+                if self._pool is not None:
+                    self._pool.shutdown(wait=False)
+                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="lsm-gnn-sampler")
+                self._pool_threads = threads
+            pool = self._pool
+        return list(pool.map(lambda batch: self._sample(batch[0], batch[1], 1), batches))
 
     def input_nodes(self, seeds, iteration: int = 0) -> torch.Tensor | dict[str, torch.Tensor]:
         """Every node whose features the batch needs (the last hop's nodes; per type for typed seeds)."""
         return self.sample(seeds, iteration)[-1].nodes
 
-    def _sample_plain(self, seeds, iteration: int) -> list[Hop]:
+    def _sample_plain(self, seeds, iteration: int, num_threads: int) -> list[Hop]:
         """Every hop by one call of the op, with the sampler's own seed."""
         from lsm_gnn import _C
 
@@ -425,13 +454,13 @@ class NeighborSampler:
         seeds = as_id_tensor(seeds, device)
         try:
             flat = torch.ops.lsm_gnn.sample_hops(indptr, indices, seeds, self._fanouts[relation],
-                                                 _signed64(self.seed), int(iteration), self.num_threads)
+                                                 _signed64(self.seed), int(iteration), num_threads)
         except _C.CorruptGraphError as exc:
             raise topology_error(exc, *csr.files) from None
         return [Hop(nodes, num_dst, torch.stack([src, dst])) for nodes, num_dst, src, dst in
                 hops_of(flat, seeds.numel())]
 
-    def _sample_typed(self, seeds: dict, iteration: int) -> list[Hop]:
+    def _sample_typed(self, seeds: dict, iteration: int, num_threads: int) -> list[Hop]:
         """Per hop, one call of the op per relation, each with its own random streams."""
         from lsm_gnn import _C
 
@@ -451,7 +480,7 @@ class NeighborSampler:
                 try:
                     nodes, src, dst = torch.ops.lsm_gnn.sample_hops(indptr, indices, dst_nodes, [fanout],
                                                                     self._draw_seeds[r][h], int(iteration),
-                                                                    self.num_threads, self._num_nodes[r[0]])
+                                                                    num_threads, self._num_nodes[r[0]])
                 except _C.CorruptGraphError as exc:
                     raise self._corrupt(r, csr, *exc.args) from None
                 # The op merges neighbors with the seeds numerically, which is wrong across types:
