@@ -112,6 +112,20 @@ def test_many_batches_side_by_side_equal_each_sampled_alone(graph, threads, monk
     assert sampler.sample_many([]) == []
 
 
+def test_many_batches_stay_on_the_callers_thread_with_the_triton_kernels(graph, monkeypatch):
+    """The Triton interpreter is not safe on several threads: kernels=triton samples the batches one by one."""
+    import threading
+
+    from lsm_gnn.kernels import using
+
+    sampler = NeighborSampler(graph, [2], seed=0, num_threads=2)
+    names = []
+    monkeypatch.setattr(sampler, "sample", lambda seeds, it: names.append(threading.current_thread().name) or [])
+    with using("triton"):
+        sampler.sample_many([(np.arange(5), 0), (np.arange(5), 1), (np.arange(5), 2)])
+    assert names == [threading.current_thread().name] * 3
+
+
 @pytest.mark.parametrize("shape", ["random", "hubs"])
 def test_numbering_on_several_threads_equals_one_thread(tmp_path, shape):
     """A hop of 16,384 edges or more has its new nodes numbered by several threads (claims on a shared table,

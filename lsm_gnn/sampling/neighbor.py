@@ -52,6 +52,7 @@ from lsm_gnn.defaults import TOPOLOGY_ACCESS
 from lsm_gnn.hashing import mix64
 from lsm_gnn.hostmem import host_zeros
 from lsm_gnn.ids import as_id_tensor, first_occurrence_labels, read_only_tensor
+from lsm_gnn.kernels import kernel_mode
 from lsm_gnn.kernels.ops import hops_of  # importing it registers torch.ops.lsm_gnn
 
 _MASK64 = (1 << 64) - 1
@@ -416,14 +417,15 @@ class NeighborSampler:
 
     def sample_many(self, batches: Sequence[tuple[object, int]]) -> list[list[Hop]]:
         """:meth:`sample` of each ``(seeds, iteration)`` in ``batches``, in order, with the same results. On the
-        CPU the batches are spread over ``num_threads`` workers (0: the cores this process may use), one thread
-        each: a batch alone is a fraction of a millisecond, too short to share across threads well, while
+        CPU with the native kernels the batches are spread over ``num_threads`` workers (0: the cores this process
+        may use), one thread each: a batch alone is a fraction of a millisecond, too short to share across threads well, while
         whole batches side by side scale (a loader filling its window samples dozens at once)."""
         batches = list(batches)
         threads = self.num_threads if self.num_threads > 0 else len(os.sched_getaffinity(0))
         on_cpu = all(_batch_device(self.device, *(b[0].values() if isinstance(b[0], dict) else [b[0]])).type
                      == "cpu" for b in batches)
-        if len(batches) < 2 or threads < 2 or not on_cpu:
+        # The C++ op only: the Triton interpreter (kernels=triton on a CPU) is not safe on several threads.
+        if len(batches) < 2 or threads < 2 or not on_cpu or kernel_mode() != "native":
             return [self.sample(seeds, iteration) for seeds, iteration in batches]
         with self._pool_lock:
             if self._pool is None or self._pool_threads != threads:
