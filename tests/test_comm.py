@@ -171,6 +171,13 @@ def test_rows_through_shared_memory_are_those_of_the_rows_collective(dataset, tm
     assert codes == [0, 0], "\n".join(logs)
 
 
+def test_a_reader_maps_a_segment_its_owner_has_already_dropped(dataset, tmp_path):
+    """An owner whose last lookup made a new segment may drop its cache before a slower rank has mapped it:
+    that rank opens the segment by a name of its own and still reads its rows; no file is left."""
+    codes, logs, _ = run_ranks("owner_gone_before_reader_maps", dataset, tmp_path, 2)
+    assert codes == [0, 0], "\n".join(logs)
+
+
 def test_auto_falls_back_to_the_collective_without_a_shared_dev_shm(dataset, tmp_path):
     """Ranks that cannot read each other's files in /dev/shm, or too little free there: auto sends the rows in
     the collective; shm without a shared /dev/shm is refused on every rank with the reason, and so are ranks

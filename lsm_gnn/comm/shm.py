@@ -29,8 +29,12 @@ the segment (generation and capacity) and each requester maps it on sight.
 **Cleanup.** A segment's file is unlinked once every rank has mapped it,
 after the rows collective of the next lookup (``unlink_mapped``); the maps
 stay valid until dropped. What is left is unlinked at a close, when the
-object is collected or at Python's exit. A rank killed before that leaves
-at most the files of its last two lookups; the others unlink them when
+object is collected or at Python's exit. A requester opens a new segment
+by a name of its own, a hard link the owner made beside the file (``-for<rank>``),
+and unlinks that name once mapped: an owner whose last lookup made a segment
+may close, or be collected, before a slower requester has mapped it, and the
+rows stay reachable. A rank killed before that leaves at most the files of
+its last two lookups (and links no one took); the others unlink them when
 their next exchange fails (``abandon``).
 
 Ranks choose with ``cache.exchange`` (``SharedCache(exchange=...)``, else
@@ -165,8 +169,10 @@ class SharedRows:
         # unlinked when this object goes, or at the interpreter's exit, whichever is first
         self._finalizer = weakref.finalize(self, _unlink_all, self._to_unlink)
 
-    def _path(self, owner: int, parity: int, generation: int) -> str:
-        return os.path.join(SHM_DIR, f"{PREFIX}-{self.tokens[owner]}-r{owner}-p{parity}-g{generation}")
+    def _path(self, owner: int, parity: int, generation: int, reader: int | None = None) -> str:
+        """A segment's file, or (``reader``) the name that rank opens it by (see the module's "Cleanup")."""
+        name = f"{PREFIX}-{self.tokens[owner]}-r{owner}-p{parity}-g{generation}"
+        return os.path.join(SHM_DIR, name if reader is None else f"{name}-for{reader}")
 
     def buffer(self, lookup: int, rows: int) -> Segment:
         """This rank's segment for ``lookup``'s parity with room for ``rows`` rows (a larger one, under a new
@@ -180,6 +186,9 @@ class SharedRows:
             segment = Segment(self._path(self.rank, parity, self.generation), capacity, self.row_bytes, create=True)
             self.own[parity], self.own_generation[parity] = segment, self.generation
             self._to_unlink.append((lookup, segment.path))
+            for reader in range(self.world_size):  # each requester's own name for it, which it unlinks
+                if reader != self.rank:
+                    os.link(segment.path, self._path(self.rank, parity, self.generation, reader))
         return segment
 
     def header(self, lookup: int) -> list[int]:
@@ -194,8 +203,9 @@ class SharedRows:
         known = self.peers.get((owner, parity))
         if known is None or known[0] != generation:
             self.peers.pop((owner, parity), None)
-            self.peers[owner, parity] = (generation, Segment(self._path(owner, parity, generation), capacity,
-                                                             self.row_bytes, create=False))
+            path = self._path(owner, parity, generation, reader=self.rank)
+            self.peers[owner, parity] = (generation, Segment(path, capacity, self.row_bytes, create=False))
+            os.unlink(path)  # mapped: the map keeps the memory
         return self.peers[owner, parity][1]
 
     def unlink_mapped(self, lookup: int) -> None:
@@ -215,12 +225,11 @@ class SharedRows:
         self.peers = {}
 
     def abandon(self) -> None:
-        """:meth:`close` after a failed exchange, also unlinking every other rank's files still named: a rank
-        that died leaves those of its last lookups, and no rank will map them now."""
+        """:meth:`close` after a failed exchange, also unlinking every rank's files still named: a rank that
+        died leaves those of its last lookups, and no rank will map them now."""
         self.close()
-        for owner, token in enumerate(self.tokens):
-            if owner != self.rank:
-                _unlink_all((None, path) for path in glob.glob(os.path.join(SHM_DIR, f"{PREFIX}-{token}-*")))
+        for token in self.tokens:  # this rank's too: the names it made for requesters that will not map them
+            _unlink_all((None, path) for path in glob.glob(os.path.join(SHM_DIR, f"{PREFIX}-{token}-*")))
 
 
 def _unlink_all(entries) -> None:
