@@ -44,6 +44,11 @@ def _words(rows: torch.Tensor) -> torch.Tensor:
     return rows
 
 
+def _as_bytes(rows: torch.Tensor) -> torch.Tensor:
+    """A contiguous ``[n, dim]`` tensor as ``[n, row bytes]`` uint8, the same memory."""
+    return rows.view(torch.uint8).view(rows.shape[0], rows.shape[1] * rows.element_size())
+
+
 def static_ranks(scores) -> torch.Tensor | None:
     """Per-node static scores as the int16 view of uint16 ranks the native core reads."""
     if scores is None:
@@ -422,8 +427,14 @@ class SoftwareCache(StorageShape):
         """Copies the rows of the distinct ids ``apart_ids`` to every position of those ids in the request."""
         slot = torch.full((plan.unique.numel(),), -1, dtype=torch.int64, device=self.device)
         slot[apart_ids] = torch.arange(apart_ids.numel(), device=self.device)
-        positions = torch.nonzero(slot[plan.inverse] >= 0).reshape(-1)
-        plan.rows[positions] = apart_rows[slot[plan.inverse[positions]]]
+        of_request = slot[plan.inverse]
+        positions = torch.nonzero(of_request >= 0).reshape(-1)
+        if self.device.type == "cpu" and apart_rows.is_contiguous():  # one copy, not a gather then a scatter
+            from lsm_gnn import _C
+
+            _C.copy_rows(_as_bytes(plan.rows), positions, _as_bytes(apart_rows), of_request[positions])
+        else:
+            plan.rows[positions] = apart_rows[of_request[positions]]
 
     def _account(self, plan: LookupPlan, caller=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Counts the batch and ends its iteration; returns (rows, hit mask), kept alive for the ``caller``'s
