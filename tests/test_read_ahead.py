@@ -219,7 +219,8 @@ def test_property_chunks_read_into_one_ring_never_overlap_and_give_the_files_row
             with ahead._cond:
                 spans = sorted((c.start, c.start + c.ids.numel()) for c in ahead._chunks)
                 assert spans == ahead._ring._spans and sum(e - s for s, e in spans) == ahead._held
-                assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])) and (not spans or spans[-1][1] <= budget_rows)
+                assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+                assert not spans or spans[-1][1] <= budget_rows
                 for chunk in ahead._chunks:
                     if chunk.rows is not None:
                         assert chunk.rows.data_ptr() == ahead._ring.view(chunk.start, 1).data_ptr()

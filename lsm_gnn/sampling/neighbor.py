@@ -418,8 +418,8 @@ class NeighborSampler:
     def sample_many(self, batches: Sequence[tuple[object, int]]) -> list[list[Hop]]:
         """:meth:`sample` of each ``(seeds, iteration)`` in ``batches``, in order, with the same results. On the
         CPU with the native kernels the batches are spread over ``num_threads`` workers (0: the cores this process
-        may use), one thread each: a batch alone is a fraction of a millisecond, too short to share across threads well, while
-        whole batches side by side scale (a loader filling its window samples dozens at once)."""
+        may use), one thread each: a batch alone is a fraction of a millisecond, too short to share across
+        threads well, while whole batches side by side scale (a loader filling its window samples dozens)."""
         batches = list(batches)
         threads = self.num_threads if self.num_threads > 0 else len(os.sched_getaffinity(0))
         on_cpu = all(_batch_device(self.device, *(b[0].values() if isinstance(b[0], dict) else [b[0]])).type
