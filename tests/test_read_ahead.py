@@ -62,15 +62,17 @@ def test_a_chunk_still_queued_is_left_to_its_lookup(disk):
     dataset, _ = disk
     with open_storage(dataset, "pread") as storage:
         ahead = ReadAhead(storage, depth=1)
-        gate = threading.Event()
+        gate, entered = threading.Event(), threading.Event()
         real_read = storage.read
 
         def slow_read(ids, out=None):
+            entered.set()
             gate.wait()
             return real_read(ids, out)
 
         storage.read = slow_read
         ahead.request(1, torch.tensor([1, 2]))  # the worker waits in this read
+        assert entered.wait(10.0)               # (else both chunks could still be queued at the take)
         ahead.request(1, torch.tensor([3]))     # a top-up queued behind it
         threading.Timer(0.2, gate.set).start()
         where, rows = ahead.take(1, torch.tensor([2, 3]))  # waits for the read in flight, not the queued one
