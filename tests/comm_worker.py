@@ -304,22 +304,32 @@ def shm_matches_collective(ds, rank, world, out):
     slow_reader(ds, rank, world)
 
 
+def shm_cache(ds, world):
+    """A small shared cache whose rows go through /dev/shm."""
+    return SharedCache(SoftwareCache(open_storage(ds, "memory"), num_sets=2, ways=32, oversubscribe=True),
+                       ModuloOwner(world), timeout_s=60, exchange="shm")
+
+
+def map_late(shared, seconds: float) -> None:
+    """This rank maps every owner's segment ``seconds`` late (after the rows collective, before the copy)."""
+    import time
+
+    peer = shared._shm.peer
+
+    def late(*args):
+        time.sleep(seconds)
+        return peer(*args)
+
+    shared._shm.peer = late
+
+
 def slow_reader(ds, rank, world):
     """Rank 1 copies its rows from the owners' segments late, while rank 0 runs on to its next lookup (sent
     ahead with ``following``) and serves it: into the other segment, so rank 1 still reads the rows it asked."""
-    import time
-
     expected = torch.from_numpy(ds.read_features_direct(np.arange(ds.num_nodes)))
-    shared = SharedCache(SoftwareCache(open_storage(ds, "memory"), num_sets=2, ways=32, oversubscribe=True),
-                         ModuloOwner(world), timeout_s=60, exchange="shm")
+    shared = shm_cache(ds, world)
     if rank == 1:
-        peer = shared._shm.peer
-
-        def late(*args):
-            time.sleep(0.05)
-            return peer(*args)
-
-        shared._shm.peer = late
+        map_late(shared, 0.05)
     batches = [np.random.default_rng([t, rank]).integers(0, ds.num_nodes, 300) for t in range(8)]
     for t, ids in enumerate(batches):
         rows, _ = shared.lookup(ids, following=(batches[t + 1], []) if t + 1 < len(batches) else None)
@@ -332,24 +342,16 @@ def owner_gone_before_reader_maps(ds, rank, world, out):
     lookup returns, while rank 1 is slow to map the new segment: rank 1 still reads the rows it asked for, and
     no file of either rank is left once both are done."""
     import gc
-    import time
 
     from lsm_gnn.comm import shm
 
     expected = torch.from_numpy(ds.read_features_direct(np.arange(ds.num_nodes)))
-    shared = SharedCache(SoftwareCache(open_storage(ds, "memory"), num_sets=2, ways=32, oversubscribe=True),
-                         ModuloOwner(world), timeout_s=60, exchange="shm")
+    shared = shm_cache(ds, world)
     tokens = shared._shm.tokens
     for t in range(3):
         shared.lookup(np.random.default_rng([t, rank]).integers(0, ds.num_nodes, 50))
     if rank == 1:
-        peer = shared._shm.peer
-
-        def late(*args):
-            time.sleep(0.3)
-            return peer(*args)
-
-        shared._shm.peer = late
+        map_late(shared, 0.3)
     every = np.arange(ds.num_nodes)  # each owner serves half the graph: every segment grows
     rows, _ = shared.lookup(every)
     if not torch.equal(rows, expected):
@@ -421,6 +423,18 @@ def announce_misuse(ds, rank, world, out):
     rows, _ = shared.lookup(asked)
     assert torch.equal(rows, expected[asked]) and shared.stats.collectives - before == 1  # the rows only
     assert shared.stats.announced == 2
+    # A wrong out is refused before any collective on every rank, and the cache serves on.
+    before = shared.stats.collectives
+    try:
+        shared.lookup(ids, out=torch.empty((ids.size + 1, ds.feature_dim)))
+    except ValueError as exc:
+        assert "out must be a contiguous" in str(exc) and f"({ids.size}, {ds.feature_dim})" in str(exc), exc
+    else:
+        raise AssertionError("a wrong out was taken")
+    assert shared.stats.collectives == before
+    out = torch.empty((ids.size, ds.feature_dim), dtype=expected.dtype)
+    rows, _ = shared.lookup(ids, out=out)
+    assert rows.data_ptr() == out.data_ptr() and torch.equal(out, expected[ids])
 
 
 def write_back(ds, rank, world, out):

@@ -44,6 +44,12 @@ def test_lookup_cpu_quick(tmp_path):
     assert results["lookup"]["hit_ratio"] == results["read-ahead"]["hit_ratio"]  # and decided the same
 
 
+def test_lookup_cpu_refuses_a_warm_up_as_long_as_the_run(capsys):
+    with pytest.raises(SystemExit):
+        load("lookup_cpu").main(["--lookups", "10", "--warmup", "10"])
+    assert "--warmup (10) must be below --lookups (10)" in capsys.readouterr().err
+
+
 def test_end_to_end_quick(tmp_path):
     pytest.importorskip("torch_geometric")
     out = tmp_path / "e2e.json"

@@ -218,6 +218,14 @@ class SharedCache(StorageShape):
         self._announced = _Announced(unique, new, order, counts, self._requests.start(messages, self.net.post))
         self.stats.announced += 1
 
+    def _check_out(self, num_ids: int, out: torch.Tensor | None) -> None:
+        """ValueError unless ``out`` is None or can take ``num_ids`` rows in request order as they are."""
+        on, dtype = self.exchange_device, self.cache.data.dtype
+        if out is not None and (not out.is_contiguous() or tuple(out.shape) != (num_ids, self.storage.dim)
+                                or out.dtype != dtype or out.device != on):
+            raise ValueError(f"out must be a contiguous {dtype} tensor of shape ({num_ids}, {self.storage.dim}) "
+                             f"on {on}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+
     def _checked(self, ids) -> torch.Tensor:
         """``ids`` as an int64 tensor; IndexError naming one outside the storage's rows."""
         ids = as_id_tensor(ids)
@@ -272,6 +280,7 @@ class SharedCache(StorageShape):
         self.progress.mark(self.stats.iterations)
         t = self.stats.add("progress mark", start)
         ids = self._checked(ids)
+        self._check_out(ids.numel(), out)  # before any collective: a bad out must not leave one half made
         s = self.stats
         t = s.add("pack", t)
         new = self._new_future(future)
@@ -359,7 +368,7 @@ class SharedCache(StorageShape):
         return self._share_rows(rows.shape[0], hit, back, asked, counts)
 
     def _send_rows(self, rows: torch.Tensor, hit: torch.Tensor, back: torch.Tensor, asked: list[int],
-                   counts: np.ndarray, whole: torch.Tensor) -> None:
+                   counts: np.ndarray, whole: torch.Tensor):
         """Sends each other rank its rows (as raw bytes of the features' dtype: never widened) then their hit
         flags (one byte each, padded to whole rows) in one collective, received into the back of ``whole``.
         Both sides know the sizes (a rank gets one row per id it asked), and a rank sends itself nothing."""
@@ -437,10 +446,6 @@ class SharedCache(StorageShape):
         then ``arrive()`` (:meth:`_reply`) says where those are. On a device, one gather once all arrived."""
         start = time.perf_counter()
         on, dtype = self.exchange_device, self.cache.data.dtype
-        if out is not None and (not out.is_contiguous() or tuple(out.shape) != (inverse.numel(), self.storage.dim)
-                                or out.dtype != dtype or out.device != on):
-            raise ValueError(f"out must be a contiguous {dtype} tensor of shape ({inverse.numel()}, "
-                             f"{self.storage.dim}) on {on}, got {out.dtype} {tuple(out.shape)} on {out.device}")
         owner = np.empty(order.size, dtype=np.int64)  # the owner of each distinct id
         row = torch.empty(order.size, dtype=torch.int64)  # its row in that owner's buffer
         hit = torch.empty(order.size, dtype=torch.bool, device=on)
