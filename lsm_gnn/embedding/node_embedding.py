@@ -146,7 +146,8 @@ class NodeEmbedding:
         return {key: after[key] - before[key] for key in after}
 
     def read(self, nodes, future=None, *, training: bool = False, stop: threading.Event | None = None):
-        """(float32 embeddings ``[len(nodes), dim]``, seconds by stage, bytes read and written) of ``nodes``.
+        """(float32 embeddings ``[len(nodes), dim]``, seconds by stage, bytes read and written, and with a cache
+        its hits among the rows) of ``nodes``.
         ``training``: the batch will be stepped (:meth:`step`), so this waits until the batches read for
         training before it were; returns None if ``stop`` is set meanwhile."""
         if training and not self._take_turn(stop):
@@ -154,12 +155,15 @@ class NodeEmbedding:
         with self._lock:
             before = self._io()
             start = time.perf_counter()
-            rows, _ = self.source.gather(as_id_tensor(nodes), future=future)
+            rows, hit = self.source.gather(as_id_tensor(nodes), future=future)
             emb = self.layout.embeddings(rows)
             timings = {"embedding": time.perf_counter() - start}
             if self.cache is not None:
                 timings["write-back"] = self.cache.last_timings.get("write-back", 0.0)
-            return emb, timings, self._since(before)
+            io = self._since(before)
+            if self.source.caches:  # the table's cache: its hits among the batch's rows, for the run's log
+                io.update(embedding_hits=int(hit.sum()), embedding_rows=hit.numel())
+            return emb, timings, io
 
     def step(self, nodes, grad: torch.Tensor) -> dict:
         """Applies one optimizer step to the rows of ``nodes`` (repeats allowed) given ``grad`` (``[len(nodes),

@@ -18,7 +18,9 @@ EMBEDDING_STAGES = ("embedding", "write-back", "update")
 ALL_STAGES = STAGES + EMBEDDING_STAGES
 # Counters summed over an epoch's iterations for its summary.
 TOTALS = ("hits", "unique", "bytes_read", "bytes_useful", "pvp_hits", "bytes_saved", "embedding_bytes_read",
-          "embedding_bytes_written", "read_seconds")
+          "embedding_bytes_written", "embedding_hits", "embedding_rows", "read_seconds")
+#: what the node embeddings' reads and updates of their tables add to an iteration's I/O (hits: of their caches)
+EMBEDDING_COUNTERS = ("embedding_bytes_read", "embedding_bytes_written", "embedding_hits", "embedding_rows")
 
 
 @dataclass
@@ -132,7 +134,7 @@ def add_iteration(state: dict, stage: dict, loss: float, batch) -> None:
     totals["bytes_read"] += io["bytes_read"]
     totals["bytes_useful"] += io["bytes_useful"]
     # With PVP, with node embeddings; read_seconds: lacking in a checkpoint from before it was counted.
-    for key in ("pvp_hits", "bytes_saved", "embedding_bytes_read", "embedding_bytes_written", "read_seconds"):
+    for key in ("pvp_hits", "bytes_saved", *EMBEDDING_COUNTERS, "read_seconds"):
         totals[key] = totals.get(key, 0) + io.get(key, 0)
     if isinstance(batch.hit_mask, dict):  # a typed batch: [hits, rows gathered] per node type
         by_type = totals.setdefault("by_type", {})
@@ -146,7 +148,8 @@ def iteration_record(batch, epoch: int, loss: float, stage: dict, cached: bool) 
     """The JSON-lines record of one iteration; a typed batch's hit ratio per node type too, when cached."""
     io = batch.io
     record = {"iteration": batch.iteration, "epoch": epoch, "loss": loss,
-              "time": {k: round(stage.get(k, 0.0), 6) for k in STAGES},
+              "time": {k: round(stage.get(k, 0.0), 6) for k in STAGES + tuple(k for k in EMBEDDING_STAGES
+                                                                               if k in stage)},
               "hit_ratio": batch.hit_ratio if cached else None, "bytes_read": io["bytes_read"],
               "amplification": io["bytes_read"] / io["bytes_useful"] if io["bytes_useful"] else None}
     if "pvp_hits" in io:
@@ -154,7 +157,18 @@ def iteration_record(batch, epoch: int, loss: float, stage: dict, cached: bool) 
     by_type = batch.hit_ratios()
     if cached and by_type:
         record["hit_ratio_by_type"] = by_type
+    if "embedding_bytes_read" in io:
+        record.update(embedding_bytes_read=io["embedding_bytes_read"],
+                      embedding_bytes_written=io.get("embedding_bytes_written", 0))
+    if "embedding_rows" in io:
+        record["embedding_hit_ratio"] = embedding_hit_ratio(io)
     return record
+
+
+def embedding_hit_ratio(counts: dict) -> float | None:
+    """The node embedding tables' caches' hits over the rows read (None without a cache or a row read)."""
+    rows = counts.get("embedding_rows", 0)
+    return counts.get("embedding_hits", 0) / rows if rows else None
 
 
 def epoch_summary(state: dict, complete: bool, features, with_embedding: bool) -> dict:
@@ -175,7 +189,8 @@ def epoch_summary(state: dict, complete: bool, features, with_embedding: bool) -
         summary.update(pvp_hits=totals["pvp_hits"], bytes_saved=totals["bytes_saved"])
     if with_embedding:  # this rank's reads of the table and writes to it (checkpoint flushes aside)
         summary.update(embedding_bytes_read=totals.get("embedding_bytes_read", 0),
-                       embedding_bytes_written=totals.get("embedding_bytes_written", 0))
+                       embedding_bytes_written=totals.get("embedding_bytes_written", 0),
+                       embedding_hit_ratio=embedding_hit_ratio(totals))
     return summary
 
 
@@ -224,6 +239,8 @@ def epoch_line(s: dict) -> str:
         limit = "storage" if s["read_s"] > s["train_s"] else "train"
         parts.append(f"pipeline {s['pipeline_efficiency']:.2f} of its bound ({limit})")
     if "embedding_bytes_read" in s:
+        if s.get("embedding_hit_ratio") is not None:
+            parts.append(f"table hit {s['embedding_hit_ratio']:.3f}")
         parts.append(f"table read {s['embedding_bytes_read'] / 2**20:.1f} MiB, written "
                      f"{s['embedding_bytes_written'] / 2**20:.1f} MiB")
     for split in ("val", "test", "train"):
