@@ -181,8 +181,12 @@ class Trainer:
 
     def resume(self, path: str, ckpt: dict | None = None) -> None:
         ckpt = self.checkpointer.resume(path, ckpt)
-        self._print(f"resumed from {path}: epoch {ckpt['loader']['epoch']}, "
-                    f"{ckpt['loader']['position']} batches into it, iteration {self.iterations_done}")
+        epoch, position = ckpt["loader"]["epoch"], ckpt["loader"]["position"]
+        # A checkpoint at an epoch's end (best.pt, last.pt) is where the next epoch would start: named by the epoch
+        # it ends, as the run's epoch lines, log and best evaluation name it.
+        where = f"the end of epoch {epoch - 1}" if position == 0 and epoch > 0 else \
+            f"epoch {epoch}, {position} batches into it"
+        self._print(f"resumed from {path}: {where}, iteration {self.iterations_done}")
 
     # -- training ------------------------------------------------------------------------------------------------
 
