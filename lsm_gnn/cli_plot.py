@@ -1,44 +1,31 @@
 """``lsm-gnn plot``: pictures of a run from its metrics log (``log.dir/metrics.jsonl``), or of a plan.
 
-From a run's log, three PNG files: ``curves.png`` (the loss per iteration, smoothed, and every evaluation's
-metrics over the iterations), ``stages.png`` (each stage's milliseconds per iteration: sampling, gathering,
-waiting, training, and with node embeddings their stages) and ``cache.png`` (the hit ratio per iteration, per
-node type on a typed graph, and the bytes read from storage). From a plan (``lsm-gnn plan --json``),
-``plan.png``: the predicted hit ratio and ms per iteration against the cache size per policy, and each
-policy's stages (:func:`draw_plan`). From ``benchmarks/plan_validation.py``'s JSON, ``plan_validation.png``:
-predicted beside measured ms per iteration and hit ratio (:func:`draw_validation`). The input is told apart by
-its content (:func:`read_input`). Needs matplotlib (``pip install matplotlib``, or the ``plot`` extra).
+From a run's log, three PNG files, one panel per quantity and each legend beside its panel: ``curves.png`` (the
+loss per iteration, smoothed, then each evaluation metric per split), ``stages.png`` (each stage's milliseconds
+per iteration: the training thread's wait, train and the node embeddings' update, then the loader's sample,
+gather and the embeddings' read and write-back) and ``cache.png`` (the hit ratio per iteration of the features'
+cache, per node type on a typed graph, and of the node embedding tables' caches; the MiB read and written). From a
+plan (``lsm-gnn plan --json``), ``plan.png``: the predicted hit ratio and ms per iteration against the cache size
+per policy, and each policy's stages (:func:`draw_plan`). From ``benchmarks/plan_validation.py``'s JSON,
+``plan_validation.png``: predicted beside measured ms per iteration and hit ratio (:func:`draw_validation`). The
+input is told apart by its content (:func:`read_input`); a log's records and a plan's fields are checked first
+(:mod:`lsm_gnn.run_log`, :func:`check_plan`), and names from them are drawn as plain text. Every PNG carries a
+mark (:data:`PNG_MARK`): a file without it is never replaced. Needs matplotlib (``pip install matplotlib``, or
+the ``plot`` extra).
 """
 from __future__ import annotations
 
 import json
 import os
 
-from lsm_gnn.fileio import atomic_write_bytes
+from lsm_gnn import run_log
+from lsm_gnn.fileio import atomic_write_bytes, check_output_file
+from lsm_gnn.run_log import SPLITS, Unusable, read_log
 
 SMOOTH = 25  # iterations in the moving average drawn over each per-iteration series
-
-
-def read_log(path: str) -> dict[str, list]:
-    """The log's iteration records and evaluations, each list in file order."""
-    if os.path.isdir(path):
-        path = os.path.join(path, "metrics.jsonl")
-    if not os.path.isfile(path):
-        raise ValueError(f"no metrics log at {path}: give a run's log.dir (or its metrics.jsonl)")
-    iterations, evaluations = [], []
-    with open(path) as fh:
-        for number, line in enumerate(fh, 1):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                raise ValueError(f"{path} line {number} is not JSON; is it an lsm-gnn metrics log?") from None
-            if "iteration" in record:
-                iterations.append(record)
-            elif "evaluation" in record:
-                evaluations.append(record["evaluation"])
-    if not iterations:
-        raise ValueError(f"{path} holds no iteration records (log.every larger than the run?)")
-    return {"iterations": iterations, "evaluations": evaluations}
+#: the tEXt chunk that marks a PNG lsm-gnn wrote: only such a file is replaced by a later figure
+PNG_MARK = ("Software", "lsm-gnn")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def moving_average(values: list[float], width: int = SMOOTH) -> list[float]:
@@ -53,22 +40,49 @@ def moving_average(values: list[float], width: int = SMOOTH) -> list[float]:
 
 
 def _save(fig, path: str) -> str:
-    """Writes ``fig`` to ``path`` atomically as a PNG of 256 colours (a third of the full-colour file's size, the
-    same to the eye for line art), or full colour where Pillow, a dependency of matplotlib, is missing."""
+    """Writes ``path`` atomically as a PNG of 256 colours (a third of the full-colour file's size, the same to the
+    eye for line art), or full colour where Pillow, a dependency of matplotlib, is missing; marked as lsm-gnn's
+    (:data:`PNG_MARK`)."""
     import io
 
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight", metadata=dict([PNG_MARK]))
     data = buffer.getvalue()
     try:
-        from PIL import Image
+        from PIL import Image, PngImagePlugin
     except ImportError:
         pass
     else:
+        info = PngImagePlugin.PngInfo()
+        info.add_text(*PNG_MARK)
         buffer = io.BytesIO()
-        Image.open(io.BytesIO(data)).convert("RGB").quantize(256).save(buffer, format="png", optimize=True)
+        Image.open(io.BytesIO(data)).convert("RGB").quantize(256).save(buffer, format="png", optimize=True,
+                                                                       pnginfo=info)
         data = buffer.getvalue()
     atomic_write_bytes(data, path)
+    return path
+
+
+def is_our_png(path: str) -> bool:
+    """Whether ``path`` is a PNG lsm-gnn wrote: a tEXt chunk :data:`PNG_MARK` before its image data."""
+    with open(path, "rb") as fh:
+        head = fh.read(1 << 16)
+    if not head.startswith(PNG_SIGNATURE):
+        return False
+    position, key, value = len(PNG_SIGNATURE), *(part.encode() for part in PNG_MARK)
+    while position + 8 <= len(head):
+        length, kind = int.from_bytes(head[position:position + 4], "big"), head[position + 4:position + 8]
+        if kind == b"IDAT":
+            return False
+        if kind == b"tEXt" and head[position + 8:position + 8 + length].partition(b"\0")[::2] == (key, value):
+            return True
+        position += 12 + length
+    return False
+
+
+def check_figure_path(path: str, option: str = "--out") -> str:
+    """Refuses, before drawing, a figure's ``path`` that holds a file lsm-gnn did not write (:func:`is_our_png`)."""
+    check_output_file(path, option, ours=is_our_png)
     return path
 
 
@@ -84,69 +98,116 @@ def pyplot():
     return plt
 
 
+def plain_text(draw):
+    """``draw`` with every text drawn as it is: a name from a file (a metric, a node type, a title) holding ``$``
+    is no formula for matplotlib to parse (or to fail on)."""
+    import functools
+
+    @functools.wraps(draw)
+    def drawing(*args, **kwargs):
+        with pyplot().rc_context({"text.parse_math": False}):
+            return draw(*args, **kwargs)
+    return drawing
+
+
+def _legend_beside(ax) -> None:
+    """The axis's legend right of it, off the curves (savefig's tight box keeps it in the file)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+
+
+def _panels(plt, count: int, title: str):
+    """A figure of ``count`` panels one above the other, sharing the iteration axis."""
+    fig, axes = plt.subplots(count, 1, figsize=(8, 1.2 + 2.3 * count), sharex=True, squeeze=False)
+    axes = [row[0] for row in axes]
+    axes[0].set_title(title, fontsize=10)
+    axes[-1].set_xlabel("iteration")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    return fig, axes
+
+
+def _smoothed(ax, steps: list, values: list, label: str, color: str) -> None:
+    if any(v is not None for v in values):
+        ax.plot(steps, moving_average(values), color=color, label=label)
+
+
+#: the run's figures (:func:`plot_run`), in the order drawn
+RUN_FIGURES = ("curves.png", "stages.png", "cache.png")
+#: the stages of an iteration on the training thread (their sum is its time) and on the loader's, overlapped
+TRAINING_STAGES = ("wait", "train", "update")
+
+
+@plain_text
 def plot_run(log: dict, out: str, title: str = "") -> list[str]:
-    """Writes the three figures of ``log`` (:func:`read_log`) into folder ``out``; returns their paths."""
+    """Writes the figures of ``log`` (:func:`~lsm_gnn.run_log.read_log`) into folder ``out``, named as
+    :data:`RUN_FIGURES`; returns their paths. One panel per quantity, each legend beside its panel."""
     plt = pyplot()
     os.makedirs(out, exist_ok=True)
-    records = log["iterations"]
+    records, evaluations = log["iterations"], log["evaluations"]
     steps = [r["iteration"] for r in records]
     written = []
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.plot(steps, [r["loss"] for r in records], color="0.8", linewidth=0.8, label="loss")
-    ax.plot(steps, moving_average([r["loss"] for r in records]), color="C0", label=f"loss ({SMOOTH}-it mean)")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("training loss")
-    evaluations = log["evaluations"]
-    if evaluations:
-        right = ax.twinx()
-        series = sorted({(split, metric) for e in evaluations for split, metrics in e.items()
-                         if isinstance(metrics, dict) for metric, v in metrics.items()
-                         if isinstance(v, float) and metric != "count" and not metric.startswith("random")})
-        for i, (split, metric) in enumerate(series):
-            points = [(e["iterations"], e[split][metric]) for e in evaluations if split in e]
-            right.plot(*zip(*points), marker="o", color=f"C{i + 1}", label=f"{split} {metric}")
-        right.set_ylabel("evaluation")
-        right.legend(loc="center right", fontsize=8)
-    ax.legend(loc="upper right", fontsize=8)
-    ax.set_title(f"{title} training curves".strip())
-    written.append(_save(fig, os.path.join(out, "curves.png")))
+    # curves.png: the loss, then one panel per evaluation metric with a line per split
+    metrics = sorted({metric for e in evaluations for split in e if isinstance(e[split], dict)
+                      for metric in e[split] if metric != "count" and not metric.startswith("random")})
+    fig, axes = _panels(plt, 1 + len(metrics), f"{title} training curves".strip())
+    loss = [r["loss"] for r in records]
+    axes[0].plot(steps, loss, color="0.8", linewidth=0.8, label="per iteration")
+    axes[0].plot(steps, moving_average(loss), color="C0", label=f"{SMOOTH}-it mean")
+    axes[0].set_ylabel("training loss")
+    for ax, metric in zip(axes[1:], metrics):
+        for i, split in enumerate(SPLITS):
+            points = [(e["iterations"], e[split][metric]) for e in evaluations
+                      if isinstance(e[split], dict) and e[split].get(metric) is not None]
+            if points:
+                ax.plot(*zip(*points), marker="o", markersize=3, color=f"C{i + 1}", label=split)
+        ax.set_ylabel(metric)
+    for ax in axes:
+        _legend_beside(ax)
+    written.append(_save(fig, os.path.join(out, RUN_FIGURES[0])))
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    stages = [s for s in records[0]["time"] if any(r["time"].get(s, 0) for r in records)]
-    for i, stage in enumerate(stages):
-        ax.plot(steps, moving_average([1000 * r["time"].get(stage, 0.0) for r in records]), color=f"C{i}",
-                label=stage)
-    ax.set_xlabel("iteration")
-    ax.set_ylabel(f"ms per iteration ({SMOOTH}-it mean)")
-    ax.set_title(f"{title} time per stage (sample and gather overlap train; wait is what they did not hide)"
-                 .strip(), fontsize=9)
-    ax.legend(fontsize=8)
-    written.append(_save(fig, os.path.join(out, "stages.png")))
+    # stages.png: the training thread's stages (their sum is the iteration's time), then the loader's
+    stages = [s for s in dict.fromkeys(k for r in records for k in r["time"]) if any(r["time"].get(s) for r in records)]
+    threads = [[s for s in stages if s in TRAINING_STAGES], [s for s in stages if s not in TRAINING_STAGES]]
+    fig, axes = _panels(plt, 2, f"{title} milliseconds per iteration by stage ({SMOOTH}-it mean)".strip())
+    for ax, names, what in zip(axes, threads, ("training thread", "loader thread (overlapped)")):
+        for stage in names:
+            _smoothed(ax, steps, [1000 * r["time"].get(stage, 0.0) for r in records], stage,
+                      f"C{stages.index(stage)}")
+        ax.set_ylabel(f"ms: {what}", fontsize=9)
+        _legend_beside(ax)
+    written.append(_save(fig, os.path.join(out, RUN_FIGURES[1])))
     plt.close(fig)
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    if any(r["hit_ratio"] is not None for r in records):
-        top.plot(steps, moving_average([r["hit_ratio"] for r in records]), color="C0", label="all rows")
-        types = sorted({t for r in records for t in r.get("hit_ratio_by_type", {})})
-        for i, t in enumerate(types):
-            top.plot(steps, moving_average([r.get("hit_ratio_by_type", {}).get(t) for r in records]),
-                     color=f"C{i + 1}", label=t)
-        top.legend(fontsize=8)
+    # cache.png: the hit ratios (the features' cache, per node type, the node embedding tables' caches), then MiB
+    fig, (hit, read) = _panels(plt, 2, f"{title} cache ({SMOOTH}-it mean)".strip())
+    _smoothed(hit, steps, [r["hit_ratio"] for r in records], "features", "C0")
+    types = sorted({t for r in records for t in r["hit_ratio_by_type"] or {}})
+    for i, t in enumerate(types):
+        _smoothed(hit, steps, [(r["hit_ratio_by_type"] or {}).get(t) for r in records], f"features: {t}", f"C{i + 2}")
+    _smoothed(hit, steps, [r["embedding_hit_ratio"] for r in records], "node embeddings", "C1")
+    if hit.get_lines():
+        hit.set_ylim(0, 1.02)
     else:
-        top.text(0.5, 0.5, "no cache in this run", ha="center", va="center", transform=top.transAxes)
-    top.set_ylabel(f"hit ratio ({SMOOTH}-it mean)")
-    bottom.plot(steps, moving_average([r["bytes_read"] / 2 ** 20 for r in records]), color="C3")
-    bottom.set_ylabel("MiB read from storage")
-    bottom.set_xlabel("iteration")
-    top.set_title(f"{title} cache".strip())
-    written.append(_save(fig, os.path.join(out, "cache.png")))
+        hit.text(0.5, 0.5, "no cache in this run", ha="center", va="center", transform=hit.transAxes)
+    hit.set_ylabel("hit ratio")
+    if any(r["bytes_read"] for r in records) or records[0]["embedding_bytes_read"] is None:
+        _smoothed(read, steps, [r["bytes_read"] / 2**20 for r in records], "features", "C0")
+    for key, label, style in (("embedding_bytes_read", "node embeddings read", "-"),
+                              ("embedding_bytes_written", "node embeddings written", "--")):
+        values = [None if r[key] is None else r[key] / 2**20 for r in records]
+        if any(values):
+            read.plot(steps, moving_average(values), color="C1", linestyle=style, label=label)
+    read.set_ylabel("MiB per iteration")
+    for ax in (hit, read):
+        _legend_beside(ax)
+    written.append(_save(fig, os.path.join(out, RUN_FIGURES[2])))
     plt.close(fig)
     return written
 
 
-#: what ``lsm-gnn plot`` reads, for the message that refuses anything else
 INPUTS = ("a run's log.dir (or its metrics.jsonl), a plan (lsm-gnn plan --json FILE) or the JSON of "
           "benchmarks/plan_validation.py")
 
@@ -162,15 +223,17 @@ def read_input(path: str) -> tuple[str, dict]:
         data = fh.read()
     try:
         document = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, nested past the parser
         first = data.split(b"\n", 1)[0]
         try:  # a metrics log not named .jsonl: one JSON object a line
             document = json.loads(first)
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (ValueError, RecursionError):
             document = None
     kind = _kind(document)
     if kind is None:
         raise ValueError(f"{path} is neither a metrics log, a plan nor a plan validation: give {INPUTS}")
+    if kind == "plan":
+        check_plan(document, path)
     return kind, (read_log(path) if kind == "run" else document)
 
 
@@ -192,6 +255,39 @@ def _kind(document) -> str | None:
 
 #: the stages a plan predicts, as its rows' ``stages_ms`` name them, in the order drawn
 PLAN_STAGES = ("sample", "cache", "read", "train")
+
+
+_PLAN_ROW = {"policy": run_log.text, "pvp": run_log.boolean, "capacity": run_log.text,
+             "capacity_bytes": run_log.count}
+_PLAN_CHECKS = {
+    "row": run_log.fields({**_PLAN_ROW, "hit_ratio": run_log.ratio, "ms_per_iteration": run_log.seconds,
+                           "steady_ms": run_log.seconds,
+                           "stages_ms": run_log.fields(dict.fromkeys(PLAN_STAGES, run_log.seconds))}),
+    "row that cannot run": run_log.fields({**_PLAN_ROW, "error": run_log.text}),
+    "run": run_log.fields({"batch_size": run_log.count, "model": run_log.text, "hidden": run_log.count,
+                           "iterations": run_log.count, "cores": run_log.count}),
+    "dataset": run_log.fields({"num_nodes": run_log.count, "row_bytes": run_log.optional(run_log.count),
+                               "node_types": run_log.optional(run_log.each(run_log.fields({})))}),
+}
+
+
+def check_plan(plan: dict, path: str) -> None:
+    """Refuses a plan whose fields the figure draws are not of the types ``lsm-gnn plan`` writes, naming the
+    file and the field (a plan's JSON may come from anywhere, as a log may)."""
+    try:
+        if type(plan["rows"]) is not list:
+            raise Unusable("rows", "is not a list")
+        for i, row in enumerate(plan["rows"]):
+            kind = "row that cannot run" if type(row) is dict and "error" in row else "row"
+            _PLAN_CHECKS[kind](row, f"rows[{i}]")
+        _PLAN_CHECKS["run"](plan.get("run"), "run")
+        _PLAN_CHECKS["dataset"](plan.get("dataset"), "dataset")
+        fanouts = plan["run"].get("fanouts")
+        if type(fanouts) is not list or not all(type(f) is int for f in fanouts):
+            raise Unusable("run.fanouts", "is not a list of whole numbers")
+        run_log.optional(run_log.fields({}))(plan.get("recommendation"), "recommendation")
+    except Unusable as exc:
+        raise ValueError(f"{path}: {exc}; is it the JSON of lsm-gnn plan --json FILE?") from None
 
 
 def measured_runs(plan: dict, validation: dict) -> dict[tuple, dict]:
@@ -276,6 +372,7 @@ def _size_axis(ax, series: list[dict]) -> None:
     ax.set_xlabel("cache size")
 
 
+@plain_text
 def draw_plan(plan: dict, path: str, title: str = "", measured: dict | None = None) -> list[dict]:
     """Writes ``path``, a PNG of ``plan`` (:func:`lsm_gnn.planner.make_plan`'s result): the predicted hit ratio
     and ms per iteration against the cache size, one line per policy (and PVP on/off), the recommended point
@@ -336,7 +433,8 @@ def draw_plan(plan: dict, path: str, title: str = "", measured: dict | None = No
     if len(series) % 2:
         axes[-1][1].set_visible(False)
     run, ds = plan["run"], plan["dataset"]
-    fig.suptitle(f"{title} plan: {ds['num_nodes']:,} nodes of {ds['row_bytes']} B, fanouts {run['fanouts']}, batch "
+    rows = f"of {ds['row_bytes']} B" if "row_bytes" in ds else f"of {len(ds.get('node_types') or ())} types"
+    fig.suptitle(f"{title} plan: {ds['num_nodes']:,} nodes {rows}, fanouts {run['fanouts']}, batch "
                  f"{run['batch_size']}, {run['model']}, {run['iterations']} iterations on {run['cores']} core(s)\n"
                  "(stages each alone: sample, cache, read on the loader thread, overlapped with train)".strip(),
                  fontsize=9)
@@ -368,6 +466,7 @@ def validation_series(result: dict) -> dict:
     return out
 
 
+@plain_text
 def draw_validation(result: dict, path: str, title: str = "") -> dict:
     """Writes ``path``, a PNG of plan_validation.py's ``result``: per configuration the predicted beside the
     measured ms per iteration (the error written above) and hit ratio. Returns the data drawn
@@ -429,12 +528,13 @@ def plot_command(args) -> int:
                          + {"run": "run's log", "validation": "plan validation, which holds its measured runs"}[kind])
     if kind == "run":
         if one_file:
-            raise ValueError(f"--out {out}: a run is drawn in three files (curves.png, stages.png, cache.png); "
-                             "give a folder")
+            raise ValueError(f"--out {out}: a run is drawn in three files ({', '.join(RUN_FIGURES)}); give a folder")
+        for name in RUN_FIGURES:
+            check_figure_path(os.path.join(out, name))
         written = plot_run(document, out, title=args.title or "")
     else:
         name, draw = {"plan": ("plan.png", draw_plan), "validation": ("plan_validation.png", draw_validation)}[kind]
-        path = out if one_file else os.path.join(out, name)
+        path = check_figure_path(out if one_file else os.path.join(out, name))
         if kind == "plan" and args.measured:
             what, validation = read_input(args.measured)
             if what != "validation":

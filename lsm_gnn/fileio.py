@@ -235,10 +235,11 @@ def _written_by(path: str) -> str | None:
     return writer if isinstance(writer, str) and writer.startswith("lsm-gnn") else None
 
 
-def check_output_file(path: str, option: str) -> None:
+def check_output_file(path: str, option: str, ours=None) -> None:
     """Refuses, before any work, an output ``path`` that cannot be written or that would replace a file lsm-gnn
     did not write (a dataset's ``meta.json``, a config, anything else). Its directory is made if missing, as
-    ``mkdir -p`` would."""
+    ``mkdir -p`` would. ``ours(path) -> bool`` tells a file of the output's own kind that lsm-gnn wrote (default:
+    a JSON output marked ``WRITTEN_BY``; an HTML page or a PNG carries its own mark)."""
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise ValueError(f"{option} {path} is a directory; give a file name")
@@ -254,7 +255,7 @@ def check_output_file(path: str, option: str) -> None:
             kind = "a symbolic link" if os.path.islink(path) else "not a regular file"
             raise NotOurFileError(f"{option} {path} is {kind}; lsm-gnn writes only a file of its own there: give "
                                   "another path")
-        if _written_by(path) is None:
+        if not (ours(path) if ours is not None else _written_by(path) is not None):
             raise NotOurFileError(f"{option} {path} exists and was not written by lsm-gnn, so it is left as it is: "
                                   "give a new path, or delete that file first if it is yours to lose")
 

@@ -161,3 +161,55 @@ def test_without_matplotlib_the_message_says_how_to_install_it(plan_files, tmp_p
     err = capsys.readouterr().err
     assert "pip install matplotlib" in err and "no such dataset" not in err
     assert not (tmp_path / "p.png").exists()
+
+
+def test_a_png_plot_did_not_write_is_never_replaced(plan_files, tmp_path, capsys):
+    """A figure's file that holds someone else's PNG (or anything else) is refused before drawing and left as it
+    was; a PNG lsm-gnn drew carries its mark and is replaced."""
+    from lsm_gnn.cli_plot import is_our_png
+
+    plan_json, drawn = plan_files
+    assert is_our_png(str(drawn))  # lsm-gnn plan --plot's figure carries the mark too
+    theirs = drawn.read_bytes().replace(b"lsm-gnn", b"someone")  # the same PNG, another writer
+    pics = tmp_path / "pics"
+    pics.mkdir()
+    for name, content in (("plan.png", theirs), ("curves.png", b"my notes")):
+        (pics / name).write_bytes(content)
+        assert not is_our_png(str(pics / name))
+    assert main(["plot", str(plan_json), "--out", str(pics)]) == 1
+    assert f"--out {pics / 'plan.png'} exists and was not written by lsm-gnn" in capsys.readouterr().err
+    log = pics / "log"
+    log.mkdir()
+    (log / "metrics.jsonl").write_text('{"iteration": 0, "loss": 1.0, "time": {"train": 0.01}, "bytes_read": 0}\n')
+    assert main(["plot", str(log), "--out", str(pics)]) == 1
+    assert f"--out {pics / 'curves.png'} exists and was not written by lsm-gnn" in capsys.readouterr().err
+    assert (pics / "plan.png").read_bytes() == theirs and (pics / "curves.png").read_bytes() == b"my notes"
+    assert not (pics / "stages.png").exists()  # nothing drawn
+    (pics / "plan.png").write_bytes(drawn.read_bytes())
+    assert main(["plot", str(plan_json), "--out", str(pics), "--title", "again"]) == 0
+    assert is_our_png(str(pics / "plan.png")) and (pics / "plan.png").read_bytes() != drawn.read_bytes()
+
+
+def test_a_heterogeneous_plan_is_drawn_and_a_broken_plan_refused_by_field(plan_files, tmp_path, capsys):
+    plan = json.loads(plan_files[0].read_text())
+    # a heterogeneous graph's plan names its node types, each with its own row size (lsm_gnn.planner.plan)
+    plan["dataset"] = {"path": "g", "num_nodes": 600, "target": "paper", "relations": 2, "groups": [["paper"]],
+                       "node_types": {"paper": {"num_nodes": 500, "row_bytes": 512, "row_stride": 512},
+                                      "topic": {"num_nodes": 100}}}
+    (tmp_path / "hetero.json").write_text(json.dumps(plan))
+    assert main(["plot", str(tmp_path / "hetero.json"), "--out", str(tmp_path / "h.png")]) == 0
+    assert (tmp_path / "h.png").read_bytes()[:8] == PNG
+    row = next(i for i, r in enumerate(plan["rows"]) if "error" not in r)
+    for where, value, field in ((("rows", row, "hit_ratio"), "abc", f"rows[{row}].hit_ratio"),
+                                (("rows", row, "stages_ms", "read"), None, f"rows[{row}].stages_ms.read"),
+                                (("dataset", "num_nodes"), 1.5, "dataset.num_nodes"), (("rows",), [1], "rows[0]")):
+        broken = json.loads(json.dumps(plan))
+        holder = broken
+        for key in where[:-1]:
+            holder = holder[key]
+        holder[where[-1]] = value
+        (tmp_path / "broken.json").write_text(json.dumps(broken))
+        capsys.readouterr()
+        assert main(["plot", str(tmp_path / "broken.json"), "--out", str(tmp_path / "b.png")]) == 1
+        err = capsys.readouterr().err
+        assert f"{tmp_path / 'broken.json'}: {field}" in err and "internal error" not in err, err
