@@ -33,11 +33,12 @@ def _plan(args) -> int:
     if args.json and args.json != "-":
         check_output_file(args.json, "--json")
     if args.plot:  # refused before the plan's work, not after it
-        from lsm_gnn.cli_plot import pyplot
+        from lsm_gnn.cli_plot import check_figure_path, pyplot
 
         if os.path.isdir(args.plot):
             raise ValueError(f"--plot {args.plot} is a directory; give a PNG file name")
         pyplot()
+        check_figure_path(args.plot, "--plot")  # never replaces a file lsm-gnn did not write
     cfg = load_config(config, overrides)
     pvp = {"off": [False], "on": [True], "both": [False, True], None: [cfg.cache.pvp]}[args.pvp]
     plan = make_plan(cfg, sizes=args.sizes or [cfg.cache.capacity], policies=args.policies or [cfg.cache.policy],

@@ -9,7 +9,7 @@ plan (``lsm-gnn plan --json``), ``plan.png``: the predicted hit ratio and ms per
 per policy, and each policy's stages (:func:`draw_plan`). From ``benchmarks/plan_validation.py``'s JSON,
 ``plan_validation.png``: predicted beside measured ms per iteration and hit ratio (:func:`draw_validation`). The
 input is told apart by its content (:func:`read_input`); a log's records and a plan's fields are checked first
-(:mod:`lsm_gnn.run_log`, :func:`check_plan`), and names from them are drawn as plain text. Every PNG carries a
+(:mod:`lsm_gnn.run_log`, :func:`check_input`), and names from them are drawn as plain text. Every PNG carries a
 mark (:data:`PNG_MARK`): a file without it is never replaced. Needs matplotlib (``pip install matplotlib``, or
 the ``plot`` extra).
 """
@@ -212,9 +212,10 @@ INPUTS = ("a run's log.dir (or its metrics.jsonl), a plan (lsm-gnn plan --json F
           "benchmarks/plan_validation.py")
 
 
-def read_input(path: str) -> tuple[str, dict]:
+def read_input(path: str, measured: bool = False) -> tuple[str, dict]:
     """What ``path`` holds, by its content: ``("run", read_log(path))`` for a run's log folder or metrics log,
-    ``("plan", plan)`` for ``lsm-gnn plan``'s JSON, ``("validation", result)`` for plan_validation.py's."""
+    ``("plan", plan)`` for ``lsm-gnn plan``'s JSON, ``("validation", result)`` for plan_validation.py's (checked
+    for its ``measured`` runs only, where it is read for those, :func:`check_input`)."""
     if os.path.isdir(path) or path.endswith(".jsonl"):
         return "run", read_log(path)
     if not os.path.isfile(path):
@@ -232,8 +233,8 @@ def read_input(path: str) -> tuple[str, dict]:
     kind = _kind(document)
     if kind is None:
         raise ValueError(f"{path} is neither a metrics log, a plan nor a plan validation: give {INPUTS}")
-    if kind == "plan":
-        check_plan(document, path)
+    if kind != "run":
+        check_input("measured" if measured and kind == "validation" else kind, document, path)
     return kind, (read_log(path) if kind == "run" else document)
 
 
@@ -257,37 +258,52 @@ def _kind(document) -> str | None:
 PLAN_STAGES = ("sample", "cache", "read", "train")
 
 
-_PLAN_ROW = {"policy": run_log.text, "pvp": run_log.boolean, "capacity": run_log.text,
-             "capacity_bytes": run_log.count}
-_PLAN_CHECKS = {
-    "row": run_log.fields({**_PLAN_ROW, "hit_ratio": run_log.ratio, "ms_per_iteration": run_log.seconds,
+def _plan_row(row, field):
+    """A plan's row: its predictions, or the error of a cache too small to run."""
+    common = {"policy": run_log.text, "pvp": run_log.boolean, "capacity": run_log.text,
+              "capacity_bytes": run_log.count}
+    if type(row) is dict and "error" in row:
+        return run_log.fields({**common, "error": run_log.text})(row, field)
+    return run_log.fields({**common, "hit_ratio": run_log.ratio, "ms_per_iteration": run_log.seconds,
                            "steady_ms": run_log.seconds,
-                           "stages_ms": run_log.fields(dict.fromkeys(PLAN_STAGES, run_log.seconds))}),
-    "row that cannot run": run_log.fields({**_PLAN_ROW, "error": run_log.text}),
-    "run": run_log.fields({"batch_size": run_log.count, "model": run_log.text, "hidden": run_log.count,
-                           "iterations": run_log.count, "cores": run_log.count}),
-    "dataset": run_log.fields({"num_nodes": run_log.count, "row_bytes": run_log.optional(run_log.count),
-                               "node_types": run_log.optional(run_log.each(run_log.fields({})))}),
+                           "stages_ms": run_log.fields(dict.fromkeys(PLAN_STAGES, run_log.seconds))})(row, field)
+
+
+_MEASURES = run_log.fields({"ms_per_iteration": run_log.seconds, "hit_ratio": run_log.ratio})
+_REPEATS = run_log.optional(run_log.items(run_log.fields({"ms_per_iteration": run_log.seconds})))
+#: what the figures read of each input (a file may come from anywhere, as a log may)
+CHECKS = {
+    "plan": run_log.fields({
+        "rows": run_log.items(_plan_row), "recommendation": run_log.optional(run_log.fields({})),
+        "run": run_log.fields({"batch_size": run_log.count, "model": run_log.text, "hidden": run_log.count,
+                               "iterations": run_log.count, "cores": run_log.count,
+                               "fanouts": run_log.items(run_log.real())}),
+        "dataset": run_log.fields({"num_nodes": run_log.count, "row_bytes": run_log.optional(run_log.count),
+                                   "node_types": run_log.optional(run_log.each(run_log.fields({})))})}),
+    "validation": run_log.fields({
+        "settings": run_log.optional(run_log.fields({})),
+        "summary": run_log.optional(run_log.fields({"median_abs_error_ms": run_log.optional(run_log.real()),
+                                                    "max_abs_error_ms": run_log.optional(run_log.real())})),
+        "results": run_log.items(run_log.fields({
+            "name": run_log.optional(run_log.text), "settings": run_log.optional(run_log.fields({})),
+            "predicted": _MEASURES, "measured": _MEASURES, "plans": _REPEATS, "runs": _REPEATS}))}),
+    # a validation given as --measured: only its measured runs are drawn
+    "measured": run_log.fields({
+        "settings": run_log.optional(run_log.fields({})),
+        "results": run_log.items(run_log.fields({"settings": run_log.optional(run_log.fields({})),
+                                                 "measured": _MEASURES}))}),
 }
+WHAT = {"plan": "the JSON of lsm-gnn plan --json FILE", "validation": "the JSON of benchmarks/plan_validation.py",
+        "measured": "the JSON of benchmarks/plan_validation.py"}
 
 
-def check_plan(plan: dict, path: str) -> None:
-    """Refuses a plan whose fields the figure draws are not of the types ``lsm-gnn plan`` writes, naming the
-    file and the field (a plan's JSON may come from anywhere, as a log may)."""
+def check_input(kind: str, document: dict, path: str) -> None:
+    """Refuses a plan or a plan validation whose fields the figures read are not of the types their writers
+    write, naming the file and the field."""
     try:
-        if type(plan["rows"]) is not list:
-            raise Unusable("rows", "is not a list")
-        for i, row in enumerate(plan["rows"]):
-            kind = "row that cannot run" if type(row) is dict and "error" in row else "row"
-            _PLAN_CHECKS[kind](row, f"rows[{i}]")
-        _PLAN_CHECKS["run"](plan.get("run"), "run")
-        _PLAN_CHECKS["dataset"](plan.get("dataset"), "dataset")
-        fanouts = plan["run"].get("fanouts")
-        if type(fanouts) is not list or not all(type(f) is int for f in fanouts):
-            raise Unusable("run.fanouts", "is not a list of whole numbers")
-        run_log.optional(run_log.fields({}))(plan.get("recommendation"), "recommendation")
+        CHECKS[kind](document, "")
     except Unusable as exc:
-        raise ValueError(f"{path}: {exc}; is it the JSON of lsm-gnn plan --json FILE?") from None
+        raise ValueError(f"{path}: {exc}; is it {WHAT[kind]}?") from None
 
 
 def measured_runs(plan: dict, validation: dict) -> dict[tuple, dict]:
@@ -301,7 +317,10 @@ def measured_runs(plan: dict, validation: dict) -> dict[tuple, dict]:
     out = {}
     for r in validation["results"]:
         s = r.get("settings") or {}
-        fanouts = json.loads(s["fanouts"]) if isinstance(s.get("fanouts"), str) else s.get("fanouts")
+        try:  # plan_validation.py writes them as text
+            fanouts = json.loads(s["fanouts"]) if isinstance(s.get("fanouts"), str) else s.get("fanouts")
+        except ValueError:
+            continue
         if (s.get("row_bytes"), fanouts, s.get("batch_size")) == (ds["row_bytes"], list(run["fanouts"]),
                                                                   run["batch_size"]):
             out[(s.get("policy"), bool(s.get("pvp")), s.get("capacity"))] = r["measured"]
@@ -508,7 +527,7 @@ def draw_validation(result: dict, path: str, title: str = "") -> dict:
         ax.grid(True, axis="y", alpha=0.3)
     summary = result.get("summary") or {}
     line = (f"|error| of ms/it: median {summary['median_abs_error_ms']:.0%}, max {summary['max_abs_error_ms']:.0%}"
-            if "median_abs_error_ms" in summary else "")
+            if summary.get("median_abs_error_ms") is not None and summary.get("max_abs_error_ms") is not None else "")
     ms.set_title(f"{title} planner predicted vs measured (labels: the prediction's error){'; ' + line if line else ''}"
                  .strip(), fontsize=9)
     fig.tight_layout()
@@ -536,7 +555,7 @@ def plot_command(args) -> int:
         name, draw = {"plan": ("plan.png", draw_plan), "validation": ("plan_validation.png", draw_validation)}[kind]
         path = check_figure_path(out if one_file else os.path.join(out, name))
         if kind == "plan" and args.measured:
-            what, validation = read_input(args.measured)
+            what, validation = read_input(args.measured, measured=True)
             if what != "validation":
                 raise ValueError(f"--measured {args.measured} is no plan validation: give the JSON of "
                                  "benchmarks/plan_validation.py")

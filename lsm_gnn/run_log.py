@@ -104,6 +104,15 @@ def each(check):
     return check_value
 
 
+def items(check):
+    """A list whose every item passes ``check``."""
+    def check_value(value, field):
+        if type(value) is not list:
+            raise Unusable(field, f"{_shown(value)} is not a list")
+        return [check(item, f"{field}[{i}]") for i, item in enumerate(value)]
+    return check_value
+
+
 def fields(spec: dict):
     """An object with ``spec``'s fields (others are left out): each checked, a missing one refused unless
     optional."""

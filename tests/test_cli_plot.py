@@ -183,6 +183,8 @@ def test_a_png_plot_did_not_write_is_never_replaced(plan_files, tmp_path, capsys
     (log / "metrics.jsonl").write_text('{"iteration": 0, "loss": 1.0, "time": {"train": 0.01}, "bytes_read": 0}\n')
     assert main(["plot", str(log), "--out", str(pics)]) == 1
     assert f"--out {pics / 'curves.png'} exists and was not written by lsm-gnn" in capsys.readouterr().err
+    assert main(["plan", str(tmp_path / "no-dataset"), "--plot", str(pics / "plan.png")]) == 1  # before planning
+    assert f"--plot {pics / 'plan.png'} exists and was not written by lsm-gnn" in capsys.readouterr().err
     assert (pics / "plan.png").read_bytes() == theirs and (pics / "curves.png").read_bytes() == b"my notes"
     assert not (pics / "stages.png").exists()  # nothing drawn
     (pics / "plan.png").write_bytes(drawn.read_bytes())
@@ -190,7 +192,8 @@ def test_a_png_plot_did_not_write_is_never_replaced(plan_files, tmp_path, capsys
     assert is_our_png(str(pics / "plan.png")) and (pics / "plan.png").read_bytes() != drawn.read_bytes()
 
 
-def test_a_heterogeneous_plan_is_drawn_and_a_broken_plan_refused_by_field(plan_files, tmp_path, capsys):
+def test_a_heterogeneous_plan_is_drawn_and_a_broken_plan_or_validation_refused_by_field(plan_files, tmp_path,
+                                                                                        capsys):
     plan = json.loads(plan_files[0].read_text())
     # a heterogeneous graph's plan names its node types, each with its own row size (lsm_gnn.planner.plan)
     plan["dataset"] = {"path": "g", "num_nodes": 600, "target": "paper", "relations": 2, "groups": [["paper"]],
@@ -200,10 +203,15 @@ def test_a_heterogeneous_plan_is_drawn_and_a_broken_plan_refused_by_field(plan_f
     assert main(["plot", str(tmp_path / "hetero.json"), "--out", str(tmp_path / "h.png")]) == 0
     assert (tmp_path / "h.png").read_bytes()[:8] == PNG
     row = next(i for i, r in enumerate(plan["rows"]) if "error" not in r)
-    for where, value, field in ((("rows", row, "hit_ratio"), "abc", f"rows[{row}].hit_ratio"),
-                                (("rows", row, "stages_ms", "read"), None, f"rows[{row}].stages_ms.read"),
-                                (("dataset", "num_nodes"), 1.5, "dataset.num_nodes"), (("rows",), [1], "rows[0]")):
-        broken = json.loads(json.dumps(plan))
+    validation = json.loads(open(VALIDATION).read())
+    for document, where, value, field in (
+            (plan, ("rows", row, "hit_ratio"), "abc", f"rows[{row}].hit_ratio"),
+            (plan, ("rows", row, "stages_ms", "read"), None, f"rows[{row}].stages_ms.read"),
+            (plan, ("dataset", "num_nodes"), 1.5, "dataset.num_nodes"), (plan, ("rows",), [1], "rows[0]"),
+            (validation, ("results", 1, "measured", "ms_per_iteration"), "9", "results[1].measured.ms_per_iteration"),
+            (validation, ("results", 0, "runs", 2), [], "results[0].runs[2]"),
+            (validation, ("summary", "max_abs_error_ms"), {}, "summary.max_abs_error_ms")):
+        broken = json.loads(json.dumps(document))
         holder = broken
         for key in where[:-1]:
             holder = holder[key]
