@@ -414,8 +414,9 @@ def _add_hetero_parser(sub) -> None:
                           description="Convert your own typed arrays: a YAML (or JSON) manifest names, relative to "
                                       "its folder, each node type's features (or num_nodes), labels, num_classes "
                                       "and splits, and each relation's (2, E) or (E, 2) edge array as "
-                                      "src__name__dst: file.npy. Example in docs/hetero.md. Every file is "
-                                      "memory-mapped")
+                                      "src__name__dst: file.npy, or {file: file.npy, layout: rows|pairs} (rows: "
+                                      "(2, E), pairs: (E, 2); required for a 2 x 2 array). Example in "
+                                      "docs/hetero.md. Every file is memory-mapped")
     _add_output_flags(p)
     p.add_argument("manifest", help="the manifest file (YAML or JSON)")
     p.add_argument("--no-reverse", action="store_true", help="do not add reverse relations (rev_<name>)")

@@ -368,7 +368,15 @@ def _open_npy(file_path: Any, what: str) -> Any:
         raise FileNotFoundError(f"{what}: no such file {file_path}")
     if not file_path.endswith(".npy"):
         raise ValueError(f"{what}: {file_path} is not a .npy file; save the array with np.save(path, array)")
-    return np.load(file_path, mmap_mode="r")
+    try:
+        return np.load(file_path, mmap_mode="r")
+    except ValueError as exc:
+        if "Python objects" not in str(exc):
+            raise
+        # numpy's own "Array can't be memory-mapped" names neither the file nor the dtype it needs
+        raise ValueError(f"{what}: {file_path} holds Python objects (dtype object), which cannot be read "
+                         "memory-mapped; save it with a numeric dtype: integers for ids, labels and edges "
+                         "(array.astype(np.int64)), floats for features (array.astype(np.float32))") from None
 
 
 def _edge_index_any_layout(array: np.ndarray) -> np.ndarray:

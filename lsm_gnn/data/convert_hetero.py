@@ -520,7 +520,8 @@ __all__ = ["REVERSE_PREFIX", "hetero_from_dgl", "hetero_from_igbh", "hetero_from
 
 #: what a manifest of :func:`hetero_from_manifest` may hold, per level
 MANIFEST_KEYS = {"top": ("node_types", "relations", "target", "name"),
-                 "node_type": ("features", "num_nodes", "labels", "num_classes", "splits")}
+                 "node_type": ("features", "num_nodes", "labels", "num_classes", "splits"),
+                 "relation": ("file", "layout")}
 
 
 def hetero_from_manifest(path, manifest: str, *, add_reverse: bool = True, **kw) -> Dataset:
@@ -535,6 +536,7 @@ def hetero_from_manifest(path, manifest: str, *, add_reverse: bool = True, **kw)
           topic:  {num_nodes: 30}           # no features: a count
         relations:
           author__writes__paper: writes.npy # (2, E) or (E, 2): (src, dst) ids local to their types
+          paper__cites__paper: {file: cites.npy, layout: pairs}  # rows: (2, E), pairs: (E, 2); needed for 2 x 2
 
     ``add_reverse`` adds ``rev_<name>`` for every relation without a reverse (so every type receives
     messages); ``kw`` goes to :func:`hetero_from_numpy` (``scores``, ``overwrite``, ``progress``, ...)."""
@@ -580,15 +582,40 @@ def hetero_from_manifest(path, manifest: str, *, add_reverse: bool = True, **kw)
                 raise ValueError(f"{manifest}: the splits of {t!r} must map split names to files")
             splits[t] = {s: array(f, f"node type {t!r} split {s!r}") for s, f in entry["splits"].items()}
     edges = {}
-    for relation, file in spec["relations"].items():
-        pairs = array(file, f"relation {relation!r}")
-        if pairs.ndim != 2 or 2 not in pairs.shape:
-            raise ValueError(f"{manifest}: relation {relation!r} must be a (2, E) or (E, 2) array of (src, dst) "
-                             f"ids, got shape {pairs.shape}")
-        edges[relation] = pairs if pairs.shape[0] == 2 else pairs.T
+    for relation, entry in spec["relations"].items():
+        file, layout = entry, None
+        if isinstance(entry, dict):
+            _known_keys(entry, MANIFEST_KEYS["relation"], f"{manifest}, relation {relation!r}")
+            file, layout = entry.get("file"), entry.get("layout")
+        edges[relation] = _manifest_edges(array(file, f"relation {relation!r}"), layout,
+                                          f"{manifest}: relation {relation!r} ({file})")
     return hetero_from_numpy(path, features=features, edges=edges, num_nodes=num_nodes or None,
                              labels=labels or None, num_classes=num_classes or None, splits=splits or None,
                              target=spec.get("target"), name=spec.get("name"), add_reverse=add_reverse, **kw)
+
+
+#: a manifest relation's ``layout``: which axis of its edge array runs over the edges
+EDGE_LAYOUTS = {"rows": "(2, E): row 0 the src ids, row 1 the dst ids",
+                "pairs": "(E, 2): one (src, dst) pair a row"}
+
+
+def _manifest_edges(pairs: np.ndarray, layout: Any, where: str) -> np.ndarray:
+    """A manifest relation's edges as (2, E). The shape tells the layout unless it is 2 x 2 (two edges), which
+    either reading fits: there the manifest must say, as a wrong guess would swap two edges' ends silently."""
+    if layout is not None and layout not in EDGE_LAYOUTS:
+        raise ValueError(f"{where}: layout must be rows or pairs, got {layout!r}")
+    if pairs.ndim != 2 or 2 not in pairs.shape:
+        raise ValueError(f"{where}: must be a (2, E) or (E, 2) array of (src, dst) ids, got shape {pairs.shape}")
+    fits = [name for name, axis in (("rows", 0), ("pairs", 1)) if pairs.shape[axis] == 2]
+    if layout is None and len(fits) > 1:
+        raise ValueError(f"{where}: shape {pairs.shape} reads either way, so give the relation as "
+                         "{file: ..., layout: rows} for " + EDGE_LAYOUTS["rows"] + ", or layout: pairs for "
+                         + EDGE_LAYOUTS["pairs"])
+    layout = layout or fits[0]
+    if layout not in fits:
+        raise ValueError(f"{where}: layout {layout} means {EDGE_LAYOUTS[layout]}, but the array's shape is "
+                         f"{pairs.shape}; fix the layout or the file")
+    return pairs if layout == "rows" else pairs.T
 
 
 def _known_keys(entry: dict, known: tuple, where: str) -> None:
