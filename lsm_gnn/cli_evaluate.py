@@ -14,7 +14,12 @@ import sys
 import numpy as np
 
 from lsm_gnn.checkpoint import load_checkpoint
-from lsm_gnn.fileio import atomic_write_bytes, check_output_file, write_json_output
+from lsm_gnn.fileio import (
+    atomic_write_bytes, check_output_directory, check_output_file, write_json_output, write_output_record,
+)
+
+#: the file in ``export --out`` that lists what export wrote there, so a later export replaces those files only
+EXPORT_RECORD = "export.json"
 
 
 def restored_trainer(path: str, overrides=(), out=None):
@@ -59,7 +64,8 @@ def export_command(args) -> int:
     from lsm_gnn.config import ConfigError
     from lsm_gnn.task_options import eval_batch_size, eval_fanouts, loader_options
 
-    os.makedirs(args.out, exist_ok=True)
+    outputs = ["embeddings.npy"] + (["top_k.npy", "top_k.csv"] if args.top_k else [])
+    check_output_directory(args.out, outputs, "--out", EXPORT_RECORD)  # before the model loads
     with restored_trainer(args.checkpoint, args.overrides, out=sys.stderr) as trainer:
         if trainer.cfg.train.task != "link":
             raise ConfigError("lsm-gnn export writes the node embeddings of a link-prediction model "
@@ -75,6 +81,8 @@ def export_command(args) -> int:
         written = [_save_npy(os.path.join(args.out, "embeddings.npy"), emb.numpy())]
         if args.top_k:
             written += _write_top_k(ds, emb, args.top_k, args.out)
+    write_output_record(args.out, [os.path.basename(path) for path in written], "lsm-gnn export", "--out",
+                        EXPORT_RECORD)
     for path in written:
         print(f"wrote {path}")
     return 0
@@ -135,6 +143,8 @@ def _write_top_k(ds, emb, k: int, out: str) -> list[str]:
 
 
 def add_evaluate_parsers(sub) -> None:
+    from lsm_gnn.cli_prepare import parse_count
+
     evaluate = sub.add_parser("evaluate", help="evaluate a checkpoint on a split",
                               description="Loads the model of a checkpoint written by 'lsm-gnn train' (last.pt or "
                                           "best.pt) and evaluates it; key=value overrides apply on top of the "
@@ -150,6 +160,8 @@ def add_evaluate_parsers(sub) -> None:
                                         "interaction with (top_k.npy, and top_k.csv with the file's own ids)")
     export.add_argument("checkpoint", help="a checkpoint file (checkpoint.dir/last.pt or best.pt)")
     export.add_argument("overrides", nargs="*", metavar="key=value")
-    export.add_argument("--out", required=True, help="folder for the files (made if missing)")
-    export.add_argument("--top-k", type=int, default=0, help="items per user (0: embeddings only)")
+    export.add_argument("--out", required=True,
+                        help="folder for the files (made if missing); files of the same names are replaced only "
+                             f"where an earlier export wrote them (listed in its {EXPORT_RECORD})")
+    export.add_argument("--top-k", type=parse_count, default=0, help="items per user (0: embeddings only)")
     export.set_defaults(func=export_command)

@@ -1,5 +1,6 @@
 """lsm-gnn evaluate and export: a trained model back from its checkpoint, measured on a split or written out."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -123,3 +124,34 @@ def test_best_pt_with_node_embeddings_keeps_its_table_and_evaluates_as_selected(
     again = json.loads((out / "e.json").read_text())
     assert again["val"] == pytest.approx(best["eval"]["val"]) and again["test"] == pytest.approx(best["eval"]["test"])
     assert main(["evaluate", str(out / "ck" / "best.pt"), "checkpoint.best_table=false"]) == 0  # reads it all the same
+
+
+def test_export_replaces_only_files_an_export_wrote(link_run, tmp_path, capsys):
+    """A second export replaces the first's files; a user's file, or one edited since, is left as it is."""
+    _, out, _ = link_run
+    export = ["export", str(out / "ck" / "last.pt"), "--out", str(tmp_path / "x")]
+    assert main(export) == 0
+    assert main(export + ["--top-k", "3"]) == 0  # its own embeddings.npy replaced, top_k files added
+    assert main(export) == 0  # the record still lists top_k.npy as written
+    assert main(export + ["--top-k", "3"]) == 0
+    capsys.readouterr()
+    np.save(tmp_path / "x" / "top_k.npy", np.zeros(3))  # the user's own now
+    assert main(export + ["--top-k", "3"]) == 1
+    assert "top_k.npy exists and is not a file lsm-gnn wrote there" in capsys.readouterr().err
+    assert np.load(tmp_path / "x" / "top_k.npy").shape == (3,)
+
+
+@pytest.mark.parametrize("setup,args,message", [
+    (lambda d: (d.mkdir(), np.save(d / "embeddings.npy", np.ones(2))), [],
+     "x/embeddings.npy exists and is not a file lsm-gnn wrote there.*delete that file first"),
+    (lambda d: (d.mkdir(), (d / "top_k.csv").write_text("mine")), ["--top-k", "2"], "top_k.csv exists and is not"),
+    (lambda d: (d.mkdir(), (d / "export.json").write_text("{}")), [], "export.json exists and was not written by"),
+    (lambda d: d.write_text("a file"), [], "--out .*x is a file, not a directory"),
+])
+def test_export_refuses_a_foreign_output_before_loading_anything(tmp_path, capsys, setup, args, message):
+    setup(tmp_path / "x")
+    before = {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    # the checkpoint does not exist: the output is refused first
+    assert main(["export", str(tmp_path / "none.pt"), "--out", str(tmp_path / "x"), *args]) == 1
+    assert re.search(message, capsys.readouterr().err)
+    assert {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
