@@ -155,3 +155,23 @@ def test_export_refuses_a_foreign_output_before_loading_anything(tmp_path, capsy
     assert main(["export", str(tmp_path / "none.pt"), "--out", str(tmp_path / "x"), *args]) == 1
     assert re.search(message, capsys.readouterr().err)
     assert {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_evaluate_takes_a_copy_of_the_dataset_and_refuses_another(link_run, tmp_path, capsys):
+    """dataset=COPY (the help's own example): same files, same checksums, so the same metrics; a dataset of other
+    contents is refused naming both."""
+    import shutil
+
+    ds, out, result = link_run
+    shutil.copytree(ds.path, tmp_path / "copy")
+    ckpt = str(out / "ck" / "last.pt")
+    assert main(["evaluate", ckpt, f"dataset={tmp_path / 'copy'}", "--split", "test", "--json",
+                 str(tmp_path / "e.json")]) == 0
+    assert json.loads((tmp_path / "e.json").read_text())["test"] == pytest.approx(result["eval"]["test"])
+    other = generate_bipartite(tmp_path / "other", num_users=300, num_items=200, avg_interactions=12, feature_dim=8,
+                               seed=1, val_fraction=0.1, progress=False)
+    capsys.readouterr()
+    assert main(["evaluate", ckpt, f"dataset={other.path}"]) == 1
+    err = capsys.readouterr().err
+    assert f"was trained on dataset {ds.path}; dataset={other.path} is not the same dataset" in err
+    assert "checkpoint.resume=false" not in err

@@ -97,7 +97,8 @@ class Checkpointer:
                 "iterations_done": t.iterations_done, "history": t.history, "epoch_state": t.epoch_state,
                 "evaluations": t.selection.evaluations, "selection": t.selection.state,
                 "log_offset": t.log.offset(), "rng": rng_by_rank[0], "rng_by_rank": rng_by_rank,
-                "world_size": t.world_size, "time": time.time()}
+                "world_size": t.world_size, "time": time.time(),
+                "dataset_checksums": t.dataset.meta.get("checksums", {})}
 
     def save(self, path: str | None = None) -> str | None:
         """Writes the checkpoint to ``path`` (default ``last.pt``), every rank together; the path, or None."""
@@ -204,6 +205,27 @@ class Checkpointer:
         t.resumed_from = path
         return ckpt
 
+    def _check_same_dataset(self, path: str, ckpt: dict, saved_path: str) -> None:
+        """A dataset at another path than the checkpoint's (moved, copied, or spelled otherwise) is the same one
+        when its files' checksums equal those the checkpoint recorded (or, for a checkpoint before they were
+        recorded, those of the dataset still at the saved path)."""
+        t = self.trainer
+        recorded = ckpt.get("dataset_checksums")
+        if recorded is None:
+            from lsm_gnn.data import open_dataset
+
+            try:
+                recorded = open_dataset(saved_path, check="shape").meta.get("checksums", {})
+            except (OSError, ValueError):
+                recorded = {}
+        now = t.dataset.meta.get("checksums", {})
+        if recorded and recorded == now:
+            return
+        why = ("its files differ from those it was trained on (their checksums in meta.json)" if recorded else
+               f"the checkpoint records no checksums of its dataset and {saved_path} cannot be read to compare")
+        raise ConfigError(f"{path} was trained on dataset {saved_path}; dataset={t.cfg.dataset} is not the same "
+                          f"dataset: {why}. Give dataset= that dataset or a copy of it")
+
     def _check_fits(self, path: str, ckpt: dict) -> None:
         """Refuses a checkpoint of other settings (its losses would differ) or of another number of ranks."""
         t = self.trainer
@@ -215,6 +237,9 @@ class Checkpointer:
         except (KeyError, TypeError) as exc:
             raise CheckpointError(f"{path} lacks the trainer state ({exc!r} is missing); it was not written by "
                                   "the lsm-gnn trainer") from None
+        if "dataset" in differ:
+            self._check_same_dataset(path, ckpt, _lookup(saved, "dataset"))
+            differ.remove("dataset")
         if differ:
             detail = "; ".join(f"{k}: saved {_lookup(saved, k)!r}, now {_lookup(now, k)!r}" for k in differ)
             raise ConfigError(f"cannot resume from {path}: the run's settings changed ({detail}). Use the saved "
