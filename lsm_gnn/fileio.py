@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -354,11 +355,17 @@ class RunLock:
             held[1] += 1
             return
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            # O_NONBLOCK: a FIFO or device put there must not hang the open; it is refused just below
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
         except OSError as exc:
             raise OSError(exc.errno, f"{what} {directory}: cannot open its lock file {self.path} ({exc.strerror}); "
                                      "check that the directory is writable and that the lock file is not a link",
                           self.path) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, f"{what} {directory}: its lock file {self.path} is not a regular file (a "
+                                        "FIFO, socket or device); remove it (rm) and run again: lsm-gnn makes it "
+                                        "anew as a regular file", self.path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
