@@ -30,11 +30,14 @@ def restored_trainer(path: str, overrides=(), out=None):
     ckpt = load_checkpoint(path)
     if not isinstance(ckpt.get("config"), dict):
         raise ConfigError(f"{path} holds no trainer config: it was not written by 'lsm-gnn train'")
-    # checkpoint.dir stays the run's (a node embedding table lives there by default, and the run's lock keeps a
-    # training run from changing it meanwhile): nothing is written there, as nothing here trains or selects.
+    # checkpoint.dir stays the run's (a node embedding table lives there by default), but nothing is written there
+    # and no lock is taken on it, so a run still training there may go on. What is read stays consistent: the
+    # checkpoint file is replaced whole by rename and read once; best.pt's table is a copy made before best.pt
+    # named it and never written after (a later best gets a copy of its own); last.pt's table is the run's live
+    # one, which opening it locks (the table's own lock): refused while that run trains, never read mid-write.
     cfg = build_config(ckpt["config"], *parse_overrides(overrides),
                        {"checkpoint": {"resume": False}, "log": {"dir": "", "progress": False}})
-    return Trainer(cfg, out=out, resume_from=path)
+    return Trainer(cfg, out=out, resume_from=path, evaluation_only=True)
 
 
 def evaluate_command(args) -> int:

@@ -1,6 +1,8 @@
 """lsm-gnn evaluate and export: a trained model back from its checkpoint, measured on a split or written out."""
 import json
+import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -175,3 +177,22 @@ def test_evaluate_takes_a_copy_of_the_dataset_and_refuses_another(link_run, tmp_
     err = capsys.readouterr().err
     assert f"was trained on dataset {ds.path}; dataset={other.path} is not the same dataset" in err
     assert "checkpoint.resume=false" not in err
+
+
+def test_evaluate_reads_a_best_checkpoint_while_its_run_holds_the_directory(link_run, capsys):
+    """A run still training holds checkpoint.dir's lock; evaluate writes nothing there, so it takes none."""
+    import subprocess
+    import sys
+
+    _, out, result = link_run
+    root = str(Path(__file__).resolve().parents[1])
+    holder = subprocess.Popen([sys.executable, "-c", "from lsm_gnn.fileio import RunLock\nimport sys, time\n"
+                               f"lock = RunLock({str(out / 'ck')!r}, 'checkpoint.dir')\nprint('held', flush=True)\n"
+                               "time.sleep(60)"], cwd=root, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": root})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(["evaluate", str(out / "ck" / "best.pt"), "--split", "test"]) == 0, capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
