@@ -294,6 +294,14 @@ def _run_interactions(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_checksums(args: argparse.Namespace) -> int:
+    from lsm_gnn.data.verify import record_checksums
+
+    changed = record_checksums(args.dataset)
+    print(f"{args.dataset}: checksums recorded anew; changed: {', '.join(changed) or 'none'}")
+    return 0
+
+
 def _run_scores(args: argparse.Namespace) -> int:
     print(summarize(recompute_scores(args.dataset, args.names)))
     return 0
@@ -475,7 +483,7 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
                                    description="Create datasets in the lsm-gnn format. A full disk stops with an "
                                                "error naming the file and leaves no partial dataset.")
     sub = parser.add_subparsers(dest="prepare_command",
-                                metavar="{synthetic,bipartite,npy,folder,interactions,hetero,scores}")
+                                metavar="{synthetic,bipartite,npy,folder,interactions,hetero,checksums,scores}")
     sub.required = True
 
     p = sub.add_parser("synthetic", help="R-MAT power-law graph with learnable communities",
@@ -546,6 +554,14 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_run_embedding)
+
+    p = sub.add_parser("checksums", help="record a dataset's checksums anew after an intended edit (atomic)",
+                       description="Re-reads every file a dataset's meta.json names and records its checksums (whole "
+                                   "and per block) anew: after you changed a file on purpose (labels.npy, a split), "
+                                   "so that opening and data.verify accept it. A damaged file would be accepted "
+                                   "the same way: restore damage instead.")
+    p.add_argument("dataset", help="dataset directory")
+    p.set_defaults(func=_run_checksums)
 
     p = sub.add_parser("scores", help="recompute static scores of a dataset in place (atomic)")
     p.add_argument("dataset", help="dataset directory")
