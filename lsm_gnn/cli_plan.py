@@ -70,6 +70,7 @@ def _positive(text: str) -> int:
 
 
 def add_plan_parser(sub) -> None:
+    from lsm_gnn.cli_prepare import number_in
     from lsm_gnn.planner.calibrate import DEFAULT_FILE
 
     plan = sub.add_parser(
@@ -89,9 +90,9 @@ def add_plan_parser(sub) -> None:
                       help="file that keeps calibrations between plans ('none': measure every time)")
     plan.add_argument("--recalibrate", action="store_true", help="measure again even when the file has it")
     plan.add_argument("--train-steps", type=_positive, default=32, help="training steps timed by the calibration")
-    plan.add_argument("--storage-seconds", type=float, default=0.5,
+    plan.add_argument("--storage-seconds", type=number_in(0, above_low=True), default=0.5,
                       help="seconds of random reads per batch size in the storage calibration")
-    plan.add_argument("--tolerance", type=float, default=5.0,
+    plan.add_argument("--tolerance", type=number_in(0), default=5.0,
                       help="recommend the smallest cache within this many %% of the fastest (default 5)")
     plan.add_argument("--json", help="also write the plan to this file ('-': print JSON instead of the table)")
     plan.add_argument("--plot", metavar="PNG", help="also draw the plan into this PNG file, as lsm-gnn plot "

@@ -52,6 +52,24 @@ def parse_positive(text: str) -> int:
     return value
 
 
+def number_in(low: float, high: float = float("inf"), *, above_low: bool = False):
+    """An argparse type: a finite number in ``[low, high]`` (``(low, high]`` with ``above_low``); nan, inf and
+    numbers outside are refused with the range, which argparse prefixes with the option's name."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (value > low if above_low else value >= low) or not value <= high or value == float("inf"):
+            bounds = f"{'above' if above_low else 'at least'} {low:g}" + \
+                (f" and at most {high:g}" if high != float("inf") else "")
+            raise argparse.ArgumentTypeError(f"must be a finite number {bounds}, got {text!r}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
 def parse_names(text: str) -> tuple[str, ...]:
     """Comma-separated static score names; ``none`` or an empty string for none."""
     names = tuple(n.strip() for n in text.split(",") if n.strip() and n.strip().lower() != "none")
@@ -388,11 +406,11 @@ def _add_hetero_parser(sub) -> None:
     p.add_argument("--num-classes", "--classes", dest="num_classes", type=parse_positive, default=19,
                    help="paper classes (default 19, as IGBH's coarse labels)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
-    p.add_argument("--citations-per-paper", type=float, help="citations generated per paper (default 10)")
-    p.add_argument("--authors-per-paper", type=float,
+    p.add_argument("--citations-per-paper", type=number_in(0), help="citations generated per paper (default 10)")
+    p.add_argument("--authors-per-paper", type=number_in(0),
                    help="mean authors a paper draws (default 2; every author also writes one paper)")
-    p.add_argument("--topics-per-paper", type=float, help="mean fields a paper draws (default 2)")
-    p.add_argument("--homophily", type=float, help="share of citations inside the paper's class (default 0.6)")
+    p.add_argument("--topics-per-paper", type=number_in(0), help="mean fields a paper draws (default 2)")
+    p.add_argument("--homophily", type=number_in(0, 1), help="share of citations inside the paper's class (default 0.6)")
     p.add_argument("--split", type=parse_fractions, default=(0.6, 0.2, 0.2), metavar="TRAIN,VAL,TEST",
                    help="paper split fractions (default 0.6,0.2,0.2)")
     p.set_defaults(func=_run_hetero_synthetic)
@@ -454,9 +472,9 @@ def _add_interactions_parser(sub) -> None:
     p.add_argument("--split", choices=("user-random", "temporal", "column"),
                    help="per-user random (default), per-user latest to test (temporal), or --split-col's names "
                         "(column, the default when --split-col is given)")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="share of each user's interactions to val "
+    p.add_argument("--val-fraction", type=number_in(0, 1), default=0.1, help="share of each user's interactions to val "
                    "(default 0.1)")
-    p.add_argument("--test-fraction", type=float, default=0.2, help="share of each user's interactions to test "
+    p.add_argument("--test-fraction", type=number_in(0, 1), default=0.2, help="share of each user's interactions to test "
                    "(default 0.2, at least one)")
     p.add_argument("--min-user-interactions", type=parse_count, default=3,
                    help="users with fewer interactions keep them all in training (default 3)")
@@ -490,12 +508,12 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
                        description="Generate a synthetic dataset straight to disk (scales to 10^8 nodes).")
     _add_output_flags(p)
     p.add_argument("--num-nodes", type=parse_positive, required=True, help="number of nodes, e.g. 1e6")
-    p.add_argument("--avg-degree", type=float, default=10.0, help="CSR entries per node before dedup (default 10)")
+    p.add_argument("--avg-degree", type=number_in(0, above_low=True), default=10.0, help="CSR entries per node before dedup (default 10)")
     p.add_argument("--feature-dim", type=parse_positive, default=128, help="feature columns (default 128)")
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="feature dtype")
     p.add_argument("--classes", type=parse_positive, default=8, help="number of classes / communities (default 8)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
-    p.add_argument("--homophily", type=float, default=0.75, help="fraction of edges drawn inside a class")
+    p.add_argument("--homophily", type=number_in(0, 1), default=0.75, help="fraction of edges drawn inside a class")
     p.add_argument("--split", type=parse_fractions, default=(0.6, 0.2, 0.2), metavar="TRAIN,VAL,TEST",
                    help="split fractions (default 0.6,0.2,0.2)")
     p.set_defaults(func=_run_synthetic)
@@ -506,11 +524,11 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     _add_output_flags(p)
     p.add_argument("--num-users", type=parse_positive, required=True, help="number of users, e.g. 1e5")
     p.add_argument("--num-items", type=parse_positive, required=True, help="number of items")
-    p.add_argument("--avg-interactions", type=float, default=20.0, help="interactions per user (default 20)")
+    p.add_argument("--avg-interactions", type=number_in(0, above_low=True), default=20.0, help="interactions per user (default 20)")
     p.add_argument("--feature-dim", type=parse_positive, default=64, help="feature columns (default 64)")
     p.add_argument("--communities", type=parse_positive, default=8, help="latent user/item communities (default 8)")
-    p.add_argument("--test-fraction", type=float, default=0.2, help="held-out share of each user's items")
-    p.add_argument("--val-fraction", type=float, default=0.0, help="validation share of each user's items")
+    p.add_argument("--test-fraction", type=number_in(0, 1), default=0.2, help="held-out share of each user's items")
+    p.add_argument("--val-fraction", type=number_in(0, 1), default=0.0, help="validation share of each user's items")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
     p.set_defaults(func=_run_bipartite)
 
@@ -545,11 +563,11 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     p = sub.add_parser("embedding", help="a trainable node embedding table for a dataset (docs/embeddings.md)")
     p.add_argument("dataset", help="dataset directory whose nodes get an embedding each")
     p.add_argument("--out", required=True, help="the table's directory to create (refused if it exists)")
-    p.add_argument("--dim", type=int, required=True, help="values per node")
+    p.add_argument("--dim", type=parse_positive, required=True, help="values per node")
     p.add_argument("--dtype", default="float32", choices=("float32", "float16"), help="stored embedding dtype")
     p.add_argument("--optimizer", default="adagrad", choices=("sgd", "adagrad", "adam"),
                    help="the row-wise optimizer whose state each row carries (default: adagrad)")
-    p.add_argument("--init-std", type=float, default=0.1, help="initial values ~ N(0, std^2) (default: 0.1)")
+    p.add_argument("--init-std", type=number_in(0), default=0.1, help="initial values ~ N(0, std^2) (default: 0.1)")
     p.add_argument("--node-type", help="on a graph of several node types, whose nodes get the table")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
