@@ -361,8 +361,8 @@ def _add_output_flags(p: argparse.ArgumentParser) -> None:
                    help="dataset directory to write: new or empty (written atomically through a hidden "
                         ".NAME.tmp-* directory beside it, which a killed run leaves and the next one removes)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace --out if it is an lsm-gnn dataset; the old one stays until the new one is "
-                        "complete. Anything else at --out is refused, never deleted")
+                   help="replace --out if it is an lsm-gnn dataset holding only its own files; the old one stays "
+                        "until the new one is complete. Anything else at --out is refused, never deleted")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--scores", type=parse_names, default=SCORE_NAMES, metavar="NAMES",
                    help=f"static scores to compute, comma-separated or 'none' (default: {','.join(SCORE_NAMES)})")
