@@ -170,6 +170,13 @@ def test_evaluate_takes_a_copy_of_the_dataset_and_refuses_another(link_run, tmp_
     assert main(["evaluate", ckpt, f"dataset={tmp_path / 'copy'}", "--split", "test", "--json",
                  str(tmp_path / "e.json")]) == 0
     assert json.loads((tmp_path / "e.json").read_text())["test"] == pytest.approx(result["eval"]["test"])
+    # a checkpoint from before the dataset's checksums were recorded: compared with the dataset still at its path
+    from lsm_gnn.checkpoint import atomic_torch_save, load_checkpoint
+
+    state = load_checkpoint(ckpt)
+    del state["dataset_checksums"]
+    atomic_torch_save(state, str(tmp_path / "older.pt"))
+    assert main(["evaluate", str(tmp_path / "older.pt"), f"dataset={tmp_path / 'copy'}", "--split", "test"]) == 0
     other = generate_bipartite(tmp_path / "other", num_users=300, num_items=200, avg_interactions=12, feature_dim=8,
                                seed=1, val_fraction=0.1, progress=False)
     capsys.readouterr()
