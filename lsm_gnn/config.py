@@ -483,7 +483,7 @@ def _read_yaml(path) -> dict:
         hint = (f"to train on the dataset there, give dataset={path}" if os.path.isfile(os.path.join(path, "meta.json"))
                 else "give a YAML file (see configs/)")
         raise ConfigError(f"config file {path} is a directory; {hint}")
-    with open(path) as fh:
+    with open(path, "rb") as fh:  # bytes: yaml names the file and the position of a byte that is not UTF-8
         try:
             data = yaml.safe_load(fh) or {}
         except yaml.YAMLError as exc:

@@ -17,6 +17,25 @@ def object_array_features(tmp_path):
     return ["prepare", "npy", "--features", str(tmp_path / "x.npy"), "--out", str(tmp_path / "ds")]
 
 
+def binary_config(tmp_path):
+    (tmp_path / "run.yaml").write_bytes(b"model:\n  kind: s\xecge\n")
+    return ["train", str(tmp_path / "run.yaml")]
+
+
+def binary_manifest(tmp_path):
+    (tmp_path / "m.yaml").write_bytes(b"node_types: {\xff}")
+    return ["prepare", "hetero", "arrays", str(tmp_path / "m.yaml"), "--out", str(tmp_path / "ds")]
+
+
+def text_as_checkpoint(tmp_path):
+    (tmp_path / "c.pt").write_text("not a checkpoint")
+    return ["evaluate", str(tmp_path / "c.pt")]
+
+
+def directory_as_features(tmp_path):
+    return ["prepare", "npy", "--features", str(tmp_path), "--out", str(tmp_path / "ds")]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["plan", "ds", "--tolerance", "nan"], r"argument --tolerance: must be a finite number at least 0, got 'nan'"),
     (["plan", "ds", "--storage-seconds", "0"], r"argument --storage-seconds: must be a finite number above 0"),
@@ -32,6 +51,10 @@ def object_array_features(tmp_path):
     (["bench", "storage", "ds", "--queue-depth", "0"], r"argument --queue-depth: must be at least 1"),
     (latin1_csv, r"ratings.csv is not UTF-8 text: byte 0xe9 .*iconv -f latin1 -t utf-8"),
     (object_array_features, r"features: .*x.npy holds Python objects \(dtype object\).*np.float32"),
+    (binary_config, r"run.yaml is not valid YAML: unacceptable character #x00ec.*position 16"),
+    (binary_manifest, r"m.yaml is not YAML or JSON: unacceptable character"),
+    (text_as_checkpoint, r"c.pt is not a readable lsm-gnn checkpoint; it is damaged, was not written by lsm-gnn"),
+    (directory_as_features, r"features: .* is a directory; give the .npy file in it"),
 ])
 def test_a_bad_option_or_file_is_refused_naming_it_and_the_fix(tmp_path, monkeypatch, capsys, argv, message):
     import re

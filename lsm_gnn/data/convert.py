@@ -364,6 +364,8 @@ def _open_npy(file_path: Any, what: str) -> Any:
     if not _is_path(file_path):
         return file_path
     file_path = os.fsdecode(file_path)
+    if os.path.isdir(file_path):
+        raise ValueError(f"{what}: {file_path} is a directory; give the .npy file in it")
     if not os.path.isfile(file_path):
         raise FileNotFoundError(f"{what}: no such file {file_path}")
     if not file_path.endswith(".npy"):

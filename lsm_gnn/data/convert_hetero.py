@@ -544,7 +544,7 @@ def hetero_from_manifest(path, manifest: str, *, add_reverse: bool = True, **kw)
 
     folder = os.path.dirname(os.path.abspath(manifest))
     try:
-        with open(manifest) as fh:
+        with open(manifest, "rb") as fh:  # bytes: yaml names the file and the position of a byte that is not UTF-8
             spec = yaml.safe_load(fh)
     except OSError as exc:
         raise FileNotFoundError(f"cannot read the manifest {manifest}: {exc.strerror}") from None
