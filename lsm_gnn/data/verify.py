@@ -332,7 +332,8 @@ def record_checksums(path: str) -> list[str]:
     from lsm_gnn.fileio import CheckedFile, atomic_write_bytes, fsync_path
 
     ds = open_dataset(path, check="shape")  # the structure must hold; only the bytes' record is redone
-    meta = json.loads(open(ds.file_path(META_FILE), "rb").read())
+    with open(ds.file_path(META_FILE), "rb") as fh:
+        meta = json.loads(fh.read())
     blocks = meta.get("block_checksums")
     old_sums_file = blocks["file"] if blocks else None
     changed, spans, parts, first = [], {}, [], 0
