@@ -90,7 +90,7 @@ def add_plan_parser(sub) -> None:
                       help="file that keeps calibrations between plans ('none': measure every time)")
     plan.add_argument("--recalibrate", action="store_true", help="measure again even when the file has it")
     plan.add_argument("--train-steps", type=_positive, default=32, help="training steps timed by the calibration")
-    plan.add_argument("--storage-seconds", type=number_in(0, above_low=True), default=0.5,
+    plan.add_argument("--storage-seconds", type=float, default=0.5,
                       help="seconds of random reads per batch size in the storage calibration")
     plan.add_argument("--tolerance", type=number_in(0), default=5.0,
                       help="recommend the smallest cache within this many %% of the fastest (default 5)")
