@@ -410,7 +410,8 @@ def _add_hetero_parser(sub) -> None:
     p.add_argument("--authors-per-paper", type=number_in(0),
                    help="mean authors a paper draws (default 2; every author also writes one paper)")
     p.add_argument("--topics-per-paper", type=number_in(0), help="mean fields a paper draws (default 2)")
-    p.add_argument("--homophily", type=number_in(0, 1), help="share of citations inside the paper's class (default 0.6)")
+    p.add_argument("--homophily", type=number_in(0, 1),
+                   help="share of citations inside the paper's class (default 0.6)")
     p.add_argument("--split", type=parse_fractions, default=(0.6, 0.2, 0.2), metavar="TRAIN,VAL,TEST",
                    help="paper split fractions (default 0.6,0.2,0.2)")
     p.set_defaults(func=_run_hetero_synthetic)
@@ -474,8 +475,8 @@ def _add_interactions_parser(sub) -> None:
                         "(column, the default when --split-col is given)")
     p.add_argument("--val-fraction", type=number_in(0, 1), default=0.1, help="share of each user's interactions to val "
                    "(default 0.1)")
-    p.add_argument("--test-fraction", type=number_in(0, 1), default=0.2, help="share of each user's interactions to test "
-                   "(default 0.2, at least one)")
+    p.add_argument("--test-fraction", type=number_in(0, 1), default=0.2,
+                   help="share of each user's interactions to test (default 0.2, at least one)")
     p.add_argument("--min-user-interactions", type=parse_count, default=3,
                    help="users with fewer interactions keep them all in training (default 3)")
     p.add_argument("--duplicates", choices=("drop", "keep", "error"), default="drop",
@@ -508,7 +509,8 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
                        description="Generate a synthetic dataset straight to disk (scales to 10^8 nodes).")
     _add_output_flags(p)
     p.add_argument("--num-nodes", type=parse_positive, required=True, help="number of nodes, e.g. 1e6")
-    p.add_argument("--avg-degree", type=number_in(0, above_low=True), default=10.0, help="CSR entries per node before dedup (default 10)")
+    p.add_argument("--avg-degree", type=number_in(0, above_low=True), default=10.0,
+                   help="CSR entries per node before dedup (default 10)")
     p.add_argument("--feature-dim", type=parse_positive, default=128, help="feature columns (default 128)")
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="feature dtype")
     p.add_argument("--classes", type=parse_positive, default=8, help="number of classes / communities (default 8)")
@@ -524,7 +526,8 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     _add_output_flags(p)
     p.add_argument("--num-users", type=parse_positive, required=True, help="number of users, e.g. 1e5")
     p.add_argument("--num-items", type=parse_positive, required=True, help="number of items")
-    p.add_argument("--avg-interactions", type=number_in(0, above_low=True), default=20.0, help="interactions per user (default 20)")
+    p.add_argument("--avg-interactions", type=number_in(0, above_low=True), default=20.0,
+                   help="interactions per user (default 20)")
     p.add_argument("--feature-dim", type=parse_positive, default=64, help="feature columns (default 64)")
     p.add_argument("--communities", type=parse_positive, default=8, help="latent user/item communities (default 8)")
     p.add_argument("--test-fraction", type=number_in(0, 1), default=0.2, help="held-out share of each user's items")
