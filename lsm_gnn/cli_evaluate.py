@@ -151,7 +151,10 @@ def add_evaluate_parsers(sub) -> None:
     evaluate = sub.add_parser("evaluate", help="evaluate a checkpoint on a split",
                               description="Loads the model of a checkpoint written by 'lsm-gnn train' (last.pt or "
                                           "best.pt) and evaluates it; key=value overrides apply on top of the "
-                                          "checkpoint's config (e.g. train.eval_fanouts=[-1,-1] dataset=...)")
+                                          "checkpoint's config (e.g. train.eval_fanouts=[-1,-1] dataset=... for a "
+                                          "moved or copied dataset with the same checksums); settings the weights "
+                                          "depend on (model.kind, model.hidden, sampler.fanouts, ...) stay the "
+                                          "checkpoint's")
     evaluate.add_argument("checkpoint", help="a checkpoint file (checkpoint.dir/last.pt or best.pt)")
     evaluate.add_argument("overrides", nargs="*", metavar="key=value")
     evaluate.add_argument("--split", action="append", help="a split to evaluate (repeatable; default: every one)")

@@ -203,3 +203,19 @@ def test_evaluate_reads_a_best_checkpoint_while_its_run_holds_the_directory(link
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_evaluate_takes_overrides_of_training_settings_and_refuses_other_weights(link_run, tmp_path, capsys):
+    """Overrides that shape training or speed only are taken (as the help says); the model's own are refused with
+    the override to drop, not the resume advice."""
+    _, out, result = link_run
+    ckpt = str(out / "ck" / "last.pt")
+    assert main(["evaluate", ckpt, "train.lr=0.5", "train.weight_decay=0.1", "--split", "test", "--json",
+                 str(tmp_path / "e.json")]) == 0
+    assert json.loads((tmp_path / "e.json").read_text())["test"] == pytest.approx(result["eval"]["test"])
+    # another seed and batch size draw other evaluation samples: taken, if not the same figures
+    assert main(["evaluate", ckpt, "sampler.batch_size=64", "train.seed=3", "--split", "test"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", ckpt, "model.hidden=8"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot evaluate" in err and "model.hidden: saved 16, now 8" in err and "drop those overrides" in err

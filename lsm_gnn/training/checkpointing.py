@@ -18,6 +18,12 @@ from lsm_gnn.fileio import contained_path
 # Settings a resumed run must share with the checkpoint, or its losses would differ.
 RESUME_KEYS = ("dataset", "model", "sampler", "train.task", "train.seed", "train.lr", "train.weight_decay",
                "train.embedding_l2")
+# What a model evaluated (lsm-gnn evaluate, export) must share with its checkpoint: the weights' shapes and meaning
+# (a type's own table settings are checked against the table when it opens). The rest (seed, learning rate, batch
+# size, threads, a cache's capacity, where a table lies) shapes training or speed only: an override is taken.
+EVALUATION_KEYS = ("dataset", "model.kind", "model.hidden", "model.heads", "model.node_embedding.dim",
+                   "model.node_embedding.dtype", "model.node_embedding.optimizer", "model.node_embedding.features",
+                   "sampler.fanouts", "train.task")
 
 
 def _with_defaults(saved: dict, defaults: dict) -> dict:
@@ -185,7 +191,8 @@ class Checkpointer:
         try:
             t.module.load_state_dict(ckpt["model"])
             t.optimizer.load_state_dict(ckpt["optimizer"])
-            t.loader.load_state_dict(ckpt["loader"])
+            if not t.evaluation_only:  # where the training batches stand: evaluation draws none of them
+                t.loader.load_state_dict(ckpt["loader"])
             # This rank's own generators (checkpoints before lsm-gnn 0.3 kept rank 0's only).
             rng = ckpt["rng_by_rank"][t.rank] if "rng_by_rank" in ckpt else ckpt["rng"]
             torch.set_rng_state(rng["torch"])
@@ -232,7 +239,8 @@ class Checkpointer:
         try:
             # Keys added to the config since the checkpoint was written count with their defaults.
             saved, now = _with_defaults(ckpt["config"], Config().to_dict()), t.cfg.to_dict()
-            differ = [k for k in RESUME_KEYS if _lookup(saved, k) != _lookup(now, k)]
+            keys = EVALUATION_KEYS if t.evaluation_only else RESUME_KEYS
+            differ = [k for k in keys if _lookup(saved, k) != _lookup(now, k)]
             world_size = ckpt["world_size"]
         except (KeyError, TypeError) as exc:
             raise CheckpointError(f"{path} lacks the trainer state ({exc!r} is missing); it was not written by "
@@ -242,6 +250,9 @@ class Checkpointer:
             differ.remove("dataset")
         if differ:
             detail = "; ".join(f"{k}: saved {_lookup(saved, k)!r}, now {_lookup(now, k)!r}" for k in differ)
+            if t.evaluation_only:
+                raise ConfigError(f"cannot evaluate {path} with other settings of its model ({detail}): the weights "
+                                  "were trained for the saved ones; drop those overrides")
             raise ConfigError(f"cannot resume from {path}: the run's settings changed ({detail}). Use the saved "
                               "settings, or start fresh with checkpoint.resume=false or another checkpoint.dir")
         if world_size != t.world_size:
