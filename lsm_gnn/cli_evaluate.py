@@ -15,7 +15,8 @@ import numpy as np
 
 from lsm_gnn.checkpoint import load_checkpoint
 from lsm_gnn.fileio import (
-    atomic_write_bytes, check_output_directory, check_output_file, write_json_output, write_output_record,
+    DirectoryLocked, atomic_write_bytes, check_output_directory, check_output_file, write_json_output,
+    write_output_record,
 )
 
 #: the file in ``export --out`` that lists what export wrote there, so a later export replaces those files only
@@ -37,7 +38,12 @@ def restored_trainer(path: str, overrides=(), out=None):
     # one, which opening it locks (the table's own lock): refused while that run trains, never read mid-write.
     cfg = build_config(ckpt["config"], *parse_overrides(overrides),
                        {"checkpoint": {"resume": False}, "log": {"dir": "", "progress": False}})
-    return Trainer(cfg, out=out, resume_from=path, evaluation_only=True)
+    try:
+        return Trainer(cfg, out=out, resume_from=path, evaluation_only=True)
+    except DirectoryLocked as exc:  # only a live table's lock is taken here
+        raise DirectoryLocked(f"{path} reads its run's live node embedding table, which a run is training ("
+                              f"{exc.holder}): evaluate that run's best.pt (its own copy of the table) now, or this "
+                              "checkpoint once the run has ended", exc.holder) from None
 
 
 def evaluate_command(args) -> int:

@@ -330,7 +330,11 @@ _held_locks: dict[str, list] = {}  # realpath of a lock file -> [fd, holders in 
 
 
 class DirectoryLocked(RuntimeError):
-    """Another process holds the directory's :class:`RunLock`."""
+    """Another process holds the directory's :class:`RunLock`; ``holder`` names it (pid, host, since when)."""
+
+    def __init__(self, message: str, holder: str = ""):
+        super().__init__(message)
+        self.holder = holder
 
 
 class RunLock:
@@ -377,10 +381,10 @@ class RunLock:
             since = holder.get("since")
             when = time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) \
                 else ""
+            who = f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}{when}"
             raise DirectoryLocked(
-                f"{what} {directory} is in use by another run (pid {holder.get('pid', '?')} on host "
-                f"{holder.get('host', '?')}{when}); two runs writing it would corrupt each other: wait for that run "
-                f"to end, stop it, or give this run another {what}") from None
+                f"{what} {directory} is in use by another run ({who}); two runs writing it would corrupt each other: "
+                f"wait for that run to end, stop it, or give this run another {what}", who) from None
         except BaseException:
             os.close(fd)
             raise

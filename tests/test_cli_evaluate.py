@@ -1,7 +1,10 @@
 """lsm-gnn evaluate and export: a trained model back from its checkpoint, measured on a split or written out."""
+import contextlib
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -99,7 +102,7 @@ def test_export_refuses_a_node_classification_checkpoint(tmp_path, capsys):
     assert "train.task=link" in capsys.readouterr().err
 
 
-def test_a_model_with_node_embeddings_is_evaluated_on_the_table_its_checkpoint_left(link_run, tmp_path):
+def test_a_model_with_node_embeddings_is_evaluated_on_the_table_its_checkpoint_left(link_run, tmp_path, capsys):
     ds = link_run[0]
     out = tmp_path / "emb"
     assert main(["train", f"dataset={ds.path}", "train.task=link", "model.kind=sage", "model.hidden=8",
@@ -109,6 +112,9 @@ def test_a_model_with_node_embeddings_is_evaluated_on_the_table_its_checkpoint_l
     ran = json.loads((out / "r.json").read_text())["eval"]["test"]
     assert main(["evaluate", str(out / "ck" / "last.pt"), "--split", "test", "--json", str(out / "e.json")]) == 0
     assert json.loads((out / "e.json").read_text())["test"] == pytest.approx(ran)
+    with held_by_another_process(out / "ck" / "node_embedding"):  # the run's live table, as while it trains
+        assert main(["evaluate", str(out / "ck" / "last.pt")]) == 1
+    assert "live node embedding table, which a run is training (pid" in capsys.readouterr().err
 
 
 def test_best_pt_with_node_embeddings_keeps_its_table_and_evaluates_as_selected(link_run, tmp_path):
@@ -186,23 +192,27 @@ def test_evaluate_takes_a_copy_of_the_dataset_and_refuses_another(link_run, tmp_
     assert "checkpoint.resume=false" not in err
 
 
-def test_evaluate_reads_a_best_checkpoint_while_its_run_holds_the_directory(link_run, capsys):
-    """A run still training holds checkpoint.dir's lock; evaluate writes nothing there, so it takes none."""
-    import subprocess
-    import sys
-
-    _, out, result = link_run
+@contextlib.contextmanager
+def held_by_another_process(directory):
+    """``directory``'s run lock held by a child process, as a run training there holds it."""
     root = str(Path(__file__).resolve().parents[1])
-    holder = subprocess.Popen([sys.executable, "-c", "from lsm_gnn.fileio import RunLock\nimport sys, time\n"
-                               f"lock = RunLock({str(out / 'ck')!r}, 'checkpoint.dir')\nprint('held', flush=True)\n"
+    holder = subprocess.Popen([sys.executable, "-c", "from lsm_gnn.fileio import RunLock\nimport time\n"
+                               f"lock = RunLock({str(directory)!r}, 'checkpoint.dir')\nprint('held', flush=True)\n"
                                "time.sleep(60)"], cwd=root, stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": root})
     try:
         assert holder.stdout.readline().strip() == "held"
-        assert main(["evaluate", str(out / "ck" / "best.pt"), "--split", "test"]) == 0, capsys.readouterr().err
+        yield
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_evaluate_reads_a_best_checkpoint_while_its_run_holds_the_directory(link_run, capsys):
+    """A run still training holds checkpoint.dir's lock; evaluate writes nothing there, so it takes none."""
+    _, out, _ = link_run
+    with held_by_another_process(out / "ck"):
+        assert main(["evaluate", str(out / "ck" / "best.pt"), "--split", "test"]) == 0, capsys.readouterr().err
 
 
 def test_evaluate_takes_overrides_of_training_settings_and_refuses_other_weights(link_run, tmp_path, capsys):
