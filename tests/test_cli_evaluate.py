@@ -176,6 +176,9 @@ def test_evaluate_takes_a_copy_of_the_dataset_and_refuses_another(link_run, tmp_
     assert main(["evaluate", ckpt, f"dataset={tmp_path / 'copy'}", "--split", "test", "--json",
                  str(tmp_path / "e.json")]) == 0
     assert json.loads((tmp_path / "e.json").read_text())["test"] == pytest.approx(result["eval"]["test"])
+    # checksums recorded anew over the same bytes (the block sums get a new file name): still the same dataset
+    assert main(["prepare", "checksums", str(tmp_path / "copy")]) == 0
+    assert main(["evaluate", ckpt, f"dataset={tmp_path / 'copy'}", "--split", "test"]) == 0
     # a checkpoint from before the dataset's checksums were recorded: compared with the dataset still at its path
     from lsm_gnn.checkpoint import atomic_torch_save, load_checkpoint
 

@@ -312,11 +312,6 @@ class SampledVerify(_Checker):
                     return
 
 
-__all__ = ["AUTO_SAMPLED_LIMIT", "SampledVerify", "VERIFY_MODES", "WholeFileVerify", "resolve_mode", "start_verify"]
-
-
-#: the command that records a dataset's checksums anew after an intended edit (:func:`record_checksums`)
-RECORD_COMMAND = "lsm-gnn prepare checksums"
 
 
 def record_checksums(path: str) -> list[str]:
@@ -361,3 +356,7 @@ def record_checksums(path: str) -> list[str]:
         os.remove(ds.file_path(old_sums_file))
         fsync_path(ds.path)
     return changed
+
+
+__all__ = ["AUTO_SAMPLED_LIMIT", "SampledVerify", "VERIFY_MODES", "WholeFileVerify", "record_checksums",
+           "resolve_mode", "start_verify"]

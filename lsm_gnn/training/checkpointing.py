@@ -26,6 +26,13 @@ EVALUATION_KEYS = ("dataset", "model.kind", "model.hidden", "model.heads", "mode
                    "sampler.fanouts", "train.task")
 
 
+def dataset_identity(meta: dict) -> dict:
+    """What makes a dataset the same one wherever it lies: its data files' checksums. The block-sums file is left
+    out: it follows from the others, and ``prepare checksums`` gives it a new name."""
+    blocks = meta.get("block_checksums") or {}
+    return {name: crc for name, crc in meta.get("checksums", {}).items() if name != blocks.get("file")}
+
+
 def _with_defaults(saved: dict, defaults: dict) -> dict:
     """``saved`` with every key it lacks taken from ``defaults``, recursively."""
     out = dict(saved)
@@ -104,7 +111,7 @@ class Checkpointer:
                 "evaluations": t.selection.evaluations, "selection": t.selection.state,
                 "log_offset": t.log.offset(), "rng": rng_by_rank[0], "rng_by_rank": rng_by_rank,
                 "world_size": t.world_size, "time": time.time(),
-                "dataset_checksums": t.dataset.meta.get("checksums", {})}
+                "dataset_checksums": dataset_identity(t.dataset.meta)}
 
     def save(self, path: str | None = None) -> str | None:
         """Writes the checkpoint to ``path`` (default ``last.pt``), every rank together; the path, or None."""
@@ -222,10 +229,10 @@ class Checkpointer:
             from lsm_gnn.data import open_dataset
 
             try:
-                recorded = open_dataset(saved_path, check="shape").meta.get("checksums", {})
+                recorded = dataset_identity(open_dataset(saved_path, check="shape").meta)
             except (OSError, ValueError):
                 recorded = {}
-        now = t.dataset.meta.get("checksums", {})
+        now = dataset_identity(t.dataset.meta)
         if recorded and recorded == now:
             return
         why = ("its files differ from those it was trained on (their checksums in meta.json)" if recorded else
