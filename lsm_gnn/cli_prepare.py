@@ -266,7 +266,7 @@ def _run_hetero_arrays(args: argparse.Namespace) -> int:
 
 def _common_convert_kwargs(args: argparse.Namespace) -> dict:
     return {"undirected": args.undirected, "dedup": not args.keep_duplicates, "self_loops": not args.drop_self_loops,
-            "feature_dtype": args.dtype, "random_split_fractions": args.random_split,
+            "feature_dtype": args.dtype, "random_split_fractions": args.random_split, "edge_layout": args.edge_layout,
             "scores": args.scores, "overwrite": args.overwrite, "progress": not args.no_progress}
 
 
@@ -369,6 +369,9 @@ def _add_output_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_convert_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--edge-layout", choices=("rows", "pairs"),
+                   help="how the edge file is laid out: rows (2, E) or pairs (E, 2); needed only for a 2 x 2 array "
+                        "(two edges), which reads either way")
     p.add_argument("--undirected", action="store_true", help="add the reverse of every edge")
     p.add_argument("--keep-duplicates", action="store_true",
                    help="keep parallel (repeated) edges; by default one of each is kept")

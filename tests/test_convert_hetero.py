@@ -474,7 +474,7 @@ def test_a_manifest_layout_reads_a_two_by_two_relation_as_told(tmp_path, layout,
 
 
 @pytest.mark.parametrize("pairs,layout,message", [
-    ([[0, 1], [2, 0]], None, r"relation 'a__to__b' \(e.npy\): shape \(2, 2\) reads either way.*layout: rows"),
+    ([[0, 1], [2, 0]], None, r"relation 'a__to__b' \(e.npy\): shape \(2, 2\) reads either way; say which with layout rows"),
     ([[0, 1, 2], [1, 2, 0]], "pairs", r"relation 'a__to__b' \(e.npy\): layout pairs means \(E, 2\).*shape is \(2, 3\)"),
     ([[0, 1], [1, 2], [2, 0]], "rows", r"layout rows means \(2, E\).*shape is \(3, 2\)"),
     ([[0, 1], [1, 2]], "columns", "layout must be rows or pairs"),

@@ -47,7 +47,7 @@ def dead_pid() -> int:
 
 def _npy_argv(tmp_path):
     np.save(tmp_path / "f.npy", np.ones((10, 2), np.float32))
-    np.save(tmp_path / "e.npy", np.array([[0, 1], [1, 2]]))
+    np.save(tmp_path / "e.npy", np.array([[0, 1, 2], [1, 2, 0]]))
     return ["npy", "--features", str(tmp_path / "f.npy"), "--edge-index", str(tmp_path / "e.npy")]
 
 
@@ -55,7 +55,7 @@ def _folder_argv(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     np.save(src / "node_feat.npy", np.ones((10, 2), np.float32))
-    np.save(src / "edge_index.npy", np.array([[0, 1], [1, 2]]))
+    np.save(src / "edge_index.npy", np.array([[0, 1, 2], [1, 2, 0]]))
     return ["folder", "--src", str(src)]
 
 

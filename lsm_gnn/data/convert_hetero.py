@@ -28,7 +28,7 @@ import numpy as np
 from lsm_gnn.data.convert import (
     FOLDER_PATTERNS, _array_like, _attr, _check_edge_index, _check_features, _check_labels, _check_split,
     _dtype_of, _feature_dtype, _open_npy, _progress, _range_hint, _require_integer,
-    checked_edge_chunks, dgl_splits, num_edges_of, pyg_splits, random_split, write_feature_chunks,
+    checked_edge_chunks, dgl_splits, edges_in_layout, num_edges_of, pyg_splits, random_split, write_feature_chunks,
 )
 from lsm_gnn.data.format import SPLITS
 from lsm_gnn.data.dataset import Dataset, Relation, parse_relation, relation_key
@@ -587,35 +587,11 @@ def hetero_from_manifest(path, manifest: str, *, add_reverse: bool = True, **kw)
         if isinstance(entry, dict):
             _known_keys(entry, MANIFEST_KEYS["relation"], f"{manifest}, relation {relation!r}")
             file, layout = entry.get("file"), entry.get("layout")
-        edges[relation] = _manifest_edges(array(file, f"relation {relation!r}"), layout,
+        edges[relation] = edges_in_layout(array(file, f"relation {relation!r}"), layout,
                                           f"{manifest}: relation {relation!r} ({file})")
     return hetero_from_numpy(path, features=features, edges=edges, num_nodes=num_nodes or None,
                              labels=labels or None, num_classes=num_classes or None, splits=splits or None,
                              target=spec.get("target"), name=spec.get("name"), add_reverse=add_reverse, **kw)
-
-
-#: a manifest relation's ``layout``: which axis of its edge array runs over the edges
-EDGE_LAYOUTS = {"rows": "(2, E): row 0 the src ids, row 1 the dst ids",
-                "pairs": "(E, 2): one (src, dst) pair a row"}
-
-
-def _manifest_edges(pairs: np.ndarray, layout: Any, where: str) -> np.ndarray:
-    """A manifest relation's edges as (2, E). The shape tells the layout unless it is 2 x 2 (two edges), which
-    either reading fits: there the manifest must say, as a wrong guess would swap two edges' ends silently."""
-    if layout is not None and layout not in EDGE_LAYOUTS:
-        raise ValueError(f"{where}: layout must be rows or pairs, got {layout!r}")
-    if pairs.ndim != 2 or 2 not in pairs.shape:
-        raise ValueError(f"{where}: must be a (2, E) or (E, 2) array of (src, dst) ids, got shape {pairs.shape}")
-    fits = [name for name, axis in (("rows", 0), ("pairs", 1)) if pairs.shape[axis] == 2]
-    if layout is None and len(fits) > 1:
-        raise ValueError(f"{where}: shape {pairs.shape} reads either way, so give the relation as "
-                         "{file: ..., layout: rows} for " + EDGE_LAYOUTS["rows"] + ", or layout: pairs for "
-                         + EDGE_LAYOUTS["pairs"])
-    layout = layout or fits[0]
-    if layout not in fits:
-        raise ValueError(f"{where}: layout {layout} means {EDGE_LAYOUTS[layout]}, but the array's shape is "
-                         f"{pairs.shape}; fix the layout or the file")
-    return pairs if layout == "rows" else pairs.T
 
 
 def _known_keys(entry: dict, known: tuple, where: str) -> None:
