@@ -432,6 +432,8 @@ def test_a_manifest_of_npy_files_converts_to_the_same_dataset(graph, tmp_path, c
     (lambda m: m["node_types"]["author"].update(features="missing.npy"), "no such file .*missing.npy"),
     (lambda m: m["node_types"].update(topic={}), "node type 'topic' needs features"),
     (lambda m: m.pop("relations"), "must map node_types"),
+    (lambda m: m["node_types"].update(topic={"num_nodes": "many"}), "node type 'topic' num_nodes must be a whole"),
+    (lambda m: m["node_types"]["paper"].update(num_classes=2.5), "'paper' num_classes must be a whole number, got 2.5"),
 ])
 def test_a_bad_manifest_is_refused_naming_what_is_wrong(graph, tmp_path, change, message):
     import json

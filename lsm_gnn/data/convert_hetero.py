@@ -561,6 +561,11 @@ def hetero_from_manifest(path, manifest: str, *, add_reverse: bool = True, **kw)
             raise ValueError(f"{manifest}: {what} must name a .npy file, got {entry!r}")
         return _open_npy(entry if os.path.isabs(entry) else os.path.join(folder, entry), f"{manifest}: {what}")
 
+    def whole(value: Any, what: str) -> int:  # int() would read 2.5 as 2 and stop at "many" with no key named
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{manifest}: {what} must be a whole number, got {value!r}")
+        return value
+
     features, num_nodes, labels, num_classes, splits = {}, {}, {}, {}, {}
     for t, entry in spec["node_types"].items():
         entry = entry or {}
@@ -570,13 +575,13 @@ def hetero_from_manifest(path, manifest: str, *, add_reverse: bool = True, **kw)
         if "features" in entry:
             features[t] = array(entry["features"], f"node type {t!r} features")
         elif "num_nodes" in entry:
-            num_nodes[t] = int(entry["num_nodes"])
+            num_nodes[t] = whole(entry["num_nodes"], f"node type {t!r} num_nodes")
         else:
             raise ValueError(f"{manifest}: node type {t!r} needs features (a .npy file) or num_nodes")
         if "labels" in entry:
             labels[t] = array(entry["labels"], f"node type {t!r} labels")
         if "num_classes" in entry:
-            num_classes[t] = int(entry["num_classes"])
+            num_classes[t] = whole(entry["num_classes"], f"node type {t!r} num_classes")
         if "splits" in entry:
             if not isinstance(entry["splits"], dict):
                 raise ValueError(f"{manifest}: the splits of {t!r} must map split names to files")
