@@ -96,7 +96,7 @@ def parse_fractions(text: str) -> tuple[float, float, float]:
         parts = tuple(float(p) for p in text.split(","))
     except ValueError:
         parts = ()
-    if len(parts) != 3 or min(parts) < 0 or sum(parts) > 1 + 1e-9:
+    if len(parts) != 3 or not all(0 <= p <= 1 for p in parts) or sum(parts) > 1 + 1e-9:  # nan fails 0 <= p
         raise argparse.ArgumentTypeError(f"expected train,val,test fractions summing to at most 1, got {text!r}")
     return parts
 

@@ -46,6 +46,8 @@ def directory_as_features(tmp_path):
      r"argument --test-fraction: must be a finite number"),
     (["prepare", "embedding", "ds", "--out", "t", "--dim", "0"], r"argument --dim: must be at least 1, got 0"),
     (["prepare", "embedding", "ds", "--out", "t", "--dim", "4", "--init-std", "-1"], r"argument --init-std"),
+    (["prepare", "synthetic", "--out", "x", "--num-nodes", "9", "--split", "0.5,nan,0.2"],
+     r"argument --split: expected train,val,test fractions summing to at most 1, got '0.5,nan,0.2'"),
     (["bench", "storage", "ds", "--seconds", "inf"], r"argument --seconds: must be a finite number above 0"),
     (["bench", "storage", "ds", "--queue-depth", "0"], r"argument --queue-depth: must be at least 1"),
     (latin1_csv, r"ratings.csv is not UTF-8 text: byte 0xe9 .*iconv -f latin1 -t utf-8"),
