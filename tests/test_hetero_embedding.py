@@ -89,6 +89,8 @@ def test_two_types_given_one_table_directory_are_refused(dataset, tmp_path, monk
     (["model.node_embedding.topic.dim=-1"], "model.node_embedding.topic.dim must be >= 0"),
     (["model.node_embedding.topic.optimizer=lion"], "model.node_embedding.topic.optimizer='lion' is not valid"),
     (["model.node_embedding.topic.dim=many"], "model.node_embedding.topic.dim must be an int"),
+    (["model.node_embedding.topic.lr=inf"], "model.node_embedding.topic.lr must be a finite number > 0"),
+    (["model.node_embedding.topic.init_std=inf"], "init_std a finite number >= 0, got lr=0.05, init_std=inf"),
     (["model.node_embedding.topic.capacity=lots"], "model.node_embedding.topic.capacity"),
     (["model.node_embedding.topic=4"], "unknown config key 'model.node_embedding.topic'.*<type>"),
 ])
