@@ -118,11 +118,26 @@ def embedding_tables(cfg: Config, dataset) -> dict[str, NodeEmbeddingConfig]:
         if not settings.path:  # one table per type, each in a directory of its own
             settings.path = base if dataset.is_homogeneous else os.path.join(base, t)
         tables[t] = settings
+    _refuse_shared_tables(tables)
     if tables and not dataset.is_homogeneous and not e.features:
         raise ConfigError("model.node_embedding.features=false takes a graph of one node type; on a heterogeneous "
                           "graph give the types to learn embeddings for (model.node_embedding.dim: every type "
                           "without features; model.node_embedding.<type>.dim: one type) and keep features=true")
     return tables
+
+
+def _refuse_shared_tables(tables: dict[str, NodeEmbeddingConfig]) -> None:
+    """Two node types whose paths lead to one directory (as spelled, relative, absolute or through a link) would
+    read and update one table as if it were each one's own: refused whatever the types' sizes."""
+    owner = {}
+    for t, settings in tables.items():
+        real = os.path.realpath(settings.path)
+        if real in owner:
+            first = owner[real]
+            raise ConfigError(f"model.node_embedding.{first}.path ({tables[first].path}) and "
+                              f"model.node_embedding.{t}.path ({settings.path}) are one directory, {real}: node types "
+                              f"{first} and {t} would train one table together; give each type a path of its own")
+        owner[real] = t
 
 
 def _embedding_sizes(cfg: Config, dataset) -> dict[str, CacheSize]:

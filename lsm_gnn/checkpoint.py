@@ -55,7 +55,9 @@ def _safe_load(source, what: str):
             return torch.load(source, map_location="cpu", weights_only=True)
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{what} is not a readable lsm-gnn checkpoint ({first_line}); it is damaged, "
+        # torch's own line would advise loading with weights_only=False, which runs whatever the file holds
+        detail = "" if "weights_only" in first_line else f" ({first_line})"
+        raise CheckpointError(f"{what} is not a readable lsm-gnn checkpoint{detail}; it is damaged, "
                               "was not written by lsm-gnn, or holds objects other than tensors and plain "
                               "values - use another checkpoint or start fresh with checkpoint.resume=false") from None
 

@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     from lsm_gnn.cli_evaluate import add_evaluate_parsers
     from lsm_gnn.cli_plan import add_plan_parser
     from lsm_gnn.cli_plot import add_plot_parser
-    from lsm_gnn.cli_prepare import add_prepare_parser
+    from lsm_gnn.cli_prepare import add_prepare_parser, number_in, parse_positive
     from lsm_gnn.cli_report import add_report_parser
 
     parser = argparse.ArgumentParser(prog="lsm-gnn", description="GNN training with node features on SSD")
@@ -249,9 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     storage = bench_sub.add_parser("storage", help="random-row read throughput per storage backend")
     storage.add_argument("path", help="dataset directory")
     storage.add_argument("--backends", default="io_uring,pread,mmap", help="comma-separated backend names")
-    storage.add_argument("--batch-size", type=int, default=4096)
-    storage.add_argument("--queue-depth", type=int, default=64)
-    storage.add_argument("--seconds", type=float, default=2.0, help="per backend")
+    storage.add_argument("--batch-size", type=parse_positive, default=4096)
+    storage.add_argument("--queue-depth", type=parse_positive, default=64)
+    storage.add_argument("--seconds", type=number_in(0, above_low=True), default=2.0, help="per backend")
     storage.add_argument("--json", help="also write the results to this file")
     storage.set_defaults(func=_bench_storage)
     return parser

@@ -14,7 +14,13 @@ import sys
 import numpy as np
 
 from lsm_gnn.checkpoint import load_checkpoint
-from lsm_gnn.fileio import atomic_write_bytes, check_output_file, write_json_output
+from lsm_gnn.fileio import (
+    DirectoryLocked, atomic_write_bytes, check_output_directory, check_output_file, write_json_output,
+    write_output_record,
+)
+
+#: the file in ``export --out`` that lists what export wrote there, so a later export replaces those files only
+EXPORT_RECORD = "export.json"
 
 
 def restored_trainer(path: str, overrides=(), out=None):
@@ -25,11 +31,19 @@ def restored_trainer(path: str, overrides=(), out=None):
     ckpt = load_checkpoint(path)
     if not isinstance(ckpt.get("config"), dict):
         raise ConfigError(f"{path} holds no trainer config: it was not written by 'lsm-gnn train'")
-    # checkpoint.dir stays the run's (a node embedding table lives there by default, and the run's lock keeps a
-    # training run from changing it meanwhile): nothing is written there, as nothing here trains or selects.
+    # checkpoint.dir stays the run's (a node embedding table lives there by default), but nothing is written there
+    # and no lock is taken on it, so a run still training there may go on. What is read stays consistent: the
+    # checkpoint file is replaced whole by rename and read once; best.pt's table is a copy made before best.pt
+    # named it and never written after (a later best gets a copy of its own); last.pt's table is the run's live
+    # one, which opening it locks (the table's own lock): refused while that run trains, never read mid-write.
     cfg = build_config(ckpt["config"], *parse_overrides(overrides),
                        {"checkpoint": {"resume": False}, "log": {"dir": "", "progress": False}})
-    return Trainer(cfg, out=out, resume_from=path)
+    try:
+        return Trainer(cfg, out=out, resume_from=path, evaluation_only=True)
+    except DirectoryLocked as exc:  # only a live table's lock is taken here
+        raise DirectoryLocked(f"{path} reads its run's live node embedding table, which a run is training ("
+                              f"{exc.holder}): evaluate that run's best.pt (its own copy of the table) now, or this "
+                              "checkpoint once the run has ended", exc.holder) from None
 
 
 def evaluate_command(args) -> int:
@@ -59,7 +73,8 @@ def export_command(args) -> int:
     from lsm_gnn.config import ConfigError
     from lsm_gnn.task_options import eval_batch_size, eval_fanouts, loader_options
 
-    os.makedirs(args.out, exist_ok=True)
+    outputs = ["embeddings.npy"] + (["top_k.npy", "top_k.csv"] if args.top_k else [])
+    check_output_directory(args.out, outputs, "--out", EXPORT_RECORD)  # before the model loads
     with restored_trainer(args.checkpoint, args.overrides, out=sys.stderr) as trainer:
         if trainer.cfg.train.task != "link":
             raise ConfigError("lsm-gnn export writes the node embeddings of a link-prediction model "
@@ -75,6 +90,8 @@ def export_command(args) -> int:
         written = [_save_npy(os.path.join(args.out, "embeddings.npy"), emb.numpy())]
         if args.top_k:
             written += _write_top_k(ds, emb, args.top_k, args.out)
+    write_output_record(args.out, [os.path.basename(path) for path in written], "lsm-gnn export", "--out",
+                        EXPORT_RECORD)
     for path in written:
         print(f"wrote {path}")
     return 0
@@ -135,10 +152,15 @@ def _write_top_k(ds, emb, k: int, out: str) -> list[str]:
 
 
 def add_evaluate_parsers(sub) -> None:
+    from lsm_gnn.cli_prepare import parse_count
+
     evaluate = sub.add_parser("evaluate", help="evaluate a checkpoint on a split",
                               description="Loads the model of a checkpoint written by 'lsm-gnn train' (last.pt or "
                                           "best.pt) and evaluates it; key=value overrides apply on top of the "
-                                          "checkpoint's config (e.g. train.eval_fanouts=[-1,-1] dataset=...)")
+                                          "checkpoint's config (e.g. train.eval_fanouts=[-1,-1] dataset=... for a "
+                                          "moved or copied dataset with the same checksums); settings the weights "
+                                          "depend on (model.kind, model.hidden, sampler.fanouts, ...) stay the "
+                                          "checkpoint's")
     evaluate.add_argument("checkpoint", help="a checkpoint file (checkpoint.dir/last.pt or best.pt)")
     evaluate.add_argument("overrides", nargs="*", metavar="key=value")
     evaluate.add_argument("--split", action="append", help="a split to evaluate (repeatable; default: every one)")
@@ -150,6 +172,8 @@ def add_evaluate_parsers(sub) -> None:
                                         "interaction with (top_k.npy, and top_k.csv with the file's own ids)")
     export.add_argument("checkpoint", help="a checkpoint file (checkpoint.dir/last.pt or best.pt)")
     export.add_argument("overrides", nargs="*", metavar="key=value")
-    export.add_argument("--out", required=True, help="folder for the files (made if missing)")
-    export.add_argument("--top-k", type=int, default=0, help="items per user (0: embeddings only)")
+    export.add_argument("--out", required=True,
+                        help="folder for the files (made if missing); files of the same names are replaced only "
+                             f"where an earlier export wrote them (listed in its {EXPORT_RECORD})")
+    export.add_argument("--top-k", type=parse_count, default=0, help="items per user (0: embeddings only)")
     export.set_defaults(func=export_command)

@@ -71,6 +71,7 @@ def _positive(text: str) -> int:
 
 
 def add_plan_parser(sub) -> None:
+    from lsm_gnn.cli_prepare import number_in
     from lsm_gnn.planner.calibrate import DEFAULT_FILE
 
     plan = sub.add_parser(
@@ -92,7 +93,7 @@ def add_plan_parser(sub) -> None:
     plan.add_argument("--train-steps", type=_positive, default=32, help="training steps timed by the calibration")
     plan.add_argument("--storage-seconds", type=float, default=0.5,
                       help="seconds of random reads per batch size in the storage calibration")
-    plan.add_argument("--tolerance", type=float, default=5.0,
+    plan.add_argument("--tolerance", type=number_in(0), default=5.0,
                       help="recommend the smallest cache within this many %% of the fastest (default 5)")
     plan.add_argument("--json", help="also write the plan to this file ('-': print JSON instead of the table)")
     plan.add_argument("--plot", metavar="PNG", help="also draw the plan into this PNG file, as lsm-gnn plot "

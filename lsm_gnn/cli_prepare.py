@@ -52,6 +52,24 @@ def parse_positive(text: str) -> int:
     return value
 
 
+def number_in(low: float, high: float = float("inf"), *, above_low: bool = False):
+    """An argparse type: a finite number in ``[low, high]`` (``(low, high]`` with ``above_low``); nan, inf and
+    numbers outside are refused with the range, which argparse prefixes with the option's name."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (value > low if above_low else value >= low) or not value <= high or value == float("inf"):
+            bounds = f"{'above' if above_low else 'at least'} {low:g}" + \
+                (f" and at most {high:g}" if high != float("inf") else "")
+            raise argparse.ArgumentTypeError(f"must be a finite number {bounds}, got {text!r}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
 def parse_names(text: str) -> tuple[str, ...]:
     """Comma-separated static score names; ``none`` or an empty string for none."""
     names = tuple(n.strip() for n in text.split(",") if n.strip() and n.strip().lower() != "none")
@@ -78,7 +96,7 @@ def parse_fractions(text: str) -> tuple[float, float, float]:
         parts = tuple(float(p) for p in text.split(","))
     except ValueError:
         parts = ()
-    if len(parts) != 3 or min(parts) < 0 or sum(parts) > 1 + 1e-9:
+    if len(parts) != 3 or not all(0 <= p <= 1 for p in parts) or sum(parts) > 1 + 1e-9:  # nan fails 0 <= p
         raise argparse.ArgumentTypeError(f"expected train,val,test fractions summing to at most 1, got {text!r}")
     return parts
 
@@ -248,7 +266,7 @@ def _run_hetero_arrays(args: argparse.Namespace) -> int:
 
 def _common_convert_kwargs(args: argparse.Namespace) -> dict:
     return {"undirected": args.undirected, "dedup": not args.keep_duplicates, "self_loops": not args.drop_self_loops,
-            "feature_dtype": args.dtype, "random_split_fractions": args.random_split,
+            "feature_dtype": args.dtype, "random_split_fractions": args.random_split, "edge_layout": args.edge_layout,
             "scores": args.scores, "overwrite": args.overwrite, "progress": not args.no_progress}
 
 
@@ -294,6 +312,14 @@ def _run_interactions(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_checksums(args: argparse.Namespace) -> int:
+    from lsm_gnn.data.verify import record_checksums
+
+    changed = record_checksums(args.dataset)
+    print(f"{args.dataset}: checksums recorded anew; changed: {', '.join(changed) or 'none'}")
+    return 0
+
+
 def _run_scores(args: argparse.Namespace) -> int:
     print(summarize(recompute_scores(args.dataset, args.names)))
     return 0
@@ -335,14 +361,17 @@ def _add_output_flags(p: argparse.ArgumentParser) -> None:
                    help="dataset directory to write: new or empty (written atomically through a hidden "
                         ".NAME.tmp-* directory beside it, which a killed run leaves and the next one removes)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace --out if it is an lsm-gnn dataset; the old one stays until the new one is "
-                        "complete. Anything else at --out is refused, never deleted")
+                   help="replace --out if it is an lsm-gnn dataset holding only its own files; the old one stays "
+                        "until the new one is complete. Anything else at --out is refused, never deleted")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--scores", type=parse_names, default=SCORE_NAMES, metavar="NAMES",
                    help=f"static scores to compute, comma-separated or 'none' (default: {','.join(SCORE_NAMES)})")
 
 
 def _add_convert_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--edge-layout", choices=("rows", "pairs"),
+                   help="how the edge file is laid out: rows (2, E) or pairs (E, 2); needed only for a 2 x 2 array "
+                        "(two edges), which reads either way")
     p.add_argument("--undirected", action="store_true", help="add the reverse of every edge")
     p.add_argument("--keep-duplicates", action="store_true",
                    help="keep parallel (repeated) edges; by default one of each is kept")
@@ -380,11 +409,12 @@ def _add_hetero_parser(sub) -> None:
     p.add_argument("--num-classes", "--classes", dest="num_classes", type=parse_positive, default=19,
                    help="paper classes (default 19, as IGBH's coarse labels)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
-    p.add_argument("--citations-per-paper", type=float, help="citations generated per paper (default 10)")
-    p.add_argument("--authors-per-paper", type=float,
+    p.add_argument("--citations-per-paper", type=number_in(0), help="citations generated per paper (default 10)")
+    p.add_argument("--authors-per-paper", type=number_in(0),
                    help="mean authors a paper draws (default 2; every author also writes one paper)")
-    p.add_argument("--topics-per-paper", type=float, help="mean fields a paper draws (default 2)")
-    p.add_argument("--homophily", type=float, help="share of citations inside the paper's class (default 0.6)")
+    p.add_argument("--topics-per-paper", type=number_in(0), help="mean fields a paper draws (default 2)")
+    p.add_argument("--homophily", type=number_in(0, 1),
+                   help="share of citations inside the paper's class (default 0.6)")
     p.add_argument("--split", type=parse_fractions, default=(0.6, 0.2, 0.2), metavar="TRAIN,VAL,TEST",
                    help="paper split fractions (default 0.6,0.2,0.2)")
     p.set_defaults(func=_run_hetero_synthetic)
@@ -414,8 +444,9 @@ def _add_hetero_parser(sub) -> None:
                           description="Convert your own typed arrays: a YAML (or JSON) manifest names, relative to "
                                       "its folder, each node type's features (or num_nodes), labels, num_classes "
                                       "and splits, and each relation's (2, E) or (E, 2) edge array as "
-                                      "src__name__dst: file.npy. Example in docs/hetero.md. Every file is "
-                                      "memory-mapped")
+                                      "src__name__dst: file.npy, or {file: file.npy, layout: rows|pairs} (rows: "
+                                      "(2, E), pairs: (E, 2); required for a 2 x 2 array). Example in "
+                                      "docs/hetero.md. Every file is memory-mapped")
     _add_output_flags(p)
     p.add_argument("manifest", help="the manifest file (YAML or JSON)")
     p.add_argument("--no-reverse", action="store_true", help="do not add reverse relations (rev_<name>)")
@@ -445,10 +476,10 @@ def _add_interactions_parser(sub) -> None:
     p.add_argument("--split", choices=("user-random", "temporal", "column"),
                    help="per-user random (default), per-user latest to test (temporal), or --split-col's names "
                         "(column, the default when --split-col is given)")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="share of each user's interactions to val "
+    p.add_argument("--val-fraction", type=number_in(0, 1), default=0.1, help="share of each user's interactions to val "
                    "(default 0.1)")
-    p.add_argument("--test-fraction", type=float, default=0.2, help="share of each user's interactions to test "
-                   "(default 0.2, at least one)")
+    p.add_argument("--test-fraction", type=number_in(0, 1), default=0.2,
+                   help="share of each user's interactions to test (default 0.2, at least one)")
     p.add_argument("--min-user-interactions", type=parse_count, default=3,
                    help="users with fewer interactions keep them all in training (default 3)")
     p.add_argument("--duplicates", choices=("drop", "keep", "error"), default="drop",
@@ -474,19 +505,20 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
                                    description="Create datasets in the lsm-gnn format. A full disk stops with an "
                                                "error naming the file and leaves no partial dataset.")
     sub = parser.add_subparsers(dest="prepare_command",
-                                metavar="{synthetic,bipartite,npy,folder,interactions,hetero,scores}")
+                                metavar="{synthetic,bipartite,npy,folder,interactions,hetero,checksums,scores}")
     sub.required = True
 
     p = sub.add_parser("synthetic", help="R-MAT power-law graph with learnable communities",
                        description="Generate a synthetic dataset straight to disk (scales to 10^8 nodes).")
     _add_output_flags(p)
     p.add_argument("--num-nodes", type=parse_positive, required=True, help="number of nodes, e.g. 1e6")
-    p.add_argument("--avg-degree", type=float, default=10.0, help="CSR entries per node before dedup (default 10)")
+    p.add_argument("--avg-degree", type=number_in(0, above_low=True), default=10.0,
+                   help="CSR entries per node before dedup (default 10)")
     p.add_argument("--feature-dim", type=parse_positive, default=128, help="feature columns (default 128)")
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="feature dtype")
     p.add_argument("--classes", type=parse_positive, default=8, help="number of classes / communities (default 8)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
-    p.add_argument("--homophily", type=float, default=0.75, help="fraction of edges drawn inside a class")
+    p.add_argument("--homophily", type=number_in(0, 1), default=0.75, help="fraction of edges drawn inside a class")
     p.add_argument("--split", type=parse_fractions, default=(0.6, 0.2, 0.2), metavar="TRAIN,VAL,TEST",
                    help="split fractions (default 0.6,0.2,0.2)")
     p.set_defaults(func=_run_synthetic)
@@ -497,11 +529,12 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     _add_output_flags(p)
     p.add_argument("--num-users", type=parse_positive, required=True, help="number of users, e.g. 1e5")
     p.add_argument("--num-items", type=parse_positive, required=True, help="number of items")
-    p.add_argument("--avg-interactions", type=float, default=20.0, help="interactions per user (default 20)")
+    p.add_argument("--avg-interactions", type=number_in(0, above_low=True), default=20.0,
+                   help="interactions per user (default 20)")
     p.add_argument("--feature-dim", type=parse_positive, default=64, help="feature columns (default 64)")
     p.add_argument("--communities", type=parse_positive, default=8, help="latent user/item communities (default 8)")
-    p.add_argument("--test-fraction", type=float, default=0.2, help="held-out share of each user's items")
-    p.add_argument("--val-fraction", type=float, default=0.0, help="validation share of each user's items")
+    p.add_argument("--test-fraction", type=number_in(0, 1), default=0.2, help="held-out share of each user's items")
+    p.add_argument("--val-fraction", type=number_in(0, 1), default=0.0, help="validation share of each user's items")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
     p.set_defaults(func=_run_bipartite)
 
@@ -536,15 +569,23 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     p = sub.add_parser("embedding", help="a trainable node embedding table for a dataset (docs/embeddings.md)")
     p.add_argument("dataset", help="dataset directory whose nodes get an embedding each")
     p.add_argument("--out", required=True, help="the table's directory to create (refused if it exists)")
-    p.add_argument("--dim", type=int, required=True, help="values per node")
+    p.add_argument("--dim", type=parse_positive, required=True, help="values per node")
     p.add_argument("--dtype", default="float32", choices=("float32", "float16"), help="stored embedding dtype")
     p.add_argument("--optimizer", default="adagrad", choices=("sgd", "adagrad", "adam"),
                    help="the row-wise optimizer whose state each row carries (default: adagrad)")
-    p.add_argument("--init-std", type=float, default=0.1, help="initial values ~ N(0, std^2) (default: 0.1)")
+    p.add_argument("--init-std", type=number_in(0), default=0.1, help="initial values ~ N(0, std^2) (default: 0.1)")
     p.add_argument("--node-type", help="on a graph of several node types, whose nodes get the table")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_run_embedding)
+
+    p = sub.add_parser("checksums", help="record a dataset's checksums anew after an intended edit (atomic)",
+                       description="Re-reads every file a dataset's meta.json names and records its checksums (whole "
+                                   "and per block) anew: after you changed a file on purpose (labels.npy, a split), "
+                                   "so that opening and data.verify accept it. A damaged file would be accepted "
+                                   "the same way: restore damage instead.")
+    p.add_argument("dataset", help="dataset directory")
+    p.set_defaults(func=_run_checksums)
 
     p = sub.add_parser("scores", help="recompute static scores of a dataset in place (atomic)")
     p.add_argument("dataset", help="dataset directory")

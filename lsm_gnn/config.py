@@ -387,9 +387,9 @@ def check_node_embedding(cfg: Config) -> None:
                                   f"{', '.join(valid)}")
         if not settings.dim:
             continue
-        if not settings.lr > 0 or not settings.init_std >= 0:
-            raise ConfigError(f"{key}lr must be > 0 and init_std >= 0, got lr={settings.lr}, "
-                              f"init_std={settings.init_std}")
+        if not 0 < settings.lr < math.inf or not 0 <= settings.init_std < math.inf:  # nan fails both too
+            raise ConfigError(f"{key}lr must be a finite number > 0 and init_std a finite number >= 0, got "
+                              f"lr={settings.lr}, init_std={settings.init_std}")
         if settings.capacity:
             try:
                 capacity_spec(settings.capacity)
@@ -483,7 +483,7 @@ def _read_yaml(path) -> dict:
         hint = (f"to train on the dataset there, give dataset={path}" if os.path.isfile(os.path.join(path, "meta.json"))
                 else "give a YAML file (see configs/)")
         raise ConfigError(f"config file {path} is a directory; {hint}")
-    with open(path) as fh:
+    with open(path, "rb") as fh:  # bytes: yaml names the file and the position of a byte that is not UTF-8
         try:
             data = yaml.safe_load(fh) or {}
         except yaml.YAMLError as exc:

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -270,13 +271,71 @@ def write_json_output(path: str, document: dict, writer: str, option: str) -> No
     atomic_write_bytes(text.encode(), path)
 
 
+def _recorded_files(record: str) -> dict:
+    """The ``files`` a record of :func:`write_output_record` lists (name -> size and mtime), empty when none."""
+    import json
+
+    try:
+        with open(record, "rb") as fh:
+            files = json.loads(fh.read(16 << 20)).get("files")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return files if isinstance(files, dict) else {}
+
+
+def check_output_directory(directory: str, names, option: str, record: str) -> None:
+    """Refuses, before any work, an output ``directory`` that is not one, or where one of the files ``names`` to be
+    written exists and is not the very file lsm-gnn wrote there: a file the directory's ``record`` (a JSON file of
+    :func:`write_output_record`) lists with the same size and modification time. numpy arrays carry no mark of
+    their writer, so the record is the mark; a file edited or put there since is someone else's. The directory is
+    made if missing."""
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        raise ValueError(f"{option} {directory} is a file, not a directory; give a directory for the files "
+                         "(made if missing)")
+    record_path = os.path.join(directory, record)
+    check_output_file(record_path, option)  # makes the directory; refuses a record lsm-gnn did not write
+    listed = _recorded_files(record_path)
+    for name in names:
+        path = os.path.join(directory, name)
+        if not os.path.lexists(path):
+            continue
+        st = os.lstat(path)
+        mark = listed.get(name)
+        if not (os.path.isfile(path) and not os.path.islink(path) and isinstance(mark, dict)
+                and mark.get("size") == st.st_size and mark.get("mtime_ns") == st.st_mtime_ns):
+            raise NotOurFileError(f"{option} {directory}: {path} exists and is not a file lsm-gnn wrote there "
+                                  f"(not listed, as written, in {record_path}), so it is left as it is: give another "
+                                  "directory, or delete that file first if it is yours to lose")
+
+
+def write_output_record(directory: str, names, writer: str, option: str, record: str) -> None:
+    """Lists the files ``names`` just written into ``directory`` (size, modification time) in its ``record``, so
+    that :func:`check_output_directory` lets a later run replace them, and only them. Files an earlier run listed
+    stay listed while they are as it wrote them."""
+    def mark(name: str) -> dict | None:
+        try:
+            st = os.lstat(os.path.join(directory, name))
+        except FileNotFoundError:
+            return None
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+    files = {name: old for name, old in _recorded_files(os.path.join(directory, record)).items()
+             if name not in names and old == mark(name)}
+    files.update({name: mark(name) for name in names})
+    write_json_output(os.path.join(directory, record), {"files": files}, writer, option)
+
+
 #: the lock file :class:`RunLock` keeps in a directory a run writes (a checkpoint, a log, an embedding table)
 LOCK_FILE = ".lsm-gnn.lock"
 _held_locks: dict[str, list] = {}  # realpath of a lock file -> [fd, holders in this process]
 
 
 class DirectoryLocked(RuntimeError):
-    """Another process holds the directory's :class:`RunLock`."""
+    """Another process holds the directory's :class:`RunLock`; ``holder`` names it (pid, host, since when)."""
+
+    def __init__(self, message: str, holder: str = ""):
+        super().__init__(message)
+        self.holder = holder
 
 
 class RunLock:
@@ -301,11 +360,17 @@ class RunLock:
             held[1] += 1
             return
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            # O_NONBLOCK: a FIFO or device put there must not hang the open; it is refused just below
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
         except OSError as exc:
             raise OSError(exc.errno, f"{what} {directory}: cannot open its lock file {self.path} ({exc.strerror}); "
                                      "check that the directory is writable and that the lock file is not a link",
                           self.path) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, f"{what} {directory}: its lock file {self.path} is not a regular file (a "
+                                        "FIFO, socket or device); remove it (rm) and run again: lsm-gnn makes it "
+                                        "anew as a regular file", self.path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -317,10 +382,10 @@ class RunLock:
             since = holder.get("since")
             when = time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) \
                 else ""
+            who = f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}{when}"
             raise DirectoryLocked(
-                f"{what} {directory} is in use by another run (pid {holder.get('pid', '?')} on host "
-                f"{holder.get('host', '?')}{when}); two runs writing it would corrupt each other: wait for that run "
-                f"to end, stop it, or give this run another {what}") from None
+                f"{what} {directory} is in use by another run ({who}); two runs writing it would corrupt each other: "
+                f"wait for that run to end, stop it, or give this run another {what}", who) from None
         except BaseException:
             os.close(fd)
             raise

@@ -55,9 +55,13 @@ class Trainer:
     :class:`~lsm_gnn.features.Features` (a storage, a SoftwareCache, a SharedCache).
     """
 
-    def __init__(self, cfg: Config, out=None, features=None, *, resume_from: str | None = None):
+    def __init__(self, cfg: Config, out=None, features=None, *, resume_from: str | None = None,
+                 evaluation_only: bool = False):
         """``resume_from``: a checkpoint file to take the state from instead of checkpoint.dir's last.pt
-        (``lsm-gnn evaluate`` and ``export`` load a trained model this way, with checkpoint.dir empty)."""
+        (``lsm-gnn evaluate`` and ``export`` load a trained model this way). ``evaluation_only``: the trainer
+        evaluates and never trains (:meth:`fit` refuses), so it writes nothing to checkpoint.dir or log.dir and
+        takes no lock on them: a run that trains there meanwhile is no conflict."""
+        self.evaluation_only = evaluation_only
         if not cfg.dataset:
             raise ConfigError("no dataset: set dataset=<directory> (make one with lsm-gnn prepare)")
         # kernels= (CPU tensors: the C++ core, or the Triton kernels under the interpreter), the output locks and
@@ -95,7 +99,7 @@ class Trainer:
         self.ranks = Ranks(self.rank, self.world_size, self.progress)
         if distributed():  # before any collective whose shape depends on the settings
             check_agreement(flatten(startup.agreed_settings(cfg, self.dataset), sep="."))
-        if self.rank == 0:
+        if self.rank == 0 and not self.evaluation_only:
             self.resources.lock_outputs(cfg)
         self.task = make_task(cfg, self.dataset)
         missing = [s for s in cfg.train.eval_splits if s not in self.task.splits]
@@ -356,6 +360,9 @@ class Trainer:
     # -- the run -------------------------------------------------------------------------------------------------
 
     def fit(self) -> dict:
+        if self.evaluation_only:
+            raise RuntimeError("this trainer was made with evaluation_only=True: it holds no lock on its outputs, "
+                               "so it may not train; make a Trainer without it")
         self._announce()
         total = StageTimes()
         try:

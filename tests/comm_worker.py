@@ -388,6 +388,13 @@ def exchange_choice(ds, rank, world, out):
         assert "cannot read rank" in str(exc) and "use auto or collective" in str(exc), exc
     else:
         raise AssertionError("exchange=shm was granted without a shared /dev/shm")
+    shm.SHM_DIR = os.path.join(out, "absent")  # no file can be made there, as in a read-only /dev/shm
+    try:
+        SharedCache(cache, ModuloOwner(world), timeout_s=60, exchange="shm")
+    except ValueError as exc:
+        assert f"needs a writable {shm.SHM_DIR}: rank 0" in str(exc) and "cache.exchange=collective" in str(exc), exc
+    else:
+        raise AssertionError("exchange=shm was granted where no rank can write")
     shm.SHM_DIR = real
     shm.AUTO_MIN_FREE = 1 << 60  # more than /dev/shm has free: auto declines, shm is still granted
     assert SharedCache(cache, ModuloOwner(world), timeout_s=60).exchange == "collective"

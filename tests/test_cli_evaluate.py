@@ -1,5 +1,11 @@
 """lsm-gnn evaluate and export: a trained model back from its checkpoint, measured on a split or written out."""
+import contextlib
 import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,7 +102,7 @@ def test_export_refuses_a_node_classification_checkpoint(tmp_path, capsys):
     assert "train.task=link" in capsys.readouterr().err
 
 
-def test_a_model_with_node_embeddings_is_evaluated_on_the_table_its_checkpoint_left(link_run, tmp_path):
+def test_a_model_with_node_embeddings_is_evaluated_on_the_table_its_checkpoint_left(link_run, tmp_path, capsys):
     ds = link_run[0]
     out = tmp_path / "emb"
     assert main(["train", f"dataset={ds.path}", "train.task=link", "model.kind=sage", "model.hidden=8",
@@ -106,6 +112,9 @@ def test_a_model_with_node_embeddings_is_evaluated_on_the_table_its_checkpoint_l
     ran = json.loads((out / "r.json").read_text())["eval"]["test"]
     assert main(["evaluate", str(out / "ck" / "last.pt"), "--split", "test", "--json", str(out / "e.json")]) == 0
     assert json.loads((out / "e.json").read_text())["test"] == pytest.approx(ran)
+    with held_by_another_process(out / "ck" / "node_embedding"):  # the run's live table, as while it trains
+        assert main(["evaluate", str(out / "ck" / "last.pt")]) == 1
+    assert "live node embedding table, which a run is training (pid" in capsys.readouterr().err
 
 
 def test_best_pt_with_node_embeddings_keeps_its_table_and_evaluates_as_selected(link_run, tmp_path):
@@ -123,3 +132,103 @@ def test_best_pt_with_node_embeddings_keeps_its_table_and_evaluates_as_selected(
     again = json.loads((out / "e.json").read_text())
     assert again["val"] == pytest.approx(best["eval"]["val"]) and again["test"] == pytest.approx(best["eval"]["test"])
     assert main(["evaluate", str(out / "ck" / "best.pt"), "checkpoint.best_table=false"]) == 0  # reads it all the same
+
+
+def test_export_replaces_only_files_an_export_wrote(link_run, tmp_path, capsys):
+    """A second export replaces the first's files; a user's file, or one edited since, is left as it is."""
+    _, out, _ = link_run
+    export = ["export", str(out / "ck" / "last.pt"), "--out", str(tmp_path / "x")]
+    assert main(export) == 0
+    assert main(export + ["--top-k", "3"]) == 0  # its own embeddings.npy replaced, top_k files added
+    assert main(export) == 0  # the record still lists top_k.npy as written
+    assert main(export + ["--top-k", "3"]) == 0
+    capsys.readouterr()
+    np.save(tmp_path / "x" / "top_k.npy", np.zeros(3))  # the user's own now
+    assert main(export + ["--top-k", "3"]) == 1
+    assert "top_k.npy exists and is not a file lsm-gnn wrote there" in capsys.readouterr().err
+    assert np.load(tmp_path / "x" / "top_k.npy").shape == (3,)
+
+
+@pytest.mark.parametrize("setup,args,message", [
+    (lambda d: (d.mkdir(), np.save(d / "embeddings.npy", np.ones(2))), [],
+     "x/embeddings.npy exists and is not a file lsm-gnn wrote there.*delete that file first"),
+    (lambda d: (d.mkdir(), (d / "top_k.csv").write_text("mine")), ["--top-k", "2"], "top_k.csv exists and is not"),
+    (lambda d: (d.mkdir(), (d / "export.json").write_text("{}")), [], "export.json exists and was not written by"),
+    (lambda d: d.write_text("a file"), [], "--out .*x is a file, not a directory"),
+])
+def test_export_refuses_a_foreign_output_before_loading_anything(tmp_path, capsys, setup, args, message):
+    setup(tmp_path / "x")
+    before = {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    # the checkpoint does not exist: the output is refused first
+    assert main(["export", str(tmp_path / "none.pt"), "--out", str(tmp_path / "x"), *args]) == 1
+    assert re.search(message, capsys.readouterr().err)
+    assert {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_evaluate_takes_a_copy_of_the_dataset_and_refuses_another(link_run, tmp_path, capsys):
+    """dataset=COPY (the help's own example): same files, same checksums, so the same metrics; a dataset of other
+    contents is refused naming both."""
+    import shutil
+
+    ds, out, result = link_run
+    shutil.copytree(ds.path, tmp_path / "copy")
+    ckpt = str(out / "ck" / "last.pt")
+    assert main(["evaluate", ckpt, f"dataset={tmp_path / 'copy'}", "--split", "test", "--json",
+                 str(tmp_path / "e.json")]) == 0
+    assert json.loads((tmp_path / "e.json").read_text())["test"] == pytest.approx(result["eval"]["test"])
+    # checksums recorded anew over the same bytes (the block sums get a new file name): still the same dataset
+    assert main(["prepare", "checksums", str(tmp_path / "copy")]) == 0
+    assert main(["evaluate", ckpt, f"dataset={tmp_path / 'copy'}", "--split", "test"]) == 0
+    # a checkpoint from before the dataset's checksums were recorded: compared with the dataset still at its path
+    from lsm_gnn.checkpoint import atomic_torch_save, load_checkpoint
+
+    state = load_checkpoint(ckpt)
+    del state["dataset_checksums"]
+    atomic_torch_save(state, str(tmp_path / "older.pt"))
+    assert main(["evaluate", str(tmp_path / "older.pt"), f"dataset={tmp_path / 'copy'}", "--split", "test"]) == 0
+    other = generate_bipartite(tmp_path / "other", num_users=300, num_items=200, avg_interactions=12, feature_dim=8,
+                               seed=1, val_fraction=0.1, progress=False)
+    capsys.readouterr()
+    assert main(["evaluate", ckpt, f"dataset={other.path}"]) == 1
+    err = capsys.readouterr().err
+    assert f"was trained on dataset {ds.path}; dataset={other.path} is not the same dataset" in err
+    assert "checkpoint.resume=false" not in err
+
+
+@contextlib.contextmanager
+def held_by_another_process(directory):
+    """``directory``'s run lock held by a child process, as a run training there holds it."""
+    root = str(Path(__file__).resolve().parents[1])
+    holder = subprocess.Popen([sys.executable, "-c", "from lsm_gnn.fileio import RunLock\nimport time\n"
+                               f"lock = RunLock({str(directory)!r}, 'checkpoint.dir')\nprint('held', flush=True)\n"
+                               "time.sleep(60)"], cwd=root, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": root})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_evaluate_reads_a_best_checkpoint_while_its_run_holds_the_directory(link_run, capsys):
+    """A run still training holds checkpoint.dir's lock; evaluate writes nothing there, so it takes none."""
+    _, out, _ = link_run
+    with held_by_another_process(out / "ck"):
+        assert main(["evaluate", str(out / "ck" / "best.pt"), "--split", "test"]) == 0, capsys.readouterr().err
+
+
+def test_evaluate_takes_overrides_of_training_settings_and_refuses_other_weights(link_run, tmp_path, capsys):
+    """Overrides that shape training or speed only are taken (as the help says); the model's own are refused with
+    the override to drop, not the resume advice."""
+    _, out, result = link_run
+    ckpt = str(out / "ck" / "last.pt")
+    assert main(["evaluate", ckpt, "train.lr=0.5", "train.weight_decay=0.1", "--split", "test", "--json",
+                 str(tmp_path / "e.json")]) == 0
+    assert json.loads((tmp_path / "e.json").read_text())["test"] == pytest.approx(result["eval"]["test"])
+    # another seed and batch size draw other evaluation samples: taken, if not the same figures
+    assert main(["evaluate", ckpt, "sampler.batch_size=64", "train.seed=3", "--split", "test"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", ckpt, "model.hidden=8"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot evaluate" in err and "model.hidden: saved 16, now 8" in err and "drop those overrides" in err

@@ -1,5 +1,6 @@
 """Converters agree with each other, keep features exact and refuse bad input clearly."""
 import os
+import re
 
 import numpy as np
 import pytest
@@ -154,6 +155,28 @@ def test_from_npy_files_agrees_in_either_edge_layout(graph, reference, tmp_path,
         files[key] = str(tmp_path / f"{key}.npy")
         np.save(files[key], value)
     _same(from_npy_files(tmp_path / "ds", **files, progress=False), reference)
+
+
+@pytest.mark.parametrize("layout,expected", [(None, None), ("pairs", [(0, 1), (2, 0)]), ("rows", [(0, 2), (1, 0)])])
+def test_a_two_by_two_edge_file_is_read_as_its_layout_says(tmp_path, capsys, layout, expected):
+    """Two edges as (E, 2), a0->1 and 2->0, read as rows would be 0->2 and 1->0: the CLI asks rather than guess."""
+    from lsm_gnn.cli import main
+    from lsm_gnn.data import open_dataset
+
+    np.save(tmp_path / "x.npy", np.ones((3, 2), np.float32))
+    np.save(tmp_path / "e.npy", np.array([[0, 1], [2, 0]]))
+    argv = ["prepare", "npy", "--features", str(tmp_path / "x.npy"), "--edge-index", str(tmp_path / "e.npy"),
+            "--out", str(tmp_path / "ds"), "--scores", "none", "--no-progress"]
+    if layout is None:
+        assert main(argv) == 1
+        assert re.search(r"e.npy: shape \(2, 2\) reads either way; say which with edge_layout \(--edge-layout\) "
+                         r"rows", capsys.readouterr().err)
+        return
+    assert main(argv + ["--edge-layout", layout]) == 0
+    ds = open_dataset(tmp_path / "ds")
+    indptr, indices = np.asarray(ds.indptr), np.asarray(ds.indices)
+    got = {(int(indices[j]), v) for v in range(3) for j in range(indptr[v], indptr[v + 1])}
+    assert got == set(expected)  # each node's CSR row lists its sources
 
 
 def test_from_folder_reads_an_igb_layout(graph, reference, tmp_path):

@@ -432,6 +432,8 @@ def test_a_manifest_of_npy_files_converts_to_the_same_dataset(graph, tmp_path, c
     (lambda m: m["node_types"]["author"].update(features="missing.npy"), "no such file .*missing.npy"),
     (lambda m: m["node_types"].update(topic={}), "node type 'topic' needs features"),
     (lambda m: m.pop("relations"), "must map node_types"),
+    (lambda m: m["node_types"].update(topic={"num_nodes": "many"}), "node type 'topic' num_nodes must be a whole"),
+    (lambda m: m["node_types"]["paper"].update(num_classes=2.5), "'paper' num_classes must be a whole number, got 2.5"),
 ])
 def test_a_bad_manifest_is_refused_naming_what_is_wrong(graph, tmp_path, change, message):
     import json
@@ -443,5 +445,47 @@ def test_a_bad_manifest_is_refused_naming_what_is_wrong(graph, tmp_path, change,
     change(spec)
     open(manifest, "w").write(json.dumps(spec))
     with pytest.raises((ValueError, FileNotFoundError), match=message):
+        hetero_from_manifest(tmp_path / "ds", manifest, progress=False)
+    assert not (tmp_path / "ds").exists()
+
+
+def _two_edge_manifest(tmp_path, pairs, layout=None, dtype=None):
+    """A two-node-type manifest whose one relation is ``pairs`` (given with ``layout`` when set)."""
+    import json
+
+    np.save(tmp_path / "e.npy", np.asarray(pairs, dtype=dtype))
+    relation = "e.npy" if layout is None else {"file": "e.npy", "layout": layout}
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"node_types": {"a": {"num_nodes": 3}, "b": {"num_nodes": 3}},
+                                    "relations": {"a__to__b": relation}}))
+    return str(manifest)
+
+
+@pytest.mark.parametrize("layout,expected", [("pairs", [(0, 1), (2, 0)]), ("rows", [(0, 2), (1, 0)])])
+def test_a_manifest_layout_reads_a_two_by_two_relation_as_told(tmp_path, layout, expected):
+    from lsm_gnn.data import open_dataset
+    from lsm_gnn.data.convert_hetero import hetero_from_manifest
+
+    # (E, 2) of edges a0->b1 and a2->b0; as rows it is a0->b2 and a1->b0
+    manifest = _two_edge_manifest(tmp_path, [[0, 1], [2, 0]], layout)
+    ds = hetero_from_manifest(tmp_path / "ds", manifest, add_reverse=False, scores=(), progress=False)
+    relation = ds.relations[0]
+    indptr, indices = (np.asarray(a) for a in ds.csr(relation))
+    got = sorted((int(indices[j]), b) for b in range(3) for j in range(indptr[b], indptr[b + 1]))
+    assert got == sorted(expected)
+
+
+@pytest.mark.parametrize("pairs,layout,message", [
+    ([[0, 1], [2, 0]], None, r"relation 'a__to__b' \(e.npy\): shape \(2, 2\) reads either way; say which with layout rows"),
+    ([[0, 1, 2], [1, 2, 0]], "pairs", r"relation 'a__to__b' \(e.npy\): layout pairs means \(E, 2\).*shape is \(2, 3\)"),
+    ([[0, 1], [1, 2], [2, 0]], "rows", r"layout rows means \(2, E\).*shape is \(3, 2\)"),
+    ([[0, 1], [1, 2]], "columns", "layout must be rows or pairs"),
+    ([[0, 1], [1, "x"]], "pairs", r"e.npy holds Python objects \(dtype object\).*astype\(np.int64\)"),
+])
+def test_a_manifest_relation_of_unclear_or_wrong_layout_is_refused(tmp_path, pairs, layout, message):
+    from lsm_gnn.data.convert_hetero import hetero_from_manifest
+
+    manifest = _two_edge_manifest(tmp_path, pairs, layout, dtype=object if "x" in str(pairs) else None)
+    with pytest.raises(ValueError, match=message):
         hetero_from_manifest(tmp_path / "ds", manifest, progress=False)
     assert not (tmp_path / "ds").exists()

@@ -265,3 +265,21 @@ def test_auto_leaves_a_dataset_over_the_size_limit_unchecked(graph, monkeypatch)
     monkeypatch.setattr(verify_module, "AUTO_SAMPLED_LIMIT", verify_module.dataset_bytes(ds) - 1)
     assert resolve_mode(ds, "auto") == "off"
     assert resolve_mode(ds, "sampled") == "sampled"  # asked for, it still checks
+
+
+def test_an_intended_edit_is_recorded_by_prepare_checksums_which_the_refusal_names(graph, tmp_path, capsys):
+    """labels.npy changed on purpose: opening with checksums refuses it and names the command; after the command
+    the dataset opens, verifies whole and by block, and its block sums are the file's own."""
+    copy = copy_of(graph, tmp_path)
+    labels = np.load(copy / "labels.npy")
+    np.save(copy / "labels.npy", (labels + 1) % 3)
+    with pytest.raises(DatasetError, match=f"lsm-gnn prepare checksums {copy}"):
+        open_dataset(copy).verify_checksums()
+    assert main(["prepare", "checksums", str(copy)]) == 0
+    assert "changed: labels.npy" in capsys.readouterr().out
+    ds = open_dataset(copy)
+    ds.verify_checksums()
+    names = os.listdir(copy)
+    assert BLOCK_SUMS_FILE not in names and len([n for n in names if n.startswith(BLOCK_SUMS_FILE)]) == 1
+    for name in ds.meta["block_checksums"]["files"]:
+        assert recorded_sums(copy, name) == block_sums(copy, name), name

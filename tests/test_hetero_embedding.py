@@ -69,11 +69,28 @@ def test_what_the_dataset_cannot_have_is_refused_before_training(dataset, tmp_pa
         Trainer(load_config(None, overrides(dataset.path, tmp_path, *more)))
 
 
+@pytest.mark.parametrize("spelling", ["same", "relative", "link"])
+def test_two_types_given_one_table_directory_are_refused(dataset, tmp_path, monkeypatch, spelling):
+    """However the second path spells the first's directory, two types never train one table together."""
+    table_dir = tmp_path / "tables" / "shared"
+    table_dir.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    other = {"same": str(table_dir), "relative": "tables/shared", "link": str(tmp_path / "alias")}[spelling]
+    (tmp_path / "alias").symlink_to(table_dir)
+    cfg = load_config(None, overrides(dataset.path, tmp_path, f"model.node_embedding.topic.path={table_dir}",
+                                      f"model.node_embedding.author.path={other}"))
+    with pytest.raises(ConfigError, match=r"model.node_embedding.author.path .* and model.node_embedding.topic.path"
+                                          r" .* node types author and topic would train one table together"):
+        embedding_tables(cfg, dataset)
+
+
 @pytest.mark.parametrize("more, message", [
     (["model.node_embedding.topic.size=4"], "model.node_embedding.topic has unknown keys \\['size'\\]"),
     (["model.node_embedding.topic.dim=-1"], "model.node_embedding.topic.dim must be >= 0"),
     (["model.node_embedding.topic.optimizer=lion"], "model.node_embedding.topic.optimizer='lion' is not valid"),
     (["model.node_embedding.topic.dim=many"], "model.node_embedding.topic.dim must be an int"),
+    (["model.node_embedding.topic.lr=inf"], "model.node_embedding.topic.lr must be a finite number > 0"),
+    (["model.node_embedding.topic.init_std=inf"], "init_std a finite number >= 0, got lr=0.05, init_std=inf"),
     (["model.node_embedding.topic.capacity=lots"], "model.node_embedding.topic.capacity"),
     (["model.node_embedding.topic=4"], "unknown config key 'model.node_embedding.topic'.*<type>"),
 ])

@@ -47,7 +47,7 @@ def dead_pid() -> int:
 
 def _npy_argv(tmp_path):
     np.save(tmp_path / "f.npy", np.ones((10, 2), np.float32))
-    np.save(tmp_path / "e.npy", np.array([[0, 1], [1, 2]]))
+    np.save(tmp_path / "e.npy", np.array([[0, 1, 2], [1, 2, 0]]))
     return ["npy", "--features", str(tmp_path / "f.npy"), "--edge-index", str(tmp_path / "e.npy")]
 
 
@@ -55,7 +55,7 @@ def _folder_argv(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     np.save(src / "node_feat.npy", np.ones((10, 2), np.float32))
-    np.save(src / "edge_index.npy", np.array([[0, 1], [1, 2]]))
+    np.save(src / "edge_index.npy", np.array([[0, 1, 2], [1, 2, 0]]))
     return ["folder", "--src", str(src)]
 
 
@@ -128,6 +128,19 @@ class TestOnlyDatasetsAreReplaced:
                 write_small(tmp_path / name, overwrite=True)
         assert (tmp_path / "file").read_text() == "data" and os.path.islink(tmp_path / "link")
         assert open_dataset(tmp_path / "real" / "ds").num_nodes == 20
+
+    @pytest.mark.parametrize("name", ["thesis.tex", "scores/mine.npy"])
+    def test_a_dataset_holding_a_file_it_did_not_write_is_not_replaced(self, tmp_path, name):
+        target = tmp_path / "ds"
+        write_small(target, num_nodes=20)
+        (target / name).parent.mkdir(exist_ok=True)
+        (target / name).write_text("years of work")
+        with pytest.raises(FileExistsError, match=f"holds files it did not write \\({name}\\).*move them out"):
+            write_small(target, num_nodes=30, overwrite=True)
+        assert (target / name).read_text() == "years of work" and open_dataset(target).num_nodes == 20
+        (target / name).unlink()
+        write_small(target, num_nodes=30, overwrite=True)  # its own files alone: replaced
+        assert open_dataset(target).num_nodes == 30
 
     def test_a_dataset_is_replaced_only_with_overwrite_and_kept_until_commit(self, tmp_path):
         target = tmp_path / "ds"

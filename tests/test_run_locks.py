@@ -139,3 +139,13 @@ def test_a_trainer_that_fails_to_start_holds_nothing(graph, tmp_path, monkeypatc
         Trainer(load_config(None, args))
     assert not [path for path in _held_locks if path.startswith(str(tmp_path))] and kernel_setting() == before
     assert checks_running() <= checks_before
+
+
+def test_a_lock_file_that_is_a_fifo_is_refused_at_once_with_the_fix(tmp_path):
+    import time
+
+    os.mkfifo(tmp_path / LOCK_FILE)
+    start = time.monotonic()
+    with pytest.raises(OSError, match=f"lock file {tmp_path / LOCK_FILE} is not a regular file.*remove it"):
+        RunLock(str(tmp_path), "checkpoint.dir")
+    assert time.monotonic() - start < 1

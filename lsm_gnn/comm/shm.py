@@ -92,20 +92,22 @@ def negotiate(group, backend: str, wanted: str) -> list[str] | None:
         return None
     token = secrets.token_hex(8)
     probe = os.path.join(SHM_DIR, f"{PREFIX}-probe-{token}")
+    unwritable = None  # why this rank cannot make a file there (a read-only or full /dev/shm), else None
     try:
         with open(probe, "x") as fh:
             fh.write(token)
-    except OSError:
-        probe = None
+    except OSError as exc:
+        probe, unwritable = None, exc.strerror
     try:
         fs = os.statvfs(SHM_DIR)
         free = fs.f_bavail * fs.f_frsize
     except OSError:
         free = 0
     ranks: list = [None] * world
-    dist.all_gather_object(ranks, (socket.gethostname(), wanted, token if probe else None, free), group=group)
+    dist.all_gather_object(ranks, (socket.gethostname(), wanted, token if probe else None, free, unwritable),
+                           group=group)
     seen = []
-    for _, _, other, _ in ranks:
+    for _, _, other, _, _ in ranks:
         try:
             with open(os.path.join(SHM_DIR, f"{PREFIX}-probe-{other}")) as fh:
                 seen.append(other is not None and fh.read() == other)
@@ -122,6 +124,12 @@ def negotiate(group, backend: str, wanted: str) -> list[str] | None:
     blind = [(r, s) for r, row in enumerate(everyone) for s, ok in enumerate(row) if not ok]
     if wanted == "collective" or wanted == "auto" and (blind or min(r[3] for r in ranks) < AUTO_MIN_FREE):
         return None
+    cannot_write = [(r, row[0], row[4]) for r, row in enumerate(ranks) if row[4] is not None]
+    if cannot_write:
+        r, host, why = cannot_write[0]
+        raise ValueError(f"exchange=shm needs a writable {SHM_DIR}: rank {r} (host {host}) cannot make a file there "
+                         f"({why}); make {SHM_DIR} writable (a container: mount a tmpfs there) or set "
+                         f"cache.exchange=collective ({EXCHANGE_ENV}=collective), which needs none")
     if blind:
         r, s = blind[0]
         raise ValueError(f"exchange=shm needs every rank to share {SHM_DIR}: rank {r} (host {ranks[r][0]}) cannot "

@@ -364,30 +364,60 @@ def _open_npy(file_path: Any, what: str) -> Any:
     if not _is_path(file_path):
         return file_path
     file_path = os.fsdecode(file_path)
+    if os.path.isdir(file_path):
+        raise ValueError(f"{what}: {file_path} is a directory; give the .npy file in it")
     if not os.path.isfile(file_path):
         raise FileNotFoundError(f"{what}: no such file {file_path}")
     if not file_path.endswith(".npy"):
         raise ValueError(f"{what}: {file_path} is not a .npy file; save the array with np.save(path, array)")
-    return np.load(file_path, mmap_mode="r")
+    try:
+        return np.load(file_path, mmap_mode="r")
+    except ValueError as exc:
+        if "Python objects" not in str(exc):
+            raise
+        # numpy's own "Array can't be memory-mapped" names neither the file nor the dtype it needs
+        raise ValueError(f"{what}: {file_path} holds Python objects (dtype object), which cannot be read "
+                         "memory-mapped; save it with a numeric dtype: integers for ids, labels and edges "
+                         "(array.astype(np.int64)), floats for features (array.astype(np.float32))") from None
 
 
-def _edge_index_any_layout(array: np.ndarray) -> np.ndarray:
-    """(2, E) as is; (E, 2), the layout IGB and many dumps use, as a transposed view."""
-    if array.ndim == 2 and array.shape[1] == 2 and array.shape[0] != 2:
-        return array.T
-    return array
+#: an edge file's ``layout``: which axis of the array runs over the edges
+EDGE_LAYOUTS = {"rows": "(2, E): row 0 the src ids, row 1 the dst ids",
+                "pairs": "(E, 2): one (src, dst) pair a row"}
+
+
+def edges_in_layout(pairs: np.ndarray, layout: str | None, where: str, option: str = "layout") -> np.ndarray:
+    """An edge file's array as (2, E). The shape tells the layout (``rows`` or ``pairs``, :data:`EDGE_LAYOUTS`)
+    unless it is 2 x 2 (two edges), which either reading fits: there ``layout`` must say, as a wrong guess would
+    swap two edges' ends silently; a layout the shape contradicts is refused."""
+    if layout is not None and layout not in EDGE_LAYOUTS:
+        raise ValueError(f"{where}: {option} must be rows or pairs, got {layout!r}")
+    if pairs.ndim != 2 or 2 not in pairs.shape:
+        raise ValueError(f"{where}: must be a (2, E) or (E, 2) array of (src, dst) ids, got shape {pairs.shape}")
+    fits = [name for name, axis in (("rows", 0), ("pairs", 1)) if pairs.shape[axis] == 2]
+    if layout is None and len(fits) > 1:
+        raise ValueError(f"{where}: shape {pairs.shape} reads either way; say which with {option} rows for "
+                         f"{EDGE_LAYOUTS['rows']}, or {option} pairs for {EDGE_LAYOUTS['pairs']}")
+    layout = layout or fits[0]
+    if layout not in fits:
+        raise ValueError(f"{where}: {option} {layout} means {EDGE_LAYOUTS[layout]}, but the array's shape is "
+                         f"{pairs.shape}; fix the {option} or the file")
+    return pairs if layout == "rows" else pairs.T
 
 
 def from_npy_files(path, *, features: str, edge_index: str | None = None, indptr: str | None = None,
                    indices: str | None = None, labels: str | None = None, train_idx: str | None = None,
-                   val_idx: str | None = None, test_idx: str | None = None, **kw) -> Dataset:
+                   val_idx: str | None = None, test_idx: str | None = None, edge_layout: str | None = None,
+                   **kw) -> Dataset:
     """:func:`from_numpy` over ``.npy`` files, opened memory-mapped (an array may stand in for
-    any file). A file's ``edge_index`` may be (2, E) or (E, 2)."""
+    any file). A file's ``edge_index`` may be (2, E) or (E, 2); ``edge_layout`` (``rows`` or ``pairs``) says
+    which where the shape cannot (:func:`edges_in_layout`)."""
     files = {"features": features, "edge_index": edge_index, "indptr": indptr, "indices": indices,
              "labels": labels, "train_idx": train_idx, "val_idx": val_idx, "test_idx": test_idx}
     arrays = {key: _open_npy(value, key) for key, value in files.items() if value is not None}
     if _is_path(edge_index):
-        arrays["edge_index"] = _edge_index_any_layout(arrays["edge_index"])
+        arrays["edge_index"] = edges_in_layout(arrays["edge_index"], edge_layout, f"edge_index {edge_index}",
+                                               "edge_layout (--edge-layout)")
     extra = kw.pop("extra_meta", None) or {}
     extra.setdefault("converted", {})["files"] = {k: os.path.abspath(os.fsdecode(v)) for k, v in files.items()
                                                   if _is_path(v)}
@@ -416,7 +446,8 @@ def from_folder(path, folder, *, features: str | None = None, edge_index: str | 
     Files are found recursively (IGB keeps them in ``processed/paper/`` and
     ``processed/paper__cites__paper/``). A role given explicitly (a path
     relative to ``folder``, or an array) overrides the search; a role matched by several
-    files must be given explicitly. Other keywords go to :func:`from_numpy`.
+    files must be given explicitly. Other keywords go to :func:`from_npy_files` (``edge_layout``) and
+    :func:`from_numpy`.
     """
     folder = os.fspath(folder)
     if not os.path.isdir(folder):

@@ -28,7 +28,7 @@ import numpy as np
 from lsm_gnn.data.convert import (
     FOLDER_PATTERNS, _array_like, _attr, _check_edge_index, _check_features, _check_labels, _check_split,
     _dtype_of, _feature_dtype, _open_npy, _progress, _range_hint, _require_integer,
-    checked_edge_chunks, dgl_splits, num_edges_of, pyg_splits, random_split, write_feature_chunks,
+    checked_edge_chunks, dgl_splits, edges_in_layout, num_edges_of, pyg_splits, random_split, write_feature_chunks,
 )
 from lsm_gnn.data.format import SPLITS
 from lsm_gnn.data.dataset import Dataset, Relation, parse_relation, relation_key
@@ -520,7 +520,8 @@ __all__ = ["REVERSE_PREFIX", "hetero_from_dgl", "hetero_from_igbh", "hetero_from
 
 #: what a manifest of :func:`hetero_from_manifest` may hold, per level
 MANIFEST_KEYS = {"top": ("node_types", "relations", "target", "name"),
-                 "node_type": ("features", "num_nodes", "labels", "num_classes", "splits")}
+                 "node_type": ("features", "num_nodes", "labels", "num_classes", "splits"),
+                 "relation": ("file", "layout")}
 
 
 def hetero_from_manifest(path, manifest: str, *, add_reverse: bool = True, **kw) -> Dataset:
@@ -535,6 +536,7 @@ def hetero_from_manifest(path, manifest: str, *, add_reverse: bool = True, **kw)
           topic:  {num_nodes: 30}           # no features: a count
         relations:
           author__writes__paper: writes.npy # (2, E) or (E, 2): (src, dst) ids local to their types
+          paper__cites__paper: {file: cites.npy, layout: pairs}  # rows: (2, E), pairs: (E, 2); needed for 2 x 2
 
     ``add_reverse`` adds ``rev_<name>`` for every relation without a reverse (so every type receives
     messages); ``kw`` goes to :func:`hetero_from_numpy` (``scores``, ``overwrite``, ``progress``, ...)."""
@@ -542,7 +544,7 @@ def hetero_from_manifest(path, manifest: str, *, add_reverse: bool = True, **kw)
 
     folder = os.path.dirname(os.path.abspath(manifest))
     try:
-        with open(manifest) as fh:
+        with open(manifest, "rb") as fh:  # bytes: yaml names the file and the position of a byte that is not UTF-8
             spec = yaml.safe_load(fh)
     except OSError as exc:
         raise FileNotFoundError(f"cannot read the manifest {manifest}: {exc.strerror}") from None
@@ -559,6 +561,11 @@ def hetero_from_manifest(path, manifest: str, *, add_reverse: bool = True, **kw)
             raise ValueError(f"{manifest}: {what} must name a .npy file, got {entry!r}")
         return _open_npy(entry if os.path.isabs(entry) else os.path.join(folder, entry), f"{manifest}: {what}")
 
+    def whole(value: Any, what: str) -> int:  # int() would read 2.5 as 2 and stop at "many" with no key named
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{manifest}: {what} must be a whole number, got {value!r}")
+        return value
+
     features, num_nodes, labels, num_classes, splits = {}, {}, {}, {}, {}
     for t, entry in spec["node_types"].items():
         entry = entry or {}
@@ -568,24 +575,25 @@ def hetero_from_manifest(path, manifest: str, *, add_reverse: bool = True, **kw)
         if "features" in entry:
             features[t] = array(entry["features"], f"node type {t!r} features")
         elif "num_nodes" in entry:
-            num_nodes[t] = int(entry["num_nodes"])
+            num_nodes[t] = whole(entry["num_nodes"], f"node type {t!r} num_nodes")
         else:
             raise ValueError(f"{manifest}: node type {t!r} needs features (a .npy file) or num_nodes")
         if "labels" in entry:
             labels[t] = array(entry["labels"], f"node type {t!r} labels")
         if "num_classes" in entry:
-            num_classes[t] = int(entry["num_classes"])
+            num_classes[t] = whole(entry["num_classes"], f"node type {t!r} num_classes")
         if "splits" in entry:
             if not isinstance(entry["splits"], dict):
                 raise ValueError(f"{manifest}: the splits of {t!r} must map split names to files")
             splits[t] = {s: array(f, f"node type {t!r} split {s!r}") for s, f in entry["splits"].items()}
     edges = {}
-    for relation, file in spec["relations"].items():
-        pairs = array(file, f"relation {relation!r}")
-        if pairs.ndim != 2 or 2 not in pairs.shape:
-            raise ValueError(f"{manifest}: relation {relation!r} must be a (2, E) or (E, 2) array of (src, dst) "
-                             f"ids, got shape {pairs.shape}")
-        edges[relation] = pairs if pairs.shape[0] == 2 else pairs.T
+    for relation, entry in spec["relations"].items():
+        file, layout = entry, None
+        if isinstance(entry, dict):
+            _known_keys(entry, MANIFEST_KEYS["relation"], f"{manifest}, relation {relation!r}")
+            file, layout = entry.get("file"), entry.get("layout")
+        edges[relation] = edges_in_layout(array(file, f"relation {relation!r}"), layout,
+                                          f"{manifest}: relation {relation!r} ({file})")
     return hetero_from_numpy(path, features=features, edges=edges, num_nodes=num_nodes or None,
                              labels=labels or None, num_classes=num_classes or None, splits=splits or None,
                              target=spec.get("target"), name=spec.get("name"), add_reverse=add_reverse, **kw)

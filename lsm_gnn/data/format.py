@@ -197,7 +197,8 @@ def verify_checksums(path: str, meta: dict) -> None:
         actual = crc32_file(os.path.join(path, name))
         if actual != expected:
             raise DatasetError(f"{os.path.join(path, name)}: checksum {actual} does not match {expected} recorded "
-                               f"in {META_FILE}; the file is corrupt or was changed - re-create the dataset")
+                               f"in {META_FILE}; the file is corrupt or was changed - re-create the dataset, or, if "
+                               f"you changed it on purpose, record its new checksums: lsm-gnn prepare checksums {path}")
 
 
 # -- validation --------------------------------------------------------------

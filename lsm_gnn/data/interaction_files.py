@@ -47,6 +47,12 @@ def _column_index(spec: Any, names: list[str] | None, role: str, where: str) -> 
     return names.index(spec)
 
 
+def _not_utf8(file_path: str, exc: UnicodeDecodeError, where: str) -> ValueError:
+    return ValueError(f"{file_path} is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} {where} cannot be read "
+                      "(a Latin-1 or Windows-1252 file?); save it as UTF-8, e.g. iconv -f latin1 -t utf-8 "
+                      f"{file_path} > utf8.csv, and convert that")
+
+
 def _text_chunks(file_path: str, fmt: str, columns: dict[str, Any], header: bool | None, delimiter: str | None
                  ) -> tuple[dict, Iterator[tuple[dict[str, list], np.ndarray]]]:
     """``(info, chunks)``: each chunk maps a role to its column's strings, with the file's line numbers."""
@@ -56,7 +62,10 @@ def _text_chunks(file_path: str, fmt: str, columns: dict[str, Any], header: bool
                          f"{delimiter!r}; e.g. ',' or ';' (--format tsv for tabs)")
     f = open(file_path, newline="", encoding="utf-8-sig")  # closed by the generator
     try:
-        sample = f.read(1 << 16)
+        try:
+            sample = f.read(1 << 16)
+        except UnicodeDecodeError as exc:
+            raise _not_utf8(file_path, exc, "in its first 64 KiB") from None
         f.seek(0)
         if header is None:  # a name asks for a header; otherwise guess from the first rows' value types
             named = any(isinstance(s, str) and not s.isdigit() for s in columns.values())
@@ -80,6 +89,8 @@ def _text_chunks(file_path: str, fmt: str, columns: dict[str, Any], header: bool
     def rows_of(reader):
         try:
             yield from reader
+        except UnicodeDecodeError as exc:
+            raise _not_utf8(file_path, exc, f"after line {reader.line_num}") from None
         except csv.Error as exc:  # a field over csv's size limit, a NUL byte, an unclosed quote at the end
             raise ValueError(f"{file_path} line {reader.line_num}: cannot read it as {fmt.upper()} ({exc}); check the "
                              f"delimiter ({delimiter!r}) and the quoting (a stray '\"' makes the rest of the file one "

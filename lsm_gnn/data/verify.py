@@ -39,7 +39,8 @@ NODES_PER_BATCH = 8
 _QUEUE_BATCHES = 64  # batches offered ahead of the checker before further offers are dropped (it is a sample)
 
 _RESTORE = ("the file changed on disk after it was written, so this run may have trained on damaged bytes; "
-            "restore or re-create the dataset, then resume from a checkpoint written before the damage")
+            "restore or re-create the dataset, then resume from a checkpoint written before the damage (if you "
+            "changed the file on purpose, record its new checksums with 'lsm-gnn prepare checksums DATASET')")
 
 
 def dataset_bytes(dataset) -> int:
@@ -311,4 +312,51 @@ class SampledVerify(_Checker):
                     return
 
 
-__all__ = ["AUTO_SAMPLED_LIMIT", "SampledVerify", "VERIFY_MODES", "WholeFileVerify", "resolve_mode", "start_verify"]
+
+
+def record_checksums(path: str) -> list[str]:
+    """Re-records the checksums of every file a dataset's meta.json names (whole and per block), after an edit
+    made on purpose; returns the files whose checksum changed. Atomic as ``prepare scores``: the new block sums
+    go to a fresh file, then meta.json is replaced by rename (a reader sees the old record or the new one), and
+    only then is the old block-sums file removed."""
+    import json
+    import secrets
+
+    from lsm_gnn.data import open_dataset
+    from lsm_gnn.data.format import BLOCK_BYTES, block_sums_of_file
+    from lsm_gnn.fileio import CheckedFile, atomic_write_bytes, fsync_path
+
+    ds = open_dataset(path, check="shape")  # the structure must hold; only the bytes' record is redone
+    with open(ds.file_path(META_FILE), "rb") as fh:
+        meta = json.loads(fh.read())
+    blocks = meta.get("block_checksums")
+    old_sums_file = blocks["file"] if blocks else None
+    changed, spans, parts, first = [], {}, [], 0
+    for name in sorted(meta.get("checksums", {})):
+        if name == old_sums_file:
+            continue
+        whole, sums = block_sums_of_file(ds.file_path(name))
+        if whole != meta["checksums"][name]:
+            changed.append(name)
+        meta["checksums"][name] = whole
+        if blocks is not None and name in blocks["files"]:
+            spans[name], first = [first, int(sums.size)], first + int(sums.size)
+            parts.append(sums.astype("<u4", copy=False).tobytes())
+    new_sums_file = None
+    if blocks is not None:
+        new_sums_file = f"{BLOCK_SUMS_FILE}.{secrets.token_hex(4)}"
+        with CheckedFile(ds.file_path(new_sums_file)) as out:
+            out.write(b"".join(parts))
+            out.close(sync=True)
+        meta["checksums"].pop(old_sums_file, None)
+        meta["checksums"][new_sums_file] = crc32_file(ds.file_path(new_sums_file))
+        meta["block_checksums"] = {"file": new_sums_file, "block_bytes": BLOCK_BYTES, "files": spans}
+    atomic_write_bytes(json.dumps(meta, indent=2, sort_keys=True).encode(), ds.file_path(META_FILE))
+    if new_sums_file is not None and old_sums_file != new_sums_file:
+        os.remove(ds.file_path(old_sums_file))
+        fsync_path(ds.path)
+    return changed
+
+
+__all__ = ["AUTO_SAMPLED_LIMIT", "SampledVerify", "VERIFY_MODES", "WholeFileVerify", "record_checksums",
+           "resolve_mode", "start_verify"]

@@ -548,13 +548,30 @@ class DatasetWriter(AtomicDatasetWriter):
 
 # -- what may be replaced, and stale temporaries --------------------------------
 
-def _is_dataset(path: str) -> bool:
+def _dataset_meta(path: str) -> dict | None:
+    """The meta.json of the lsm-gnn dataset at ``path``, or None when it is none."""
     try:
         with open(os.path.join(path, META_FILE)) as f:
             meta = json.load(f)
     except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and meta.get("format") == FORMAT_NAME
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT_NAME else None
+
+
+def _foreign_files(path: str, meta: dict) -> list[str]:
+    """Files in dataset directory ``path`` that its meta.json does not list (checksums name every file a writer
+    made): something put there since, which replacing the dataset would delete. None is known of a dataset
+    without checksums."""
+    listed = meta.get("checksums")
+    if not isinstance(listed, dict):
+        return []
+    found = []
+    for root, _, files in os.walk(path):
+        for name in files:
+            rel = os.path.relpath(os.path.join(root, name), path).replace(os.sep, "/")
+            if rel != META_FILE and rel not in listed:
+                found.append(rel)
+    return sorted(found)
 
 
 def check_replaceable(path: str, overwrite: bool) -> None:
@@ -569,10 +586,16 @@ def check_replaceable(path: str, overwrite: bool) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         if not os.listdir(path):
             return
-        if _is_dataset(path):
-            if overwrite:
+        meta = _dataset_meta(path)
+        if meta is not None:
+            if not overwrite:
+                raise FileExistsError(f"{path} already exists; pass overwrite=True (CLI: --overwrite) to replace it")
+            foreign = _foreign_files(path, meta)
+            if not foreign:
                 return
-            raise FileExistsError(f"{path} already exists; pass overwrite=True (CLI: --overwrite) to replace it")
+            raise FileExistsError(f"{path} is an lsm-gnn dataset that also holds files it did not write ("
+                                  f"{', '.join(foreign[:5])}{', ...' if len(foreign) > 5 else ''}); replacing it "
+                                  "would delete them: move them out first, or choose another output path (--out)")
     raise FileExistsError(f"{path} exists and is not an lsm-gnn dataset (no {META_FILE} of format {FORMAT_NAME!r}); "
                           "refusing to replace it: choose another output path (--out) or remove it yourself")
 

@@ -18,6 +18,19 @@ from lsm_gnn.fileio import contained_path
 # Settings a resumed run must share with the checkpoint, or its losses would differ.
 RESUME_KEYS = ("dataset", "model", "sampler", "train.task", "train.seed", "train.lr", "train.weight_decay",
                "train.embedding_l2")
+# What a model evaluated (lsm-gnn evaluate, export) must share with its checkpoint: the weights' shapes and meaning
+# (a type's own table settings are checked against the table when it opens). The rest (seed, learning rate, batch
+# size, threads, a cache's capacity, where a table lies) shapes training or speed only: an override is taken.
+EVALUATION_KEYS = ("dataset", "model.kind", "model.hidden", "model.heads", "model.node_embedding.dim",
+                   "model.node_embedding.dtype", "model.node_embedding.optimizer", "model.node_embedding.features",
+                   "sampler.fanouts", "train.task")
+
+
+def dataset_identity(meta: dict) -> dict:
+    """What makes a dataset the same one wherever it lies: its data files' checksums. The block-sums file is left
+    out: it follows from the others, and ``prepare checksums`` gives it a new name."""
+    blocks = meta.get("block_checksums") or {}
+    return {name: crc for name, crc in meta.get("checksums", {}).items() if name != blocks.get("file")}
 
 
 def _with_defaults(saved: dict, defaults: dict) -> dict:
@@ -97,7 +110,8 @@ class Checkpointer:
                 "iterations_done": t.iterations_done, "history": t.history, "epoch_state": t.epoch_state,
                 "evaluations": t.selection.evaluations, "selection": t.selection.state,
                 "log_offset": t.log.offset(), "rng": rng_by_rank[0], "rng_by_rank": rng_by_rank,
-                "world_size": t.world_size, "time": time.time()}
+                "world_size": t.world_size, "time": time.time(),
+                "dataset_checksums": dataset_identity(t.dataset.meta)}
 
     def save(self, path: str | None = None) -> str | None:
         """Writes the checkpoint to ``path`` (default ``last.pt``), every rank together; the path, or None."""
@@ -184,7 +198,8 @@ class Checkpointer:
         try:
             t.module.load_state_dict(ckpt["model"])
             t.optimizer.load_state_dict(ckpt["optimizer"])
-            t.loader.load_state_dict(ckpt["loader"])
+            if not t.evaluation_only:  # where the training batches stand: evaluation draws none of them
+                t.loader.load_state_dict(ckpt["loader"])
             # This rank's own generators (checkpoints before lsm-gnn 0.3 kept rank 0's only).
             rng = ckpt["rng_by_rank"][t.rank] if "rng_by_rank" in ckpt else ckpt["rng"]
             torch.set_rng_state(rng["torch"])
@@ -204,19 +219,47 @@ class Checkpointer:
         t.resumed_from = path
         return ckpt
 
+    def _check_same_dataset(self, path: str, ckpt: dict, saved_path: str) -> None:
+        """A dataset at another path than the checkpoint's (moved, copied, or spelled otherwise) is the same one
+        when its files' checksums equal those the checkpoint recorded (or, for a checkpoint before they were
+        recorded, those of the dataset still at the saved path)."""
+        t = self.trainer
+        recorded = ckpt.get("dataset_checksums")
+        if recorded is None:
+            from lsm_gnn.data import open_dataset
+
+            try:
+                recorded = dataset_identity(open_dataset(saved_path, check="shape").meta)
+            except (OSError, ValueError):
+                recorded = {}
+        now = dataset_identity(t.dataset.meta)
+        if recorded and recorded == now:
+            return
+        why = ("its files differ from those it was trained on (their checksums in meta.json)" if recorded else
+               f"the checkpoint records no checksums of its dataset and {saved_path} cannot be read to compare")
+        raise ConfigError(f"{path} was trained on dataset {saved_path}; dataset={t.cfg.dataset} is not the same "
+                          f"dataset: {why}. Give dataset= that dataset or a copy of it")
+
     def _check_fits(self, path: str, ckpt: dict) -> None:
         """Refuses a checkpoint of other settings (its losses would differ) or of another number of ranks."""
         t = self.trainer
         try:
             # Keys added to the config since the checkpoint was written count with their defaults.
             saved, now = _with_defaults(ckpt["config"], Config().to_dict()), t.cfg.to_dict()
-            differ = [k for k in RESUME_KEYS if _lookup(saved, k) != _lookup(now, k)]
+            keys = EVALUATION_KEYS if t.evaluation_only else RESUME_KEYS
+            differ = [k for k in keys if _lookup(saved, k) != _lookup(now, k)]
             world_size = ckpt["world_size"]
         except (KeyError, TypeError) as exc:
             raise CheckpointError(f"{path} lacks the trainer state ({exc!r} is missing); it was not written by "
                                   "the lsm-gnn trainer") from None
+        if "dataset" in differ:
+            self._check_same_dataset(path, ckpt, _lookup(saved, "dataset"))
+            differ.remove("dataset")
         if differ:
             detail = "; ".join(f"{k}: saved {_lookup(saved, k)!r}, now {_lookup(now, k)!r}" for k in differ)
+            if t.evaluation_only:
+                raise ConfigError(f"cannot evaluate {path} with other settings of its model ({detail}): the weights "
+                                  "were trained for the saved ones; drop those overrides")
             raise ConfigError(f"cannot resume from {path}: the run's settings changed ({detail}). Use the saved "
                               "settings, or start fresh with checkpoint.resume=false or another checkpoint.dir")
         if world_size != t.world_size:
