@@ -393,3 +393,36 @@ def test_a_stored_calibration_out_of_physical_range_is_measured_again(dataset, t
     assert not any("reused from" in m for m in messages)
     assert plan["calibration"]["memcpy"]["memcpy_gb_per_s"] > 1e-3
     assert all(len(plan["calibration"][p]["figures"]) >= 3 for p in ("storage", "memcpy", "train"))
+
+
+# -- plan takes what train takes ------------------------------------------------------------------------------------
+
+#: keys train takes that the plan's training calibration once refused (it turned evaluation off but left what
+#: watches it, and dropped the checkpoint directory a node embedding table lives in) or wrote into the user's files
+TRAIN_ACCEPTS = [
+    ["train.early_stopping.patience=2"],
+    ["train.early_stopping.metric=val.accuracy"],
+    ["train.early_stopping.metric=test.accuracy", "train.early_stopping.patience=1", "train.early_stopping.mode=max"],
+    ["model.node_embedding.dim=8", "model.node_embedding.capacity=100%", "checkpoint.dir={tmp}/ck"],
+    ["model.node_embedding.dim=8", "model.node_embedding.capacity=100%", "model.node_embedding.path={tmp}/table",
+     "checkpoint.dir={tmp}/ck"],
+    ["checkpoint.dir={tmp}/ck", "checkpoint.every=1", "train.eval_every=1"],
+]
+
+
+@pytest.mark.parametrize("extra", TRAIN_ACCEPTS, ids=lambda e: e[0].split("=")[0])
+def test_the_training_calibration_takes_every_config_train_takes_and_writes_none_of_its_files(dataset, tmp_path,
+                                                                                              extra):
+    from lsm_gnn.planner.calibrate import measure_training
+
+    extra = [e.format(tmp=tmp_path) for e in extra]
+    cfg = load_config(None, [f"dataset={dataset.path}", *RUN, "train.eval_splits=[val,test]", *extra])
+    assert measure_training(cfg, dataset, steps=1, skip=0)["steps"] == 1
+    assert list(tmp_path.iterdir()) == []  # no checkpoint, no table, no log of the user's
+
+
+def test_plan_takes_a_config_with_early_stopping(dataset, calibration, capsys):
+    assert main(["plan", dataset.path, *RUN, "train.eval_splits=[val]", "train.early_stopping.patience=3",
+                 "--sizes", "40%", "--iterations", "4", "--train-steps", "2", "--storage-seconds", "0.05",
+                 "--calibration", calibration]) == 0
+    assert "recommended:" in capsys.readouterr().out
