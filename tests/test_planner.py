@@ -277,11 +277,16 @@ def tiny_hetero(tmp_path_factory):
     return write_tiny_hetero_dataset(tmp_path_factory.mktemp("plan") / "tiny-hetero")
 
 
-def test_cli_plans_a_heterogeneous_dataset(tiny_hetero, calibration, capsys, tmp_path):
+def test_cli_plans_and_plots_a_heterogeneous_dataset(tiny_hetero, calibration, capsys, tmp_path):
     out_json = tmp_path / "plan.json"
     assert main(["plan", tiny_hetero.path, *RUN, "--sizes", "30%,50%,70%", "--iterations", "6", "--train-steps", "2",
-                 "--storage-seconds", "0.05", "--calibration", calibration, "--json", str(out_json)]) == 0
+                 "--storage-seconds", "0.05", "--calibration", calibration, "--json", str(out_json),
+                 "--plot", str(tmp_path / "drawn.png")]) == 0
     out = capsys.readouterr().out
+    # its JSON drawn as its --plot drew it (a heterogeneous plan has rows per type, not one row size)
+    assert main(["plot", str(out_json), "--out", str(tmp_path / "plotted.png")]) == 0
+    assert (tmp_path / "plotted.png").read_bytes()[:8] == (tmp_path / "drawn.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "wrote" in capsys.readouterr().out
     assert "3 node types" not in out and "(paper 600 x 64 B, author 500 x 64 B, topic 30)" in out
     assert "1 cache(s): paper+author" in out and "storage of paper" in out and "storage of author" in out
     assert out.count("hit by type: paper ") == 2 and "recommended:" in out

@@ -436,19 +436,23 @@ def _modelled_ms(sim: dict, cal: dict, cores: int, iterations: int, fill_sample_
             "pipeline_efficiency": bound_ms / (total / iterations) if total > 0 else None}
 
 
+def dataset_text(ds: dict) -> str:
+    """A plan's ``dataset`` in words: its nodes and rows; on a heterogeneous graph each type's, and which types
+    share a cache."""
+    if "node_types" not in ds:
+        return f"{ds['num_nodes']:,} nodes, {ds['row_bytes']} B rows"
+    kinds = ", ".join(f"{t} {d['num_nodes']:,}" + (f" x {d['row_bytes']} B" if "row_bytes" in d else "")
+                      for t, d in ds["node_types"].items())
+    return (f"{ds['num_nodes']:,} nodes ({kinds}), {ds['relations']} relations, target {ds['target']}; "
+            f"{len(ds['groups'])} cache(s): {', '.join('+'.join(g) for g in ds['groups'])}")
+
+
 def format_plan(plan: dict) -> str:
     """The plan as a table, the bound stage and the recommendation."""
     from lsm_gnn.units import format_bytes
 
     run, ds = plan["run"], plan["dataset"]
-    if "node_types" in ds:  # a heterogeneous graph: its types' rows, and which of them share a cache
-        kinds = ", ".join(f"{t} {d['num_nodes']:,}" + (f" x {d['row_bytes']} B" if "row_bytes" in d else "")
-                          for t, d in ds["node_types"].items())
-        what = (f"{ds['num_nodes']:,} nodes ({kinds}), {ds['relations']} relations, target {ds['target']}; "
-                f"{len(ds['groups'])} cache(s): {', '.join('+'.join(g) for g in ds['groups'])}")
-    else:
-        what = f"{ds['num_nodes']:,} nodes, {ds['row_bytes']} B rows"
-    lines = [f"plan for {ds['path']}: {what}; fanouts {run['fanouts']}, "
+    lines = [f"plan for {ds['path']}: {dataset_text(ds)}; fanouts {run['fanouts']}, "
              f"batch {run['batch_size']}, {run['model']} hidden {run['hidden']}, window {run['window']}, "
              f"{run['iterations']} iterations on {run['cores']} core(s), {run['backend']} storage",
              f"{'policy':<18}{'size':>9}{'nodes':>7}{'hit':>7}{'read/it':>11}{'sample':>8}{'cache':>8}{'read':>8}"
