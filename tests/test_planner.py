@@ -84,6 +84,14 @@ def test_recommendation_is_the_smallest_cache_within_tolerance():
     assert recommend([], 0.05) is None
 
 
+def test_a_run_longer_than_a_plan_models_is_modelled_in_whole_epochs_one_at_least():
+    from lsm_gnn.planner.plan import MODELLED_ITERATIONS, modelled_length
+
+    assert modelled_length(46, 23) == 46  # the whole run
+    assert modelled_length(2300, 23) == MODELLED_ITERATIONS // 23 * 23  # 43 epochs of 23
+    assert modelled_length(5 * 4000, 4000) == 4000  # one epoch, however long: a hit ratio over less reads low
+
+
 # -- the simulation against a real run --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -431,3 +439,19 @@ def test_plan_takes_a_config_with_early_stopping(dataset, calibration, capsys):
                  "--sizes", "40%", "--iterations", "4", "--train-steps", "2", "--storage-seconds", "0.05",
                  "--calibration", calibration]) == 0
     assert "recommended:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra,length", [(["train.epochs=2"], 46), (["train.epochs=3", "train.max_iterations=30"], 30)])
+def test_a_plan_models_the_runs_own_length_unless_told(dataset, calibration, extra, length):
+    from lsm_gnn.planner import format_plan
+
+    # 23 batches of 16 seeds per epoch; the run's length: its epochs, or train.max_iterations where that is less
+    cfg = load_config(None, [f"dataset={dataset.path}", *RUN, *extra])
+    plan = make_plan(cfg, sizes=["40%"], policies=["hybrid"], pvp=[False], calibration_file=calibration,
+                     train_steps=2, storage_seconds=0.05, log=lambda m: None)
+    assert plan["run"]["iterations"] == plan["run"]["run_iterations"] == length and plan["run"]["epoch_length"] == 23
+    assert f"modelled: the run's {length} iterations" in format_plan(plan)
+    told = quick_plan(cfg, calibration, sizes=["40%"], policies=["hybrid"], pvp=[False])  # --iterations 8
+    assert told["run"]["iterations"] == 8 and told["run"]["run_iterations"] == length
+    assert f"modelled: 8 of the run's {length} iterations" in format_plan(told) and "as --iterations asks" in \
+        format_plan(told)

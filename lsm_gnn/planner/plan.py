@@ -130,11 +130,12 @@ def _training_identity(cfg: Config, dataset) -> dict:
             "torch_threads": training_threads(cfg.train.threads)}
 
 
-def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[bool], iterations: int = 100,
+def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[bool], iterations: int | None = None,
               cores: int | None = None, calibration_file: str | None = calibrate.DEFAULT_FILE,
               recalibrate: bool = False, train_steps: int = 32, storage_seconds: float = 0.5,
               tolerance: float = 0.05, log=_log_to_stderr) -> dict:
-    """The plan of ``cfg``'s run over every (policy, PVP, size); see the module docstring."""
+    """The plan of ``cfg``'s run over every (policy, PVP, size); see the module docstring. ``iterations``: how many
+    of the run's iterations to model (None: all of them, or whole epochs up to :data:`MODELLED_ITERATIONS`)."""
     from lsm_gnn.build import resolve
     from lsm_gnn.data import open_dataset
     from lsm_gnn.storage import default_backend
@@ -147,7 +148,8 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
     backend = default_backend() if cfg.cache.backend == "auto" else cfg.cache.backend
     store = calibrate.CalibrationStore(calibration_file)  # refuses a file that is no calibration before the trace
     typed = None if dataset.is_homogeneous else trace_features(dataset)
-    task, trace = _record(cfg, dataset, iterations, log, typed)
+    task, trace, modelled, total = _record(cfg, dataset, iterations, log, typed)
+    given, iterations = iterations is not None, modelled
     cal = _calibrations(cfg, dataset, backend, store, recalibrate, train_steps, storage_seconds, log,
                         dataset.features if typed is None else _busiest_layout(dataset, typed, trace))
     fill_sample_ms = 1e3 * statistics.median(trace.sample_s)
@@ -159,7 +161,9 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
     best = recommend([r for r in rows if "error" not in r], tolerance)
     return {"dataset": _dataset_summary(dataset, typed),
             "run": {"fanouts": cfg.sampler.fanouts, "batch_size": cfg.sampler.batch_size, "model": cfg.model.kind,
-                    "hidden": cfg.model.hidden, "window": cfg.cache.window, "iterations": iterations, "cores": cores,
+                    "hidden": cfg.model.hidden, "window": cfg.cache.window, "iterations": iterations,
+                    "run_iterations": total, "epochs": cfg.train.epochs, "max_iterations": cfg.train.max_iterations,
+                    "iterations_given": given, "cores": cores,
                     "train_threads": cal["train"]["torch_threads"],
                     "backend": backend, "epoch_length": trace.epoch_length,
                     "nodes_per_batch": trace.nodes_per_batch, "fill_sample_ms": fill_sample_ms},
@@ -167,10 +171,10 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
             "rows": rows, "tolerance": tolerance, "recommendation": best}
 
 
-def _check_arguments(cfg: Config, sizes: list[str], policies: list[str], pvp: list[bool], iterations: int,
+def _check_arguments(cfg: Config, sizes: list[str], policies: list[str], pvp: list[bool], iterations: int | None,
                      cores: int | None, train_steps: int, storage_seconds: float, tolerance: float) -> int:
     """Refuses arguments :func:`make_plan` cannot plan with; returns the cores (default: this machine's)."""
-    if iterations < 1:
+    if iterations is not None and iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     if storage_seconds <= 0 or train_steps < 1:
         raise ValueError(f"storage_seconds must be > 0 and train_steps >= 1, got {storage_seconds} and {train_steps}")
@@ -209,19 +213,62 @@ def _busiest_layout(dataset, typed, trace):
     return dataset.node_type(typed.groups[gathered.index(max(gathered))].types[0]).features
 
 
-def _record(cfg: Config, dataset, iterations: int, log, features=None):
-    """The run's task, and the trace of its first ``iterations`` batches and its window's, from its own loader
-    (``features``: a heterogeneous graph's null feature groups, :func:`trace_features`)."""
+#: the most iterations a plan models by default in whole epochs (a replay costs about 12 ms per iteration and grid
+#: point, a trace a batch's ids each), though at least one epoch: a hit ratio over less reads low
+MODELLED_ITERATIONS = 1000
+
+
+def run_length(cfg: Config, epoch_length: int) -> int:
+    """The iterations of ``cfg``'s run (its ``train.epochs`` epochs of ``epoch_length``, or ``train.max_iterations``
+    where that is less), early stopping aside."""
+    epochs = cfg.train.epochs * epoch_length
+    return min(epochs, cfg.train.max_iterations) if cfg.train.max_iterations else epochs
+
+
+def modelled_length(run: int, epoch_length: int, most: int = MODELLED_ITERATIONS) -> int:
+    """The iterations a plan models of a run of ``run``: all of them up to ``most``; else as many whole epochs as
+    ``most`` holds, at least one whatever its length."""
+    if run <= most:
+        return run
+    epoch_length = max(epoch_length, 1)
+    return max(most // epoch_length, 1) * epoch_length
+
+
+def _record(cfg: Config, dataset, iterations: int | None, log, features=None):
+    """The run's task, the trace of its first ``iterations`` batches (None: :func:`modelled_length` of the run's)
+    and its window's, from its own loader (``features``: a heterogeneous graph's null feature groups,
+    :func:`trace_features`), and the run's length."""
     from lsm_gnn.tasks import make_task
 
     window = cfg.cache.window
-    log(f"plan: recording the trace of {iterations} iterations (+{window} of window) ...")
+    lengths = {}
+
+    def modelled(epoch_length: int) -> int:
+        lengths["run"] = run_length(cfg, epoch_length)
+        lengths["modelled"] = iterations or modelled_length(lengths["run"], epoch_length)
+        log(f"plan: recording the trace of {lengths['modelled']} iterations (+{window} of window) ...")
+        return lengths["modelled"] + window
+
     t0 = time.perf_counter()
     task = make_task(cfg, dataset)
-    trace = record_trace(task, dataset, iterations + window, features)
+    trace = record_trace(task, dataset, modelled, features)
     log(f"plan: {len(trace.batches)} batches, {trace.nodes_per_batch:,.0f} input nodes each "
         f"({time.perf_counter() - t0:.1f} s)")
-    return task, trace
+    return task, trace, lengths["modelled"], lengths["run"]
+
+
+def modelled_text(run: dict) -> str:
+    """What a plan modelled of the run, and how that differs from it."""
+    n, total, epoch = run["iterations"], run["run_iterations"], run["epoch_length"]
+    epochs = f"{run['epochs']} epoch(s) of {epoch:,}" + (f", train.max_iterations={total:,}" if run["max_iterations"]
+                                                         else "")
+    if n == total:
+        return f"modelled: the run's {total:,} iterations ({epochs})"
+    part = f"{n / epoch:g} epoch(s)" if n % epoch == 0 else f"{n / epoch:.2f} of an epoch"
+    why = "as --iterations asks" if run["iterations_given"] else \
+        f"the whole epochs within {MODELLED_ITERATIONS:,} iterations (--iterations N models N)"
+    return (f"modelled: {n:,} of the run's {total:,} iterations ({epochs}): {part}, {why}; the hit ratio is over "
+            f"those, from a cold cache, and ms/it an average over them")
 
 
 def _calibrations(cfg: Config, dataset, backend: str, store: calibrate.CalibrationStore, recalibrate: bool,
@@ -470,6 +517,8 @@ def format_plan(plan: dict) -> str:
         if "hit_ratio_by_type" in r:
             caches = ", ".join(f"{'+'.join(g['types'])} {format_bytes(g['capacity_bytes'])}" for g in r["groups"])
             lines.append(f"{'':<18}hit by type: {ratios_text(r['hit_ratio_by_type'])}; caches {caches}")
+    if "run_iterations" in run:  # plans before it modelled --iterations (100) alone
+        lines.append(modelled_text(run))
     lines.append("(ms per iteration; sample, cache + read (= gather) run on the loader thread overlapped with train; "
                  "ms/it includes filling the window at the start; eff: the pipeline's efficiency, max(read, train) "
                  "over ms/it, as a run's epoch summary reports it)")

@@ -109,13 +109,16 @@ def _numel(nodes) -> int:
     return sum(ids.numel() for ids in nodes.values()) if isinstance(nodes, dict) else nodes.numel()
 
 
-def record_trace(task, dataset, iterations: int, features=None) -> Trace:
+def record_trace(task, dataset, iterations, features=None) -> Trace:
     """The first ``iterations`` batches of ``task``'s train loader (rank 0 of 1), epochs following on
-    as the trainer's do. ``features``: what the loader gathers from (default: a null storage of the
-    dataset's one feature file; a heterogeneous graph's: :func:`trace_features`)."""
+    as the trainer's do; ``iterations`` a count, or a function of the loader's epoch length that gives it.
+    ``features``: what the loader gathers from (default: a null storage of the dataset's one feature file; a
+    heterogeneous graph's: :func:`trace_features`)."""
     loader = task.train_loader(TraceStorage.like(dataset) if features is None else features, 0, 1)
     batches, sample_s = [], []
     try:
+        if callable(iterations):
+            iterations = iterations(len(loader))
         while len(batches) < iterations:
             for batch in loader:
                 nodes = batch.input_nodes
