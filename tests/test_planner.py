@@ -293,7 +293,8 @@ def test_cli_plans_and_plots_a_heterogeneous_dataset(tiny_hetero, calibration, c
     out = capsys.readouterr().out
     # its JSON drawn as its --plot drew it (a heterogeneous plan has rows per type, not one row size)
     assert main(["plot", str(out_json), "--out", str(tmp_path / "plotted.png")]) == 0
-    assert (tmp_path / "plotted.png").read_bytes()[:8] == (tmp_path / "drawn.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png = b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "plotted.png").read_bytes()[:8] == (tmp_path / "drawn.png").read_bytes()[:8] == png
     assert "wrote" in capsys.readouterr().out
     assert "3 node types" not in out and "(paper 600 x 64 B, author 500 x 64 B, topic 30)" in out
     assert "1 cache(s): paper+author" in out and "storage of paper" in out and "storage of author" in out
@@ -416,9 +417,8 @@ TRAIN_ACCEPTS = [
     ["train.early_stopping.patience=2"],
     ["train.early_stopping.metric=val.accuracy"],
     ["train.early_stopping.metric=test.accuracy", "train.early_stopping.patience=1", "train.early_stopping.mode=max"],
-    ["model.node_embedding.dim=8", "model.node_embedding.capacity=100%", "checkpoint.dir={tmp}/ck"],
-    ["model.node_embedding.dim=8", "model.node_embedding.capacity=100%", "model.node_embedding.path={tmp}/table",
-     "checkpoint.dir={tmp}/ck"],
+    ["model.node_embedding.dim=8", "checkpoint.dir={tmp}/ck"],
+    ["model.node_embedding.dim=8", "model.node_embedding.path={tmp}/table", "checkpoint.dir={tmp}/ck"],
     ["checkpoint.dir={tmp}/ck", "checkpoint.every=1", "train.eval_every=1"],
 ]
 
@@ -441,7 +441,8 @@ def test_plan_takes_a_config_with_early_stopping(dataset, calibration, capsys):
     assert "recommended:" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("extra,length", [(["train.epochs=2"], 46), (["train.epochs=3", "train.max_iterations=30"], 30)])
+@pytest.mark.parametrize("extra,length", [(["train.epochs=2"], 46),
+                                          (["train.epochs=3", "train.max_iterations=30"], 30)])
 def test_a_plan_models_the_runs_own_length_unless_told(dataset, calibration, extra, length):
     from lsm_gnn.planner import format_plan
 
