@@ -86,8 +86,8 @@ def add_plan_parser(sub) -> None:
     plan.add_argument("--pvp", choices=("off", "on", "both"), help="victim-buffer prefetcher (default: cache.pvp)")
     plan.add_argument("--iterations", type=_positive, default=None,
                       help="iterations of the run modelled (default: the run's train.epochs x its epoch, or "
-                           f"train.max_iterations; a longer run: its whole epochs within {MODELLED_ITERATIONS:,} iterations, "
-                           "one at least)")
+                           "train.max_iterations; a longer run: its whole epochs within "
+                           f"{MODELLED_ITERATIONS:,} iterations, one at least)")
     plan.add_argument("--cores", type=_positive, default=None, help="CPU cores of the run (default: this machine's)")
     plan.add_argument("--calibration", default=DEFAULT_FILE,
                       help="file that keeps calibrations between plans ('none': measure every time)")
