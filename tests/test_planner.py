@@ -441,6 +441,18 @@ def test_plan_takes_a_config_with_early_stopping(dataset, calibration, capsys):
     assert "recommended:" in capsys.readouterr().out
 
 
+def test_a_node_embedding_cache_is_said_to_be_left_out_and_a_run_of_embeddings_alone_refused(dataset, calibration,
+                                                                                            tmp_path, capsys):
+    common = ["plan", dataset.path, *RUN, "model.node_embedding.dim=8", f"checkpoint.dir={tmp_path}", "--sizes", "40%",
+              "--iterations", "4", "--train-steps", "2", "--storage-seconds", "0.05", "--calibration", calibration]
+    assert main(common) == 0
+    assert "warning: the node embedding table's cache is not modelled" in capsys.readouterr().out
+    # no features: no cache the plan models (it once replayed one the run does not have, and said to grow it)
+    assert main([*common, "model.node_embedding.features=false"]) == 1
+    err = capsys.readouterr().err
+    assert "model.node_embedding.features=false reads no features" in err and "calibrating" not in err
+
+
 @pytest.mark.parametrize("extra,length", [(["train.epochs=2"], 46),
                                           (["train.epochs=3", "train.max_iterations=30"], 30)])
 def test_a_plan_models_the_runs_own_length_unless_told(dataset, calibration, extra, length):
