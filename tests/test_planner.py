@@ -468,3 +468,17 @@ def test_a_plan_models_the_runs_own_length_unless_told(dataset, calibration, ext
     assert told["run"]["iterations"] == 8 and told["run"]["run_iterations"] == length
     assert f"modelled: 8 of the run's {length} iterations" in format_plan(told) and "as --iterations asks" in \
         format_plan(told)
+
+
+def test_a_trace_the_memory_cannot_hold_is_cut_short_and_said_so(dataset, calibration, monkeypatch):
+    from lsm_gnn.planner import format_plan, plan as planning
+
+    # room for the ids of about 10 of the run's 23 batches (169 input nodes each, 8 bytes an id) in the trace's share
+    monkeypatch.setattr(planning, "available_memory", lambda: planning.TRACE_SHARE * 10 * 169 * 8)
+    cfg = load_config(None, [f"dataset={dataset.path}", *RUN])
+    plan = make_plan(cfg, sizes=["40%"], policies=["hybrid"], pvp=[False], calibration_file=calibration,
+                     train_steps=2, storage_seconds=0.05, log=lambda m: None)
+    run = plan["run"]
+    assert run["run_iterations"] == 23 and 4 <= run["iterations"] < 23 and run["trace_memory"] == 10 * 169 * 8
+    assert f"modelled: {run['iterations']} of the run's 23 iterations" in format_plan(plan)
+    assert "as many as a 1/4 share of the memory available holds in the trace" in format_plan(plan)

@@ -27,6 +27,7 @@ import torch
 
 from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.loader import NodeLoader
+from lsm_gnn.memcap import available_memory
 from lsm_gnn.planner import calibrate
 from lsm_gnn.planner.model import StageMs, bound_stage, contended_ms, recommend, run_ms
 from lsm_gnn.planner.simulate import TraceStorage, on_loader_thread, record_trace, simulate_cache, trace_features
@@ -152,8 +153,8 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
     backend = default_backend() if cfg.cache.backend == "auto" else cfg.cache.backend
     store = calibrate.CalibrationStore(calibration_file)  # refuses a file that is no calibration before the trace
     typed = None if dataset.is_homogeneous else trace_features(dataset)
-    task, trace, modelled, total = _record(cfg, dataset, iterations, log, typed)
-    given, iterations = iterations is not None, modelled
+    task, trace, lengths = _record(cfg, dataset, iterations, log, typed)
+    given, iterations = iterations is not None, lengths["modelled"]
     cal = _calibrations(cfg, dataset, backend, store, recalibrate, train_steps, storage_seconds, log,
                         dataset.features if typed is None else _busiest_layout(dataset, typed, trace))
     fill_sample_ms = 1e3 * statistics.median(trace.sample_s)
@@ -169,8 +170,9 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
     return {"dataset": _dataset_summary(dataset, typed),
             "run": {"fanouts": cfg.sampler.fanouts, "batch_size": cfg.sampler.batch_size, "model": cfg.model.kind,
                     "hidden": cfg.model.hidden, "window": cfg.cache.window, "iterations": iterations,
-                    "run_iterations": total, "epochs": cfg.train.epochs, "max_iterations": cfg.train.max_iterations,
-                    "iterations_given": given, "cores": cores,
+                    "run_iterations": lengths["run"], "epochs": cfg.train.epochs,
+                    "max_iterations": cfg.train.max_iterations, "iterations_given": given,
+                    "trace_memory": lengths.get("memory"), "cores": cores,
                     "train_threads": cal["train"]["torch_threads"],
                     "backend": backend, "epoch_length": trace.epoch_length,
                     "nodes_per_batch": trace.nodes_per_batch, "fill_sample_ms": fill_sample_ms},
@@ -220,6 +222,9 @@ def _busiest_layout(dataset, typed, trace):
     return dataset.node_type(typed.groups[gathered.index(max(gathered))].types[0]).features
 
 
+#: the trace's ids take at most this share of the memory available (a batch of a large graph holds millions)
+TRACE_SHARE = 4
+
 #: the most iterations a plan models by default in whole epochs (a replay costs about 12 ms per iteration and grid
 #: point, a trace a batch's ids each), though at least one epoch: a hit ratio over less reads low
 MODELLED_ITERATIONS = 1000
@@ -244,7 +249,8 @@ def modelled_length(run: int, epoch_length: int, most: int = MODELLED_ITERATIONS
 def _record(cfg: Config, dataset, iterations: int | None, log, features=None):
     """The run's task, the trace of its first ``iterations`` batches (None: :func:`modelled_length` of the run's)
     and its window's, from its own loader (``features``: a heterogeneous graph's null feature groups,
-    :func:`trace_features`), and the run's length."""
+    :func:`trace_features`), and the lengths: ``run``, ``modelled``, and ``memory`` (the trace's budget) where
+    that cut the trace short."""
     from lsm_gnn.tasks import make_task
 
     window = cfg.cache.window
@@ -258,22 +264,33 @@ def _record(cfg: Config, dataset, iterations: int | None, log, features=None):
 
     t0 = time.perf_counter()
     task = make_task(cfg, dataset)
-    trace = record_trace(task, dataset, modelled, features)
+    budget = available_memory()
+    trace = record_trace(task, dataset, modelled, features, None if budget is None else budget // TRACE_SHARE)
     log(f"plan: {len(trace.batches)} batches, {trace.nodes_per_batch:,.0f} input nodes each "
         f"({time.perf_counter() - t0:.1f} s)")
-    return task, trace, lengths["modelled"], lengths["run"]
+    if len(trace.batches) < lengths["modelled"] + window:  # the memory's share for the trace is full
+        lengths["modelled"] = max(len(trace.batches) - window, 1)
+        lengths["memory"] = budget // TRACE_SHARE
+    return task, trace, lengths
 
 
 def modelled_text(run: dict) -> str:
     """What a plan modelled of the run, and how that differs from it."""
+    from lsm_gnn.units import format_bytes
+
     n, total, epoch = run["iterations"], run["run_iterations"], run["epoch_length"]
     epochs = f"{run['epochs']} epoch(s) of {epoch:,}" + (f", train.max_iterations={total:,}" if run["max_iterations"]
                                                          else "")
     if n == total:
         return f"modelled: the run's {total:,} iterations ({epochs})"
     part = f"{n / epoch:g} epoch(s)" if n % epoch == 0 else f"{n / epoch:.2f} of an epoch"
-    why = "as --iterations asks" if run["iterations_given"] else \
-        f"the whole epochs within {MODELLED_ITERATIONS:,} iterations (--iterations N models N)"
+    if run.get("trace_memory"):
+        why = (f"as many as a 1/{TRACE_SHARE} share of the memory available holds in the trace "
+               f"({format_bytes(run['trace_memory'])})")
+    elif run["iterations_given"]:
+        why = "as --iterations asks"
+    else:
+        why = f"the whole epochs within {MODELLED_ITERATIONS:,} iterations (--iterations N models N)"
     return (f"modelled: {n:,} of the run's {total:,} iterations ({epochs}): {part}, {why}; the hit ratio is over "
             f"those, from a cold cache, and ms/it an average over them")
 
