@@ -26,6 +26,7 @@ from lsm_gnn.config import (Config, ConfigError, NodeEmbeddingConfig, capacity_b
                             read_ahead_depth, type_embedding)
 from lsm_gnn.features import Features, FeatureGroup, TypedFeatures
 from lsm_gnn.storage import open_storage
+from lsm_gnn.units import round_up
 
 
 @dataclass(frozen=True)
@@ -141,24 +142,45 @@ def _refuse_shared_tables(tables: dict[str, NodeEmbeddingConfig]) -> None:
 
 
 def _embedding_sizes(cfg: Config, dataset) -> dict[str, CacheSize]:
-    """Each node embedding table's cache: its ``capacity`` (default: ``cache.capacity``) of the table's rows, one
-    per node of its type."""
+    """Each node embedding table's cache: its ``capacity`` of the table's rows, one per node of its type; by
+    default :func:`fitting_size` (every batch fits)."""
     from lsm_gnn.embedding import RowLayout
+    from lsm_gnn.sizing import working_set_bound
 
+    tables = embedding_tables(cfg, dataset)
+    bound = working_set_bound(cfg, dataset) if not all(e.capacity for e in tables.values()) else None
     sizes = {}
-    for t, e in embedding_tables(cfg, dataset).items():
+    for t, e in tables.items():
         # a typed graph's tables are sized (and advice given) per type, whether or not the type sets its own
         key = "model.node_embedding" if dataset.is_homogeneous else f"model.node_embedding.{t}"
         try:
             row_bytes = RowLayout(e.dim, e.dtype, e.optimizer).row_bytes
         except ValueError as exc:
             raise ConfigError(f"{key}: {exc}") from None
-        size = CacheSize.of(e.capacity or cfg.cache.capacity, f"{key}.capacity", dataset.num_nodes_of(t), row_bytes)
+        if e.capacity:
+            size = CacheSize.of(e.capacity, f"{key}.capacity", dataset.num_nodes_of(t), row_bytes)
+        else:
+            size = fitting_size(cfg.cache.capacity, f"{key}.capacity", dataset.num_nodes_of(t), row_bytes, bound,
+                                cfg.cache.ways)
         if not dataset.is_homogeneous:  # one set at least, as each feature group's cache (a small type's share)
             size = dataclasses.replace(size, bytes=max(size.bytes, min(cfg.cache.ways, dataset.num_nodes_of(t))
                                                        * row_bytes))
         sizes[t] = size
     return sizes
+
+
+def fitting_size(capacity: str, key: str, num_rows: int, row_bytes: int, batch_rows: int | None,
+                 ways: int) -> CacheSize:
+    """``capacity`` of ``num_rows`` rows, raised to the whole sets that hold ``batch_rows`` (the most rows one
+    batch reads; None: no bound, every row), at most every row: a cache no batch overflows, never larger than
+    its table needs."""
+    size = CacheSize.of(capacity, key, num_rows, row_bytes)
+    if batch_rows is None or batch_rows >= num_rows:
+        return CacheSize.of("100%", key, num_rows, row_bytes)
+    fitting = -(-max(batch_rows, ways) // ways) * ways * row_bytes
+    if fitting <= size.bytes:
+        return size
+    return CacheSize(f"{round_up(100 * fitting / (num_rows * row_bytes)):g}%", key, fitting, False)
 
 
 def _row_bytes(features_of) -> int:

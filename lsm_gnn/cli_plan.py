@@ -73,6 +73,7 @@ def _positive(text: str) -> int:
 def add_plan_parser(sub) -> None:
     from lsm_gnn.cli_prepare import number_in
     from lsm_gnn.planner.calibrate import DEFAULT_FILE
+    from lsm_gnn.planner.plan import MODELLED_ITERATIONS
 
     plan = sub.add_parser(
         "plan", help="predict hit ratio, bytes read and ms per iteration for a grid of cache sizes and policies",
@@ -85,7 +86,10 @@ def add_plan_parser(sub) -> None:
     plan.add_argument("--sizes", type=_names, help="cache capacities, comma-separated (default: cache.capacity)")
     plan.add_argument("--policies", type=_names, help="cache policies, comma-separated (default: cache.policy)")
     plan.add_argument("--pvp", choices=("off", "on", "both"), help="victim-buffer prefetcher (default: cache.pvp)")
-    plan.add_argument("--iterations", type=_positive, default=100, help="iterations of the run modelled")
+    plan.add_argument("--iterations", type=_positive, default=None,
+                      help="iterations of the run modelled (default: the run's train.epochs x its epoch, or "
+                           "train.max_iterations; a longer run: its whole epochs within "
+                           f"{MODELLED_ITERATIONS:,} iterations, one at least)")
     plan.add_argument("--cores", type=_positive, default=None, help="CPU cores of the run (default: this machine's)")
     plan.add_argument("--calibration", default=DEFAULT_FILE,
                       help="file that keeps calibrations between plans ('none': measure every time)")

@@ -311,6 +311,8 @@ def measured_runs(plan: dict, validation: dict) -> dict[tuple, dict]:
     ``{(policy, pvp, capacity): measured}`` for each result of the same graph size, row size, model, fanouts and
     batch size as the plan, keyed as the plan's rows are."""
     settings, run, ds = validation.get("settings") or {}, plan["run"], plan["dataset"]
+    if "row_bytes" not in ds:  # a heterogeneous graph's plan: the validation runs graphs of one row format
+        return {}
     graph = {"num_nodes": ds["num_nodes"], "model": run["model"], "hidden": run["hidden"]}
     if any(settings.get(key, value) != value for key, value in graph.items()):
         return {}
@@ -451,9 +453,10 @@ def draw_plan(plan: dict, path: str, title: str = "", measured: dict | None = No
         ax.legend(fontsize=7)
     if len(series) % 2:
         axes[-1][1].set_visible(False)
-    run, ds = plan["run"], plan["dataset"]
-    rows = f"of {ds['row_bytes']} B" if "row_bytes" in ds else f"of {len(ds.get('node_types') or ())} types"
-    fig.suptitle(f"{title} plan: {ds['num_nodes']:,} nodes {rows}, fanouts {run['fanouts']}, batch "
+    from lsm_gnn.planner.plan import dataset_text
+
+    run = plan["run"]
+    fig.suptitle(f"{title} plan: {dataset_text(plan['dataset'])}\nfanouts {run['fanouts']}, batch "
                  f"{run['batch_size']}, {run['model']}, {run['iterations']} iterations on {run['cores']} core(s)\n"
                  "(stages each alone: sample, cache, read on the loader thread, overlapped with train)".strip(),
                  fontsize=9)

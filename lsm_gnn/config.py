@@ -40,7 +40,9 @@ class NodeEmbeddingConfig:
     lr: float = 0.01
     init_std: float = 0.1      # initial values ~ N(0, init_std^2), seeded by train.seed
     features: bool = True      # also feed the dataset's features (before the embedding); false: embeddings only
-    capacity: str = ""         # the table's cache: bytes ("1G") or a share of its rows ("10%"); "": cache.capacity
+    # the table's cache: bytes ("1G") or a share of its rows ("10%"); "": cache.capacity, raised to the most rows a
+    # batch can read (seeds x prod(1 + fanout), every row with a fanout of -1), at most the whole table
+    capacity: str = ""
     path: str = ""             # the table's directory; "": checkpoint.dir/node_embedding
     # A heterogeneous graph's node types, each its own table: model.node_embedding.<type>.<key> (dim, dtype,
     # optimizer, lr, init_std, capacity, path); the keys above are every type's defaults, and dim goes to the

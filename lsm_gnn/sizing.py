@@ -116,6 +116,46 @@ def config_fix(capacity: str, lines: int, distinct: int, ways: int, key: str = "
             "(it thrashes)")
 
 
+def batch_rows_bound(seeds: int, fanouts) -> int | None:
+    """The most distinct input nodes a batch of ``seeds`` seed nodes can have, whatever the graph: each hop adds at
+    most its fanout of neighbours per node it expands (on a heterogeneous graph per relation: ``fanouts`` by
+    relation, their sum), so ``seeds x prod(1 + fanout)``; None with a fanout of -1 (every neighbour: no bound
+    but the graph's)."""
+    layers = list(zip(*fanouts.values())) if isinstance(fanouts, dict) else [[f] for f in fanouts]
+    rows = seeds
+    for layer in layers:
+        if any(f < 0 for f in layer):
+            return None
+        rows *= 1 + sum(layer)
+    return rows
+
+
+def working_set_bound(cfg, dataset) -> int | None:
+    """The most distinct input nodes any batch of ``cfg``'s run can have, training's or an evaluation's (None:
+    no bound but the graph's): what a cache that must never refuse a batch holds (a link batch's seeds are its
+    users, positive items and negatives)."""
+    from lsm_gnn.task_options import eval_batch_size, eval_fanouts
+    from lsm_gnn.tasks import relation_fanouts
+
+    fanouts = relation_fanouts(cfg, dataset)
+    per_edge = 2 + cfg.train.num_negatives if cfg.train.task == "link" else 1
+    bounds = [batch_rows_bound(cfg.sampler.batch_size * per_edge, fanouts)]
+    if cfg.train.eval_splits:
+        bounds.append(batch_rows_bound(eval_batch_size(cfg), eval_fanouts(cfg, fanouts)))
+    return None if None in bounds else max(bounds)
+
+
+def smaller_batch(batch_size: int, lines: int, distinct: int, headroom: float = HEADROOM) -> int:
+    """A batch size whose batches a cache of ``lines`` holds, where batches of ``batch_size`` seeds had ``distinct``
+    ids: in proportion, with ``headroom`` (a batch's ids grow a little faster than in proportion as it shrinks:
+    fewer of them repeat), rounded down to two significant digits; at least 1."""
+    size = batch_size * lines / (max(distinct, 1) * headroom)
+    if size < 1:
+        return 1
+    step = 10 ** max(len(str(int(size))) - 2, 0)
+    return max(1, int(size) // step * step)
+
+
 def check_one_set(spec, dataset, row_bytes: int | None = None) -> None:
     """Raises a ConfigError naming the size's config key when ``spec`` gives a one-type dataset's cache fewer
     lines than one set (a heterogeneous dataset's caches get one set at least). ``row_bytes``: the cache's

@@ -84,6 +84,14 @@ def test_recommendation_is_the_smallest_cache_within_tolerance():
     assert recommend([], 0.05) is None
 
 
+def test_a_run_longer_than_a_plan_models_is_modelled_in_whole_epochs_one_at_least():
+    from lsm_gnn.planner.plan import MODELLED_ITERATIONS, modelled_length
+
+    assert modelled_length(46, 23) == 46  # the whole run
+    assert modelled_length(2300, 23) == MODELLED_ITERATIONS // 23 * 23  # 43 epochs of 23
+    assert modelled_length(5 * 4000, 4000) == 4000  # one epoch, however long: a hit ratio over less reads low
+
+
 # -- the simulation against a real run --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -277,11 +285,17 @@ def tiny_hetero(tmp_path_factory):
     return write_tiny_hetero_dataset(tmp_path_factory.mktemp("plan") / "tiny-hetero")
 
 
-def test_cli_plans_a_heterogeneous_dataset(tiny_hetero, calibration, capsys, tmp_path):
+def test_cli_plans_and_plots_a_heterogeneous_dataset(tiny_hetero, calibration, capsys, tmp_path):
     out_json = tmp_path / "plan.json"
     assert main(["plan", tiny_hetero.path, *RUN, "--sizes", "30%,50%,70%", "--iterations", "6", "--train-steps", "2",
-                 "--storage-seconds", "0.05", "--calibration", calibration, "--json", str(out_json)]) == 0
+                 "--storage-seconds", "0.05", "--calibration", calibration, "--json", str(out_json),
+                 "--plot", str(tmp_path / "drawn.png")]) == 0
     out = capsys.readouterr().out
+    # its JSON drawn as its --plot drew it (a heterogeneous plan has rows per type, not one row size)
+    assert main(["plot", str(out_json), "--out", str(tmp_path / "plotted.png")]) == 0
+    png = b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "plotted.png").read_bytes()[:8] == (tmp_path / "drawn.png").read_bytes()[:8] == png
+    assert "wrote" in capsys.readouterr().out
     assert "3 node types" not in out and "(paper 600 x 64 B, author 500 x 64 B, topic 30)" in out
     assert "1 cache(s): paper+author" in out and "storage of paper" in out and "storage of author" in out
     assert out.count("hit by type: paper ") == 2 and "recommended:" in out
@@ -393,3 +407,78 @@ def test_a_stored_calibration_out_of_physical_range_is_measured_again(dataset, t
     assert not any("reused from" in m for m in messages)
     assert plan["calibration"]["memcpy"]["memcpy_gb_per_s"] > 1e-3
     assert all(len(plan["calibration"][p]["figures"]) >= 3 for p in ("storage", "memcpy", "train"))
+
+
+# -- plan takes what train takes ------------------------------------------------------------------------------------
+
+#: keys train takes that the plan's training calibration once refused (it turned evaluation off but left what
+#: watches it, and dropped the checkpoint directory a node embedding table lives in) or wrote into the user's files
+TRAIN_ACCEPTS = [
+    ["train.early_stopping.patience=2"],
+    ["train.early_stopping.metric=val.accuracy"],
+    ["train.early_stopping.metric=test.accuracy", "train.early_stopping.patience=1", "train.early_stopping.mode=max"],
+    ["model.node_embedding.dim=8", "checkpoint.dir={tmp}/ck"],
+    ["model.node_embedding.dim=8", "model.node_embedding.path={tmp}/table", "checkpoint.dir={tmp}/ck"],
+    ["checkpoint.dir={tmp}/ck", "checkpoint.every=1", "train.eval_every=1"],
+]
+
+
+@pytest.mark.parametrize("extra", TRAIN_ACCEPTS, ids=lambda e: e[0].split("=")[0])
+def test_the_training_calibration_takes_every_config_train_takes_and_writes_none_of_its_files(dataset, tmp_path,
+                                                                                              extra):
+    from lsm_gnn.planner.calibrate import measure_training
+
+    extra = [e.format(tmp=tmp_path) for e in extra]
+    cfg = load_config(None, [f"dataset={dataset.path}", *RUN, "train.eval_splits=[val,test]", *extra])
+    assert measure_training(cfg, dataset, steps=1, skip=0)["steps"] == 1
+    assert list(tmp_path.iterdir()) == []  # no checkpoint, no table, no log of the user's
+
+
+def test_plan_takes_a_config_with_early_stopping(dataset, calibration, capsys):
+    assert main(["plan", dataset.path, *RUN, "train.eval_splits=[val]", "train.early_stopping.patience=3",
+                 "--sizes", "40%", "--iterations", "4", "--train-steps", "2", "--storage-seconds", "0.05",
+                 "--calibration", calibration]) == 0
+    assert "recommended:" in capsys.readouterr().out
+
+
+def test_a_node_embedding_cache_is_said_to_be_left_out_and_a_run_of_embeddings_alone_refused(dataset, calibration,
+                                                                                            tmp_path, capsys):
+    common = ["plan", dataset.path, *RUN, "model.node_embedding.dim=8", f"checkpoint.dir={tmp_path}", "--sizes", "40%",
+              "--iterations", "4", "--train-steps", "2", "--storage-seconds", "0.05", "--calibration", calibration]
+    assert main(common) == 0
+    assert "warning: the node embedding table's cache is not modelled" in capsys.readouterr().out
+    # no features: no cache the plan models (it once replayed one the run does not have, and said to grow it)
+    assert main([*common, "model.node_embedding.features=false"]) == 1
+    err = capsys.readouterr().err
+    assert "model.node_embedding.features=false reads no features" in err and "calibrating" not in err
+
+
+@pytest.mark.parametrize("extra,length", [(["train.epochs=2"], 46),
+                                          (["train.epochs=3", "train.max_iterations=30"], 30)])
+def test_a_plan_models_the_runs_own_length_unless_told(dataset, calibration, extra, length):
+    from lsm_gnn.planner import format_plan
+
+    # 23 batches of 16 seeds per epoch; the run's length: its epochs, or train.max_iterations where that is less
+    cfg = load_config(None, [f"dataset={dataset.path}", *RUN, *extra])
+    plan = make_plan(cfg, sizes=["40%"], policies=["hybrid"], pvp=[False], calibration_file=calibration,
+                     train_steps=2, storage_seconds=0.05, log=lambda m: None)
+    assert plan["run"]["iterations"] == plan["run"]["run_iterations"] == length and plan["run"]["epoch_length"] == 23
+    assert f"modelled: the run's {length} iterations" in format_plan(plan)
+    told = quick_plan(cfg, calibration, sizes=["40%"], policies=["hybrid"], pvp=[False])  # --iterations 8
+    assert told["run"]["iterations"] == 8 and told["run"]["run_iterations"] == length
+    assert f"modelled: 8 of the run's {length} iterations" in format_plan(told) and "as --iterations asks" in \
+        format_plan(told)
+
+
+def test_a_trace_the_memory_cannot_hold_is_cut_short_and_said_so(dataset, calibration, monkeypatch):
+    from lsm_gnn.planner import format_plan, plan as planning
+
+    # room for the ids of about 10 of the run's 23 batches (169 input nodes each, 8 bytes an id) in the trace's share
+    monkeypatch.setattr(planning, "available_memory", lambda: planning.TRACE_SHARE * 10 * 169 * 8)
+    cfg = load_config(None, [f"dataset={dataset.path}", *RUN])
+    plan = make_plan(cfg, sizes=["40%"], policies=["hybrid"], pvp=[False], calibration_file=calibration,
+                     train_steps=2, storage_seconds=0.05, log=lambda m: None)
+    run = plan["run"]
+    assert run["run_iterations"] == 23 and 4 <= run["iterations"] < 23 and run["trace_memory"] == 10 * 169 * 8
+    assert f"modelled: {run['iterations']} of the run's 23 iterations" in format_plan(plan)
+    assert "as many as a 1/4 share of the memory available holds in the trace" in format_plan(plan)

@@ -152,14 +152,19 @@ def test_resolve_sizes_every_cache_once_with_its_key(tmp_path):
     spec = resolve(cfg, ds)
     assert spec.size == CacheSize("25%", "cache.capacity", 50 * 8 * 4, False) and spec.embedding_sizes == {}
     # Node embeddings: their own cache, sized in their own rows, named by their own key; the default is the
-    # features' share.
+    # features' share where every batch fits it (8 seeds and 2 neighbours each: 24 rows at most, one set of 32),
+    # else raised to the whole sets that hold the most rows a batch can read (training's or evaluation's), at most
+    # every row (the default fanouts reach more than the table's 200).
     row_bytes = RowLayout(16, "float32", "adagrad").row_bytes
-    cfg = load_config(None, [f"dataset={ds.path}", "cache.capacity=25%", "cache.static_score=none",
-                             "model.node_embedding.dim=16", "model.node_embedding.optimizer=adagrad",
-                             f"checkpoint.dir={tmp_path}"])
+    embedding = [f"dataset={ds.path}", "cache.capacity=25%", "cache.static_score=none", "model.node_embedding.dim=16",
+                 "model.node_embedding.optimizer=adagrad", f"checkpoint.dir={tmp_path}"]
     node = ds.node_types[0]
-    assert resolve(cfg, ds).embedding_sizes == {node: CacheSize("25%", "model.node_embedding.capacity",
-                                                                50 * row_bytes, False)}
+    small = ["sampler.fanouts=[2]", "sampler.batch_size=8"]
+    for batches, (text, lines, every_row) in [(small, ("25%", 50, False)),
+                                              ([*small, "train.eval_batch_size=24"], ("48%", 96, False)),  # 72 rows
+                                              ([], ("100%", 200, True))]:
+        size = CacheSize(text, "model.node_embedding.capacity", lines * row_bytes, every_row)
+        assert resolve(load_config(None, [*embedding, *batches]), ds).embedding_sizes == {node: size}
     cfg = load_config(None, [f"dataset={ds.path}", "cache.static_score=none", "model.node_embedding.dim=16",
                              "model.node_embedding.optimizer=adagrad", "model.node_embedding.capacity=100%",
                              f"checkpoint.dir={tmp_path}"])

@@ -25,6 +25,7 @@ far below what the machine copies now.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -267,19 +268,32 @@ def measure_memcpy(dim: int, dtype: torch.dtype, rows: int = 4096, pool_bytes: i
             "row_gather_gb_per_s": rows * row_bytes / gather_s / 1e9}
 
 
+def calibration_config(cfg, work_dir: str, iterations: int):
+    """``cfg``'s run cut to its first ``iterations`` training steps, for timing them: no evaluation (nor what
+    watches one: early stopping), no checkpoint, its log and any node embedding table in ``work_dir``, never the
+    user's. Valid wherever ``cfg`` is, whatever keys it sets."""
+    from lsm_gnn.config import EarlyStoppingConfig, build_config
+
+    settings = cfg.to_dict()
+    # Epochs enough for the steps however short an epoch is; the iteration limit ends the run.
+    settings["train"].update(max_iterations=iterations, eval_splits=[], epochs=iterations,
+                             early_stopping=dataclasses.asdict(EarlyStoppingConfig()))
+    settings["log"].update(dir=work_dir, progress=False, tensorboard=False, every=1)
+    settings["checkpoint"].update(dir="", resume=False)
+    embedding = settings["model"]["node_embedding"]
+    embedding["path"] = os.path.join(work_dir, "node_embedding")  # a fresh table: the user's left as it is
+    for own in embedding["types"].values():  # each type's table goes to path/<type>
+        own.pop("path", None)
+    return build_config(settings)
+
+
 def measure_training(cfg, dataset, steps: int = 32, skip: int = 3) -> dict:
     """The trainer itself for ``steps`` iterations, features from a storage that reads nothing; means of
     the per-iteration train and sample stages after ``skip`` warm-up iterations."""
-    from lsm_gnn.config import build_config
     from lsm_gnn.trainer import Trainer
 
     with tempfile.TemporaryDirectory(prefix="lsm-gnn-plan-") as log_dir:
-        settings = cfg.to_dict()
-        # Epochs enough for the steps however short an epoch is; the iteration limit ends the run.
-        settings["train"].update(max_iterations=steps + skip, eval_splits=[], epochs=steps + skip)
-        settings["log"].update(dir=log_dir, progress=False, tensorboard=False, every=1)
-        settings["checkpoint"].update(dir="")
-        run_cfg = build_config(settings)
+        run_cfg = calibration_config(cfg, log_dir, steps + skip)
         features = TraceStorage.like(dataset) if dataset.is_homogeneous else trace_features(dataset)
         trainer = Trainer(run_cfg, out=io.StringIO(), features=features)
         trainer.fit()

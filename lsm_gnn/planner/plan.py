@@ -27,6 +27,7 @@ import torch
 
 from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.loader import NodeLoader
+from lsm_gnn.memcap import available_memory
 from lsm_gnn.planner import calibrate
 from lsm_gnn.planner.model import StageMs, bound_stage, contended_ms, recommend, run_ms
 from lsm_gnn.planner.simulate import TraceStorage, on_loader_thread, record_trace, simulate_cache, trace_features
@@ -98,6 +99,10 @@ def _check_plannable(cfg: Config, dataset) -> None:
     if cfg.cache.features != "cache":
         raise ConfigError(f"lsm-gnn plan models the cached path (cache.features=cache), got "
                           f"cache.features={cfg.cache.features}")
+    if not cfg.model.node_embedding.features:
+        raise ConfigError("lsm-gnn plan models the features' cache, and model.node_embedding.features=false reads "
+                          "no features: the run's one cache is its node embedding table's, which plan does not "
+                          "model yet")
     if dataset.is_homogeneous:
         return
     # What a run on a heterogeneous graph refuses, refused before the trace (as the run would).
@@ -130,11 +135,12 @@ def _training_identity(cfg: Config, dataset) -> dict:
             "torch_threads": training_threads(cfg.train.threads)}
 
 
-def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[bool], iterations: int = 100,
+def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[bool], iterations: int | None = None,
               cores: int | None = None, calibration_file: str | None = calibrate.DEFAULT_FILE,
               recalibrate: bool = False, train_steps: int = 32, storage_seconds: float = 0.5,
               tolerance: float = 0.05, log=_log_to_stderr) -> dict:
-    """The plan of ``cfg``'s run over every (policy, PVP, size); see the module docstring."""
+    """The plan of ``cfg``'s run over every (policy, PVP, size); see the module docstring. ``iterations``: how many
+    of the run's iterations to model (None: all of them, or whole epochs up to :data:`MODELLED_ITERATIONS`)."""
     from lsm_gnn.build import resolve
     from lsm_gnn.data import open_dataset
     from lsm_gnn.storage import default_backend
@@ -147,7 +153,8 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
     backend = default_backend() if cfg.cache.backend == "auto" else cfg.cache.backend
     store = calibrate.CalibrationStore(calibration_file)  # refuses a file that is no calibration before the trace
     typed = None if dataset.is_homogeneous else trace_features(dataset)
-    task, trace = _record(cfg, dataset, iterations, log, typed)
+    task, trace, lengths = _record(cfg, dataset, iterations, log, typed)
+    given, iterations = iterations is not None, lengths["modelled"]
     cal = _calibrations(cfg, dataset, backend, store, recalibrate, train_steps, storage_seconds, log,
                         dataset.features if typed is None else _busiest_layout(dataset, typed, trace))
     fill_sample_ms = 1e3 * statistics.median(trace.sample_s)
@@ -157,9 +164,15 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
         rows = _typed_plan_rows(grid, specs, dataset, typed, task, trace, iterations, cal, cores, fill_sample_ms,
                                 log)
     best = recommend([r for r in rows if "error" not in r], tolerance)
+    if specs[0].embedding_sizes:  # a one-type graph's table (a heterogeneous one's is refused above)
+        cal["warnings"].append("the node embedding table's cache is not modelled: its reads, write-backs and "
+                               "updates are left out of every time")
     return {"dataset": _dataset_summary(dataset, typed),
             "run": {"fanouts": cfg.sampler.fanouts, "batch_size": cfg.sampler.batch_size, "model": cfg.model.kind,
-                    "hidden": cfg.model.hidden, "window": cfg.cache.window, "iterations": iterations, "cores": cores,
+                    "hidden": cfg.model.hidden, "window": cfg.cache.window, "iterations": iterations,
+                    "run_iterations": lengths["run"], "epochs": cfg.train.epochs,
+                    "max_iterations": cfg.train.max_iterations, "iterations_given": given,
+                    "trace_memory": lengths.get("memory"), "cores": cores,
                     "train_threads": cal["train"]["torch_threads"],
                     "backend": backend, "epoch_length": trace.epoch_length,
                     "nodes_per_batch": trace.nodes_per_batch, "fill_sample_ms": fill_sample_ms},
@@ -167,10 +180,10 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
             "rows": rows, "tolerance": tolerance, "recommendation": best}
 
 
-def _check_arguments(cfg: Config, sizes: list[str], policies: list[str], pvp: list[bool], iterations: int,
+def _check_arguments(cfg: Config, sizes: list[str], policies: list[str], pvp: list[bool], iterations: int | None,
                      cores: int | None, train_steps: int, storage_seconds: float, tolerance: float) -> int:
     """Refuses arguments :func:`make_plan` cannot plan with; returns the cores (default: this machine's)."""
-    if iterations < 1:
+    if iterations is not None and iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     if storage_seconds <= 0 or train_steps < 1:
         raise ValueError(f"storage_seconds must be > 0 and train_steps >= 1, got {storage_seconds} and {train_steps}")
@@ -209,19 +222,77 @@ def _busiest_layout(dataset, typed, trace):
     return dataset.node_type(typed.groups[gathered.index(max(gathered))].types[0]).features
 
 
-def _record(cfg: Config, dataset, iterations: int, log, features=None):
-    """The run's task, and the trace of its first ``iterations`` batches and its window's, from its own loader
-    (``features``: a heterogeneous graph's null feature groups, :func:`trace_features`)."""
+#: the trace's ids take at most this share of the memory available (a batch of a large graph holds millions)
+TRACE_SHARE = 4
+
+#: the most iterations a plan models by default in whole epochs (a replay costs about 12 ms per iteration and grid
+#: point, a trace a batch's ids each), though at least one epoch: a hit ratio over less reads low
+MODELLED_ITERATIONS = 1000
+
+
+def run_length(cfg: Config, epoch_length: int) -> int:
+    """The iterations of ``cfg``'s run (its ``train.epochs`` epochs of ``epoch_length``, or ``train.max_iterations``
+    where that is less), early stopping aside."""
+    epochs = cfg.train.epochs * epoch_length
+    return min(epochs, cfg.train.max_iterations) if cfg.train.max_iterations else epochs
+
+
+def modelled_length(run: int, epoch_length: int, most: int = MODELLED_ITERATIONS) -> int:
+    """The iterations a plan models of a run of ``run``: all of them up to ``most``; else as many whole epochs as
+    ``most`` holds, at least one whatever its length."""
+    if run <= most:
+        return run
+    epoch_length = max(epoch_length, 1)
+    return max(most // epoch_length, 1) * epoch_length
+
+
+def _record(cfg: Config, dataset, iterations: int | None, log, features=None):
+    """The run's task, the trace of its first ``iterations`` batches (None: :func:`modelled_length` of the run's)
+    and its window's, from its own loader (``features``: a heterogeneous graph's null feature groups,
+    :func:`trace_features`), and the lengths: ``run``, ``modelled``, and ``memory`` (the trace's budget) where
+    that cut the trace short."""
     from lsm_gnn.tasks import make_task
 
     window = cfg.cache.window
-    log(f"plan: recording the trace of {iterations} iterations (+{window} of window) ...")
+    lengths = {}
+
+    def modelled(epoch_length: int) -> int:
+        lengths["run"] = run_length(cfg, epoch_length)
+        lengths["modelled"] = iterations or modelled_length(lengths["run"], epoch_length)
+        log(f"plan: recording the trace of {lengths['modelled']} iterations (+{window} of window) ...")
+        return lengths["modelled"] + window
+
     t0 = time.perf_counter()
     task = make_task(cfg, dataset)
-    trace = record_trace(task, dataset, iterations + window, features)
+    budget = available_memory()
+    trace = record_trace(task, dataset, modelled, features, None if budget is None else budget // TRACE_SHARE)
     log(f"plan: {len(trace.batches)} batches, {trace.nodes_per_batch:,.0f} input nodes each "
         f"({time.perf_counter() - t0:.1f} s)")
-    return task, trace
+    if len(trace.batches) < lengths["modelled"] + window:  # the memory's share for the trace is full
+        lengths["modelled"] = max(len(trace.batches) - window, 1)
+        lengths["memory"] = budget // TRACE_SHARE
+    return task, trace, lengths
+
+
+def modelled_text(run: dict) -> str:
+    """What a plan modelled of the run, and how that differs from it."""
+    from lsm_gnn.units import format_bytes
+
+    n, total, epoch = run["iterations"], run["run_iterations"], run["epoch_length"]
+    epochs = f"{run['epochs']} epoch(s) of {epoch:,}" + (f", train.max_iterations={total:,}" if run["max_iterations"]
+                                                         else "")
+    if n == total:
+        return f"modelled: the run's {total:,} iterations ({epochs})"
+    part = f"{n / epoch:g} epoch(s)" if n % epoch == 0 else f"{n / epoch:.2f} of an epoch"
+    if run.get("trace_memory"):
+        why = (f"as many as a 1/{TRACE_SHARE} share of the memory available holds in the trace "
+               f"({format_bytes(run['trace_memory'])})")
+    elif run["iterations_given"]:
+        why = "as --iterations asks"
+    else:
+        why = f"the whole epochs within {MODELLED_ITERATIONS:,} iterations (--iterations N models N)"
+    return (f"modelled: {n:,} of the run's {total:,} iterations ({epochs}): {part}, {why}; the hit ratio is over "
+            f"those, from a cold cache, and ms/it an average over them")
 
 
 def _calibrations(cfg: Config, dataset, backend: str, store: calibrate.CalibrationStore, recalibrate: bool,
@@ -436,19 +507,23 @@ def _modelled_ms(sim: dict, cal: dict, cores: int, iterations: int, fill_sample_
             "pipeline_efficiency": bound_ms / (total / iterations) if total > 0 else None}
 
 
+def dataset_text(ds: dict) -> str:
+    """A plan's ``dataset`` in words: its nodes and rows; on a heterogeneous graph each type's, and which types
+    share a cache."""
+    if "node_types" not in ds:
+        return f"{ds['num_nodes']:,} nodes, {ds['row_bytes']} B rows"
+    kinds = ", ".join(f"{t} {d['num_nodes']:,}" + (f" x {d['row_bytes']} B" if "row_bytes" in d else "")
+                      for t, d in ds["node_types"].items())
+    return (f"{ds['num_nodes']:,} nodes ({kinds}), {ds['relations']} relations, target {ds['target']}; "
+            f"{len(ds['groups'])} cache(s): {', '.join('+'.join(g) for g in ds['groups'])}")
+
+
 def format_plan(plan: dict) -> str:
     """The plan as a table, the bound stage and the recommendation."""
     from lsm_gnn.units import format_bytes
 
     run, ds = plan["run"], plan["dataset"]
-    if "node_types" in ds:  # a heterogeneous graph: its types' rows, and which of them share a cache
-        kinds = ", ".join(f"{t} {d['num_nodes']:,}" + (f" x {d['row_bytes']} B" if "row_bytes" in d else "")
-                          for t, d in ds["node_types"].items())
-        what = (f"{ds['num_nodes']:,} nodes ({kinds}), {ds['relations']} relations, target {ds['target']}; "
-                f"{len(ds['groups'])} cache(s): {', '.join('+'.join(g) for g in ds['groups'])}")
-    else:
-        what = f"{ds['num_nodes']:,} nodes, {ds['row_bytes']} B rows"
-    lines = [f"plan for {ds['path']}: {what}; fanouts {run['fanouts']}, "
+    lines = [f"plan for {ds['path']}: {dataset_text(ds)}; fanouts {run['fanouts']}, "
              f"batch {run['batch_size']}, {run['model']} hidden {run['hidden']}, window {run['window']}, "
              f"{run['iterations']} iterations on {run['cores']} core(s), {run['backend']} storage",
              f"{'policy':<18}{'size':>9}{'nodes':>7}{'hit':>7}{'read/it':>11}{'sample':>8}{'cache':>8}{'read':>8}"
@@ -466,6 +541,8 @@ def format_plan(plan: dict) -> str:
         if "hit_ratio_by_type" in r:
             caches = ", ".join(f"{'+'.join(g['types'])} {format_bytes(g['capacity_bytes'])}" for g in r["groups"])
             lines.append(f"{'':<18}hit by type: {ratios_text(r['hit_ratio_by_type'])}; caches {caches}")
+    if "run_iterations" in run:  # plans before it modelled --iterations (100) alone
+        lines.append(modelled_text(run))
     lines.append("(ms per iteration; sample, cache + read (= gather) run on the loader thread overlapped with train; "
                  "ms/it includes filling the window at the start; eff: the pipeline's efficiency, max(read, train) "
                  "over ms/it, as a run's epoch summary reports it)")

@@ -109,20 +109,25 @@ def _numel(nodes) -> int:
     return sum(ids.numel() for ids in nodes.values()) if isinstance(nodes, dict) else nodes.numel()
 
 
-def record_trace(task, dataset, iterations: int, features=None) -> Trace:
+def record_trace(task, dataset, iterations, features=None, max_bytes: int | None = None) -> Trace:
     """The first ``iterations`` batches of ``task``'s train loader (rank 0 of 1), epochs following on
-    as the trainer's do. ``features``: what the loader gathers from (default: a null storage of the
-    dataset's one feature file; a heterogeneous graph's: :func:`trace_features`)."""
+    as the trainer's do; ``iterations`` a count, or a function of the loader's epoch length that gives it.
+    ``features``: what the loader gathers from (default: a null storage of the dataset's one feature file; a
+    heterogeneous graph's: :func:`trace_features`). ``max_bytes``: fewer batches where their ids would take more."""
     loader = task.train_loader(TraceStorage.like(dataset) if features is None else features, 0, 1)
-    batches, sample_s = [], []
+    batches, sample_s, held = [], [], 0
     try:
+        if callable(iterations):
+            iterations = iterations(len(loader))
         while len(batches) < iterations:
             for batch in loader:
                 nodes = batch.input_nodes
                 batches.append({t: ids.clone() for t, ids in nodes.items()} if isinstance(nodes, dict)
                                else nodes.clone())
                 sample_s.append(batch.timings["sample"])
-                if len(batches) >= iterations:
+                held += 8 * _numel(nodes)
+                if len(batches) >= iterations or (max_bytes is not None and held > max_bytes):
+                    iterations = len(batches)
                     break
     finally:
         loader.close()

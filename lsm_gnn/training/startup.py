@@ -187,16 +187,58 @@ def check_cache_size(cfg, spec, loader, task, features, embeddings: dict, world_
             if node_type is not None:  # a typed graph's table: its type's ids
                 batches = [[nodes[node_type] for nodes in per_rank] for per_rank in batches]
             found = cache_fits(cached, batches, what)
-            tight = min(found, key=lambda f: f.lines / max(f.largest, 1), default=None)
+            tight = _tightest(found)
             if tight is not None and not tight.fits:
                 loader.close()
-                smaller = "" if stage == "training" else \
-                    f"; or lower train.eval_batch_size (now {eval_batch_size(cfg)})"
+                smaller = "" if stage == "training" else _eval_batch_fix(
+                    cfg, task, stage.rpartition(" ")[2], tight, lambda ids: _tightest(cache_fits(
+                        cached, ids if node_type is None else [[n[node_type] for n in r] for r in ids], what)),
+                    features, world_size)
                 raise ConfigError(("" if stage == "training" else f"{stage}: ")
                                   + too_small_message(tight, size.text, c.ways, size.key) + smaller)
             if stage == "training":
                 fits += found
     return fits
+
+
+def _tightest(fits: list):
+    """The fit with the least room (lines over the largest batch), or None."""
+    return min(fits, key=lambda f: f.lines / max(f.largest, 1), default=None)
+
+
+def _eval_batch_fix(cfg, task, split: str, tight, fit_of, features, world_size: int, tries: int = 8) -> str:
+    """``; or set train.eval_batch_size=N or less``: an evaluation batch size whose sampled batches of ``split`` fit
+    (``fit_of``: every rank's sampled input nodes to the tightest fit), found in at most ``tries`` samplings:
+    from the size in proportion to the room ``tight`` found, halved until one fits, then bisected towards the
+    smallest that did not. Without one, lower it at all; "" where even batches of one seed do not fit."""
+    import copy
+
+    from lsm_gnn.sizing import batches_per_rank, smaller_batch
+    from lsm_gnn.tasks import make_task
+
+    now = eval_batch_size(cfg)
+    trial = copy.deepcopy(cfg)
+
+    def fits(size: int) -> bool:
+        trial.train.eval_batch_size = size
+        other = make_task(trial, task.dataset)
+        count = batches_per_rank(world_size)
+        fit = fit_of([other.eval_input_nodes(features, split, r, world_size, count) for r in range(world_size)])
+        return fit is None or fit.fits
+
+    good, bad, size = 0, now, min(smaller_batch(now, tight.lines, tight.largest), now - 1)
+    for _ in range(tries):
+        if size < 1 or size >= bad or size <= good:
+            break
+        if fits(size):
+            good = size
+            size = (good + bad) // 2 if bad - good > max(1, good // 10) else 0  # within 10%: close enough
+        else:
+            bad = size
+            size = size // 2 if not good else (good + bad) // 2
+    if good:
+        return f"; or set train.eval_batch_size={good} or less (now {now})"
+    return "" if bad == 1 else f"; or lower train.eval_batch_size (now {now}; {bad} still does not fit)"
 
 
 @contextlib.contextmanager
@@ -212,8 +254,10 @@ def sized(cfg, where: str, checked: bool):
     except CacheTooSmall as exc:
         if not checked:
             raise
-        c = cfg.cache
-        smaller = f"; or lower train.eval_batch_size (now {eval_batch_size(cfg)})" \
+        from lsm_gnn.sizing import smaller_batch
+
+        c, now = cfg.cache, eval_batch_size(cfg)
+        smaller = f"; or set train.eval_batch_size={smaller_batch(now, exc.lines, exc.distinct)} or less (now {now})" \
             if where.startswith("evaluating") else ""
         raise ConfigError(f"{where}, a batch has {exc.distinct:,} distinct nodes but the cache holds "
                           f"{exc.lines:,} lines (cache.capacity={c.capacity}); "
