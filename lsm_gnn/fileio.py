@@ -134,6 +134,42 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (``/proc/self/status``)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def make_temporary(path: str, directory: bool = False) -> str:
+    """A temporary beside ``path`` (named by :func:`temp_prefix`) that becomes ``path`` by a rename, with the mode
+    a plain ``open``/``mkdir`` of ``path`` would give: ``tempfile`` makes its files 0600 and folders 0700, so
+    renamed into place they would hide a dataset, checkpoint or report from the rest of a team that shares it. A
+    file replacing another keeps the old one's mode."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if directory:
+        tmp = tempfile.mkdtemp(prefix=temp_prefix(path), dir=parent)
+        os.chmod(tmp, 0o777 & ~_umask())
+        return tmp
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), dir=parent)
+    try:
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except OSError:
+            mode = 0o666 & ~_umask()
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    return tmp
+
+
 def atomic_write_bytes(data: bytes | memoryview, path: str, sync_directory: bool = True) -> None:
     """Writes ``path`` so that readers see the old file or the whole new one, never a torn one.
 
@@ -143,8 +179,7 @@ def atomic_write_bytes(data: bytes | memoryview, path: str, sync_directory: bool
     """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), dir=directory)
-    os.close(fd)
+    tmp = make_temporary(path)
     try:
         with CheckedFile(tmp, size=len(data)) as fh:
             fh.write(data)

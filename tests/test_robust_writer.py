@@ -348,3 +348,29 @@ class TestDiskFull:
             recompute_scores(ds.path, ("degree", "reverse_pagerank"))
         assert (sorted(os.listdir(ds.path)), (tmp_path / "ds" / "meta.json").read_bytes()) == before
         assert os.listdir(tmp_path / "ds" / "scores") == []
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077], ids=["022", "077"])
+def test_what_is_written_through_a_temporary_has_the_mode_a_plain_write_would(tmp_path, umask):
+    """A dataset, a table and an atomically written file are readable by whom the umask lets read them (tempfile's
+    0700 folders and 0600 files would hide a shared dataset from the team), and a replaced file keeps its mode."""
+    from lsm_gnn.fileio import atomic_write_bytes
+    from lsm_gnn.storage.table import EmbeddingTable
+
+    old = os.umask(umask)
+    try:
+        write_small(tmp_path / "ds")
+        EmbeddingTable.create(str(tmp_path / "table"), 4, 16, lambda a, b: np.zeros((b - a, 16), np.uint8),
+                              layout={}).close()
+        atomic_write_bytes(b"page", str(tmp_path / "report.html"))
+        (tmp_path / "kept.json").write_text("{}")
+        os.chmod(tmp_path / "kept.json", 0o604)
+        atomic_write_bytes(b"{}", str(tmp_path / "kept.json"))
+    finally:
+        os.umask(old)
+    mode = lambda p: os.stat(p).st_mode & 0o777  # noqa: E731
+    assert mode(tmp_path / "ds") == 0o777 & ~umask
+    assert mode(tmp_path / "ds" / "meta.json") == 0o666 & ~umask
+    assert mode(tmp_path / "table") == 0o777 & ~umask
+    assert mode(tmp_path / "report.html") == 0o666 & ~umask
+    assert mode(tmp_path / "kept.json") == 0o604

@@ -21,7 +21,7 @@ from lsm_gnn.data.writer import (
     AtomicDatasetWriter, DatasetError, FeatureFileWriter, build_csr_files, csr_edge_chunks, label_array,
     save_npy, score_array, split_ids, write_csr_files,
 )
-from lsm_gnn.fileio import temp_prefix
+from lsm_gnn.fileio import make_temporary
 from lsm_gnn.progress import progress_bar
 from lsm_gnn.version import __version__
 
@@ -224,7 +224,7 @@ def hetero_scores(source, names=None, *, progress: bool = False) -> dict[str, di
     if isinstance(source, AtomicDatasetWriter):  # dies with the writer's temporary directory
         workdir = tempfile.mkdtemp(prefix=".scores-", dir=source.tmp)
     else:
-        workdir = tempfile.mkdtemp(prefix=temp_prefix(source.path), dir=os.path.dirname(source.path))
+        workdir = make_temporary(source.path, directory=True)
     num_edges = sum(int(source.csr(r)[0][-1]) for r in relations)
     try:
         with progress_bar(progress, total=num_edges, desc="scores", unit="edge", unit_scale=True) as bar:

@@ -35,7 +35,8 @@ from lsm_gnn.data.opening import open_dataset
 from lsm_gnn.data.scores import SCORE_NAMES, check_score_names, compute_scores
 # DiskFullError and remove_stale_temporaries are re-exported: the writer's errors and clean-up.
 from lsm_gnn.fileio import (  # noqa: F401
-    CheckedFile, DiskFullError, fsync_path, remove_stale_temporaries, reporting_disk_full, temp_prefix,
+    CheckedFile, DiskFullError, fsync_path, make_temporary, remove_stale_temporaries, reporting_disk_full,
+    temp_prefix,
 )
 from lsm_gnn.version import __version__
 
@@ -268,7 +269,7 @@ class AtomicDatasetWriter:
         os.makedirs(parent, exist_ok=True)
         remove_stale_temporaries(self.path)
         self.overwrite = overwrite
-        self.tmp = tempfile.mkdtemp(prefix=temp_prefix(self.path), dir=parent)
+        self.tmp = make_temporary(self.path, directory=True)
         self.meta: dict = {}
         self._block_sums: dict[str, np.ndarray] = {}  # files summed as they were written
         self._done = False

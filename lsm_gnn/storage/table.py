@@ -29,7 +29,6 @@ import errno
 import json
 import os
 import shutil
-import tempfile
 import time
 import types
 import zlib
@@ -41,7 +40,7 @@ import torch
 from lsm_gnn.data.format import PAGE_SIZE, FeatureLayout, feature_file_bytes, row_stride_for, row_stride_problem
 from lsm_gnn.fileio import (
     CheckedFile, RunLock, atomic_write_bytes, contained_path, fsync_path, remove_stale_temporaries,
-    reporting_disk_full, temp_prefix,
+    make_temporary, reporting_disk_full,
 )
 from lsm_gnn.ids import as_id_tensor
 from lsm_gnn.storage.journal import (
@@ -212,7 +211,7 @@ class EmbeddingTable(NativeStorage):
         parent = os.path.dirname(path)
         os.makedirs(parent, exist_ok=True)
         remove_stale_temporaries(path)
-        tmp = tempfile.mkdtemp(prefix=temp_prefix(path), dir=parent)
+        tmp = make_temporary(path, directory=True)
         try:
             _write_rows_file(os.path.join(tmp, DATA_FILE), meta, init, chunk_rows, progress)
             with CheckedFile(os.path.join(tmp, META_FILE), size=len(meta_bytes)) as fh:
@@ -449,7 +448,7 @@ def snapshot_table(source: str, path: str, generation: int) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.lexists(path):
         raise TableError(f"{path} already exists; a snapshot is written to a new directory")
-    tmp = tempfile.mkdtemp(prefix=temp_prefix(path), dir=parent)
+    tmp = make_temporary(path, directory=True)
     try:
         data = os.path.join(tmp, DATA_FILE)
         with open(os.path.join(source, DATA_FILE), "rb") as src, open(data, "wb") as dst:
