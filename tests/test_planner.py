@@ -441,16 +441,58 @@ def test_plan_takes_a_config_with_early_stopping(dataset, calibration, capsys):
     assert "recommended:" in capsys.readouterr().out
 
 
-def test_a_node_embedding_cache_is_said_to_be_left_out_and_a_run_of_embeddings_alone_refused(dataset, calibration,
-                                                                                            tmp_path, capsys):
-    common = ["plan", dataset.path, *RUN, "model.node_embedding.dim=8", f"checkpoint.dir={tmp_path}", "--sizes", "40%",
-              "--iterations", "4", "--train-steps", "2", "--storage-seconds", "0.05", "--calibration", calibration]
-    assert main(common) == 0
-    assert "warning: the node embedding table's cache is not modelled" in capsys.readouterr().out
-    # no features: no cache the plan models (it once replayed one the run does not have, and said to grow it)
-    assert main([*common, "model.node_embedding.features=false"]) == 1
-    err = capsys.readouterr().err
-    assert "model.node_embedding.features=false reads no features" in err and "calibrating" not in err
+#: a node embedding table's plan against its run: embeddings alone in one epoch; features and a table over two
+#: epochs, the checkpoint between them writing the dirty rows (left out of the counts, as the run leaves them)
+TABLE_RUNS = [(["model.node_embedding.features=false", "model.node_embedding.capacity=60%"], 8),
+              (["cache.capacity=40%"], 30)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra,iterations", TABLE_RUNS, ids=["embeddings-alone", "features-and-table"])
+def test_a_node_embedding_tables_hit_ratio_and_bytes_are_the_runs(dataset, calibration, tmp_path, extra, iterations):
+    # Read-ahead off as for the features' cache (the plan counts each read at its lookup); no evaluation: its reads
+    # through the table's cache between epochs are left out of the plan.
+    cfg = load_config(None, [f"dataset={dataset.path}", *RUN, "model.node_embedding.dim=8", "cache.policy=hybrid",
+                             "cache.read_ahead=0", "train.epochs=2", f"train.max_iterations={iterations}",
+                             f"checkpoint.dir={tmp_path}", *extra])
+
+    def table_of(plan):
+        row = plan["rows"][0]
+        return row, row["embedding"]["node"]
+
+    row, table = table_of(make_plan(cfg, iterations=iterations, calibration_file=calibration, train_steps=2,
+                                    storage_seconds=0.05, log=lambda m: None, sizes=["40%"], policies=["hybrid"],
+                                    pvp=[False]))
+    history = Trainer(cfg, out=open("/dev/null", "w")).fit()["history"]
+    assert table["bytes_read"] == sum(e["embedding_bytes_read"] for e in history) > 0
+    assert table["bytes_written"] == sum(e["embedding_bytes_written"] for e in history) > 0  # dirty victims
+    first = history[0]
+    if len(history) == 1:
+        assert table["hit_ratio"] == pytest.approx(first["embedding_hit_ratio"], abs=1e-12)
+    else:  # the first epoch's ratio from a plan of it (the run's ratio over both epochs is not logged)
+        epoch = table_of(make_plan(cfg, iterations=23, calibration_file=calibration, train_steps=2,
+                                   storage_seconds=0.05, log=lambda m: None, sizes=["40%"], policies=["hybrid"],
+                                   pvp=[False]))[1]
+        assert epoch["hit_ratio"] == pytest.approx(first["embedding_hit_ratio"], abs=1e-12)
+        assert epoch["bytes_read"] == first["embedding_bytes_read"]
+        assert row["bytes_read"] == sum(e["bytes_read"] for e in history)  # the features' cache beside it
+    assert 0 < table["hit_ratio"] < 1
+    assert row["stages_ms"]["embedding"] > 0 and row["stages_ms"]["update"] > 0
+
+
+def test_a_plan_of_node_embeddings_prints_and_plots_each_tables_cache(dataset, calibration, tmp_path, capsys):
+    plan_json, png = tmp_path / "plan.json", tmp_path / "plan.png"
+    assert main(["plan", dataset.path, *RUN, "model.node_embedding.dim=8", "model.node_embedding.features=false",
+                 f"checkpoint.dir={tmp_path}", "--sizes", "40%,80%", "--iterations", "4", "--train-steps", "2",
+                 "--storage-seconds", "0.05", "--calibration", calibration, "--json", str(plan_json)]) == 0
+    out = capsys.readouterr().out
+    assert "node embeddings of node: cache" in out and "not modelled" not in out
+    rows = json.loads(plan_json.read_text())["rows"]
+    # embeddings alone: no features' cache; each row's size is its table's cache's, which grows with the grid
+    assert [r["hit_ratio"] for r in rows] == [None, None]
+    assert rows[0]["capacity_bytes"] == rows[0]["embedding"]["node"]["capacity_bytes"] < rows[1]["capacity_bytes"]
+    assert main(["plot", str(plan_json), "--out", str(png)]) == 0
+    assert png.stat().st_size > 0
 
 
 @pytest.mark.parametrize("extra,length", [(["train.epochs=2"], 46),

@@ -43,7 +43,7 @@ from lsm_gnn.planner.simulate import ReadGeometry, TraceStorage, trace_features
 from lsm_gnn.run_resources import training_threads
 from lsm_gnn.timing import median_seconds
 
-CALIBRATION_VERSION = 5
+CALIBRATION_VERSION = 6  # 6: the training part measures the node embeddings' update
 #: a part whose runs' main figure spreads wider than this (range over median) is measured again, then reported
 STEADY_SPREAD = 0.15
 #: each part's main figure: what its spread is judged by
@@ -289,12 +289,15 @@ def calibration_config(cfg, work_dir: str, iterations: int):
 
 def measure_training(cfg, dataset, steps: int = 32, skip: int = 3) -> dict:
     """The trainer itself for ``steps`` iterations, features from a storage that reads nothing; means of
-    the per-iteration train and sample stages after ``skip`` warm-up iterations."""
+    the per-iteration train, sample and (with node embeddings) update stages after ``skip`` warm-up
+    iterations."""
     from lsm_gnn.trainer import Trainer
 
     with tempfile.TemporaryDirectory(prefix="lsm-gnn-plan-") as log_dir:
         run_cfg = calibration_config(cfg, log_dir, steps + skip)
         features = TraceStorage.like(dataset) if dataset.is_homogeneous else trace_features(dataset)
+        if not cfg.model.node_embedding.features:  # the run reads none: its own path (no storage) is the run's
+            features = None
         trainer = Trainer(run_cfg, out=io.StringIO(), features=features)
         trainer.fit()
         with open(os.path.join(log_dir, "metrics.jsonl")) as f:
@@ -306,4 +309,6 @@ def measure_training(cfg, dataset, steps: int = 32, skip: int = 3) -> dict:
     # job takes a core from training's thread team) for seconds at a time, and a median picks one mode.
     return {"steps": len(times), "train_ms": 1e3 * statistics.fmean(t["train"] for t in times),
             "sample_ms": 1e3 * statistics.fmean(t["sample"] for t in times),
+            # the optimizer's step on the batch's node embeddings (0 without): after train, before the next read
+            "update_ms": 1e3 * statistics.fmean(t.get("update", 0.0) for t in times),
             "torch_threads": training_threads(cfg.train.threads)}
