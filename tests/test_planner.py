@@ -311,7 +311,6 @@ def test_cli_plans_and_plots_a_heterogeneous_dataset(tiny_hetero, calibration, c
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["model.node_embedding.dim=8", "checkpoint.dir=ck"], "not yet node embedding tables"),
     (["cache.mode=shared", "cache.owner=hotness"], "cannot plan cache.owner=hotness on a heterogeneous"),
     (["model.kind=gcn"], "model.kind=gcn has no heterogeneous form"),
     (["train.task=link"], "train.task=link needs a dataset of one node type"),
@@ -441,42 +440,42 @@ def test_plan_takes_a_config_with_early_stopping(dataset, calibration, capsys):
     assert "recommended:" in capsys.readouterr().out
 
 
-#: a node embedding table's plan against its run: embeddings alone in one epoch; features and a table over two
-#: epochs, the checkpoint between them writing the dirty rows (left out of the counts, as the run leaves them)
-TABLE_RUNS = [(["model.node_embedding.features=false", "model.node_embedding.capacity=60%"], 8),
-              (["cache.capacity=40%"], 30)]
+#: node embedding tables' plans against their runs: embeddings alone in one epoch; features and a table over two
+#: epochs, the checkpoint between them writing the dirty rows (left out of the counts, as the run leaves them); a
+#: heterogeneous graph's tables, one per type (author's own; fos without features)
+TABLE_RUNS = [("dataset", ["model.node_embedding.features=false", "model.node_embedding.capacity=60%"], 8),
+              ("dataset", ["cache.capacity=40%"], 30),
+              ("hetero", ["cache.capacity=40%", "model.node_embedding.author.dim=4"], 8)]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra,iterations", TABLE_RUNS, ids=["embeddings-alone", "features-and-table"])
-def test_a_node_embedding_tables_hit_ratio_and_bytes_are_the_runs(dataset, calibration, tmp_path, extra, iterations):
+@pytest.mark.parametrize("graph,extra,iterations", TABLE_RUNS,
+                         ids=["embeddings-alone", "features-and-table", "heterogeneous"])
+def test_node_embedding_tables_hit_ratio_and_bytes_are_the_runs(request, calibration, tmp_path, graph, extra,
+                                                                iterations):
     # Read-ahead off as for the features' cache (the plan counts each read at its lookup); no evaluation: its reads
     # through the table's cache between epochs are left out of the plan.
-    cfg = load_config(None, [f"dataset={dataset.path}", *RUN, "model.node_embedding.dim=8", "cache.policy=hybrid",
-                             "cache.read_ahead=0", "train.epochs=2", f"train.max_iterations={iterations}",
-                             f"checkpoint.dir={tmp_path}", *extra])
+    cfg = load_config(None, [f"dataset={request.getfixturevalue(graph).path}", *RUN, "model.node_embedding.dim=8",
+                             "cache.policy=hybrid", "cache.read_ahead=0", "train.epochs=2",
+                             f"train.max_iterations={iterations}", f"checkpoint.dir={tmp_path}", *extra])
 
-    def table_of(plan):
-        row = plan["rows"][0]
-        return row, row["embedding"]["node"]
+    def plan_of(modelled):
+        return make_plan(cfg, iterations=modelled, calibration_file=calibration, train_steps=2, storage_seconds=0.05,
+                         log=lambda m: None, sizes=["40%"], policies=["hybrid"], pvp=[False])["rows"][0]
 
-    row, table = table_of(make_plan(cfg, iterations=iterations, calibration_file=calibration, train_steps=2,
-                                    storage_seconds=0.05, log=lambda m: None, sizes=["40%"], policies=["hybrid"],
-                                    pvp=[False]))
+    row = plan_of(iterations)
     history = Trainer(cfg, out=open("/dev/null", "w")).fit()["history"]
-    assert table["bytes_read"] == sum(e["embedding_bytes_read"] for e in history) > 0
-    assert table["bytes_written"] == sum(e["embedding_bytes_written"] for e in history) > 0  # dirty victims
+    assert row["embedding_bytes_read"] == sum(e["embedding_bytes_read"] for e in history) > 0
+    assert row["embedding_bytes_written"] == sum(e["embedding_bytes_written"] for e in history)
+    assert row["embedding_bytes_written"] > 0 or graph == "hetero"  # its tables' caches hold every row
     first = history[0]
-    if len(history) == 1:
-        assert table["hit_ratio"] == pytest.approx(first["embedding_hit_ratio"], abs=1e-12)
-    else:  # the first epoch's ratio from a plan of it (the run's ratio over both epochs is not logged)
-        epoch = table_of(make_plan(cfg, iterations=23, calibration_file=calibration, train_steps=2,
-                                   storage_seconds=0.05, log=lambda m: None, sizes=["40%"], policies=["hybrid"],
-                                   pvp=[False]))[1]
-        assert epoch["hit_ratio"] == pytest.approx(first["embedding_hit_ratio"], abs=1e-12)
-        assert epoch["bytes_read"] == first["embedding_bytes_read"]
-        assert row["bytes_read"] == sum(e["bytes_read"] for e in history)  # the features' cache beside it
-    assert 0 < table["hit_ratio"] < 1
+    # the run logs its ratio per epoch: over two, the first epoch's from a plan of it
+    epoch = row if len(history) == 1 else plan_of(23)
+    assert epoch["embedding_hit_ratio"] == pytest.approx(first["embedding_hit_ratio"], abs=1e-12)
+    assert epoch["embedding_bytes_read"] == first["embedding_bytes_read"]
+    assert row["bytes_read"] == sum(e["bytes_read"] for e in history)  # the features' cache beside them
+    assert all(0 < table["hit_ratio"] < 1 for table in row["embedding"].values())
+    assert set(row["embedding"]) == ({"author", "fos"} if graph == "hetero" else {"node"})
     assert row["stages_ms"]["embedding"] > 0 and row["stages_ms"]["update"] > 0
 
 

@@ -268,10 +268,11 @@ def measure_memcpy(dim: int, dtype: torch.dtype, rows: int = 4096, pool_bytes: i
             "row_gather_gb_per_s": rows * row_bytes / gather_s / 1e9}
 
 
-def calibration_config(cfg, work_dir: str, iterations: int):
+def calibration_config(cfg, work_dir: str, iterations: int, node_types=()):
     """``cfg``'s run cut to its first ``iterations`` training steps, for timing them: no evaluation (nor what
     watches one: early stopping), no checkpoint, its log and any node embedding table in ``work_dir``, never the
-    user's. Valid wherever ``cfg`` is, whatever keys it sets."""
+    user's (on a graph of several ``node_types``, each type's in a directory of its own, as a run's). Valid
+    wherever ``cfg`` is, whatever keys it sets."""
     from lsm_gnn.config import EarlyStoppingConfig, build_config
 
     settings = cfg.to_dict()
@@ -281,9 +282,13 @@ def calibration_config(cfg, work_dir: str, iterations: int):
     settings["log"].update(dir=work_dir, progress=False, tensorboard=False, every=1)
     settings["checkpoint"].update(dir="", resume=False)
     embedding = settings["model"]["node_embedding"]
-    embedding["path"] = os.path.join(work_dir, "node_embedding")  # a fresh table: the user's left as it is
-    for own in embedding["types"].values():  # each type's table goes to path/<type>
+    tables = os.path.join(work_dir, "node_embedding")  # fresh tables: the user's left as they are
+    embedding["path"] = tables
+    for own in embedding["types"].values():
         own.pop("path", None)
+    if len(node_types) > 1:  # each type's own: the section's path would be every type's, one table
+        for t in node_types:
+            embedding["types"].setdefault(t, {})["path"] = os.path.join(tables, t)
     return build_config(settings)
 
 
@@ -294,7 +299,7 @@ def measure_training(cfg, dataset, steps: int = 32, skip: int = 3) -> dict:
     from lsm_gnn.trainer import Trainer
 
     with tempfile.TemporaryDirectory(prefix="lsm-gnn-plan-") as log_dir:
-        run_cfg = calibration_config(cfg, log_dir, steps + skip)
+        run_cfg = calibration_config(cfg, log_dir, steps + skip, dataset.node_types)
         features = TraceStorage.like(dataset) if dataset.is_homogeneous else trace_features(dataset)
         if not cfg.model.node_embedding.features:  # the run reads none: its own path (no storage) is the run's
             features = None

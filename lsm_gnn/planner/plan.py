@@ -127,13 +127,6 @@ def _check_plannable(cfg: Config, dataset) -> None:
     if not dataset.feature_types:
         raise ConfigError(f"{where} but none with features: lsm-gnn plan models the features' caches")
     check_hetero_model_kind(cfg.model.kind)
-    from lsm_gnn.build import embedding_tables
-
-    tables = embedding_tables(cfg, dataset)
-    if tables:
-        raise ConfigError(f"lsm-gnn plan models the features' caches of a heterogeneous dataset ({where}), not yet "
-                          f"node embedding tables (this config gives {sorted(tables)} one): plan without them "
-                          "(model.node_embedding.dim=0, and 0 for each type given its own)")
     if cfg.cache.mode == "shared" and cfg.cache.owner == "hotness":
         raise ConfigError(f"lsm-gnn plan cannot plan cache.owner=hotness on a heterogeneous dataset ({where}): "
                           "runs over several ranks refuse it there; use cache.owner=hashed")
@@ -398,6 +391,16 @@ def _plan_rows(grid: list[Config], specs: list, dataset, trace, iterations: int,
     return rows
 
 
+def _embedding_totals(tables: dict) -> dict:
+    """A row's node embedding tables (``embedding``: by node type) and their sums as the run logs them
+    (``embedding_hit_ratio`` over every table's rows, ``embedding_bytes_read``, ``embedding_bytes_written``)."""
+    rows = sum(t["rows"] for t in tables.values())
+    return {"embedding": tables,
+            "embedding_hit_ratio": sum(t["hit_ratio"] * t["rows"] for t in tables.values()) / rows if rows else None,
+            "embedding_bytes_read": sum(t["bytes_read"] for t in tables.values()),
+            "embedding_bytes_written": sum(t["bytes_written"] for t in tables.values())}
+
+
 def _no_features(iterations: int) -> dict:
     """The replay of a run that reads no features (``model.node_embedding.features=false``): no cache, no read."""
     zero = {"unique": 0, "misses": 0, "bytes_read": 0, "reads": 0}
@@ -444,7 +447,8 @@ def _table_rows(c: Config, spec, dataset, traces: dict, iterations: int, epoch_l
         except ValueError as exc:  # a table's cache below one set, or smaller than a batch: the run stops so
             return {}, _error_row(c, spec, exc, log, f"the node embedding cache of {t}: ", size)
         sims[t] = {"capacity": size.text, "capacity_bytes": sim["capacity_bytes"], "lines": sim["lines"],
-                   "row_bytes": row_bytes, "hit_ratio": sim["hit_ratio"], "bytes_read": sim["bytes_read"],
+                   "row_bytes": row_bytes, "rows": sim["rows"], "hit_ratio": sim["hit_ratio"],
+                   "bytes_read": sim["bytes_read"],
                    "bytes_written": sim["bytes_written"],
                    "bytes_read_per_iteration": sim["per_iteration"]["bytes_read"],
                    "bytes_written_per_iteration": sim["per_iteration"]["bytes_written"],
@@ -471,7 +475,7 @@ def _row(c: Config, spec, sim: dict, num_rows: int, cal: dict, cores: int, itera
            "bytes_read": sim["bytes_read"], "bytes_read_per_iteration": per["bytes_read"],
            "misses_per_iteration": per["misses"], "reads_per_iteration": per["reads"],
            "unique_per_iteration": per["unique"],
-           "read_ahead": ahead, **extra, **({"embedding": tables} if tables else {}),
+           "read_ahead": ahead, **extra, **(_embedding_totals(tables) if tables else {}),
            **_modelled_ms(sim, cal, cores, iterations, fill_sample_ms, c.cache.window, epoch_length, ahead,
                           list(sims.values()))}
     by_type = "" if "hit_ratio_by_type" not in row else f" ({ratios_text(row['hit_ratio_by_type'])})"
@@ -487,7 +491,7 @@ def _typed_plan_rows(grid: list[Config], specs: list, dataset, typed, task, trac
     """:func:`_plan_rows` on a heterogeneous graph: per grid point each feature group's cache, built and sized as
     the run builds it (:func:`lsm_gnn.build.group_capacities`, its share of the budget), replays the group's
     ids; the groups' counts are summed, and each node type's kept beside them (``hit_ratio_by_type``, as the
-    trainer reports it)."""
+    trainer reports it). Each node type's node embedding table replays its type's ids."""
     from lsm_gnn.build import cache_over, group_capacities, group_scores
     from lsm_gnn.training.startup import feature_sampling
 
@@ -497,6 +501,7 @@ def _typed_plan_rows(grid: list[Config], specs: list, dataset, typed, task, trac
     geometries = [{t: calibrate.read_geometry(dataset.node_type(t), cal["storage_by_type"][t]["alignment"])
                    for t in types} for types in groups]
     featured_rows = sum(dataset.num_nodes_of(t) for t in dataset.feature_types)
+    table_traces = {t: trace.of_type(t) for t in dataset.node_types}  # each table's ids, its window's
     rows = []
     for c, spec in zip(grid, specs):
         capacities = group_capacities(spec, dataset, groups, **feature_sampling(c, task))
@@ -514,10 +519,14 @@ def _typed_plan_rows(grid: list[Config], specs: list, dataset, typed, task, trac
                 rows.append(_error_row(c, spec, exc, log, f"the cache of {'+'.join(types)}: "))
                 break
         else:
+            tables, error = _table_rows(c, spec, dataset, table_traces, iterations, trace.epoch_length, log)
+            if error is not None:
+                rows.append(error)
+                continue
             sim = _summed(sims, groups, iterations)
             by_type = sim["by_part"]
             rows.append(_row(c, spec, sim, featured_rows, cal, cores, iterations, fill_sample_ms,
-                             trace.epoch_length, log,
+                             trace.epoch_length, log, tables,
                              hit_ratio_by_type={t: n["hits"] / n["unique"] if n["unique"] else None
                                                 for t, n in by_type.items()},
                              rows_by_type={t: n["unique"] for t, n in by_type.items()},
@@ -635,12 +644,15 @@ def format_plan(plan: dict) -> str:
         if "hit_ratio_by_type" in r:
             caches = ", ".join(f"{'+'.join(g['types'])} {format_bytes(g['capacity_bytes'])}" for g in r["groups"])
             lines.append(f"{'':<18}hit by type: {ratios_text(r['hit_ratio_by_type'])}; caches {caches}")
-        for t, table in r.get("embedding", {}).items():
+        tables = r.get("embedding", {})
+        for t, table in tables.items():
             lines.append(f"{'':<18}node embeddings of {t}: cache {format_bytes(table['capacity_bytes'])} "
                          f"({table['capacity']}), hit {table['hit_ratio']:.3f}, read "
                          f"{format_bytes(table['bytes_read_per_iteration'])}/it, written "
-                         f"{format_bytes(table['bytes_written_per_iteration'])}/it; embedding "
-                         f"{s.get('embedding', 0.0):.1f} ms, update {s.get('update', 0.0):.1f} ms")
+                         f"{format_bytes(table['bytes_written_per_iteration'])}/it")
+        if tables:
+            lines.append(f"{'':<18}node embeddings: embedding {s['embedding']:.1f} ms, update {s['update']:.1f} ms "
+                         "per iteration")
     if "run_iterations" in run:  # plans before it modelled --iterations (100) alone
         lines.append(modelled_text(run))
     lines.append("(ms per iteration; sample, cache + read (= gather) run on the loader thread overlapped with train; "

@@ -148,6 +148,13 @@ class Trace:
         has none of its types): what that group's window holds and its cache looks up."""
         return Trace([features.group_ids(b)[group] for b in self.batches], self.sample_s, self.epoch_length)
 
+    def of_type(self, node_type: str) -> "Trace":
+        """The ids of ``node_type`` in each batch (its own ids; empty where a batch has none; a graph of one type:
+        the batches as they are): what its node embedding table's window holds and its cache looks up."""
+        empty = torch.empty(0, dtype=torch.int64)
+        return Trace([b.get(node_type, empty).to(torch.int64) if isinstance(b, dict) else b for b in self.batches],
+                     self.sample_s, self.epoch_length)
+
 
 def _numel(nodes) -> int:
     return sum(ids.numel() for ids in nodes.values()) if isinstance(nodes, dict) else nodes.numel()
