@@ -76,6 +76,17 @@ def test_read_ahead_overlaps_the_reads_with_the_loaders_other_work():
     assert contended_ms(cpu_bound, 2, 2) == (10.0 + 0.5 * 8.0, 4.0 + 4.0 + 0.5 * 8.0)
 
 
+def test_node_embeddings_read_and_update_between_two_steps_overlapped_with_nothing():
+    # The update follows the step on training's thread; the next batch's rows are read only after it, on the
+    # loader's: the iteration is the slower thread's other work plus the read.
+    s = StageMs(sample=1.0, cache=1.0, read=2.0, train=5.0, embedding=4.0, update=2.0)
+    assert contended_ms(s, cores=8, train_threads=2) == (5.0 + 2.0 + 4.0, 4.0 + 4.0)
+    assert steady_ms(s, 8, 2) == 11.0 and bound_stage(s, 8, 2) == "embedding"  # 4 + 2 over the step's 5
+    assert bound_stage(StageMs(sample=1.0, cache=1.0, read=2.0, train=5.0, embedding=2.0, update=2.0), 8, 2) == "train"
+    slow_loader = StageMs(sample=1.0, cache=1.0, read=9.0, train=5.0, embedding=4.0, update=2.0)
+    assert steady_ms(slow_loader, 8, 2) == 11.0 + 4.0 and bound_stage(slow_loader, 8, 2) == "read"
+
+
 def test_recommendation_is_the_smallest_cache_within_tolerance():
     rows = [{"capacity_bytes": 100, "ms_per_iteration": 20.0}, {"capacity_bytes": 200, "ms_per_iteration": 10.4},
             {"capacity_bytes": 400, "ms_per_iteration": 10.0}, {"capacity_bytes": 800, "ms_per_iteration": 10.1}]

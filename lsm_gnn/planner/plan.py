@@ -464,10 +464,10 @@ def _row(c: Config, spec, sim: dict, num_rows: int, cal: dict, cores: int, itera
     keys go in before the times. Without a features' cache (embeddings alone) the row's size is the tables'
     caches'."""
     per = sim["per_iteration"]
-    ahead = reads_ahead(spec)
+    features = c.model.node_embedding.features
+    ahead = features and reads_ahead(spec)
     tables = tables or {}
     sims = {t: table.pop("sim") for t, table in tables.items()}
-    features = c.model.node_embedding.features
     row = {"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
            "capacity_bytes": sim["capacity_bytes"] if features else sum(t["capacity_bytes"] for t in tables.values()),
            "lines": sim["lines"],
