@@ -352,6 +352,17 @@ def split_capacity(capacity_bytes: int, weights: list[float]) -> list[int]:
     return [int(capacity_bytes * w / total) for w in weights]
 
 
+def embedding_cache_spec(spec: FeatureSpec, dataset, node_type: str, row_bytes: int) -> FeatureSpec:
+    """The spec of the cache over ``node_type``'s node embedding table (rows of ``row_bytes``): the features'
+    settings (policy, victim buffer, window) at the table's own size, refused below one set as the features' are.
+    The run builds its table's cache from it with :func:`cached`, and the planner its replayed one."""
+    from lsm_gnn.sizing import check_one_set
+
+    spec = dataclasses.replace(spec, size=spec.embedding_sizes[node_type])
+    check_one_set(spec, dataset, row_bytes)
+    return spec
+
+
 def build_node_embedding(spec: FeatureSpec, cfg: Config, dataset, node_type: str, device: torch.device, *,
                          rank: int = 0, world_size: int = 1, state: dict | None = None, path: str | None = None,
                          barrier=lambda: None):
@@ -374,11 +385,8 @@ def build_node_embedding(spec: FeatureSpec, cfg: Config, dataset, node_type: str
                        progress=cfg.log.progress)
     source, cache = table, None
     if spec.source == "cache":
-        from lsm_gnn.sizing import check_one_set
-
-        spec = dataclasses.replace(spec, size=spec.embedding_sizes[node_type])  # the features' settings, its size
         try:
-            check_one_set(spec, dataset, layout.row_bytes)
+            spec = embedding_cache_spec(spec, dataset, node_type, layout.row_bytes)
         except ConfigError:
             table.close()
             raise

@@ -16,6 +16,7 @@ the ``plot`` extra).
 from __future__ import annotations
 
 import json
+import math
 import os
 
 from lsm_gnn import run_log
@@ -256,6 +257,8 @@ def _kind(document) -> str | None:
 
 #: the stages a plan predicts, as its rows' ``stages_ms`` name them, in the order drawn
 PLAN_STAGES = ("sample", "cache", "read", "train")
+#: with node embeddings, also (plans before them lack them)
+EMBEDDING_PLAN_STAGES = ("embedding", "update")
 
 
 def _plan_row(row, field):
@@ -264,9 +267,13 @@ def _plan_row(row, field):
               "capacity_bytes": run_log.count}
     if type(row) is dict and "error" in row:
         return run_log.fields({**common, "error": run_log.text})(row, field)
-    return run_log.fields({**common, "hit_ratio": run_log.ratio, "ms_per_iteration": run_log.seconds,
+    # hit_ratio null: a run of node embeddings alone has no features' cache (its tables' are under embedding)
+    return run_log.fields({**common, "hit_ratio": run_log.optional(run_log.ratio), "ms_per_iteration": run_log.seconds,
                            "steady_ms": run_log.seconds,
-                           "stages_ms": run_log.fields(dict.fromkeys(PLAN_STAGES, run_log.seconds))})(row, field)
+                           "embedding": run_log.optional(run_log.each(run_log.fields({"hit_ratio": run_log.ratio}))),
+                           "stages_ms": run_log.fields({**dict.fromkeys(PLAN_STAGES, run_log.seconds),
+                                                        **dict.fromkeys(EMBEDDING_PLAN_STAGES,
+                                                                        run_log.optional(run_log.seconds))})})(row, field)
 
 
 _MEASURES = run_log.fields({"ms_per_iteration": run_log.seconds, "hit_ratio": run_log.ratio})
@@ -331,7 +338,8 @@ def measured_runs(plan: dict, validation: dict) -> dict[tuple, dict]:
 
 def plan_series(plan: dict, measured: dict | None = None) -> list[dict]:
     """The plan's rows as the figure draws them: one series per (policy, PVP) in the plan's order, each
-    ``{label, policy, pvp, capacity, capacity_bytes, hit_ratio, ms_per_iteration, steady_ms, stages: {stage: ms},
+    ``{label, policy, pvp, capacity, capacity_bytes, hit_ratio (NaN: no features' cache), table_hit_ratio: {node
+    type: hit ratios of its node embedding table's cache}, ms_per_iteration, steady_ms, stages: {stage: ms},
     recommended (index into the lists, or None), cannot_run: [(capacity, capacity_bytes, error)]}``, its points
     in the plan's order (sizes as given). A row a cache too small cannot run is left out of the lines and listed
     under ``cannot_run``. ``measured`` (:func:`measured_runs`) adds ``measured: {capacity_bytes, hit_ratio,
@@ -346,7 +354,8 @@ def plan_series(plan: dict, measured: dict | None = None) -> list[dict]:
             same = sum(1 for t in series if t["policy"] == row["policy"] and t["pvp"] == bool(row["pvp"]))
             s = {"label": label if not same else f"{label} ({same + 1})", "policy": row["policy"],
                  "pvp": bool(row["pvp"]), "capacity": [], "capacity_bytes": [], "hit_ratio": [],
-                 "ms_per_iteration": [], "steady_ms": [], "stages": {stage: [] for stage in PLAN_STAGES},
+                 "ms_per_iteration": [], "steady_ms": [], "table_hit_ratio": {},
+                 "stages": {stage: [] for stage in PLAN_STAGES + EMBEDDING_PLAN_STAGES},
                  "recommended": None, "cannot_run": [],
                  "measured": {"capacity_bytes": [], "hit_ratio": [], "ms_per_iteration": []}}
             series.append(s)
@@ -360,11 +369,13 @@ def plan_series(plan: dict, measured: dict | None = None) -> list[dict]:
             best = None  # one point only, should two rows be equal
         s["capacity"].append(row["capacity"])
         s["capacity_bytes"].append(row["capacity_bytes"])
-        s["hit_ratio"].append(row["hit_ratio"])
+        s["hit_ratio"].append(math.nan if row["hit_ratio"] is None else row["hit_ratio"])
+        for t, table in (row.get("embedding") or {}).items():
+            s["table_hit_ratio"].setdefault(t, []).append(table["hit_ratio"])
         s["ms_per_iteration"].append(row["ms_per_iteration"])
         s["steady_ms"].append(row["steady_ms"])
-        for stage in PLAN_STAGES:
-            s["stages"][stage].append(row["stages_ms"][stage])
+        for stage in PLAN_STAGES + EMBEDDING_PLAN_STAGES:
+            s["stages"][stage].append(row["stages_ms"].get(stage) or 0.0)
         ran = (measured or {}).get((row["policy"], bool(row["pvp"]), row["capacity"]))
         if ran is not None:
             s["measured"]["capacity_bytes"].append(row["capacity_bytes"])
@@ -411,7 +422,11 @@ def draw_plan(plan: dict, path: str, title: str = "", measured: dict | None = No
     hit, total = axes[0]
     for i, s in enumerate(series):
         mib = [b / 2**20 for b in s["capacity_bytes"]]
-        hit.plot(mib, s["hit_ratio"], marker="o", color=f"C{i}", label=s["label"])
+        if not all(math.isnan(h) for h in s["hit_ratio"]):
+            hit.plot(mib, s["hit_ratio"], marker="o", color=f"C{i}", label=s["label"])
+        for t, ratios in s["table_hit_ratio"].items():
+            hit.plot(mib[:len(ratios)], ratios, marker="^", ls="--", color=f"C{i}",
+                     label=f"{s['label']}: node embeddings of {t}")
         total.plot(mib, s["ms_per_iteration"], marker="o", color=f"C{i}", label=s["label"])
         ran = s["measured"]
         if ran["capacity_bytes"]:
@@ -437,7 +452,8 @@ def draw_plan(plan: dict, path: str, title: str = "", measured: dict | None = No
     for i, s in enumerate(series):
         ax = axes[1 + i // 2][i % 2]
         mib = [b / 2**20 for b in s["capacity_bytes"]]
-        for j, stage in enumerate(PLAN_STAGES):
+        drawn = PLAN_STAGES + tuple(stage for stage in EMBEDDING_PLAN_STAGES if any(s["stages"][stage]))
+        for j, stage in enumerate(drawn):
             ax.plot(mib, s["stages"][stage], marker=".", color=f"C{j}", label=stage)
         ax.plot(mib, s["ms_per_iteration"], color="black", lw=2, label="ms/it (run)")
         ax.plot(mib, s["steady_ms"], color="black", lw=1, ls="--", label="steady")
@@ -458,7 +474,8 @@ def draw_plan(plan: dict, path: str, title: str = "", measured: dict | None = No
     run = plan["run"]
     fig.suptitle(f"{title} plan: {dataset_text(plan['dataset'])}\nfanouts {run['fanouts']}, batch "
                  f"{run['batch_size']}, {run['model']}, {run['iterations']} iterations on {run['cores']} core(s)\n"
-                 "(stages each alone: sample, cache, read on the loader thread, overlapped with train)".strip(),
+                 "(stages each alone: sample, cache, read on the loader thread, overlapped with train; embedding and "
+                 "update, where drawn, between two steps)".strip(),
                  fontsize=9)
     fig.tight_layout()
     _save(fig, path)

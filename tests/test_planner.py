@@ -76,6 +76,17 @@ def test_read_ahead_overlaps_the_reads_with_the_loaders_other_work():
     assert contended_ms(cpu_bound, 2, 2) == (10.0 + 0.5 * 8.0, 4.0 + 4.0 + 0.5 * 8.0)
 
 
+def test_node_embeddings_read_and_update_between_two_steps_overlapped_with_nothing():
+    # The update follows the step on training's thread; the next batch's rows are read only after it, on the
+    # loader's: the iteration is the slower thread's other work plus the read.
+    s = StageMs(sample=1.0, cache=1.0, read=2.0, train=5.0, embedding=4.0, update=2.0)
+    assert contended_ms(s, cores=8, train_threads=2) == (5.0 + 2.0 + 4.0, 4.0 + 4.0)
+    assert steady_ms(s, 8, 2) == 11.0 and bound_stage(s, 8, 2) == "embedding"  # 4 + 2 over the step's 5
+    assert bound_stage(StageMs(sample=1.0, cache=1.0, read=2.0, train=5.0, embedding=2.0, update=2.0), 8, 2) == "train"
+    slow_loader = StageMs(sample=1.0, cache=1.0, read=9.0, train=5.0, embedding=4.0, update=2.0)
+    assert steady_ms(slow_loader, 8, 2) == 11.0 + 4.0 and bound_stage(slow_loader, 8, 2) == "read"
+
+
 def test_recommendation_is_the_smallest_cache_within_tolerance():
     rows = [{"capacity_bytes": 100, "ms_per_iteration": 20.0}, {"capacity_bytes": 200, "ms_per_iteration": 10.4},
             {"capacity_bytes": 400, "ms_per_iteration": 10.0}, {"capacity_bytes": 800, "ms_per_iteration": 10.1}]
@@ -311,7 +322,6 @@ def test_cli_plans_and_plots_a_heterogeneous_dataset(tiny_hetero, calibration, c
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["model.node_embedding.dim=8", "checkpoint.dir=ck"], "not yet node embedding tables"),
     (["cache.mode=shared", "cache.owner=hotness"], "cannot plan cache.owner=hotness on a heterogeneous"),
     (["model.kind=gcn"], "model.kind=gcn has no heterogeneous form"),
     (["train.task=link"], "train.task=link needs a dataset of one node type"),
@@ -441,16 +451,58 @@ def test_plan_takes_a_config_with_early_stopping(dataset, calibration, capsys):
     assert "recommended:" in capsys.readouterr().out
 
 
-def test_a_node_embedding_cache_is_said_to_be_left_out_and_a_run_of_embeddings_alone_refused(dataset, calibration,
-                                                                                            tmp_path, capsys):
-    common = ["plan", dataset.path, *RUN, "model.node_embedding.dim=8", f"checkpoint.dir={tmp_path}", "--sizes", "40%",
-              "--iterations", "4", "--train-steps", "2", "--storage-seconds", "0.05", "--calibration", calibration]
-    assert main(common) == 0
-    assert "warning: the node embedding table's cache is not modelled" in capsys.readouterr().out
-    # no features: no cache the plan models (it once replayed one the run does not have, and said to grow it)
-    assert main([*common, "model.node_embedding.features=false"]) == 1
-    err = capsys.readouterr().err
-    assert "model.node_embedding.features=false reads no features" in err and "calibrating" not in err
+#: node embedding tables' plans against their runs: embeddings alone in one epoch; features and a table over two
+#: epochs, the checkpoint between them writing the dirty rows (left out of the counts, as the run leaves them); a
+#: heterogeneous graph's tables, one per type (author's own; fos without features)
+TABLE_RUNS = [("dataset", ["model.node_embedding.features=false", "model.node_embedding.capacity=60%"], 8),
+              ("dataset", ["cache.capacity=40%"], 30),
+              ("hetero", ["cache.capacity=40%", "model.node_embedding.author.dim=4"], 8)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("graph,extra,iterations", TABLE_RUNS,
+                         ids=["embeddings-alone", "features-and-table", "heterogeneous"])
+def test_node_embedding_tables_hit_ratio_and_bytes_are_the_runs(request, calibration, tmp_path, graph, extra,
+                                                                iterations):
+    # Read-ahead off as for the features' cache (the plan counts each read at its lookup); no evaluation: its reads
+    # through the table's cache between epochs are left out of the plan.
+    cfg = load_config(None, [f"dataset={request.getfixturevalue(graph).path}", *RUN, "model.node_embedding.dim=8",
+                             "cache.policy=hybrid", "cache.read_ahead=0", "train.epochs=2",
+                             f"train.max_iterations={iterations}", f"checkpoint.dir={tmp_path}", *extra])
+
+    def plan_of(modelled):
+        return make_plan(cfg, iterations=modelled, calibration_file=calibration, train_steps=2, storage_seconds=0.05,
+                         log=lambda m: None, sizes=["40%"], policies=["hybrid"], pvp=[False])["rows"][0]
+
+    row = plan_of(iterations)
+    history = Trainer(cfg, out=open("/dev/null", "w")).fit()["history"]
+    assert row["embedding_bytes_read"] == sum(e["embedding_bytes_read"] for e in history) > 0
+    assert row["embedding_bytes_written"] == sum(e["embedding_bytes_written"] for e in history)
+    assert row["embedding_bytes_written"] > 0 or graph == "hetero"  # its tables' caches hold every row
+    first = history[0]
+    # the run logs its ratio per epoch: over two, the first epoch's from a plan of it
+    epoch = row if len(history) == 1 else plan_of(23)
+    assert epoch["embedding_hit_ratio"] == pytest.approx(first["embedding_hit_ratio"], abs=1e-12)
+    assert epoch["embedding_bytes_read"] == first["embedding_bytes_read"]
+    assert row["bytes_read"] == sum(e["bytes_read"] for e in history)  # the features' cache beside them
+    assert all(0 < table["hit_ratio"] < 1 for table in row["embedding"].values())
+    assert set(row["embedding"]) == ({"author", "fos"} if graph == "hetero" else {"node"})
+    assert row["stages_ms"]["embedding"] > 0 and row["stages_ms"]["update"] > 0
+
+
+def test_a_plan_of_node_embeddings_prints_and_plots_each_tables_cache(dataset, calibration, tmp_path, capsys):
+    plan_json, png = tmp_path / "plan.json", tmp_path / "plan.png"
+    assert main(["plan", dataset.path, *RUN, "model.node_embedding.dim=8", "model.node_embedding.features=false",
+                 f"checkpoint.dir={tmp_path}", "--sizes", "40%,80%", "--iterations", "4", "--train-steps", "2",
+                 "--storage-seconds", "0.05", "--calibration", calibration, "--json", str(plan_json)]) == 0
+    out = capsys.readouterr().out
+    assert "node embeddings of node: cache" in out and "not modelled" not in out
+    rows = json.loads(plan_json.read_text())["rows"]
+    # embeddings alone: no features' cache; each row's size is its table's cache's, which grows with the grid
+    assert [r["hit_ratio"] for r in rows] == [None, None]
+    assert rows[0]["capacity_bytes"] == rows[0]["embedding"]["node"]["capacity_bytes"] < rows[1]["capacity_bytes"]
+    assert main(["plot", str(plan_json), "--out", str(png)]) == 0
+    assert png.stat().st_size > 0
 
 
 @pytest.mark.parametrize("extra,length", [(["train.epochs=2"], 46),

@@ -43,7 +43,7 @@ from lsm_gnn.planner.simulate import ReadGeometry, TraceStorage, trace_features
 from lsm_gnn.run_resources import training_threads
 from lsm_gnn.timing import median_seconds
 
-CALIBRATION_VERSION = 5
+CALIBRATION_VERSION = 6  # 6: the training part measures the node embeddings' update
 #: a part whose runs' main figure spreads wider than this (range over median) is measured again, then reported
 STEADY_SPREAD = 0.15
 #: each part's main figure: what its spread is judged by
@@ -268,10 +268,11 @@ def measure_memcpy(dim: int, dtype: torch.dtype, rows: int = 4096, pool_bytes: i
             "row_gather_gb_per_s": rows * row_bytes / gather_s / 1e9}
 
 
-def calibration_config(cfg, work_dir: str, iterations: int):
+def calibration_config(cfg, work_dir: str, iterations: int, node_types=()):
     """``cfg``'s run cut to its first ``iterations`` training steps, for timing them: no evaluation (nor what
     watches one: early stopping), no checkpoint, its log and any node embedding table in ``work_dir``, never the
-    user's. Valid wherever ``cfg`` is, whatever keys it sets."""
+    user's (on a graph of several ``node_types``, each type's in a directory of its own, as a run's). Valid
+    wherever ``cfg`` is, whatever keys it sets."""
     from lsm_gnn.config import EarlyStoppingConfig, build_config
 
     settings = cfg.to_dict()
@@ -281,20 +282,27 @@ def calibration_config(cfg, work_dir: str, iterations: int):
     settings["log"].update(dir=work_dir, progress=False, tensorboard=False, every=1)
     settings["checkpoint"].update(dir="", resume=False)
     embedding = settings["model"]["node_embedding"]
-    embedding["path"] = os.path.join(work_dir, "node_embedding")  # a fresh table: the user's left as it is
-    for own in embedding["types"].values():  # each type's table goes to path/<type>
+    tables = os.path.join(work_dir, "node_embedding")  # fresh tables: the user's left as they are
+    embedding["path"] = tables
+    for own in embedding["types"].values():
         own.pop("path", None)
+    if len(node_types) > 1:  # each type's own: the section's path would be every type's, one table
+        for t in node_types:
+            embedding["types"].setdefault(t, {})["path"] = os.path.join(tables, t)
     return build_config(settings)
 
 
 def measure_training(cfg, dataset, steps: int = 32, skip: int = 3) -> dict:
     """The trainer itself for ``steps`` iterations, features from a storage that reads nothing; means of
-    the per-iteration train and sample stages after ``skip`` warm-up iterations."""
+    the per-iteration train, sample and (with node embeddings) update stages after ``skip`` warm-up
+    iterations."""
     from lsm_gnn.trainer import Trainer
 
     with tempfile.TemporaryDirectory(prefix="lsm-gnn-plan-") as log_dir:
-        run_cfg = calibration_config(cfg, log_dir, steps + skip)
+        run_cfg = calibration_config(cfg, log_dir, steps + skip, dataset.node_types)
         features = TraceStorage.like(dataset) if dataset.is_homogeneous else trace_features(dataset)
+        if not cfg.model.node_embedding.features:  # the run reads none: its own path (no storage) is the run's
+            features = None
         trainer = Trainer(run_cfg, out=io.StringIO(), features=features)
         trainer.fit()
         with open(os.path.join(log_dir, "metrics.jsonl")) as f:
@@ -306,4 +314,6 @@ def measure_training(cfg, dataset, steps: int = 32, skip: int = 3) -> dict:
     # job takes a core from training's thread team) for seconds at a time, and a median picks one mode.
     return {"steps": len(times), "train_ms": 1e3 * statistics.fmean(t["train"] for t in times),
             "sample_ms": 1e3 * statistics.fmean(t["sample"] for t in times),
+            # the optimizer's step on the batch's node embeddings (0 without): after train, before the next read
+            "update_ms": 1e3 * statistics.fmean(t.get("update", 0.0) for t in times),
             "torch_threads": training_threads(cfg.train.threads)}

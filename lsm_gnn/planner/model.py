@@ -7,6 +7,10 @@ here is tested on hand-made numbers. The trainer's pipeline it models:
   main thread     train batch k-1 (overlapped), on ``train_threads`` threads
   read-ahead      with ``cache.read_ahead``: the misses of batch k+1 read while the loader does the rest,
                   so the loader takes the longer of its reads and its other work, not their sum
+  node embeddings with ``model.node_embedding``: the main thread updates batch k's rows after its step
+                  (``update``), and only then does the loader read batch k+1's rows through their cache
+                  (``embedding``): the two run one after the other, between two training steps, whatever
+                  else overlaps
 
 Roughly, the run goes at the pace of the slower thread; :func:`pipeline_ms`
 plays it iteration by iteration through the loader's queue. Each is slowed by
@@ -33,7 +37,10 @@ class StageMs:
     """Milliseconds per iteration of each stage, each measured alone: ``cache`` is the cache's CPU work
     in gather (lookup metadata, copying hits out and misses in), ``read`` the storage reads of the misses,
     ``read_cpu`` the part of ``read`` the CPU is busy; ``read_ahead``: the reads run beside the loader's
-    other work (the cache reads the next batch's misses ahead)."""
+    other work (the cache reads the next batch's misses ahead). ``embedding``: reading the batch's node
+    embeddings through their tables' caches (the cache's work, its reads and write-backs); ``update``: the
+    optimizer's step on those rows; each waits for the other, so both add to training's side and the first
+    to the loader's too."""
 
     sample: float
     cache: float
@@ -41,6 +48,8 @@ class StageMs:
     train: float
     read_cpu: float = 0.0
     read_ahead: bool = False
+    embedding: float = 0.0
+    update: float = 0.0
 
     @property
     def gather(self) -> float:
@@ -69,11 +78,13 @@ def contended_ms(stages: StageMs, cores: int, train_threads: int) -> tuple[float
         raise ValueError(f"cores and train_threads must be >= 1, got {cores} and {train_threads}")
     used = min(train_threads, cores)
     loss = max(used + 1 - cores, 0) / cores  # share of the other's CPU time each thread loses
-    train = stages.train + loss * stages.loader_cpu
+    # The embeddings' update and read run while neither thread overlaps them: serial on both sides.
+    serial = stages.update + stages.embedding
+    train = stages.train + loss * stages.loader_cpu + serial
     slowed = loss * min(stages.train, stages.loader_cpu)  # what training's CPU work adds to the loader's
     if stages.read_ahead:  # only the loader's CPU work is slowed; the reads beside it wait on the device
-        return train, max(stages.read, stages.sample + stages.cache + slowed)
-    return train, stages.loader + slowed
+        return train, max(stages.read, stages.sample + stages.cache + slowed) + stages.embedding
+    return train, stages.loader + slowed + stages.embedding
 
 
 def steady_ms(stages: StageMs, cores: int, train_threads: int = 1) -> float:
@@ -82,11 +93,12 @@ def steady_ms(stages: StageMs, cores: int, train_threads: int = 1) -> float:
 
 
 def bound_stage(stages: StageMs, cores: int, train_threads: int = 1) -> str:
-    """The stage that sets the pace: ``train`` when the loader keeps up, else the loader's largest part
-    (``sample``, ``cache`` or ``read``)."""
+    """The stage that sets the pace: ``train`` when the loader keeps up (``embedding`` where the node
+    embeddings' read and update take longer than the step), else the loader's largest part (``sample``,
+    ``cache`` or ``read``)."""
     train, loader = contended_ms(stages, cores, train_threads)
     if train >= loader:
-        return "train"
+        return "embedding" if stages.embedding + stages.update > stages.train else "train"
     parts = {"sample": stages.sample, "cache": stages.cache, "read": stages.read}
     return max(LOADER_STAGES, key=lambda k: parts[k])
 

@@ -6,6 +6,13 @@ trace through each cache of the grid; feed the stage times to the model
 (:mod:`lsm_gnn.planner.model`). The run modelled is the trainer's on one
 rank for ``iterations`` iterations, evaluation left out.
 
+With ``model.node_embedding`` the run also reads (and updates) its node embedding table through a cache of its
+own, built and sized by the run's functions (:func:`lsm_gnn.build.embedding_cache_spec`): each grid point
+replays the trace through that cache too, over a table that reads and writes nothing
+(:func:`~lsm_gnn.planner.simulate.simulate_table`), for its hits, bytes read and bytes written; their time joins
+the model's ``embedding`` stage, and the calibrated optimizer step its ``update``. A run of embeddings alone
+(``model.node_embedding.features=false``) has no features' cache: its rows hold the table's alone.
+
 On a heterogeneous graph the run has one cache per feature group (node types
 of one row format, :func:`lsm_gnn.build.build_features`), each with its share
 of the budget (:func:`lsm_gnn.build.group_capacities`): the trace holds each
@@ -30,7 +37,8 @@ from lsm_gnn.loader import NodeLoader
 from lsm_gnn.memcap import available_memory
 from lsm_gnn.planner import calibrate
 from lsm_gnn.planner.model import StageMs, bound_stage, contended_ms, recommend, run_ms
-from lsm_gnn.planner.simulate import TraceStorage, on_loader_thread, record_trace, simulate_cache, trace_features
+from lsm_gnn.planner.simulate import (TraceStorage, TraceTable, on_loader_thread, record_trace, simulate_cache,
+                                      simulate_table, table_geometry, trace_features)
 from lsm_gnn.run_resources import training_threads
 from lsm_gnn.storage.base import TORCH_DTYPES
 from lsm_gnn.training.metrics import ratios_text
@@ -40,10 +48,11 @@ from lsm_gnn.training.metrics import ratios_text
 LOADER_QUEUE = inspect.signature(NodeLoader).parameters["prefetch"].default
 
 
-def stage_times(storage_cal: dict, train_cal: dict, cache_ms: float, reads, read_ahead: bool = False
-                ) -> StageMs:
-    """One iteration's stages: the calibrated sample and train, the simulated cache time, and the
-    calibrated cost of ``reads`` storage reads (none: no storage call at all), read ahead or not.
+def stage_times(storage_cal: dict, train_cal: dict, cache_ms: float, reads, read_ahead: bool = False,
+                embedding_ms: float = 0.0) -> StageMs:
+    """One iteration's stages: the calibrated sample, train and update (the node embeddings' optimizer step),
+    the simulated cache time, the calibrated cost of ``reads`` storage reads (none: no storage call at all),
+    read ahead or not, and ``embedding_ms`` (:func:`table_ms`).
 
     ``reads`` is a count of reads of the one file ``storage_cal`` calibrated, or {file: count} with
     ``storage_cal`` {file: its calibration} (a heterogeneous graph's feature files, read one after another)."""
@@ -54,7 +63,17 @@ def stage_times(storage_cal: dict, train_cal: dict, cache_ms: float, reads, read
         ms = cals[name]["fixed_ms"] + 1e-3 * cals[name]["per_read_us"] * count if count else 0.0
         read_ms, read_cpu = read_ms + ms, read_cpu + ms * cals[name]["cpu_fraction"]
     return StageMs(sample=train_cal["sample_ms"], cache=cache_ms, read=read_ms, train=train_cal["train_ms"],
-                   read_cpu=read_cpu, read_ahead=read_ahead)
+                   read_cpu=read_cpu, read_ahead=read_ahead, embedding=embedding_ms,
+                   update=train_cal.get("update_ms", 0.0))
+
+
+def table_ms(storage_cal: dict, cache_ms: float, reads: float, writes: float) -> float:
+    """One iteration's reading of a node embedding table through its cache: the cache's own work, the table's
+    reads at the storage calibration's cost (a file read as the features' is), and its row writes at that
+    calibration's cost per read each (a write is uncalibrated: a buffered pwrite of a row into the page cache,
+    at most what a read costs)."""
+    ms = cache_ms + 1e-3 * storage_cal["per_read_us"] * writes
+    return ms + (storage_cal["fixed_ms"] + 1e-3 * storage_cal["per_read_us"] * reads if reads else 0.0)
 
 
 def reads_ahead(spec) -> bool:
@@ -99,10 +118,6 @@ def _check_plannable(cfg: Config, dataset) -> None:
     if cfg.cache.features != "cache":
         raise ConfigError(f"lsm-gnn plan models the cached path (cache.features=cache), got "
                           f"cache.features={cfg.cache.features}")
-    if not cfg.model.node_embedding.features:
-        raise ConfigError("lsm-gnn plan models the features' cache, and model.node_embedding.features=false reads "
-                          "no features: the run's one cache is its node embedding table's, which plan does not "
-                          "model yet")
     if dataset.is_homogeneous:
         return
     # What a run on a heterogeneous graph refuses, refused before the trace (as the run would).
@@ -112,13 +127,6 @@ def _check_plannable(cfg: Config, dataset) -> None:
     if not dataset.feature_types:
         raise ConfigError(f"{where} but none with features: lsm-gnn plan models the features' caches")
     check_hetero_model_kind(cfg.model.kind)
-    from lsm_gnn.build import embedding_tables
-
-    tables = embedding_tables(cfg, dataset)
-    if tables:
-        raise ConfigError(f"lsm-gnn plan models the features' caches of a heterogeneous dataset ({where}), not yet "
-                          f"node embedding tables (this config gives {sorted(tables)} one): plan without them "
-                          "(model.node_embedding.dim=0, and 0 for each type given its own)")
     if cfg.cache.mode == "shared" and cfg.cache.owner == "hotness":
         raise ConfigError(f"lsm-gnn plan cannot plan cache.owner=hotness on a heterogeneous dataset ({where}): "
                           "runs over several ranks refuse it there; use cache.owner=hashed")
@@ -164,9 +172,6 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
         rows = _typed_plan_rows(grid, specs, dataset, typed, task, trace, iterations, cal, cores, fill_sample_ms,
                                 log)
     best = recommend([r for r in rows if "error" not in r], tolerance)
-    if specs[0].embedding_sizes:  # a one-type graph's table (a heterogeneous one's is refused above)
-        cal["warnings"].append("the node embedding table's cache is not modelled: its reads, write-backs and "
-                               "updates are left out of every time")
     return {"dataset": _dataset_summary(dataset, typed),
             "run": {"fanouts": cfg.sampler.fanouts, "batch_size": cfg.sampler.batch_size, "model": cfg.model.kind,
                     "hidden": cfg.model.hidden, "window": cfg.cache.window, "iterations": iterations,
@@ -371,32 +376,113 @@ def _plan_rows(grid: list[Config], specs: list, dataset, trace, iterations: int,
                               c.sampler.num_threads)
 
         try:
-            sim = on_loader_thread(simulate_cache, trace, iterations, storage, geometry, make_cache, c.cache.window)
+            sim = on_loader_thread(simulate_cache, trace, iterations, storage, geometry, make_cache, c.cache.window) \
+                if c.model.node_embedding.features else _no_features(iterations)
         except ValueError as exc:  # e.g. a cache smaller than one batch: the run would stop the same way
             rows.append(_error_row(c, spec, exc, log))
             continue
+        tables, error = _table_rows(c, spec, dataset, {dataset.node_types[0]: trace}, iterations, trace.epoch_length,
+                                    log)
+        if error is not None:
+            rows.append(error)
+            continue
         rows.append(_row(c, spec, sim, dataset.num_nodes, cal, cores, iterations, fill_sample_ms,
-                         trace.epoch_length, log))
+                         trace.epoch_length, log, tables))
     return rows
 
 
+def _embedding_totals(tables: dict) -> dict:
+    """A row's node embedding tables (``embedding``: by node type) and their sums as the run logs them
+    (``embedding_hit_ratio`` over every table's rows, ``embedding_bytes_read``, ``embedding_bytes_written``)."""
+    rows = sum(t["rows"] for t in tables.values())
+    return {"embedding": tables,
+            "embedding_hit_ratio": sum(t["hit_ratio"] * t["rows"] for t in tables.values()) / rows if rows else None,
+            "embedding_bytes_read": sum(t["bytes_read"] for t in tables.values()),
+            "embedding_bytes_written": sum(t["bytes_written"] for t in tables.values())}
+
+
+def _no_features(iterations: int) -> dict:
+    """The replay of a run that reads no features (``model.node_embedding.features=false``): no cache, no read."""
+    zero = {"unique": 0, "misses": 0, "bytes_read": 0, "reads": 0}
+    return {**zero, "hits": 0, "hit_ratio": None, "cache_s": 0.0, "lines": 0, "capacity_bytes": 0,
+            "per_iteration": {**zero, "cache_ms": 0.0},
+            "each": {"cache_ms": [0.0] * iterations, "reads": [0] * iterations}}
+
+
+def checkpoint_iterations(cfg: Config, epoch_length: int, iterations: int) -> frozenset:
+    """The iterations (counted from 1) before ``iterations`` after which ``cfg``'s run writes a checkpoint, which
+    writes its node embedding tables' dirty rows: each epoch's end and every ``checkpoint.every``; none without a
+    ``checkpoint.dir``."""
+    if not cfg.checkpoint.dir:
+        return frozenset()
+    ends = set(range(max(epoch_length, 1), iterations, max(epoch_length, 1)))
+    if cfg.checkpoint.every:
+        ends |= set(range(cfg.checkpoint.every, iterations, cfg.checkpoint.every))
+    return frozenset(ends)
+
+
+def _table_rows(c: Config, spec, dataset, traces: dict, iterations: int, epoch_length: int, log
+                ) -> tuple[dict, dict | None]:
+    """(per node embedding table of ``c``'s run (by node type), the replay of its rows' trace (``traces``: each
+    table's, by its type) through its cache as the run builds it (:func:`lsm_gnn.build.embedding_cache_spec`,
+    :func:`lsm_gnn.build.cached`); None, or the error row of a grid point where one cannot run)."""
+    from lsm_gnn.build import cached, embedding_cache_spec, embedding_tables
+    from lsm_gnn.embedding import RowLayout
+
+    checkpoints = checkpoint_iterations(c, epoch_length, iterations)
+    sims = {}
+    for t, e in embedding_tables(c, dataset).items():
+        row_bytes = RowLayout(e.dim, e.dtype, e.optimizer).row_bytes
+        size, num_rows = spec.embedding_sizes[t], dataset.num_nodes_of(t)
+        try:
+            # As the features' replay: every read at its lookup, nothing read ahead.
+            table_spec = dataclasses.replace(embedding_cache_spec(spec, dataset, t, row_bytes), read_ahead=0)
+
+            def make_cache(table, table_spec=table_spec, t=t):
+                return cached(table, table_spec, dataset, torch.device("cpu"), node_type=t,
+                              num_threads=c.sampler.num_threads)
+
+            sim = on_loader_thread(simulate_table, traces[t], iterations, TraceTable(num_rows, row_bytes),
+                                   table_geometry(num_rows, row_bytes), make_cache, c.cache.window, checkpoints)
+        except ValueError as exc:  # a table's cache below one set, or smaller than a batch: the run stops so
+            return {}, _error_row(c, spec, exc, log, f"the node embedding cache of {t}: ", size)
+        sims[t] = {"capacity": size.text, "capacity_bytes": sim["capacity_bytes"], "lines": sim["lines"],
+                   "row_bytes": row_bytes, "rows": sim["rows"], "hit_ratio": sim["hit_ratio"],
+                   "bytes_read": sim["bytes_read"],
+                   "bytes_written": sim["bytes_written"],
+                   "bytes_read_per_iteration": sim["per_iteration"]["bytes_read"],
+                   "bytes_written_per_iteration": sim["per_iteration"]["bytes_written"],
+                   "reads_per_iteration": sim["per_iteration"]["reads"],
+                   "writes_per_iteration": sim["per_iteration"]["writes"], "sim": sim}
+    return sims, None
+
+
 def _row(c: Config, spec, sim: dict, num_rows: int, cal: dict, cores: int, iterations: int, fill_sample_ms: float,
-         epoch_length: int, log, **extra) -> dict:
-    """A grid point's row from its replay ``sim`` (``num_rows``: the rows its caches could hold) and the times the
-    model predicts from it; ``extra`` keys go in before the times."""
+         epoch_length: int, log, tables: dict | None = None, **extra) -> dict:
+    """A grid point's row from its replay ``sim`` (``num_rows``: the rows its caches could hold), its node
+    embedding tables' (``tables``, :func:`_table_rows`) and the times the model predicts from them; ``extra``
+    keys go in before the times. Without a features' cache (embeddings alone) the row's size is the tables'
+    caches'."""
     per = sim["per_iteration"]
-    ahead = reads_ahead(spec)
+    features = c.model.node_embedding.features
+    ahead = features and reads_ahead(spec)
+    tables = tables or {}
+    sims = {t: table.pop("sim") for t, table in tables.items()}
     row = {"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
-           "capacity_bytes": sim["capacity_bytes"], "lines": sim["lines"],
+           "capacity_bytes": sim["capacity_bytes"] if features else sum(t["capacity_bytes"] for t in tables.values()),
+           "lines": sim["lines"],
            "share_of_nodes": sim["lines"] / num_rows, "hit_ratio": sim["hit_ratio"],
            "bytes_read": sim["bytes_read"], "bytes_read_per_iteration": per["bytes_read"],
            "misses_per_iteration": per["misses"], "reads_per_iteration": per["reads"],
            "unique_per_iteration": per["unique"],
-           "read_ahead": ahead, **extra,
-           **_modelled_ms(sim, cal, cores, iterations, fill_sample_ms, c.cache.window, epoch_length, ahead)}
+           "read_ahead": ahead, **extra, **(_embedding_totals(tables) if tables else {}),
+           **_modelled_ms(sim, cal, cores, iterations, fill_sample_ms, c.cache.window, epoch_length, ahead,
+                          list(sims.values()))}
     by_type = "" if "hit_ratio_by_type" not in row else f" ({ratios_text(row['hit_ratio_by_type'])})"
-    log(f"plan: {row['policy']}{'+pvp' if row['pvp'] else ''} {row['capacity']}: hit {row['hit_ratio']:.3f}"
-        f"{by_type}, {row['ms_per_iteration']:.1f} ms/iteration, bound by {row['bound']}")
+    hit = "no features' cache" if row["hit_ratio"] is None else f"hit {row['hit_ratio']:.3f}{by_type}"
+    table_hits = "".join(f", {t} table hit {table['hit_ratio']:.3f}" for t, table in tables.items())
+    log(f"plan: {row['policy']}{'+pvp' if row['pvp'] else ''} {row['capacity']}: {hit}{table_hits}, "
+        f"{row['ms_per_iteration']:.1f} ms/iteration, bound by {row['bound']}")
     return row
 
 
@@ -405,7 +491,7 @@ def _typed_plan_rows(grid: list[Config], specs: list, dataset, typed, task, trac
     """:func:`_plan_rows` on a heterogeneous graph: per grid point each feature group's cache, built and sized as
     the run builds it (:func:`lsm_gnn.build.group_capacities`, its share of the budget), replays the group's
     ids; the groups' counts are summed, and each node type's kept beside them (``hit_ratio_by_type``, as the
-    trainer reports it)."""
+    trainer reports it). Each node type's node embedding table replays its type's ids."""
     from lsm_gnn.build import cache_over, group_capacities, group_scores
     from lsm_gnn.training.startup import feature_sampling
 
@@ -415,6 +501,7 @@ def _typed_plan_rows(grid: list[Config], specs: list, dataset, typed, task, trac
     geometries = [{t: calibrate.read_geometry(dataset.node_type(t), cal["storage_by_type"][t]["alignment"])
                    for t in types} for types in groups]
     featured_rows = sum(dataset.num_nodes_of(t) for t in dataset.feature_types)
+    table_traces = {t: trace.of_type(t) for t in dataset.node_types}  # each table's ids, its window's
     rows = []
     for c, spec in zip(grid, specs):
         capacities = group_capacities(spec, dataset, groups, **feature_sampling(c, task))
@@ -432,10 +519,14 @@ def _typed_plan_rows(grid: list[Config], specs: list, dataset, typed, task, trac
                 rows.append(_error_row(c, spec, exc, log, f"the cache of {'+'.join(types)}: "))
                 break
         else:
+            tables, error = _table_rows(c, spec, dataset, table_traces, iterations, trace.epoch_length, log)
+            if error is not None:
+                rows.append(error)
+                continue
             sim = _summed(sims, groups, iterations)
             by_type = sim["by_part"]
             rows.append(_row(c, spec, sim, featured_rows, cal, cores, iterations, fill_sample_ms,
-                             trace.epoch_length, log,
+                             trace.epoch_length, log, tables,
                              hit_ratio_by_type={t: n["hits"] / n["unique"] if n["unique"] else None
                                                 for t, n in by_type.items()},
                              rows_by_type={t: n["unique"] for t, n in by_type.items()},
@@ -466,16 +557,18 @@ def _summed(sims: list[dict], groups: list[list[str]], iterations: int) -> dict:
             "by_part": by_type}
 
 
-def _error_row(c: Config, spec, exc: ValueError, log, where: str = "") -> dict:
+def _error_row(c: Config, spec, exc: ValueError, log, where: str = "", size=None) -> dict:
     """The row of a grid point whose cache cannot run, saying why (a cache too small in config keys);
-    ``where``: which of a heterogeneous run's caches."""
+    ``where``: which of a heterogeneous run's caches, or a node embedding table's (``size``: that cache's,
+    default the features')."""
     from lsm_gnn.cache import CacheTooSmall
     from lsm_gnn.sizing import config_fix
 
     error = str(exc)
+    size = size or spec.size
     if isinstance(exc, CacheTooSmall):  # in config keys, as the run's own message
         error = (f"a batch has {exc.distinct:,} distinct nodes, the cache {exc.lines:,} lines; "
-                 + config_fix(c.cache.capacity, exc.lines, exc.distinct, c.cache.ways))
+                 + config_fix(size.text, exc.lines, exc.distinct, c.cache.ways, size.key))
     error = where + error
     log(f"plan: {spec.policy.name}{'+pvp' if spec.pvp else ''} {c.cache.capacity}: cannot run ({error})")
     return {"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
@@ -483,17 +576,26 @@ def _error_row(c: Config, spec, exc: ValueError, log, where: str = "") -> dict:
 
 
 def _modelled_ms(sim: dict, cal: dict, cores: int, iterations: int, fill_sample_ms: float, window: int,
-                 epoch_length: int, read_ahead: bool = False) -> dict:
-    """A replay's stage times and the run time the model predicts from them, and the stage that bounds it."""
+                 epoch_length: int, read_ahead: bool = False, tables: list | None = None) -> dict:
+    """A replay's stage times and the run time the model predicts from them, and the stage that bounds it;
+    ``tables``: the replays of the run's node embedding tables (:func:`simulate_table`), their time the
+    ``embedding`` stage's."""
     train_cal, threads = cal["train"], cal["train"]["torch_threads"]
     per = sim["per_iteration"]
     if "reads_by_type" in per:  # a heterogeneous run's: each node type's reads at its file's calibration
         storage_cal, reads, reads_each = cal["storage_by_type"], per["reads_by_type"], sim["each"]["reads_by_type"]
     else:
         storage_cal, reads, reads_each = cal["storage"], per["reads"], sim["each"]["reads"]
-    stages = stage_times(storage_cal, train_cal, per["cache_ms"], reads, read_ahead)
-    each = [stage_times(storage_cal, train_cal, cache_ms, reads, read_ahead)
-            for cache_ms, reads in zip(sim["each"]["cache_ms"], reads_each)]
+    # A table's file is read as a feature file is: at the (first) feature file's calibration.
+    table_cal = cal["storage"] if "storage" in cal else next(iter(cal["storage_by_type"].values()))
+    tables = tables or []
+    embedding = sum(table_ms(table_cal, t["per_iteration"]["cache_ms"], t["per_iteration"]["reads"],
+                             t["per_iteration"]["writes"]) for t in tables)
+    embedding_each = [sum(table_ms(table_cal, t["each"]["cache_ms"][k], t["each"]["reads"][k], t["each"]["writes"][k])
+                          for t in tables) for k in range(len(sim["each"]["cache_ms"]))]
+    stages = stage_times(storage_cal, train_cal, per["cache_ms"], reads, read_ahead, embedding)
+    each = [stage_times(storage_cal, train_cal, cache_ms, reads, read_ahead, emb_ms)
+            for cache_ms, reads, emb_ms in zip(sim["each"]["cache_ms"], reads_each, embedding_each)]
     timing = {"window": window, "epoch_length": epoch_length, "queue": LOADER_QUEUE}
     total = run_ms(each, cores, threads, fill_sample_ms=fill_sample_ms, **timing)
     steady = run_ms(each, cores, threads, fill_sample_ms=0.0, **timing) / iterations
@@ -534,18 +636,32 @@ def format_plan(plan: dict) -> str:
             lines.append(f"{name:<18}{format_bytes(r['capacity_bytes']):>9}  cannot run: {r['error']}")
             continue
         s = r["stages_ms"]
+        hit = "-" if r["hit_ratio"] is None else f"{r['hit_ratio']:.3f}"
         lines.append(f"{name:<18}{format_bytes(r['capacity_bytes']):>9}{r['share_of_nodes']:>7.1%}"
-                     f"{r['hit_ratio']:>7.3f}{format_bytes(r['bytes_read_per_iteration']):>11}{s['sample']:>8.1f}"
+                     f"{hit:>7}{format_bytes(r['bytes_read_per_iteration']):>11}{s['sample']:>8.1f}"
                      f"{s['cache']:>8.1f}{s['read']:>8.1f}{s['train']:>8.1f}{r['steady_ms']:>8.1f}"
                      f"{r['ms_per_iteration']:>8.1f}{r['pipeline_efficiency']:>6.2f}  {r['bound']}")
         if "hit_ratio_by_type" in r:
             caches = ", ".join(f"{'+'.join(g['types'])} {format_bytes(g['capacity_bytes'])}" for g in r["groups"])
             lines.append(f"{'':<18}hit by type: {ratios_text(r['hit_ratio_by_type'])}; caches {caches}")
+        tables = r.get("embedding", {})
+        for t, table in tables.items():
+            lines.append(f"{'':<18}node embeddings of {t}: cache {format_bytes(table['capacity_bytes'])} "
+                         f"({table['capacity']}), hit {table['hit_ratio']:.3f}, read "
+                         f"{format_bytes(table['bytes_read_per_iteration'])}/it, written "
+                         f"{format_bytes(table['bytes_written_per_iteration'])}/it")
+        if tables:
+            lines.append(f"{'':<18}node embeddings: embedding {s['embedding']:.1f} ms, update {s['update']:.1f} ms "
+                         "per iteration")
     if "run_iterations" in run:  # plans before it modelled --iterations (100) alone
         lines.append(modelled_text(run))
     lines.append("(ms per iteration; sample, cache + read (= gather) run on the loader thread overlapped with train; "
                  "ms/it includes filling the window at the start; eff: the pipeline's efficiency, max(read, train) "
                  "over ms/it, as a run's epoch summary reports it)")
+    if any("embedding" in r for r in plan["rows"]):
+        lines.append("(node embeddings: embedding reads the batch's rows through the table's cache after update, the "
+                     "optimizer's step on the rows before: both between two training steps, overlapped with "
+                     "nothing; 'hit -': the run reads no features)")
     cal = plan["calibration"]
     measured = [(f"storage of {t}", c) for t, c in cal.get("storage_by_type", {}).items()]
     measured = measured or [("storage", cal["storage"])]

@@ -74,6 +74,50 @@ class TraceStorage(CountingStorage):
         return reads
 
 
+class TraceTable(TraceStorage):
+    """A node embedding table (:class:`~lsm_gnn.storage.EmbeddingTable`) of ``num_rows`` rows of ``row_bytes``
+    that reads zeros and writes nothing, recording the ids of what the table would read (a cache's misses and
+    the before-images its undo journal reads: rows first written in a generation that no cache handed over by
+    :meth:`before_change`) and write."""
+
+    writable = True
+
+    def __init__(self, num_rows: int, row_bytes: int):
+        from lsm_gnn.storage.journal import RowSet
+
+        super().__init__(num_rows, row_bytes, "uint8", record=True)
+        self.writes: list[torch.Tensor] = []
+        self._journaled = RowSet(num_rows)
+
+    def before_change(self, ids, rows) -> None:
+        self._journaled.add(ids.numpy())
+
+    def write(self, ids, rows) -> None:
+        ids = torch.sort(ids.to(torch.int64).cpu()).values
+        new = ids[torch.from_numpy(~self._journaled.contains(ids.numpy()))]
+        if new.numel():  # the journal reads their before-images from the file first
+            self.read(new)
+            self._journaled.add(new.numpy())
+        self.writes.append(ids)
+
+    def new_generation(self) -> None:
+        """A checkpoint committed the table: its journal starts empty."""
+        self._journaled.clear()
+
+    def take_writes(self) -> list[torch.Tensor]:
+        writes, self.writes = self.writes, []
+        return writes
+
+
+def table_geometry(num_rows: int, row_bytes: int) -> ReadGeometry:
+    """The read plan's inputs for a node embedding table of ``num_rows`` rows of ``row_bytes``, as the table
+    reads (its file's layout, buffered: aligned to 1 byte)."""
+    from lsm_gnn.data.format import feature_file_bytes, row_stride_for
+
+    stride = row_stride_for(row_bytes)
+    return ReadGeometry(num_rows, row_bytes, stride, feature_file_bytes(num_rows, stride), 1)
+
+
 def trace_features(dataset) -> TypedFeatures:
     """A heterogeneous ``dataset``'s features as a run's loader gathers them, one group per row format in
     its id space (:func:`lsm_gnn.build.build_features`), every group over a null storage."""
@@ -103,6 +147,13 @@ class Trace:
         """The ids of feature group ``group`` of ``features`` in each batch (its id space; empty where a batch
         has none of its types): what that group's window holds and its cache looks up."""
         return Trace([features.group_ids(b)[group] for b in self.batches], self.sample_s, self.epoch_length)
+
+    def of_type(self, node_type: str) -> "Trace":
+        """The ids of ``node_type`` in each batch (its own ids; empty where a batch has none; a graph of one type:
+        the batches as they are): what its node embedding table's window holds and its cache looks up."""
+        empty = torch.empty(0, dtype=torch.int64)
+        return Trace([b.get(node_type, empty).to(torch.int64) if isinstance(b, dict) else b for b in self.batches],
+                     self.sample_s, self.epoch_length)
 
 
 def _numel(nodes) -> int:
@@ -206,6 +257,20 @@ def _storage_parts(storage, geometry) -> list[tuple]:
     return [(name, 0, storage.num_rows, storage, geometry[name])]
 
 
+def _timed_lookups(cache: SoftwareCache, storage, trace: Trace, measured: int, window: int, after=lambda: None):
+    """Looks up the first ``measured`` batches of ``trace`` in ``cache`` over ``storage``, the window as the
+    loader holds it, calling ``after()`` after each; yields (the batch's ids, its hit mask, the cache's own
+    seconds: the lookup's and ``after``'s less the storage's)."""
+    for t, (current, future) in enumerate(_epoch_by_epoch(trace, window, storage.num_rows)):
+        if t >= measured:
+            break
+        before = storage.stats().total_seconds
+        start = time.perf_counter()
+        _, hit = cache.lookup(current, future if window else None)
+        after()
+        yield current, hit, time.perf_counter() - start - (storage.stats().total_seconds - before)
+
+
 def simulate_cache(trace: Trace, measured: int, storage, geometry, make_cache, window: int) -> dict:
     """Replays the first ``measured`` batches of ``trace`` (the rest only fill the window) through
     ``make_cache(storage)``; returns totals and per-iteration means of hits, misses, bytes read and
@@ -225,14 +290,9 @@ def simulate_cache(trace: Trace, measured: int, storage, geometry, make_cache, w
     by_part = {p[0]: dict.fromkeys(("hits", "unique", "misses", "bytes_read", "reads"), 0) for p in parts}
     cache_s, reads_each, reads_by_part_each = [], [], []
     try:
-        for t, (current, future) in enumerate(_epoch_by_epoch(trace, window, storage.num_rows)):
-            if t >= measured:
-                break
-            before = storage.stats().total_seconds
-            start = time.perf_counter()
-            _, hit = cache.lookup(current, future if window else None)
-            cache.prefetch()  # as the loader does: PVP moves the next queue
-            cache_s.append(time.perf_counter() - start - (storage.stats().total_seconds - before))
+        # as the loader does after a lookup: PVP moves the next queue
+        for current, hit, seconds in _timed_lookups(cache, storage, trace, measured, window, cache.prefetch):
+            cache_s.append(seconds)
             n_hit = int(hit.sum())
             hits += n_hit
             unique += hit.numel()
@@ -275,3 +335,62 @@ def simulate_cache(trace: Trace, measured: int, storage, geometry, make_cache, w
             "each": {"cache_ms": [1e3 * scale * c for c in cache_s], "reads": reads_each,
                      "reads_by_part": reads_by_part_each},
             "by_part": by_part, "lines": cache.num_lines, "capacity_bytes": cache.capacity_bytes}
+
+
+def _unchanged(rows: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    return rows
+
+
+def simulate_table(trace: Trace, measured: int, table: TraceTable, geometry: ReadGeometry, make_cache, window: int,
+                   checkpoints=frozenset()) -> dict:
+    """Replays the first ``measured`` batches of ``trace`` through ``make_cache(table)``, the cache over a node
+    embedding table, as the trainer uses it: each batch's rows read (``lookup``: misses read, dirty victims
+    written back), then updated in their lines (``update``: rows left without a line read, journaled and
+    written in place); after the iterations in ``checkpoints`` (counted from 1) every dirty line is written and
+    the journal restarts, as a checkpoint does, those writes left out of the counts as the run leaves them out.
+
+    Returns the hit ratio over the rows read (the run's ``embedding_hit_ratio``), bytes read and written (its
+    ``embedding_bytes_read`` and ``embedding_bytes_written``), reads and writes issued (a write per row, as the
+    table's native writes), the cache's own time of the lookups, per iteration and under ``each``."""
+    from lsm_gnn.ids import unique_ids
+
+    table.take_reads()
+    table.take_writes()
+    cache: SoftwareCache = make_cache(table)
+    totals = dict.fromkeys(("hits", "rows", "bytes_read", "bytes_written", "reads", "writes"), 0)
+    cache_s, reads_each, writes_each = [], [], []
+    try:
+        # the table's reader (the node embeddings) moves no victim queue ahead
+        for t, (current, hit, seconds) in enumerate(_timed_lookups(cache, table, trace, measured, window)):
+            cache_s.append(seconds)
+            unique = unique_ids(current)[0]
+            cache.update(unique, torch.zeros((unique.numel(), 1)), _unchanged)
+            totals["hits"] += int(hit.sum())
+            totals["rows"] += hit.numel()
+            reads = writes = 0
+            for ids in table.take_reads():
+                b, r = geometry.plan(ids)
+                totals["bytes_read"] += b
+                reads += r
+            for ids in table.take_writes():
+                totals["bytes_written"] += ids.numel() * geometry.row_bytes
+                writes += ids.numel()
+            totals["reads"] += reads
+            totals["writes"] += writes
+            reads_each.append(reads)
+            writes_each.append(writes)
+            if t + 1 in checkpoints:
+                cache.flush()
+                table.take_writes()
+                table.new_generation()
+    finally:
+        cache.settle()
+    n = max(measured, 1)
+    typical = typical_mean(cache_s, cache.policy.period)
+    scale = typical / float(np.mean(cache_s)) if cache_s and np.mean(cache_s) > 0 else 1.0
+    return {**totals, "hit_ratio": totals["hits"] / totals["rows"] if totals["rows"] else 0.0,
+            "per_iteration": {"bytes_read": totals["bytes_read"] / n, "bytes_written": totals["bytes_written"] / n,
+                              "reads": totals["reads"] / n, "writes": totals["writes"] / n,
+                              "cache_ms": 1e3 * typical},
+            "each": {"cache_ms": [1e3 * scale * c for c in cache_s], "reads": reads_each, "writes": writes_each},
+            "lines": cache.num_lines, "capacity_bytes": cache.capacity_bytes}
