@@ -620,13 +620,17 @@ def dataset_text(ds: dict) -> str:
             f"{len(ds['groups'])} cache(s): {', '.join('+'.join(g) for g in ds['groups'])}")
 
 
+def _hidden_text(run: dict) -> str:
+    return "" if run["model"] == "lightgcn" else f" hidden {run['hidden']}"  # LightGCN has no weights
+
+
 def format_plan(plan: dict) -> str:
     """The plan as a table, the bound stage and the recommendation."""
     from lsm_gnn.units import format_bytes
 
     run, ds = plan["run"], plan["dataset"]
     lines = [f"plan for {ds['path']}: {dataset_text(ds)}; fanouts {run['fanouts']}, "
-             f"batch {run['batch_size']}, {run['model']} hidden {run['hidden']}, window {run['window']}, "
+             f"batch {run['batch_size']}, {run['model']}{_hidden_text(run)}, window {run['window']}, "
              f"{run['iterations']} iterations on {run['cores']} core(s), {run['backend']} storage",
              f"{'policy':<18}{'size':>9}{'nodes':>7}{'hit':>7}{'read/it':>11}{'sample':>8}{'cache':>8}{'read':>8}"
              f"{'train':>8}{'steady':>8}{'ms/it':>8}{'eff':>6}  bound"]
