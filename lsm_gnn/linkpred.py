@@ -194,13 +194,37 @@ def _drop_pairs(hops: list[Hop], num_seeds: int, a: torch.Tensor, b: torch.Tenso
     """Removes the edges between seeds ``a[j]`` and ``b[j]``, both directions, from every hop.
 
     Seeds keep their index in every hop (a hop's destinations are the
-    previous hop's nodes), so one set of keys serves all hops.
+    previous hop's nodes), so one set of keys serves all hops. With every
+    neighbour (fanout -1) a hop begins with the previous hop's edges (the
+    rows of the same destinations, in the same order): the decisions made
+    there are kept, checked by comparing the edges, and only the rest is
+    looked up.
     """
-    keys = torch.cat([a * num_seeds + b, b * num_seeds + a])
+    keys = torch.cat([a * num_seeds + b, b * num_seeds + a]).unique()  # sorted
+    previous, previous_keep = None, None
     for hop in hops:
-        src, dst = hop.edge_index
-        drop = (src < num_seeds) & (dst < num_seeds) & torch.isin(src * num_seeds + dst, keys)
-        hop.edge_index = hop.edge_index[:, ~drop]
+        edges = hop.edge_index
+        if previous is not None and edges.shape[1] >= previous.shape[1] and \
+                torch.equal(edges[:, :previous.shape[1]], previous):
+            keep = torch.cat([previous_keep, _not_between(edges[:, previous.shape[1]:], keys, num_seeds)])
+        else:
+            keep = _not_between(edges, keys, num_seeds)
+        previous, previous_keep = edges, keep
+        if not bool(keep.all()):
+            hop.edge_index = edges[:, keep]
+
+
+def _not_between(edges: torch.Tensor, keys: torch.Tensor, num_seeds: int) -> torch.Tensor:
+    """Which ``edges`` join no pair of ``keys`` (sorted ``src * num_seeds + dst`` of two seeds)."""
+    src, dst = edges
+    # Only edges between two seeds can be dropped, and only those are looked up: with every neighbour, a hop
+    # holds tens of times more edges than the batch has pairs.
+    between = torch.nonzero((src < num_seeds) & (dst < num_seeds)).squeeze(1)
+    keep = torch.ones(src.numel(), dtype=torch.bool, device=src.device)
+    if between.numel() and keys.numel():
+        pair = src[between] * num_seeds + dst[between]
+        keep[between[keys[torch.searchsorted(keys, pair).clamp(max=keys.numel() - 1)] == pair]] = False
+    return keep
 
 
 def bpr_loss(user_emb: torch.Tensor, pos_emb: torch.Tensor, neg_emb: torch.Tensor) -> torch.Tensor:
