@@ -103,16 +103,18 @@ class TorchLightGCN(torch.nn.Module):
         return torch.stack(layers).mean(0)
 
 
-def train_torch(ds, args, layers: int) -> dict:
-    """LightGCN (or BPR-MF with ``layers=0``) in plain torch; the test metrics at the best val recall."""
+def train_torch(ds, args, layers: int, evaluate_every: bool = True) -> dict:
+    """LightGCN (or BPR-MF with ``layers=0``) in plain torch; the test metrics at the best val recall and each
+    epoch's training seconds. ``evaluate_every=False``: no evaluation (timing only)."""
     num_users, num_items = user_item_sizes(ds)
     pairs = training_pairs(ds)
     torch.manual_seed(args.seed)
     model = TorchLightGCN(pairs, num_users, num_items, args.dim, layers)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     rng = np.random.default_rng(args.seed)
-    best, curve, start = None, [], time.perf_counter()
+    best, curve, epoch_seconds, start = None, [], [], time.perf_counter()
     for epoch in range(args.epochs):
+        epoch_start = time.perf_counter()
         order = rng.permutation(len(pairs))
         for b in range(0, len(order), args.batch_size):
             batch = pairs[order[b:b + args.batch_size]]
@@ -127,14 +129,15 @@ def train_torch(ds, args, layers: int) -> dict:
             optimizer.zero_grad()
             (loss + args.l2 * l2).backward()
             optimizer.step()
-        if (epoch + 1) % args.eval_every == 0 or epoch + 1 == args.epochs:
+        epoch_seconds.append(time.perf_counter() - epoch_start)
+        if evaluate_every and ((epoch + 1) % args.eval_every == 0 or epoch + 1 == args.epochs):
             with torch.no_grad():
                 emb = model()
             val = evaluate(ds, emb, "val")
             curve.append({"epoch": epoch + 1, "val_recall": val["recall"]})
             if best is None or val["recall"] > best["val"]["recall"]:
                 best = {"epoch": epoch + 1, "val": val, "test": evaluate(ds, emb, "test")}
-    return {**best, "curve": curve, "seconds": time.perf_counter() - start}
+    return {**(best or {}), "curve": curve, "seconds": time.perf_counter() - start, "epoch_seconds": epoch_seconds}
 
 
 def popularity(ds) -> dict:
@@ -146,19 +149,22 @@ def popularity(ds) -> dict:
     return {"val": evaluate(ds, emb, "val"), "test": evaluate(ds, emb, "test")}
 
 
-def train_lsm(ds, args, kind: str, workdir: str) -> dict:
-    """One of the project's link models through its trainer; the test metrics at the best val recall."""
+def train_lsm(ds, args, kind: str, workdir: str, evaluate_every: bool = True) -> dict:
+    """One of the project's link models through its trainer; the test metrics at the best val recall and each
+    epoch's training seconds (the trainer's epoch wall: evaluations and checkpoints aside).
+    ``evaluate_every=False``: no evaluation (timing only)."""
     from lsm_gnn.config import load_config
     from lsm_gnn.trainer import train
 
     fanouts = ",".join(["-1"] * args.layers) if kind == "lightgcn" else args.sage_fanouts
     overrides = [f"dataset={ds.path}", "train.task=link", f"model.kind={kind}", f"sampler.fanouts=[{fanouts}]",
                  f"sampler.batch_size={args.batch_size}", f"train.epochs={args.epochs}", f"train.seed={args.seed}",
-                 f"train.eval_every_epochs={args.eval_every}", "train.eval_splits=[val,test]",
-                 "train.early_stopping.metric=val.recall@20", f"model.node_embedding.dim={args.dim}",
+                 f"model.node_embedding.dim={args.dim}", f"train.threads={args.threads}",
                  "model.node_embedding.optimizer=adam", f"model.node_embedding.lr={args.lr}",
                  f"model.node_embedding.init_std=0.1", f"train.embedding_l2={args.l2}", "cache.capacity=100%",
                  f"checkpoint.dir={os.path.join(workdir, kind)}", "log.progress=false", f"train.lr={args.lr}"]
+    overrides += [f"train.eval_every_epochs={args.eval_every}", "train.eval_splits=[val,test]",
+                  "train.early_stopping.metric=val.recall@20"] if evaluate_every else ["train.eval_splits=[]"]
     if kind == "lightgcn":
         overrides.append("model.node_embedding.features=false")
     else:
@@ -166,11 +172,47 @@ def train_lsm(ds, args, kind: str, workdir: str) -> dict:
     start = time.perf_counter()
     with open(os.devnull, "w") as quiet:
         result = train(load_config(None, overrides), out=quiet)
+    seconds = {"seconds": time.perf_counter() - start, "epoch_seconds": [e["wall_s"] for e in result["history"]]}
     best = result["best"]
+    if not evaluate_every:
+        return seconds
     metrics = {s: {"recall": best["eval"][s][f"recall@{K}"], "ndcg": best["eval"][s][f"ndcg@{K}"],
                    "users": best["eval"][s]["count"]} for s in ("val", "test")}
     curve = [{"epoch": e["epoch"] + 1, "val_recall": e["val"][f"recall@{K}"]} for e in result["evaluations"]]
-    return {"epoch": best["epoch"] + 1, **metrics, "curve": curve, "seconds": time.perf_counter() - start}
+    return {"epoch": best["epoch"] + 1, **metrics, "curve": curve, **seconds}
+
+
+def epoch_times(ds, args) -> dict:
+    """LightGCN's epoch in plain torch against the project's, ``args.epoch_time`` rounds of ``args.epochs``
+    epochs each without evaluation, the order alternating from round to round so both meet the same load.
+    Per round each one's median epoch (its training loop: the project's sampling, cache reads, optimizer
+    update and write-back of victims included) and the whole run's seconds per epoch (setup and the
+    project's checkpoint at each epoch's end included); the medians over rounds and their ratio."""
+    rounds = []
+    for r in range(args.epoch_time):
+        times = {}
+        for name in (("torch", "lsm-gnn") if r % 2 == 0 else ("lsm-gnn", "torch")):
+            if name == "torch":
+                result = train_torch(ds, args, layers=args.layers, evaluate_every=False)
+            else:
+                with tempfile.TemporaryDirectory() as workdir:
+                    result = train_lsm(ds, args, "lightgcn", workdir, evaluate_every=False)
+            times[name] = {"epoch_s": float(np.median(result["epoch_seconds"])),
+                           "run_s_per_epoch": result["seconds"] / args.epochs}
+        times["ratio"] = times["lsm-gnn"]["epoch_s"] / times["torch"]["epoch_s"]
+        rounds.append(times)
+        print(f"round {r + 1}: torch {times['torch']['epoch_s']:.3f} s/epoch, lsm-gnn "
+              f"{times['lsm-gnn']['epoch_s']:.3f} s/epoch: {times['ratio']:.2f}x (whole runs "
+              f"{times['torch']['run_s_per_epoch']:.3f} / {times['lsm-gnn']['run_s_per_epoch']:.3f} s per epoch)",
+              file=sys.stderr)
+    median = {name: {key: float(np.median([t[name][key] for t in rounds])) for key in ("epoch_s", "run_s_per_epoch")}
+              for name in ("torch", "lsm-gnn")}
+    ratio = median["lsm-gnn"]["epoch_s"] / median["torch"]["epoch_s"]
+    run_ratio = median["lsm-gnn"]["run_s_per_epoch"] / median["torch"]["run_s_per_epoch"]
+    print(f"\nLightGCN epoch, median of {args.epoch_time} interleaved rounds of {args.epochs} epochs: torch "
+          f"{median['torch']['epoch_s']:.3f} s, lsm-gnn {median['lsm-gnn']['epoch_s']:.3f} s: {ratio:.2f}x "
+          f"(whole runs per epoch: {run_ratio:.2f}x)")
+    return {"rounds": rounds, "median": median, "ratio": ratio, "run_ratio": run_ratio}
 
 
 def main(argv=None) -> dict:
@@ -188,6 +230,10 @@ def main(argv=None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--others", action="store_true", help="also the project's GraphSAGE over node embeddings")
     p.add_argument("--sage-fanouts", default="10,5")
+    p.add_argument("--threads", type=int, default=1, help="torch's threads for both training loops (default 1)")
+    p.add_argument("--epoch-time", type=int, default=0, metavar="ROUNDS",
+                   help="time LightGCN epochs only: ROUNDS interleaved rounds of --epochs epochs each, torch's and "
+                        "the project's, without evaluation; prints both medians and their ratio")
     p.add_argument("--json")
     p.add_argument("--quick", action="store_true", help="a small generated graph, a few epochs")
     args = p.parse_args(argv)
@@ -206,9 +252,28 @@ def main(argv=None) -> dict:
         ds = open_dataset(args.data)
     else:
         p.error("give --data, --movielens or --quick")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        result = measure(ds, args, "python benchmarks/recsys.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    finally:
+        torch.set_num_threads(threads)
+    if args.json:
+        write_json(args.json, result)
+    return result
+
+
+def measure(ds, args, command: str) -> dict:
+    """Every method's metrics on ``ds`` (or with ``--epoch-time`` the LightGCN epoch times) as the result file
+    holds them."""
     num_users, num_items = user_item_sizes(ds)
     print(f"{ds.path}: {num_users:,} users, {num_items:,} items, {len(training_pairs(ds)):,} training interactions",
           file=sys.stderr)
+    result = {"dataset": ds.path, "num_users": num_users, "num_items": num_items,
+              "settings": {k: v for k, v in vars(args).items() if k != "json"}, "machine": machine_info(),
+              "command": command}
+    if args.epoch_time:
+        return {**result, "epoch_time": epoch_times(ds, args)}
     results = {"popularity": popularity(ds)}
     results["bpr-mf"] = train_torch(ds, args, layers=0)
     results["lightgcn-torch"] = train_torch(ds, args, layers=args.layers)
@@ -222,14 +287,7 @@ def main(argv=None) -> dict:
     for name, r in results.items():
         print(f"{name:<18}{r['test']['recall']:>15.4f}{r['test']['ndcg']:>9.4f}{r['val']['recall']:>11.4f}"
               f"{r.get('epoch', '-'):>11}{r['test']['recall'] / reference:>11.3f}x{r.get('seconds', 0):>9.0f}")
-    result = {"dataset": ds.path, "num_users": num_users, "num_items": num_items,
-              "settings": {k: v for k, v in vars(args).items() if k != "json"}, "machine": machine_info(),
-              "results": results,
-              "command": "python benchmarks/recsys.py " + " ".join(sys.argv[1:] if argv is None else argv)}
-    if args.json:
-        write_json(args.json, result)
-    return result
-
+    return {**result, "results": results}
 
 if __name__ == "__main__":
     main()
