@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lsm_gnn.benchmarking import machine_info, write_json  # noqa: E402
+from lsm_gnn.benchmarking import load_script, machine_info, write_json  # noqa: E402
 from lsm_gnn.data import open_dataset  # noqa: E402
 from lsm_gnn.linkpred import _means, ranking_sums, user_item_sizes  # noqa: E402
 
@@ -72,9 +72,10 @@ def training_pairs(ds) -> np.ndarray:
     return np.stack([users, indices[:indptr[num_users]] - num_users], axis=1)
 
 
-def evaluate(ds, embeddings: torch.Tensor, split: str) -> dict:
-    """The project's ranking metrics for every node's embedding (users first, then items)."""
-    sums, count = ranking_sums(None, ds, None, None, k=K, split=split, embeddings=embeddings)
+def evaluate(ds, embeddings: torch.Tensor, split: str, stride: int = 1) -> dict:
+    """The project's ranking metrics for every node's embedding (users first, then items), on every
+    ``stride``-th user of the split."""
+    sums, count = ranking_sums(None, ds, None, None, k=K, split=split, embeddings=embeddings, world_size=stride)
     means = _means(sums, count)
     return {"recall": means["recall"], "ndcg": means["ndcg"], "users": count}
 
@@ -103,9 +104,10 @@ class TorchLightGCN(torch.nn.Module):
         return torch.stack(layers).mean(0)
 
 
-def train_torch(ds, args, layers: int, evaluate_every: bool = True) -> dict:
+def train_torch(ds, args, layers: int, evaluate_every: bool = True, max_batches: int | None = None) -> dict:
     """LightGCN (or BPR-MF with ``layers=0``) in plain torch; the test metrics at the best val recall and each
-    epoch's training seconds. ``evaluate_every=False``: no evaluation (timing only)."""
+    epoch's training seconds. ``evaluate_every=False``: no evaluation (timing only; the result keeps the
+    model); ``max_batches``: stop after that many batches."""
     num_users, num_items = user_item_sizes(ds)
     pairs = training_pairs(ds)
     torch.manual_seed(args.seed)
@@ -116,7 +118,7 @@ def train_torch(ds, args, layers: int, evaluate_every: bool = True) -> dict:
     for epoch in range(args.epochs):
         epoch_start = time.perf_counter()
         order = rng.permutation(len(pairs))
-        for b in range(0, len(order), args.batch_size):
+        for b in range(0, len(order) if max_batches is None else max_batches * args.batch_size, args.batch_size):
             batch = pairs[order[b:b + args.batch_size]]
             users = torch.as_tensor(batch[:, 0])
             pos = torch.as_tensor(batch[:, 1]) + num_users
@@ -137,7 +139,85 @@ def train_torch(ds, args, layers: int, evaluate_every: bool = True) -> dict:
             curve.append({"epoch": epoch + 1, "val_recall": val["recall"]})
             if best is None or val["recall"] > best["val"]["recall"]:
                 best = {"epoch": epoch + 1, "val": val, "test": evaluate(ds, emb, "test")}
-    return {**(best or {}), "curve": curve, "seconds": time.perf_counter() - start, "epoch_seconds": epoch_seconds}
+    if not evaluate_every:
+        return {"seconds": time.perf_counter() - start, "epoch_seconds": epoch_seconds, "model": model}
+    return {**best, "curve": curve, "seconds": time.perf_counter() - start, "epoch_seconds": epoch_seconds}
+
+
+CAPPED_RESULT = "RECSYS_CAPPED_RESULT "  # the line a child under the cap prints its figures on
+
+
+def capped_child(ds, args, method: str) -> dict:
+    """One method trained in this process (inside the parent's cgroup): LightGCN in plain torch, whole graph
+    per batch, or the project's with its table on disk behind a cache of ``--capacity``, for ``--iterations``
+    batches; recall@20 on every ``--eval-stride``-th test user."""
+    args.epochs = 1
+    if method == "torch":
+        result = train_torch(ds, args, layers=args.layers, evaluate_every=False, max_batches=args.iterations)
+        with torch.no_grad():
+            embeddings = result["model"]()
+        return {"method": method, "seconds": result["seconds"], "iterations": args.iterations,
+                "ms_per_iteration": 1e3 * result["seconds"] / args.iterations,
+                "test": evaluate(ds, embeddings, "test", args.eval_stride)}
+    else:
+        import io
+
+        from lsm_gnn.config import load_config
+        from lsm_gnn.linkpred import ranking_sums as project_ranking
+        from lsm_gnn.trainer import Trainer
+
+        workdir = tempfile.mkdtemp(prefix="recsys-capped-", dir=os.path.dirname(os.path.abspath(ds.path)))
+        overrides = lsm_overrides(ds, args, "lightgcn", workdir, False, args.cap_fanouts) + [
+            f"model.node_embedding.capacity={args.capacity}", f"train.max_iterations={args.iterations}",
+            # 4 future batches, not 32: the window keeps each one's rows read ahead (0.6 GB more at 32 on a
+            # batch of 47k nodes)
+            "cache.backend=io_uring", "cache.window=4"]
+        trainer = Trainer(load_config(None, overrides), out=io.StringIO())
+        result = trainer.fit()
+        seconds, iterations = result["wall_s"], result["iterations"]
+        sums, count = project_ranking(trainer.module, ds, trainer.features, trainer.cfg.sampler.fanouts, k=K,
+                                      split="test", batch_size=args.batch_size, world_size=args.eval_stride,
+                                      seed=args.seed + 1)
+        trainer.close()
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
+        return {"method": method, "seconds": seconds, "iterations": iterations,
+                "ms_per_iteration": 1e3 * seconds / iterations, "test": {**_means(sums, count), "users": count}}
+
+
+def capped_runs(ds, args) -> dict:
+    """Each method in a child process inside a memory cgroup of ``--cap`` bytes (page cache included), the
+    dataset dropped from the page cache before each: whether it trains, its peak, and what it reaches."""
+    import json
+
+    from lsm_gnn.memcap import MemoryCap
+    from lsm_gnn.units import parse_bytes
+
+    harness = load_script(os.path.join(os.path.dirname(os.path.abspath(__file__)), "out_of_core.py"))
+    limit = parse_bytes(args.cap)
+    runs = {}
+    for method in ("torch", "lsm-gnn"):
+        harness.evict_dataset(ds.path)
+        spec = json.dumps({k: v for k, v in vars(args).items() if k != "json"})
+        cmd = [sys.executable, os.path.abspath(__file__), "--data", ds.path, "--child", method, "--child-spec", spec]
+        # One malloc arena, large blocks given back on free: docs/training.md's advice under a tight cap.
+        env = dict(os.environ, MALLOC_ARENA_MAX="1", MALLOC_MMAP_THRESHOLD_="1048576")
+        with MemoryCap(limit) as cap:
+            run = cap.run(cmd, timeout=args.cap_timeout, env=env)
+        line = next((ln for ln in reversed(run.stdout.splitlines()) if ln.startswith(CAPPED_RESULT)), None)
+        out = {"returncode": run.returncode, "oom_killed": run.oom_killed, "peak_bytes": run.peak_bytes,
+               "limit_bytes": limit, "timed_out": run.timed_out}
+        runs[method] = {**json.loads(line[len(CAPPED_RESULT):]), **out} if run.returncode == 0 and line else \
+            {**out, "failed": True, "stderr_tail": run.stderr[-2000:]}
+        r = runs[method]
+        print(f"{method:<8} under {args.cap}: " + (
+            f"FAILED (exit {r['returncode']}, killed for memory: {r['oom_killed']}, timed out: {r['timed_out']}), "
+            f"peak {r['peak_bytes'] / 2**20:,.0f} MiB; {r['stderr_tail'][-300:].strip()}" if r.get("failed") else
+            f"peak {r['peak_bytes'] / 2**20:,.0f} MiB, {r['seconds']:.0f} s"
+            + (f" for {r['iterations']} batches ({r['ms_per_iteration']:.0f} ms each)" if r.get("iterations") else "")
+            + f", test recall@20 {r['test']['recall']:.4f} on {r['test']['users']:,} users"), flush=True)
+    return runs
 
 
 def popularity(ds) -> dict:
@@ -149,14 +229,8 @@ def popularity(ds) -> dict:
     return {"val": evaluate(ds, emb, "val"), "test": evaluate(ds, emb, "test")}
 
 
-def train_lsm(ds, args, kind: str, workdir: str, evaluate_every: bool = True) -> dict:
-    """One of the project's link models through its trainer; the test metrics at the best val recall and each
-    epoch's training seconds (the trainer's epoch wall: evaluations and checkpoints aside).
-    ``evaluate_every=False``: no evaluation (timing only)."""
-    from lsm_gnn.config import load_config
-    from lsm_gnn.trainer import train
-
-    fanouts = ",".join(["-1"] * args.layers) if kind == "lightgcn" else args.sage_fanouts
+def lsm_overrides(ds, args, kind: str, workdir: str, evaluate_every: bool, fanouts: str) -> list[str]:
+    """The trainer's settings for one of the project's link models, as the torch methods are set."""
     overrides = [f"dataset={ds.path}", "train.task=link", f"model.kind={kind}", f"sampler.fanouts=[{fanouts}]",
                  f"sampler.batch_size={args.batch_size}", f"train.epochs={args.epochs}", f"train.seed={args.seed}",
                  f"model.node_embedding.dim={args.dim}", f"train.threads={args.threads}",
@@ -169,6 +243,18 @@ def train_lsm(ds, args, kind: str, workdir: str, evaluate_every: bool = True) ->
         overrides.append("model.node_embedding.features=false")
     else:
         overrides += [f"model.hidden={args.dim}", "model.dropout=0"]
+    return overrides
+
+
+def train_lsm(ds, args, kind: str, workdir: str, evaluate_every: bool = True) -> dict:
+    """One of the project's link models through its trainer; the test metrics at the best val recall and each
+    epoch's training seconds (the trainer's epoch wall: evaluations and checkpoints aside).
+    ``evaluate_every=False``: no evaluation (timing only)."""
+    from lsm_gnn.config import load_config
+    from lsm_gnn.trainer import train
+
+    fanouts = ",".join(["-1"] * args.layers) if kind == "lightgcn" else args.sage_fanouts
+    overrides = lsm_overrides(ds, args, kind, workdir, evaluate_every, fanouts)
     start = time.perf_counter()
     with open(os.devnull, "w") as quiet:
         result = train(load_config(None, overrides), out=quiet)
@@ -234,6 +320,15 @@ def main(argv=None) -> dict:
     p.add_argument("--epoch-time", type=int, default=0, metavar="ROUNDS",
                    help="time LightGCN epochs only: ROUNDS interleaved rounds of --epochs epochs each, torch's and "
                         "the project's, without evaluation; prints both medians and their ratio")
+    p.add_argument("--cap", help="train LightGCN in torch and the project's under a memory cgroup of CAP bytes "
+                   "(e.g. 1G, page cache included; needs root): whether each trains, its peak, its recall")
+    p.add_argument("--capacity", default="20%", help="with --cap: the project's node embedding cache")
+    p.add_argument("--cap-fanouts", default="10", help="with --cap: the project's fanouts")
+    p.add_argument("--iterations", type=int, default=200, help="with --cap: the project's training batches")
+    p.add_argument("--eval-stride", type=int, default=100, help="with --cap: recall on every N-th test user")
+    p.add_argument("--cap-timeout", type=float, default=1800, help="with --cap: seconds a method may run")
+    p.add_argument("--child", choices=("torch", "lsm-gnn"), help=argparse.SUPPRESS)
+    p.add_argument("--child-spec", help=argparse.SUPPRESS)
     p.add_argument("--json")
     p.add_argument("--quick", action="store_true", help="a small generated graph, a few epochs")
     args = p.parse_args(argv)
@@ -252,6 +347,13 @@ def main(argv=None) -> dict:
         ds = open_dataset(args.data)
     else:
         p.error("give --data, --movielens or --quick")
+    if args.child:  # a method under --cap, in its own process inside the cgroup
+        import json
+
+        spec = argparse.Namespace(**json.loads(args.child_spec))
+        torch.set_num_threads(spec.threads)
+        print(CAPPED_RESULT + json.dumps(capped_child(ds, spec, args.child)), flush=True)
+        return {}
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
@@ -274,6 +376,8 @@ def measure(ds, args, command: str) -> dict:
               "command": command}
     if args.epoch_time:
         return {**result, "epoch_time": epoch_times(ds, args)}
+    if args.cap:
+        return {**result, "capped": capped_runs(ds, args)}
     results = {"popularity": popularity(ds)}
     results["bpr-mf"] = train_torch(ds, args, layers=0)
     results["lightgcn-torch"] = train_torch(ds, args, layers=args.layers)
