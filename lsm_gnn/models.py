@@ -114,21 +114,24 @@ class LightGCN(nn.Module):
         ``1 / sqrt(d_u d_i)`` is split into a scale of the sources before the sum and of the destinations after
         it, so the sum itself is a product with the hop's unweighted adjacency."""
         src, dst = edge_index[0], edge_index[1]
-        held = torch.bincount(dst, minlength=num_dst).clamp(min=1)
+        held = torch.bincount(dst, minlength=num_dst)
         sources = x * degree[:x.shape[0]].rsqrt().unsqueeze(1).to(x.dtype)
-        scale = degree[:num_dst].sqrt() / held
-        return hop_sum(sources, src, dst, num_dst) * scale.unsqueeze(1).to(x.dtype)
+        scale = degree[:num_dst].sqrt() / held.clamp(min=1)
+        return hop_sum(sources, src, dst, num_dst, held) * scale.unsqueeze(1).to(x.dtype)
 
 
-def hop_sum(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_dst: int) -> torch.Tensor:
+def hop_sum(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_dst: int,
+            counts: torch.Tensor | None = None) -> torch.Tensor:
     """``out[d] = sum over the edges e with dst[e] == d of x[src[e]]`` (``[num_dst, x.shape[1]]``), differentiable
     in ``x``: the product of one hop's sparse ``num_dst x len(x)`` adjacency with ``x``. Several times faster than
     gathering a row per edge and adding them up (``index_add_``), backward included, on a hop with every
-    neighbour (LightGCN's fanouts -1)."""
+    neighbour (LightGCN's fanouts -1). ``counts``: each destination's edges, ``bincount(dst)``, if known."""
     if dst.numel() > 1 and not bool((dst[1:] >= dst[:-1]).all()):  # the sampler's order: by destination
         order = torch.sort(dst, stable=True).indices
         src, dst = src[order], dst[order]
-    return _HopSum.apply(x, src, dst, num_dst)
+    if counts is None:
+        counts = torch.bincount(dst, minlength=num_dst)
+    return _HopSum.apply(x, src, dst, counts)
 
 
 # torch warns once per process, at the first CSR tensor, that they are "beta"; the two ops used here are long
@@ -139,13 +142,16 @@ with warnings.catch_warnings():
                             (0, 0), check_invariants=False)
 
 
-def _adjacency(rows: torch.Tensor, cols: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
-    """The sparse ``shape`` matrix (CSR) with a 1 at ``(rows[e], cols[e])`` for every e (repeats add up), ``rows``
-    sorted."""
-    crow = torch.zeros(shape[0] + 1, dtype=torch.int64, device=rows.device)
-    torch.cumsum(torch.bincount(rows, minlength=shape[0]), 0, out=crow[1:])
+def _adjacency(counts: torch.Tensor, cols: torch.Tensor, num_cols: int, dtype: torch.dtype) -> torch.Tensor:
+    """The sparse ``len(counts) x num_cols`` matrix (CSR) whose row r holds a 1 at each of the next ``counts[r]``
+    entries of ``cols`` (repeats add up). Its indices are 32-bit where they fit: the product then runs about
+    twice as fast as with 64-bit ones."""
+    wide = max(cols.numel(), num_cols) >= 2 ** 31
+    index = torch.int64 if wide else torch.int32
+    crow = torch.zeros(counts.numel() + 1, dtype=index, device=counts.device)
+    torch.cumsum(counts, 0, out=crow[1:])
     ones = torch.ones(cols.numel(), dtype=dtype, device=cols.device)
-    return torch.sparse_csr_tensor(crow, cols, ones, shape, check_invariants=False)
+    return torch.sparse_csr_tensor(crow, cols.to(index), ones, (counts.numel(), num_cols), check_invariants=False)
 
 
 class _HopSum(torch.autograd.Function):
@@ -154,17 +160,17 @@ class _HopSum(torch.autograd.Function):
     backward of a CSR product; nothing is transposed when no gradient is asked for (evaluation)."""
 
     @staticmethod
-    def forward(ctx, x, src, dst, num_dst):
+    def forward(ctx, x, src, dst, counts):
         ctx.save_for_backward(src, dst)
-        ctx.num_src = x.shape[0]
-        return _adjacency(dst, src, (num_dst, x.shape[0]), x.dtype) @ x
+        ctx.num_src, ctx.num_dst = x.shape[0], counts.numel()
+        return _adjacency(counts, src, x.shape[0], x.dtype) @ x
 
     @staticmethod
     def backward(ctx, grad):
         src, dst = ctx.saved_tensors
         keys = src.int() if ctx.num_src < 2 ** 31 else src
         rows, order = torch.sort(keys, stable=True)
-        transposed = _adjacency(rows, dst[order], (ctx.num_src, grad.shape[0]), grad.dtype)
+        transposed = _adjacency(torch.bincount(rows, minlength=ctx.num_src), dst[order], ctx.num_dst, grad.dtype)
         return transposed @ grad.contiguous(), None, None, None
 
 
