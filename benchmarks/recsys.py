@@ -315,6 +315,7 @@ def main(argv=None) -> dict:
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--others", action="store_true", help="also the project's GraphSAGE over node embeddings")
+    p.add_argument("--lightgcn-only", action="store_true", help="only the two LightGCNs (no popularity, BPR-MF)")
     p.add_argument("--sage-fanouts", default="10,5")
     p.add_argument("--threads", type=int, default=1, help="torch's threads for both training loops (default 1)")
     p.add_argument("--epoch-time", type=int, default=0, metavar="ROUNDS",
@@ -378,8 +379,8 @@ def measure(ds, args, command: str) -> dict:
         return {**result, "epoch_time": epoch_times(ds, args)}
     if args.cap:
         return {**result, "capped": capped_runs(ds, args)}
-    results = {"popularity": popularity(ds)}
-    results["bpr-mf"] = train_torch(ds, args, layers=0)
+    results = {} if args.lightgcn_only else {"popularity": popularity(ds),
+                                             "bpr-mf": train_torch(ds, args, layers=0)}
     results["lightgcn-torch"] = train_torch(ds, args, layers=args.layers)
     with tempfile.TemporaryDirectory() as workdir:
         results["lsm-gnn lightgcn"] = train_lsm(ds, args, "lightgcn", workdir)
