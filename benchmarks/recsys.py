@@ -173,20 +173,16 @@ def capped_child(ds, args, method: str) -> dict:
     from lsm_gnn.config import load_config
     from lsm_gnn.trainer import Trainer
 
-    workdir = tempfile.mkdtemp(prefix="recsys-capped-", dir=os.path.dirname(os.path.abspath(ds.path)))
-    overrides = lsm_overrides(ds, args, "lightgcn", workdir, False, args.cap_fanouts) + [
+    overrides = lsm_overrides(ds, args, "lightgcn", args.workdir, False, args.cap_fanouts) + [
         f"model.node_embedding.capacity={args.capacity}", f"train.max_iterations={args.iterations}",
         # 4 future batches, not 32: the window keeps each one's rows read ahead (0.6 GB more at 32 on a batch of
         # 47k nodes)
         "cache.backend=io_uring", "cache.window=4"]
-    try:
-        with Trainer(load_config(None, overrides), out=io.StringIO()) as trainer:
-            result = trainer.fit()
-            sums, count = ranking_sums(trainer.module, ds, trainer.features, trainer.cfg.sampler.fanouts, k=K,
-                                       split="test", batch_size=args.batch_size, world_size=args.eval_stride,
-                                       seed=args.seed + 1)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with Trainer(load_config(None, overrides), out=io.StringIO()) as trainer:
+        result = trainer.fit()
+        sums, count = ranking_sums(trainer.module, ds, trainer.features, trainer.cfg.sampler.fanouts, k=K,
+                                   split="test", batch_size=args.batch_size, world_size=args.eval_stride,
+                                   seed=args.seed + 1)
     return {"method": method, "seconds": result["wall_s"], "iterations": result["iterations"],
             "ms_per_iteration": 1e3 * result["wall_s"] / result["iterations"],
             "test": {**_means(sums, count), "users": count}}
@@ -203,12 +199,17 @@ def capped_runs(ds, args) -> dict:
     runs = {}
     for method in ("torch", "lsm-gnn"):
         harness.evict_dataset(ds.path)
-        spec = json.dumps({k: v for k, v in vars(args).items() if k != "json"})
+        # made and removed here: a child killed for memory cannot remove its own (the table is in it)
+        workdir = tempfile.mkdtemp(prefix="recsys-capped-", dir=os.path.dirname(os.path.abspath(ds.path)))
+        spec = json.dumps({**{k: v for k, v in vars(args).items() if k != "json"}, "workdir": workdir})
         cmd = [sys.executable, os.path.abspath(__file__), "--data", ds.path, "--child", method, "--child-spec", spec]
         # One malloc arena, large blocks given back on free: docs/training.md's advice under a tight cap.
         env = dict(os.environ, MALLOC_ARENA_MAX="1", MALLOC_MMAP_THRESHOLD_="1048576")
-        with MemoryCap(limit) as cap:
-            run = cap.run(cmd, timeout=args.cap_timeout, env=env)
+        try:
+            with MemoryCap(limit) as cap:
+                run = cap.run(cmd, timeout=args.cap_timeout, env=env)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
         line = next((ln for ln in reversed(run.stdout.splitlines()) if ln.startswith(CAPPED_RESULT)), None)
         out = {"returncode": run.returncode, "oom_killed": run.oom_killed, "peak_bytes": run.peak_bytes,
                "limit_bytes": limit, "timed_out": run.timed_out}
