@@ -194,13 +194,44 @@ def _drop_pairs(hops: list[Hop], num_seeds: int, a: torch.Tensor, b: torch.Tenso
     """Removes the edges between seeds ``a[j]`` and ``b[j]``, both directions, from every hop.
 
     Seeds keep their index in every hop (a hop's destinations are the
-    previous hop's nodes), so one set of keys serves all hops.
+    previous hop's nodes), so one set of keys serves all hops. With every
+    neighbour (fanout -1) a hop begins with the previous hop's edges (the
+    rows of the same destinations, in the same order): the decisions made
+    there are kept, checked by comparing the edges, and only the rest is
+    looked up.
     """
-    keys = torch.cat([a * num_seeds + b, b * num_seeds + a])
+    keys = torch.cat([a * num_seeds + b, b * num_seeds + a]).unique()  # sorted
+    previous = previous_kept = None  # the previous hop's edges, and what was kept of them
     for hop in hops:
-        src, dst = hop.edge_index
-        drop = (src < num_seeds) & (dst < num_seeds) & torch.isin(src * num_seeds + dst, keys)
-        hop.edge_index = hop.edge_index[:, ~drop]
+        edges = hop.edge_index
+        if previous is not None and edges.shape[1] >= previous.shape[1] and \
+                torch.equal(edges[:, :previous.shape[1]], previous):
+            rest = edges[:, previous.shape[1]:]
+            kept = torch.cat([previous_kept, _kept(rest, _not_between(rest, keys, num_seeds))], dim=1)
+        else:
+            kept = _kept(edges, _not_between(edges, keys, num_seeds))
+        previous, previous_kept = edges, kept
+        hop.edge_index = kept
+
+
+def _kept(edges: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``edges[:, keep]``, or ``edges`` itself when every edge is kept (a row at a time: faster than a 2-d mask)."""
+    if bool(keep.all()):
+        return edges
+    return torch.stack([edges[0].masked_select(keep), edges[1].masked_select(keep)])
+
+
+def _not_between(edges: torch.Tensor, keys: torch.Tensor, num_seeds: int) -> torch.Tensor:
+    """Which ``edges`` join no pair of ``keys`` (sorted ``src * num_seeds + dst`` of two seeds)."""
+    src, dst = edges
+    # Only edges between two seeds can be dropped, and only those are looked up: with every neighbour, a hop
+    # holds tens of times more edges than the batch has pairs.
+    between = torch.nonzero((src < num_seeds) & (dst < num_seeds)).squeeze(1)
+    keep = torch.ones(src.numel(), dtype=torch.bool, device=src.device)
+    if between.numel() and keys.numel():
+        pair = src[between] * num_seeds + dst[between]
+        keep[between[keys[torch.searchsorted(keys, pair).clamp(max=keys.numel() - 1)] == pair]] = False
+    return keep
 
 
 def bpr_loss(user_emb: torch.Tensor, pos_emb: torch.Tensor, neg_emb: torch.Tensor) -> torch.Tensor:

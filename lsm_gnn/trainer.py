@@ -225,7 +225,7 @@ class Trainer:
         for leaf in leaves:
             if leaf.grad is None:  # a model that left them out of the loss
                 leaf.grad = torch.zeros_like(leaf)
-        emb_finite = all(bool(torch.isfinite(leaf.grad).all()) for leaf in leaves)
+        emb_finite = all(all_finite(leaf.grad) for leaf in leaves)
         if not math.isfinite(loss_value) or not self._grads_finite() or not emb_finite:
             raise TrainingDiverged(
                 f"the loss or its gradients became {loss_value if not math.isfinite(loss_value) else 'non-finite'} "
@@ -473,6 +473,12 @@ class Trainer:
         for embedding in self.embeddings.values():
             embedding.close()
         self.resources.close()
+
+
+def all_finite(values: torch.Tensor) -> bool:
+    """Whether every value of a float32 (or float16) tensor is finite: its float64 sum, which cannot overflow,
+    is (one pass, without a mask as large as the tensor: a batch's embedding gradient is its whole rows)."""
+    return bool(torch.isfinite(values.sum(dtype=torch.float64)))
 
 
 class NoWeights:

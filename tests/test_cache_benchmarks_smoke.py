@@ -136,6 +136,28 @@ def test_recsys_quick(tmp_path):
     assert all(0 <= r["test"]["recall"] <= 1 and 0 <= r["test"]["ndcg"] <= 1 for r in results.values())
 
 
+def test_recsys_epoch_time_quick(tmp_path):
+    """LightGCN epochs, torch's and the project's, timed in interleaved rounds."""
+    pytest.importorskip("torch_geometric")
+    timing = load("recsys").main(["--quick", "--epoch-time", "2", "--json", str(tmp_path / "r.json")])["epoch_time"]
+    assert len(timing["rounds"]) == 2
+    assert all(r[name]["epoch_s"] > 0 for r in timing["rounds"] for name in ("torch", "lsm-gnn"))
+    assert timing["ratio"] == timing["median"]["lsm-gnn"]["epoch_s"] / timing["median"]["torch"]["epoch_s"]
+
+
+@pytest.mark.slow
+def test_recsys_capped_quick(tmp_path, memory_cap):
+    """Both LightGCNs as children under a memory cgroup: each trains, and says its peak and recall."""
+    pytest.importorskip("torch_geometric")
+    memory_cap(1 << 30).close()  # skips, with the reason, where no cgroup can be made
+    runs = load("recsys").main(["--quick", "--cap", "2G", "--iterations", "3", "--eval-stride", "2",
+                                "--cap-fanouts=-1,-1", "--capacity", "100%"])["capped"]
+    for method in ("torch", "lsm-gnn"):
+        assert not runs[method].get("failed"), runs[method]
+        assert 0 < runs[method]["peak_bytes"] <= 2 << 30 and 0 <= runs[method]["test"]["recall"] <= 1
+    assert runs["torch"]["test"]["users"] == runs["lsm-gnn"]["test"]["users"] > 0
+
+
 def test_end_to_end_refuses_a_negative_warm_up(capsys):
     with pytest.raises(SystemExit):
         load("end_to_end").parse_args(["--warmup", "-1"])

@@ -84,6 +84,29 @@ def test_float32_rows_train_as_torch_sparse_embedding(optimizer):
     assert torch.equal(table[1::2], torch.from_numpy(initial_rows(layout, 0, NUM, seed=11, std=0.5))[1::2])
 
 
+@pytest.mark.parametrize("dtype", EMBEDDING_DTYPES)
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_step_leaves_its_input_rows_alone_and_gives_the_bytes_of_split_then_join(dtype, optimizer):
+    """A float32 step updates one copy of the rows in place; the bytes are those of updating split's
+    tensors and joining them (the journal keeps the input rows as before-images, so they must not move)."""
+    layout = RowLayout(DIM, dtype, optimizer)
+    rows = torch.from_numpy(initial_rows(layout, 0, 6, seed=3, std=0.5))
+    before = rows.clone()
+    grads = torch.randn(6, DIM, generator=torch.Generator().manual_seed(0))
+    out = RowOptimizer(layout, 0.1, weight_decay=0.0).step(rows, grads, 3)
+    assert torch.equal(rows, before)
+    emb, state = layout.split(rows)
+    reference = RowOptimizer(layout, 0.1)
+    if optimizer == "sgd":
+        emb.add_(grads, alpha=-0.1)
+    elif optimizer == "adagrad":
+        state[:, 0].add_(grads.pow(2))
+        emb.add_(grads / state[:, 0].sqrt().add_(reference.eps), alpha=-0.1)
+    else:
+        reference._adam(emb, state, grads, 3)
+    assert torch.equal(out, layout.join(emb, state))
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 def test_weight_decay_applies_to_touched_rows_as_torchs_formula(optimizer):
     layout = RowLayout(DIM, "float32", optimizer)

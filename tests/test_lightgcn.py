@@ -9,7 +9,7 @@ import torch
 
 from lsm_gnn.cli import main
 from lsm_gnn.data.bipartite import generate_bipartite
-from lsm_gnn.models import LightGCN
+from lsm_gnn.models import LightGCN, hop_sum
 from lsm_gnn.sampling import NeighborSampler
 
 
@@ -42,9 +42,36 @@ def test_every_neighbour_gives_the_full_graph_formula(ds, layers):
     model = LightGCN(torch.as_tensor(np.diff(np.asarray(ds.indptr))), num_layers=layers).double()
     seeds = torch.tensor([0, 5, 17, 119, 120, 150, 199])  # users and items
     hops = NeighborSampler(ds, [-1] * layers).sample(seeds, 0)
+    e0.requires_grad_(True)
     batch = SimpleNamespace(hops=hops, x=e0[hops[-1].nodes], emb=None)
     expected = full_graph_lightgcn(ds, e0, layers)[seeds]
-    torch.testing.assert_close(model(batch), expected.float(), rtol=1e-5, atol=1e-6)  # models read float32
+    out = model(batch)
+    torch.testing.assert_close(out, expected.float(), rtol=1e-5, atol=1e-6)  # models read float32
+    upstream = torch.randn(out.shape, dtype=torch.float64)
+    # and so does the gradient that trains the embeddings
+    torch.testing.assert_close(torch.autograd.grad(out, e0, upstream.float())[0],
+                               torch.autograd.grad(expected, e0, upstream)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("order", ["by destination", "shuffled", "no edges"])
+def test_hop_sum_and_its_gradient_equal_adding_a_row_per_edge(order):
+    """The sparse product (and its backward through the transpose) against index_add_, with repeated edges."""
+    g = torch.Generator().manual_seed(0)
+    num_src, num_dst, edges = 30, 12, 0 if order == "no edges" else 200
+    dst = torch.sort(torch.randint(0, num_dst, (edges,), generator=g)).values
+    src = torch.randint(0, num_src, (edges,), generator=g)
+    if order == "shuffled":
+        perm = torch.randperm(edges, generator=g)
+        src, dst = src[perm], dst[perm]
+    x = torch.randn(num_src, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    upstream = torch.randn(num_dst, 5, dtype=torch.float64, generator=g)
+    out = hop_sum(x, src, dst, num_dst)
+    (grad,) = torch.autograd.grad(out, x, upstream)
+    x_ref = x.detach().clone().requires_grad_(True)
+    expected = torch.zeros(num_dst, 5, dtype=torch.float64).index_add(0, dst, x_ref[src])
+    (expected_grad,) = torch.autograd.grad(expected, x_ref, upstream)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(grad, expected_grad)
 
 
 def test_a_fanout_below_the_degree_estimates_the_sum_without_bias(ds):

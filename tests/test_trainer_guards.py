@@ -12,7 +12,7 @@ pytest.importorskip("torch_geometric")
 from lsm_gnn.cli import main as cli  # noqa: E402
 from lsm_gnn.config import ConfigError, load_config  # noqa: E402
 from lsm_gnn.testing import rewrite_checksums  # noqa: E402
-from lsm_gnn.trainer import Trainer, TrainingDiverged  # noqa: E402
+from lsm_gnn.trainer import Trainer, TrainingDiverged, all_finite  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -102,6 +102,17 @@ def test_a_diverging_run_stops_with_an_error_and_keeps_the_last_good_weights(gra
     import torch
 
     assert all(torch.isfinite(p).all() for p in trainer.module.parameters())
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), None])
+def test_an_embedding_gradient_is_finite_only_when_every_value_is(bad):
+    import torch
+
+    grad = torch.full((1000, 64), 3e38)  # finite, though a float32 sum of them overflows
+    grad[::2] *= -1
+    if bad is not None:
+        grad[999, 63] = bad
+    assert all_finite(grad) is (bad is None)
 
 
 def test_a_json_output_that_cannot_be_written_fails_before_training(graph, tmp_path, capsys):

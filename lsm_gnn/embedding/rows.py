@@ -104,6 +104,17 @@ class RowLayout:
         state = _copy_as(rows[:, self.embedding_bytes:], torch.float32)
         return self._embeddings(rows), state.view(rows.shape[0], self.state_slots, self.dim)
 
+    def editable(self, rows) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """``(copy, embeddings, state)``: what :meth:`split` gives, and for a float32 table a fresh copy of
+        ``rows`` whose bytes the two are views of (an optimizer updates them in place and returns the copy: one
+        copy of the rows instead of split's and join's four); None for a float16 table (join them after)."""
+        rows = self._check_rows(rows)
+        if self.dtype != "float32":
+            return None, *self.split(rows)
+        copy = rows.clone(memory_format=torch.contiguous_format)
+        values = copy.view(torch.float32).view(rows.shape[0], 1 + self.state_slots, self.dim)
+        return copy, values[:, 0], values[:, 1:]
+
     def embeddings(self, rows) -> torch.Tensor:
         """Just the embeddings of ``rows`` as a fresh ``float32 [n, dim]`` tensor (skips copying the state)."""
         return self._embeddings(self._check_rows(rows))
@@ -266,7 +277,7 @@ class RowOptimizer:
         bias correction uses it; torch counts one step per ``optimizer.step()`` whichever rows it touches).
         """
         layout = self.layout
-        emb, state = layout.split(rows)
+        out, emb, state = layout.editable(rows)
         if not isinstance(grads, torch.Tensor) or tuple(grads.shape) != tuple(emb.shape):
             raise ValueError(f"RowOptimizer.step: grads must be a tensor of shape {list(emb.shape)} (one summed "
                              f"gradient per row), got "
@@ -287,7 +298,7 @@ class RowOptimizer:
             emb.add_(grad / total.sqrt().add_(self.eps), alpha=-self.lr)
         else:
             self._adam(emb, state, grad, int(step))
-        return layout.join(emb, state)
+        return layout.join(emb, state) if out is None else out
 
     def _adam(self, emb: torch.Tensor, state: torch.Tensor, grad: torch.Tensor, step: int) -> None:
         # The operation order of torch.optim._functional.sparse_adam, so results agree to rounding.
