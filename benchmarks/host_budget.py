@@ -20,7 +20,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))  # the recorder is a test helper
 import pytest  # noqa: E402  (its MonkeyPatch installs the stream stand-in)
 
 import lsm_gnn  # noqa: E402,F401  (turns on Triton's interpreter on a machine without a GPU)
-from host_budget import BUDGETS, CACHE_SETS, LOOKUPS, WAYS, device_mode, lookup_work, sampler_work, tiny_dataset  # noqa: E402
+from host_budget import (BUDGETS, CACHE_SETS, LOOKUPS, WAYS, device_mode, lookup_work, sampler_work,  # noqa: E402
+                         tiny_dataset)
 
 
 def _cell(count: int, most: int | None) -> str:
