@@ -11,12 +11,15 @@ import pytest
 import torch
 
 import lsm_gnn  # noqa: F401  (turns on Triton's interpreter on a machine without a GPU, before triton's import)
-import triton
-import triton.language as tl
-from host_budget import (BUDGETS, CACHE_SETS, LOOKUPS, BudgetExceeded, HostWork, device_mode, lookup_work,
+
+pytest.importorskip("triton")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from host_budget import (BUDGETS, CACHE_SETS, LOOKUPS, BudgetExceeded, HostWork, device_mode, lookup_work,  # noqa: E402
                          sampler_work, tiny_dataset)
-from lsm_gnn.cache import SoftwareCache
-from lsm_gnn.kernels import sampler
+from lsm_gnn.cache import SoftwareCache  # noqa: E402
+from lsm_gnn.kernels import sampler  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="counts the kernels under Triton's interpreter")
 
