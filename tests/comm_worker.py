@@ -480,6 +480,19 @@ def write_back(ds, rank, world, out):
         raise AssertionError(f"rank {rank}: no dirty line was ever evicted; the test is too easy")
 
 
+def nccl_rule(ds, rank, world, out):
+    """The exchange on device-mode tensors under NCCL's ordering rule (tests/test_nccl_rule.py), its rows checked."""
+    import pytest
+    from test_nccl_rule import device_shared_cache, lookups_under_the_rule
+
+    expected = torch.from_numpy(ds.read_features_direct(np.arange(ds.num_nodes)))
+    with pytest.MonkeyPatch.context() as monkeypatch, \
+            device_shared_cache(ds, monkeypatch, ModuloOwner(world)) as (shared, rec):
+        for ids, rows in lookups_under_the_rule(shared, rec, rank):
+            if not torch.equal(rows, expected[ids]):
+                raise AssertionError(f"rank {rank}: the rows of {ids.tolist()} differ from the feature file")
+
+
 def main():
     scenario, path, out = sys.argv[1:4]
     torch.set_num_threads(1)
@@ -494,7 +507,7 @@ def main():
     scenarios = {"correctness": correctness, "hit_ratios": hit_ratios, "killed": killed, "write_back": write_back,
                  "reference": reference, "announce_misuse": announce_misuse,
                  "owner_gone_before_reader_maps": owner_gone_before_reader_maps,
-                 "shm_matches_collective": shm_matches_collective, "exchange_choice": exchange_choice}
+                 "shm_matches_collective": shm_matches_collective, "exchange_choice": exchange_choice, "nccl_rule": nccl_rule}
     scenarios[scenario](ds, rank, world, out)
     if scenario != "killed":
         dist.barrier()

@@ -8,6 +8,15 @@ nothing); ``wait_stream`` is a record and a wait. A host synchronization (``Even
 afterwards, on any stream, after what it waited for. A CPU op on host memory runs when it is issued. Nothing else
 orders two streams: not a thread join, not a lock. A thread's current stream starts as the default stream.
 
+NCCL's rule (``install(..., collectives=True)``): a collective issued from stream S runs on the collective stream
+(``nccl``, one per process group, its collectives in issue order) after the work S had been given; it reads its
+inputs and writes its outputs there. Its work's ``wait()`` orders the *current* stream after it, not the host;
+``async_op=False`` is an issue and a wait. The host sees what a stream wrote only once it synchronized with it:
+``.cpu()``, ``.tolist()`` and ``.item()`` of a device tensor copy on the current stream and wait for it (ordered
+after a ``wait()`` on that stream), while ``.numpy()`` of one reads it in place (as pinned or mapped memory is
+read), so it needs a synchronization. Each collective's tensors are watched from then on (kept alive, so no later
+tensor reuses their memory under their name).
+
 Each stream carries a vector clock; an access is ordered before a later one iff the later one's clock covers it.
 """
 from __future__ import annotations
@@ -19,6 +28,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 HOST = "host"
+COLLECTIVE = "nccl"
+#: the collectives wrapped by ``install(collectives=True)``: name -> (positions of outputs, positions of inputs);
+#: the ones lsm_gnn.comm calls
+COLLECTIVES = {"all_to_all_single": ((0,), (1,))}
 
 
 def _merge(a: dict, b: dict) -> dict:
@@ -88,10 +101,14 @@ class StreamRecorder:
         self.accesses: list[tuple] = []  # (tensor name, write, stream, seq, clock, what)
         self.watched: dict[int, tuple[str, bool]] = {}  # storage address -> (name, on the device)
         self._names = 0
+        self._issued = 0  # collectives issued
+        self._kept: list[torch.Tensor] = []  # the collectives' tensors: their memory never gets another name
+        self.recording = threading.local()  # .depth: how many access modes this thread is in
 
     # -- torch.cuda's API -------------------------------------------------------------------------------------
 
-    def install(self, monkeypatch) -> None:
+    def install(self, monkeypatch, collectives: bool = False) -> None:
+        """``collectives``: torch.distributed's collectives (:data:`COLLECTIVES`) follow NCCL's rule."""
         rec = self
 
         def new_stream(device=None, priority=0, **kwargs):
@@ -104,6 +121,13 @@ class StreamRecorder:
         monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: rec.current_stream())
         monkeypatch.setattr(torch.cuda, "stream", rec.use_stream)
         monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)  # an allocator hint
+        if collectives:
+            import torch.distributed as dist
+
+            for name, (outputs, inputs) in COLLECTIVES.items():
+                monkeypatch.setattr(dist, name, rec._collective(getattr(dist, name), outputs, inputs))
+            for name, synced in (("cpu", True), ("tolist", True), ("numpy", False)):
+                monkeypatch.setattr(torch.Tensor, name, rec._host_read(getattr(torch.Tensor, name), synced))
 
     def current_stream(self) -> FakeStream:
         return getattr(self.local, "stream", None) or self.default
@@ -116,6 +140,59 @@ class StreamRecorder:
             yield
         finally:
             self.local.stream = before
+
+    # -- NCCL's rule --------------------------------------------------------------------------------------------
+
+    def _collective(self, run, outputs: tuple, inputs: tuple):
+        rec = self
+
+        def issue(*args, async_op: bool = False, **kwargs):
+            work = run(*args, async_op=True, **kwargs)  # the data moves (gloo) or is made up (the fake group)
+            with rec.lock:
+                rec._issued += 1
+                what = f"{run.__name__} #{rec._issued}"
+                clock = _merge(_merge(rec.clock.get(COLLECTIVE, {}), rec.clock.get(rec.current_stream().name, {})),
+                               rec.host)
+                clock[COLLECTIVE] = clock.get(COLLECTIVE, 0) + 1
+                rec.clock[COLLECTIVE] = clock
+                rec.log.append(("collective", rec.current_stream().name, what))
+                for positions, write in ((inputs, False), (outputs, True)):
+                    for i in positions:
+                        t = args[i]
+                        name = rec.watched.setdefault(t.untyped_storage().data_ptr(),
+                                                      (f"{what} {'output' if write else 'input'}", True))[0]
+                        rec._kept.append(t)
+                        rec.accesses.append((name, write, COLLECTIVE, clock[COLLECTIVE], dict(clock),
+                                             f"{what} on {COLLECTIVE}"))
+            done = _Work(rec, work, dict(clock))
+            if async_op:
+                return done
+            done.wait()
+            return None
+
+        return issue
+
+    def _host_read(self, read, synced: bool):
+        """``synced``: the host copies on the current stream and waits for it (else it reads in place)."""
+        rec = self
+
+        def host_read(t: torch.Tensor, *args, **kwargs):
+            watched = rec.watched.get(t.untyped_storage().data_ptr())
+            if watched is not None and watched[1] and getattr(rec.recording, "depth", 0):
+                with rec.lock:
+                    where = rec.current_stream().name if synced else HOST
+                    clock = _merge(rec.host, rec.clock.get(where, {})) if synced else dict(rec.host)
+                    clock[where] = clock.get(where, 0) + 1
+                    if synced:
+                        rec.clock[where] = clock
+                    rec.host = _merge(rec.host, clock)
+                    rec.accesses.append((watched[0], False, where, clock[where], dict(clock),
+                                         f"{read.__name__}() on {where} in {threading.current_thread().name}"))
+                if read.__name__ == "cpu":  # a copy to the host: not the device tensor
+                    return t.detach().clone()
+            return read(t, *args, **kwargs)
+
+        return host_read
 
     # -- accesses ---------------------------------------------------------------------------------------------
 
@@ -170,10 +247,36 @@ class StreamRecorder:
         return {where for n, write, where, *_ in self.accesses if n == name and write}
 
 
+class _Work:
+    """A collective's work under NCCL's rule: ``wait()`` orders the current stream after it, not the host."""
+
+    def __init__(self, rec: StreamRecorder, work, clock: dict):
+        self.rec, self.work, self.clock = rec, work, clock
+
+    def wait(self, timeout=None) -> bool:
+        self.work.wait()  # gloo's data has arrived; the host learns nothing from it under NCCL's rule
+        stream = self.rec.current_stream()
+        with self.rec.lock:
+            self.rec.log.append(("wait", stream.name, COLLECTIVE))
+            self.rec.clock[stream.name] = _merge(self.rec.clock.get(stream.name, {}), self.clock)
+        return True
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
+
 class _AccessMode(TorchDispatchMode):
     def __init__(self, rec: StreamRecorder):
         super().__init__()
         self.rec = rec
+
+    def __enter__(self):
+        self.rec.recording.depth = getattr(self.rec.recording, "depth", 0) + 1
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self.rec.recording.depth -= 1
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -105,6 +105,9 @@ class SharedCache(StorageShape):
         self.backend = str(dist.get_backend(group)).lower()
         # Where the exchanged tensors live: the cache's device over NCCL, the host over gloo.
         self.exchange_device = cache.device if self.backend == "nccl" else torch.device("cpu")
+        # The rows are unpacked on the host (in place, per owner) or on the device (one gather after the wait);
+        # tests/test_nccl_rule.py takes the device path on CPU tensors.
+        self.unpack_on_host = self.exchange_device.type == "cpu"
         self.timeout_s = timeout.total_seconds()
         # Each rank's last lookup, so a failed exchange can name the rank it waited for.
         self.progress = ProgressBoard.for_default_group("exchange")
@@ -328,8 +331,8 @@ class SharedCache(StorageShape):
             del buffer  # freed before its successor is made
             shape = (rows + rows // 4, self.row_bytes)
             on = self.exchange_device
-            buffer = host_zeros(shape, torch.uint8) if on.type == "cpu" else torch.empty(shape, dtype=torch.uint8,
-                                                                                          device=on)
+            buffer = host_zeros(shape, torch.uint8) if self.unpack_on_host else torch.empty(
+                shape, dtype=torch.uint8, device=on)
         self._buffers[name] = buffer
         return buffer[:rows]
 
@@ -456,7 +459,7 @@ class SharedCache(StorageShape):
         row[mine] = own_back.cpu()
         hit[mine.to(on)] = own_hit[own_back.to(on)]
         rows = whole.view(dtype)  # [rows, dim]: each row is row_bytes of that dtype
-        if on.type == "cpu":
+        if self.unpack_on_host:
             from lsm_gnn import _C
 
             if out is None:  # memory an earlier batch touched, once nothing uses it
@@ -476,7 +479,7 @@ class SharedCache(StorageShape):
             sent = torch.from_numpy(order[ranges[d]:ranges[d + 1]])
             row[sent] = index.cpu()
             hit[sent.to(on)] = flags.to(on)
-        if on.type == "cpu":
+        if self.unpack_on_host:
             where = row[inverse]
             for d, (buffer, _, _) in remote.items():
                 copy(d, buffer, where)
