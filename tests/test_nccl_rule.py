@@ -103,20 +103,27 @@ def device_shared_cache(dataset, monkeypatch, owner):
     with device_mode(monkeypatch):
         rec = StreamRecorder()  # installed after device_mode's, so the cache's stream is this one's
         rec.install(monkeypatch, collectives=True)
-        cache = device_cache(open_storage(dataset, "pread"), num_sets=8, ways=8, read_ahead=0)
+        cache = device_cache(open_storage(dataset, "memory"), num_sets=8, ways=8, read_ahead=0)  # writable
         shared = SharedCache(cache, owner, group=dist.group.WORLD, exchange="collective")
         shared.unpack_on_host = False
         rec.watch({"cache tags": cache.state.tags, "cache data": cache.data})
         yield shared, rec
 
 
-def lookups_under_the_rule(shared, rec, rank: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+#: the ids every rank changes between the second and third lookup, by 1 each (so their rows grow by the world size)
+UPDATED = torch.arange(0, 60, 3)
+
+
+def exchanges_under_the_rule(shared, rec, rank: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Three lookups (the second announced by the first, as the loader does; the later ones reuse the exchange's
-    buffers) under the recorder; their (ids, rows). Raises AssertionError naming the accesses NCCL would race."""
+    buffers), the third after an update of :data:`UPDATED`, under the recorder; the lookups' (ids, rows).
+    Raises AssertionError naming the accesses NCCL would race."""
     batches = [torch.arange(10 * k + rank, 10 * k + rank + 40) for k in range(3)]
     found = []
     with rec.mode():
         for k, ids in enumerate(batches):
+            if k == 2:
+                shared.update(UPDATED, torch.ones(UPDATED.numel(), shared.cache.data.shape[1]), torch.add)
             following = (batches[1], []) if k == 0 else None
             found.append((ids, shared.lookup(ids, following=following)[0]))
     races = rec.races()
@@ -143,16 +150,17 @@ def test_the_exchange_is_ordered_under_nccls_rule_over_the_fake_group(dataset, m
     from lsm_gnn.comm import ModuloOwner
 
     with device_shared_cache(dataset, monkeypatch, ModuloOwner(2)) as (shared, rec):
-        lookups_under_the_rule(shared, rec)
-        assert sum(kind == "collective" for kind, *_ in rec.log) == 6  # ids, then rows, per lookup
+        exchanges_under_the_rule(shared, rec)
+        assert sum(kind == "collective" for kind, *_ in rec.log) == 8  # ids, then rows, per lookup and update
         assert shared.stats.announced == 1
-        assert rec.writers("cache data") == {"side1"}, "the cache was looked up on its stream"
+        assert rec.writers("cache data") == {"side1", "default"}, "looked up on its stream, updated on the caller's"
 
 
 @on_the_interpreter
 @pytest.mark.slow
 def test_the_exchange_is_ordered_under_nccls_rule_over_gloo_and_gives_the_rows(tmp_path):
-    """2 processes over gloo: the same lookups, each rank's rows checked against the feature file."""
+    """2 processes over gloo: the same exchanges, each rank's rows checked against the feature file (and the
+    update)."""
     pytest.importorskip("triton")
     from host_budget import tiny_dataset
     from test_comm import run_ranks
