@@ -80,6 +80,34 @@ def test_a_cache_over_gds_returns_the_bytes_on_disk(tiny, monkeypatch):
         assert 0 < sum(reads_into) < cache.stats.misses
 
 
+class ReadsElsewhere:
+    """A storage whose reads land on another device than the cache's (``meta`` posing as a GPU): its rows come
+    back as CPU tensors, but it refuses to read into the cache's lines, as gds on a GPU refuses a CPU ``out``."""
+
+    writable, device = False, torch.device("meta")
+
+    def __init__(self, storage):
+        self._inner = storage
+        self.num_rows, self.dim, self.dtype = storage.num_rows, storage.dim, storage.dtype
+        self.row_bytes, self.backend = storage.row_bytes, storage.backend
+
+    def read(self, ids):
+        return self._inner.read(ids)
+
+    def read_into(self, ids, out, slots):
+        raise AssertionError(f"read_into an out on {out.device}: this storage reads to {self.device}")
+
+
+def test_a_cache_over_a_storage_on_another_device_reads_then_moves(tiny):
+    dataset, features = tiny
+    with open_storage(dataset, "memory") as storage:
+        cache = SoftwareCache(ReadsElsewhere(storage), num_sets=SETS, ways=WAYS, read_ahead=0)
+        assert cache.miss_path == "copied" and cache._staging is None
+        for t, ids in enumerate(id_batches(seed=2)):
+            rows, _ = cache.lookup(ids)
+            assert torch.equal(rows, features[ids]), f"batch {t}: not the bytes on disk"
+
+
 def test_a_gds_storage_refuses_an_out_on_another_device(tiny, monkeypatch):
     fake_kvikio.install(monkeypatch)
     with open_storage(tiny[0], "gds", device="meta") as storage:
