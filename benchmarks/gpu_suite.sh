@@ -4,7 +4,7 @@
 # pyyaml, tqdm, scipy, pytest and torch_geometric: nothing is downloaded. What it measures and what is
 # already checked without a GPU: docs/gpu.md.
 #
-#   bash benchmarks/gpu_suite.sh             # on a GPU machine: at most 1.5 + 3 + 1 + 4 minutes
+#   bash benchmarks/gpu_suite.sh             # on a GPU machine: at most 1.5 + 3 + 1 + 1 + 4 minutes
 #   bash benchmarks/gpu_suite.sh --dry-run   # anywhere: the offline build and the steps' imports, no GPU
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -52,7 +52,7 @@ $PY -c "import os, lsm_gnn._C as c; assert c.__file__.startswith(os.getcwd()), c
 if [ "$DRY_RUN" -eq 1 ]; then
   # Every step's script must import; the GPU tests must be collected.
   $PY -m pytest -q --collect-only tests/test_sampler_cuda.py tests/test_device_path.py tests/test_gpu_paths.py \
-    >"$OUT/collect.txt" 2>&1 || { cat "$OUT/collect.txt"; exit 1; }
+    tests/test_gds_cache.py >"$OUT/collect.txt" 2>&1 || { cat "$OUT/collect.txt"; exit 1; }
   for script in benchmarks/gpu_kernels.py benchmarks/end_to_end.py; do
     $PY "$script" --help >/dev/null || { echo "gpu_suite.sh: $script does not start" >&2; exit 1; }
   done
@@ -70,6 +70,13 @@ GPU_TESTS=(tests/test_sampler_cuda.py tests/test_device_path.py)
 echo "== GPU tests (a cache on the device against the CPU cache, the sampler, embeddings, evaluation)"
 timeout "${TESTS_S:-170}" $PY -m pytest -q -p no:cacheprovider -m "" "${GPU_TESTS[@]}" 2>&1 | tee "$OUT/tests.txt" \
   || status=1
+echo "== storage.kind=gds: a cache on the GPU over KvikIO in its compatibility mode (skipped without kvikio)"
+if $PY -c "import kvikio" 2>/dev/null; then
+  KVIKIO_COMPAT_MODE=ON timeout "${GDS_S:-60}" $PY -m pytest -q -p no:cacheprovider tests/test_gds_cache.py 2>&1 \
+    | tee "$OUT/gds.txt" || status=1
+else
+  echo "kvikio does not import here: skipped" | tee "$OUT/gds.txt"
+fi
 echo "== kernel figures: cache all-hit beside a device copy, sampler edges/s beside the C++ sampler"
 # KERNELS_ARGS: more options, e.g. "--profile" (where an all-hit serve's time goes, op by op)
 timeout "${KERNELS_S:-70}" $PY benchmarks/gpu_kernels.py ${KERNELS_ARGS:-} --json "$OUT/gpu_kernels.json" 2>&1 \

@@ -1,7 +1,5 @@
 """Every storage backend returns exactly the bytes on disk, in request order."""
 import os
-import sys
-import types
 import tempfile
 import threading
 
@@ -10,6 +8,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+import fake_kvikio
 
 from lsm_gnn import open_dataset, open_storage
 from lsm_gnn.storage import BACKENDS
@@ -251,32 +251,9 @@ def test_gds_backend_needs_a_gpu(tiny):
         open_storage(tiny[0], "gds")
 
 
-class FakeCuFile:
-    """KvikIO's documented ``CuFile`` API over a host file: ``pread(buf, size, file_offset)`` fills ``buf`` (here
-    a CPU uint8 tensor) and returns a future whose ``get()`` gives the bytes read. Lets the gds backend's own
-    logic (runs of ids, request cuts, offsets, reordering) run without a GPU."""
-
-    requests = []
-
-    def __init__(self, path, mode):
-        assert mode == "r"
-        self._fh = open(path, "rb")
-
-    def pread(self, buf, size, file_offset):
-        self._fh.seek(file_offset)
-        data = self._fh.read(size)
-        buf.view(-1)[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        FakeCuFile.requests.append((file_offset, size))
-        return types.SimpleNamespace(get=lambda: len(data))
-
-    def close(self):
-        self._fh.close()
-
-
 def test_gds_backend_logic_with_a_fake_kvikio(tiny, monkeypatch):
     dataset, features = tiny
-    monkeypatch.setitem(sys.modules, "kvikio", types.SimpleNamespace(CuFile=FakeCuFile))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    fake_kvikio.install(monkeypatch)
     stride = dataset.features.row_stride
     assert stride == 64  # 52-byte rows, 8 per 512-byte block
     ids = torch.tensor([5, 6, 7, 8, 9, 0, N - 1, 6, 5, 40, 41])
@@ -286,9 +263,9 @@ def test_gds_backend_logic_with_a_fake_kvikio(tiny, monkeypatch):
             # Requests shorter than a block: one block per read, never a block twice.
             (3 * stride, [(0, 512), (512, 512), (2560, 512), ((N - 1) * stride // 512 * 512, 512)])]:
         with open_storage(dataset, "gds", device="cpu", max_request_bytes=max_request) as storage:
-            FakeCuFile.requests.clear()
+            fake_kvikio.CuFile.requests.clear()
             assert torch.equal(storage.read(ids), features[ids])
-            assert sorted(FakeCuFile.requests) == reads
+            assert sorted(fake_kvikio.CuFile.requests) == reads
             assert storage.stats().bytes_read == sum(n for _, n in reads)
     with open_storage(dataset, "gds", device="cpu") as storage:
         with pytest.raises(IndexError, match="node id"):
@@ -299,17 +276,16 @@ def test_gds_backend_logic_with_a_fake_kvikio(tiny, monkeypatch):
                                                      ("float32", 13, 512), ("uint8", 1028, 4096)])
 def test_gds_backend_places_every_row_with_a_fake_kvikio(tmp_path, monkeypatch, dtype, dim, row_alignment):
     # Packed and unpacked layouts, rows over a block at strides of 1536 and 4096: the staging arithmetic.
-    monkeypatch.setitem(sys.modules, "kvikio", types.SimpleNamespace(CuFile=FakeCuFile))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    fake_kvikio.install(monkeypatch)
     dataset, features = write_tiny_dataset(tmp_path / "ds", num_nodes=300, dim=dim, dtype=dtype,
                                            row_alignment=row_alignment)
     rng = np.random.default_rng(dim)
     for max_request in (512, 2048, 128 << 10):
         with open_storage(dataset, "gds", device="cpu", max_request_bytes=max_request) as storage:
             for ids in (rng.integers(0, 300, 200), np.arange(300)[::-1].copy(), np.array([299, 0, 299])):
-                FakeCuFile.requests.clear()
+                fake_kvikio.CuFile.requests.clear()
                 assert np.array_equal(storage.read(ids).numpy(), features[ids])
-                blocks = [b for offset, size in FakeCuFile.requests for b in range(offset // 512, (offset + size) // 512)]
+                blocks = [b for offset, size in fake_kvikio.CuFile.requests for b in range(offset // 512, (offset + size) // 512)]
                 assert len(blocks) == len(set(blocks))  # no block read twice
 
 

@@ -72,6 +72,19 @@ def _cache_device(device) -> torch.device:
     return device_
 
 
+def miss_path(read_device: torch.device, cache_device: torch.device) -> str:
+    """How a cache on ``cache_device`` gets its misses from a storage whose reads land on ``read_device`` (its
+    ``device``): ``"direct"`` where they are the same (read straight into the lines: a CPU cache over a file, a
+    GPU cache over ``gds`` on its GPU), ``"staged"`` from the host to a GPU cache (through a reused pinned
+    buffer, one transfer per batch), else ``"copied"`` (read where the storage reads to, then moved)."""
+    read_device, cache_device = torch.device(read_device), torch.device(cache_device)
+    if read_device == cache_device:
+        return "direct"
+    if read_device.type == "cpu" and cache_device.type == "cuda":
+        return "staged"
+    return "copied"
+
+
 class SoftwareCache(StorageShape):
     """A set-associative cache of feature rows in front of ``storage``.
 
@@ -154,10 +167,12 @@ class SoftwareCache(StorageShape):
         self._failed: BaseException | None = None  # a write-back that failed: the dirty rows it held are gone
         # The last lookup's rows that got no line (bypassed), which an update before the next lookup needs.
         self._lineless: tuple[torch.Tensor, torch.Tensor] | None = None
-        # On a GPU: misses through a reused pinned buffer, each lookup's work on a side stream.
-        self._staging = MissStaging(self.device) if self.device.type == "cuda" else None
-        # On the CPU, misses are read straight into their lines where the storage can (its read_into; None: not).
-        self._read_into = storage.read_into if self._staging is None else None
+        # How misses reach the lines, from where the storage reads to (see miss_path): decided here, once.
+        # (A stand-in storage that does not say where it reads to reads to the host, as FeatureStorage's default.)
+        self.miss_path = miss_path(getattr(storage, "device", torch.device("cpu")), self.device)
+        self._staging = MissStaging(self.device) if self.miss_path == "staged" else None
+        # Straight into their lines where the storage reads to the cache's device (its read_into; None: not).
+        self._read_into = storage.read_into if self.miss_path == "direct" else None
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.pvp_reinstall = bool(pvp_reinstall)
         self.pvp: VictimBuffer | None = self._victim_buffer(pvp, pvp_queue_capacity, pvp_queue_bytes)
@@ -411,7 +426,7 @@ class SoftwareCache(StorageShape):
                 uncached = miss[~cached]
                 apart = (uncached, self.storage.read(unique[uncached].cpu()))
         else:
-            fetched = self.storage.read(miss_ids) if self._staging is None else \
+            fetched = self.storage.read(miss_ids).to(self.device) if self._staging is None else \
                 self._staging.read(self.storage, miss_ids)
             if every_miss_cached:
                 self.data.index_copy_(0, miss_lines, fetched)

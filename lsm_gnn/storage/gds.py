@@ -3,7 +3,8 @@
 Needs a CUDA GPU, its driver and the ``kvikio`` package. Its own logic (runs
 of ids cut into requests, file offsets, request order) is tested without them
 against a stand-in for KvikIO's documented ``CuFile.pread`` API
-(tests/test_storage.py); KvikIO itself has not yet run under it.
+(tests/fake_kvikio.py), and so is a cache over it (tests/test_gds_cache.py, which
+benchmarks/gpu_suite.sh also runs with the real KvikIO in its compatibility mode where it imports).
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class GdsStorage(CountingStorage):
         layout = dataset.features
         super().__init__(dataset.num_nodes, layout.dim, layout.dtype)
         self._device = torch.device(device)
+        if self._device.type == "cuda" and self._device.index is None:  # as a cache on "cuda" names it: cuda:N
+            self._device = torch.device("cuda", torch.cuda.current_device())
         self._stride = layout.row_stride
         self._max_request = int(max_request_bytes)
         # Staging slots are whole multiples of this, so every row lands at a multiple of the stride.
@@ -38,6 +41,7 @@ class GdsStorage(CountingStorage):
 
     @property
     def device(self) -> torch.device:
+        """Where reads land (rows read into GPU memory): a cache on this device reads its misses into its lines."""
         return self._device
 
     def _read(self, ids: torch.Tensor, out: torch.Tensor) -> None:
