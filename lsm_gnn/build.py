@@ -250,11 +250,12 @@ def _group_storage(spec: FeatureSpec, dataset, types: list[str], device: torch.d
 
         return DeviceMemoryStorage(dataset.node_type(types[0]), device)
     backend = "memory" if spec.source == "memory" else spec.backend
-    if len(types) == 1:  # gds reads to the training device, where the cache then reads its misses straight in
-        return open_storage(dataset.node_type(types[0]), backend, **({"device": device} if backend == "gds" else {}))
+    where = {"device": device} if backend == "gds" else {}  # gds reads to the training device, where the cache is
+    if len(types) == 1:
+        return open_storage(dataset.node_type(types[0]), backend, **where)
     from lsm_gnn.storage.concat import ConcatStorage
 
-    return ConcatStorage([open_storage(dataset.node_type(t), backend) for t in types], types)
+    return ConcatStorage([open_storage(dataset.node_type(t), backend, **where) for t in types], types)
 
 
 def _group_cache(storage, spec: FeatureSpec, dataset, types: list[str], device: torch.device, capacity: int, *,

@@ -119,6 +119,20 @@ def test_a_gds_storage_refuses_an_out_on_another_device(tiny, monkeypatch):
             storage.read(ids, out=torch.empty((2, 13)))
 
 
+def test_node_types_sharing_one_cache_read_where_their_gds_storages_read(tiny, monkeypatch):
+    """Types of one row format share a cache over their storages one after another: that whole reads where its
+    parts do (a GPU cache over gds parts then reads its misses straight in, not through host memory)."""
+    from lsm_gnn.storage.concat import ConcatStorage
+
+    fake_kvikio.install(monkeypatch)
+    with open_storage(tiny[0], "gds", device="meta") as a, open_storage(tiny[0], "gds", device="meta") as b, \
+            open_storage(tiny[0], "memory") as host:
+        assert ConcatStorage([a, b], ["paper", "author"]).device == torch.device("meta")
+        assert ConcatStorage([host], ["paper"]).device == torch.device("cpu")
+        with pytest.raises(ValueError, match="paper, author read to different devices"):
+            ConcatStorage([a, host], ["paper", "author"])
+
+
 def test_a_gpu_cache_over_gds_with_the_real_kvikio(tiny):
     """On a GPU with KvikIO (benchmarks/gpu_suite.sh sets KVIKIO_COMPAT_MODE=ON: POSIX reads, no GDS driver)."""
     pytest.importorskip("kvikio")

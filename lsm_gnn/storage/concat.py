@@ -26,12 +26,21 @@ class ConcatStorage(FeatureStorage):
             if (part.dim, part.dtype) != (first.dim, first.dtype):
                 raise ValueError(f"'{name}' has rows of {part.dim} x {part.dtype_name}, '{names[0]}' of "
                                  f"{first.dim} x {first.dtype_name}: only rows of one format share an id space")
+        devices = {str(part.device) for part in parts}
+        if len(devices) > 1:
+            raise ValueError(f"the storages of {', '.join(names)} read to different devices "
+                             f"({', '.join(sorted(devices))}): one id space reads to one device")
+        self._device = first.device  # gds parts read to a GPU: a cache there reads its misses straight in
         self.backend = first.backend
         self.from_disk = all(part.from_disk for part in parts)
         self.parts, self.names = list(parts), list(names)
         sizes = np.array([p.num_rows for p in parts], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(sizes)])  # part k holds ids [offsets[k], offsets[k+1])
         super().__init__(int(self.offsets[-1]), first.dim, first.dtype_name)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
 
     def offset(self, name: str) -> int:
         """The first id of part ``name``."""
