@@ -18,7 +18,7 @@ from lsm_gnn.kernels.aot import LaunchRecorder, write_json
 
 def _cache_traces() -> None:
     """The cache as the trainer drives it: every policy, with and without a window, both PVP modes, a one-set
-    cache, power-law batches."""
+    cache, serving hits first, power-law batches."""
     import numpy as np
     import torch
 
@@ -38,12 +38,17 @@ def _cache_traces() -> None:
                  for p in ("hybrid_pvp", "hybrid_pvp_room", "farthest") for r in (False, True)]
         runs += [dict(policy="hybrid", ways=32, num_sets=1), dict(policy="farthest", ways=32, num_sets=1),
                  dict(policy="farthest", ways=32), dict(policy="farthest", ways=128)]
+        # Serving hits first (a GPU cache's default), over these rows and over rows of 4 KiB (a full copy tile).
+        wide, _ = write_tiny_dataset(os.path.join(tmp, "wide"), num_nodes=400, dim=1024)
+        runs += [dict(policy=p, ways=w, hits_first=True) for p, w in (("farthest", 8), ("hybrid", 32), ("lru", 128))]
+        runs += [dict(policy="farthest", ways=32, hits_first=True, storage=open_storage(wide.path, "pread"))]
         for kwargs in runs:
+            on = kwargs.pop("storage", storage)
             for window in (0, 3):
                 if window == 0 and kwargs.get("pvp"):
                     continue  # PVP needs a window
-                capacity = None if "num_sets" in kwargs else max(64, 2 * kwargs["ways"]) * storage.row_bytes
-                cache = SoftwareCache(storage, capacity, window=4, oversubscribe=True, **kwargs)
+                capacity = None if "num_sets" in kwargs else max(64, 2 * kwargs["ways"]) * on.row_bytes
+                cache = SoftwareCache(on, capacity, window=4, oversubscribe=True, **kwargs)
                 for k, batch in enumerate(batches):
                     future = None
                     if window:

@@ -266,7 +266,7 @@ def _triton_twin(op: str, args, kwargs):
     if op == "sample_hops":  # (indptr, indices, seeds, fanouts, seed, iteration, num_threads, num_ids=-1)
         num_ids = args[7] if len(args) > 7 else kwargs.get("num_ids", -1)
         return _flatten(triton_module("sampler", on_cpu=True).sample_hops(*args[:6], num_ids))
-    module = {"cache_assign": "cache_assign", "cache_scan": "window_scan", "victim_enqueue": "victim_enqueue"}
+    module = {"cache_assign": "cache_assign", "cache_serve_hits": "cache_assign", "cache_scan": "window_scan", "victim_enqueue": "victim_enqueue"}
     if op in module:  # their last argument is the C++ core's thread count
         return getattr(triton_module(module[op], on_cpu=True), op)(*args[:-1])
     return getattr(triton_module("victim_serve", on_cpu=True), op)(*args, **kwargs)
@@ -297,11 +297,12 @@ def device_mode(monkeypatch):
 
 def device_cache(storage, **kwargs):
     """A :class:`SoftwareCache` on CPU tensors that takes its GPU path: lookups on a stream (the stand-in,
-    installed by :func:`device_mode`), misses through the staging buffer (unpinned)."""
+    installed by :func:`device_mode`), hits served first (without PVP), misses through the staging buffer
+    (unpinned)."""
     from lsm_gnn.cache import SoftwareCache
     from lsm_gnn.cache.staging import MissStaging
 
-    cache = SoftwareCache(storage, **kwargs)
+    cache = SoftwareCache(storage, **{"hits_first": not kwargs.get("pvp"), **kwargs})
     cache._stream = torch.cuda.Stream(cache.device)
     cache._staging, cache._read_into = MissStaging("cpu", pin=False), None
     return cache
@@ -310,7 +311,7 @@ def device_cache(storage, **kwargs):
 def cache_lookup(cache, ids: torch.Tensor, future=None) -> HostWork:
     """One lookup recorded, with the cache's tensors and ``ids`` on the device (the future window on the host)."""
     work = HostWork()
-    work.device(cache.state, cache.data)
+    work.device(cache.state, cache.data, cache._hits_first, cache.dirty, cache.node_static)
     work.call(lambda i: cache.lookup(i, future=future), ids)
     return work
 

@@ -6,7 +6,8 @@ batch's plan, every later stage takes it, fills in its own fields and ``_account
 ``(rows, hit mask)``:
 
   begin          validate the ids, find the distinct ones, take the lines the victim buffer prefetched for
-                 this iteration
+                 this iteration; serving hits first (a device cache, lsm_gnn.cache.hits_first), the window
+                 scan when due and every hit's row first: a batch that hit in full is served here
   before_assign  the victim buffer's work before the cache decides: in the paper's PVP mode the ids a
                  prefetched line serves are matched and left out of what the cache sees
   assign         the window scan when due, then hits, victims and installs of the ids the cache sees
@@ -37,12 +38,16 @@ class LookupPlan:
     # begin
     t: int                       # the iteration this batch is
     ids: torch.Tensor            # the request, on the cache's device
-    unique: torch.Tensor         # its sorted distinct ids
-    inverse: torch.Tensor        # ids == unique[inverse]
+    unique: torch.Tensor | None  # its sorted distinct ids (None: served)
+    inverse: torch.Tensor | None  # ids == unique[inverse]
     future: object               # the window of upcoming batches, as lookup got it
     out: torch.Tensor | None     # where the rows go, if the caller gave a tensor
-    cache_ids: torch.Tensor      # the distinct ids the cache sees: all, unless PVP bypasses some
+    cache_ids: torch.Tensor | None  # the distinct ids the cache sees: all, unless PVP bypasses some
     prefetched: tuple | None = None  # PVP: (node, record, rows) of the lines prefetched for t
+    window: tuple | None = None  # the future's first occurrences, where a scan or the policy reads them
+    scan_due: bool = False       # the window scan is due at assign
+    served: bool = False         # serving hits first, every id hit: rows and request_hit are final
+    num_unique: int = 0          # served: its distinct ids
     # before_assign (the paper's PVP mode)
     keep: torch.Tensor | None = None      # where some ids bypass the cache: the positions of cache_ids in unique
     # assign

@@ -16,6 +16,7 @@ import torch
 
 from lsm_gnn.cache.geometry import CacheTooSmall, cache_geometry
 from lsm_gnn.cache.hashing import set_of
+from lsm_gnn.cache.hits_first import HitsFirst
 from lsm_gnn.kernels.layout import INDEX_MASK, INVALID_TAG, REUSE_SHIFT
 from lsm_gnn.cache.policies import PolicyConfig, quantize_scores
 from lsm_gnn.cache.plan import LookupPlan
@@ -30,6 +31,7 @@ from lsm_gnn.defaults import PERIOD, READ_AHEAD_BYTES, WAYS, WINDOW, policy_for
 from lsm_gnn.features import StorageShape
 from lsm_gnn.hostmem import host_zeros
 from lsm_gnn.ids import as_id_tensor, unique_ids
+from lsm_gnn.kernels import kernel_mode
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
 
 #: bytes of dirty lines :meth:`SoftwareCache.flush` hands the storage per write (bounds the copies it makes)
@@ -124,6 +126,11 @@ class SoftwareCache(StorageShape):
     where misses come from a disk (``storage.from_disk``) that nobody writes,
     with 256 MiB of memory available (:func:`~lsm_gnn.cache.read_ahead.default_depth`), else 0 (off). What is read ahead changes where a miss's bytes come from, never a result.
 
+    ``hits_first``: serve a batch's hits in one kernel before any other work (:mod:`lsm_gnn.cache.hits_first`),
+    so a batch that hits in full costs one launch and one read back; only a batch with misses computes its
+    distinct ids and assigns them. ``None``: on for a cache on a GPU without PVP. (``True`` on a CPU cache runs
+    the kernel under Triton's interpreter, for tests; the C++ core assigns a whole batch faster there.)
+
     Defaults: ``policy=None`` is ``"farthest"``, with or without PVP;
     ``pvp_reinstall=None`` is on with PVP, so PVP leaves the cache's
     decisions as they are without it and only turns misses into PVP hits.
@@ -137,7 +144,7 @@ class SoftwareCache(StorageShape):
                  static_scores=None, num_sets: int | None = None, oversubscribe: bool = False,
                  device: str | torch.device = "cpu", num_threads: int = 0, pvp: bool = False,
                  pvp_queue_capacity: int | None = None, pvp_queue_bytes=None, pvp_reinstall: bool | None = None,
-                 read_ahead: int | None = None, read_ahead_bytes=READ_AHEAD_BYTES):
+                 read_ahead: int | None = None, read_ahead_bytes=READ_AHEAD_BYTES, hits_first: bool | None = None):
         self.storage = storage
         if policy is None:  # the best measured default (docs/benchmarks.md, PVP section)
             policy = policy_for(pvp)
@@ -179,6 +186,20 @@ class SoftwareCache(StorageShape):
         # PVP's part of every lookup, by mode (lsm_gnn.cache.pvp): chosen here, once.
         self._victims = lookup_strategy(self.pvp, self.pvp_reinstall)
         self.read_ahead = self._read_ahead(read_ahead, read_ahead_bytes)
+        self._hits_first = self._serving_hits_first(hits_first)
+
+    def _serving_hits_first(self, wanted: bool | None) -> HitsFirst | None:
+        """The constructor's ``hits_first`` (see the class) as the buffers it reuses, or None."""
+        if wanted is None:
+            wanted = self.device.type == "cuda" and self.pvp is None
+        if wanted and self.pvp is not None:
+            raise ValueError("hits_first=True needs pvp=False: the victim buffer's part of a lookup needs the "
+                             "batch's distinct ids, which serving hits first avoids computing")
+        if wanted and self.device.type == "cpu" and kernel_mode() != "triton":
+            raise ValueError("hits_first=True on a CPU cache runs the device kernel under Triton's interpreter: "
+                             "construct the cache under lsm_gnn.kernels.using('triton') (tests), or leave "
+                             "hits_first=None (a CPU cache assigns whole batches in the C++ core)")
+        return HitsFirst(self.num_lines, self.device) if wanted else None
 
     def _read_ahead(self, depth: int | None, max_bytes) -> ReadAhead | None:
         """The read-ahead of the constructor's ``read_ahead`` batches (see the class), or None."""
@@ -267,17 +288,18 @@ class SoftwareCache(StorageShape):
         # With PVP, the victim buffer's next move waits for this lookup's accesses on the side stream (serving).
         with self._lock, side_stream(self._stream) as caller, self._victims.serving():
             plan = self._begin(ids, future, out)
-            self._before_assign(plan)
-            self._assign(plan)
-            try:
-                self._evict(plan)
-                self._after_assign(plan)
-                self._fill(plan)
-            except BaseException:
-                # The new tags are installed but their rows may never have been written:
-                # forget those lines, so a later lookup cannot hit stale bytes.
-                self._forget_unfilled(plan.line, plan.hit)
-                raise
+            if not plan.served:
+                self._before_assign(plan)
+                self._assign(plan)
+                try:
+                    self._evict(plan)
+                    self._after_assign(plan)
+                    self._fill(plan)
+                except BaseException:
+                    # The new tags are installed but their rows may never have been written:
+                    # forget those lines, so a later lookup cannot hit stale bytes.
+                    self._forget_unfilled(plan.line, plan.hit)
+                    raise
             result = self._account(plan, caller)
             self._request_ahead(plan.future)
             return result
@@ -293,15 +315,51 @@ class SoftwareCache(StorageShape):
     # -- the stages of a lookup (lsm_gnn.cache.plan), in order --------------------------------------------------
 
     def _begin(self, ids: torch.Tensor, future=None, out: torch.Tensor | None = None) -> LookupPlan:
-        """The batch's plan: its distinct ids, checked against the storage, and its prefetched lines."""
+        """The batch's plan: its distinct ids, checked against the storage, and its prefetched lines. Serving hits
+        first, the window scan when due and the hits come first; a batch that hit in full is then served."""
         self._check_intact()
+        t, scanned, rows = self.iteration, False, None
+        window, scan_now = self._window(t, future)
+        if self._hits_first is not None:
+            if scan_now:  # a scan precedes the batch's hits
+                self._scan(window)
+                scanned = True
+            rows = out if out is not None else self._rows_for(ids.numel())
+            probe = self._hits_first.serve(self.state, self.data, ids, rows, self.storage.num_rows, t,
+                                           self.scan_base, self._window_at_assign(window))
+            if probe.out_of_range:
+                self._check_range(*(int(v) for v in torch.aminmax(ids)))
+            if probe.misses == 0:
+                return LookupPlan(t, ids, None, None, future, out, cache_ids=None, served=True, rows=rows,
+                                  request_hit=probe.hit, num_unique=probe.distinct_hits)
         unique, inverse = unique_ids(ids)
-        if unique.numel() and (int(unique[0]) < 0 or int(unique[-1]) >= self.storage.num_rows):
-            bad = int(unique[0]) if int(unique[0]) < 0 else int(unique[-1])
-            raise IndexError(f"node id {bad} is out of range [0, {self.storage.num_rows})")
-        plan = LookupPlan(self.iteration, ids, unique, inverse, future, out, cache_ids=unique)
+        if self._hits_first is None and unique.numel():  # (served first, they were checked)
+            self._check_range(int(unique[0]), int(unique[-1]))
+        plan = LookupPlan(t, ids, unique, inverse, future, out, cache_ids=unique, window=window,
+                          scan_due=scan_now and not scanned, rows=rows)
         self._victims.take(plan)
         return plan
+
+    def _check_range(self, low: int, high: int) -> None:
+        """Refuses a batch whose smallest or largest id (``low``, ``high``) lies outside the storage."""
+        if low < 0 or high >= self.storage.num_rows:
+            raise IndexError(f"node id {low if low < 0 else high} is out of range [0, {self.storage.num_rows})")
+
+    def _rows_for(self, num_ids: int) -> torch.Tensor:
+        return torch.empty((num_ids, self.storage.dim), dtype=self.data.dtype, device=self.device)
+
+    def _window(self, t: int, future) -> tuple[tuple | None, bool]:
+        """(``future``'s first occurrences where iteration ``t`` reads them, whether a window scan is due at ``t``).
+        PVP needs next-use records for every policy, not only the window-based ones."""
+        p = self.policy
+        scan_now = (p.uses_window or self.pvp is not None) and t % p.period == 0
+        window = self._first_occurrence(future) if future is not None and (scan_now or p.assign_next_use) \
+            else None
+        return window, scan_now and window is not None
+
+    def _window_at_assign(self, window: tuple | None) -> tuple | None:
+        """``window`` with the policy's limit, where the policy gives hits and installs their next use at once."""
+        return (*window, self.policy.window) if window is not None and self.policy.assign_next_use else None
 
     def _before_assign(self, plan: LookupPlan) -> None:
         """PVP's work before the cache decides (the paper's mode: the ids it serves skip the cache)."""
@@ -311,15 +369,11 @@ class SoftwareCache(StorageShape):
         """Hits, victims and installs of the ids the cache sees, after the window scan when one is due."""
         if plan.cache_ids.numel() > self.num_lines and not self.oversubscribe:
             raise CacheTooSmall(plan.cache_ids.numel(), self.num_lines, self.storage.row_bytes)
-        p, t = self.policy, plan.t
-        # PVP needs next-use records for every policy, not only the window-based ones.
-        scan_now = (p.uses_window or self.pvp is not None) and t % p.period == 0
-        window = self._first_occurrence(plan.future) if plan.future is not None and (scan_now or p.assign_next_use) \
-            else None
-        if scan_now and window is not None:
-            self._scan(window)
-        plan.done = self.state.assign(plan.cache_ids, self.node_static, p, t, self.scan_base, self._victims.room(p),
-                                      self.num_threads, window)
+        if plan.scan_due:
+            self._scan(plan.window)
+        p = self.policy
+        plan.done = self.state.assign(plan.cache_ids, self.node_static, p, plan.t, self.scan_base,
+                                      self._victims.room(p), self.num_threads, plan.window)
         plan.line, plan.hit = plan.done.line, plan.done.hit
 
     def _evict(self, plan: LookupPlan) -> None:
@@ -341,8 +395,8 @@ class SoftwareCache(StorageShape):
             plan.line, plan.hit = line, hit
         plan.request_line = plan.line[plan.inverse]
         plan.request_hit = plan.hit[plan.inverse]
-        plan.rows = plan.out if plan.out is not None else \
-            torch.empty((plan.ids.numel(), self.storage.dim), dtype=self.data.dtype, device=self.device)
+        if plan.rows is None:  # (serving hits first made them)
+            plan.rows = plan.out if plan.out is not None else self._rows_for(plan.ids.numel())
         # No line this batch uses was evicted (the usual case): after the fill every id's line holds its row, and
         # one gather serves hits and misses alike. Otherwise hit rows go first, before a later miss overwrites
         # their line, and each miss row is copied to its positions.
@@ -454,10 +508,16 @@ class SoftwareCache(StorageShape):
     def _account(self, plan: LookupPlan, caller=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Counts the batch and ends its iteration; returns (rows, hit mask), kept alive for the ``caller``'s
         stream where the lookup ran on a side stream."""
-        s, done = self.stats, plan.done
-        unique, misses = plan.unique.numel(), plan.miss.numel()
+        s = self.stats
         s.iterations += 1
         s.requests += plan.ids.numel()
+        self.iteration += 1
+        if plan.served:  # every id hit: no line was taken, none is without one
+            s.unique += plan.num_unique
+            s.hits += plan.num_unique
+            self._lineless = None
+            return self._to_caller(plan.rows, plan.request_hit, caller)
+        done, unique, misses = plan.done, plan.unique.numel(), plan.miss.numel()
         s.unique += unique
         s.misses += misses
         s.pvp_hits += plan.pvp_hits
@@ -465,14 +525,17 @@ class SoftwareCache(StorageShape):
         s.evictions += done.evictions
         s.evicted_in_use += done.evicted_in_use
         s.bypassed += done.bypassed
-        self.iteration += 1
         request_hit = plan.request_hit if not plan.pvp_hits else plan.request_hit | plan.from_pvp[plan.inverse]
         if self.dirty is not None:
             self._remember_lineless(plan.unique, plan.inverse, plan.line, plan.rows)
+        return self._to_caller(plan.rows, request_hit, caller)
+
+    @staticmethod
+    def _to_caller(rows: torch.Tensor, hit: torch.Tensor, caller) -> tuple[torch.Tensor, torch.Tensor]:
         if caller is not None:  # made on the side stream, used on the caller's: not freed before
-            plan.rows.record_stream(caller)
-            request_hit.record_stream(caller)
-        return plan.rows, request_hit
+            rows.record_stream(caller)
+            hit.record_stream(caller)
+        return rows, hit
 
     # -- writes (over a writable storage) ------------------------------------------------------------------------
 

@@ -24,6 +24,8 @@ same source, which is how CI checks them against the C++ core.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -79,31 +81,23 @@ def _assign_record(ids, mask, first_iteration_ptr, first_position_ptr, first_ran
 
 
 @triton.jit
-def _find_hits(unique_ptr, n, tags_ptr, last_use_ptr, flags_ptr, records_ptr, line_ptr, hit_ptr, set_ptr,
-               evicted_tag_ptr, evicted_record_ptr, evicted_line_ptr, counts_ptr,
-               num_sets, iteration, scan_base, known, first_iteration_ptr, first_position_ptr, first_rank_ptr,
-               num_nodes, front, limit, WAYS: tl.constexpr, BLOCK: tl.constexpr):
-    # Also writes every id's "nothing evicted" (the outputs are allocated empty: no fill launches) and adds its
-    # misses to counts[3], which the host reads to skip the install when the batch hit in full.
-    pid = tl.program_id(0)
-    u = pid * BLOCK + tl.arange(0, BLOCK)
-    valid = u < n
-    ids = tl.load(unique_ptr + u, mask=valid, other=-1)
+def _hit_lines(ids, valid, tags_ptr, num_sets, WAYS: tl.constexpr):
+    """(set, line, hit) of each id: the way of its set whose tag is the id (at most one; line -1 where none)."""
     sets = _set_of(ids, num_sets)
     ways = tl.arange(0, WAYS)
     lines = sets[:, None] * WAYS + ways[None, :]
     tags = tl.load(tags_ptr + lines, mask=valid[:, None], other=INVALID_TAG)
     match = (tags == ids[:, None]) & valid[:, None]
-    way = tl.max(tl.where(match, ways[None, :], -1), axis=1)  # ids are distinct in a set: at most one way
+    way = tl.max(tl.where(match, ways[None, :], -1), axis=1)
     hit = way >= 0
-    line = tl.where(hit, sets * WAYS + way, -1)
-    tl.store(line_ptr + u, line, mask=valid)
-    tl.store(hit_ptr + u, hit.to(tl.int8), mask=valid)
-    tl.store(set_ptr + u, sets, mask=valid)
-    tl.store(evicted_tag_ptr + u, tl.full([BLOCK], INVALID_TAG, tl.int64), mask=valid)
-    tl.store(evicted_record_ptr + u, tl.full([BLOCK], NO_REUSE_RECORD, tl.int64), mask=valid)
-    tl.store(evicted_line_ptr + u, tl.full([BLOCK], -1, tl.int64), mask=valid)
-    tl.atomic_add(counts_ptr + 3, tl.sum((valid & (way < 0)).to(tl.int32), axis=0))
+    return sets, tl.where(hit, sets * WAYS + way, -1), hit
+
+
+@triton.jit
+def _mark_hits(ids, line, hit, last_use_ptr, flags_ptr, records_ptr, iteration, scan_base, known,
+               first_iteration_ptr, first_position_ptr, first_rank_ptr, num_nodes, front, limit):
+    """A hit marks its line used and, after a scan, fresh (or, given the window, sets its next use). The same
+    values for every occurrence of an id, so repeated ids may mark their line in any order."""
     safe = tl.where(hit, line, 0)
     tl.store(last_use_ptr + safe, tl.zeros_like(line) + iteration, mask=hit)
     old = tl.load(flags_ptr + safe, mask=hit, other=0)
@@ -115,6 +109,58 @@ def _find_hits(unique_ptr, n, tags_ptr, last_use_ptr, flags_ptr, records_ptr, li
     else:
         fresh = tl.where(iteration > scan_base, old | FRESH, old)  # the predicted reuse is being consumed
         tl.store(flags_ptr + safe, fresh.to(tl.uint8), mask=hit)
+
+
+@triton.jit
+def _find_hits(unique_ptr, n, tags_ptr, last_use_ptr, flags_ptr, records_ptr, line_ptr, hit_ptr, set_ptr,
+               evicted_tag_ptr, evicted_record_ptr, evicted_line_ptr, counts_ptr,
+               num_sets, iteration, scan_base, known, first_iteration_ptr, first_position_ptr, first_rank_ptr,
+               num_nodes, front, limit, WAYS: tl.constexpr, BLOCK: tl.constexpr):
+    # Also writes every id's "nothing evicted" (the outputs are allocated empty: no fill launches) and adds its
+    # misses to counts[3], which the host reads to skip the install when the batch hit in full.
+    pid = tl.program_id(0)
+    u = pid * BLOCK + tl.arange(0, BLOCK)
+    valid = u < n
+    ids = tl.load(unique_ptr + u, mask=valid, other=-1)
+    sets, line, hit = _hit_lines(ids, valid, tags_ptr, num_sets, WAYS)
+    tl.store(line_ptr + u, line, mask=valid)
+    tl.store(hit_ptr + u, hit.to(tl.int8), mask=valid)
+    tl.store(set_ptr + u, sets, mask=valid)
+    tl.store(evicted_tag_ptr + u, tl.full([BLOCK], INVALID_TAG, tl.int64), mask=valid)
+    tl.store(evicted_record_ptr + u, tl.full([BLOCK], NO_REUSE_RECORD, tl.int64), mask=valid)
+    tl.store(evicted_line_ptr + u, tl.full([BLOCK], -1, tl.int64), mask=valid)
+    tl.atomic_add(counts_ptr + 3, tl.sum((valid & ~hit).to(tl.int32), axis=0))
+    _mark_hits(ids, line, hit, last_use_ptr, flags_ptr, records_ptr, iteration, scan_base, known,
+               first_iteration_ptr, first_position_ptr, first_rank_ptr, num_nodes, front, limit)
+
+
+@triton.jit
+def _serve_hits(ids_ptr, n, num_rows, tags_ptr, last_use_ptr, flags_ptr, records_ptr, touched_ptr, stamp,
+                data_ptr, rows_ptr, row_words, hit_ptr, counts_ptr, num_sets, iteration, scan_base, known,
+                first_iteration_ptr, first_position_ptr, first_rank_ptr, num_nodes, front, limit,
+                WAYS: tl.constexpr, BLOCK: tl.constexpr, COLS: tl.constexpr):
+    # The request as it came (repeats and all): each hit marked as _find_hits marks it and its row copied to its
+    # position. counts: [positions that missed, ids out of [0, num_rows), distinct ids that hit]. A line's first
+    # visitor this lookup (touched[line] swapped from another stamp) counts its id as distinct.
+    pid = tl.program_id(0)
+    p = pid * BLOCK + tl.arange(0, BLOCK)
+    valid = p < n
+    ids = tl.load(ids_ptr + p, mask=valid, other=-1)
+    in_range = valid & (ids >= 0) & (ids < num_rows)
+    _, line, hit = _hit_lines(ids, in_range, tags_ptr, num_sets, WAYS)
+    _mark_hits(ids, line, hit, last_use_ptr, flags_ptr, records_ptr, iteration, scan_base, known,
+               first_iteration_ptr, first_position_ptr, first_rank_ptr, num_nodes, front, limit)
+    safe = tl.where(hit, line, 0)
+    first = tl.atomic_xchg(touched_ptr + safe, tl.zeros_like(safe).to(tl.int32) + stamp, mask=hit) != stamp
+    tl.atomic_add(counts_ptr + 0, tl.sum((valid & ~hit).to(tl.int32), axis=0))
+    tl.atomic_add(counts_ptr + 1, tl.sum((valid & ~in_range).to(tl.int32), axis=0))
+    tl.atomic_add(counts_ptr + 2, tl.sum((hit & first).to(tl.int32), axis=0))
+    tl.store(hit_ptr + p, hit.to(tl.int8), mask=valid)
+    for start in range(0, row_words, COLS):  # the row in words, COLS at a time
+        cols = start + tl.arange(0, COLS)
+        both = hit[:, None] & (cols[None, :] < row_words)
+        words = tl.load(data_ptr + safe[:, None] * row_words + cols[None, :], mask=both)
+        tl.store(rows_ptr + p[:, None].to(tl.int64) * row_words + cols[None, :], words, mask=both)
 
 
 @triton.jit
@@ -256,6 +302,30 @@ def _stand_ins(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.
     return _STAND_INS[device]
 
 
+def _check_ways(ways: int) -> None:
+    if ways < 1 or ways & (ways - 1):
+        raise ValueError(f"the Triton cache kernels need a power of two ways (a set is one vector), got {ways}; "
+                         "use cache.ways=32 (the default), 16, 8, ...")
+
+
+def _window_arrays(device, first_iteration, first_position, first_rank) -> tuple[bool, int, tuple]:
+    """(known, num_nodes, arrays): whether a window's first occurrences were given (next use at assign), and
+    the arrays the kernels read (single-entry stand-ins where none were)."""
+    window = (first_iteration, first_position, first_rank)
+    if any(a is None for a in window) != all(a is None for a in window):
+        raise ValueError("give all of first_iteration, first_position and first_rank (a window index's arrays) "
+                         "or none")
+    if first_iteration is None:  # the kernels read nothing through these
+        return False, 0, _stand_ins(device)
+    num_nodes = first_iteration.numel()
+    for name, array, dtype in zip(("first_iteration", "first_position", "first_rank"), window,
+                                  (torch.int32, torch.int32, torch.uint8)):
+        if array.dtype != dtype or array.numel() != num_nodes or array.device != device:
+            raise ValueError(f"{name} must be a {dtype} tensor of {num_nodes} entries on {device} (a window "
+                             f"index's array), got {array.dtype} [{array.numel()}] on {array.device}")
+    return True, num_nodes, window
+
+
 def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways: int, unique, node_static,
                  policy: int, iteration: int, scan_base: int, threshold: int, level_rank, queue_room=None,
                  first_iteration=None, first_position=None, first_rank=None, front: int = 0, limit: int = 0,
@@ -264,25 +334,9 @@ def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways:
     ``(line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use, bypassed)``.
     On a GPU it reads back the number of misses after the hit kernel (an all-hit batch launches nothing more) and,
     where there were misses, the three counts at the end."""
-    if ways < 1 or ways & (ways - 1):
-        raise ValueError(f"the Triton cache kernels need a power of two ways (a set is one vector), got {ways}; "
-                         "use cache.ways=32 (the default), 16, 8, ...")
-    window = (first_iteration, first_position, first_rank)
-    if any(a is None for a in window) != all(a is None for a in window):
-        raise ValueError("give all of first_iteration, first_position and first_rank (a window index's arrays) "
-                         "or none")
-    known = first_iteration is not None  # next use at assign
+    _check_ways(ways)
     device = tags.device
-    if known:
-        num_nodes = first_iteration.numel()
-        for name, array, dtype in zip(("first_iteration", "first_position", "first_rank"), window,
-                                      (torch.int32, torch.int32, torch.uint8)):
-            if array.dtype != dtype or array.numel() != num_nodes or array.device != device:
-                raise ValueError(f"{name} must be a {dtype} tensor of {num_nodes} entries on {device} (a window "
-                                 f"index's array), got {array.dtype} [{array.numel()}] on {array.device}")
-    else:  # the kernels read nothing through these: single entries stand in
-        num_nodes = 0
-        window = _stand_ins(device)
+    known, num_nodes, window = _window_arrays(device, first_iteration, first_position, first_rank)
     bypass = bool(bypass) and known
     n = unique.numel()
     num_sets = tags.numel() // ways
@@ -332,3 +386,41 @@ def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways:
         limit, WAYS=ways, num_warps=1)
     evictions, in_use, bypassed, _ = counts.tolist()
     return line, hit, evicted_tag, evicted_record, evicted_line, evictions, in_use, bypassed
+
+
+#: ids per program of _serve_hits, and the most words of a row it copies at once (a [ids, words] tile)
+SERVE_BLOCK, SERVE_TILE_WORDS = 16, 2048
+
+
+def row_words(rows: torch.Tensor) -> torch.Tensor:
+    """A contiguous ``[n, ...]`` tensor as ``[n, words]`` of the widest integer its row bytes divide into (the
+    same memory), so a row copy moves as few elements as it can."""
+    as_bytes = rows.reshape(rows.shape[0], math.prod(rows.shape[1:])).view(torch.uint8)
+    for word in (torch.int64, torch.int32, torch.int16):
+        size = torch.empty((), dtype=word).element_size()
+        if as_bytes.shape[1] % size == 0 and as_bytes.data_ptr() % size == 0:
+            return as_bytes.view(word)
+    return as_bytes
+
+
+def cache_serve_hits(tags, records, flags, last_use, touched, stamp: int, ways: int, ids, num_rows: int, data,
+                     rows, hit, counts, iteration: int, scan_base: int, first_iteration=None, first_position=None,
+                     first_rank=None, front: int = 0, limit: int = 0) -> None:
+    """The hits of a request, served before anything else: ``hit[i]`` (int8) says whether ``ids[i]`` is cached,
+    its line is marked as an assign marks a hit (``_find_hits``), and its row is copied from ``data`` to
+    ``rows[i]`` (both ``[lines or n, words]`` views, :func:`row_words`). ``counts`` (int32[3], zeroed here)
+    gets the positions that missed, the ids outside ``[0, num_rows)`` and the distinct ids that hit, counted by
+    stamping their lines in ``touched`` (int32 per line) with ``stamp``, which must differ from every stamp
+    there. Misses change nothing: the caller reads ``counts`` and, where any id missed, assigns the batch."""
+    _check_ways(ways)
+    known, num_nodes, window = _window_arrays(tags.device, first_iteration, first_position, first_rank)
+    counts.zero_()
+    n = ids.numel()
+    if n == 0:
+        return
+    words = data.shape[1]
+    cols = min(triton.next_power_of_2(max(words, 1)), SERVE_TILE_WORDS // SERVE_BLOCK)
+    _serve_hits[(triton.cdiv(n, SERVE_BLOCK),)](
+        ids, n, num_rows, tags, last_use, flags, records, touched, stamp, data, rows, words, hit, counts,
+        tags.numel() // ways, iteration, scan_base, int(known), *window, num_nodes, front, limit,
+        WAYS=ways, BLOCK=SERVE_BLOCK, COLS=cols)

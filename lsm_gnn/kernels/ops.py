@@ -92,6 +92,38 @@ def _(tags, records, flags, static_score, last_use, rr_pointer, ways, unique, no
         bypass)
 
 
+@custom_op("lsm_gnn::cache_serve_hits", mutates_args=("records", "flags", "last_use", "touched", "rows", "hit",
+                                                    "counts"))
+def cache_serve_hits(tags: torch.Tensor, records: torch.Tensor, flags: torch.Tensor, last_use: torch.Tensor,
+                     touched: torch.Tensor, stamp: int, ways: int, ids: torch.Tensor, num_rows: int,
+                     data: torch.Tensor, rows: torch.Tensor, hit: torch.Tensor, counts: torch.Tensor, iteration: int,
+                     scan_base: int, first_iteration: torch.Tensor | None, first_position: torch.Tensor | None,
+                     first_rank: torch.Tensor | None, front: int, limit: int) -> None:
+    """A request's hits served in one kernel, before any other work: each hit's line marked as
+    :func:`cache_assign` marks it and its row copied to its position; ``counts`` gets the positions that missed,
+    the ids out of range and the distinct ids that hit (:func:`lsm_gnn.kernels.cache_assign.cache_serve_hits`).
+    A device op (the C++ core assigns a whole batch faster than it would probe): on CPU tensors it runs the
+    Triton kernel under the interpreter (``kernels=triton``), as tests do."""
+    raise _no_kernel("cache_serve_hits", tags)
+
+
+def _serve_hits_kernel(on_cpu: bool):
+    def kernel(*args):
+        return triton_module("cache_assign", on_cpu=on_cpu).cache_serve_hits(*args)
+    return kernel
+
+
+@cache_serve_hits.register_kernel("cpu")
+def _(*args):
+    if kernel_mode() != "triton":
+        raise RuntimeError("lsm_gnn::cache_serve_hits runs on CUDA tensors, or on CPU tensors under Triton's "
+                           "interpreter (lsm_gnn.kernels.using('triton')); a CPU cache assigns whole batches")
+    return _serve_hits_kernel(on_cpu=True)(*args)
+
+
+cache_serve_hits.register_kernel("cuda")(_serve_hits_kernel(on_cpu=False))
+
+
 @custom_op("lsm_gnn::cache_scan", mutates_args=("records", "flags"))
 def cache_scan(tags: torch.Tensor, records: torch.Tensor, flags: torch.Tensor, first_iteration: torch.Tensor,
                first_position: torch.Tensor, first_rank: torch.Tensor, front: int, limit: int,

@@ -1,0 +1,164 @@
+"""Serving hits first (lsm_gnn.cache.hits_first): a device cache that serves each batch's hits in one kernel before
+anything else returns the file's bytes and decides exactly as the CPU cache on the C++ core, batch by batch: the
+same rows, hit masks, lines, state and counters, over traces whose batches hit in full, partly and not at all, with
+repeated ids, scans due, next use at assign and Belady's bypass. The kernel runs under Triton's interpreter."""
+import numpy as np
+import pytest
+import torch
+
+import lsm_gnn  # noqa: F401  (turns on Triton's interpreter on a machine without a GPU, before triton's import)
+
+pytest.importorskip("triton")
+
+from host_budget import HostWork, device_cache, device_mode  # noqa: E402
+from lsm_gnn import kernels, open_storage  # noqa: E402
+from lsm_gnn.cache import SoftwareCache, WindowBuffer  # noqa: E402
+from lsm_gnn.cache import hits_first  # noqa: E402
+from lsm_gnn.kernels.cache_assign import row_words  # noqa: E402
+from lsm_gnn.testing import write_tiny_dataset  # noqa: E402
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="runs the kernel under Triton's interpreter")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_tiny_dataset(tmp_path_factory.mktemp("hits_first") / "ds", num_nodes=300, dim=6)
+
+
+def trace(seed: int, num_batches: int = 8, size: int = 40, num_nodes: int = 300):
+    """Batches of hot ids repeated within and across batches (hits in full, once installed) between batches that
+    add a few cold ids (misses), and an empty batch."""
+    rng = np.random.default_rng(seed)
+    hot = rng.choice(num_nodes, 16, replace=False)
+    cold = [rng.integers(0, num_nodes, 6) if k % 2 == 0 else np.empty(0, np.int64) for k in range(num_batches)]
+    batches = [torch.from_numpy(np.concatenate([rng.choice(hot, size - len(c)), c])) for c in cold]
+    batches.insert(5, torch.empty(0, dtype=torch.int64))
+    return batches
+
+
+def warm_cache(path, num_sets: int, ids: torch.Tensor, kind: str = "pread"):
+    """A device-mode cache (under device_mode) of ``num_sets`` x 8 lines that has looked ``ids`` up once."""
+    cache = device_cache(open_storage(path, kind), num_sets=num_sets, ways=8, read_ahead=0)
+    cache.lookup(ids)
+    return cache
+
+
+def serve(cache, batches, window: int = 3):
+    out = []
+    for k, batch in enumerate(batches):
+        future = WindowBuffer(window + 1, cache.storage.num_rows)
+        for ahead in batches[k + 1:k + 1 + window]:
+            future.push(ahead)
+        rows, hit = cache.lookup(batch, future=future)
+        state = [t.clone() for t in cache.state.tensors()]  # every field, last use included
+        out.append((rows.clone(), hit.clone(), cache.lines_of(torch.arange(cache.storage.num_rows)).clone(), state))
+    return out
+
+
+@pytest.mark.parametrize("policy,seed", [("farthest", 0), ("hybrid", 1), ("lru", 2)])
+def test_serving_hits_first_returns_the_file_and_decides_as_the_cpu_cache(dataset, policy, seed):
+    ds, features = dataset
+    storage = open_storage(ds.path, "pread")
+    batches = trace(seed)
+    kwargs = dict(num_sets=8, ways=8, policy=policy, window=3, period=2, read_ahead=0)
+    reference = SoftwareCache(storage, **kwargs)
+    want = serve(reference, batches)
+    with pytest.MonkeyPatch.context() as monkeypatch, device_mode(monkeypatch):
+        cache = device_cache(storage, **kwargs)
+        served = []
+        original = cache._account
+        cache._account = lambda plan, caller=None: (served.append(plan.served), original(plan, caller))[1]
+        got = serve(cache, batches)
+    assert served.count(True) >= 3 and served.count(False) >= 3, served  # both paths ran
+    for k, ((want_rows, want_hit, want_lines, want_state), (rows, hit, lines, state)) in enumerate(zip(want, got)):
+        assert torch.equal(rows, torch.from_numpy(features[batches[k].numpy()])), f"batch {k}: rows differ"
+        assert torch.equal(hit, want_hit), f"batch {k}: hits differ"
+        assert torch.equal(lines, want_lines), f"batch {k}: lines differ"
+        for name, a, b in zip(("tags", "records", "flags", "static", "last use", "rr pointer"), want_state, state):
+            assert torch.equal(a, b), f"batch {k}: {name} differs from the CPU cache's"
+    assert vars(cache.stats) == vars(reference.stats)
+
+
+def test_an_id_out_of_range_is_refused_as_the_cpu_cache_refuses_it_and_rows_stay_exact(dataset):
+    ds, features = dataset
+    storage = open_storage(ds.path, "pread")
+    with pytest.MonkeyPatch.context() as monkeypatch, device_mode(monkeypatch):
+        cache = device_cache(storage, num_sets=4, ways=8, read_ahead=0)
+        cache.lookup(torch.arange(10))
+        for bad, named in (([3, -2, 5], -2), ([1, 300, 2], 300), ([-1, 301], -1)):
+            with pytest.raises(IndexError, match=rf"node id {named} is out of range \[0, 300\)"):
+                cache.lookup(torch.tensor(bad))
+        rows, hit = cache.lookup(torch.tensor([2, 9, 2, 11]))
+    assert torch.equal(rows, torch.from_numpy(features[[2, 9, 2, 11]]))
+    assert hit.tolist() == [True, True, True, False] and cache.stats.iterations == 2
+
+
+@pytest.mark.parametrize("dtype,dim", [("float32", 300), ("float16", 3), ("uint8", 5), ("int8", 8)])
+def test_every_row_width_is_copied_whole(tmp_path, dtype, dim):
+    """Rows of 1,200 bytes (more words than one tile holds), 6 (int16 words), 5 (bytes) and 8: the file's bytes,
+    into a caller's ``out`` too."""
+    ds, features = write_tiny_dataset(tmp_path / "ds", num_nodes=64, dim=dim, dtype=dtype)
+    storage = open_storage(ds.path, "pread")
+    ids = torch.tensor([5, 63, 0, 5, 17])
+    with pytest.MonkeyPatch.context() as monkeypatch, device_mode(monkeypatch):
+        cache = device_cache(storage, num_sets=2, ways=8, read_ahead=0)
+        cache.lookup(ids)
+        out = torch.full((5, dim), 7, dtype=cache.data.dtype)
+        rows, hit = cache.lookup(ids, out=out)
+    assert rows is out and bool(hit.all())
+    assert np.array_equal(out.numpy().view(np.uint8), features[ids.numpy()].view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype,dim,word", [("float32", 6, torch.int64), ("float32", 3, torch.int32),
+                                            ("float16", 3, torch.int16), ("uint8", 5, torch.uint8)])
+def test_rows_move_as_the_widest_word_their_bytes_divide_into(dtype, dim, word):
+    rows = torch.zeros((4, dim), dtype=getattr(torch, dtype))
+    words = row_words(rows)
+    assert words.dtype == word and words.data_ptr() == rows.data_ptr()
+    assert words.shape == (4, rows.element_size() * dim // words.element_size())
+
+
+def test_repeated_ids_count_once_across_the_stamps_wrap(dataset, monkeypatch):
+    """Distinct hits are counted by stamping lines; the stamps start again after 2**31 lookups."""
+    with device_mode(monkeypatch):
+        cache = warm_cache(dataset[0].path, 4, torch.arange(12))
+        cache._hits_first._stamp = hits_first._LAST_STAMP - 1
+        for _ in range(3):  # the last stamp, then the wrap
+            before = cache.stats.unique
+            cache.lookup(torch.tensor([4, 4, 7, 4, 11, 7]))
+            assert cache.stats.unique - before == 3
+    assert cache._hits_first._stamp == 2 and cache.stats.hits == 9
+
+
+def test_an_all_hit_batch_over_a_table_takes_updates_after_it(tmp_path, monkeypatch):
+    """A writable storage (an embedding table in memory): rows updated after a served batch are read back."""
+    ds, features = write_tiny_dataset(tmp_path / "ds", num_nodes=50, dim=4)
+    ids = torch.tensor([3, 8, 3])
+    with device_mode(monkeypatch):
+        cache = warm_cache(ds.path, 2, ids, kind="memory")
+        cache.lookup(ids)
+        cache.update(torch.tensor([3]), torch.full((1, 4), 2.5), lambda rows, new: new)
+        rows, hit = cache.lookup(ids)
+    assert bool(hit.all()) and torch.equal(rows[[0, 2]], torch.full((2, 4), 2.5))
+    assert torch.equal(rows[1], torch.from_numpy(features[8]))
+
+
+def test_an_all_hit_lookup_is_one_kernel_and_one_read_back_whatever_its_size(dataset, monkeypatch):
+    with device_mode(monkeypatch):
+        cache = warm_cache(dataset[0].path, 32, torch.arange(60))
+        for n in (1, 60, 200):
+            ids = torch.arange(60).repeat(4)[:n]
+            work = HostWork()
+            work.device(cache.state, cache.data, cache._hits_first)
+            work.call(lambda i: cache.lookup(i), ids)
+            assert work.launched == ["zero_", "_serve_hits"] and work.counts.reads_back == 1, work.what
+
+
+def test_hits_first_is_refused_where_it_cannot_run(dataset):
+    ds, _ = dataset
+    storage = open_storage(ds.path, "pread")
+    with pytest.raises(ValueError, match="hits_first=True needs pvp=False"), kernels.using("triton"):
+        SoftwareCache(storage, num_sets=4, ways=8, pvp=True, hits_first=True)
+    with pytest.raises(ValueError, match="under Triton's interpreter"), kernels.using("native"):
+        SoftwareCache(storage, num_sets=4, ways=8, hits_first=True)
+    assert SoftwareCache(storage, num_sets=4, ways=8)._hits_first is None  # a CPU cache assigns whole batches
