@@ -76,7 +76,7 @@ def cache_all_hit(device, num_lines: int, batch: int, row_bytes: int, repeats: i
 
     def assign(ids, iteration):
         return torch.ops.lsm_gnn.cache_assign(*state, ways, ids, None, policy, iteration, 0, 32, [0, 1, 2, 3],
-                                              None, None, None, None, 0, 0, False, 0)
+                                              None, None, None, None, 0, 0, False, False, 0)
 
     line, _, *_ = assign(hot, 0)  # fill
     out = torch.empty(batch, dim, device=device)

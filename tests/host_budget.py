@@ -266,7 +266,11 @@ def _triton_twin(op: str, args, kwargs):
     if op == "sample_hops":  # (indptr, indices, seeds, fanouts, seed, iteration, num_threads, num_ids=-1)
         num_ids = args[7] if len(args) > 7 else kwargs.get("num_ids", -1)
         return _flatten(triton_module("sampler", on_cpu=True).sample_hops(*args[:6], num_ids))
-    module = {"cache_assign": "cache_assign", "cache_serve_hits": "cache_assign", "cache_scan": "window_scan", "victim_enqueue": "victim_enqueue"}
+    if op == "cache_assign":  # (..., bypass, has_misses, num_threads)
+        return triton_module("cache_assign", on_cpu=True).cache_assign(*args[:-2], has_misses=args[-2])
+    if op == "cache_serve_hits":
+        return triton_module("cache_assign", on_cpu=True).cache_serve_hits(*args)
+    module = {"cache_scan": "window_scan", "victim_enqueue": "victim_enqueue"}
     if op in module:  # their last argument is the C++ core's thread count
         return getattr(triton_module(module[op], on_cpu=True), op)(*args[:-1])
     return getattr(triton_module("victim_serve", on_cpu=True), op)(*args, **kwargs)

@@ -17,6 +17,7 @@ import torch
 from lsm_gnn.cache.state import CacheState
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
 from lsm_gnn.kernels.cache_assign import row_words
+from lsm_gnn.kernels.layout import NO_ID
 
 _LAST_STAMP = 2**31 - 1
 
@@ -57,3 +58,18 @@ class HitsFirst:
                                            hit, self.counts, iteration, scan_base, *arrays, front, limit)
         misses, out_of_range, distinct = self.counts.tolist()  # the one read back of an all-hit batch
         return Probe(hit.view(torch.bool), misses, out_of_range, distinct)
+
+
+def distinct_padded(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.unique(ids, return_inverse=True)`` without reading its size back: the sorted distinct ids padded
+    with ``NO_ID`` to ``len(ids)`` (the assign gives padding no line), the inverse, and their number as a
+    one-element tensor on the ids' device. ``ids`` must not be empty."""
+    ordered, order = torch.sort(ids)
+    first = torch.ones(ids.numel(), dtype=torch.bool, device=ids.device)  # of each run of equal ids
+    torch.ne(ordered[1:], ordered[:-1], out=first[1:])
+    rank = torch.cumsum(first, 0) - 1
+    unique = torch.full_like(ids, NO_ID)
+    unique.scatter_(0, rank, ordered)  # a run's ids all write the same value to its slot
+    inverse = torch.empty_like(rank)
+    inverse.scatter_(0, order, rank)
+    return unique, inverse, rank[-1:] + 1

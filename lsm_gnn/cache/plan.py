@@ -48,6 +48,8 @@ class LookupPlan:
     scan_due: bool = False       # the window scan is due at assign
     served: bool = False         # serving hits first, every id hit: rows and request_hit are final
     num_unique: int = 0          # served: its distinct ids
+    num_distinct: torch.Tensor | None = None  # serving hits first: unique is padded, its count on the device
+    distinct_at_most: int = 0    # and at most the distinct ids that hit plus the positions that missed
     # before_assign (the paper's PVP mode)
     keep: torch.Tensor | None = None      # where some ids bypass the cache: the positions of cache_ids in unique
     # assign
@@ -62,5 +64,7 @@ class LookupPlan:
     from_pvp: torch.Tensor | None = None  # per distinct id: served from the victim buffer (None: none is);
     entry: torch.Tensor | None = None     # its line among the prefetched rows (the paper's mode: before_assign)
     # fill
-    miss: torch.Tensor | None = None      # the distinct ids read from storage
+    miss: torch.Tensor | None = None      # the distinct ids read from storage (their positions in unique)
+    miss_ids: torch.Tensor | None = None  # their ids, on the host
+    miss_cached: torch.Tensor | None = None  # whether each got a line, on the host (serving hits first)
     pvp_hits: int = 0                     # distinct ids served from the victim buffer

@@ -16,7 +16,7 @@ import torch
 
 from lsm_gnn.cache.geometry import CacheTooSmall, cache_geometry
 from lsm_gnn.cache.hashing import set_of
-from lsm_gnn.cache.hits_first import HitsFirst
+from lsm_gnn.cache.hits_first import HitsFirst, distinct_padded
 from lsm_gnn.kernels.layout import INDEX_MASK, INVALID_TAG, REUSE_SHIFT
 from lsm_gnn.cache.policies import PolicyConfig, quantize_scores
 from lsm_gnn.cache.plan import LookupPlan
@@ -24,7 +24,7 @@ from lsm_gnn.cache.pvp import DEFAULT_QUEUE_BYTES, VictimBuffer, queue_capacity_
 from lsm_gnn.cache.pvp_modes import lookup_strategy
 from lsm_gnn.cache.read_ahead import ReadAhead, default_depth
 from lsm_gnn.cache.staging import MissStaging, side_stream
-from lsm_gnn.cache.state import CacheState
+from lsm_gnn.cache.state import Assignment, CacheState
 from lsm_gnn.cache.stats import CacheStats
 from lsm_gnn.cache.window import WindowBuffer
 from lsm_gnn.defaults import PERIOD, READ_AHEAD_BYTES, WAYS, WINDOW, policy_for
@@ -318,7 +318,7 @@ class SoftwareCache(StorageShape):
         """The batch's plan: its distinct ids, checked against the storage, and its prefetched lines. Serving hits
         first, the window scan when due and the hits come first; a batch that hit in full is then served."""
         self._check_intact()
-        t, scanned, rows = self.iteration, False, None
+        t, scanned, rows, distinct_at_most = self.iteration, False, None, 0
         window, scan_now = self._window(t, future)
         if self._hits_first is not None:
             if scan_now:  # a scan precedes the batch's hits
@@ -332,11 +332,17 @@ class SoftwareCache(StorageShape):
             if probe.misses == 0:
                 return LookupPlan(t, ids, None, None, future, out, cache_ids=None, served=True, rows=rows,
                                   request_hit=probe.hit, num_unique=probe.distinct_hits)
-        unique, inverse = unique_ids(ids)
-        if self._hits_first is None and unique.numel():  # (served first, they were checked)
-            self._check_range(int(unique[0]), int(unique[-1]))
+            distinct_at_most = probe.distinct_hits + probe.misses
+        num_distinct = None
+        if self._hits_first is not None:  # padded to the batch's size, their count left on the device
+            unique, inverse, num_distinct = distinct_padded(ids)
+        else:
+            unique, inverse = unique_ids(ids)
+            if unique.numel():
+                self._check_range(int(unique[0]), int(unique[-1]))
         plan = LookupPlan(t, ids, unique, inverse, future, out, cache_ids=unique, window=window,
-                          scan_due=scan_now and not scanned, rows=rows)
+                          scan_due=scan_now and not scanned, rows=rows, num_distinct=num_distinct,
+                          distinct_at_most=distinct_at_most)
         self._victims.take(plan)
         return plan
 
@@ -368,13 +374,32 @@ class SoftwareCache(StorageShape):
     def _assign(self, plan: LookupPlan) -> None:
         """Hits, victims and installs of the ids the cache sees, after the window scan when one is due."""
         if plan.cache_ids.numel() > self.num_lines and not self.oversubscribe:
-            raise CacheTooSmall(plan.cache_ids.numel(), self.num_lines, self.storage.row_bytes)
+            # (Padded, the distinct ids are at most those that hit and the ids that missed: read their number
+            # back only where that bound does not fit.)
+            distinct = plan.cache_ids.numel() if plan.num_distinct is None else \
+                plan.distinct_at_most if plan.distinct_at_most <= self.num_lines else int(plan.num_distinct)
+            if distinct > self.num_lines:
+                raise CacheTooSmall(distinct, self.num_lines, self.storage.row_bytes)
         if plan.scan_due:
             self._scan(plan.window)
         p = self.policy
-        plan.done = self.state.assign(plan.cache_ids, self.node_static, p, plan.t, self.scan_base,
-                                      self._victims.room(p), self.num_threads, plan.window)
+        assigned = self.state.assign(plan.cache_ids, self.node_static, p, plan.t, self.scan_base,
+                                     self._victims.room(p), self.num_threads, plan.window,
+                                     has_misses=plan.num_distinct is not None)
+        plan.done = assigned.read() if plan.num_distinct is None else self._read_assigned(plan, assigned)
         plan.line, plan.hit = plan.done.line, plan.done.hit
+
+    def _read_assigned(self, plan: LookupPlan, assigned) -> Assignment:
+        """Serving hits first: the assign's counts, the number of distinct ids and the ids that missed with
+        their lines, in one read back (of the batch's size); the plan's distinct ids cut to their number."""
+        order = torch.argsort(assigned.hit, stable=True)  # the misses first, in ascending id order
+        host = torch.cat([assigned.counts, plan.num_distinct, plan.cache_ids[order], assigned.line[order]]).cpu()
+        n, counts, num_unique = order.numel(), host[:4].tolist(), int(host[4])
+        misses = counts[3]
+        plan.miss = order[:misses]
+        plan.miss_ids, plan.miss_cached = host[5:5 + misses], host[5 + n:5 + n + misses] >= 0
+        plan.unique = plan.cache_ids = plan.unique[:num_unique]
+        return Assignment(*(t[:num_unique] for t in assigned[:5]), *counts[:3])
 
     def _evict(self, plan: LookupPlan) -> None:
         """The victims leave before any row overwrites their lines: dirty ones to the storage (so a parked copy
@@ -407,8 +432,11 @@ class SoftwareCache(StorageShape):
 
     def _fill(self, plan: LookupPlan) -> None:
         """The misses from storage, the rows in request order, then the rows the victim buffer served."""
-        need = ~plan.hit if plan.from_pvp is None else ~plan.hit & ~plan.from_pvp  # read from storage
-        plan.miss = torch.nonzero(need).reshape(-1)
+        if plan.miss is None:  # (serving hits first, the assign's read back found them)
+            need = ~plan.hit if plan.from_pvp is None else ~plan.hit & ~plan.from_pvp  # read from storage
+            plan.miss = torch.nonzero(need).reshape(-1)
+            if plan.miss.numel():
+                plan.miss_ids = plan.unique[plan.miss].cpu()
         apart = self._read_misses(plan) if plan.miss.numel() else None
         if plan.one_gather:  # PVP-served ids without a line (the paper's mode) get their rows from the PVP below
             torch.index_select(self.data, 0, plan.request_line.clamp_min(0), out=plan.rows)
@@ -420,17 +448,18 @@ class SoftwareCache(StorageShape):
         """Reads the misses into their lines; returns the distinct ids whose rows go to their positions from
         elsewhere than a line (misses the policy left uncached, or all when hit rows went first) and those rows.
         Rows read ahead (:meth:`_request_ahead`) are taken from there; the storage reads the rest."""
-        miss = plan.miss
-        early = None if self.read_ahead is None else self.read_ahead.take(plan.t, plan.unique[miss].cpu())
+        miss, miss_ids, miss_cached = plan.miss, plan.miss_ids, plan.miss_cached
+        early = None if self.read_ahead is None else self.read_ahead.take(plan.t, miss_ids)
         self.stats.bytes_read += miss.numel() * self.storage.row_bytes
         if early is None:
-            return self._read_rows(plan, miss)
-        where, rows = early[0].to(self.device), early[1].to(self.device)
-        left = torch.ones(miss.numel(), dtype=torch.bool, device=self.device)
+            return self._read_rows(plan, miss, miss_ids, miss_cached)
+        where, rows = torch.as_tensor(early[0]).cpu(), early[1].to(self.device)
+        left = torch.ones(miss.numel(), dtype=torch.bool)  # on the host, where the ids are
         left[where] = False
         left = torch.nonzero(left).reshape(-1)
-        apart = self._read_rows(plan, miss[left]) if left.numel() else None
-        got = miss[where]
+        apart = self._read_rows(plan, miss[left.to(self.device)], miss_ids[left],
+                                None if miss_cached is None else miss_cached[left]) if left.numel() else None
+        got = miss[where.to(self.device)]
         lines = plan.line[got]
         cached = lines >= 0
         self.data.index_copy_(0, lines[cached], rows[cached])
@@ -463,22 +492,24 @@ class SoftwareCache(StorageShape):
             if want.numel():
                 self.read_ahead.request(self.iteration + j, want)
 
-    def _read_rows(self, plan: LookupPlan, miss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Reads the rows of the misses ``miss`` (positions in ``plan.unique``) from the storage into their lines;
+    def _read_rows(self, plan: LookupPlan, miss: torch.Tensor, miss_ids: torch.Tensor,
+                   miss_cached: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Reads the rows of the misses ``miss`` (positions in ``plan.unique``; ``miss_ids`` their ids on the
+        host, ``miss_cached`` whether each got a line, on the host where known) from the storage into their lines;
         returns the rows that go to their positions apart, as :meth:`_read_misses` does."""
-        unique = plan.unique
-        miss_ids, miss_lines = unique[miss].cpu(), plan.line[miss]
+        miss_lines = plan.line[miss]
         cached = miss_lines >= 0
         # A miss without a line: bypassed, or (sets overflowing) its line taken again by a later id.
-        every_miss_cached = (plan.one_gather and plan.done.bypassed == 0) or bool(cached.all())
+        every_miss_cached = (plan.one_gather and plan.done.bypassed == 0) or bool(
+            (cached if miss_cached is None else miss_cached).all())
         apart = None
         if plan.one_gather and self._read_into is not None:  # read straight into their lines
             if every_miss_cached:
                 self._read_into(miss_ids, self.data, miss_lines)
             else:
-                self._read_into(miss_ids[cached.cpu()], self.data, miss_lines[cached])
-                uncached = miss[~cached]
-                apart = (uncached, self.storage.read(unique[uncached].cpu()))
+                on_host = cached.cpu() if miss_cached is None else miss_cached
+                self._read_into(miss_ids[on_host], self.data, miss_lines[cached])
+                apart = (miss[~cached], self.storage.read(miss_ids[~on_host]))
         else:
             fetched = self.storage.read(miss_ids).to(self.device) if self._staging is None else \
                 self._staging.read(self.storage, miss_ids)

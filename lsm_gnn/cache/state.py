@@ -16,6 +16,23 @@ from lsm_gnn.cache.policies import POLICY_CODE, PolicyConfig
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
 
 
+class Assigned(NamedTuple):
+    """What assigning one batch of distinct ids did, entry by entry (``csrc/cache/cpu_cache.h``), with its
+    counts still on the cache's device (:class:`Assignment` once read)."""
+
+    line: torch.Tensor
+    hit: torch.Tensor
+    evicted_tag: torch.Tensor
+    evicted_record: torch.Tensor
+    evicted_line: torch.Tensor
+    counts: torch.Tensor          # int64 [evictions, evicted_in_use, bypassed, misses]
+
+    def read(self, counts: list[int] | None = None) -> "Assignment":
+        """As an :class:`Assignment`, given the counts read back (``None``: read them now)."""
+        evictions, in_use, bypassed, _ = self.counts.tolist() if counts is None else counts
+        return Assignment(*self[:5], evictions, in_use, bypassed)
+
+
 class Assignment(NamedTuple):
     """What assigning one batch of distinct ids did, entry by entry (``csrc/cache/cpu_cache.h``)."""
 
@@ -64,19 +81,20 @@ class CacheState:
 
     def assign(self, unique: torch.Tensor, node_static: torch.Tensor | None, policy: PolicyConfig, iteration: int,
                scan_base: int, queue_room: torch.Tensor | None = None, num_threads: int = 0,
-               window: tuple | None = None) -> Assignment:
+               window: tuple | None = None, has_misses: bool = False) -> Assigned:
         """Hits, victims and installs of one batch of sorted distinct ids under ``policy``.
 
         ``window``: the window's ``(first_iteration, first_position, first_rank, front)``
         (:meth:`lsm_gnn.cache.WindowBuffer.first_occurrence`) for a policy with ``assign_next_use``:
-        hit and installed lines then get their next use now rather than at the next scan."""
+        hit and installed lines then get their next use now rather than at the next scan. ``has_misses``: the
+        caller knows some id misses; ``unique`` may then end with ``NO_ID`` padding (``lsm_gnn::cache_assign``)."""
         arrays, front = (None, None, None), 0
         if window is not None and policy.assign_next_use:
             *arrays, front = window
-        return Assignment(*torch.ops.lsm_gnn.cache_assign(
+        return Assigned(*torch.ops.lsm_gnn.cache_assign(
             *self.tensors(), self.ways, unique, node_static, POLICY_CODE[policy.name], iteration, scan_base,
             policy.near_threshold, list(policy.level_rank), queue_room, *arrays, front, policy.window,
-            policy.bypass and arrays[0] is not None, num_threads))
+            policy.bypass and arrays[0] is not None, has_misses, num_threads))
 
     def scan(self, first_iteration: torch.Tensor, first_position: torch.Tensor, first_rank: torch.Tensor,
              front: int, limit: int, num_threads: int = 0) -> None:

@@ -36,6 +36,7 @@ from lsm_gnn.kernels.codes import LEVEL_CODE, POLICY_CODE
 # Kernels read globals only as compile-time constants.
 FRESH = tl.constexpr(layout.FRESH)
 INVALID_TAG = tl.constexpr(layout.INVALID_TAG)
+NO_ID = tl.constexpr(layout.NO_ID)
 NO_REUSE = tl.constexpr(layout.NO_REUSE)
 NO_REUSE_RECORD = tl.constexpr(layout.NO_REUSE_RECORD)
 REUSE_SHIFT = tl.constexpr(layout.REUSE_SHIFT)
@@ -122,14 +123,15 @@ def _find_hits(unique_ptr, n, tags_ptr, last_use_ptr, flags_ptr, records_ptr, li
     u = pid * BLOCK + tl.arange(0, BLOCK)
     valid = u < n
     ids = tl.load(unique_ptr + u, mask=valid, other=-1)
-    sets, line, hit = _hit_lines(ids, valid, tags_ptr, num_sets, WAYS)
+    pad = ids == NO_ID  # (after the distinct ids) no line, and not a miss
+    sets, line, hit = _hit_lines(ids, valid & ~pad, tags_ptr, num_sets, WAYS)
     tl.store(line_ptr + u, line, mask=valid)
-    tl.store(hit_ptr + u, hit.to(tl.int8), mask=valid)
+    tl.store(hit_ptr + u, (hit | pad).to(tl.int8), mask=valid)
     tl.store(set_ptr + u, sets, mask=valid)
     tl.store(evicted_tag_ptr + u, tl.full([BLOCK], INVALID_TAG, tl.int64), mask=valid)
     tl.store(evicted_record_ptr + u, tl.full([BLOCK], NO_REUSE_RECORD, tl.int64), mask=valid)
     tl.store(evicted_line_ptr + u, tl.full([BLOCK], -1, tl.int64), mask=valid)
-    tl.atomic_add(counts_ptr + 3, tl.sum((valid & ~hit).to(tl.int32), axis=0))
+    tl.atomic_add(counts_ptr + 3, tl.sum((valid & ~hit & ~pad).to(tl.int32), axis=0))
     _mark_hits(ids, line, hit, last_use_ptr, flags_ptr, records_ptr, iteration, scan_base, known,
                first_iteration_ptr, first_position_ptr, first_rank_ptr, num_nodes, front, limit)
 
@@ -329,11 +331,12 @@ def _window_arrays(device, first_iteration, first_position, first_rank) -> tuple
 def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways: int, unique, node_static,
                  policy: int, iteration: int, scan_base: int, threshold: int, level_rank, queue_room=None,
                  first_iteration=None, first_position=None, first_rank=None, front: int = 0, limit: int = 0,
-                 bypass: bool = False, block: int = 128):
-    """Triton twin of ``_C.cache_assign`` (same arguments, same outputs, same state changes):
-    ``(line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use, bypassed)``.
-    On a GPU it reads back the number of misses after the hit kernel (an all-hit batch launches nothing more) and,
-    where there were misses, the three counts at the end."""
+                 bypass: bool = False, block: int = 128, has_misses: bool = False):
+    """Triton twin of ``_C.cache_assign`` (same arguments, same decisions, same state changes) as the op
+    ``lsm_gnn::cache_assign`` returns it: ``(line, hit, evicted_tag, evicted_record, evicted_line, counts)``,
+    ``counts`` int64 ``[evictions, evicted_in_use, bypassed, misses]`` on the device. On a GPU it reads back the
+    number of misses after the hit kernel (an all-hit batch launches nothing more), unless ``has_misses`` says
+    there are some; then it reads nothing, and ``unique`` may end with ``NO_ID`` padding."""
     _check_ways(ways)
     device = tags.device
     known, num_nodes, window = _window_arrays(device, first_iteration, first_position, first_rank)
@@ -344,9 +347,9 @@ def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways:
     outputs = torch.empty(5, n, dtype=torch.int64, device=device)
     line, sets, evicted_tag, evicted_record, evicted_line = outputs.unbind(0)
     hit8 = torch.empty(n, dtype=torch.int8, device=device)
-    counts = torch.zeros(4, dtype=torch.int32, device=device)  # evictions, in use, bypassed, misses
+    counts = torch.zeros(4, dtype=torch.int64, device=device)  # evictions, in use, bypassed, misses
     if n == 0:
-        return line, hit8.view(torch.bool), evicted_tag, evicted_record, evicted_line, 0, 0, 0
+        return line, hit8.view(torch.bool), evicted_tag, evicted_record, evicted_line, counts
     # Fewer ids a program as the ways widen: the [ids, ways] tile of tags stays in registers.
     rows = max(1, min(block, FIND_HITS_TILE_ELEMENTS // ways))
     _find_hits[(triton.cdiv(n, rows),)](unique, n, tags, last_use, flags, records, line, hit8, sets,
@@ -354,9 +357,9 @@ def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways:
                                         iteration, scan_base, int(known), *window, num_nodes, front, limit,
                                         WAYS=ways, BLOCK=rows)
     hit = hit8.view(torch.bool)  # 0 or 1 in every byte
-    misses = int(counts[3])  # the first of at most two reads back; an all-hit batch ends here
-    if misses == 0:
-        return line, hit, evicted_tag, evicted_record, evicted_line, 0, 0, 0
+    misses = n if has_misses else int(counts[3])  # (the one read back, where the caller did not know)
+    if misses == 0:  # an all-hit batch ends here
+        return line, hit, evicted_tag, evicted_record, evicted_line, counts
     # The misses by set, in ascending id order within a set (a stable sort: the C++ core's order), then the hits
     # under the key num_sets. Each set's first position becomes a segment start, found without a host sync.
     by_set = torch.where(hit, num_sets, sets)
@@ -384,8 +387,7 @@ def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways:
         iteration, scan_base, threshold, policy, r[0], r[1], r[2], r[3], room,
         0 if queue_room is None else queue_room.numel(), int(known), int(bypass), *window, num_nodes, front,
         limit, WAYS=ways, num_warps=1)
-    evictions, in_use, bypassed, _ = counts.tolist()
-    return line, hit, evicted_tag, evicted_record, evicted_line, evictions, in_use, bypassed
+    return line, hit, evicted_tag, evicted_record, evicted_line, counts
 
 
 #: ids per program of _serve_hits, and the most words of a row it copies at once (a [ids, words] tile)

@@ -9,6 +9,7 @@ reuse, as that signed value.
 from __future__ import annotations
 
 INVALID_TAG = -1
+NO_ID = (1 << 63) - 1                    # pads a batch's sorted distinct ids: takes no line, counts as a hit
 REUSE_SHIFT = 48
 RANK_SHIFT = 40
 INDEX_MASK = (1 << RANK_SHIFT) - 1       # the mini-batch index (5 bytes)

@@ -58,38 +58,45 @@ def cache_assign(tags: torch.Tensor, records: torch.Tensor, flags: torch.Tensor,
                  node_static: torch.Tensor | None, policy: int, iteration: int, scan_base: int, threshold: int,
                  level_rank: list[int], queue_room: torch.Tensor | None, first_iteration: torch.Tensor | None,
                  first_position: torch.Tensor | None, first_rank: torch.Tensor | None, front: int, limit: int,
-                 bypass: bool, num_threads: int
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int, int]:
+                 bypass: bool, has_misses: bool, num_threads: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Hits, victims and installs of one batch of distinct ids (see ``csrc/cache/cpu_cache.cpp``):
-    ``(line, hit, evicted_tag, evicted_record, evicted_line, evictions, evicted_in_use, bypassed)``.
+    ``(line, hit, evicted_tag, evicted_record, evicted_line, counts)``, ``counts`` an int64 tensor on the ids'
+    device of the valid lines evicted, those of them this batch had used, the misses left uncached (bypassed) and
+    the misses: left there, so a caller on a GPU reads them back when it reads other things.
     With a window's first occurrences (``first_*``, ``front``, ``limit`` as :func:`cache_scan` takes them),
     hit and installed lines get their next use now; ``bypass`` then leaves uncached a miss the policy would
-    evict before its victim."""
+    evict before its victim. ``has_misses``: the caller knows some id misses (it served the hits first), so the
+    GPU kernel installs without first reading back whether any did; the ids may then end with
+    :data:`~lsm_gnn.kernels.layout.NO_ID` entries (distinct ids padded to a size the host knew), which take no
+    line and count as hits."""
     raise _no_kernel("cache_assign", tags)
 
 
 @cache_assign.register_kernel("cpu")
 def _(tags, records, flags, static_score, last_use, rr_pointer, ways, unique, node_static, policy, iteration,
       scan_base, threshold, level_rank, queue_room, first_iteration, first_position, first_rank, front, limit,
-      bypass, num_threads):
+      bypass, has_misses, num_threads):
     args = (tags, records, flags, static_score, last_use, rr_pointer, ways, unique, node_static, policy, iteration,
             scan_base, threshold, level_rank, queue_room, first_iteration, first_position, first_rank, front, limit,
             bypass)
     if kernel_mode() == "triton":
-        return triton_module("cache_assign", on_cpu=True).cache_assign(*args)
+        return triton_module("cache_assign", on_cpu=True).cache_assign(*args, has_misses=has_misses)
     from lsm_gnn import _C
 
-    return _C.cache_assign(*args, num_threads)
+    *assigned, evictions, in_use, bypassed = _C.cache_assign(*args, num_threads)
+    misses = unique.numel() - int(torch.count_nonzero(assigned[1]))
+    return (*assigned, torch.tensor([evictions, in_use, bypassed, misses]))
 
 
 @cache_assign.register_kernel("cuda")
 def _(tags, records, flags, static_score, last_use, rr_pointer, ways, unique, node_static, policy, iteration,
       scan_base, threshold, level_rank, queue_room, first_iteration, first_position, first_rank, front, limit,
-      bypass, num_threads):
+      bypass, has_misses, num_threads):
     return triton_module("cache_assign", on_cpu=False).cache_assign(
         tags, records, flags, static_score, last_use, rr_pointer, ways, unique, node_static, policy, iteration,
         scan_base, threshold, level_rank, queue_room, first_iteration, first_position, first_rank, front, limit,
-        bypass)
+        bypass, has_misses=has_misses)
 
 
 @custom_op("lsm_gnn::cache_serve_hits", mutates_args=("records", "flags", "last_use", "touched", "rows", "hit",
