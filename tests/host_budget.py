@@ -295,15 +295,20 @@ def device_mode(monkeypatch):
         yield
 
 
-def device_cache(storage, **kwargs):
+def device_cache(storage, misses: str = "staged", **kwargs):
     """A :class:`SoftwareCache` on CPU tensors that takes its GPU path: lookups on a stream (the stand-in,
-    installed by :func:`device_mode`), misses through the staging buffer (unpinned)."""
+    installed by :func:`device_mode`), misses through the staging buffer (unpinned) as from a host storage, or
+    with ``misses="direct"`` read into the lines by a storage that reads to the cache's device (``pinned``, gds)."""
     from lsm_gnn.cache import SoftwareCache
     from lsm_gnn.cache.staging import MissStaging
 
     cache = SoftwareCache(storage, **kwargs)
     cache._stream = torch.cuda.Stream(cache.device)
-    cache._staging, cache._read_into = MissStaging("cpu", pin=False), None
+    if misses == "staged":
+        cache._staging, cache._read_into = MissStaging("cpu", pin=False), None
+    elif misses != "direct" or cache.miss_path != "direct":
+        raise ValueError(f"misses={misses!r} (staged or direct) over a storage whose reads take the "
+                         f"{cache.miss_path} path")
     return cache
 
 
