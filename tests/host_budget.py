@@ -237,6 +237,8 @@ class _DispatchMode(TorchDispatchMode):
         name = func._schema.name.split("::")[1]
         on_device = any(work.is_device(t) for t in inputs)
         if not on_device:
+            # A host tensor: where it sits at the address of a freed device one, that one's mark is stale.
+            work._device.difference_update(_key(t) for t in _tensors(out) if t.numel())
             return out
         if name == "_local_scalar_dense":
             work.read_back(f"item of {tuple(args[0].shape)}", args[0].element_size())

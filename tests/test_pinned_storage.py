@@ -108,3 +108,19 @@ def test_a_device_cache_over_it_reads_misses_into_its_lines(datasets, monkeypatc
         # Every miss gathered once by the kernel, straight into the lines where the batch kept them all.
         assert storage.stats().rows == cache.stats.misses == reference.stats.misses > 0
         assert 0 < sum(reads_into) < cache.stats.misses
+
+
+def test_reading_into_device_lines_reads_back_only_the_slots_bounds(datasets):
+    """The direct miss path's host work: the slots stay where the lines are and one read brings their bounds back
+    (it read back the whole slots, then their minimum and maximum apart); the ids are checked on the host."""
+    from host_budget import HostWork
+
+    dataset, features = datasets["float32"]
+    ids = torch.tensor([5, N - 1, 0])
+    with open_storage(dataset, "pinned", device="cpu") as storage:
+        lines = torch.zeros((16, 13))
+        work = HostWork()
+        work.device(lines)
+        work.call(lambda slots: storage.read_into(ids, lines, slots), torch.tensor([3, 15, 0]))
+        assert torch.equal(lines[[3, 15, 0]], features[ids])
+        work.check({"reads_back": 1, "bytes_to_host": 16})
