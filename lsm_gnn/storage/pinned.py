@@ -8,8 +8,8 @@ whole table in GPU memory (``benchmarks/end_to_end.py``'s ``farthest-pinned`` be
 
 The table is loaded as the ``memory`` backend loads it, then registered with the driver in place
 (``cudaHostRegister``, portable and mapped), as DGL's and GraphBolt's UVA gathers pin a tensor in place: a
-``pin_memory()`` copy would hold the table twice while it is made, and torch's pinned allocator rounds a block
-up to a power of two. Where the driver cannot map host memory for the GPU, opening fails with an error naming
+``pin_memory()`` copy would hold the table twice while it is made (and torch's pinned allocator may round a
+block up to a power of two). Where the driver cannot map host memory for the GPU, opening fails with an error naming
 the ``memory`` backend (misses staged through a pinned buffer, one copy per batch) as the way out: a GPU never
 falls back to a host copy silently.
 
