@@ -297,7 +297,7 @@ def device_mode(monkeypatch):
         yield
 
 
-def device_cache(storage, misses: str = "staged", **kwargs):
+def device_cache(storage, *, misses: str = "staged", **kwargs):
     """A :class:`SoftwareCache` on CPU tensors that takes its GPU path: lookups on a stream (the stand-in,
     installed by :func:`device_mode`), misses through the staging buffer (unpinned) as from a host storage, or
     with ``misses="direct"`` read into the lines by a storage that reads to the cache's device (``pinned``, gds)."""
