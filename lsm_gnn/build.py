@@ -250,7 +250,12 @@ def _group_storage(spec: FeatureSpec, dataset, types: list[str], device: torch.d
 
         return DeviceMemoryStorage(dataset.node_type(types[0]), device)
     backend = "memory" if spec.source == "memory" else spec.backend
-    where = {"device": device} if backend == "gds" else {}  # gds reads to the training device, where the cache is
+    if backend == "pinned" and torch.device(device).type != "cuda":
+        raise ConfigError(f"cache.backend=pinned holds the features in page-locked host memory for a GPU to read, "
+                          f"but training runs on {device} (torch.cuda.is_available() is "
+                          f"{torch.cuda.is_available()}); on the CPU use cache.backend=memory or a disk backend")
+    # gds and pinned read to the training device, where the cache is
+    where = {"device": device} if backend in ("gds", "pinned") else {}
     if len(types) == 1:
         return open_storage(dataset.node_type(types[0]), backend, **where)
     from lsm_gnn.storage.concat import ConcatStorage

@@ -1,9 +1,10 @@
 """Step 1 of the ahead-of-time compile check (:mod:`lsm_gnn.kernels.aot`): the project's own kernel launches,
 recorded under Triton's interpreter.
 
-It runs the cache under every policy, both PVP modes and a one-set cache, and the sampler with int32 and int64
-indices and several fanouts, on CPU tensors with ``kernels=triton``, and keeps each launch's arguments as the
-launcher sees them. It drives the cache and the sampler, so it stands above them, not in ``kernels/``.
+It runs the cache under every policy, both PVP modes and a one-set cache, the sampler with int32 and int64
+indices and several fanouts, and the ``pinned`` storage's reads of rows of each word width, on CPU tensors with
+``kernels=triton``, and keeps each launch's arguments as the launcher sees them. It drives the cache, the sampler
+and the storage, so it stands above them, not in ``kernels/``.
 
     python -m lsm_gnn.kernel_launches launches.json
 """
@@ -78,6 +79,23 @@ def _sampler_runs() -> None:
             torch.ops.lsm_gnn.sample_hops(*csr, seeds, fanouts, 7, 3, 1)
 
 
+def _pinned_reads() -> None:
+    """The ``pinned`` storage's gathers, into a batch and into lines, of rows that move as 8-, 4-, 2- and 1-byte
+    words (float32 x 256 and x 13, float16 x 13, uint8 x 5)."""
+    import torch
+
+    from lsm_gnn import open_storage
+    from lsm_gnn.testing import write_tiny_dataset
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for dtype, dim in (("float32", 256), ("float32", 13), ("float16", 13), ("uint8", 5)):
+            path, _ = write_tiny_dataset(os.path.join(tmp, f"{dtype}-{dim}"), num_nodes=300, dim=dim, dtype=dtype)
+            with open_storage(path, "pinned", device="cpu") as storage:
+                ids = torch.tensor([299, 0, 17, 17, 42])
+                storage.read(ids)
+                storage.read_into(ids[:3], torch.empty((8, dim), dtype=storage.dtype), torch.tensor([7, 0, 3]))
+
+
 def record(path: str) -> int:
     """Runs the project's launches under the interpreter and writes them to ``path``; returns their number."""
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -91,6 +109,7 @@ def record(path: str) -> int:
     with using("triton"), LaunchRecorder() as recorder:
         _cache_traces()
         _sampler_runs()
+        _pinned_reads()
     launches = list(recorder.launches.values())
     write_json(path, {"triton": triton.__version__, "launches": launches})
     return len(launches)

@@ -205,7 +205,9 @@ class _FunctionMode(TorchFunctionMode):
             work.read_back(f"{name} of {tuple(t.shape)}", t.nbytes if func in _METHOD_READS else t.element_size())
             with work.paused():  # its host copy is not a device tensor, nor work the device does
                 if func is torch.Tensor.cpu:  # a copy, as from a device (on the CPU .cpu() returns its input)
-                    return t.clone()
+                    copy = t.clone()
+                    work._device.discard(_key(copy))  # a host tensor, wherever a freed device one was
+                    return copy
                 return func(*args, **kwargs)
         out = func(*args, **kwargs)
         if func in _FACTORIES and kwargs.get("device") is not None:
@@ -237,6 +239,8 @@ class _DispatchMode(TorchDispatchMode):
         name = func._schema.name.split("::")[1]
         on_device = any(work.is_device(t) for t in inputs)
         if not on_device:
+            # A host tensor: where it sits at the address of a freed device one, that one's mark is stale.
+            work._device.difference_update(_key(t) for t in _tensors(out) if t.numel())
             return out
         if name == "_local_scalar_dense":
             work.read_back(f"item of {tuple(args[0].shape)}", args[0].element_size())
@@ -299,16 +303,21 @@ def device_mode(monkeypatch):
         yield
 
 
-def device_cache(storage, **kwargs):
+def device_cache(storage, *, misses: str = "staged", **kwargs):
     """A :class:`SoftwareCache` on CPU tensors that takes its GPU path: lookups on a stream (the stand-in,
     installed by :func:`device_mode`), hits served first (without PVP), misses through the staging buffer
-    (unpinned)."""
+    (unpinned) as from a host storage, or with ``misses="direct"`` read into the lines by a storage that reads
+    to the cache's device (``pinned``, gds)."""
     from lsm_gnn.cache import SoftwareCache
     from lsm_gnn.cache.staging import MissStaging
 
     cache = SoftwareCache(storage, **{"hits_first": not kwargs.get("pvp"), **kwargs})
     cache._stream = torch.cuda.Stream(cache.device)
-    cache._staging, cache._read_into = MissStaging("cpu", pin=False), None
+    if misses == "staged":
+        cache._staging, cache._read_into = MissStaging("cpu", pin=False), None
+    elif misses != "direct" or cache.miss_path != "direct":
+        raise ValueError(f"misses={misses!r} (staged or direct) over a storage whose reads take the "
+                         f"{cache.miss_path} path")
     return cache
 
 

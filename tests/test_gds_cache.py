@@ -9,7 +9,8 @@ import torch
 
 import fake_kvikio
 from lsm_gnn import open_storage
-from lsm_gnn.cache import PolicyConfig, ReferenceCache, SoftwareCache
+from cache_oracle import check_against_reference, id_batches
+from lsm_gnn.cache import PolicyConfig, SoftwareCache
 from lsm_gnn.cache.software_cache import miss_path
 from lsm_gnn.testing import write_tiny_dataset
 
@@ -20,22 +21,6 @@ N, SETS, WAYS = 200, 8, 4
 def tiny(tmp_path_factory):
     dataset, features = write_tiny_dataset(tmp_path_factory.mktemp("gds") / "ds", num_nodes=N, dim=13)
     return dataset, torch.from_numpy(np.asarray(features))
-
-
-def id_batches(seed: int) -> list[torch.Tensor]:
-    """Random batches (ids below 150), then the adversarial ones: repeats out of order, all misses, empty."""
-    rng = np.random.default_rng(seed)
-    batches = [rng.integers(0, 150, 24) for _ in range(6)]
-    batches += [np.array([7, 7, 3, 149, 3, 0, 7]),  # repeats, out of order, both ends of the ids asked for
-                np.arange(150, 174)[::-1],  # all misses: none of these ids was asked for yet
-                np.array([], dtype=np.int64)]
-    return [torch.from_numpy(np.ascontiguousarray(b, dtype=np.int64)) for b in batches]
-
-
-def all_hits(cache, ids: torch.Tensor) -> torch.Tensor:
-    """Those of ``ids`` the cache holds now, in reverse order and repeated: a batch of hits only."""
-    held = ids[cache.lines_of(ids) >= 0].flip(0)
-    return torch.cat([held, held[:3]])
 
 
 @pytest.mark.parametrize("read_device,cache_device,path", [
@@ -50,7 +35,6 @@ def test_a_cache_over_gds_returns_the_bytes_on_disk(tiny, monkeypatch):
     dataset, features = tiny
     fake_kvikio.install(monkeypatch)
     config = PolicyConfig("hybrid", window=2, period=1)
-    batches = id_batches(seed=0)
     with open_storage(dataset, "gds", device="cpu", max_request_bytes=512) as storage, \
             open_storage(dataset, "memory") as reference_storage:
         reads_into = []
@@ -60,20 +44,7 @@ def test_a_cache_over_gds_returns_the_bytes_on_disk(tiny, monkeypatch):
         cache = SoftwareCache(storage, num_sets=SETS, ways=WAYS, policy=config, read_ahead=0)
         # The storage reads to the cache's device: misses go straight into their lines, no staging buffer.
         assert cache.miss_path == "direct" and cache._staging is None
-        reference = ReferenceCache(reference_storage, SETS, WAYS, config)
-        hits = []
-        batches.insert(-1, None)  # between the all-miss batch and the empty one: made when its turn comes
-        for t in range(len(batches)):
-            if batches[t] is None:
-                batches[t] = all_hits(cache, batches[t - 1])
-            ids, future = batches[t], [b for b in batches[t + 1:t + 3] if b is not None]
-            rows, hit = cache.lookup(ids, future=future)
-            ref_rows, ref_hit = reference.lookup(ids, future=future)
-            assert torch.equal(rows, features[ids]), f"batch {t}: not the bytes on disk"
-            assert torch.equal(rows, ref_rows) and torch.equal(hit, ref_hit), f"batch {t}: not the reference's"
-            hits.append(hit)
-        all_miss, all_hit, empty = hits[-3:]
-        assert not all_miss.any() and all_hit.all() and all_hit.numel() > 3 and empty.numel() == 0
+        reference = check_against_reference(cache, reference_storage, features, config, id_batches(seed=0))
         # Every miss was read once by the gds storage, straight into the lines where the batch kept them all (a
         # batch that evicts lines it uses reads its misses into a tensor on the same device instead).
         assert storage.stats().rows == cache.stats.misses == reference.stats.misses > 0

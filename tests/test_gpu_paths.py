@@ -117,3 +117,34 @@ def test_full_neighbourhood_evaluation_on_the_device_equals_the_cpus(graph, devi
     if bool(clear.all()):
         assert got_eval == want_eval
     assert want_eval["count"] == seeds.size > 0
+
+
+@pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU and triton")
+def test_a_gpu_cache_over_pinned_host_memory_returns_the_bytes_on_disk(tmp_path):
+    """``cache.backend=pinned`` on a GPU: the table page-locked in place and its rows gathered by the GPU over UVA,
+    for each dtype and an odd row width, then a cache on the GPU over it (the direct miss path) against the
+    reference model; a pageable table is refused, never copied (the CPU twins: tests/test_pinned_storage.py)."""
+    from cache_oracle import check_against_reference, id_batches
+    from lsm_gnn import open_storage
+    from lsm_gnn.cache import PolicyConfig
+    from lsm_gnn.kernels.row_gather import gather_rows
+    from lsm_gnn.testing import write_tiny_dataset
+
+    ids = torch.tensor([199, 0, 5, 5, 199, 42])
+    for dtype, dim in (("float32", 13), ("float16", 7), ("uint8", 5)):
+        dataset, features = write_tiny_dataset(tmp_path / dtype, num_nodes=200, dim=dim, dtype=dtype)
+        features = torch.from_numpy(np.asarray(features))
+        with open_storage(dataset, "pinned") as storage:
+            assert storage.device.type == "cuda" and storage._rows.is_pinned()
+            rows = storage.read(ids)
+            assert rows.device == storage.device
+            assert torch.equal(rows.cpu().view(torch.uint8), features[ids].view(torch.uint8)), dtype
+    config = PolicyConfig("hybrid", window=2, period=1)
+    with open_storage(dataset, "pinned") as storage, open_storage(dataset, "memory") as host:
+        cache = SoftwareCache(storage, num_sets=8, ways=4, policy=config, device="cuda", read_ahead=0)
+        assert cache.miss_path == "direct" and storage.device == cache.device
+        reference = check_against_reference(cache, host, features, config, id_batches(seed=1))
+        assert storage.stats().rows == cache.stats.misses == reference.stats.misses > 0
+    out = torch.empty((1, 3), device="cuda")
+    with pytest.raises(ValueError, match="only from page-locked host memory"):
+        gather_rows(torch.zeros((4, 3)), torch.tensor([1], device="cuda"), out)

@@ -14,6 +14,8 @@ BACKENDS = {
     "mmap": "memory-mapped file (baseline only)",
     "memory": "the whole feature file loaded into RAM (tests, small graphs)",
     "gds": "GPUDirect Storage via KvikIO (GPU machines with kvikio)",
+    "pinned": "the whole feature file in page-locked host memory, rows read by the GPU over UVA (a GPU cache's "
+              "misses without a disk)",
 }
 
 
@@ -36,7 +38,8 @@ def open_storage(dataset, backend: str = "auto", **options) -> FeatureStorage:
 
     Options: ``queue_depth`` (reads in flight, default 64), ``direct``
     (O_DIRECT, default True), ``max_request_bytes`` (longest coalesced read,
-    default "128K") for io_uring/pread/mmap; ``device`` for gds.
+    default "128K") for io_uring/pread/mmap; ``device`` for gds and pinned (where reads land; default the
+    current CUDA device).
     """
     from lsm_gnn.data import open_dataset
 
@@ -51,13 +54,18 @@ def open_storage(dataset, backend: str = "auto", **options) -> FeatureStorage:
 
         return NativeStorage(dataset, backend, **options)
     if options:
-        unknown = sorted(options) if backend == "memory" else sorted(set(options) - {"device", "max_request_bytes"})
+        takes = {"memory": set(), "pinned": {"device"}, "gds": {"device", "max_request_bytes"}}[backend]
+        unknown = sorted(set(options) - takes)
         if unknown:
             raise TypeError(f"backend {backend!r} takes no option(s) {unknown}")
     if backend == "memory":
         from lsm_gnn.storage.memory import MemoryStorage
 
         return MemoryStorage(dataset)
+    if backend == "pinned":
+        from lsm_gnn.storage.pinned import PinnedStorage
+
+        return PinnedStorage(dataset, **options)
     from lsm_gnn.storage.gds import GdsStorage
 
     return GdsStorage(dataset, **options)

@@ -105,17 +105,18 @@ class FeatureStorage(ABC):
         written twice get either id's row)."""
         if self._closed:
             raise RuntimeError(f"{type(self).__name__} is closed")
-        ids, slots = as_id_tensor(ids), as_id_tensor(slots)
         if out.dim() != 2 or out.shape[1] != self.dim or out.dtype != self.dtype or not out.is_contiguous() \
                 or out.device != self.device:
             raise ValueError(f"out must be a contiguous {self.dtype} tensor of shape (rows, {self.dim}) on "
                              f"{self.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
+        # The slots stay where out is (a cache's lines on its GPU): only their bounds come to the host, in one read.
+        ids, slots = as_id_tensor(ids), as_id_tensor(slots, out.device)
         if slots.shape != ids.shape:
             raise ValueError(f"slots must name one row of out per id: {slots.numel()} slots for {ids.numel()} ids")
-        if ids.numel() and (int(slots.min()) < 0 or int(slots.max()) >= out.shape[0]):
-            raise IndexError(f"slots must lie in [0, {out.shape[0]}) (the rows of out), got "
-                             f"{int(slots.min())}..{int(slots.max())}")
         if ids.numel():
+            low, high = torch.stack(torch.aminmax(slots)).tolist()
+            if low < 0 or high >= out.shape[0]:
+                raise IndexError(f"slots must lie in [0, {out.shape[0]}) (the rows of out), got {low}..{high}")
             self._read_into(ids, out, slots)
 
     def _read_into(self, ids: torch.Tensor, out: torch.Tensor, slots: torch.Tensor) -> None:

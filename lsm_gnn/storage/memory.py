@@ -44,12 +44,16 @@ class MemoryStorage(CountingStorage):
 
     def _read(self, ids: torch.Tensor, out: torch.Tensor) -> None:
         start = time.perf_counter()
+        self._check_ids(ids)
+        torch.index_select(self._rows, 0, ids, out=out)
+        self._count(ids.numel(), time.perf_counter() - start)
+
+    def _check_ids(self, ids: torch.Tensor) -> None:
+        """Refuses an id out of range, naming it and its position (``ids``: the host's, so no device sync)."""
         if int(ids.min()) < 0 or int(ids.max()) >= self.num_rows:
             bad = int(torch.nonzero((ids < 0) | (ids >= self.num_rows))[0])
             raise IndexError(f"node id {int(ids[bad])} at position {bad} is out of range: the feature file has "
                              f"{self.num_rows} rows (valid ids are 0..{self.num_rows - 1})")
-        torch.index_select(self._rows, 0, ids, out=out)
-        self._count(ids.numel(), time.perf_counter() - start)
 
 
 class DeviceMemoryStorage(MemoryStorage):
@@ -72,9 +76,6 @@ class DeviceMemoryStorage(MemoryStorage):
 
     def _read(self, ids: torch.Tensor, out: torch.Tensor) -> None:
         start = time.perf_counter()
-        if int(ids.min()) < 0 or int(ids.max()) >= self.num_rows:  # checked on the host ids: no device sync
-            bad = int(torch.nonzero((ids < 0) | (ids >= self.num_rows))[0])
-            raise IndexError(f"node id {int(ids[bad])} at position {bad} is out of range: the feature file has "
-                             f"{self.num_rows} rows (valid ids are 0..{self.num_rows - 1})")
+        self._check_ids(ids)
         torch.index_select(self._rows, 0, ids.to(self._device, non_blocking=True), out=out)
         self._count(ids.numel(), time.perf_counter() - start)
