@@ -14,7 +14,6 @@ from host_budget import HostWork, device_cache, device_mode  # noqa: E402
 from lsm_gnn import kernels, open_storage  # noqa: E402
 from lsm_gnn.cache import SoftwareCache, WindowBuffer  # noqa: E402
 from lsm_gnn.cache import hits_first  # noqa: E402
-from lsm_gnn.kernels.cache_assign import row_words  # noqa: E402
 from lsm_gnn.testing import write_tiny_dataset  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="runs the kernel under Triton's interpreter")
@@ -93,29 +92,20 @@ def test_an_id_out_of_range_is_refused_as_the_cpu_cache_refuses_it_and_rows_stay
     assert hit.tolist() == [True, True, True, False] and cache.stats.iterations == 2
 
 
-@pytest.mark.parametrize("dtype,dim", [("float32", 300), ("float16", 3), ("uint8", 5), ("int8", 8)])
+@pytest.mark.parametrize("dtype,dim", [("float32", 300), ("float16", 3), ("uint8", 5), ("int8", 8), ("float32", 2)])
 def test_every_row_width_is_copied_whole(tmp_path, dtype, dim):
     """Rows of 1,200 bytes (more words than one tile holds), 6 (int16 words), 5 (bytes) and 8: the file's bytes,
-    into a caller's ``out`` too."""
+    into a caller's ``out`` too, one at an address only 4-aligned (lines and out then move as 4-byte words)."""
     ds, features = write_tiny_dataset(tmp_path / "ds", num_nodes=64, dim=dim, dtype=dtype)
     storage = open_storage(ds.path, "pread")
     ids = torch.tensor([5, 63, 0, 5, 17])
     with pytest.MonkeyPatch.context() as monkeypatch, device_mode(monkeypatch):
         cache = device_cache(storage, num_sets=2, ways=8, read_ahead=0)
         cache.lookup(ids)
-        out = torch.full((5, dim), 7, dtype=cache.data.dtype)
+        out = torch.full((5 * dim + 1,), 7, dtype=cache.data.dtype)[1:].view(5, dim)  # one element in
         rows, hit = cache.lookup(ids, out=out)
     assert rows is out and bool(hit.all())
     assert np.array_equal(out.numpy().view(np.uint8), features[ids.numpy()].view(np.uint8))
-
-
-@pytest.mark.parametrize("dtype,dim,word", [("float32", 6, torch.int64), ("float32", 3, torch.int32),
-                                            ("float16", 3, torch.int16), ("uint8", 5, torch.uint8)])
-def test_rows_move_as_the_widest_word_their_bytes_divide_into(dtype, dim, word):
-    rows = torch.zeros((4, dim), dtype=getattr(torch, dtype))
-    words = row_words(rows)
-    assert words.dtype == word and words.data_ptr() == rows.data_ptr()
-    assert words.shape == (4, rows.element_size() * dim // words.element_size())
 
 
 def test_repeated_ids_count_once_across_the_stamps_wrap(dataset, monkeypatch):

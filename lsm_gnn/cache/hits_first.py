@@ -16,7 +16,7 @@ import torch
 
 from lsm_gnn.cache.state import CacheState
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
-from lsm_gnn.kernels.cache_assign import row_words
+from lsm_gnn.kernels.row_gather import as_words, word_bytes
 from lsm_gnn.kernels.layout import NO_ID
 
 _LAST_STAMP = 2**31 - 1
@@ -53,9 +53,11 @@ class HitsFirst:
         arrays, front, limit = (None, None, None), 0, 0
         if window is not None:
             *arrays, front, limit = window
+        word = word_bytes(data.shape[1] * data.element_size(), data, rows)  # rows move as words of one width
         torch.ops.lsm_gnn.cache_serve_hits(state.tags, state.records, state.flags, state.last_use, self.touched,
-                                           self._stamp, state.ways, ids, num_rows, row_words(data), row_words(rows),
-                                           hit, self.counts, iteration, scan_base, *arrays, front, limit)
+                                           self._stamp, state.ways, ids, num_rows, as_words(data, word),
+                                           as_words(rows, word), hit, self.counts, iteration, scan_base, *arrays,
+                                           front, limit)
         misses, out_of_range, distinct = self.counts.tolist()  # the one read back of an all-hit batch
         return Probe(hit.view(torch.bool), misses, out_of_range, distinct)
 

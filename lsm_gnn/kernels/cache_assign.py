@@ -24,8 +24,6 @@ same source, which is how CI checks them against the C++ core.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -394,23 +392,12 @@ def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways:
 SERVE_BLOCK, SERVE_TILE_WORDS = 16, 2048
 
 
-def row_words(rows: torch.Tensor) -> torch.Tensor:
-    """A contiguous ``[n, ...]`` tensor as ``[n, words]`` of the widest integer its row bytes divide into (the
-    same memory), so a row copy moves as few elements as it can."""
-    as_bytes = rows.reshape(rows.shape[0], math.prod(rows.shape[1:])).view(torch.uint8)
-    for word in (torch.int64, torch.int32, torch.int16):
-        size = torch.empty((), dtype=word).element_size()
-        if as_bytes.shape[1] % size == 0 and as_bytes.data_ptr() % size == 0:
-            return as_bytes.view(word)
-    return as_bytes
-
-
 def cache_serve_hits(tags, records, flags, last_use, touched, stamp: int, ways: int, ids, num_rows: int, data,
                      rows, hit, counts, iteration: int, scan_base: int, first_iteration=None, first_position=None,
                      first_rank=None, front: int = 0, limit: int = 0) -> None:
     """The hits of a request, served before anything else: ``hit[i]`` (int8) says whether ``ids[i]`` is cached,
     its line is marked as an assign marks a hit (``_find_hits``), and its row is copied from ``data`` to
-    ``rows[i]`` (both ``[lines or n, words]`` views, :func:`row_words`). ``counts`` (int32[3], zeroed here)
+    ``rows[i]`` (both ``[lines or n, words]`` views of one word, :func:`lsm_gnn.kernels.row_gather.as_words`). ``counts`` (int32[3], zeroed here)
     gets the positions that missed, the ids outside ``[0, num_rows)`` and the distinct ids that hit, counted by
     stamping their lines in ``touched`` (int32 per line) with ``stamp``, which must differ from every stamp
     there. Misses change nothing: the caller reads ``counts`` and, where any id missed, assigns the batch."""
