@@ -51,7 +51,7 @@ $PY -c "import os, lsm_gnn._C as c; assert c.__file__.startswith(os.getcwd()), c
 
 if [ "$DRY_RUN" -eq 1 ]; then
   # Every step's script must import; the GPU tests must be collected.
-  $PY -m pytest -q --collect-only tests/test_sampler_cuda.py tests/test_device_path.py tests/test_gpu_paths.py \
+  $PY -m pytest -q --collect-only tests/test_sampler_cuda.py tests/test_device_path.py tests/test_hits_first.py tests/test_gpu_paths.py \
     tests/test_gds_cache.py >"$OUT/collect.txt" 2>&1 || { cat "$OUT/collect.txt"; exit 1; }
   for script in benchmarks/gpu_kernels.py benchmarks/end_to_end.py; do
     $PY "$script" --help >/dev/null || { echo "gpu_suite.sh: $script does not start" >&2; exit 1; }
@@ -65,7 +65,7 @@ if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
   exit 2
 fi
 status=0
-GPU_TESTS=(tests/test_sampler_cuda.py tests/test_device_path.py)
+GPU_TESTS=(tests/test_sampler_cuda.py tests/test_device_path.py tests/test_hits_first.py)
 [ -f tests/test_gpu_paths.py ] && GPU_TESTS+=(tests/test_gpu_paths.py)
 echo "== GPU tests (a cache on the device against the CPU cache, the sampler, embeddings, evaluation)"
 timeout "${TESTS_S:-170}" $PY -m pytest -q -p no:cacheprovider -m "" "${GPU_TESTS[@]}" 2>&1 | tee "$OUT/tests.txt" \

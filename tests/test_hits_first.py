@@ -2,6 +2,8 @@
 anything else returns the file's bytes and decides exactly as the CPU cache on the C++ core, batch by batch: the
 same rows, hit masks, lines, state and counters, over traces whose batches hit in full, partly and not at all, with
 repeated ids, scans due, next use at assign and Belady's bypass. The kernel runs under Triton's interpreter."""
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -16,7 +18,9 @@ from lsm_gnn.cache import SoftwareCache, WindowBuffer  # noqa: E402
 from lsm_gnn.cache import hits_first  # noqa: E402
 from lsm_gnn.testing import write_tiny_dataset  # noqa: E402
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="runs the kernel under Triton's interpreter")
+# The kernel under Triton's interpreter (on a GPU machine triton compiles instead: the cuda cases run there).
+interpreted = pytest.mark.skipif(torch.cuda.is_available(), reason="runs the kernel under Triton's interpreter")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
 @pytest.fixture(scope="module")
@@ -24,21 +28,25 @@ def dataset(tmp_path_factory):
     return write_tiny_dataset(tmp_path_factory.mktemp("hits_first") / "ds", num_nodes=300, dim=6)
 
 
-def trace(seed: int, num_batches: int = 8, size: int = 40, num_nodes: int = 300):
-    """Batches of hot ids repeated within and across batches (hits in full, once installed) between batches that
-    add a few cold ids (misses), and an empty batch."""
+def trace(seed: int, num_batches: int = 10, size: int = 40, num_nodes: int = 300):
+    """Batches of hot ids repeated within and across batches (hits in full, once installed: the first of a run
+    found so by the assign, the next ones by the probe) between batches that add a few cold ids (misses, the
+    first after a run found so by the probe), and an empty batch."""
     rng = np.random.default_rng(seed)
     hot = rng.choice(num_nodes, 16, replace=False)
-    cold = [rng.integers(0, num_nodes, 6) if k % 2 == 0 else np.empty(0, np.int64) for k in range(num_batches)]
+    cold = [rng.integers(0, num_nodes, 6) if k % 4 == 0 else np.empty(0, np.int64) for k in range(num_batches)]
     batches = [torch.from_numpy(np.concatenate([rng.choice(hot, size - len(c)), c])) for c in cold]
     batches.insert(5, torch.empty(0, dtype=torch.int64))
     return batches
 
 
 def warm_cache(path, num_sets: int, ids: torch.Tensor, kind: str = "pread"):
-    """A device-mode cache (under device_mode) of ``num_sets`` x 8 lines that has looked ``ids`` up once."""
+    """A device-mode cache (under device_mode) of ``num_sets`` x 8 lines that has looked ``ids`` up twice: the
+    second hit in full, so the next batch is probed."""
     cache = device_cache(open_storage(path, kind), num_sets=num_sets, ways=8, read_ahead=0)
     cache.lookup(ids)
+    cache.lookup(ids)
+    assert cache._hits_first.probing
     return cache
 
 
@@ -49,21 +57,29 @@ def serve(cache, batches, window: int = 3):
         for ahead in batches[k + 1:k + 1 + window]:
             future.push(ahead)
         rows, hit = cache.lookup(batch, future=future)
-        state = [t.clone() for t in cache.state.tensors()]  # every field, last use included
-        out.append((rows.clone(), hit.clone(), cache.lines_of(torch.arange(cache.storage.num_rows)).clone(), state))
+        state = [t.cpu().clone() for t in cache.state.tensors()]  # every field, last use included
+        lines = cache.lines_of(torch.arange(cache.storage.num_rows)).cpu()
+        out.append((rows.cpu().clone(), hit.cpu().clone(), lines, state))
     return out
 
 
-@pytest.mark.parametrize("policy,seed", [("farthest", 0), ("hybrid", 1), ("lru", 2)])
-def test_serving_hits_first_returns_the_file_and_decides_as_the_cpu_cache(dataset, policy, seed):
+CASES = [(device, policy, seed) for device in ("cpu", "cuda") for seed, policy in enumerate(("farthest", "hybrid", "lru"))]
+
+
+@pytest.mark.parametrize("device,policy,seed", [
+    pytest.param(d, p, s, marks=interpreted if d == "cpu" else needs_cuda) for d, p, s in CASES])
+def test_serving_hits_first_returns_the_file_and_decides_as_the_cpu_cache(dataset, device, policy, seed):
+    """On CPU tensors in device mode (the interpreter), and on a GPU as a CUDA cache makes it by default."""
     ds, features = dataset
     storage = open_storage(ds.path, "pread")
     batches = trace(seed)
     kwargs = dict(num_sets=8, ways=8, policy=policy, window=3, period=2, read_ahead=0)
     reference = SoftwareCache(storage, **kwargs)
     want = serve(reference, batches)
-    with pytest.MonkeyPatch.context() as monkeypatch, device_mode(monkeypatch):
-        cache = device_cache(storage, **kwargs)
+    with pytest.MonkeyPatch.context() as monkeypatch, \
+            device_mode(monkeypatch) if device == "cpu" else contextlib.nullcontext():
+        cache = device_cache(storage, **kwargs) if device == "cpu" else SoftwareCache(storage, device="cuda", **kwargs)
+        assert cache._hits_first is not None
         served = []
         original = cache._account
         cache._account = lambda plan, caller=None: (served.append(plan.served), original(plan, caller))[1]
@@ -78,20 +94,30 @@ def test_serving_hits_first_returns_the_file_and_decides_as_the_cpu_cache(datase
     assert vars(cache.stats) == vars(reference.stats)
 
 
-def test_an_id_out_of_range_is_refused_as_the_cpu_cache_refuses_it_and_rows_stay_exact(dataset):
+@interpreted
+@pytest.mark.parametrize("probing", [False, True])
+def test_an_id_out_of_range_is_refused_as_the_cpu_cache_refuses_it_and_rows_stay_exact(dataset, probing):
+    """Refused with the CPU cache's message; where the batch was not probed (the one before missed) nothing in
+    the cache changed, where it was its hits may be marked used (never a byte)."""
     ds, features = dataset
     storage = open_storage(ds.path, "pread")
     with pytest.MonkeyPatch.context() as monkeypatch, device_mode(monkeypatch):
         cache = device_cache(storage, num_sets=4, ways=8, read_ahead=0)
-        cache.lookup(torch.arange(10))
+        for _ in range(1 + probing):  # (the second hits in full: the next batch is probed)
+            cache.lookup(torch.arange(10))
+        before = [t.clone() for t in cache.state.tensors()]
         for bad, named in (([3, -2, 5], -2), ([1, 300, 2], 300), ([-1, 301], -1)):
             with pytest.raises(IndexError, match=rf"node id {named} is out of range \[0, 300\)"):
                 cache.lookup(torch.tensor(bad))
+            assert cache._hits_first.probing == probing
+        if not probing:
+            assert all(torch.equal(a, b) for a, b in zip(before, cache.state.tensors()))
         rows, hit = cache.lookup(torch.tensor([2, 9, 2, 11]))
     assert torch.equal(rows, torch.from_numpy(features[[2, 9, 2, 11]]))
-    assert hit.tolist() == [True, True, True, False] and cache.stats.iterations == 2
+    assert hit.tolist() == [True, True, True, False] and cache.stats.iterations == 2 + probing
 
 
+@interpreted
 @pytest.mark.parametrize("dtype,dim", [("float32", 300), ("float16", 3), ("uint8", 5), ("int8", 8), ("float32", 2)])
 def test_every_row_width_is_copied_whole(tmp_path, dtype, dim):
     """Rows of 1,200 bytes (more words than one tile holds), 6 (int16 words), 5 (bytes) and 8: the file's bytes,
@@ -108,6 +134,7 @@ def test_every_row_width_is_copied_whole(tmp_path, dtype, dim):
     assert np.array_equal(out.numpy().view(np.uint8), features[ids.numpy()].view(np.uint8))
 
 
+@interpreted
 def test_repeated_ids_count_once_across_the_stamps_wrap(dataset, monkeypatch):
     """Distinct hits are counted by stamping lines; the stamps start again after 2**31 lookups."""
     with device_mode(monkeypatch):
@@ -117,23 +144,24 @@ def test_repeated_ids_count_once_across_the_stamps_wrap(dataset, monkeypatch):
             before = cache.stats.unique
             cache.lookup(torch.tensor([4, 4, 7, 4, 11, 7]))
             assert cache.stats.unique - before == 3
-    assert cache._hits_first._stamp == 2 and cache.stats.hits == 9
+    assert cache._hits_first._stamp == 2 and cache.stats.hits == 12 + 9
 
 
+@interpreted
 def test_an_all_hit_batch_over_a_table_takes_updates_after_it(tmp_path, monkeypatch):
     """A writable storage (an embedding table in memory): rows updated after a served batch are read back."""
     ds, features = write_tiny_dataset(tmp_path / "ds", num_nodes=50, dim=4)
     ids = torch.tensor([3, 8, 3])
     with device_mode(monkeypatch):
         cache = warm_cache(ds.path, 2, ids, kind="memory")
-        cache.lookup(ids)
         cache.update(torch.tensor([3]), torch.full((1, 4), 2.5), lambda rows, new: new)
         rows, hit = cache.lookup(ids)
     assert bool(hit.all()) and torch.equal(rows[[0, 2]], torch.full((2, 4), 2.5))
     assert torch.equal(rows[1], torch.from_numpy(features[8]))
 
 
-def test_an_all_hit_lookup_is_one_kernel_and_one_read_back_whatever_its_size(dataset, monkeypatch):
+@interpreted
+def test_an_all_hit_lookup_after_one_is_one_kernel_and_one_read_back_whatever_its_size(dataset, monkeypatch):
     with device_mode(monkeypatch):
         cache = warm_cache(dataset[0].path, 32, torch.arange(60))
         for n in (1, 60, 200):
@@ -144,6 +172,7 @@ def test_an_all_hit_lookup_is_one_kernel_and_one_read_back_whatever_its_size(dat
             assert work.launched == ["zero_", "_serve_hits"] and work.counts.reads_back == 1, work.what
 
 
+@interpreted
 def test_hits_first_is_refused_where_it_cannot_run(dataset):
     ds, _ = dataset
     storage = open_storage(ds.path, "pread")

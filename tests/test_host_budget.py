@@ -102,7 +102,7 @@ def today(counts: str):
     ("all-hit lookup", "reads_back"),
     ("all-hit lookup", "launches"),
     ("lookup with misses", "reads_back"),
-    pytest.param("lookup with read-ahead", "reads_back", marks=today("3 reads back (the tag array's copy)")),
+    ("lookup with read-ahead", "reads_back"),
     pytest.param("sampler call", "reads_back", marks=today("3 reads back at 1 hop, 5 at 2")),
 ])
 def test_budget_per_call(measured, op, count):

@@ -1,6 +1,8 @@
 """Hits first: a device cache serves a request's hits before any other work, so a batch that hits in full costs
 one kernel and one read back (issue 43's budget), and only a batch with misses pays for the distinct ids, the
-assign and the storage reads.
+assign and the storage reads. The probe runs where the batch before hit in full: where batches miss (a cache
+smaller than the features), it would cost a read back that only says so, and the assign runs at once, its one
+read back bringing the counts and the missed ids together.
 
 The kernel (``torch.ops.lsm_gnn.cache_serve_hits``) walks the request as it came, repeats and all: it finds each
 id's line, marks it as an assign marks a hit (an idempotent mark, so repeats may race) and copies its row to the
@@ -39,6 +41,8 @@ class HitsFirst:
         self.touched = torch.zeros(num_lines, dtype=torch.int32, device=device)
         self.counts = torch.zeros(3, dtype=torch.int32, device=device)
         self._stamp = 0
+        # Probe only where the last batch hit in full: a batch with misses then costs one read back, not two.
+        self.probing = False
 
     def serve(self, state: CacheState, data: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, num_rows: int,
               iteration: int, scan_base: int, window=None) -> Probe:
@@ -62,16 +66,20 @@ class HitsFirst:
         return Probe(hit.view(torch.bool), misses, out_of_range, distinct)
 
 
-def distinct_padded(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def distinct_padded(ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``torch.unique(ids, return_inverse=True)`` without reading its size back: the sorted distinct ids padded
-    with ``NO_ID`` to ``len(ids)`` (the assign gives padding no line), the inverse, and their number as a
-    one-element tensor on the ids' device. ``ids`` must not be empty."""
+    with ``NO_ID`` to ``len(ids)`` (the assign gives padding no line), the inverse, and ``[their number, the
+    smallest id, the largest]`` on the ids' device. Where an id lies outside ``[0, num_rows)`` every entry is
+    ``NO_ID``, so the assign changes nothing before the caller reads the range and refuses the batch.
+    ``ids`` must not be empty."""
     ordered, order = torch.sort(ids)
     first = torch.ones(ids.numel(), dtype=torch.bool, device=ids.device)  # of each run of equal ids
     torch.ne(ordered[1:], ordered[:-1], out=first[1:])
     rank = torch.cumsum(first, 0) - 1
     unique = torch.full_like(ids, NO_ID)
     unique.scatter_(0, rank, ordered)  # a run's ids all write the same value to its slot
+    facts = torch.cat([rank[-1:] + 1, ordered[:1], ordered[-1:]])
+    unique.masked_fill_((facts[1] < 0) | (facts[2] >= num_rows), NO_ID)  # (a 0-d mask: no size read)
     inverse = torch.empty_like(rank)
     inverse.scatter_(0, order, rank)
-    return unique, inverse, rank[-1:] + 1
+    return unique, inverse, facts

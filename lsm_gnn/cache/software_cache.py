@@ -315,27 +315,29 @@ class SoftwareCache(StorageShape):
     # -- the stages of a lookup (lsm_gnn.cache.plan), in order --------------------------------------------------
 
     def _begin(self, ids: torch.Tensor, future=None, out: torch.Tensor | None = None) -> LookupPlan:
-        """The batch's plan: its distinct ids, checked against the storage, and its prefetched lines. Serving hits
-        first, the window scan when due and the hits come first; a batch that hit in full is then served."""
+        """The batch's plan: its distinct ids, checked against the storage, and its prefetched lines.
+
+        Serving hits first (:mod:`lsm_gnn.cache.hits_first`), the window scan when due comes first; then, where the
+        last batch hit in full, the hits are served, and a batch that hits in full too ends here. Else the
+        distinct ids are found without reading their number back (padded, with the batch's range, which
+        :meth:`_read_assigned` checks): one read back in all for a batch with misses."""
         self._check_intact()
-        t, scanned, rows, distinct_at_most = self.iteration, False, None, 0
+        t, scanned, rows, distinct_at_most = self.iteration, False, None, ids.numel()
         window, scan_now = self._window(t, future)
+        num_distinct = None
         if self._hits_first is not None:
             if scan_now:  # a scan precedes the batch's hits
                 self._scan(window)
                 scanned = True
             rows = out if out is not None else self._rows_for(ids.numel())
-            probe = self._hits_first.serve(self.state, self.data, ids, rows, self.storage.num_rows, t,
-                                           self.scan_base, self._window_at_assign(window))
-            if probe.out_of_range:
-                self._check_range(*(int(v) for v in torch.aminmax(ids)))
-            if probe.misses == 0:
+            probe = self._probe_hits(ids, rows, t, window) if self._hits_first.probing or not ids.numel() else None
+            if probe is not None and probe.misses == 0:
                 return LookupPlan(t, ids, None, None, future, out, cache_ids=None, served=True, rows=rows,
                                   request_hit=probe.hit, num_unique=probe.distinct_hits)
-            distinct_at_most = probe.distinct_hits + probe.misses
-        num_distinct = None
-        if self._hits_first is not None:  # padded to the batch's size, their count left on the device
-            unique, inverse, num_distinct = distinct_padded(ids)
+            if probe is not None:
+                distinct_at_most = probe.distinct_hits + probe.misses
+            # Padded to the batch's size; their number, smallest and largest left on the device.
+            unique, inverse, num_distinct = distinct_padded(ids, self.storage.num_rows)
         else:
             unique, inverse = unique_ids(ids)
             if unique.numel():
@@ -345,6 +347,14 @@ class SoftwareCache(StorageShape):
                           distinct_at_most=distinct_at_most)
         self._victims.take(plan)
         return plan
+
+    def _probe_hits(self, ids: torch.Tensor, rows: torch.Tensor, t: int, window):
+        """The hits of ``ids`` served into ``rows`` (:meth:`HitsFirst.serve`); an id out of range refused."""
+        probe = self._hits_first.serve(self.state, self.data, ids, rows, self.storage.num_rows, t, self.scan_base,
+                                       self._window_at_assign(window))
+        if probe.out_of_range:
+            self._check_range(*(int(v) for v in torch.aminmax(ids)))
+        return probe
 
     def _check_range(self, low: int, high: int) -> None:
         """Refuses a batch whose smallest or largest id (``low``, ``high``) lies outside the storage."""
@@ -390,14 +400,17 @@ class SoftwareCache(StorageShape):
         plan.line, plan.hit = plan.done.line, plan.done.hit
 
     def _read_assigned(self, plan: LookupPlan, assigned) -> Assignment:
-        """Serving hits first: the assign's counts, the number of distinct ids and the ids that missed with
-        their lines, in one read back (of the batch's size); the plan's distinct ids cut to their number."""
+        """Serving hits first: the assign's counts, the number of distinct ids, the batch's smallest and largest
+        id, and the ids that missed with their lines, in one read back (of the batch's size); the plan's distinct
+        ids cut to their number. (A batch with an id out of range was assigned as padding: nothing changed.)"""
         order = torch.argsort(assigned.hit, stable=True)  # the misses first, in ascending id order
         host = torch.cat([assigned.counts, plan.num_distinct, plan.cache_ids[order], assigned.line[order]]).cpu()
-        n, counts, num_unique = order.numel(), host[:4].tolist(), int(host[4])
+        n, counts, (num_unique, low, high) = order.numel(), host[:4].tolist(), host[4:7].tolist()
+        self._check_range(low, high)
         misses = counts[3]
+        self._hits_first.probing = misses == 0  # a batch that hit in full: the next one may too
         plan.miss = order[:misses]
-        plan.miss_ids, plan.miss_cached = host[5:5 + misses], host[5 + n:5 + n + misses] >= 0
+        plan.miss_ids, plan.miss_cached = host[7:7 + misses], host[7 + n:7 + n + misses] >= 0
         plan.unique = plan.cache_ids = plan.unique[:num_unique]
         return Assignment(*(t[:num_unique] for t in assigned[:5]), *counts[:3])
 
