@@ -205,7 +205,9 @@ class _FunctionMode(TorchFunctionMode):
             work.read_back(f"{name} of {tuple(t.shape)}", t.nbytes if func in _METHOD_READS else t.element_size())
             with work.paused():  # its host copy is not a device tensor, nor work the device does
                 if func is torch.Tensor.cpu:  # a copy, as from a device (on the CPU .cpu() returns its input)
-                    return t.clone()
+                    copy = t.clone()
+                    work._device.discard(_key(copy))  # (where a freed device tensor may have been)
+                    return copy
                 return func(*args, **kwargs)
         out = func(*args, **kwargs)
         if func in _FACTORIES and kwargs.get("device") is not None:
@@ -236,7 +238,9 @@ class _DispatchMode(TorchDispatchMode):
         inputs = list(_tensors([args, kwargs]))
         name = func._schema.name.split("::")[1]
         on_device = any(work.is_device(t) for t in inputs)
-        if not on_device:
+        if not on_device:  # a host tensor, though it may lie where a freed device tensor was
+            for t in _tensors(out):
+                work._device.discard(_key(t))
             return out
         if name == "_local_scalar_dense":
             work.read_back(f"item of {tuple(args[0].shape)}", args[0].element_size())
@@ -297,13 +301,17 @@ def device_mode(monkeypatch):
 
 def device_cache(storage, **kwargs):
     """A :class:`SoftwareCache` on CPU tensors that takes its GPU path: lookups on a stream (the stand-in,
-    installed by :func:`device_mode`), misses through the staging buffer (unpinned)."""
+    installed by :func:`device_mode`), misses through the staging buffer (unpinned), read-ahead's misses found by
+    the device probe."""
     from lsm_gnn.cache import SoftwareCache
+    from lsm_gnn.cache.read_ahead import misses_on_device
     from lsm_gnn.cache.staging import MissStaging
 
     cache = SoftwareCache(storage, **kwargs)
     cache._stream = torch.cuda.Stream(cache.device)
     cache._staging, cache._read_into = MissStaging("cpu", pin=False), None
+    if cache.read_ahead is not None:
+        cache.read_ahead.misses = misses_on_device
     return cache
 
 

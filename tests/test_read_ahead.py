@@ -2,6 +2,7 @@
 their own. It may change where a miss's bytes come from, never a row, a hit or a decision."""
 import threading
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -264,3 +265,108 @@ def test_auto_reads_ahead_only_with_room_and_bounds_its_budget_by_the_memory_lef
     assert read_ahead_budget("8M") == 8 << 20
     with pytest.raises(ValueError, match="at least one byte"):
         read_ahead_budget("0")
+
+
+# -- the miss probe of a cache on a device (its tags never come to the host) ---------------------------------------
+
+HAVE_CUDA = torch.cuda.is_available()
+PROBE_DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(HAVE_CUDA, reason="triton compiles for the GPU here: "
+                                                             "no interpreter for CPU tensors")),
+                 pytest.param("cuda", marks=pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU"))]
+
+
+def tags_holding(rng, num_sets, ways, fill, n=600):
+    """A cache's tags: each set's ways hold distinct ids of that set (by the cache's hash), a ``fill`` share of
+    the ways valid (1.0: every set full), the rest invalid (-1)."""
+    from lsm_gnn.cache.hashing import set_of
+
+    tags = np.full((num_sets, ways), -1, dtype=np.int64)
+    nodes = np.concatenate([rng.permutation(n), n + rng.permutation(19 * n)])  # full sets need ids beyond n
+    sets, kept = set_of(nodes, num_sets), rng.random(nodes.size) < fill
+    for s in range(num_sets):
+        mine = nodes[(sets == s) & kept][:ways]
+        tags[s, :mine.size] = mine
+        rng.shuffle(tags[s])
+    return torch.from_numpy(tags.reshape(-1))
+
+
+def probe_case(rng, kind):
+    """(tags, ways, batches, known) of a random case, or an adversarial one named by ``kind``."""
+    num_sets, ways = {"one set": (1, 32), "odd ways": (5, 3), "full": (7, 8)}.get(kind, (int(rng.integers(1, 9)),
+                                                                                     int(rng.choice([1, 4, 16]))))
+    tags = tags_holding(rng, num_sets, ways, 1.0 if kind == "full" else float(rng.random()))
+    held = tags[tags >= 0]
+    depth = int(rng.integers(1, 5))
+    batches, known = [], []
+    for j in range(depth):
+        size = 0 if kind == "empty" and j % 2 == 0 else int(rng.integers(0, 80))
+        ids = rng.integers(0, 600, size)
+        if kind == "duplicates" and size:  # ids repeated in the batch and taken from the nearer batches and the tags
+            pool = np.concatenate([ids, *(b.numpy() for b in batches), held.numpy()])
+            ids = rng.choice(pool, 2 * size)
+        batches.append(torch.from_numpy(ids.astype(np.int64)))
+        asked = rng.choice(np.concatenate([ids, rng.integers(0, 600, 10)]), int(rng.integers(0, 30)))
+        if kind == "parked":  # a victim queue's ids: discarded ones are -1
+            asked = np.where(rng.random(asked.size) < 0.3, -1, asked)
+        known.append(torch.from_numpy(asked.astype(np.int64)))
+    return tags, ways, batches, known
+
+
+@pytest.mark.parametrize("device", PROBE_DEVICES)
+@pytest.mark.parametrize("kind", ["random", "duplicates", "parked", "empty", "full", "one set", "odd ways"])
+def test_the_device_probe_wants_exactly_what_the_native_pass_wants(device, kind):
+    """misses_on_device (the tags looked up where they are, the Triton kernel) against _C.ahead_misses over a
+    host copy of the same tags, batch by batch: random cases, and adversarial ones (ids repeated within and across
+    batches and held, ids already asked for or parked, -1 among them, empty batches, every set full, one set,
+    ways that are not a power of two)."""
+    from lsm_gnn import _C
+    from lsm_gnn.cache.read_ahead import misses_on_device
+
+    rng = np.random.default_rng(zlib.crc32(kind.encode()))
+    held = wanted = 0
+    for _ in range(6):
+        tags, ways, batches, known = probe_case(rng, kind)
+        want = _C.ahead_misses(tags, ways, batches, known)
+        got = misses_on_device(tags.to(device), ways, batches, known)
+        assert [w.tolist() for w in got] == [w.tolist() for w in want]
+        held += int(torch.isin(torch.cat(batches), tags).sum())
+        wanted += sum(w.numel() for w in want)
+    assert held and wanted, "cases where the probe decides"
+    assert misses_on_device(tags.to(device), ways, [], []) == []
+
+
+def test_each_cache_finds_misses_where_its_tags_are(disk):
+    from lsm_gnn.cache.read_ahead import miss_probe, misses_on_device, misses_on_host
+
+    dataset, _ = disk
+    with open_storage(dataset, "pread") as storage:
+        assert SoftwareCache(storage, num_sets=2, read_ahead=2).read_ahead.misses is misses_on_host
+    assert miss_probe("cuda") is misses_on_device and miss_probe(torch.device("cuda", 1)) is misses_on_device
+
+
+@pytest.mark.parametrize("pvp", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_a_device_cache_reads_ahead_on_the_device_and_returns_the_file(disk, monkeypatch, pvp):
+    """A cache taking its GPU path on CPU tensors (tests/host_budget.py), reading ahead with the device probe:
+    every batch's rows are the file's, its hits those of the same cache without read-ahead, and what it asked for
+    was read and used."""
+    pytest.importorskip("triton")
+    if HAVE_CUDA:
+        pytest.skip("triton compiles for the GPU here: no interpreter for CPU tensors")
+    from host_budget import device_cache, device_mode
+    from lsm_gnn.cache.read_ahead import misses_on_device
+
+    dataset, features = disk
+    trace = trace_of(5, 5, 24)
+    with device_mode(monkeypatch), open_storage(dataset, "pread") as storage:
+        kwargs = dict(num_sets=4, ways=8, window=3, period=2, pvp=pvp, pvp_queue_capacity=4)
+        early = device_cache(storage, read_ahead=2, **kwargs)
+        plain = SoftwareCache(storage, read_ahead=0, **kwargs)
+        assert early.read_ahead.misses is misses_on_device
+        for k, (ids, future) in enumerate(replay(trace, 3, num_nodes=600)):
+            rows, hit = early.lookup(ids, future=future)
+            _, want_hit = plain.lookup(ids, future=list(future))
+            assert np.array_equal(rows.numpy(), features[np.asarray(ids)]), f"batch {k}"
+            assert torch.equal(hit, want_hit), f"batch {k}"
+        early.settle()
+    ahead = early.read_ahead.stats
+    assert ahead.used > 0 and ahead.read == ahead.used

@@ -20,6 +20,7 @@ import threading
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -99,6 +100,42 @@ class _RowRing:
         self._spans = []
 
 
+def misses_on_host(tags: torch.Tensor, ways: int, batches: list[torch.Tensor], known: list[torch.Tensor]
+                   ) -> list[torch.Tensor]:
+    """Per batch (CPU int64 ids, nearest first): its sorted distinct ids that ``tags`` (a CPU cache's, whole sets
+    of ``ways``) lacks, no nearer batch has and ``known[j]`` lacks. One native pass, without the GIL."""
+    from lsm_gnn import _C
+
+    return _C.ahead_misses(tags, ways, batches, known)
+
+
+#: Tags that hold no id (ids are >= 0): the native pass over batches whose held ids are already taken out.
+_NO_TAGS = torch.full((1,), torch.iinfo(torch.int64).min, dtype=torch.int64)
+
+
+def misses_on_device(tags: torch.Tensor, ways: int, batches: list[torch.Tensor], known: list[torch.Tensor]
+                     ) -> list[torch.Tensor]:
+    """:func:`misses_on_host` for tags on a device: the batches' ids are looked up there (one kernel over all
+    batches, :mod:`lsm_gnn.kernels.tag_probe`) and only whether each is held comes back, one byte an id in one
+    read back, whatever the cache's size; the native pass runs on the ids not held. The same result: an id held
+    now is wanted by no batch, so leaving it out of the nearer batches changes no other id's answer."""
+    sizes = [b.numel() for b in batches]
+    if sum(sizes) == 0:
+        return misses_on_host(_NO_TAGS, 1, batches, known)
+    from lsm_gnn.kernels import triton_module
+
+    probe = triton_module("tag_probe", on_cpu=tags.device.type == "cpu")
+    held = probe.held(tags, ways, torch.cat(batches).to(tags.device)).cpu()  # the one read back
+    left = [batch[~h] for batch, h in zip(batches, held.split(sizes))]
+    return misses_on_host(_NO_TAGS, 1, left, known)
+
+
+def miss_probe(device) -> Callable[..., list[torch.Tensor]]:
+    """How a cache on ``device`` finds its next batches' misses: :func:`misses_on_host` on the CPU, else
+    :func:`misses_on_device`."""
+    return misses_on_host if torch.device(device).type == "cpu" else misses_on_device
+
+
 def default_depth(from_disk: bool) -> int:
     """``cache.read_ahead=auto``: READ_AHEAD_DEPTH batches where misses come from a disk nobody writes
     (``from_disk``), with at least AUTO_MIN_ROOM of memory available; else 0. A cache on a GPU too: on an H200
@@ -131,9 +168,10 @@ class ReadAhead:
     """Reads rows of ``storage`` ahead of the lookup that needs them, on one worker thread, holding at most
     ``max_bytes`` of rows. :meth:`request` queues ids for a lookup; :meth:`take` gives that lookup the rows of
     the ids it asks for that were read (waiting for a read in flight); :meth:`close` stops the worker.
-    Thread-safe; the worker starts with the first request."""
+    Thread-safe; the worker starts with the first request. :meth:`request_misses` works out what to ask for
+    from the tags of a cache on ``device`` (``self.misses``: :func:`miss_probe`'s choice for it)."""
 
-    def __init__(self, storage, depth: int = READ_AHEAD_DEPTH, max_bytes=READ_AHEAD_BYTES):
+    def __init__(self, storage, depth: int = READ_AHEAD_DEPTH, max_bytes=READ_AHEAD_BYTES, device="cpu"):
         if depth < 1:
             raise ValueError(f"read-ahead depth is a number of batches >= 1, got {depth}")
         if getattr(storage, "writable", False):
@@ -144,6 +182,7 @@ class ReadAhead:
         self.max_rows = max(1, read_ahead_budget(max_bytes) // storage.row_bytes)
         self._ring = _RowRing(self.max_rows, storage.dim, storage.dtype)  # every chunk's rows, in one buffer
         self.stats = ReadAheadStats()
+        self.misses = miss_probe(device)
         self._chunks: list[_Chunk] = []  # every chunk not yet taken or dropped, in request order
         self._queue: deque[_Chunk] = deque()  # the chunks the worker has still to read
         self._held = 0  # rows in _chunks
@@ -161,6 +200,23 @@ class ReadAhead:
         if not parts:
             return None
         return parts[0] if len(parts) == 1 else torch.cat(parts)  # its reader builds a set of them
+
+    def request_misses(self, iteration: int, batches: list[torch.Tensor], tags: torch.Tensor, ways: int,
+                       parked=None) -> None:
+        """Asks for the rows the ``batches`` of lookups ``iteration``, ``iteration + 1``... (CPU int64 ids) will
+        miss as the cache's ``tags`` stand now: the ids it does not hold, less those of a nearer batch (which
+        that batch installs), those already asked for and those ``parked(iteration)`` names (its victim
+        buffer's, served from there)."""
+        if not batches:
+            return
+        known = []
+        for j in range(len(batches)):
+            parts = [self.requested(iteration + j), None if parked is None else parked(iteration + j)]
+            parts = [p for p in parts if p is not None and p.numel()]
+            known.append(torch.cat(parts) if len(parts) > 1 else parts[0] if parts else
+                         torch.empty(0, dtype=torch.int64))
+        for j, want in enumerate(self.misses(tags, ways, batches, known)):
+            self.request(iteration + j, want)
 
     def request(self, iteration: int, ids: torch.Tensor) -> None:
         """Queues the rows of ``ids`` (sorted, distinct, CPU int64) for the lookup of ``iteration``; as many as
