@@ -304,14 +304,13 @@ def device_cache(storage, **kwargs):
     installed by :func:`device_mode`), misses through the staging buffer (unpinned), read-ahead's misses found by
     the device probe."""
     from lsm_gnn.cache import SoftwareCache
-    from lsm_gnn.cache.read_ahead import misses_on_device
     from lsm_gnn.cache.staging import MissStaging
 
     cache = SoftwareCache(storage, **kwargs)
     cache._stream = torch.cuda.Stream(cache.device)
     cache._staging, cache._read_into = MissStaging("cpu", pin=False), None
     if cache.read_ahead is not None:
-        cache.read_ahead.misses = misses_on_device
+        cache.read_ahead.on_device = True
     return cache
 
 
