@@ -38,8 +38,15 @@ iteration, since the bound variants run fewer iterations.
 Every method starts cold (page cache evicted, fresh cache). Repeats rotate
 the method order; figures are medians. Ratios print last.
 
+``--step-beside-loader STEPS`` also times each method's training step alone
+and beside its loader: the same steps on the same STEPS batches (features
+already on the training device), once with no loader running and once while
+the loader's thread produces the next batches, ``--step-runs`` times each;
+it prints both medians and their ratio (how much the loader slows the step).
+
     python benchmarks/end_to_end.py                   # ~20 min on 2 cores
     python benchmarks/end_to_end.py --quick           # a smoke run
+    python benchmarks/end_to_end.py --quick --methods hybrid,memory --step-beside-loader 10
 """
 from __future__ import annotations
 
@@ -112,12 +119,13 @@ def ensure_graph(path: str, num_nodes: int, dim: int):
                               overwrite=True)
 
 
-def run_once(args, ds, method: str) -> dict:
+def trainer_for(args, ds, method: str, iterations: int) -> tuple[Trainer, MemmapStorage | None]:
+    """The trainer of ``method`` for ``iterations`` iterations, every method's from the same settings (and the
+    memmap storage it was given, for the memmap methods)."""
     overrides = [f"dataset={ds.path}", f"model.kind={args.model}", f"model.hidden={args.hidden}",
                  f"sampler.fanouts={args.fanouts}", f"sampler.batch_size={args.batch_size}",
                  f"cache.capacity={args.capacity}", f"cache.window={args.window}",
-                 f"train.max_iterations={args.bound_iterations if method in BOUND else args.iterations}",
-                 "train.eval_splits=[]", "log.progress=false",
+                 f"train.max_iterations={iterations}", "train.eval_splits=[]", "log.progress=false",
                  "train.lr=0.003", f"sampler.num_threads={args.loader_threads}"]
     features = None
     if method in ("hybrid", "rr", "farthest"):
@@ -147,7 +155,11 @@ def run_once(args, ds, method: str) -> dict:
         features = MemmapStorage(ds, evict_each_batch=method in BOUND, random_advice=method == "memmap-random-bound")
     for path in feature_paths(ds):
         evict_page_cache(path)
-    trainer = Trainer(load_config(None, overrides), out=io.StringIO(), features=features)
+    return Trainer(load_config(None, overrides), out=io.StringIO(), features=features), features
+
+
+def run_once(args, ds, method: str) -> dict:
+    trainer, features = trainer_for(args, ds, method, args.bound_iterations if method in BOUND else args.iterations)
     result = trainer.fit()
     last = result["history"][-1]
     evict_s = features.evict_seconds if isinstance(features, MemmapStorage) else 0.0
@@ -160,6 +172,75 @@ def run_once(args, ds, method: str) -> dict:
             "bound_s": bound_s, "pipeline_efficiency": bound_s / wall if wall > 0 else None,
             "stages_s": result["stages_s"], "hit_ratio": last["hit_ratio"], "bytes_read": last["bytes_read"],
             "pvp_hits": last.get("pvp_hits"), "loss": last["loss"]}
+
+
+def step_beside_loader(args, ds, method: str) -> dict:
+    """The training step timed alone and while the loader's thread produces the next batches, on the same
+    batches: ``--step-beside-loader`` batches of ``method``'s loader, gathered once and moved to the training
+    device, then trained on ``--step-runs`` times with no loader running and as often with the loader running an
+    epoch beside them (each step followed by taking one of its batches, as training does, so it works as far
+    ahead as its queue lets it). Each step is timed to the end of its device work on the training stream; the
+    loader's own stream is not waited for. Runs alternate; figures are medians over the runs of each run's
+    median step."""
+    from itertools import islice
+
+    from lsm_gnn.parallel import batch_to
+
+    steps = args.step_beside_loader
+    trainer, _ = trainer_for(args, ds, method, steps)
+    try:
+        feed = trainer.loader.iterate()
+        batches = [batch_to(batch, trainer.device) for batch in islice(feed, steps)]
+        feed.close()
+        if len(batches) < steps:
+            raise SystemExit(f"--step-beside-loader {steps}: the loader's epoch has {len(batches)} batches")
+        trainer.model.train()
+        on_cuda = trainer.device is not None and torch.device(trainer.device).type == "cuda"
+
+        def median_step(produced=None) -> float:
+            times = []
+            for batch in batches:
+                start = time.perf_counter()
+                trainer._step(batch)  # the trainer's own step, as its "train" stage times it
+                if on_cuda:
+                    torch.cuda.current_stream(trainer.device).synchronize()  # its optimizer step too
+                times.append(time.perf_counter() - start)
+                if produced is not None:
+                    next(produced)
+            return statistics.median(times)
+
+        alone, beside = [], []
+        for _ in range(args.step_runs):
+            alone.append(median_step())
+            produced = endless(trainer.loader)
+            next(produced)  # the loader's thread is running
+            beside.append(median_step(produced))
+            produced.close()
+    finally:
+        trainer.close()
+    alone_ms, beside_ms = 1e3 * statistics.median(alone), 1e3 * statistics.median(beside)
+    paired = [b / a for a, b in zip(alone, beside)]  # each pair ran back to back: steadier when the load drifts
+    return {"steps": steps, "runs": args.step_runs, "step_alone_ms": alone_ms, "step_beside_loader_ms": beside_ms,
+            "ratio": beside_ms / alone_ms, "alone_ms_per_run": [1e3 * t for t in alone],
+            "beside_ms_per_run": [1e3 * t for t in beside], "ratio_per_run": paired,
+            "paired_ratio": statistics.median(paired)}
+
+
+def endless(loader):
+    """The loader's batches, epoch after epoch (its thread stops when this is closed)."""
+    while True:
+        yield from loader.iterate()
+
+
+def step_table(measured: dict) -> str:
+    lines = [f"{'method':<20}{'step alone ms':>15}{'beside loader ms':>18}{'ratio':>7}{'paired':>8}"]
+    for method, m in measured.items():
+        lines.append(f"{method:<20}{m['step_alone_ms']:>15.2f}{m['step_beside_loader_ms']:>18.2f}{m['ratio']:>7.2f}"
+                     f"{m['paired_ratio']:>8.2f}")
+    return "\n".join(lines + ["(the same training steps on the same batches, features already on the training "
+                              "device: with no loader running, and while the loader's thread produces the next "
+                              "batches; medians of the runs; ratio: beside over alone; paired: the median of each "
+                              "run's own ratio, alone and beside back to back)"])
 
 
 def pvp_memory(args, ds) -> tuple[int, int]:
@@ -297,6 +378,10 @@ def parse_args(argv=None):
                         "--pvp-queue-capacity")
     p.add_argument("--loader-threads", type=int, default=0,
                    help="threads of the sampler's and the cache's native ops on the loader thread (0: all cores)")
+    p.add_argument("--step-beside-loader", type=int, default=0, metavar="STEPS",
+                   help="also time the training step alone and beside the loader's thread, per method, over STEPS "
+                        "of its batches (0: not)")
+    p.add_argument("--step-runs", type=int, default=3, help="runs of each for --step-beside-loader")
     p.add_argument("--methods", default=",".join(m for m in METHODS if torch.cuda.is_available() or m not in GPU_ONLY))
     p.add_argument("--json", default="docs/results/end_to_end.json")
     p.add_argument("--quick", action="store_true", help="small graph, few iterations, one repeat")
@@ -309,6 +394,9 @@ def parse_args(argv=None):
         args.data = args.data + "-quick"
     if args.warmup < 0:
         p.error(f"--warmup is a number of iterations >= 0 (0: none), got {args.warmup}")
+    if args.step_beside_loader < 0 or args.step_runs < 1:
+        p.error(f"--step-beside-loader is a number of steps >= 0 (0: none) and --step-runs >= 1, got "
+                f"{args.step_beside_loader} and {args.step_runs}")
     args.methods = [m for m in args.methods.split(",") if m]
     bad = [m for m in args.methods if m not in METHODS]
     if bad:
@@ -343,11 +431,16 @@ def main(argv=None) -> dict:
               "machine": machine_info(),
               "runs": runs, "summary": summary, "ratios": ratios(summary),
               "paired_ratios": paired_ratios(runs)}
+    if args.step_beside_loader:
+        result["step_beside_loader"] = {method: step_beside_loader(args, ds, method) for method in args.methods
+                                        if method not in BOUND}
     if args.json:
         write_json(args.json, result)
     print(table(summary))
     print(json.dumps(result["ratios"], indent=2))
     print("per-repeat ratios (methods of one repeat run back to back):", json.dumps(result["paired_ratios"]))
+    if args.step_beside_loader:
+        print(step_table(result["step_beside_loader"]))
     return result
 
 

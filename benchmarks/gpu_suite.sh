@@ -86,10 +86,12 @@ echo "== end to end on one GPU: the cache on the device (default policy, and hyb
 # so its ratio to device is the project's own overhead; the others add the VM's disk.
 # Each capacity after an untimed warm-up run of every method (Triton compiles the kernels at their first launches).
 # In 100 iterations most misses are first touches: 60% gave the hit ratio of 30% (0.734 and 0.730) on the H200.
+# Then each method's training step alone and beside its loader's thread, and their ratio (target: within 1.05x).
 for capacity in ${E2E_CAPACITIES:-30%}; do
   timeout "${E2E_S:-150}" $PY benchmarks/end_to_end.py \
     --methods farthest,farthest-pinned,hybrid,hybrid-no-read-ahead,device --num-nodes 200000 \
     --capacity "$capacity" --iterations 100 --warmup 20 --repeats 2 --backend auto \
+    --step-beside-loader 20 --step-runs 5 \
     --data "${E2E_DATA:-/tmp/lsm-gnn-gpu-e2e}" --json "$OUT/end_to_end_${capacity%\%}.json" 2>&1 \
     | tee -a "$OUT/end_to_end.txt" || status=1
 done

@@ -1,10 +1,10 @@
 """Step 1 of the ahead-of-time compile check (:mod:`lsm_gnn.kernels.aot`): the project's own kernel launches,
 recorded under Triton's interpreter.
 
-It runs the cache under every policy, both PVP modes and a one-set cache, the sampler with int32 and int64
-indices and several fanouts, and the ``pinned`` storage's reads of rows of each word width, on CPU tensors with
-``kernels=triton``, and keeps each launch's arguments as the launcher sees them. It drives the cache, the sampler
-and the storage, so it stands above them, not in ``kernels/``.
+It runs the cache under every policy, both PVP modes and a one-set cache, the read-ahead's miss probe, the
+sampler with int32 and int64 indices and several fanouts, and the ``pinned`` storage's reads of rows of each word
+width, on CPU tensors with ``kernels=triton``, and keeps each launch's arguments as the launcher sees them. It
+drives the cache, the sampler and the storage, so it stands above them, not in ``kernels/``.
 
     python -m lsm_gnn.kernel_launches launches.json
 """
@@ -60,6 +60,19 @@ def _cache_traces() -> None:
                     cache.prefetch()
 
 
+def _read_ahead_probes() -> None:
+    """The read-ahead's miss probe of a cache on a device (its tags looked up where they are), at the ways the
+    cache runs above, a one-set cache's included."""
+    import torch
+
+    from lsm_gnn.cache.read_ahead import misses_on_device
+
+    batches = [torch.arange(0, 300, 3), torch.arange(100, 160)]
+    for num_sets, ways in ((1, 32), (16, 8), (8, 32), (4, 128)):
+        tags = torch.arange(num_sets * ways, dtype=torch.int64) * 5
+        misses_on_device(tags, ways, batches, [torch.empty(0, dtype=torch.int64)] * len(batches))
+
+
 def _sampler_runs() -> None:
     """The sampler over int32 and int64 CSRs, at fanouts -1 (all), 0, 1, 10, 25 and 50, one and several hops."""
     import numpy as np
@@ -108,6 +121,7 @@ def record(path: str) -> int:
                          "with TRITON_INTERPRET=1")
     with using("triton"), LaunchRecorder() as recorder:
         _cache_traces()
+        _read_ahead_probes()
         _sampler_runs()
         _pinned_reads()
     launches = list(recorder.launches.values())

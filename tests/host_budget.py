@@ -238,9 +238,9 @@ class _DispatchMode(TorchDispatchMode):
         inputs = list(_tensors([args, kwargs]))
         name = func._schema.name.split("::")[1]
         on_device = any(work.is_device(t) for t in inputs)
-        if not on_device:
-            # A host tensor: where it sits at the address of a freed device one, that one's mark is stale.
-            work._device.difference_update(_key(t) for t in _tensors(out) if t.numel())
+        if not on_device:  # a host tensor, though it may lie where a freed device tensor was
+            for t in _tensors(out):
+                work._device.discard(_key(t))
             return out
         if name == "_local_scalar_dense":
             work.read_back(f"item of {tuple(args[0].shape)}", args[0].element_size())
@@ -307,7 +307,7 @@ def device_cache(storage, *, misses: str = "staged", **kwargs):
     """A :class:`SoftwareCache` on CPU tensors that takes its GPU path: lookups on a stream (the stand-in,
     installed by :func:`device_mode`), hits served first (without PVP), misses through the staging buffer
     (unpinned) as from a host storage, or with ``misses="direct"`` read into the lines by a storage that reads
-    to the cache's device (``pinned``, gds)."""
+    to the cache's device (``pinned``, gds); read-ahead's misses found by the device probe."""
     from lsm_gnn.cache import SoftwareCache
     from lsm_gnn.cache.staging import MissStaging
 
@@ -318,6 +318,8 @@ def device_cache(storage, *, misses: str = "staged", **kwargs):
     elif misses != "direct" or cache.miss_path != "direct":
         raise ValueError(f"misses={misses!r} (staged or direct) over a storage whose reads take the "
                          f"{cache.miss_path} path")
+    if cache.read_ahead is not None:
+        cache.read_ahead.on_device = True
     return cache
 
 

@@ -50,11 +50,12 @@ def test_lookup_cpu_refuses_a_warm_up_as_long_as_the_run(capsys):
     assert "--warmup (10) must be below --lookups (10)" in capsys.readouterr().err
 
 
-def test_end_to_end_quick(tmp_path):
+def test_end_to_end_quick(tmp_path, capsys):
     pytest.importorskip("torch_geometric")
     out = tmp_path / "e2e.json"
     results = load("end_to_end").main(["--quick", "--data", str(tmp_path / "g"), "--json", str(out),
-                                       "--methods", "hybrid,memmap-bound,memory"])
+                                       "--methods", "hybrid,memmap-bound,memory", "--step-beside-loader", "3",
+                                       "--step-runs", "1"])
     assert out.exists()
     summary = results["summary"]
     assert set(summary) == {"hybrid", "memmap-bound", "memory"}
@@ -62,6 +63,12 @@ def test_end_to_end_quick(tmp_path):
     assert all(s["ms_per_iter_wall"] > 0 for s in summary.values())
     assert 0.0 < summary["hybrid"]["pipeline_efficiency"] <= 1.0  # its bound from its own counters
     assert results["ratios"]["hybrid_speedup_vs_memmap_bound"] > 0
+    steps = results["step_beside_loader"]  # (not the bound methods: they evict the page cache each batch)
+    assert set(steps) == {"hybrid", "memory"}
+    for m in steps.values():
+        assert m["step_alone_ms"] > 0 and m["ratio"] == m["step_beside_loader_ms"] / m["step_alone_ms"]
+    printed = capsys.readouterr().out
+    assert "step alone ms" in printed and f"{steps['hybrid']['ratio']:.2f}" in printed
 
 
 def test_sampler_throughput_quick(tmp_path):
@@ -158,7 +165,10 @@ def test_recsys_capped_quick(tmp_path, memory_cap):
     assert runs["torch"]["test"]["users"] == runs["lsm-gnn"]["test"]["users"] > 0
 
 
-def test_end_to_end_refuses_a_negative_warm_up(capsys):
+@pytest.mark.parametrize("flag,message", [("--warmup", "--warmup is a number of iterations >= 0"),
+                                          ("--step-beside-loader", "--step-beside-loader is a number of steps >= 0"),
+                                          ("--step-runs", "--step-runs >= 1")])
+def test_end_to_end_refuses_a_negative_count(capsys, flag, message):
     with pytest.raises(SystemExit):
-        load("end_to_end").parse_args(["--warmup", "-1"])
-    assert "--warmup is a number of iterations >= 0" in capsys.readouterr().err
+        load("end_to_end").parse_args([flag, "-1"])
+    assert message in capsys.readouterr().err

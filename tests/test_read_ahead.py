@@ -2,6 +2,7 @@
 their own. It may change where a miss's bytes come from, never a row, a hit or a decision."""
 import threading
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -51,26 +52,36 @@ def test_take_gives_exactly_the_rows_read_and_forgets_older_chunks(disk):
         assert ahead.take(6, torch.tensor([50])) is None  # close forgot it
 
 
-def read_all(ahead, rows, timeout=10.0):
+def read_all(ahead, rows):
+    wait_for(lambda: ahead.stats.read >= rows)
+
+
+def wait_for(done, timeout=10.0):
     deadline = time.monotonic() + timeout
-    while ahead.stats.read < rows:
-        assert time.monotonic() < deadline, "the read-ahead's worker did not read its chunks"
+    while not done():
+        assert time.monotonic() < deadline, "the read-ahead's worker did not do its work"
         time.sleep(0.001)
+
+
+def gate_reads(storage) -> tuple[threading.Event, threading.Event]:
+    """(gate, entered): every read of ``storage`` sets ``entered``, then waits for ``gate``."""
+    gate, entered = threading.Event(), threading.Event()
+    real_read = storage.read
+
+    def slow_read(ids, out=None):
+        entered.set()
+        gate.wait()
+        return real_read(ids, out)
+
+    storage.read = slow_read
+    return gate, entered
 
 
 def test_a_chunk_still_queued_is_left_to_its_lookup(disk):
     dataset, _ = disk
     with open_storage(dataset, "pread") as storage:
         ahead = ReadAhead(storage, depth=1)
-        gate, entered = threading.Event(), threading.Event()
-        real_read = storage.read
-
-        def slow_read(ids, out=None):
-            entered.set()
-            gate.wait()
-            return real_read(ids, out)
-
-        storage.read = slow_read
+        gate, entered = gate_reads(storage)
         ahead.request(1, torch.tensor([1, 2]))  # the worker waits in this read
         assert entered.wait(10.0)               # (else both chunks could still be queued at the take)
         ahead.request(1, torch.tensor([3]))     # a top-up queued behind it
@@ -264,3 +275,139 @@ def test_auto_reads_ahead_only_with_room_and_bounds_its_budget_by_the_memory_lef
     assert read_ahead_budget("8M") == 8 << 20
     with pytest.raises(ValueError, match="at least one byte"):
         read_ahead_budget("0")
+
+
+# -- the miss probe of a cache on a device (its tags never come to the host) ---------------------------------------
+
+HAVE_CUDA = torch.cuda.is_available()
+PROBE_DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(HAVE_CUDA, reason="triton compiles for the GPU here: "
+                                                             "no interpreter for CPU tensors")),
+                 pytest.param("cuda", marks=pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU"))]
+
+
+def tags_holding(rng, num_sets, ways, fill, n=600):
+    """A cache's tags: each set's ways hold distinct ids of that set (by the cache's hash), a ``fill`` share of
+    the ways valid (1.0: every set full), the rest invalid (-1)."""
+    from lsm_gnn.cache.hashing import set_of
+
+    tags = np.full((num_sets, ways), -1, dtype=np.int64)
+    nodes = np.concatenate([rng.permutation(n), n + rng.permutation(19 * n)])  # full sets need ids beyond n
+    sets, kept = set_of(nodes, num_sets), rng.random(nodes.size) < fill
+    for s in range(num_sets):
+        mine = nodes[(sets == s) & kept][:ways]
+        tags[s, :mine.size] = mine
+        rng.shuffle(tags[s])
+    return torch.from_numpy(tags.reshape(-1))
+
+
+def probe_case(rng, kind):
+    """(tags, ways, batches, known) of a random case, or an adversarial one named by ``kind``."""
+    num_sets, ways = {"one set": (1, 32), "odd ways": (5, 3), "full": (7, 8)}.get(kind, (int(rng.integers(1, 9)),
+                                                                                     int(rng.choice([1, 4, 16]))))
+    tags = tags_holding(rng, num_sets, ways, 1.0 if kind == "full" else float(rng.random()))
+    held = tags[tags >= 0]
+    depth = int(rng.integers(1, 5))
+    batches, known = [], []
+    for j in range(depth):
+        size = 0 if kind == "empty" and j % 2 == 0 else int(rng.integers(0, 80))
+        ids = rng.integers(0, 600, size)
+        if kind == "duplicates" and size:  # ids repeated in the batch and taken from the nearer batches and the tags
+            pool = np.concatenate([ids, *(b.numpy() for b in batches), held.numpy()])
+            ids = rng.choice(pool, 2 * size)
+        batches.append(torch.from_numpy(ids.astype(np.int64)))
+        asked = rng.choice(np.concatenate([ids, rng.integers(0, 600, 10)]), int(rng.integers(0, 30)))
+        if kind == "parked":  # a victim queue's ids: discarded ones are -1
+            asked = np.where(rng.random(asked.size) < 0.3, -1, asked)
+        known.append(torch.from_numpy(asked.astype(np.int64)))
+    return tags, ways, batches, known
+
+
+@pytest.mark.parametrize("device", PROBE_DEVICES)
+@pytest.mark.parametrize("kind", ["random", "duplicates", "parked", "empty", "full", "one set", "odd ways"])
+def test_the_device_probe_wants_exactly_what_the_native_pass_wants(device, kind):
+    """misses_on_device (the tags looked up where they are, the Triton kernel) against _C.ahead_misses over a
+    host copy of the same tags, batch by batch: random cases, and adversarial ones (ids repeated within and across
+    batches and held, ids already asked for or parked, -1 among them, empty batches, every set full, one set,
+    ways that are not a power of two)."""
+    from lsm_gnn import _C
+    from lsm_gnn.cache.read_ahead import misses_on_device
+
+    rng = np.random.default_rng(zlib.crc32(kind.encode()))
+    held = wanted = 0
+    for _ in range(6):
+        tags, ways, batches, known = probe_case(rng, kind)
+        want = _C.ahead_misses(tags, ways, batches, known)
+        got = misses_on_device(tags.to(device), ways, batches, known)
+        assert [w.tolist() for w in got] == [w.tolist() for w in want]
+        held += int(torch.isin(torch.cat(batches), tags).sum())
+        wanted += sum(w.numel() for w in want)
+    assert held and wanted, "cases where the probe decides"
+    assert misses_on_device(tags.to(device), ways, [], []) == []
+
+
+@pytest.mark.parametrize("device", PROBE_DEVICES)
+def test_a_lookup_finishes_a_probe_the_busy_worker_has_not(disk, device):
+    """With the worker inside a read, a device probe waits in its queue; the next take finishes it on its own
+    thread, in order after the one before, and asks for what the native pass wants."""
+    from lsm_gnn import _C
+
+    dataset, _ = disk
+    rng = np.random.default_rng(7)
+    tags = tags_holding(rng, 4, 8, 0.7)
+    batches = [torch.from_numpy(rng.integers(0, 600, 40)) for _ in range(2)]
+    with open_storage(dataset, "pread") as storage:
+        ahead = ReadAhead(storage, depth=2, device=device)
+        ahead.on_device = True  # (on CPU tensors too: the device path under the interpreter)
+        gate, entered = gate_reads(storage)
+        ahead.request(9, torch.tensor([0]))  # a later lookup's chunk: the take below does not wait for it
+        assert entered.wait(10.0)  # the worker is in that read
+        ahead.request_misses(2, batches[:1], tags.to(device), 8)
+        ahead.request_misses(2, batches, tags.to(device), 8)  # reads what the first asked for
+        assert ahead.requested(3) is None, "still queued behind the read"
+        ahead.take(2, torch.empty(0, dtype=torch.int64))  # finishes both here (the worker still reads)
+        first = _C.ahead_misses(tags, 8, batches[:1], [torch.empty(0, dtype=torch.int64)])[0]
+        want = _C.ahead_misses(tags, 8, batches, [first, torch.empty(0, dtype=torch.int64)])
+        assert ahead.requested(3).tolist() == want[1].tolist()
+        assert ahead.stats.requested == 1 + first.numel() + sum(w.numel() for w in want)
+        gate.set()
+        ahead.close()
+
+
+def test_each_cache_finds_misses_where_its_tags_are(disk):
+    dataset, _ = disk
+    with open_storage(dataset, "pread") as storage:
+        assert not SoftwareCache(storage, num_sets=2, read_ahead=2).read_ahead.on_device
+        assert ReadAhead(storage, 2, device="cuda").on_device and ReadAhead(storage, 2, device="cuda:1").on_device
+
+
+@pytest.mark.slow  # (seconds: the cache's kernels under the interpreter, every call recorded)
+@pytest.mark.parametrize("pvp", [False, True])
+def test_a_device_cache_reads_ahead_on_the_device_and_returns_the_file(disk, monkeypatch, pvp):
+    """A cache taking its GPU path on CPU tensors (tests/host_budget.py), reading ahead with the device probe:
+    every batch's rows are the file's, its hits those of the same cache without read-ahead, and what it asked for
+    was read and used; the lookup's thread never waits for the probe (the read-ahead's worker does)."""
+    pytest.importorskip("triton")
+    if HAVE_CUDA:
+        pytest.skip("triton compiles for the GPU here: no interpreter for CPU tensors")
+    from host_budget import HostWork, device_cache, device_mode
+
+    dataset, features = disk
+    trace = trace_of(5, 4, 20)
+    with device_mode(monkeypatch), open_storage(dataset, "pread") as storage:
+        kwargs = dict(num_sets=4, ways=8, window=3, period=2, pvp=pvp, pvp_queue_capacity=4)
+        early = device_cache(storage, read_ahead=2, **kwargs)
+        plain = SoftwareCache(storage, read_ahead=0, **kwargs)
+        ahead = early.read_ahead
+        assert ahead.on_device
+        for k, (ids, future) in enumerate(replay(trace, 3, num_nodes=600)):
+            work = HostWork()
+            work.device(early.state, early.data)
+            rows, hit = work.call(lambda i: early.lookup(i, future=future), ids)
+            _, want_hit = plain.lookup(ids, future=list(future))
+            assert np.array_equal(rows.numpy(), features[np.asarray(ids)]), f"batch {k}"
+            assert torch.equal(hit, want_hit), f"batch {k}"
+            assert not [w for w in work.what if "read_ahead.py" in w], f"batch {k}: {work.what}"
+            wait_for(lambda: not ahead._probes and not ahead._probing)  # else the next lookup finishes it
+        early.settle()
+    ahead = early.read_ahead.stats
+    assert ahead.used > 0 and ahead.read == ahead.used

@@ -46,7 +46,7 @@ class ReadAheadStats:
     used: int = 0       # of them, rows a lookup took instead of reading them
     dropped: int = 0    # rows read ahead that no lookup needed (predicted wrongly, or past the budget's end)
     cut: int = 0        # rows not asked for because the memory budget was full
-    failed: int = 0     # chunks whose read failed (their lookup read them itself and met the error there)
+    failed: int = 0     # chunks whose read failed, and device probes that did (their lookups read the rows)
 
 
 @dataclass(eq=False)
@@ -99,6 +99,70 @@ class _RowRing:
         self._spans = []
 
 
+def misses_on_host(tags: torch.Tensor, ways: int, batches: list[torch.Tensor], known: list[torch.Tensor]
+                   ) -> list[torch.Tensor]:
+    """Per batch (CPU int64 ids, nearest first): its sorted distinct ids that ``tags`` (a CPU cache's, whole sets
+    of ``ways``) lacks, no nearer batch has and ``known[j]`` lacks. One native pass, without the GIL."""
+    from lsm_gnn import _C
+
+    return _C.ahead_misses(tags, ways, batches, known)
+
+
+#: Tags that hold no id (ids are >= 0): the native pass over batches whose held ids are already taken out.
+_NO_TAGS = torch.full((1,), torch.iinfo(torch.int64).min, dtype=torch.int64)
+
+
+def held_in_flight(tags: torch.Tensor, ways: int, batches: list[torch.Tensor]) -> tuple[torch.Tensor, object]:
+    """Starts looking the batches' ids up in ``tags`` where they live (one kernel over all batches,
+    :mod:`lsm_gnn.kernels.tag_probe`) and copying whether each is held, one byte an id, to the host without
+    waiting: ``(held, ready)``, ``held`` valid once ``ready`` (a CUDA event on the current stream; None where
+    the copy was synchronous) has passed. Nothing here grows with the cache."""
+    if sum(b.numel() for b in batches) == 0:
+        return torch.zeros(0, dtype=torch.bool), None
+    from lsm_gnn.kernels import triton_module
+
+    ids = torch.cat(batches) if len(batches) > 1 else batches[0]
+    probe = triton_module("tag_probe", on_cpu=tags.device.type == "cpu")
+    held = probe.held(tags, ways, ids.to(tags.device, non_blocking=True))
+    host = torch.empty(held.shape, dtype=torch.bool, pin_memory=held.is_cuda)
+    host.copy_(held, non_blocking=True)
+    if not held.is_cuda:
+        return host, None
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
+
+
+def misses_of_held(held: torch.Tensor, batches: list[torch.Tensor], known: list[torch.Tensor]
+                   ) -> list[torch.Tensor]:
+    """:func:`misses_on_host` given whether each of the batches' ids is held (:func:`held_in_flight`, arrived):
+    the native pass over the ids not held. The same result: an id held now is wanted by no batch, so leaving it
+    out of the nearer batches changes no other id's answer."""
+    left = [batch[~h] for batch, h in zip(batches, held.split([b.numel() for b in batches]))]
+    return misses_on_host(_NO_TAGS, 1, left, known)
+
+
+def misses_on_device(tags: torch.Tensor, ways: int, batches: list[torch.Tensor], known: list[torch.Tensor]
+                     ) -> list[torch.Tensor]:
+    """:func:`misses_on_host` for tags on a device, waiting for them: :func:`held_in_flight`, then
+    :func:`misses_of_held`. (A cache does the two halves on different threads: :meth:`ReadAhead.request_misses`.)"""
+    held, ready = held_in_flight(tags, ways, batches)
+    if ready is not None:
+        ready.synchronize()
+    return misses_of_held(held, batches, known)
+
+
+@dataclass(eq=False)
+class _Probe:
+    """A device cache's miss probe in flight (:meth:`ReadAhead.request_misses`): whether each id of the batches
+    of lookups ``iteration``, ``iteration + 1``... is held, arriving in ``held`` once ``ready`` has passed."""
+    iteration: int
+    batches: list[torch.Tensor]
+    parked: list[torch.Tensor | None]
+    held: torch.Tensor
+    ready: object
+
+
 def default_depth(from_disk: bool) -> int:
     """``cache.read_ahead=auto``: READ_AHEAD_DEPTH batches where misses come from a disk nobody writes
     (``from_disk``), with at least AUTO_MIN_ROOM of memory available; else 0. A cache on a GPU too: on an H200
@@ -131,9 +195,12 @@ class ReadAhead:
     """Reads rows of ``storage`` ahead of the lookup that needs them, on one worker thread, holding at most
     ``max_bytes`` of rows. :meth:`request` queues ids for a lookup; :meth:`take` gives that lookup the rows of
     the ids it asks for that were read (waiting for a read in flight); :meth:`close` stops the worker.
-    Thread-safe; the worker starts with the first request."""
+    Thread-safe; the worker starts with the first request. :meth:`request_misses` works out what to ask for
+    from the tags of a cache on ``device``: on the CPU at once, else (``self.on_device``) in two halves, the
+    lookup on the device started on the caller's thread and finished on the worker's (or by the next
+    :meth:`take`, whichever comes first), so the caller never waits for the device."""
 
-    def __init__(self, storage, depth: int = READ_AHEAD_DEPTH, max_bytes=READ_AHEAD_BYTES):
+    def __init__(self, storage, depth: int = READ_AHEAD_DEPTH, max_bytes=READ_AHEAD_BYTES, device="cpu"):
         if depth < 1:
             raise ValueError(f"read-ahead depth is a number of batches >= 1, got {depth}")
         if getattr(storage, "writable", False):
@@ -144,6 +211,9 @@ class ReadAhead:
         self.max_rows = max(1, read_ahead_budget(max_bytes) // storage.row_bytes)
         self._ring = _RowRing(self.max_rows, storage.dim, storage.dtype)  # every chunk's rows, in one buffer
         self.stats = ReadAheadStats()
+        self.on_device = torch.device(device).type != "cpu"
+        self._probes: deque[_Probe] = deque()  # started, not finished: oldest first
+        self._probing = False  # one is being finished (in order: each reads what the ones before asked for)
         self._chunks: list[_Chunk] = []  # every chunk not yet taken or dropped, in request order
         self._queue: deque[_Chunk] = deque()  # the chunks the worker has still to read
         self._held = 0  # rows in _chunks
@@ -161,6 +231,70 @@ class ReadAhead:
         if not parts:
             return None
         return parts[0] if len(parts) == 1 else torch.cat(parts)  # its reader builds a set of them
+
+    def request_misses(self, iteration: int, batches: list[torch.Tensor], tags: torch.Tensor, ways: int,
+                       parked=None) -> None:
+        """Asks for the rows the ``batches`` of lookups ``iteration``, ``iteration + 1``... (CPU int64 ids) will
+        miss as the cache's ``tags`` stand now: the ids it does not hold, less those of a nearer batch (which
+        that batch installs), those already asked for and those ``parked(iteration)`` names (its victim
+        buffer's, served from there)."""
+        if not batches:
+            return
+        parked = [None if parked is None else parked(iteration + j) for j in range(len(batches))]
+        if not self.on_device:  # the tags change with the next lookup: read them now
+            self._request_wanted(iteration, misses_on_host(tags, ways, batches, self._known(iteration, parked)))
+            return
+        probe = _Probe(iteration, batches, parked, *held_in_flight(tags, ways, batches))
+        with self._cond:
+            if self._closed:
+                return
+            self._probes.append(probe)
+            self._start_worker()
+            self._cond.notify()
+
+    def _known(self, iteration: int, parked: list[torch.Tensor | None]) -> list[torch.Tensor]:
+        """Per batch from ``iteration`` on, the ids to leave out: those asked for already, and ``parked``'s."""
+        known = []
+        for j, parked_ids in enumerate(parked):
+            parts = [p for p in (self.requested(iteration + j), parked_ids) if p is not None and p.numel()]
+            known.append(torch.cat(parts) if len(parts) > 1 else parts[0] if parts else
+                         torch.empty(0, dtype=torch.int64))
+        return known
+
+    def _request_wanted(self, iteration: int, wanted: list[torch.Tensor]) -> None:
+        for j, want in enumerate(wanted):
+            self.request(iteration + j, want)
+
+    def _next_probe(self) -> _Probe | None:
+        """The oldest probe to finish, claimed (under the lock), or None: none, or one is being finished."""
+        if self._probing or not self._probes:
+            return None
+        self._probing = True
+        return self._probes.popleft()
+
+    def _finish(self, probe: _Probe) -> None:
+        """Waits for a claimed probe's flags and asks for what its batches will miss."""
+        try:
+            if probe.ready is not None:
+                probe.ready.synchronize()
+            known = self._known(probe.iteration, probe.parked)
+            self._request_wanted(probe.iteration, misses_of_held(probe.held, probe.batches, known))
+        finally:
+            with self._cond:
+                self._probing = False
+                self._cond.notify_all()
+
+    def _finish_probes(self) -> None:
+        """Finishes every probe started (waiting for one the worker is finishing): a lookup's chunks are then
+        all asked for before it takes them."""
+        while True:
+            with self._cond:
+                while self._probing:
+                    self._cond.wait()
+                probe = self._next_probe()
+            if probe is None:
+                return
+            self._finish(probe)
 
     def request(self, iteration: int, ids: torch.Tensor) -> None:
         """Queues the rows of ``ids`` (sorted, distinct, CPU int64) for the lookup of ``iteration``; as many as
@@ -181,16 +315,21 @@ class ReadAhead:
             self._queue.append(chunk)
             self._held += ids.numel()
             self.stats.requested += ids.numel()
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="lsm-gnn-read-ahead", daemon=True)
-                self._worker.start()
+            self._start_worker()
             self._cond.notify()
+
+    def _start_worker(self) -> None:
+        """Starts the worker if none runs (under the lock)."""
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._work, name="lsm-gnn-read-ahead", daemon=True)
+            self._worker.start()
 
     def take(self, iteration: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """For the lookup of ``iteration`` reading ``ids`` (CPU int64): ``(where, rows)``, the positions in
         ``ids`` of the rows read ahead and those rows, or None when none was. A chunk of this iteration being
         read is waited for; one still queued is left to the lookup, which reads it beside the worker. Every
         chunk of this iteration or an earlier one is used or dropped here."""
+        self._finish_probes()
         with self._cond:
             mine = [c for c in self._chunks if c.iteration <= iteration]
             if not mine:
@@ -228,6 +367,7 @@ class ReadAhead:
         with self._cond:
             self._closed = True
             self._queue.clear()
+            self._probes.clear()
             self._cond.notify_all()
             worker = self._worker
         if worker is not None and worker is not threading.current_thread():
@@ -241,12 +381,24 @@ class ReadAhead:
 
     def _work(self) -> None:
         while True:
-            with self._cond:
-                while not self._queue and not self._closed:
+            with self._cond:  # a probe first: the chunks it asks for may be needed sooner than those queued
+                probe = self._next_probe()
+                while probe is None and not self._queue and not self._closed:
                     self._cond.wait()
+                    probe = self._next_probe()
                 if self._closed:
+                    if probe is not None:  # claimed, never to be finished: free the claim
+                        self._probing = False
+                        self._cond.notify_all()
                     return
-                chunk = self._queue.popleft()
+                chunk = self._queue.popleft() if probe is None else None
+            if probe is not None:
+                try:
+                    self._finish(probe)
+                except Exception:  # asks for nothing: the lookups read those rows themselves
+                    with self._cond:
+                        self.stats.failed += 1
+                continue
             try:
                 with self._cond:
                     into = self._ring.view(chunk.start, chunk.ids.numel())

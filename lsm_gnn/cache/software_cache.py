@@ -207,7 +207,7 @@ class SoftwareCache(StorageShape):
             depth = default_depth(getattr(self.storage, "from_disk", False) and not self.writable)
         if depth < 0:
             raise ValueError(f"read_ahead is a number of batches >= 0 (0: off), got {depth}")
-        return ReadAhead(self.storage, depth, max_bytes) if depth else None
+        return ReadAhead(self.storage, depth, max_bytes, self.device) if depth else None
 
     def _geometry(self, capacity, num_sets: int | None, ways: int) -> tuple[int, int]:
         """(num_sets, ways) from the constructor's capacity or num_sets."""
@@ -483,27 +483,13 @@ class SoftwareCache(StorageShape):
         return apart
 
     def _request_ahead(self, future) -> None:
-        """Asks the read-ahead for the rows the next batches of ``future`` will miss as the cache stands now:
-        the ids it does not hold, less those of a nearer batch (which that batch installs), those parked in
-        the victim buffer for their batch (served from there) and those already asked for. One native pass
-        per batch, without the GIL."""
-        from lsm_gnn import _C
-
+        """Asks the read-ahead for the rows the next batches of ``future`` will miss as the cache stands now
+        (:meth:`ReadAhead.request_misses`), less those parked in the victim buffer for their batch."""
         if self.read_ahead is None or future is None:
             return
-        depth = min(self.read_ahead.depth, len(future))
-        if depth == 0:
-            return
-        batches = [as_id_tensor(future[j]).cpu() for j in range(depth)]
-        known = []
-        for j in range(depth):
-            parts = [self.read_ahead.requested(self.iteration + j),
-                     None if self.pvp is None else self.pvp.parked_for(self.iteration + j)]
-            parts = [p for p in parts if p is not None and p.numel()]
-            known.append(torch.cat(parts) if len(parts) > 1 else parts[0] if parts else torch.empty(0, dtype=torch.int64))
-        for j, want in enumerate(_C.ahead_misses(self.state.tags.cpu(), self.ways, batches, known)):
-            if want.numel():
-                self.read_ahead.request(self.iteration + j, want)
+        batches = [as_id_tensor(future[j]) for j in range(min(self.read_ahead.depth, len(future)))]
+        self.read_ahead.request_misses(self.iteration, batches, self.state.tags, self.ways,
+                                       None if self.pvp is None else self.pvp.parked_for)
 
     def _read_rows(self, plan: LookupPlan, miss: torch.Tensor, miss_ids: torch.Tensor,
                    miss_cached: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
