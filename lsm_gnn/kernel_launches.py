@@ -39,10 +39,12 @@ def _cache_traces() -> None:
                  for p in ("hybrid_pvp", "hybrid_pvp_room", "farthest") for r in (False, True)]
         runs += [dict(policy="hybrid", ways=32, num_sets=1), dict(policy="farthest", ways=32, num_sets=1),
                  dict(policy="farthest", ways=32), dict(policy="farthest", ways=128)]
-        # Serving hits first (a GPU cache's default), over these rows and over rows of 4 KiB (a full copy tile).
+        # Serving hits first (a GPU cache's default), over these rows and over rows of 4 KiB (a full copy tile), in
+        # caches that hold every row: each batch looked up three times (misses, hits in full, then probed).
         wide, _ = write_tiny_dataset(os.path.join(tmp, "wide"), num_nodes=400, dim=1024)
-        runs += [dict(policy=p, ways=w, hits_first=True) for p, w in (("farthest", 8), ("hybrid", 32), ("lru", 128))]
-        runs += [dict(policy="farthest", ways=32, hits_first=True, storage=open_storage(wide.path, "pread"))]
+        runs += [dict(policy=p, ways=w, hits_first=True, num_sets=512 // w)
+                 for p, w in (("farthest", 8), ("hybrid", 32), ("lru", 128))]
+        runs += [dict(policy="farthest", ways=32, hits_first=True, num_sets=16, storage=open_storage(wide.path, "pread"))]
         for kwargs in runs:
             on = kwargs.pop("storage", storage)
             for window in (0, 3):
@@ -56,7 +58,8 @@ def _cache_traces() -> None:
                         future = WindowBuffer(window + 1, storage.num_rows)
                         for ahead in batches[k + 1:k + 1 + window]:
                             future.push(ahead)
-                    cache.lookup(batch, future=future)
+                    for _ in range(3 if kwargs.get("hits_first") else 1):
+                        cache.lookup(batch, future=future)
                     cache.prefetch()
 
 
