@@ -13,7 +13,9 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from lsm_gnn.hashing import mix64  # noqa: E402
-from lsm_gnn.kernels.sampler import _mulhi, hash_table_size, hop_bounds, max_degree, sample_hops  # noqa: E402
+from lsm_gnn.kernels import sampler  # noqa: E402
+from lsm_gnn.kernels.sampler import (RELABEL_BLOCK, _mulhi, _relabel, hash_table_size, hop_bounds,  # noqa: E402
+                                    max_degree, sample_hops)
 
 CorruptGraph = _C.CorruptGraphError
 
@@ -34,7 +36,8 @@ def test_triton_hops_equal_the_cpu_sampler(index_dtype, fanouts):
     for iteration in (0, 7):
         seeds = torch.from_numpy(rng.choice(500, 40, replace=False))
         expected = _C.sample_hops(indptr, indices, seeds, fanouts, 1234, iteration, 1)
-        got = sample_hops(indptr, indices, seeds, fanouts, 1234, iteration)
+        # An int32 indptr too, as the op may be given (lsm_gnn/kernel_launches.py); the C++ core takes int64.
+        got = sample_hops(indptr.to(indices.dtype), indices, seeds, fanouts, 1234, iteration)
         assert len(got) == len(expected)
         for h, ((n1, d1, s1, t1), (n2, d2, s2, t2)) in enumerate(zip(expected, got)):
             assert d1 == d2, f"hop {h}: destinations"
@@ -139,12 +142,14 @@ def colliding_ids(num_ids, table_size, count):
 
 
 @pytest.mark.parametrize("fanouts", [[-1], [3], [-1, 2]])
-def test_ids_sharing_a_home_slot_are_numbered_as_the_cpp_sampler_does(fanouts):
+def test_ids_sharing_a_home_slot_are_numbered_as_the_cpp_sampler_does(fanouts, monkeypatch):
     """Neighbor ids that all probe from one slot of the hash table (repeated, near num_ids, in rows that take all
     and rows that draw) get the C++ sampler's local ids in first-occurrence order."""
     num_nodes, seeds = 3000, torch.tensor([5, 0, 7])
-    bound = hop_bounds(3, fanouts, 8 * 3, num_nodes, 8, {})
-    ids = colliding_ids(num_nodes, hash_table_size(bound, num_nodes), 12)
+    table_size = hash_table_size(hop_bounds(3, fanouts, num_nodes, 8 * 15, num_nodes, 8, {}))  # 15 rows of 8
+    ids = colliding_ids(num_nodes, table_size, 12)
+    sizes = []
+    monkeypatch.setattr(sampler, "hash_table_size", lambda bounds: sizes.append(hash_table_size(bounds)) or sizes[-1])
     rng = np.random.default_rng(len(fanouts))
     degree = np.zeros(num_nodes, dtype=np.int64)
     degree[seeds.numpy()] = 8
@@ -155,6 +160,7 @@ def test_ids_sharing_a_home_slot_are_numbered_as_the_cpp_sampler_does(fanouts):
     expected = _C.sample_hops(*csr, seeds, fanouts, 9, 1, 1)
     assert len(set(expected[0][0].tolist()) & set(ids)) > 4, "the hash table must hold colliding ids"
     same_outcome(lambda: expected, lambda: sample_hops(*csr, seeds, fanouts, 9, 1))
+    assert sizes == [table_size], "the ids collide in the table the call used"
 
 
 @pytest.mark.parametrize("fanouts", [[-1, -1], [4, 4], [-1]])
@@ -166,6 +172,22 @@ def test_overlapping_rows_past_the_edge_bound_rerun_exactly(fanouts):
     seeds = torch.tensor([3] if len(fanouts) > 1 else [0, 2])
     same_outcome(lambda: _C.sample_hops(indptr, indices, seeds, fanouts, 4, 2, 1),
                  lambda: sample_hops(indptr, indices, seeds, fanouts, 4, 2))
+
+
+def test_a_wait_that_cannot_end_is_flagged_not_hung(monkeypatch):
+    """_relabel waits for local ids that earlier tiles write; one never written (here: ids missing from an empty
+    table, as a bug would leave them) sets the call's stuck flag instead of hanging, and the call raises."""
+    src, record, flags = torch.tensor([5, 6]), torch.tensor([2, 0, 0]), torch.zeros(3, dtype=torch.int64)
+    keys, first, label = torch.zeros(3, 8, dtype=torch.int64)
+    counters = torch.zeros(2, dtype=torch.int64)  # the ticket, the tile's status
+    _relabel[(1,)](src, torch.empty(2, dtype=torch.int64), torch.empty(4, dtype=torch.int64), record, flags, record,
+                   counters[:1], counters[1:], keys, first, label, 2, 2, 4, 7, SEEDS=True, BLOCK=RELABEL_BLOCK,
+                   MAX_WAITS=0)
+    assert flags.tolist() == [0, 0, 1]
+    read_back = sampler._read_back
+    monkeypatch.setattr(sampler, "_read_back", lambda report: read_back(report)[:-1] + [1])
+    with pytest.raises(RuntimeError, match="gave up waiting"):
+        sample_hops(torch.tensor([0, 1, 2]), torch.tensor([1, 0]), torch.tensor([0]), [1], 0, 0)
 
 
 @pytest.mark.launches_no_kernel

@@ -85,19 +85,23 @@ def _next_tile(ticket_ptr):
 
 
 @triton.jit
-def _exclusive_prefix(status_ptr, tile, count):
-    """The sum of ``count`` over the tiles before ``tile``: decoupled look-back. The own count is published first,
-    so a later tile waits only for tiles that have started and wait on nothing but earlier tiles."""
+def _exclusive_prefix(status_ptr, tile, count, MAX_WAITS: tl.constexpr):
+    """(the sum of ``count`` over the tiles before ``tile``, whether it gave up): decoupled look-back. The own
+    count is published first, so a later tile waits only for tiles that have started and wait on nothing but
+    earlier tiles. It gives up after MAX_WAITS reads of an unpublished tile, which only a bug can cause (a
+    hang otherwise; under the interpreter, whose programs run one after another, a single such read is one)."""
     tl.atomic_xchg(status_ptr + tile, (count << 2) | _AGGREGATE)
     prefix = count * 0
+    waits = count * 0
     k = tile - 1
-    while k >= 0:
+    while (k >= 0) & (waits <= MAX_WAITS):
         status = tl.atomic_add(status_ptr + k, 0)  # an atomic read: a plain load may see a stale line
         flag = status & 3
         prefix += tl.where(flag != 0, status >> 2, 0)
+        waits += tl.where(flag == 0, 1, 0)
         k = tl.where(flag == _INCLUSIVE, -1, tl.where(flag == _AGGREGATE, k - 1, k))
     tl.atomic_xchg(status_ptr + tile, ((prefix + count) << 2) | _INCLUSIVE)
-    return prefix
+    return prefix, k >= 0
 
 
 # The hash table (id -> local id), three int64 fields a slot, all zero when empty: the key holds id + 1; the first
@@ -146,15 +150,18 @@ def _find(keys_ptr, ids, mask, table_mask):
 
 
 @triton.jit
-def _await_labels(label_ptr, slot, mask):
-    """The labels (local id + 1) at ``slot``, waiting for those not written yet: each is written by the tile of
-    its id's first occurrence, this one or an earlier one, which has started and waits only on earlier tiles."""
+def _await_labels(label_ptr, slot, mask, MAX_WAITS: tl.constexpr):
+    """(the labels, local id + 1, at ``slot``; whether it gave up), waiting for those not written yet: each is
+    written by the tile of its id's first occurrence, this one or an earlier one, which has started and waits
+    only on earlier tiles. It gives up as ``_exclusive_prefix`` does."""
     label = tl.load(label_ptr + slot, mask=mask, other=1)
     pending = mask & (label == 0)
-    while tl.max(pending.to(tl.int32), axis=0) > 0:
+    waits = tl.sum(pending.to(tl.int32), axis=0) * 0
+    while (tl.max(pending.to(tl.int32), axis=0) > 0) & (waits <= MAX_WAITS):
         label = tl.where(pending, tl.atomic_add(label_ptr + slot, 0, mask=pending), label)
         pending = pending & (label == 0)
-    return label
+        waits += 1
+    return label, tl.max(pending.to(tl.int32), axis=0) > 0
 
 
 @triton.jit
@@ -173,20 +180,25 @@ def _emit_edges(indices_ptr, src_ptr, dst_ptr, keys_ptr, first_ptr, at, out, row
 
 
 # A hop's record in the report the host reads: its edge count (exact, even past the bound), its node count and
-# whether a row of it is corrupt. After the hops' records: whether a seed is out of range, and repeated.
+# whether a row of it is corrupt. After the hops' records, the call's flags: a seed out of range, a seed repeated,
+# and a wait given up (a bug).
 _EDGES = tl.constexpr(0)
 _NODES = tl.constexpr(1)
 _CORRUPT = tl.constexpr(2)
 _RECORD = 3
+_OUTSIDE = tl.constexpr(0)
+_REPEATED = tl.constexpr(1)
+_STUCK = tl.constexpr(2)
+_FLAGS = 3
 
 
 # -- the kernels ---------------------------------------------------------------------------------------------------
 
 @triton.jit
 def _draw(indptr_ptr, indices_ptr, frontier_ptr, frontier_count_ptr, nodes_ptr, src_ptr, dst_ptr, error_ptr,
-          record_ptr, seed_flags_ptr, ticket_ptr, status_ptr, keys_ptr, first_ptr, label_ptr, num_seeds, num_rows,
+          record_ptr, flags_ptr, ticket_ptr, status_ptr, keys_ptr, first_ptr, label_ptr, num_seeds, num_rows,
           num_ids, num_edges, fanout, num_draws, edge_bound, table_mask, key_lo, key_hi, SEEDS: tl.constexpr,
-          BLOCK: tl.constexpr, KMAX: tl.constexpr):
+          BLOCK: tl.constexpr, KMAX: tl.constexpr, MAX_WAITS: tl.constexpr):
     """One hop's edges for a tile of BLOCK frontier rows: degrees, offsets, draws and take-all rows, in global ids
     (``_relabel`` numbers them). SEEDS: the frontier is the seeds (hop 0), counted by ``num_seeds`` and checked
     here; else it is the previous hop's nodes, counted at ``frontier_count_ptr``."""
@@ -206,10 +218,10 @@ def _draw(indptr_ptr, indices_ptr, frontier_ptr, frontier_count_ptr, nodes_ptr, 
         live = valid & (outside == 0)
         slot = _insert(keys_ptr, v, live, table_mask)
         earlier = tl.atomic_cas(label_ptr + slot, tl.where(live, 0, -1).to(tl.int64), i.to(tl.int64) + 1)
-        tl.store(seed_flags_ptr + 0 * i, 1, mask=outside)
-        tl.store(seed_flags_ptr + 1 + 0 * i, 1, mask=live & (earlier != 0))
-    begin = tl.load(indptr_ptr + v, mask=live, other=0)
-    end = tl.load(indptr_ptr + v + 1, mask=live, other=0)
+        tl.store(flags_ptr + _OUTSIDE + 0 * i, 1, mask=outside)
+        tl.store(flags_ptr + _REPEATED + 0 * i, 1, mask=live & (earlier != 0))
+    begin = tl.load(indptr_ptr + v, mask=live, other=0).to(tl.int64)  # int64 offsets, even for an int32 indptr
+    end = tl.load(indptr_ptr + v + 1, mask=live, other=0).to(tl.int64)
     bad_row = live & ((begin < 0) | (end < begin) | (end > num_edges))
     degree = tl.where(bad_row, 0, end - begin)
     got = tl.where((fanout < 0) | (degree <= fanout), degree, fanout)
@@ -229,7 +241,8 @@ def _draw(indptr_ptr, indices_ptr, frontier_ptr, frontier_count_ptr, nodes_ptr, 
         positions = tl.where((cols[None, :] == c) & drawn[:, None], pick[:, None], positions)
     # The rows' offsets in the hop's edge list; the last tile's running total is the hop's edge count.
     tile_edges = tl.sum(got, axis=0)
-    before = _exclusive_prefix(status_ptr, tile, tile_edges)
+    before, stuck = _exclusive_prefix(status_ptr, tile, tile_edges, MAX_WAITS)
+    tl.store(flags_ptr + _STUCK, 1, mask=stuck)
     out = before + tl.cumsum(got, axis=0) - got
     tl.store(record_ptr + _EDGES, before + tile_edges, mask=tile == tl.num_programs(0) - 1)
     # The edges, KMAX columns at a time: a drawn row's all in the first (got <= fanout <= KMAX), a row that takes
@@ -252,9 +265,9 @@ def _draw(indptr_ptr, indices_ptr, frontier_ptr, frontier_count_ptr, nodes_ptr, 
 
 
 @triton.jit
-def _relabel(src_ptr, local_ptr, nodes_ptr, record_ptr, frontier_count_ptr, ticket_ptr, status_ptr, keys_ptr,
-             first_ptr, label_ptr, num_seeds, edge_bound, node_bound, table_mask, SEEDS: tl.constexpr,
-             BLOCK: tl.constexpr):
+def _relabel(src_ptr, local_ptr, nodes_ptr, record_ptr, flags_ptr, frontier_count_ptr, ticket_ptr, status_ptr,
+             keys_ptr, first_ptr, label_ptr, num_seeds, edge_bound, node_bound, table_mask, SEEDS: tl.constexpr,
+             BLOCK: tl.constexpr, MAX_WAITS: tl.constexpr):
     """Local ids for a tile of BLOCK of one hop's edges: an id no earlier hop numbered takes the next local id at
     its earliest position, appended to the hop's nodes; then every edge takes its id's local id."""
     tile = _next_tile(ticket_ptr)
@@ -271,11 +284,13 @@ def _relabel(src_ptr, local_ptr, nodes_ptr, record_ptr, frontier_count_ptr, tick
     first = live & unnumbered & (tl.load(first_ptr + slot, mask=live, other=0) == _first_field(e))
     new = first.to(tl.int64)
     tile_new = tl.sum(new, axis=0)
-    before = _exclusive_prefix(status_ptr, tile, tile_new)
+    before, stuck = _exclusive_prefix(status_ptr, tile, tile_new, MAX_WAITS)
     local = frontier + before + tl.cumsum(new, axis=0) - new
     tl.atomic_xchg(label_ptr + slot, local + 1, mask=first)  # atomic: later tiles may be waiting on it
     tl.store(nodes_ptr + local, ids, mask=first & (local < node_bound))
-    tl.store(local_ptr + e, _await_labels(label_ptr, slot, live) - 1, mask=live)
+    label, lost = _await_labels(label_ptr, slot, live, MAX_WAITS)
+    tl.store(local_ptr + e, label - 1, mask=live)
+    tl.store(flags_ptr + _STUCK, 1, mask=stuck | lost)
     count = tl.minimum(frontier + before + tile_new, node_bound)
     tl.store(record_ptr + _NODES, count, mask=tile == tl.num_programs(0) - 1)
 
@@ -286,6 +301,9 @@ DRAW_TILE_ELEMENTS = 512
 TAKE_ALL_COLUMNS = 16
 #: Edges a _relabel program numbers.
 RELABEL_BLOCK = 256
+#: Reads of a value another program has not written yet after which a kernel gives up and flags a bug: about a
+#: minute of atomic reads on a GPU, where a wait on a running program lasts microseconds.
+MAX_WAITS = 1 << 26
 
 
 def draw_tile(fanout: int, block: int = 64) -> tuple[int, int]:
@@ -310,28 +328,27 @@ def max_degree(indptr: torch.Tensor) -> int:
     return longest
 
 
-def hop_bounds(num_seeds: int, fanouts: list[int], num_edges: int, num_ids: int, longest: int,
-               exact: dict[int, int]) -> list[tuple[int, int]]:
-    """(frontier rows, edges) each hop's buffers hold: the frontier's bound times the fanout (take-all: times
-    ``longest``), at most the CSR's ``num_edges`` (its rows are disjoint where valid, and a frontier holds each
-    node once) unless ``exact`` gives the hop's count. The next frontier adds at most the edges, at most
-    ``num_ids`` distinct new ids."""
+def hop_bounds(num_seeds: int, fanouts: list[int], num_rows: int, num_edges: int, num_ids: int, longest: int,
+               exact: dict[int, int]) -> list[tuple[int, int, int]]:
+    """(frontier rows, edges, nodes) each hop's buffers hold. Edges: the frontier's bound times the fanout
+    (take-all: times ``longest``), at most the CSR's ``num_edges`` (its rows are disjoint where valid, and a
+    frontier holds each node once) unless ``exact`` gives the hop's count. Nodes: the frontier and at most
+    ``num_ids`` new ids, one per edge at most; where neighbors are rows of the CSR (``num_ids == num_rows``),
+    at most every id once (or the seeds, repeated ones included, which are refused after the read back)."""
     rows, bounds = num_seeds, []
     for h, fanout in enumerate(fanouts):
         edges = exact[h] if h in exact else min(rows * (longest if fanout < 0 else fanout), num_edges)
-        bounds.append((rows, edges))
-        rows += min(edges, num_ids)
+        nodes = rows + min(edges, num_ids)
+        if num_ids == num_rows:
+            nodes = min(nodes, max(num_seeds, num_ids))
+        bounds.append((rows, edges, nodes))
+        rows = nodes
     return bounds
 
 
-def _last_node_bound(bounds: list[tuple[int, int]], num_ids: int) -> int:
-    rows, edges = bounds[-1]
-    return rows + min(edges, num_ids)
-
-
-def hash_table_size(bounds: list[tuple[int, int]], num_ids: int) -> int:
+def hash_table_size(bounds: list[tuple[int, int, int]]) -> int:
     """Slots of the call's hash table: at least twice the nodes it may hold, so probes stay short."""
-    return triton.next_power_of_2(2 * _last_node_bound(bounds, num_ids))
+    return triton.next_power_of_2(2 * bounds[-1][2])
 
 
 def _read_back(report: torch.Tensor) -> list[int]:
@@ -363,13 +380,17 @@ def sample_hops(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor
     longest = max_degree(indptr) if min(fanouts) < 0 else 0
     exact: dict[int, int] = {}
     while True:
-        bounds = hop_bounds(seeds.numel(), fanouts, indices.numel(), num_ids, longest, exact)
+        bounds = hop_bounds(seeds.numel(), fanouts, num_nodes, indices.numel(), num_ids, longest, exact)
         hops, errors, report = _launch(indptr, indices, seeds, fanouts, bounds, seed, iteration, num_ids, block)
         counts = _read_back(report)
-        if any(counts[-2:]):
+        flags = counts[_RECORD * len(fanouts):]
+        if flags[_STUCK.value]:
+            raise RuntimeError("the device sampler's kernels gave up waiting on one another: a bug in "
+                               "lsm_gnn/kernels/sampler.py; the C++ sampler (CPU seeds) avoids it")
+        if flags[_OUTSIDE.value] or flags[_REPEATED.value]:
             _raise_seed_error(seeds, num_nodes)
         records = [counts[_RECORD * h:_RECORD * (h + 1)] for h in range(len(fanouts))]
-        past = [h for h, ((_, edge_bound), (edges, _, _)) in enumerate(zip(bounds, records)) if edges > edge_bound]
+        past = [h for h, ((_, edge_bound, _), (edges, _, _)) in enumerate(zip(bounds, records)) if edges > edge_bound]
         if not past:
             break
         exact[past[0]] = records[past[0]][0]  # exact, its frontier being right; the hops after it were not
@@ -388,37 +409,39 @@ def _launch(indptr, indices, seeds, fanouts, bounds, seed, iteration, num_ids, b
     destinations), the rows' error codes with their frontiers, and the report to read back."""
     device = seeds.device
     num_hops = len(fanouts)
-    node_bounds = [rows for rows, _ in bounds[1:]] + [_last_node_bound(bounds, num_ids)]
     tiles = [draw_tile(fanout, block) for fanout in fanouts]
-    draw_grids = [triton.cdiv(rows, tile_rows) for (rows, _), (_, tile_rows) in zip(bounds, tiles)]
-    relabel_grids = [max(1, triton.cdiv(edges, RELABEL_BLOCK)) for _, edges in bounds]
-    table_size = hash_table_size(bounds, num_ids)
+    draw_grids = [triton.cdiv(rows, tile_rows) for (rows, _, _), (_, tile_rows) in zip(bounds, tiles)]
+    relabel_grids = [max(1, triton.cdiv(edges, RELABEL_BLOCK)) for _, edges, _ in bounds]
+    table_size = hash_table_size(bounds)
     # One zero fill for every counter, status and table of the call (carved by views below).
-    sizes = [_RECORD * num_hops + 2, 2 * num_hops, sum(draw_grids), sum(relabel_grids), 3 * table_size]
+    sizes = [_RECORD * num_hops + _FLAGS, 2 * num_hops, sum(draw_grids), sum(relabel_grids), 3 * table_size]
     zeros = torch.zeros(sum(sizes), dtype=torch.int64, device=device)
     report, tickets, draw_status, relabel_status, table = torch.split(zeros, sizes)
     keys, first, label = table.view(3, table_size)
-    seed_flags = report[_RECORD * num_hops:]
+    flags = report[_RECORD * num_hops:]
+    max_waits = 0 if device.type == "cpu" else MAX_WAITS  # the interpreter: programs run one after another
     batch = batch_key(int(seed), int(iteration))
     frontier, hops, errors = seeds, [], []
     draw_at = relabel_at = 0
-    for h, (fanout, (rows, edge_bound), node_bound) in enumerate(zip(fanouts, bounds, node_bounds)):
+    for h, (fanout, (rows, edge_bound, node_bound)) in enumerate(zip(fanouts, bounds)):
         key = hop_key(batch, h)
         record = report[_RECORD * h:_RECORD * (h + 1)]
-        previous = report[_RECORD * (h - 1) + 1:] if h else record  # the frontier's count: the last hop's nodes
+        # The frontier's count: the last hop's nodes (hop 0 counts its seeds by num_seeds).
+        previous = report[_RECORD * (h - 1) + _NODES.value:] if h else record
         # Buffers of at least one element: a kernel argument is never an empty tensor's pointer.
         nodes = torch.empty(node_bound, dtype=torch.int64, device=device)
         src, local, dst = torch.empty(3, max(edge_bound, 1), dtype=torch.int64, device=device)
         error = torch.empty(rows, dtype=torch.int8, device=device)
         kmax, tile_rows = tiles[h]
-        _draw[(draw_grids[h],)](indptr, indices, frontier, previous, nodes, src, dst, error, record, seed_flags,
+        _draw[(draw_grids[h],)](indptr, indices, frontier, previous, nodes, src, dst, error, record, flags,
                                 tickets[2 * h:], draw_status[draw_at:], keys, first, label, seeds.numel(),
                                 indptr.numel() - 1, num_ids, indices.numel(), fanout, max(fanout, 0), edge_bound,
                                 table_size - 1, key & 0xFFFFFFFF, key >> 32, SEEDS=h == 0, BLOCK=tile_rows,
-                                KMAX=kmax)
-        _relabel[(relabel_grids[h],)](src, local, nodes, record, previous, tickets[2 * h + 1:],
+                                KMAX=kmax, MAX_WAITS=max_waits)
+        _relabel[(relabel_grids[h],)](src, local, nodes, record, flags, previous, tickets[2 * h + 1:],
                                       relabel_status[relabel_at:], keys, first, label, seeds.numel(), edge_bound,
-                                      node_bound, table_size - 1, SEEDS=h == 0, BLOCK=RELABEL_BLOCK)
+                                      node_bound, table_size - 1, SEEDS=h == 0, BLOCK=RELABEL_BLOCK,
+                                      MAX_WAITS=max_waits)
         draw_at += draw_grids[h]
         relabel_at += relabel_grids[h]
         hops.append((nodes, local, dst))
