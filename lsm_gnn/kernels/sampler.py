@@ -251,10 +251,10 @@ def _draw(indptr_ptr, indices_ptr, frontier_ptr, frontier_count_ptr, nodes_ptr, 
     for start in range(0, tl.max(got, axis=0), KMAX):
         column = start + cols[None, :]
         position = tl.where(drawn[:, None], positions, column)
-        slot = out[:, None] + column
-        write = (column < got[:, None]) & (slot < edge_bound)
+        edge = out[:, None] + column  # its position in the hop's edge list
+        write = (column < got[:, None]) & (edge < edge_bound)
         bad = _emit_edges(indices_ptr, src_ptr, dst_ptr, keys_ptr, first_ptr,
-                          tl.reshape(begin[:, None] + position, [BLOCK * KMAX]), tl.reshape(slot, [BLOCK * KMAX]),
+                          tl.reshape(begin[:, None] + position, [BLOCK * KMAX]), tl.reshape(edge, [BLOCK * KMAX]),
                           tl.reshape(i[:, None] + 0 * column, [BLOCK * KMAX]), tl.reshape(write, [BLOCK * KMAX]),
                           num_ids, table_mask)
         bad_any = bad_any | tl.max(tl.reshape(bad, [BLOCK, KMAX]).to(tl.int32), axis=1)
@@ -293,6 +293,7 @@ def _relabel(src_ptr, local_ptr, nodes_ptr, record_ptr, flags_ptr, frontier_coun
     tl.store(flags_ptr + _STUCK, 1, mask=stuck | lost)
     count = tl.minimum(frontier + before + tile_new, node_bound)
     tl.store(record_ptr + _NODES, count, mask=tile == tl.num_programs(0) - 1)
+
 
 #: Elements of _draw's [rows, KMAX] tile of positions: wider draws take fewer rows a program, so the tile stays in
 #: registers (64 x 64 int64 needed 255 registers and spilled; 1024 still spilled with triton 3.6 and int64 indices).
