@@ -194,7 +194,8 @@ _FLAGS = 3
 
 # -- the kernels ---------------------------------------------------------------------------------------------------
 
-@triton.jit
+# fanout and num_draws stay runtime values: specialized to the constant 1, a few bytes spilled on sm_80.
+@triton.jit(do_not_specialize=["fanout", "num_draws"])
 def _draw(indptr_ptr, indices_ptr, frontier_ptr, frontier_count_ptr, nodes_ptr, src_ptr, dst_ptr, error_ptr,
           record_ptr, flags_ptr, ticket_ptr, status_ptr, keys_ptr, first_ptr, label_ptr, num_seeds, num_rows,
           num_ids, num_edges, fanout, num_draws, edge_bound, table_mask, key_lo, key_hi, SEEDS: tl.constexpr,
@@ -298,6 +299,8 @@ def _relabel(src_ptr, local_ptr, nodes_ptr, record_ptr, flags_ptr, frontier_coun
 #: Elements of _draw's [rows, KMAX] tile of positions: wider draws take fewer rows a program, so the tile stays in
 #: registers (64 x 64 int64 needed 255 registers and spilled; 1024 still spilled with triton 3.6 and int64 indices).
 DRAW_TILE_ELEMENTS = 512
+#: _draw tiles this small run on 2 warps (see _launch).
+SMALL_TILE_ELEMENTS = 128
 #: Columns of _draw's tile at fanout -1: a row taking all its neighbors copies them this many at a time.
 TAKE_ALL_COLUMNS = 16
 #: Edges a _relabel program numbers.
@@ -434,11 +437,13 @@ def _launch(indptr, indices, seeds, fanouts, bounds, seed, iteration, num_ids, b
         src, local, dst = torch.empty(3, max(edge_bound, 1), dtype=torch.int64, device=device)
         error = torch.empty(rows, dtype=torch.int8, device=device)
         kmax, tile_rows = tiles[h]
+        # ptxas spilled 8-12 bytes of the smallest tile (64 x 2) at 4 warps on sm_90, none at 2 (one row a lane).
+        warps = 2 if tile_rows * kmax <= SMALL_TILE_ELEMENTS else 4
         _draw[(draw_grids[h],)](indptr, indices, frontier, previous, nodes, src, dst, error, record, flags,
                                 tickets[2 * h:], draw_status[draw_at:], keys, first, label, seeds.numel(),
                                 indptr.numel() - 1, num_ids, indices.numel(), fanout, max(fanout, 0), edge_bound,
                                 table_size - 1, key & 0xFFFFFFFF, key >> 32, SEEDS=h == 0, BLOCK=tile_rows,
-                                KMAX=kmax, MAX_WAITS=max_waits)
+                                KMAX=kmax, MAX_WAITS=max_waits, num_warps=warps)
         _relabel[(relabel_grids[h],)](src, local, nodes, record, flags, previous, tickets[2 * h + 1:],
                                       relabel_status[relabel_at:], keys, first, label, seeds.numel(), edge_bound,
                                       node_bound, table_size - 1, SEEDS=h == 0, BLOCK=RELABEL_BLOCK,
