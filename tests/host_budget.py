@@ -292,13 +292,11 @@ def device_mode(monkeypatch):
     """torch.cuda's streams replaced by tests/fake_cuda.py's stand-in, the Triton kernels for CPU tensors, and
     the helpers that branch on the device type taking their device branch."""
     from fake_cuda import StreamRecorder
-    from lsm_gnn import ids, kernels
+    from lsm_gnn import kernels
     from lsm_gnn.cache import software_cache
-    from lsm_gnn.kernels import sampler
 
     StreamRecorder().install(monkeypatch)
     monkeypatch.setattr(software_cache, "unique_ids", _device_unique)
-    monkeypatch.setattr(sampler, "first_occurrence_labels", ids._first_occurrence_labels_torch)
     with kernels.using("triton"):
         yield
 
