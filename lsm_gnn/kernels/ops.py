@@ -82,10 +82,16 @@ def _(tags, records, flags, static_score, last_use, rr_pointer, ways, unique, no
             bypass)
     if kernel_mode() == "triton":
         return triton_module("cache_assign", on_cpu=True).cache_assign(*args, has_misses=has_misses)
+    return native_cache_assign(*args, num_threads)
+
+
+def native_cache_assign(*args):
+    """``_C.cache_assign`` (the op's arguments but ``has_misses``) as the op returns it: its three counts and the
+    misses as one int64 tensor."""
     from lsm_gnn import _C
 
-    *assigned, evictions, in_use, bypassed = _C.cache_assign(*args, num_threads)
-    misses = unique.numel() - int(torch.count_nonzero(assigned[1]))
+    *assigned, evictions, in_use, bypassed = _C.cache_assign(*args)
+    misses = assigned[1].numel() - int(torch.count_nonzero(assigned[1]))
     return (*assigned, torch.tensor([evictions, in_use, bypassed, misses]))
 
 
