@@ -299,7 +299,7 @@ def _relabel(src_ptr, local_ptr, nodes_ptr, record_ptr, flags_ptr, frontier_coun
 #: Elements of _draw's [rows, KMAX] tile of positions: wider draws take fewer rows a program, so the tile stays in
 #: registers (64 x 64 int64 needed 255 registers and spilled; 1024 still spilled with triton 3.6 and int64 indices).
 DRAW_TILE_ELEMENTS = 512
-#: _draw tiles this small run on 2 warps (see _launch).
+#: _draw tiles this small run on 8 warps (see _launch).
 SMALL_TILE_ELEMENTS = 128
 #: Columns of _draw's tile at fanout -1: a row taking all its neighbors copies them this many at a time.
 TAKE_ALL_COLUMNS = 16
@@ -437,8 +437,9 @@ def _launch(indptr, indices, seeds, fanouts, bounds, seed, iteration, num_ids, b
         src, local, dst = torch.empty(3, max(edge_bound, 1), dtype=torch.int64, device=device)
         error = torch.empty(rows, dtype=torch.int8, device=device)
         kmax, tile_rows = tiles[h]
-        # ptxas spilled 8-12 bytes of the smallest tile (64 x 2) at 4 warps on sm_90, none at 2 (one row a lane).
-        warps = 2 if tile_rows * kmax <= SMALL_TILE_ELEMENTS else 4
+        # ptxas spilled 8-12 bytes of the smallest tile (64 x 2) at 4 warps (sm_90) and at 2 (sm_80), at 40-64
+        # registers; at 8 warps none, on both archs and both tritons (lsm_gnn.kernels.aot on the recorded launches).
+        warps = 8 if tile_rows * kmax <= SMALL_TILE_ELEMENTS else 4
         _draw[(draw_grids[h],)](indptr, indices, frontier, previous, nodes, src, dst, error, record, flags,
                                 tickets[2 * h:], draw_status[draw_at:], keys, first, label, seeds.numel(),
                                 indptr.numel() - 1, num_ids, indices.numel(), fanout, max(fanout, 0), edge_bound,
