@@ -312,9 +312,10 @@ MAX_WAITS = 1 << 26
 
 def draw_tile(fanout: int, block: int = 64) -> tuple[int, int]:
     """(KMAX, rows a program) of ``_draw`` for ``fanout``: KMAX is at least 2 (a [rows, 1] tile trips a layout
-    pass of triton 3.6), rows at most ``block``."""
+    pass of triton 3.6), rows at most ``block`` and at most DRAW_TILE_ELEMENTS / 16 (register pressure: see the
+    launch's warps)."""
     kmax = max(triton.next_power_of_2(max(fanout, 1)), 2) if fanout >= 0 else TAKE_ALL_COLUMNS
-    return kmax, max(1, min(block, DRAW_TILE_ELEMENTS // kmax))
+    return kmax, max(1, min(block, DRAW_TILE_ELEMENTS // max(kmax, 16)))
 
 
 # id(indptr) -> (a weak reference to it, its version, its largest row length): the bound of a take-all hop, read
@@ -437,9 +438,10 @@ def _launch(indptr, indices, seeds, fanouts, bounds, seed, iteration, num_ids, b
         src, local, dst = torch.empty(3, max(edge_bound, 1), dtype=torch.int64, device=device)
         error = torch.empty(rows, dtype=torch.int8, device=device)
         kmax, tile_rows = tiles[h]
-        # ptxas spilled 8-12 bytes of the smallest tile (64 x 2) at 4 warps (sm_90) and at 2 (sm_80), at 40-64
-        # registers; at 8 warps none, on both archs and both tritons (lsm_gnn.kernels.aot on the recorded launches).
-        warps = 8 if tile_rows * kmax <= SMALL_TILE_ELEMENTS else 4
+        # Tiles of at most 32 rows, 8 warps up to 128 elements, else 2 below 16 columns and 4 from 16: the one choice
+        # found where ptxas spills nothing at the recorded launches, sm_80 and sm_90, triton 3.6 and 3.9 (64 x 8 on
+        # 4 warps spilled 4 bytes with 3.6, on 2 warps 8 with 3.9; 64 x 2 on 2 or 4 warps 8-12).
+        warps = 8 if tile_rows * kmax <= SMALL_TILE_ELEMENTS else (4 if kmax >= 16 else 2)
         _draw[(draw_grids[h],)](indptr, indices, frontier, previous, nodes, src, dst, error, record, flags,
                                 tickets[2 * h:], draw_status[draw_at:], keys, first, label, seeds.numel(),
                                 indptr.numel() - 1, num_ids, indices.numel(), fanout, max(fanout, 0), edge_bound,
