@@ -100,20 +100,23 @@ def cache_all_hit(device, num_lines: int, batch: int, row_bytes: int, repeats: i
             "copy_gb_per_s": moved / copy_s / 1e9, "ratio_to_copy": copy_s / serve_s}
 
 
-def lookup_all_hit(device, batch: int, row_bytes: int, repeats: int, profile: bool = False) -> dict:
-    """``SoftwareCache.lookup`` of a batch the cache holds in full, as the loader calls it (distinct ids, range
-    check, assign, gather into a reused ``out``, stats): the op figure plus the lookup's own fixed cost."""
+def lookup_all_hit(device, batch: int, row_bytes: int, repeats: int, profile: bool = False,
+                   graphs: bool = False) -> dict:
+    """``SoftwareCache.lookup`` of a batch the cache holds in full, as the loader calls it (hits served first
+    into a reused ``out``, stats): the op figure plus the lookup's own fixed cost. ``graphs``: served by a
+    replayed CUDA graph (``SoftwareCache(graphs=True)``)."""
     from lsm_gnn.cache import SoftwareCache
     from lsm_gnn.planner.simulate import TraceStorage
 
     num_rows = 4 * batch
     storage = TraceStorage(num_rows, row_bytes // 4, "float32")
     # Four lines per id of the batch: no set of 32 ways overflows, so the second lookup on hits everything.
-    cache = SoftwareCache(storage, capacity=4 * batch * row_bytes, device=device)
+    cache = SoftwareCache(storage, capacity=4 * batch * row_bytes, device=device, graphs=graphs)
     ids = torch.randperm(num_rows)[:batch].to(cache.device)
     out = torch.empty(batch, row_bytes // 4, device=cache.device)
     cache.lookup(ids, out=out)  # installs the batch
     cache.data.normal_()  # random rows: zeros can copy faster than real data
+    cache.lookup(ids, out=out)  # hit in full: the next lookups are probed (and, with graphs, this one captures)
     _, hit = cache.lookup(ids, out=out)
     if profile:  # the lookup's own cost is host time: by self CPU time
         print_profile(lambda: cache.lookup(ids, out=out), device, f"all-hit SoftwareCache.lookup, {batch:,} ids",
@@ -122,7 +125,7 @@ def lookup_all_hit(device, batch: int, row_bytes: int, repeats: int, profile: bo
     src, dst = torch.randn(batch, row_bytes // 4, device=device), torch.empty(batch, row_bytes // 4, device=device)
     copy_s = timed(lambda: dst.copy_(src), device, repeats)
     moved = batch * row_bytes
-    return {"batch": batch, "row_bytes": row_bytes, "hit_ratio": float(hit.float().mean()),
+    return {"batch": batch, "row_bytes": row_bytes, "graphs": graphs, "hit_ratio": float(hit.float().mean()),
             "lookup_gb_per_s": moved / lookup_s / 1e9, "copy_gb_per_s": moved / copy_s / 1e9,
             "ratio_to_copy": copy_s / lookup_s}
 
@@ -176,7 +179,8 @@ def main(argv=None) -> int:
     all_hit = [cache_all_hit(device, num_lines=(1 << 20) if big else 256, batch=b, row_bytes=4096 if big else 64,
                              repeats=args.repeats, profile=args.profile) for b in batches]
     lookups = [lookup_all_hit(device, batch=b, row_bytes=4096 if big else 64, repeats=args.repeats,
-                              profile=args.profile) for b in batches]
+                              profile=args.profile, graphs=graphs)
+               for b in batches for graphs in ((False, True) if device.type == "cuda" else (False,))]
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)",
         "cache_all_hit": all_hit[0],  # the first batch size; every size in cache_all_hit_by_batch
@@ -198,7 +202,7 @@ def main(argv=None) -> int:
         print(f"{label:<28}{c['serve_gb_per_s']:>14.2f}{c['copy_gb_per_s']:>16.2f}"
               f"{c['ratio_to_copy']:>8.2f}   (limit: device copy)")
     for c in lookups:
-        label = f"lookup all-hit GB/s, {c['batch']:,}"
+        label = f"lookup all-hit{' graphed' if c['graphs'] else ''} GB/s, {c['batch']:,}"
         print(f"{label:<28}{c['lookup_gb_per_s']:>14.2f}{c['copy_gb_per_s']:>16.2f}"
               f"{c['ratio_to_copy']:>8.2f}   (SoftwareCache.lookup; hit ratio {c['hit_ratio']:.3f})")
     ratio = s["triton_edges_per_s"] / s["cpp_cpu_edges_per_s"]

@@ -6,6 +6,7 @@ import os
 import socket
 
 import numpy as np
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lsm_gnn.data.dataset import Dataset
 from lsm_gnn.data.format import META_FILE
@@ -232,3 +233,37 @@ class ProgramOrder:
 
         monkeypatch.setattr(InterpreterBuilder, "set_grid_dim", set_grid_dim_in_order)
         monkeypatch.setattr(InterpreterBuilder, "set_grid_idx", set_grid_idx_in_order)
+
+
+class RecordedGraph:
+    """A stand-in for ``torch.cuda.CUDAGraph`` on CPU tensors. Capturing records the ops dispatched and runs none
+    (a capture runs nothing); ``replay`` runs them again with the same arguments, scalars and all. So, as on a
+    GPU, whatever changes between replays must reach the graph through memory it reads."""
+
+    def __init__(self):
+        self.ops: list = []
+        self.replays = 0
+
+    @classmethod
+    def new(cls) -> tuple["RecordedGraph", "_Capturing"]:
+        """(graph, the context that captures into it): ``ServeGraphs``'s ``new_graph``."""
+        graph = cls()
+        return graph, _Capturing(graph)
+
+    def replay(self) -> None:
+        self.replays += 1
+        for func, args, kwargs in self.ops:
+            func(*args, **kwargs)
+
+
+class _Capturing(TorchDispatchMode):
+    def __init__(self, graph: RecordedGraph):
+        super().__init__()
+        self.graph = graph
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        returns = func._schema.returns
+        if returns and returns[0].alias_info is None:  # a fresh tensor: a graph would own its memory
+            raise AssertionError(f"{func} allocates during a capture")
+        self.graph.ops.append((func, args, kwargs or {}))
+        return args[0] if returns else None

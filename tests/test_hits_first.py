@@ -16,7 +16,7 @@ from host_budget import HostWork, device_cache, device_mode  # noqa: E402
 from lsm_gnn import kernels, open_storage  # noqa: E402
 from lsm_gnn.cache import SoftwareCache, WindowBuffer  # noqa: E402
 from lsm_gnn.cache import hits_first  # noqa: E402
-from lsm_gnn.testing import write_tiny_dataset  # noqa: E402
+from lsm_gnn.testing import RecordedGraph, write_tiny_dataset  # noqa: E402
 
 # The kernel under Triton's interpreter (on a GPU machine triton compiles instead: the cuda cases run there).
 interpreted = pytest.mark.skipif(torch.cuda.is_available(), reason="runs the kernel under Triton's interpreter")
@@ -181,3 +181,81 @@ def test_hits_first_is_refused_where_it_cannot_run(dataset):
     with pytest.raises(ValueError, match="under Triton's interpreter"), kernels.using("native"):
         SoftwareCache(storage, num_sets=4, ways=8, hits_first=True)
     assert SoftwareCache(storage, num_sets=4, ways=8)._hits_first is None  # a CPU cache assigns whole batches
+
+
+def serve_into(cache, batches, window: int = 3, num_outs: int = 2):
+    """As the loader serves: one window kept across batches (pushed ahead, popped), and the rows into a few
+    ``out`` buffers taken in turn."""
+    future = WindowBuffer(window, cache.storage.num_rows)
+    outs = {}
+    got = []
+    for k, batch in enumerate(batches):
+        while len(future) < min(window, len(batches) - k - 1):
+            future.push(batches[k + 1 + len(future)])
+        out = outs.setdefault((batch.numel(), k % num_outs), torch.empty(
+            (batch.numel(), cache.storage.dim), dtype=cache.data.dtype, device=cache.device))
+        rows, hit = cache.lookup(batch, future=future, out=out)
+        assert rows is out
+        got.append((rows.cpu().clone(), hit.cpu().clone(), [t.cpu().clone() for t in cache.state.tensors()]))
+        if len(future):
+            future.pop()
+    return got
+
+
+def graphed_cache(storage, device: str, **kwargs):
+    """A cache whose hits are served by graphs: CUDA graphs on a GPU, the recorded stand-in on CPU tensors."""
+    if device == "cuda":
+        return SoftwareCache(storage, device="cuda", graphs=True, **kwargs)
+    cache = device_cache(storage, **kwargs)
+    cache._hits_first.graphs = hits_first.ServeGraphs(cache.device, new_graph=RecordedGraph.new)
+    return cache
+
+
+@pytest.mark.parametrize("device,policy,seed", [
+    pytest.param(d, p, s, marks=interpreted if d == "cpu" else needs_cuda)
+    for d, p, s in [("cpu", "farthest", 0), ("cpu", "lru", 1), ("cuda", "farthest", 0), ("cuda", "lru", 1)]])
+def test_hits_served_by_replayed_graphs_equal_the_cpu_cache(dataset, device, policy, seed):
+    """Replays take each call's stamp, iteration, scan base and window front from memory (a graph's arguments
+    are fixed at capture): rows, hits and every state field as the CPU cache's, batch by batch."""
+    ds, features = dataset
+    storage = open_storage(ds.path, "pread")
+    batches = [b for b in trace(seed, num_batches=14) if b.numel()]
+    kwargs = dict(num_sets=8, ways=8, policy=policy, window=3, period=2, read_ahead=0)
+    want = serve_into(SoftwareCache(storage, **kwargs), batches)
+    with pytest.MonkeyPatch.context() as monkeypatch, \
+            device_mode(monkeypatch) if device == "cpu" else contextlib.nullcontext():
+        cache = graphed_cache(storage, device, **kwargs)
+        got = serve_into(cache, batches)
+    graphs = cache._hits_first.graphs
+    assert graphs.captures == 2 and len(graphs) == 2  # one per out buffer, batches all of one size
+    if device == "cpu":
+        assert sum(entry.graph.replays for entry in graphs._graphs.values()) >= 4
+    for k, ((want_rows, want_hit, want_state), (rows, hit, state)) in enumerate(zip(want, got)):
+        assert torch.equal(rows, torch.from_numpy(features[batches[k].numpy()])), f"batch {k}: rows differ"
+        assert torch.equal(hit, want_hit), f"batch {k}: hits differ"
+        for name, a, b in zip(("tags", "records", "flags", "static", "last use", "rr pointer"), want_state, state):
+            assert torch.equal(a, b), f"batch {k}: {name} differs from the CPU cache's"
+
+
+@interpreted
+def test_graphs_are_kept_per_size_and_buffer_up_to_their_bound(dataset, monkeypatch):
+    with device_mode(monkeypatch):
+        cache = warm_cache(dataset[0].path, 8, torch.arange(40))
+        cache._hits_first.graphs = graphs = hits_first.ServeGraphs(cache.device, max_graphs=3,
+                                                                   new_graph=RecordedGraph.new)
+        outs = [torch.empty((n, 6)) for n in (5, 7, 9, 11)]
+        for out in outs + outs[-1:] + outs[:1]:  # four keys through three places, then the last, then the first
+            ids = torch.arange(out.shape[0]) * 3
+            rows, hit = cache.lookup(ids, out=out)
+            assert bool(hit.all()) and torch.equal(rows, torch.from_numpy(dataset[1][ids.numpy()]))
+        cache.lookup(torch.arange(5))  # no out: launched as it is, nothing captured
+    assert graphs.captures == 5 and len(graphs) == 3
+    assert [key[0] for key in graphs._graphs] == [9, 11, 5]
+
+
+def test_graphs_are_refused_where_they_cannot_run(dataset):
+    storage = open_storage(dataset[0].path, "pread")
+    with pytest.raises(ValueError, match="graphs=True captures the serving of hits first"):
+        SoftwareCache(storage, num_sets=4, ways=8, graphs=True)
+    with pytest.raises(ValueError, match="CUDA graphs need a cache on a CUDA device, not cpu"):
+        hits_first.ServeGraphs(torch.device("cpu"))

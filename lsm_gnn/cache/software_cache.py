@@ -16,7 +16,7 @@ import torch
 
 from lsm_gnn.cache.geometry import CacheTooSmall, cache_geometry
 from lsm_gnn.cache.hashing import set_of
-from lsm_gnn.cache.hits_first import HitsFirst, distinct_padded
+from lsm_gnn.cache.hits_first import HitsFirst, ServeGraphs, distinct_padded
 from lsm_gnn.kernels.layout import INDEX_MASK, INVALID_TAG, REUSE_SHIFT
 from lsm_gnn.cache.policies import PolicyConfig, quantize_scores
 from lsm_gnn.cache.plan import LookupPlan
@@ -130,6 +130,9 @@ class SoftwareCache(StorageShape):
     so a batch that hits in full costs one launch and one read back; only a batch with misses computes its
     distinct ids and assigns them. ``None``: on for a cache on a GPU without PVP. (``True`` on a CPU cache runs
     the kernel under Triton's interpreter, for tests; the C++ core assigns a whole batch faster there.)
+    ``graphs``: opt-in, a GPU cache with hits first: a lookup given ``out`` serves its hits by replaying a CUDA
+    graph kept per batch size and ``out`` buffer (:class:`~lsm_gnn.cache.hits_first.ServeGraphs`), which skips
+    Triton's launcher; worth it where batches hit in full and the caller reuses a few ``out`` buffers.
 
     Defaults: ``policy=None`` is ``"farthest"``, with or without PVP;
     ``pvp_reinstall=None`` is on with PVP, so PVP leaves the cache's
@@ -144,7 +147,8 @@ class SoftwareCache(StorageShape):
                  static_scores=None, num_sets: int | None = None, oversubscribe: bool = False,
                  device: str | torch.device = "cpu", num_threads: int = 0, pvp: bool = False,
                  pvp_queue_capacity: int | None = None, pvp_queue_bytes=None, pvp_reinstall: bool | None = None,
-                 read_ahead: int | None = None, read_ahead_bytes=READ_AHEAD_BYTES, hits_first: bool | None = None):
+                 read_ahead: int | None = None, read_ahead_bytes=READ_AHEAD_BYTES, hits_first: bool | None = None,
+                 graphs: bool = False):
         self.storage = storage
         if policy is None:  # the best measured default (docs/benchmarks.md, PVP section)
             policy = policy_for(pvp)
@@ -186,9 +190,9 @@ class SoftwareCache(StorageShape):
         # PVP's part of every lookup, by mode (lsm_gnn.cache.pvp): chosen here, once.
         self._victims = lookup_strategy(self.pvp, self.pvp_reinstall)
         self.read_ahead = self._read_ahead(read_ahead, read_ahead_bytes)
-        self._hits_first = self._serving_hits_first(hits_first)
+        self._hits_first = self._serving_hits_first(hits_first, graphs)
 
-    def _serving_hits_first(self, wanted: bool | None) -> HitsFirst | None:
+    def _serving_hits_first(self, wanted: bool | None, graphs: bool) -> HitsFirst | None:
         """The constructor's ``hits_first`` (see the class) as the buffers it reuses, or None."""
         if wanted is None:
             wanted = self.device.type == "cuda" and self.pvp is None
@@ -199,7 +203,11 @@ class SoftwareCache(StorageShape):
             raise ValueError("hits_first=True on a CPU cache runs the device kernel under Triton's interpreter: "
                              "construct the cache under lsm_gnn.kernels.using('triton') (tests), or leave "
                              "hits_first=None (a CPU cache assigns whole batches in the C++ core)")
-        return HitsFirst(self.num_lines, self.device) if wanted else None
+        if graphs and not wanted:
+            raise ValueError("graphs=True captures the serving of hits first: it needs hits_first (a GPU cache "
+                             "without PVP)")
+        return HitsFirst(self.num_lines, self.device, ServeGraphs(self.device) if graphs else None) \
+            if wanted else None
 
     def _read_ahead(self, depth: int | None, max_bytes) -> ReadAhead | None:
         """The read-ahead of the constructor's ``read_ahead`` batches (see the class), or None."""
@@ -330,7 +338,8 @@ class SoftwareCache(StorageShape):
                 self._scan(window)
                 scanned = True
             rows = out if out is not None else self._rows_for(ids.numel())
-            probe = self._probe_hits(ids, rows, t, window) if self._hits_first.probing or not ids.numel() else None
+            probe = self._probe_hits(ids, rows, t, window, out is not None) \
+                if self._hits_first.probing or not ids.numel() else None
             if probe is not None and probe.misses == 0:
                 return LookupPlan(t, ids, None, None, future, out, cache_ids=None, served=True, rows=rows,
                                   request_hit=probe.hit, num_unique=probe.distinct_hits)
@@ -348,10 +357,10 @@ class SoftwareCache(StorageShape):
         self._victims.take(plan)
         return plan
 
-    def _probe_hits(self, ids: torch.Tensor, rows: torch.Tensor, t: int, window):
+    def _probe_hits(self, ids: torch.Tensor, rows: torch.Tensor, t: int, window, rows_kept: bool):
         """The hits of ``ids`` served into ``rows`` (:meth:`HitsFirst.serve`); an id out of range refused."""
         probe = self._hits_first.serve(self.state, self.data, ids, rows, self.storage.num_rows, t, self.scan_base,
-                                       self._window_at_assign(window))
+                                       self._window_at_assign(window), rows_kept=rows_kept)
         if probe.out_of_range:
             self._check_range(*(int(v) for v in torch.aminmax(ids)))
         return probe

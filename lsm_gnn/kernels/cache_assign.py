@@ -137,11 +137,16 @@ def _find_hits(unique_ptr, n, tags_ptr, last_use_ptr, flags_ptr, records_ptr, li
 @triton.jit
 def _serve_hits(ids_ptr, n, num_rows, tags_ptr, last_use_ptr, flags_ptr, records_ptr, touched_ptr, stamp,
                 data_ptr, rows_ptr, row_words, hit_ptr, counts_ptr, num_sets, iteration, scan_base, known,
-                first_iteration_ptr, first_position_ptr, first_rank_ptr, num_nodes, front, limit,
-                WAYS: tl.constexpr, BLOCK: tl.constexpr, COLS: tl.constexpr):
+                first_iteration_ptr, first_position_ptr, first_rank_ptr, num_nodes, front, limit, scalars_ptr,
+                WAYS: tl.constexpr, BLOCK: tl.constexpr, COLS: tl.constexpr, SCALARS_ON_DEVICE: tl.constexpr):
     # The request as it came (repeats and all): each hit marked as _find_hits marks it and its row copied to its
     # position. counts: [positions that missed, ids out of [0, num_rows), distinct ids that hit]. A line's first
     # visitor this lookup (touched[line] swapped from another stamp) counts its id as distinct.
+    if SCALARS_ON_DEVICE:  # a CUDA graph's launch: the per-call scalars are read where the host wrote them
+        stamp = tl.load(scalars_ptr + 0).to(tl.int32)
+        iteration = tl.load(scalars_ptr + 1)
+        scan_base = tl.load(scalars_ptr + 2)
+        front = tl.load(scalars_ptr + 3)
     pid = tl.program_id(0)
     p = pid * BLOCK + tl.arange(0, BLOCK)
     valid = p < n
@@ -394,14 +399,19 @@ SERVE_BLOCK, SERVE_TILE_WORDS = 16, 2048
 
 def cache_serve_hits(tags, records, flags, last_use, touched, stamp: int, ways: int, ids, num_rows: int, data,
                      rows, hit, counts, iteration: int, scan_base: int, first_iteration=None, first_position=None,
-                     first_rank=None, front: int = 0, limit: int = 0) -> None:
+                     first_rank=None, front: int = 0, limit: int = 0, scalars=None) -> None:
     """The hits of a request, served before anything else: ``hit[i]`` (int8) says whether ``ids[i]`` is cached,
     its line is marked as an assign marks a hit (``_find_hits``), and its row is copied from ``data`` to
     ``rows[i]`` (both ``[lines or n, words]`` views of one word, :func:`lsm_gnn.kernels.row_gather.as_words`). ``counts`` (int32[3], zeroed here)
     gets the positions that missed, the ids outside ``[0, num_rows)`` and the distinct ids that hit, counted by
     stamping their lines in ``touched`` (int32 per line) with ``stamp``, which must differ from every stamp
-    there. Misses change nothing: the caller reads ``counts`` and, where any id missed, assigns the batch."""
+    there. Misses change nothing: the caller reads ``counts`` and, where any id missed, assigns the batch.
+    ``scalars``: an int64[4] tensor on the ids' device holding ``[stamp, iteration, scan_base, front]``, read there
+    instead of the arguments (a captured launch, :class:`lsm_gnn.cache.hits_first.ServeGraphs`)."""
     _check_ways(ways)
+    if scalars is not None and (scalars.dtype != torch.int64 or scalars.numel() != 4 or scalars.device != ids.device):
+        raise ValueError(f"scalars must be an int64 tensor of 4 entries on {ids.device}, got {scalars.dtype} "
+                         f"[{scalars.numel()}] on {scalars.device}")
     known, num_nodes, window = _window_arrays(tags.device, first_iteration, first_position, first_rank)
     counts.zero_()
     n = ids.numel()
@@ -412,4 +422,5 @@ def cache_serve_hits(tags, records, flags, last_use, touched, stamp: int, ways: 
     _serve_hits[(triton.cdiv(n, SERVE_BLOCK),)](
         ids, n, num_rows, tags, last_use, flags, records, touched, stamp, data, rows, words, hit, counts,
         tags.numel() // ways, iteration, scan_base, int(known), *window, num_nodes, front, limit,
-        WAYS=ways, BLOCK=SERVE_BLOCK, COLS=cols)
+        counts if scalars is None else scalars, WAYS=ways, BLOCK=SERVE_BLOCK, COLS=cols,
+        SCALARS_ON_DEVICE=scalars is not None)

@@ -111,7 +111,8 @@ def cache_serve_hits(tags: torch.Tensor, records: torch.Tensor, flags: torch.Ten
                      touched: torch.Tensor, stamp: int, ways: int, ids: torch.Tensor, num_rows: int,
                      data: torch.Tensor, rows: torch.Tensor, hit: torch.Tensor, counts: torch.Tensor, iteration: int,
                      scan_base: int, first_iteration: torch.Tensor | None, first_position: torch.Tensor | None,
-                     first_rank: torch.Tensor | None, front: int, limit: int) -> None:
+                     first_rank: torch.Tensor | None, front: int, limit: int,
+                     scalars: torch.Tensor | None = None) -> None:
     """A request's hits served in one kernel, before any other work: each hit's line marked as
     :func:`cache_assign` marks it and its row copied to its position; ``counts`` gets the positions that missed,
     the ids out of range and the distinct ids that hit (:func:`lsm_gnn.kernels.cache_assign.cache_serve_hits`).
