@@ -165,7 +165,8 @@ class ServeGraphs:
 
 def _cuda_graph():
     graph = torch.cuda.CUDAGraph()
-    return graph, torch.cuda.graph(graph)
+    # thread_local: the loader's other threads (read-ahead, PVP) keep copying while this one captures
+    return graph, torch.cuda.graph(graph, capture_error_mode="thread_local")
 
 
 def distinct_padded(ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
