@@ -211,9 +211,12 @@ class _FunctionMode(TorchFunctionMode):
                 return func(*args, **kwargs)
         out = func(*args, **kwargs)
         if func in _FACTORIES and kwargs.get("device") is not None:
-            work.device(out)  # named a device: a device allocation (its kernels the dispatch mode counts)
-            if func in (torch.tensor, torch.as_tensor):
-                work.counts.allocations += 1
+            # Named a device: a device allocation, and but for torch.empty a kernel that fills it (a copy from the
+            # host for torch.tensor): the dispatch mode sees these ops without a device tensor among their inputs.
+            work.device(out)
+            work.counts.allocations += 1
+            if func not in (torch.empty, torch.empty_strided):
+                work.launch(func.__name__)
         return out
 
 

@@ -45,6 +45,13 @@ def test_a_boolean_mask_index_is_one_read_back():
     assert work.counts.allocations == 2
 
 
+def test_a_device_factory_is_an_allocation_and_a_fill_but_empty_fills_nothing():
+    work = HostWork()
+    work.call(lambda t: (torch.zeros(4, device=t.device), torch.full((2,), 7, device=t.device),
+                         torch.empty(3, device=t.device), torch.zeros(2)), torch.arange(5))
+    assert work.launched == ["zeros", "full"] and work.counts.allocations == 3  # the host's zeros is not counted
+
+
 @pytest.mark.parametrize("n", [1, 4])
 def test_each_triton_launch_is_one_launch(n):
     x = torch.zeros(10)
@@ -68,12 +75,12 @@ def test_only_device_tensors_count():
 
     def f(d):
         host.cpu(), int(host[0]), host.sum()  # host tensors: no read back, no launch
-        made = torch.zeros(3, device=d.device)  # a device allocation, by its explicit device
+        made = torch.zeros(3, device=d.device)  # a device allocation and fill, by its explicit device
         return int(made.sum()), bool(d[0])
 
     work = HostWork()
     work.call(f, torch.arange(3))
-    assert (work.counts.reads_back, work.counts.launches, work.counts.bytes_to_host) == (2, 1, 4 + 8)  # float32, int64
+    assert (work.counts.reads_back, work.counts.launches, work.counts.bytes_to_host) == (2, 2, 4 + 8)  # float32, int64
 
 
 def test_a_host_tensor_where_a_freed_device_one_was_is_on_the_host():
