@@ -12,7 +12,7 @@ the window; a bare all_to_all of the rows' bytes for the transport alone),
 and aggregate gather throughput (input rows per second of gather time, all
 ranks). ``--merged`` adds one cache of N x C fed the union of the ranks'
 batches: the bound for any ownership. Commands and figures (4-byte and
-4 KiB rows): docs/benchmarks.md, "Communication layer".
+4 KiB rows): docs/benchmarks/distributed.md, "Communication layer".
 
     python benchmarks/comm_layer.py                    # ~20 min on 2 cores
     python benchmarks/comm_layer.py --quick

@@ -106,7 +106,7 @@ def run_method(args, method: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", method, "--child-spec", spec]
     # One malloc arena, large blocks returned on free: what docs/training.md advises under a tight cap. One
     # OpenMP thread per op: with two, link training on this graph is not bit-reproducible from run to run (with
-    # or without node embeddings; docs/benchmarks.md), and the two methods must be shown to train alike.
+    # or without node embeddings; docs/benchmarks/embeddings.md), and the two methods must be shown to train alike.
     env = dict(os.environ, MALLOC_ARENA_MAX="1", MALLOC_MMAP_THRESHOLD_="1048576", OMP_NUM_THREADS="1")
     with MemoryCap(limit) as cap:
         run = cap.run(cmd, timeout=args.timeout, env=env)

@@ -236,7 +236,7 @@ def predict(paths: list[str], num_nodes: int) -> dict:
     return {"prediction": True, "from": paths, "num_nodes": num_nodes,
             "note": "a straight line through two measured runs, not a measurement; a phase shorter than the "
                     "sampling interval, or whose peak lies at a phase boundary, makes its memory line unreliable "
-                    "(docs/benchmarks.md, 'Out of core: topology and scale')",
+                    "(docs/benchmarks/scale.md, 'Out of core: topology and scale')",
             "wall_seconds": line(r0["wall_seconds"], r1["wall_seconds"]),
             "max_rss_anon_bytes": max(r["peak_rss_anon"] for r in rows), "phases": rows}
 

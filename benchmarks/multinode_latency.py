@@ -9,7 +9,7 @@ figures are medians over its iterations after ``--skip``; the table gives median
 measured TCP round trip, ms per iteration (the training loop's wall per iteration), train (forward, backward
 and DDP's all-reduce), wait (training stalled for the loader), gather and its exchange part (in the loader's
 thread, overlapped with training), and the exchange's share of the iteration. Needs root (network
-namespaces) and /dev/net/tun. Figures and command: docs/benchmarks.md, "Multi-node: latency".
+namespaces) and /dev/net/tun. Figures and command: docs/benchmarks/distributed.md, "Multi-node: latency".
 
     sudo python benchmarks/multinode_latency.py                        # ~15 min on 2 cores
     sudo python benchmarks/multinode_latency.py --quick

@@ -423,7 +423,7 @@ def plot_curve(result: dict, path: str) -> None:
 # -- command line ------------------------------------------------------------------------------------------------
 
 # The default 4.3 GiB file should fit under 6 GiB with the process beside it: at 3M nodes memmap's peak was the
-# 2.86 GiB file plus 0.6 GiB (docs/benchmarks.md, "The curve").
+# 2.86 GiB file plus 0.6 GiB (docs/benchmarks/memory_cap.md, "The curve").
 DEFAULT_CAPS = "1G,1.5G,2G,3G,4G,6G"
 QUICK_CAPS = "512M,768M"
 

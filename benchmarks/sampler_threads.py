@@ -3,7 +3,7 @@
 No DGL in the process (``sampler_vs_dgl.py`` compares against it): this measures how the native op scales with
 ``num_threads``, two ways: one batch at a time with the threads inside it (``sample``), and all the batches at
 once, side by side on the threads, one each (``sample_many``, as a loader fills its window). To compare two
-builds, run it from each checkout in turn, alternating (docs/benchmarks.md, "The numbering on several threads").
+builds, run it from each checkout in turn, alternating (docs/benchmarks/sampler.md, "The numbering on several threads").
 
     python benchmarks/sampler_threads.py --data /work/bench-data/syn-2m-d15
 """

@@ -27,10 +27,10 @@ the reader's counters) and rows/s, with the paired ratio packed / unpacked.
 Rows of 512 B and more have one layout only.
 
     python benchmarks/storage_bench.py                 # 3 repeats, ~11 min (+1 min to write 12 GiB once)
-    python benchmarks/storage_bench.py --repeats 5     # the run in docs/benchmarks.md, ~18 min
+    python benchmarks/storage_bench.py --repeats 5     # the run in docs/benchmarks/storage.md, ~18 min
     python benchmarks/storage_bench.py --quick         # a tiny run, ~20 s
     python benchmarks/storage_bench.py --layouts packed,unpacked --row-sizes 4,64,128,256,384 --num-rows 1000000 \
-        --backends io_uring --queue-depths 64 --fio-engines '' --no-memmap   # packed small rows (docs/benchmarks.md)
+        --backends io_uring --queue-depths 64 --fio-engines '' --no-memmap   # docs/benchmarks/storage.md: packed rows
 
 Prints a table last and writes JSON (default bench-results/storage_bench.json).
 """

@@ -2,7 +2,7 @@
 
 A cache hit copies one row from a random line of the cache's data: with
 4 KiB rows on 4 KiB pages every row is a TLB miss, which made the gather
-about 20% slower than a contiguous copy of the same bytes (docs/benchmarks.md,
+about 20% slower than a contiguous copy of the same bytes (docs/benchmarks/lookup.md,
 "Cache lookup throughput"). Backing the big tables with 2 MiB pages removes
 most of those misses. Linux gives huge pages to anonymous memory only when it
 is asked (``madvise`` mode is the common default), so these buffers are

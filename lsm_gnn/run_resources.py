@@ -97,7 +97,7 @@ class RunResources:
 def training_threads(setting: int) -> int:
     """torch's threads for a run's training step: ``train.threads``, or for 0 one fewer than torch's default (at
     least one), so the loader's thread has a core of its own. Measured on 2 cores, one training thread was as
-    fast or faster than two in every run, compute-bound ones included (docs/benchmarks.md, "Threads")."""
+    fast or faster than two in every run, compute-bound ones included (docs/benchmarks/pipeline.md, "Threads")."""
     return setting if setting else max(1, torch.get_num_threads() - 1)
 
 

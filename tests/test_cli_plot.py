@@ -44,7 +44,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 PLAN_RUN = ["sampler.fanouts=[4,3]", "sampler.batch_size=16", "model.kind=sage", "model.hidden=16", "cache.window=4",
             "cache.static_score=none", "train.eval_splits=[]", "cache.backend=pread", "--iterations", "8",
             "--train-steps", "2", "--storage-seconds", "0.05"]
-# A real run of benchmarks/plan_validation.py (docs/benchmarks.md, "Planner: predicted vs measured"), kept in the repo
+# A real run of benchmarks/plan_validation.py (docs/benchmarks/planner.md, "Planner: predicted vs measured"),
+# kept in the repo
 VALIDATION = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results",
                           "plan_validation_quiet.json")
 

@@ -1,4 +1,4 @@
-"""Every command README.md and docs/*.md show a user runs as written, on small generated data.
+"""Every command README.md and the pages under docs/ show a user runs as written, on small generated data.
 
 The commands are read from the documents' code blocks (``lsm-gnn ...``, ``python -m lsm_gnn ...``,
 ``launch/*.sh ...``, after any ``VAR=value`` prefix), so a new or changed command is tested without
@@ -32,7 +32,8 @@ import pytest
 from lsm_gnn.testing import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ["README.md", *sorted(os.path.relpath(p, ROOT) for p in glob(os.path.join(ROOT, "docs", "*.md")))]
+DOCS = ["README.md", *sorted(os.path.relpath(p, ROOT)
+                         for p in glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))]
 _ENV = r"(?:[A-Z_][A-Z0-9_]*=\S*\s+)*"
 COMMAND = re.compile(rf"^{_ENV}(?:lsm-gnn|python3? -m lsm_gnn|launch/[\w.]+\.sh)\s")
 

@@ -183,7 +183,7 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
     const int64_t k = fanouts[h];
     const int64_t n = static_cast<int64_t>(frontier.size());
     // Row lengths in parallel: on a memory-mapped CSR that is not in memory, each read of indptr can be a
-    // page fault that waits on the disk, and parallel faults keep the disk busy (docs/benchmarks.md, "Out of
+    // page fault that waits on the disk, and parallel faults keep the disk busy (docs/benchmarks/scale.md, "Out of
     // core: topology and scale"). A bad row cannot throw inside the loop: remember the first, throw after.
     // Each row's start and length are kept for the draws, so indptr is read at random once per node; the
     // rows a few nodes ahead are prefetched (the loop waits on one cache miss per node otherwise).

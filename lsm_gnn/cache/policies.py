@@ -41,7 +41,7 @@ if tuple(POLICIES) != POLICY_NAMES:  # a policy added here must get its code in 
 
 # Default "near" threshold as a fraction of the window: the paper's 1/8, except for farthest, whose lines
 # without information rank as if reused window/4 ahead (the best of 16..128 at window 256 on the policy
-# benchmark's trace before farthest read next uses at assign, docs/benchmarks.md; since then only lines
+# benchmark's trace before farthest read next uses at assign, docs/benchmarks/cache_policies.md; since then only lines
 # served without a window are without information).
 NEAR_DIVISOR = {"farthest": 4}
 

@@ -137,7 +137,7 @@ class SoftwareCache(StorageShape):
     Defaults: ``policy=None`` is ``"farthest"``, with or without PVP;
     ``pvp_reinstall=None`` is on with PVP, so PVP leaves the cache's
     decisions as they are without it and only turns misses into PVP hits.
-    Both were the best measured settings (``docs/benchmarks.md``);
+    Both were the best measured settings (``docs/benchmarks/pvp.md``);
     ``policy="hybrid"`` is the paper's policy, and ``policy="hybrid_pvp",
     pvp_reinstall=False`` its PVP design as published.
     """
@@ -150,7 +150,7 @@ class SoftwareCache(StorageShape):
                  read_ahead: int | None = None, read_ahead_bytes=READ_AHEAD_BYTES, hits_first: bool | None = None,
                  graphs: bool = False):
         self.storage = storage
-        if policy is None:  # the best measured default (docs/benchmarks.md, PVP section)
+        if policy is None:  # the best measured default (docs/benchmarks/pvp.md, PVP section)
             policy = policy_for(pvp)
         if pvp_reinstall is None:
             pvp_reinstall = bool(pvp)

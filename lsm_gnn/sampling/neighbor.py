@@ -199,7 +199,7 @@ def topology_access_for(graph: Graph, relations, access: str) -> str:
 def _preloaded(array: np.ndarray) -> np.ndarray:
     """A memory-mapped ``array`` copied into memory on transparent huge pages: the sampler's loads land at
     random in the CSR, and with 4 KiB pages nearly each one also missed the TLB (on a 2M-node, 28M-edge
-    graph the op took 25-30% less time from huge pages, docs/benchmarks.md "Neighbor sampler against DGL")."""
+    graph the op took 25-30% less time from huge pages, docs/benchmarks/sampler.md "Neighbor sampler against DGL")."""
     if getattr(array, "_mmap", None) is None:
         return array
     copy = host_zeros(array.shape, torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype).numpy()
@@ -212,12 +212,12 @@ def advise_mapped(array, access: str) -> None:
     if it has one: ``"random"`` turns the kernel's read-around off, ``"normal"`` restores it, ``"preload"``
     restores it and has the kernel read the whole file now (``MADV_WILLNEED``: sequential reads ahead of
     sampling, where a cold topology otherwise comes in one page fault per neighbour list, one random read
-    each: 17 ms an iteration on a 110 MiB topology, docs/benchmarks.md "Read-ahead").
+    each: 17 ms an iteration on a 110 MiB topology, docs/benchmarks/pipeline.md "Read-ahead").
 
     A page fault on a mapped file normally reads up to 128 KiB around the page (read-around). A sampler
     reads one neighbor list, tens of bytes, per fault at random places: when the topology does not fit
     in memory, read-around reads ~32 pages for each one used and evicts the useful ones to make room
-    (measured in docs/benchmarks.md, "Out of core: topology and scale"). The advice holds for the whole
+    (measured in docs/benchmarks/scale.md, "Out of core: topology and scale"). The advice holds for the whole
     mapping, so other readers of the same array in this process lose read-around too."""
     import mmap
 
