@@ -21,6 +21,7 @@ import torch
 
 from lsm_gnn import defaults
 from lsm_gnn.cache import PolicyConfig, SoftwareCache, cache_sets
+from lsm_gnn.cache.geometry import one_set_lines
 from lsm_gnn.cache.pvp import QueueBudgetTooSmall
 from lsm_gnn.config import (Config, ConfigError, NodeEmbeddingConfig, capacity_bytes_of, capacity_spec, policy_config,
                             read_ahead_depth, type_embedding)
@@ -255,7 +256,7 @@ def group_sizes(dataset, groups: list[list[str]], budget: CacheSize, ways: int, 
     is refused, naming its key. What :func:`build_features` builds and the planner replays."""
     rows = [sum(dataset.num_nodes_of(t) for t in types) for types in groups]
     row_bytes = [_row_bytes(dataset.node_type(types[0])) for types in groups]
-    floors = [min(ways, n) * b for n, b in zip(rows, row_bytes)] if len(groups) > 1 else None
+    floors = [one_set_lines(n, ways) * b for n, b in zip(rows, row_bytes)] if len(groups) > 1 else None
     shares = split_capacity(budget.bytes, weights, floors)
     if sum(shares) > budget.bytes:
         each = ", ".join(f"{'+'.join(types)}: {floor:,}" for types, floor in zip(groups, floors))

@@ -217,3 +217,55 @@ def test_a_typed_graph_refuses_plain_features_with_a_clear_error(dataset):
         NodeLoader(dataset, open_storage(dataset.node_type("paper"), "pread"), [2], 10)
     with pytest.raises(ValueError, match="no node type 'venue'"):
         NodeLoader(dataset, build_features(spec(dataset), dataset, torch.device("cpu")), [2], 10, target="venue")
+
+
+@pytest.fixture(scope="module")
+def one_type(tmp_path_factory):
+    from lsm_gnn.testing import write_tiny_dataset
+
+    return write_tiny_dataset(tmp_path_factory.mktemp("one") / "ds", num_nodes=200, dim=8)[0]  # rows of 32 bytes
+
+
+@pytest.mark.parametrize("graph,overrides,refusal", [
+    ("one_type", ["cache.capacity=0.5%"],
+     r"cache\.capacity=0\.5% is 1 lines of 32 bytes, fewer than one set of cache\.ways=32; set cache\.capacity=17%"),
+    ("one_type", ["cache.capacity=25%", "model.node_embedding.dim=16", "model.node_embedding.capacity=1K"],
+     r"model\.node_embedding\.capacity=1K is \d+ lines of \d+ bytes, fewer than one set of cache\.ways=32"),
+    # the budget its two row formats' caches share cannot give both one set (4 lines of 32 bytes, 4 of 6): refused,
+    # not raised (each group's floor comes out of the others' shares)
+    ("dataset", ["cache.capacity=100", "cache.ways=4"],
+     r"cache\.capacity=100 is 100 bytes, less than one set of cache\.ways=4 lines in each of its 2 feature caches"),
+    ("dataset", ["cache.capacity=50%", "cache.ways=4", "model.node_embedding.dim=8",
+                 "model.node_embedding.institute.capacity=10%"],
+     r"model\.node_embedding\.institute\.capacity=10% is 2 lines of \d+ bytes, fewer than one set of cache\.ways=4"),
+])
+def test_a_cache_under_one_set_is_refused_naming_its_key_on_every_graph(request, tmp_path, graph, overrides, refusal):
+    """One floor rule for every cache of every graph: a size the user gave is never raised to one set; resolve()
+    refuses it naming the cache's key and a value that makes one, and that value resolves."""
+    import re
+
+    from lsm_gnn.config import ConfigError
+
+    ds = request.getfixturevalue(graph)
+    base = [f"dataset={ds.path}", "cache.static_score=none", f"checkpoint.dir={tmp_path}", *overrides]
+    with pytest.raises(ConfigError, match=refusal) as info:
+        resolve(load_config(None, base), ds)
+    key, value = re.search(r"set (\S+)=(\S+) or more", str(info.value)).groups()
+    spec = resolve(load_config(None, [*base, f"{key}={value}"]), ds)
+    sizes = [s for s in (*spec.feature_sizes, *spec.embedding_sizes.values()) if s.key == key]
+    assert sizes and all(s.sets >= 1 and s.text == value for s in sizes)
+
+
+@pytest.mark.parametrize("key,text", [("cache.capacity", "25%"), ("model.node_embedding.capacity", "40%")])
+def test_a_batch_refused_mid_run_names_the_key_of_the_cache_that_overflowed(one_type, tmp_path, key, text):
+    from lsm_gnn.cache import CacheTooSmall
+    from lsm_gnn.config import ConfigError
+    from lsm_gnn.training.startup import sized
+
+    cfg = load_config(None, [f"dataset={one_type.path}", "cache.capacity=25%", "cache.static_score=none",
+                             "model.node_embedding.dim=16", "model.node_embedding.capacity=40%",
+                             f"checkpoint.dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"^at iteration 3, a batch has 70 distinct nodes") as info:
+        with sized(cfg, resolve(cfg, one_type), "at iteration 3", checked=True):
+            raise CacheTooSmall(70, 64, 32, key)
+    assert f"the cache holds 64 lines ({key}={text}); set {key}=" in str(info.value)

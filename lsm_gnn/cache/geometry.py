@@ -44,8 +44,7 @@ def cache_geometry(capacity, row_bytes: int, ways: int, num_rows: int | None = N
 def cache_sets(capacity_bytes: int, row_bytes: int, ways: int, num_rows: int | None = None,
                every_row: bool = False) -> int:
     """The sets of ``ways`` lines a cache of ``capacity_bytes`` over ``num_rows`` rows of ``row_bytes`` gets: the one
-    rule every cache is sized by. 0 below one set (fewer lines than ``ways`` and than the rows): the caller refuses
-    it.
+    rule every cache is sized by. 0 below :func:`one_set_lines` (the floor): the caller refuses it.
 
     ``every_row`` (a cache asked for every row, ``100%``) gets :func:`every_row_sets`. A capacity of as many lines
     as rows or more is cut to the fewest sets in which every row has a way of its own (sets are chosen by hash, so
@@ -55,9 +54,16 @@ def cache_sets(capacity_bytes: int, row_bytes: int, ways: int, num_rows: int | N
     if every_row:
         return every_row_sets(num_rows, ways)
     lines = capacity_bytes // row_bytes
+    if lines < one_set_lines(num_rows, ways):
+        return 0
     if num_rows is not None and lines >= num_rows:
         return _sets_holding_every_row(num_rows, ways, max_sets=max(1, lines // ways))
     return lines // ways
+
+
+def one_set_lines(num_rows: int | None, ways: int) -> int:
+    """The fewest lines a cache has: one set of ``ways``, or every row of a file of fewer rows."""
+    return ways if num_rows is None else min(ways, num_rows)
 
 
 #: a cache of the whole file gets at most this many times the file's lines (with few ways, hashed sets need more)
