@@ -20,29 +20,60 @@ import numpy as np
 import torch
 
 from lsm_gnn import defaults
-from lsm_gnn.cache import PolicyConfig, SoftwareCache, every_row_sets
+from lsm_gnn.cache import PolicyConfig, SoftwareCache, cache_sets
+from lsm_gnn.cache.geometry import one_set_lines
 from lsm_gnn.cache.pvp import QueueBudgetTooSmall
 from lsm_gnn.config import (Config, ConfigError, NodeEmbeddingConfig, capacity_bytes_of, capacity_spec, policy_config,
                             read_ahead_depth, type_embedding)
 from lsm_gnn.features import Features, FeatureGroup, TypedFeatures
+from lsm_gnn.sizing import set_at_least
 from lsm_gnn.storage import open_storage
 from lsm_gnn.units import round_up
+
+
+class CacheUnderOneSet(ConfigError):
+    """A size that gives a cache fewer lines than one set (``bytes``: that cache's, or a budget's that cannot give
+    each of its caches one); the message names its config key and the size that makes one."""
+
+    def __init__(self, message: str, bytes: int):
+        super().__init__(message)
+        self.bytes = bytes
 
 
 @dataclass(frozen=True)
 class CacheSize:
     """One cache's size, resolved once: as the user wrote it (``text``, in config key ``key``, which errors
-    name and fixes are given in) and in bytes."""
+    name and fixes are given in), in bytes, and the sets of ``cache.ways`` lines the cache is built with. Every
+    cache a run builds reads its own (:func:`resolve`); ``sets`` is None only for a typed graph's ``cache.capacity``,
+    a budget its feature groups' caches share."""
 
     text: str                    # "10%" (of the rows it caches) or "4G"
-    key: str                     # cache.capacity | model.node_embedding.capacity
-    bytes: int                   # the size asked for (the cache may allocate less: docs/cache.md)
-    every_row: bool              # 100%: the cache gets the sets that hold all its rows (every_row_sets)
+    key: str                     # cache.capacity | model.node_embedding[.<type>].capacity
+    bytes: int                   # this cache's bytes (a feature group's: its share of the key's)
+    sets: int | None             # geometry.cache_sets: 100% gets the sets that hold every row
 
     @classmethod
-    def of(cls, text: str, key: str, num_rows: int, row_bytes: int) -> CacheSize:
+    def of(cls, text: str, key: str, num_rows: int, row_bytes: int, ways: int, *, bytes: int | None = None,
+           every_row: bool | None = None) -> CacheSize:
+        """The cache of ``text`` (``bytes``, where the caller sized it) over ``num_rows`` rows of ``row_bytes``;
+        ``every_row`` (default: ``text`` is 100%) caches every row. The floor rule of every cache: one set at least
+        (``ways`` lines, or every row of a smaller table), never raised to it: under it a ConfigError names
+        ``key`` and the size that makes one."""
         kind, value = capacity_spec(text)
-        return cls(str(text), key, capacity_bytes_of(kind, value, num_rows, row_bytes), (kind, value) == ("share", 1))
+        if bytes is None:
+            bytes = capacity_bytes_of(kind, value, num_rows, row_bytes)
+            every_row = (kind, value) == ("share", 1) if every_row is None else every_row
+        sets = cache_sets(bytes, row_bytes, ways, num_rows, bool(every_row))
+        if sets < 1:
+            raise CacheUnderOneSet(f"{key}={text} is {bytes // row_bytes} lines of {row_bytes} bytes, fewer than one "
+                                   f"set of cache.ways={ways}; "
+                                   + set_at_least(text, key, bytes // row_bytes, ways, row_bytes), bytes)
+        return cls(str(text), key, bytes, sets)
+
+    @classmethod
+    def budget(cls, text: str, key: str, num_rows: int, row_bytes: int) -> CacheSize:
+        """``text`` of ``num_rows`` rows of ``row_bytes`` in bytes, shared by several caches (no sets of its own)."""
+        return cls(str(text), key, capacity_bytes_of(*capacity_spec(text), num_rows, row_bytes), None)
 
 
 @dataclass(frozen=True)
@@ -51,7 +82,7 @@ class FeatureSpec:
 
     source: str                  # cache | storage (no cache) | memory (the whole file in RAM) | device (on the GPU)
     backend: str                 # storage backend of the miss path ("auto": io_uring where it works)
-    size: CacheSize              # the features' cache
+    size: CacheSize              # cache.capacity: the features' cache, or on a typed graph the budget its groups share
     ways: int
     policy: PolicyConfig         # name (``auto`` decided), window, period
     static_score: str | None     # the dataset score that ranks lines, or None
@@ -62,16 +93,22 @@ class FeatureSpec:
     shared: bool                 # several ranks share one cache (the communication layer)
     owner: str                   # who owns a node when shared: hashed | modulo | hotness | path to a .npy map
     pvp_queue_bytes: str | None = None  # all victim queues' bytes (or a share of the cache), instead of lines
-    #: per node type with node embeddings, its table's cache (the features' policy and victim buffer, its own size)
+    #: per feature group (build.feature_groups), its cache; empty where no features' cache is built
+    feature_sizes: tuple = ()
+    #: per node type with node embeddings, its table's cache (the features' policy and victim buffer, its own size);
+    #: empty where no cache is built
     embedding_sizes: dict = dataclasses.field(default_factory=dict)
     read_ahead: int | None = None  # batches whose misses are read ahead (None: the cache's default)
     read_ahead_bytes: str = defaults.READ_AHEAD_BYTES  # the rows read ahead held at once
     exchange: str = "auto"       # how rows travel between ranks when shared: auto | shm | collective
 
 
-def resolve(cfg: Config, dataset, world_size: int = 1) -> FeatureSpec:
-    """The feature path ``cfg`` asks for on ``dataset`` with ``world_size`` ranks; raises ConfigError.
-    For a heterogeneous dataset a capacity in % is that share of all its feature rows' bytes."""
+def resolve(cfg: Config, dataset, world_size: int = 1, *, features: bool = True) -> FeatureSpec:
+    """The feature path ``cfg`` asks for on ``dataset`` with ``world_size`` ranks, with one :class:`CacheSize` per
+    cache the run builds (each feature group's, each node embedding table's); raises ConfigError, naming the key
+    of a cache under one set. For a heterogeneous dataset a capacity in % is that share of all its feature rows'
+    bytes, split between its feature groups (:func:`group_sizes`). ``features=False``: the caller brings its own
+    features (no features' cache is sized)."""
     c = cfg.cache
     static = None if c.static_score == "none" else c.static_score
     names = sorted(set.intersection(*(set(dataset.score_names(t)) for t in dataset.feature_types)))
@@ -84,16 +121,22 @@ def resolve(cfg: Config, dataset, world_size: int = 1) -> FeatureSpec:
         raise ConfigError(f"cache.static_score={static!r} is not in the dataset (it has "
                           f"{names or 'no scores'}); prepare it with 'lsm-gnn prepare scores' or set "
                           "cache.static_score=none")
+    cached = c.features == "cache"
+    size = CacheSize.budget(c.capacity, "cache.capacity", rows, row_bytes)
+    feature_sizes = _feature_sizes(cfg, dataset, size) if cached and features and cfg.model.node_embedding.features \
+        else ()
+    if dataset.is_homogeneous and feature_sizes:  # the budget is the one cache's
+        size = feature_sizes[0]
     return FeatureSpec(
-        source=c.features, backend=c.backend, size=CacheSize.of(c.capacity, "cache.capacity", rows, row_bytes),
-        ways=c.ways,
+        source=c.features, backend=c.backend, size=size, feature_sizes=feature_sizes, ways=c.ways,
         policy=policy_config(c), static_score=static, oversubscribe=c.oversubscribe, pvp=c.pvp,
         pvp_queue_capacity=c.pvp_queue_capacity or None,
         # The default budget left as None: the cache then gives each queue at least one line, as it does for a
         # default, where a figure the user gave that holds none is refused.
         pvp_queue_bytes=None if c.pvp_queue_capacity or c.pvp_queue_bytes == defaults.PVP_QUEUE_BYTES
         else c.pvp_queue_bytes, pvp_reinstall=c.pvp and c.pvp_reinstall,
-        shared=world_size > 1 and c.mode == "shared", owner=c.owner, embedding_sizes=_embedding_sizes(cfg, dataset),
+        shared=world_size > 1 and c.mode == "shared", owner=c.owner,
+        embedding_sizes=_embedding_sizes(cfg, dataset, cached),
         read_ahead=read_ahead_depth(c), read_ahead_bytes=c.read_ahead_bytes, exchange=c.exchange)
 
 
@@ -141,14 +184,15 @@ def _refuse_shared_tables(tables: dict[str, NodeEmbeddingConfig]) -> None:
         owner[real] = t
 
 
-def _embedding_sizes(cfg: Config, dataset) -> dict[str, CacheSize]:
-    """Each node embedding table's cache: its ``capacity`` of the table's rows, one per node of its type; by
-    default :func:`fitting_size` (every batch fits)."""
+def _embedding_sizes(cfg: Config, dataset, cached: bool) -> dict[str, CacheSize]:
+    """Each node embedding table's cache (none unless ``cached``, but every table's settings checked): its
+    ``capacity`` of the table's rows, one per node of its type; by default :func:`fitting_size` (every batch
+    fits)."""
     from lsm_gnn.embedding import RowLayout
     from lsm_gnn.sizing import working_set_bound
 
     tables = embedding_tables(cfg, dataset)
-    bound = working_set_bound(cfg, dataset) if not all(e.capacity for e in tables.values()) else None
+    bound = working_set_bound(cfg, dataset) if cached and not all(e.capacity for e in tables.values()) else None
     sizes = {}
     for t, e in tables.items():
         # a typed graph's tables are sized (and advice given) per type, whether or not the type sets its own
@@ -157,15 +201,11 @@ def _embedding_sizes(cfg: Config, dataset) -> dict[str, CacheSize]:
             row_bytes = RowLayout(e.dim, e.dtype, e.optimizer).row_bytes
         except ValueError as exc:
             raise ConfigError(f"{key}: {exc}") from None
-        if e.capacity:
-            size = CacheSize.of(e.capacity, f"{key}.capacity", dataset.num_nodes_of(t), row_bytes)
-        else:
-            size = fitting_size(cfg.cache.capacity, f"{key}.capacity", dataset.num_nodes_of(t), row_bytes, bound,
-                                cfg.cache.ways)
-        if not dataset.is_homogeneous:  # one set at least, as each feature group's cache (a small type's share)
-            size = dataclasses.replace(size, bytes=max(size.bytes, min(cfg.cache.ways, dataset.num_nodes_of(t))
-                                                       * row_bytes))
-        sizes[t] = size
+        if cached:
+            sizes[t] = CacheSize.of(e.capacity, f"{key}.capacity", dataset.num_nodes_of(t), row_bytes,
+                                    cfg.cache.ways) if e.capacity else \
+                fitting_size(cfg.cache.capacity, f"{key}.capacity", dataset.num_nodes_of(t), row_bytes, bound,
+                             cfg.cache.ways)
     return sizes
 
 
@@ -173,31 +213,73 @@ def fitting_size(capacity: str, key: str, num_rows: int, row_bytes: int, batch_r
                  ways: int) -> CacheSize:
     """``capacity`` of ``num_rows`` rows, raised to the whole sets that hold ``batch_rows`` (the most rows one
     batch reads; None: no bound, every row), at most every row: a cache no batch overflows, never larger than
-    its table needs."""
-    size = CacheSize.of(capacity, key, num_rows, row_bytes)
+    its table needs (a default, so raising it grows no size the user gave)."""
     if batch_rows is None or batch_rows >= num_rows:
-        return CacheSize.of("100%", key, num_rows, row_bytes)
+        return CacheSize.of("100%", key, num_rows, row_bytes, ways)
     fitting = -(-max(batch_rows, ways) // ways) * ways * row_bytes
-    if fitting <= size.bytes:
-        return size
-    return CacheSize(f"{round_up(100 * fitting / (num_rows * row_bytes)):g}%", key, fitting, False)
+    kind, value = capacity_spec(capacity)
+    if fitting <= capacity_bytes_of(kind, value, num_rows, row_bytes):
+        return CacheSize.of(capacity, key, num_rows, row_bytes, ways)
+    return CacheSize.of(f"{round_up(100 * fitting / (num_rows * row_bytes)):g}%", key, num_rows, row_bytes, ways,
+                        bytes=fitting, every_row=False)
+
+
+def _feature_sizes(cfg: Config, dataset, budget: CacheSize) -> tuple[CacheSize, ...]:
+    """Each feature group's cache: ``budget`` split by the bytes the run's sampled batches gather from each."""
+    from lsm_gnn.tasks import relation_fanouts
+
+    groups = feature_groups(dataset)
+    if not groups:  # build_features refuses it
+        return ()
+    weights = group_weights(dataset, groups, relation_fanouts(cfg, dataset), cfg.sampler.batch_size, cfg.train.seed)
+    return group_sizes(dataset, groups, budget, cfg.cache.ways, weights)
+
+
+def group_weights(dataset, groups: list[list[str]], fanouts=None, batch_size: int = 1024, seed: int = 0
+                  ) -> list[int]:
+    """What splits a cache budget between several feature groups: given ``fanouts``, the bytes batches of
+    ``batch_size`` seeds sampled with them gather from each group (the measured access mix), else (or where they
+    gather nothing) each group's feature bytes."""
+    if len(groups) > 1 and fanouts is not None:
+        from lsm_gnn.sampling.hotness import sampled_type_accesses
+
+        rows = sampled_type_accesses(dataset, fanouts, batch_size, seed=seed)
+        weights = [sum(rows[t] * _row_bytes(dataset.node_type(t)) for t in types) for types in groups]
+        if sum(weights) > 0:
+            return weights
+    return [sum(dataset.num_nodes_of(t) * _row_bytes(dataset.node_type(t)) for t in types) for types in groups]
+
+
+def group_sizes(dataset, groups: list[list[str]], budget: CacheSize, ways: int, weights: list) -> tuple[CacheSize, ...]:
+    """Each feature group's cache: its share of ``budget`` by ``weights``, one set at least however rare its rows
+    are, out of the others' shares, never beyond the budget: a budget too small for one set in each group's cache
+    is refused, naming its key. What :func:`build_features` builds and the planner replays."""
+    rows = [sum(dataset.num_nodes_of(t) for t in types) for types in groups]
+    row_bytes = [_row_bytes(dataset.node_type(types[0])) for types in groups]
+    floors = [one_set_lines(n, ways) * b for n, b in zip(rows, row_bytes)] if len(groups) > 1 else None
+    shares = split_capacity(budget.bytes, weights, floors)
+    if sum(shares) > budget.bytes:
+        each = ", ".join(f"{'+'.join(types)}: {floor:,}" for types, floor in zip(groups, floors))
+        raise CacheUnderOneSet(f"{budget.key}={budget.text} is {budget.bytes:,} bytes, less than one set of "
+                               f"cache.ways={ways} lines in each of its {len(groups)} feature caches (one per row "
+                               f"format; bytes of one set: {each}); "
+                               + set_at_least(budget.text, budget.key, budget.bytes, sum(floors), 1), budget.bytes)
+    every_row = capacity_spec(budget.text) == ("share", 1)
+    return tuple(CacheSize.of(budget.text, budget.key, n, b, ways, bytes=share, every_row=every_row)
+                 for n, b, share in zip(rows, row_bytes, shares))
 
 
 def _row_bytes(features_of) -> int:
     return features_of.feature_dim * features_of.feature_dtype.itemsize
 
 
-def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_size: int = 1,
-                   weights: list[float] | None = None, fanouts=None, batch_size: int = 1024, seed: int = 0,
-                   num_threads: int = 0) -> TypedFeatures:
+def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_size: int = 1, fanouts=None,
+                   batch_size: int = 1024, seed: int = 0, num_threads: int = 0) -> TypedFeatures:
     """The graph's features as ``spec`` says: per row format one storage over its types' files, then the
-    cache over it, then with several ranks sharing the communication layer over the cache. A graph of one
-    node type gets plain features (:attr:`TypedFeatures.plain`).
-
-    With several row formats each cache gets a share of ``spec.size.bytes``: ``weights`` per group, else,
-    given ``fanouts``, the bytes sampled batches of ``batch_size`` seeds gather from each group (the measured
-    access mix), else each group's feature bytes. ``fanouts``, ``batch_size`` and ``seed`` also pre-sample
-    accesses for hotness ownership (only that owner samples them).
+    cache over it (its size ``spec.feature_sizes``' of the group), then with several ranks sharing the
+    communication layer over the cache. A graph of one node type gets plain features
+    (:attr:`TypedFeatures.plain`). ``fanouts``, ``batch_size`` and ``seed`` pre-sample accesses for hotness
+    ownership (only that owner samples them).
     """
     groups = feature_groups(dataset)
     if not groups:
@@ -206,17 +288,17 @@ def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_si
     if spec.source == "device" and not plain:
         raise ConfigError("cache.features=device holds one feature table on the GPU; a heterogeneous dataset needs "
                           "cache.features=cache or memory")
-    if plain:
-        capacities = [spec.size.bytes]
-    else:
-        capacities = group_capacities(spec, dataset, groups, weights, fanouts, batch_size, seed)
+    if spec.source == "cache" and len(spec.feature_sizes) != len(groups):
+        raise ValueError(f"the spec sizes {len(spec.feature_sizes)} feature caches, the dataset has {len(groups)} "
+                         "row formats: resolve() sizes them (or group_sizes())")
     built = []
-    for types, capacity in zip(groups, capacities):
+    for g, types in enumerate(groups):
         storage = _group_storage(spec, dataset, types, device)
         features = storage
         if spec.source == "cache":
-            features = _group_cache(storage, spec, dataset, types, device, capacity, world_size=world_size,
-                                    fanouts=fanouts, batch_size=batch_size, seed=seed, num_threads=num_threads)
+            features = _group_cache(storage, spec, dataset, types, device, spec.feature_sizes[g],
+                                    world_size=world_size, fanouts=fanouts, batch_size=batch_size, seed=seed,
+                                    num_threads=num_threads)
         built.append(FeatureGroup(types, group_offsets(storage, types), features))
     return TypedFeatures(built, plain=plain)
 
@@ -225,22 +307,6 @@ def group_offsets(storage, types: list[str]) -> dict[str, int]:
     """The first id of each of ``types`` in the id space of ``storage``, their group's (one type: its own ids;
     several: a :class:`~lsm_gnn.storage.concat.ConcatStorage` of them)."""
     return {t: storage.offset(t) for t in types} if len(types) > 1 else {types[0]: 0}
-
-
-def group_capacities(spec: FeatureSpec, dataset, groups: list[list[str]], weights=None, fanouts=None,
-                     batch_size: int = 1024, seed: int = 0) -> list[int]:
-    """Each feature group's share of the cache budget, at least one set of lines however rare its rows are
-    (a cache needs one): what :func:`build_features` gives each group's cache (the planner sizes its replayed
-    caches here too, so they are the run's)."""
-    if weights is None and len(groups) > 1 and fanouts is not None and spec.source == "cache":
-        from lsm_gnn.sampling.hotness import sampled_type_accesses
-
-        rows = sampled_type_accesses(dataset, fanouts, batch_size, seed=seed)
-        weights = [sum(rows[t] * _row_bytes(dataset.node_type(t)) for t in types) for types in groups]
-    if weights is None or sum(weights) <= 0:
-        weights = [sum(dataset.num_nodes_of(t) * _row_bytes(dataset.node_type(t)) for t in types) for types in groups]
-    return [max(capacity, spec.ways * _row_bytes(dataset.node_type(types[0])))
-            for types, capacity in zip(groups, split_capacity(spec.size.bytes, weights))]
 
 
 def _group_storage(spec: FeatureSpec, dataset, types: list[str], device: torch.device):
@@ -263,11 +329,11 @@ def _group_storage(spec: FeatureSpec, dataset, types: list[str], device: torch.d
     return ConcatStorage([open_storage(dataset.node_type(t), backend, **where) for t in types], types)
 
 
-def _group_cache(storage, spec: FeatureSpec, dataset, types: list[str], device: torch.device, capacity: int, *,
+def _group_cache(storage, spec: FeatureSpec, dataset, types: list[str], device: torch.device, size: CacheSize, *,
                  world_size: int, fanouts, batch_size: int, seed: int, num_threads: int) -> Features:
-    """The cache over one group's ``storage`` with ``capacity`` bytes and, with several ranks sharing, the
-    communication layer over it."""
-    cache = cache_over(storage, spec, group_scores(spec, dataset, types), device, num_threads, capacity)
+    """The cache of ``size`` over one group's ``storage`` and, with several ranks sharing, the communication
+    layer over it."""
+    cache = cache_over(storage, spec, size, group_scores(spec, dataset, types), device, num_threads)
     if not spec.shared:
         return cache
     return shared_over(cache, spec, world_size, access_counts=lambda: _sampled_counts(
@@ -313,29 +379,26 @@ def shared_over(cache, spec: FeatureSpec, world_size: int, access_counts=None):
 def cached(storage, spec: FeatureSpec, dataset, device: torch.device, *, node_type: str | None = None,
            world_size: int = 1, fanouts=None, batch_size: int = 1024, seed: int = 0, num_threads: int = 0) -> Features:
     """The cache over ``storage`` (rows by the node ids of ``node_type``, default the graph's first: a trainable
-    embedding table), and with several ranks sharing, the communication layer over it. A node type without the
+    embedding table, its size ``spec.size``: :func:`embedding_cache_spec`), and with several ranks sharing, the communication layer over it. A node type without the
     static score (a type without features: converters score the featured ones) is ranked by the window alone."""
     node_type = node_type or dataset.node_types[0]
     if spec.static_score is not None and spec.static_score not in dataset.score_names(node_type):
         spec = dataclasses.replace(spec, static_score=None)
     return _group_cache(storage, spec, dataset, [node_type], device,
-                        spec.size.bytes, world_size=world_size, fanouts=fanouts, batch_size=batch_size, seed=seed,
+                        spec.size, world_size=world_size, fanouts=fanouts, batch_size=batch_size, seed=seed,
                         num_threads=num_threads)
 
 
-def cache_over(storage, spec: FeatureSpec, static_scores, device: torch.device, num_threads: int = 0,
-               capacity_bytes: int | None = None) -> SoftwareCache:
-    """The cache ``spec`` describes in front of ``storage`` (``capacity_bytes`` replaces its size's bytes, for a
-    share of it); the planner builds its simulated caches here too, so they are the run's."""
-    # 100% means every row cached: N lines in hashed sets would leave rows of the fullest sets without a way
-    num_sets = every_row_sets(storage.num_rows, spec.ways) if spec.size.every_row else None
+def cache_over(storage, spec: FeatureSpec, size: CacheSize, static_scores, device: torch.device,
+               num_threads: int = 0) -> SoftwareCache:
+    """The cache ``spec`` describes in front of ``storage``, with ``size``'s sets (a cache :func:`resolve` sized);
+    the planner builds its simulated caches here too, so they are the run's."""
     try:
-        return SoftwareCache(storage, spec.size.bytes if capacity_bytes is None else capacity_bytes,
-                             ways=spec.ways, num_sets=num_sets, policy=spec.policy, static_scores=static_scores,
-                             oversubscribe=spec.oversubscribe, device=device, num_threads=num_threads, pvp=spec.pvp,
-                             pvp_queue_capacity=spec.pvp_queue_capacity, pvp_queue_bytes=spec.pvp_queue_bytes,
-                             pvp_reinstall=spec.pvp_reinstall, read_ahead=spec.read_ahead,
-                             read_ahead_bytes=spec.read_ahead_bytes)
+        return SoftwareCache(storage, ways=spec.ways, num_sets=size.sets, sized_by=size.key, policy=spec.policy,
+                             static_scores=static_scores, oversubscribe=spec.oversubscribe, device=device,
+                             num_threads=num_threads, pvp=spec.pvp, pvp_queue_capacity=spec.pvp_queue_capacity,
+                             pvp_queue_bytes=spec.pvp_queue_bytes, pvp_reinstall=spec.pvp_reinstall,
+                             read_ahead=spec.read_ahead, read_ahead_bytes=spec.read_ahead_bytes)
     except QueueBudgetTooSmall as exc:  # the spec came from config keys: name them, not the Python keyword
         raise ConfigError(f"cache.pvp_queue_bytes={spec.pvp_queue_bytes}: {exc}; or set "
                           "cache.pvp_queue_capacity (lines per queue)") from None
@@ -350,23 +413,29 @@ def feature_groups(dataset) -> list[list[str]]:
     return list(groups.values())
 
 
-def split_capacity(capacity_bytes: int, weights: list[float]) -> list[int]:
-    """The budget in proportion to ``weights`` (e.g. each group's measured share of accessed bytes)."""
+def split_capacity(capacity_bytes: int, weights: list[float], floors: list[int] | None = None) -> list[int]:
+    """The budget in proportion to ``weights`` (e.g. each group's measured share of accessed bytes). With
+    ``floors``, a part whose share is under its floor gets its floor, taken from the others' shares (theirs split
+    again by weight); a budget under the floors' sum gives them all their floors, which the caller refuses."""
     total = float(sum(weights))
     if total <= 0:
         raise ValueError(f"capacity weights must have a positive sum, got {weights}")
-    return [int(capacity_bytes * w / total) for w in weights]
+    fixed: dict[int, int] = {}
+    while True:
+        free = [i for i in range(len(weights)) if i not in fixed]
+        left, weight = capacity_bytes - sum(fixed.values()), float(sum(weights[i] for i in free))
+        shares = {i: int(left * weights[i] / weight) if weight > 0 else 0 for i in free}
+        low = [i for i in free if floors is not None and shares[i] < floors[i]]
+        if not low:
+            return [fixed[i] if i in fixed else shares[i] for i in range(len(weights))]
+        fixed.update((i, floors[i]) for i in low)
 
 
-def embedding_cache_spec(spec: FeatureSpec, dataset, node_type: str, row_bytes: int) -> FeatureSpec:
-    """The spec of the cache over ``node_type``'s node embedding table (rows of ``row_bytes``): the features'
-    settings (policy, victim buffer, window) at the table's own size, refused below one set as the features' are.
-    The run builds its table's cache from it with :func:`cached`, and the planner its replayed one."""
-    from lsm_gnn.sizing import check_one_set
-
-    spec = dataclasses.replace(spec, size=spec.embedding_sizes[node_type])
-    check_one_set(spec, dataset, row_bytes)
-    return spec
+def embedding_cache_spec(spec: FeatureSpec, node_type: str) -> FeatureSpec:
+    """The spec of the cache over ``node_type``'s node embedding table: the features' settings (policy, victim
+    buffer, window) at the table's own size (``spec.embedding_sizes``). The run builds its table's cache from it
+    with :func:`cached`, and the planner its replayed one."""
+    return dataclasses.replace(spec, size=spec.embedding_sizes[node_type])
 
 
 def build_node_embedding(spec: FeatureSpec, cfg: Config, dataset, node_type: str, device: torch.device, *,
@@ -391,11 +460,7 @@ def build_node_embedding(spec: FeatureSpec, cfg: Config, dataset, node_type: str
                        progress=cfg.log.progress)
     source, cache = table, None
     if spec.source == "cache":
-        try:
-            spec = embedding_cache_spec(spec, dataset, node_type, layout.row_bytes)
-        except ConfigError:
-            table.close()
-            raise
+        spec = embedding_cache_spec(spec, node_type)
         source = cached(table, spec, dataset, device, node_type=node_type, world_size=world_size,
                         fanouts=cfg.sampler.fanouts, batch_size=cfg.sampler.batch_size, seed=cfg.train.seed,
                         num_threads=cfg.sampler.num_threads)

@@ -156,22 +156,11 @@ def smaller_batch(batch_size: int, lines: int, distinct: int, headroom: float = 
     return max(1, int(size) // step * step)
 
 
-def check_one_set(spec, dataset, row_bytes: int | None = None) -> None:
-    """Raises a ConfigError naming the size's config key when ``spec`` gives a one-type dataset's cache fewer
-    lines than one set (a heterogeneous dataset's caches get one set at least). ``row_bytes``: the cache's
-    rows, when they are not the dataset's features (the node embeddings')."""
-    size = spec.size
-    if spec.source != "cache" or size.every_row or not dataset.is_homogeneous:
-        return
-    capacity, key = size.text, size.key
-    row_bytes = row_bytes or dataset.feature_dim * dataset.feature_dtype.itemsize
-    lines = size.bytes // row_bytes
-    if lines < min(spec.ways, dataset.num_nodes):
-        # A capacity of 0 cannot be scaled up: one set's bytes then.
-        need = suggested_capacity(capacity, lines, spec.ways, spec.ways, headroom=1) if lines else \
-            suggest_bytes(spec.ways * row_bytes)
-        raise ConfigError(f"{key}={capacity} is {lines} lines of {row_bytes} bytes, fewer than one set of "
-                          f"cache.ways={spec.ways}; set {key}={need} or more")
+def set_at_least(capacity: str, key: str, lines: int, need: int, row_bytes: int) -> str:
+    """``set KEY=VALUE or more``: the value of config key ``key`` (now ``capacity``, ``lines`` lines of
+    ``row_bytes``) whose cache has ``need`` lines (one set), in its unit; bytes where 0 cannot be scaled up."""
+    value = suggested_capacity(capacity, lines, need, 1, headroom=1) if lines else suggest_bytes(need * row_bytes)
+    return f"set {key}={value} or more"
 
 
 def _sampled(count: int) -> str:

@@ -109,7 +109,7 @@ class Trainer:
         #: (split, metric, mode) that picks best.pt and stops early, or None
         self.watch = watched_metric(cfg, self.task)
         #: the resolved feature path (capacity in bytes, policy, PVP, sharing), checked before any work
-        self.feature_spec = resolve(cfg, self.dataset, self.world_size)
+        self.feature_spec = resolve(cfg, self.dataset, self.world_size, features=features is None)
         #: the graph's features by node type (plain for a graph of one)
         self.features = TypedFeatures.of(features) if features is not None else startup.build_run_features(
             cfg, self.feature_spec, self.dataset, self.device, self.task, self.world_size)
@@ -205,7 +205,7 @@ class Trainer:
         return not grads or bool(torch.isfinite(torch.stack([g.detach().float().sum() for g in grads])).all())
 
     def _sized(self, where: str):
-        return startup.sized(self.cfg, where, checked=bool(self.cache_fits))
+        return startup.sized(self.cfg, self.feature_spec, where, checked=bool(self.cache_fits))
 
     def _step(self, batch) -> float:
         self.resources.check_batch(batch)

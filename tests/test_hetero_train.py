@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("torch_geometric")
 
-from lsm_gnn.build import CacheSize, FeatureSpec, build_features  # noqa: E402
+from lsm_gnn.build import CacheSize, FeatureSpec, build_features, feature_groups, group_sizes, group_weights  # noqa: E402
 from lsm_gnn.cache import PolicyConfig  # noqa: E402
 from lsm_gnn.config import load_config  # noqa: E402
 from lsm_gnn.loader import NodeLoader  # noqa: E402
@@ -22,8 +22,9 @@ def dataset(tmp_path_factory):
 
 def cached_features(dataset):
     """The dataset's features through one hybrid cache with PVP, a small one (rows are evicted)."""
-    spec = FeatureSpec(source="cache", backend="pread", size=CacheSize("44800", "cache.capacity", 700 * 64, False),
-                       ways=4, policy=PolicyConfig("hybrid", window=3, period=1), static_score="degree",
+    groups, budget = feature_groups(dataset), CacheSize("44800", "cache.capacity", 700 * 64, None)
+    spec = FeatureSpec(source="cache", backend="pread", size=budget,
+                       feature_sizes=group_sizes(dataset, groups, budget, 4, group_weights(dataset, groups)), ways=4, policy=PolicyConfig("hybrid", window=3, period=1), static_score="degree",
                        oversubscribe=False, pvp=True, pvp_queue_capacity=8, pvp_reinstall=True, shared=False,
                        owner="modulo")
     return build_features(spec, dataset, torch.device("cpu"))
@@ -88,7 +89,7 @@ def test_fanouts_per_relation_from_the_config(dataset, tmp_path):
     assert task.fanouts["paper__cites__paper"] == [0, 0] and task.fanouts["author__writes__paper"] == [-1, 1]
     assert task.fanouts["paper__has_topic__topic"] == [3, 2]
     features = build_features(FeatureSpec(
-        source="memory", backend="memory", size=CacheSize("0", "cache.capacity", 0, False), ways=4,
+        source="memory", backend="memory", size=CacheSize("0", "cache.capacity", 0, None), ways=4,
         policy=PolicyConfig("hybrid"), static_score=None, oversubscribe=False, pvp=False, pvp_queue_capacity=1,
         pvp_reinstall=False, shared=False, owner="modulo"), dataset, torch.device("cpu"))
     batch = next(iter(task.train_loader(features, 0, 1)))

@@ -85,7 +85,8 @@ def test_a_training_run_on_the_cpu_is_refused_it(datasets):
     from lsm_gnn.config import ConfigError, load_config
 
     dataset, _ = datasets["float32"]
-    spec = resolve(load_config(None, [f"dataset={dataset.path}", "cache.backend=pinned"]), dataset)
+    spec = resolve(load_config(None, [f"dataset={dataset.path}", "cache.backend=pinned", "cache.capacity=50%"]),
+                   dataset)
     with pytest.raises(ConfigError, match="cache.backend=pinned .* training runs on cpu.*cache.backend=memory"):
         build_features(spec, dataset, torch.device("cpu"))
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from lsm_gnn import open_storage
-from lsm_gnn.build import CacheSize, FeatureSpec, build_features, feature_groups, resolve, split_capacity
+from lsm_gnn.build import (CacheSize, FeatureSpec, build_features, feature_groups, group_sizes, group_weights, resolve,
+                           split_capacity)
 from lsm_gnn.cache import PolicyConfig, WindowBuffer
 from lsm_gnn.config import load_config
 from lsm_gnn.data import HeteroDatasetWriter
@@ -30,8 +31,12 @@ def dataset(tmp_path_factory):
         return w.commit()
 
 
-def spec(source="cache", capacity=12_000, policy="hybrid", pvp=False):
-    return FeatureSpec(source=source, backend="pread", size=CacheSize(str(capacity), "cache.capacity", capacity, False),
+def spec(dataset, source="cache", capacity=12_000, policy="hybrid", pvp=False, fanouts=None):
+    """Each feature group's cache a share of ``capacity`` bytes of 4 ways: by the groups' bytes, or by the bytes
+    batches sampled with ``fanouts`` (of 50 seeds) gather from them."""
+    groups, budget = feature_groups(dataset), CacheSize(str(capacity), "cache.capacity", capacity, None)
+    sizes = group_sizes(dataset, groups, budget, 4, group_weights(dataset, groups, fanouts, batch_size=50))
+    return FeatureSpec(source=source, backend="pread", size=budget, feature_sizes=sizes,
                        ways=4, policy=PolicyConfig(policy, window=4),
                        static_score="degree" if source == "cache" else None, oversubscribe=False, pvp=pvp,
                        pvp_queue_capacity=16, pvp_reinstall=pvp, shared=False,
@@ -60,7 +65,7 @@ def test_types_of_one_row_format_share_a_group(dataset):
                                                ("cache", "hybrid", False), ("cache", "lru", False),
                                                ("cache", "hybrid", True)])
 def test_every_type_gathers_the_files_rows(dataset, source, policy, pvp):
-    features = build_features(spec(source, policy=policy, pvp=pvp), dataset, torch.device("cpu"))
+    features = build_features(spec(dataset, source, policy=policy, pvp=pvp), dataset, torch.device("cpu"))
     rng = np.random.default_rng(2)
     trace = batches(rng, 24)
     windows = [WindowBuffer(5, group.features.num_rows) for group in features.groups]
@@ -101,6 +106,9 @@ def test_capacity_in_percent_is_a_share_of_all_feature_bytes(dataset):
 
 def test_split_capacity():
     assert split_capacity(1000, [3, 1]) == [750, 250]
+    # a share under its floor gets the floor out of the others' (split again by weight), never beyond the budget
+    assert split_capacity(1000, [3, 1, 0], floors=[0, 0, 100]) == [675, 225, 100]
+    assert split_capacity(1000, [3, 1], floors=[600, 600]) == [600, 600]  # the caller refuses that budget
     with pytest.raises(ValueError, match="positive sum"):
         split_capacity(1000, [0, 0])
 
@@ -135,22 +143,25 @@ def test_groups_share_the_budget_by_measured_accesses(dataset):
 
     rows = sampled_type_accesses(dataset, [3, 2], 50, num_batches=4)
     assert rows["paper"] > 0 and rows["author"] > 0 and rows["fos"] == 0  # no relation reaches fos
-    features = build_features(spec(capacity=8_000), dataset, torch.device("cpu"), fanouts=[3, 2],
-                                    batch_size=50)
+    sampled = spec(dataset, capacity=8_000, fanouts=[3, 2])
+    assert [s.bytes for s in sampled.feature_sizes] == [8_000 - 4 * 6, 4 * 6]  # fos: one set, out of the budget
+    features = build_features(sampled, dataset, torch.device("cpu"))
     big, small = (g.features for g in features.groups)
-    assert big.capacity_bytes <= 8_000 and small.num_lines == small.ways  # fos: just one set
-    by_bytes = build_features(spec(capacity=8_000), dataset, torch.device("cpu"))
+    assert big.capacity_bytes <= 8_000 - 24 and small.num_lines == small.ways  # fos: just one set
+    by_bytes = build_features(spec(dataset, capacity=8_000), dataset, torch.device("cpu"))
     assert by_bytes.groups[1].features.num_lines > small.num_lines  # by file bytes fos would get more
 
 
 def test_resolve_sizes_every_cache_once_with_its_key(tmp_path):
+    from lsm_gnn.cache import every_row_sets
     from lsm_gnn.embedding import RowLayout
     from lsm_gnn.testing import write_tiny_dataset
 
     ds, _ = write_tiny_dataset(tmp_path / "one", num_nodes=200, dim=8)
     cfg = load_config(None, [f"dataset={ds.path}", "cache.capacity=25%", "cache.static_score=none"])
     spec = resolve(cfg, ds)
-    assert spec.size == CacheSize("25%", "cache.capacity", 50 * 8 * 4, False) and spec.embedding_sizes == {}
+    assert spec.size == CacheSize("25%", "cache.capacity", 50 * 8 * 4, 1) and spec.embedding_sizes == {}
+    assert spec.feature_sizes == (spec.size,)  # a one-type graph: the budget is its one cache's
     # Node embeddings: their own cache, sized in their own rows, named by their own key; the default is the
     # features' share where every batch fits it (8 seeds and 2 neighbours each: 24 rows at most, one set of 32),
     # else raised to the whole sets that hold the most rows a batch can read (training's or evaluation's), at most
@@ -160,16 +171,16 @@ def test_resolve_sizes_every_cache_once_with_its_key(tmp_path):
                  "model.node_embedding.optimizer=adagrad", f"checkpoint.dir={tmp_path}"]
     node = ds.node_types[0]
     small = ["sampler.fanouts=[2]", "sampler.batch_size=8"]
-    for batches, (text, lines, every_row) in [(small, ("25%", 50, False)),
-                                              ([*small, "train.eval_batch_size=24"], ("48%", 96, False)),  # 72 rows
-                                              ([], ("100%", 200, True))]:
-        size = CacheSize(text, "model.node_embedding.capacity", lines * row_bytes, every_row)
+    for batches, (text, lines, sets) in [(small, ("25%", 50, 1)),
+                                         ([*small, "train.eval_batch_size=24"], ("48%", 96, 3)),  # 72 rows
+                                         ([], ("100%", 200, every_row_sets(200, 32)))]:
+        size = CacheSize(text, "model.node_embedding.capacity", lines * row_bytes, sets)
         assert resolve(load_config(None, [*embedding, *batches]), ds).embedding_sizes == {node: size}
-    cfg = load_config(None, [f"dataset={ds.path}", "cache.static_score=none", "model.node_embedding.dim=16",
+    cfg = load_config(None, [f"dataset={ds.path}", "cache.capacity=25%", "cache.static_score=none", "model.node_embedding.dim=16",
                              "model.node_embedding.optimizer=adagrad", "model.node_embedding.capacity=100%",
                              f"checkpoint.dir={tmp_path}"])
     assert resolve(cfg, ds).embedding_sizes == {node: CacheSize("100%", "model.node_embedding.capacity",
-                                                                200 * row_bytes, True)}
+                                                                200 * row_bytes, every_row_sets(200, 32))}
 
 
 def test_a_graph_of_one_type_has_plain_features(tmp_path):
@@ -191,7 +202,7 @@ def test_a_graph_of_one_type_has_plain_features(tmp_path):
 
 
 def test_plain_ids_are_refused_on_a_graph_of_several_types(dataset):
-    features = build_features(spec(), dataset, torch.device("cpu"))
+    features = build_features(spec(dataset), dataset, torch.device("cpu"))
     assert not features.plain
     with pytest.raises(ValueError, match="gathered by .node type: ids."):
         features.gather(torch.tensor([1, 2]))
@@ -205,4 +216,56 @@ def test_a_typed_graph_refuses_plain_features_with_a_clear_error(dataset):
     with pytest.raises(TypeError, match="several node types; gather from its typed features"):
         NodeLoader(dataset, open_storage(dataset.node_type("paper"), "pread"), [2], 10)
     with pytest.raises(ValueError, match="no node type 'venue'"):
-        NodeLoader(dataset, build_features(spec(), dataset, torch.device("cpu")), [2], 10, target="venue")
+        NodeLoader(dataset, build_features(spec(dataset), dataset, torch.device("cpu")), [2], 10, target="venue")
+
+
+@pytest.fixture(scope="module")
+def one_type(tmp_path_factory):
+    from lsm_gnn.testing import write_tiny_dataset
+
+    return write_tiny_dataset(tmp_path_factory.mktemp("one") / "ds", num_nodes=200, dim=8)[0]  # rows of 32 bytes
+
+
+@pytest.mark.parametrize("graph,overrides,refusal", [
+    ("one_type", ["cache.capacity=0.5%"],
+     r"cache\.capacity=0\.5% is 1 lines of 32 bytes, fewer than one set of cache\.ways=32; set cache\.capacity=17%"),
+    ("one_type", ["cache.capacity=25%", "model.node_embedding.dim=16", "model.node_embedding.capacity=1K"],
+     r"model\.node_embedding\.capacity=1K is \d+ lines of \d+ bytes, fewer than one set of cache\.ways=32"),
+    # the budget its two row formats' caches share cannot give both one set (4 lines of 32 bytes, 4 of 6): refused,
+    # not raised (each group's floor comes out of the others' shares)
+    ("dataset", ["cache.capacity=100", "cache.ways=4"],
+     r"cache\.capacity=100 is 100 bytes, less than one set of cache\.ways=4 lines in each of its 2 feature caches"),
+    ("dataset", ["cache.capacity=50%", "cache.ways=4", "model.node_embedding.dim=8",
+                 "model.node_embedding.institute.capacity=10%"],
+     r"model\.node_embedding\.institute\.capacity=10% is 2 lines of \d+ bytes, fewer than one set of cache\.ways=4"),
+])
+def test_a_cache_under_one_set_is_refused_naming_its_key_on_every_graph(request, tmp_path, graph, overrides, refusal):
+    """One floor rule for every cache of every graph: a size the user gave is never raised to one set; resolve()
+    refuses it naming the cache's key and a value that makes one, and that value resolves."""
+    import re
+
+    from lsm_gnn.config import ConfigError
+
+    ds = request.getfixturevalue(graph)
+    base = [f"dataset={ds.path}", "cache.static_score=none", f"checkpoint.dir={tmp_path}", *overrides]
+    with pytest.raises(ConfigError, match=refusal) as info:
+        resolve(load_config(None, base), ds)
+    key, value = re.search(r"set (\S+)=(\S+) or more", str(info.value)).groups()
+    spec = resolve(load_config(None, [*base, f"{key}={value}"]), ds)
+    sizes = [s for s in (*spec.feature_sizes, *spec.embedding_sizes.values()) if s.key == key]
+    assert sizes and all(s.sets >= 1 and s.text == value for s in sizes)
+
+
+@pytest.mark.parametrize("key,text", [("cache.capacity", "25%"), ("model.node_embedding.capacity", "40%")])
+def test_a_batch_refused_mid_run_names_the_key_of_the_cache_that_overflowed(one_type, tmp_path, key, text):
+    from lsm_gnn.cache import CacheTooSmall
+    from lsm_gnn.config import ConfigError
+    from lsm_gnn.training.startup import sized
+
+    cfg = load_config(None, [f"dataset={one_type.path}", "cache.capacity=25%", "cache.static_score=none",
+                             "model.node_embedding.dim=16", "model.node_embedding.capacity=40%",
+                             f"checkpoint.dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"^at iteration 3, a batch has 70 distinct nodes") as info:
+        with sized(cfg, resolve(cfg, one_type), "at iteration 3", checked=True):
+            raise CacheTooSmall(70, 64, 32, key)
+    assert f"the cache holds 64 lines ({key}={text}); set {key}=" in str(info.value)

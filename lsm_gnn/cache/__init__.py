@@ -2,7 +2,7 @@
 and the victim-buffer prefetcher (PVP)."""
 from lsm_gnn.cache.belady import (belady_min, belady_reference, belady_set_associative,
                                    belady_set_associative_reference)
-from lsm_gnn.cache.geometry import CacheTooSmall, cache_geometry, every_row_sets
+from lsm_gnn.cache.geometry import CacheTooSmall, cache_geometry, cache_sets, every_row_sets
 from lsm_gnn.cache.policies import POLICIES, PolicyConfig, quantize_scores
 from lsm_gnn.cache.pvp import DEFAULT_QUEUE_BYTES, PVPStats, VictimBuffer
 from lsm_gnn.cache.reference import ReferenceCache
@@ -12,5 +12,5 @@ from lsm_gnn.cache.window import WindowBuffer, replay
 
 __all__ = ["DEFAULT_QUEUE_BYTES", "POLICIES", "CacheStats", "CacheTooSmall", "PVPStats", "PolicyConfig",
            "ReferenceCache", "SoftwareCache", "VictimBuffer", "WindowBuffer", "belady_min", "belady_reference",
-           "belady_set_associative", "belady_set_associative_reference", "cache_geometry", "every_row_sets",
+           "belady_set_associative", "belady_set_associative_reference", "cache_geometry", "cache_sets", "every_row_sets",
            "quantize_scores", "replay"]

@@ -14,12 +14,13 @@ HEADROOM = 1.25
 class CacheTooSmall(ValueError):
     """A batch has more distinct ids than the cache has lines (and the cache was not built to oversubscribe).
 
-    ``distinct`` and ``lines`` are the two numbers; ``row_bytes`` sizes a fix. The trainer catches it to
-    name its config keys instead of this Python API's keywords.
+    ``distinct`` and ``lines`` are the two numbers; ``row_bytes`` sizes a fix; ``key`` is the config key of the
+    cache's size (``cache.capacity``, a node embedding table's ``...capacity``), None for a cache built by hand.
+    The trainer catches it to name that key instead of this Python API's keywords.
     """
 
-    def __init__(self, distinct: int, lines: int, row_bytes: int):
-        self.distinct, self.lines, self.row_bytes = int(distinct), int(lines), int(row_bytes)
+    def __init__(self, distinct: int, lines: int, row_bytes: int, key: str | None = None):
+        self.distinct, self.lines, self.row_bytes, self.key = int(distinct), int(lines), int(row_bytes), key
         super().__init__(
             f"this batch has {self.distinct} distinct ids but the cache holds {self.lines} lines "
             f"({self.lines * self.row_bytes} bytes); batches vary, so give it room: capacity="
@@ -28,24 +29,41 @@ class CacheTooSmall(ValueError):
 
 
 def cache_geometry(capacity, row_bytes: int, ways: int, num_rows: int | None = None) -> tuple[int, int]:
-    """(num_sets, ways) for a capacity in bytes (or "4G"); lines hold one row each.
-
-    With ``num_rows`` (the rows the storage has), a capacity of more lines
-    than that is cut to the fewest sets in which every row has a way of its
-    own (sets are chosen by hash, so a little more than ``num_rows`` lines;
-    never more than asked): a cache larger than its file then holds all of it
-    without allocating lines that could never be used.
-    """
+    """(num_sets, ways) for a capacity in bytes (or "4G"); lines hold one row each (:func:`cache_sets`).
+    Raises ValueError below one set."""
     capacity = parse_bytes(capacity)
     if ways < 1:
         raise ValueError(f"ways must be >= 1, got {ways}")
-    lines = capacity // row_bytes
+    num_sets = cache_sets(capacity, row_bytes, ways, num_rows)
+    if num_sets < 1:
+        raise ValueError(f"a cache of {capacity} bytes holds {capacity // row_bytes} rows of {row_bytes} bytes, fewer "
+                         f"than one set of {ways} ways; give it at least {ways * row_bytes} bytes")
+    return num_sets, ways
+
+
+def cache_sets(capacity_bytes: int, row_bytes: int, ways: int, num_rows: int | None = None,
+               every_row: bool = False) -> int:
+    """The sets of ``ways`` lines a cache of ``capacity_bytes`` over ``num_rows`` rows of ``row_bytes`` gets: the one
+    rule every cache is sized by. 0 below :func:`one_set_lines` (the floor): the caller refuses it.
+
+    ``every_row`` (a cache asked for every row, ``100%``) gets :func:`every_row_sets`. A capacity of as many lines
+    as rows or more is cut to the fewest sets in which every row has a way of its own (sets are chosen by hash, so
+    a little more than ``num_rows`` lines; never more than asked): a cache larger than its file then holds all of
+    it without allocating lines that could never be used.
+    """
+    if every_row:
+        return every_row_sets(num_rows, ways)
+    lines = capacity_bytes // row_bytes
+    if lines < one_set_lines(num_rows, ways):
+        return 0
     if num_rows is not None and lines >= num_rows:
-        return _sets_holding_every_row(num_rows, ways, max_sets=max(1, lines // ways)), ways
-    if lines < ways:
-        raise ValueError(f"a cache of {capacity} bytes holds {lines} rows of {row_bytes} bytes, fewer than one set "
-                         f"of {ways} ways; give it at least {ways * row_bytes} bytes")
-    return lines // ways, ways
+        return _sets_holding_every_row(num_rows, ways, max_sets=max(1, lines // ways))
+    return lines // ways
+
+
+def one_set_lines(num_rows: int | None, ways: int) -> int:
+    """The fewest lines a cache has: one set of ``ways``, or every row of a file of fewer rows."""
+    return ways if num_rows is None else min(ways, num_rows)
 
 
 #: a cache of the whole file gets at most this many times the file's lines (with few ways, hashed sets need more)

@@ -98,7 +98,8 @@ class SoftwareCache(StorageShape):
     Concurrent lookups are serialized batch by batch; each batch runs in parallel.
 
     A batch with more distinct ids than the cache has lines raises
-    :class:`CacheTooSmall` (a ValueError), since such a cache thrashes; ``oversubscribe=True`` allows it
+    :class:`CacheTooSmall` (a ValueError, naming ``sized_by``: the config key of the cache's size, if
+    any), since such a cache thrashes; ``oversubscribe=True`` allows it
     (lines of the current batch are then evicted last), for studies that
     scale caches below one batch.
 
@@ -148,8 +149,9 @@ class SoftwareCache(StorageShape):
                  device: str | torch.device = "cpu", num_threads: int = 0, pvp: bool = False,
                  pvp_queue_capacity: int | None = None, pvp_queue_bytes=None, pvp_reinstall: bool | None = None,
                  read_ahead: int | None = None, read_ahead_bytes=READ_AHEAD_BYTES, hits_first: bool | None = None,
-                 graphs: bool = False):
+                 graphs: bool = False, sized_by: str | None = None):
         self.storage = storage
+        self.sized_by = sized_by  # the config key of its size, which its CacheTooSmall names
         if policy is None:  # the best measured default (docs/benchmarks/pvp.md, PVP section)
             policy = policy_for(pvp)
         if pvp_reinstall is None:
@@ -398,7 +400,7 @@ class SoftwareCache(StorageShape):
             distinct = plan.cache_ids.numel() if plan.num_distinct is None else \
                 plan.distinct_at_most if plan.distinct_at_most <= self.num_lines else int(plan.num_distinct)
             if distinct > self.num_lines:
-                raise CacheTooSmall(distinct, self.num_lines, self.storage.row_bytes)
+                raise CacheTooSmall(distinct, self.num_lines, self.storage.row_bytes, self.sized_by)
         if plan.scan_due:
             self._scan(plan.window)
         p = self.policy

@@ -15,7 +15,7 @@ the model's ``embedding`` stage, and the calibrated optimizer step its ``update`
 
 On a heterogeneous graph the run has one cache per feature group (node types
 of one row format, :func:`lsm_gnn.build.build_features`), each with its share
-of the budget (:func:`lsm_gnn.build.group_capacities`): the trace holds each
+of the budget (:func:`lsm_gnn.build.resolve` sizes it as for the run): the trace holds each
 group's ids as its window does, each group's cache is replayed on its own,
 the groups' hits, bytes and reads are summed, and each node type's feature
 file is calibrated on its own (the loader reads them one after another).
@@ -149,7 +149,6 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
               tolerance: float = 0.05, log=_log_to_stderr) -> dict:
     """The plan of ``cfg``'s run over every (policy, PVP, size); see the module docstring. ``iterations``: how many
     of the run's iterations to model (None: all of them, or whole epochs up to :data:`MODELLED_ITERATIONS`)."""
-    from lsm_gnn.build import resolve
     from lsm_gnn.data import open_dataset
     from lsm_gnn.storage import default_backend
 
@@ -157,11 +156,11 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
     dataset = open_dataset(cfg.dataset, check="fast")
     _check_plannable(cfg, dataset)
     grid = grid_configs(cfg, sizes, policies, pvp)
-    specs = [resolve(c, dataset) for c in grid]  # capacity and policy errors before any work
+    specs = [_grid_spec(c, dataset) for c in grid]  # capacity and policy errors before any work
     backend = default_backend() if cfg.cache.backend == "auto" else cfg.cache.backend
     store = calibrate.CalibrationStore(calibration_file)  # refuses a file that is no calibration before the trace
     typed = None if dataset.is_homogeneous else trace_features(dataset)
-    task, trace, lengths = _record(cfg, dataset, iterations, log, typed)
+    trace, lengths = _record(cfg, dataset, iterations, log, typed)
     given, iterations = iterations is not None, lengths["modelled"]
     cal = _calibrations(cfg, dataset, backend, store, recalibrate, train_steps, storage_seconds, log,
                         dataset.features if typed is None else _busiest_layout(dataset, typed, trace))
@@ -169,7 +168,7 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
     if typed is None:
         rows = _plan_rows(grid, specs, dataset, trace, iterations, cal, cores, fill_sample_ms, log)
     else:
-        rows = _typed_plan_rows(grid, specs, dataset, typed, task, trace, iterations, cal, cores, fill_sample_ms,
+        rows = _typed_plan_rows(grid, specs, dataset, typed, trace, iterations, cal, cores, fill_sample_ms,
                                 log)
     best = recommend([r for r in rows if "error" not in r], tolerance)
     return {"dataset": _dataset_summary(dataset, typed),
@@ -252,7 +251,7 @@ def modelled_length(run: int, epoch_length: int, most: int = MODELLED_ITERATIONS
 
 
 def _record(cfg: Config, dataset, iterations: int | None, log, features=None):
-    """The run's task, the trace of its first ``iterations`` batches (None: :func:`modelled_length` of the run's)
+    """The trace of the run's first ``iterations`` batches (None: :func:`modelled_length` of the run's)
     and its window's, from its own loader (``features``: a heterogeneous graph's null feature groups,
     :func:`trace_features`), and the lengths: ``run``, ``modelled``, and ``memory`` (the trace's budget) where
     that cut the trace short."""
@@ -268,15 +267,14 @@ def _record(cfg: Config, dataset, iterations: int | None, log, features=None):
         return lengths["modelled"] + window
 
     t0 = time.perf_counter()
-    task = make_task(cfg, dataset)
     budget = available_memory()
-    trace = record_trace(task, dataset, modelled, features, None if budget is None else budget // TRACE_SHARE)
+    trace = record_trace(make_task(cfg, dataset), dataset, modelled, features, None if budget is None else budget // TRACE_SHARE)
     log(f"plan: {len(trace.batches)} batches, {trace.nodes_per_batch:,.0f} input nodes each "
         f"({time.perf_counter() - t0:.1f} s)")
     if len(trace.batches) < lengths["modelled"] + window:  # the memory's share for the trace is full
         lengths["modelled"] = max(len(trace.batches) - window, 1)
         lengths["memory"] = budget // TRACE_SHARE
-    return task, trace, lengths
+    return trace, lengths
 
 
 def modelled_text(run: dict) -> str:
@@ -369,11 +367,15 @@ def _plan_rows(grid: list[Config], specs: list, dataset, trace, iterations: int,
     storage = TraceStorage.like(dataset)
     rows = []
     for c, spec in zip(grid, specs):
+        if isinstance(spec, ValueError):  # a cache under one set: the run would refuse it the same way
+            rows.append(_error_row(c, None, spec, log))
+            continue
+
         def make_cache(s, spec=spec):
             scores = None if spec.static_score is None else dataset.score(spec.static_score)
             # The replay counts every read at its lookup: nothing read ahead (the model overlaps the reads).
-            return cache_over(s, dataclasses.replace(spec, read_ahead=0), scores, torch.device("cpu"),
-                              c.sampler.num_threads)
+            return cache_over(s, dataclasses.replace(spec, read_ahead=0), spec.feature_sizes[0], scores,
+                              torch.device("cpu"), c.sampler.num_threads)
 
         try:
             sim = on_loader_thread(simulate_cache, trace, iterations, storage, geometry, make_cache, c.cache.window) \
@@ -436,7 +438,7 @@ def _table_rows(c: Config, spec, dataset, traces: dict, iterations: int, epoch_l
         size, num_rows = spec.embedding_sizes[t], dataset.num_nodes_of(t)
         try:
             # As the features' replay: every read at its lookup, nothing read ahead.
-            table_spec = dataclasses.replace(embedding_cache_spec(spec, dataset, t, row_bytes), read_ahead=0)
+            table_spec = dataclasses.replace(embedding_cache_spec(spec, t), read_ahead=0)
 
             def make_cache(table, table_spec=table_spec, t=t):
                 return cached(table, table_spec, dataset, torch.device("cpu"), node_type=t,
@@ -444,7 +446,7 @@ def _table_rows(c: Config, spec, dataset, traces: dict, iterations: int, epoch_l
 
             sim = on_loader_thread(simulate_table, traces[t], iterations, TraceTable(num_rows, row_bytes),
                                    table_geometry(num_rows, row_bytes), make_cache, c.cache.window, checkpoints)
-        except ValueError as exc:  # a table's cache below one set, or smaller than a batch: the run stops so
+        except ValueError as exc:  # a table's cache smaller than a batch: the run stops so
             return {}, _error_row(c, spec, exc, log, f"the node embedding cache of {t}: ", size)
         sims[t] = {"capacity": size.text, "capacity_bytes": sim["capacity_bytes"], "lines": sim["lines"],
                    "row_bytes": row_bytes, "rows": sim["rows"], "hit_ratio": sim["hit_ratio"],
@@ -486,14 +488,13 @@ def _row(c: Config, spec, sim: dict, num_rows: int, cal: dict, cores: int, itera
     return row
 
 
-def _typed_plan_rows(grid: list[Config], specs: list, dataset, typed, task, trace, iterations: int, cal: dict,
+def _typed_plan_rows(grid: list[Config], specs: list, dataset, typed, trace, iterations: int, cal: dict,
                      cores: int, fill_sample_ms: float, log) -> list[dict]:
     """:func:`_plan_rows` on a heterogeneous graph: per grid point each feature group's cache, built and sized as
-    the run builds it (:func:`lsm_gnn.build.group_capacities`, its share of the budget), replays the group's
+    the run builds it (its size resolved with the run's: ``spec.feature_sizes``), replays the group's
     ids; the groups' counts are summed, and each node type's kept beside them (``hit_ratio_by_type``, as the
     trainer reports it). Each node type's node embedding table replays its type's ids."""
-    from lsm_gnn.build import cache_over, group_capacities, group_scores
-    from lsm_gnn.training.startup import feature_sampling
+    from lsm_gnn.build import cache_over, group_scores
 
     groups = [group.types for group in typed.groups]
     traces = [trace.of_group(typed, g) for g in range(len(groups))]
@@ -504,13 +505,16 @@ def _typed_plan_rows(grid: list[Config], specs: list, dataset, typed, task, trac
     table_traces = {t: trace.of_type(t) for t in dataset.node_types}  # each table's ids, its window's
     rows = []
     for c, spec in zip(grid, specs):
-        capacities = group_capacities(spec, dataset, groups, **feature_sampling(c, task))
+        if isinstance(spec, ValueError):  # a cache under one set: the run would refuse it the same way
+            rows.append(_error_row(c, None, spec, log))
+            continue
         sims = []
-        for types, group_trace, storage, geometry, capacity in zip(groups, traces, storages, geometries, capacities):
-            def make_cache(s, types=types, capacity=capacity):
+        for types, group_trace, storage, geometry, size in zip(groups, traces, storages, geometries,
+                                                               spec.feature_sizes):
+            def make_cache(s, types=types, size=size):
                 # The replay counts every read at its lookup: nothing read ahead (the model overlaps the reads).
-                return cache_over(s, dataclasses.replace(spec, read_ahead=0), group_scores(spec, dataset, types),
-                                  torch.device("cpu"), c.sampler.num_threads, capacity)
+                return cache_over(s, dataclasses.replace(spec, read_ahead=0), size, group_scores(spec, dataset, types),
+                                  torch.device("cpu"), c.sampler.num_threads)
 
             try:
                 sims.append(on_loader_thread(simulate_cache, group_trace, iterations, storage, geometry, make_cache,
@@ -557,22 +561,35 @@ def _summed(sims: list[dict], groups: list[list[str]], iterations: int) -> dict:
             "by_part": by_type}
 
 
+def _grid_spec(c: Config, dataset):
+    """``c``'s resolved spec, or where a size gives one of its caches less than one set, that refusal (the grid
+    point's error row: the others still plan)."""
+    from lsm_gnn.build import CacheUnderOneSet, resolve
+
+    try:
+        return resolve(c, dataset)
+    except CacheUnderOneSet as exc:
+        return exc
+
+
 def _error_row(c: Config, spec, exc: ValueError, log, where: str = "", size=None) -> dict:
     """The row of a grid point whose cache cannot run, saying why (a cache too small in config keys);
     ``where``: which of a heterogeneous run's caches, or a node embedding table's (``size``: that cache's,
-    default the features')."""
+    default the features'); ``spec`` None: ``c``'s refused by :func:`_grid_spec` (``exc.bytes``: its size)."""
     from lsm_gnn.cache import CacheTooSmall
+    from lsm_gnn.config import policy_config
     from lsm_gnn.sizing import config_fix
 
     error = str(exc)
-    size = size or spec.size
     if isinstance(exc, CacheTooSmall):  # in config keys, as the run's own message
+        size = size or spec.size
         error = (f"a batch has {exc.distinct:,} distinct nodes, the cache {exc.lines:,} lines; "
                  + config_fix(size.text, exc.lines, exc.distinct, c.cache.ways, size.key))
     error = where + error
-    log(f"plan: {spec.policy.name}{'+pvp' if spec.pvp else ''} {c.cache.capacity}: cannot run ({error})")
-    return {"policy": spec.policy.name, "pvp": spec.pvp, "capacity": c.cache.capacity,
-            "capacity_bytes": spec.size.bytes, "error": error}
+    policy, pvp = (policy_config(c.cache), c.cache.pvp) if spec is None else (spec.policy, spec.pvp)
+    log(f"plan: {policy.name}{'+pvp' if pvp else ''} {c.cache.capacity}: cannot run ({error})")
+    return {"policy": policy.name, "pvp": pvp, "capacity": c.cache.capacity,
+            "capacity_bytes": exc.bytes if spec is None else spec.size.bytes, "error": error}
 
 
 def _modelled_ms(sim: dict, cal: dict, cores: int, iterations: int, fill_sample_ms: float, window: int,

@@ -33,20 +33,16 @@ def run_device(name: str) -> torch.device:
 
 def build_run_features(cfg, spec, dataset, device, task, world_size: int) -> TypedFeatures:
     """The feature path the config describes (``spec``, resolved): none (node embeddings only), or the features
-    by node type behind the cache; a cache of less than one set is refused first."""
-    from lsm_gnn.sizing import check_one_set
-
+    by node type behind their caches (sized by ``spec``)."""
     if not cfg.model.node_embedding.features:
         return TypedFeatures.of(NoFeatures(dataset.num_nodes))
-    check_one_set(spec, dataset)
     return build_features(spec, dataset, device, world_size=world_size, num_threads=cfg.sampler.num_threads,
                           **feature_sampling(cfg, task))
 
 
 def feature_sampling(cfg, task) -> dict:
-    """The batches :func:`~lsm_gnn.build.build_features` pre-samples to split a heterogeneous graph's cache
-    budget between its feature groups (and to rank nodes for hotness ownership): the run's fanouts, batch size
-    and seed. The planner sizes its caches with the same."""
+    """The batches :func:`~lsm_gnn.build.build_features` pre-samples to rank nodes for hotness ownership: the
+    run's fanouts, batch size and seed."""
     return {"fanouts": task.fanouts, "batch_size": cfg.sampler.batch_size, "seed": cfg.train.seed}
 
 
@@ -242,23 +238,24 @@ def _eval_batch_fix(cfg, task, split: str, tight, fit_of, features, world_size: 
 
 
 @contextlib.contextmanager
-def sized(cfg, where: str, checked: bool):
-    """A batch the cache refuses mid-run (sampling missed one as large) names the config keys to change, where
-    ``checked`` (:func:`check_cache_size` sized the config's cache; a cache the caller built: its own keywords
-    apply)."""
+def sized(cfg, spec, where: str, checked: bool):
+    """A batch a cache refuses mid-run (sampling missed one as large) names the config key of that cache's size
+    (``spec``'s :class:`~lsm_gnn.build.CacheSize` of that key) and the value to set, where ``checked``
+    (:func:`check_cache_size` sized the config's caches; a cache the caller built: its own keywords apply)."""
     from lsm_gnn.cache import CacheTooSmall
     from lsm_gnn.sizing import config_fix
 
     try:
         yield
     except CacheTooSmall as exc:
-        if not checked:
+        size = next((s for s in (spec.size, *spec.embedding_sizes.values()) if s.key == exc.key), None)
+        if not checked or size is None:
             raise
         from lsm_gnn.sizing import smaller_batch
 
-        c, now = cfg.cache, eval_batch_size(cfg)
+        now = eval_batch_size(cfg)
         smaller = f"; or set train.eval_batch_size={smaller_batch(now, exc.lines, exc.distinct)} or less (now {now})" \
             if where.startswith("evaluating") else ""
         raise ConfigError(f"{where}, a batch has {exc.distinct:,} distinct nodes but the cache holds "
-                          f"{exc.lines:,} lines (cache.capacity={c.capacity}); "
-                          + config_fix(c.capacity, exc.lines, exc.distinct, c.ways) + smaller) from exc
+                          f"{exc.lines:,} lines ({size.key}={size.text}); "
+                          + config_fix(size.text, exc.lines, exc.distinct, spec.ways, size.key) + smaller) from exc
