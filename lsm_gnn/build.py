@@ -6,8 +6,8 @@ PVP settings that agree with each other, the sharing mode); every check
 that needs the dataset happens there and names its config key.
 :func:`build_features` assembles storage -> cache -> communication from the
 spec, one stack per row format of the graph's node types, and returns them
-as one :class:`~lsm_gnn.features.TypedFeatures` (plain for a graph of one
-node type). This is the only place that knows which concrete layers it
+as one :class:`~lsm_gnn.features.TypedFeatures` (keyed by node type, a
+graph of one node type's too). This is the only place that knows which concrete layers it
 composes.
 """
 from __future__ import annotations
@@ -191,8 +191,8 @@ def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_si
                    weights: list[float] | None = None, fanouts=None, batch_size: int = 1024, seed: int = 0,
                    num_threads: int = 0) -> TypedFeatures:
     """The graph's features as ``spec`` says: per row format one storage over its types' files, then the
-    cache over it, then with several ranks sharing the communication layer over the cache. A graph of one
-    node type gets plain features (:attr:`TypedFeatures.plain`).
+    cache over it, then with several ranks sharing the communication layer over the cache, keyed by node
+    type (a graph of one node type's too).
 
     With several row formats each cache gets a share of ``spec.size.bytes``: ``weights`` per group, else,
     given ``fanouts``, the bytes sampled batches of ``batch_size`` seeds gather from each group (the measured
@@ -218,7 +218,7 @@ def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_si
             features = _group_cache(storage, spec, dataset, types, device, capacity, world_size=world_size,
                                     fanouts=fanouts, batch_size=batch_size, seed=seed, num_threads=num_threads)
         built.append(FeatureGroup(types, group_offsets(storage, types), features))
-    return TypedFeatures(built, plain=plain)
+    return TypedFeatures(built)
 
 
 def group_offsets(storage, types: list[str]) -> dict[str, int]:
