@@ -140,9 +140,8 @@ class Trainer:
         if distributed() and weights:  # a model of none (LightGCN) has nothing for DDP to all-reduce
             from torch.nn.parallel import DistributedDataParallel
 
-            # A typed batch may lack a relation's edges, leaving its layer's parameters out of that loss.
-            self.model = DistributedDataParallel(self.module,
-                                                 find_unused_parameters=not self.dataset.is_homogeneous)
+            self.model = DistributedDataParallel(
+                self.module, find_unused_parameters=getattr(self.module, "leaves_parameters_unused", False))
         self.optimizer = torch.optim.Adam(weights, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay) \
             if weights else NoWeights()
 
