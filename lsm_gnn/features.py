@@ -145,7 +145,10 @@ class FeatureGroup:
         parts = [(t, nodes[t]) for t in self.types if t in nodes]  # empty ones too: every type gets its rows
         if not parts:
             return torch.empty(0, dtype=torch.int64), []
-        ids = torch.cat([local.to(torch.int64) + self.offsets[t] for t, local in parts])
+        if len(parts) == 1 and self.offsets[parts[0][0]] == 0:  # its own ids: no copy (a one-type graph's each gather)
+            ids = parts[0][1].to(torch.int64)
+        else:
+            ids = torch.cat([local.to(torch.int64) + self.offsets[t] for t, local in parts])
         return ids, [(t, local.numel()) for t, local in parts]
 
 
