@@ -69,13 +69,6 @@ def compact_labels(labels, block: int = LABEL_BLOCK) -> tuple[torch.Tensor, torc
     return torch.from_numpy(out), dtype
 
 
-def _to(value, device):
-    """A hop's edges on ``device``: one tensor (the sampler's one-relation path) or a tensor per relation."""
-    if isinstance(value, dict):
-        return {key: part.to(device, non_blocking=True) for key, part in value.items()}
-    return value.to(device, non_blocking=True)
-
-
 @dataclass
 class Batch:
     """One mini-batch. ``hops[0]`` is next to the seeds; a model consumes ``reversed(hops)``, starting from
@@ -110,15 +103,18 @@ class Batch:
         """This batch as models read it: on a graph of one node type (``one_type``), ``x``, ``hit_mask`` and
         ``emb`` gathered per type become that type's tensors. The one place a batch is made plain."""
         self.one_type = one_type
-        if one_type is not None:
-            self.x, self.hit_mask = self.x[one_type], self.hit_mask[one_type]
-            if self.emb is not None:
-                self.emb = self.emb[one_type]
+        self.x, self.hit_mask = self._unkeyed(self.x), self._unkeyed(self.hit_mask)
+        if self.emb is not None:
+            self.emb = self._unkeyed(self.emb)
         return self
 
     def keyed(self, value):
         """A field of this batch per node type: as it is on a graph of several, {type: value} on a graph of one."""
         return value if self.one_type is None or value is None else {self.one_type: value}
+
+    def _unkeyed(self, value: dict):
+        """A field given per node type as this batch holds it (:meth:`keyed`'s inverse)."""
+        return value if self.one_type is None else value[self.one_type]
 
     @property
     def hit_ratio(self) -> float:
@@ -158,10 +154,10 @@ class Batch:
     def to(self, device) -> Batch:
         """The tensors a model reads, on ``device``."""
         for hop in self.hops:
-            hop.edge_index = _to(hop.edge_index, device)
-        self.x = self.x.to(device, non_blocking=True) if self.one_type is not None else _to(self.x, device)
+            hop.edges_to(device)
+        self.x = self._unkeyed({t: x.to(device, non_blocking=True) for t, x in self.keyed(self.x).items()})
         if self.emb is not None:
-            self.emb = self.emb.to(device, non_blocking=True) if self.one_type is not None else _to(self.emb, device)
+            self.emb = self._unkeyed({t: e.to(device, non_blocking=True) for t, e in self.keyed(self.emb).items()})
         if self.y is not None:
             self.y = self.y.to(device, non_blocking=True)
         return self
