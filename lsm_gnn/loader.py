@@ -191,11 +191,14 @@ class NodeLoader:
     (:func:`lsm_gnn.build.build_features`), or, for a graph of one node type,
     any :class:`~lsm_gnn.features.Features`: a storage backend, a
     :class:`~lsm_gnn.cache.SoftwareCache` (the cached SSD path) or a
-    :class:`~lsm_gnn.comm.SharedCache`. On a graph of several node types the
-    seeds are of the node type ``target`` (default: the dataset's), hops are
-    typed (``fanouts``: one list for every relation, or a dict per relation,
-    as :class:`~lsm_gnn.sampling.NeighborSampler` takes them) and each feature
-    group plans with a window of its own. Each epoch reshuffles with
+    :class:`~lsm_gnn.comm.SharedCache`, wrapped once as that type's (on a
+    graph of several, a bare Features serves the seeds' type alone). Inside,
+    the loader gathers by node type for every graph; a one-type graph's
+    batches come out plain (:meth:`Batch.unwrap`). On a graph of several node
+    types the seeds are of the node type ``target`` (default: the dataset's),
+    hops are typed (``fanouts``: one list for every relation, or a dict per
+    relation, as :class:`~lsm_gnn.sampling.NeighborSampler` takes them) and
+    each feature group plans with a window of its own. Each epoch reshuffles with
     ``(seed, epoch)``; iteration numbers continue across epochs. With
     ``world_size > 1`` each rank iterates its own equal share of the seeds.
 
@@ -227,13 +230,13 @@ class NodeLoader:
         #: the node type of a graph of one, whose sampled hops are plain ids (the sampler's one-relation path) and
         #: whose batches come unwrapped (:meth:`Batch.unwrap`); None on a graph of several
         self.one_type = dataset.target if dataset.is_homogeneous else None
-        #: the features by node type; a bare Features serves the one type of a graph of one
-        self.features = TypedFeatures.of(features, dataset.target)
         #: the seeds' node type on a graph of several (whose batches are per type); None on a graph of one
         self.target = None if self.one_type is not None else dataset.target if target is None else target
         if self.target is not None and self.target not in dataset.node_types:
             raise ValueError(f"dataset {dataset.path} has no node type {self.target!r} to take seeds of; "
                              f"its node types: {', '.join(dataset.node_types)}")
+        #: the features by node type; a bare Features serves the one type of a graph of one (else the seeds' type)
+        self.features = TypedFeatures.of(features, self.one_type or self.target)
         self.training = bool(training)
         self.prefetch_features = bool(prefetch_features)
         if not 0 <= rank < world_size:
