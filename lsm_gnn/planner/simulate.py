@@ -157,7 +157,8 @@ class Trace:
 
 
 def _numel(nodes) -> int:
-    return sum(ids.numel() for ids in nodes.values())
+    """Ids in a batch: a recorded one's per type, or one id space's (:meth:`Trace.of_group`, :meth:`Trace.of_type`)."""
+    return sum(ids.numel() for ids in nodes.values()) if isinstance(nodes, dict) else nodes.numel()
 
 
 def record_trace(task, dataset, iterations, features=None, max_bytes: int | None = None) -> Trace:
