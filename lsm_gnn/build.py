@@ -6,8 +6,8 @@ PVP settings that agree with each other, the sharing mode); every check
 that needs the dataset happens there and names its config key.
 :func:`build_features` assembles storage -> cache -> communication from the
 spec, one stack per row format of the graph's node types, and returns them
-as one :class:`~lsm_gnn.features.TypedFeatures` (plain for a graph of one
-node type). This is the only place that knows which concrete layers it
+as one :class:`~lsm_gnn.features.TypedFeatures` (keyed by node type, a
+graph of one node type's too). This is the only place that knows which concrete layers it
 composes.
 """
 from __future__ import annotations
@@ -277,9 +277,8 @@ def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_si
                    batch_size: int = 1024, seed: int = 0, num_threads: int = 0) -> TypedFeatures:
     """The graph's features as ``spec`` says: per row format one storage over its types' files, then the
     cache over it (its size ``spec.feature_sizes``' of the group), then with several ranks sharing the
-    communication layer over the cache. A graph of one node type gets plain features
-    (:attr:`TypedFeatures.plain`). ``fanouts``, ``batch_size`` and ``seed`` pre-sample accesses for hotness
-    ownership (only that owner samples them).
+    communication layer over the cache, keyed by node type (a graph of one node type's too). ``fanouts``,
+    ``batch_size`` and ``seed`` pre-sample accesses for hotness ownership (only that owner samples them).
     """
     groups = feature_groups(dataset)
     if not groups:
@@ -300,7 +299,7 @@ def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_si
                                     world_size=world_size, fanouts=fanouts, batch_size=batch_size, seed=seed,
                                     num_threads=num_threads)
         built.append(FeatureGroup(types, group_offsets(storage, types), features))
-    return TypedFeatures(built, plain=plain)
+    return TypedFeatures(built)
 
 
 def group_offsets(storage, types: list[str]) -> dict[str, int]:

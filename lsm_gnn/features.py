@@ -10,8 +10,9 @@ same way and never ask which one they hold (GraphBolt's ``Feature``
 composed by wrapping, PyG's ``FeatureStore``).
 
 A graph's features are a :class:`TypedFeatures`: rows by (node type, id),
-one :class:`Features` per row format. A graph of one node type is the plain
-case: one group of one type, gathered by plain ids into plain tensors.
+one :class:`Features` per row format, always keyed by node type. A graph of
+one node type is the same with one type: :meth:`TypedFeatures.of` wraps its
+one :class:`Features` once (GraphBolt's ``wrap_with_cached_feature``).
 Node types whose rows have one format (dim and dtype) share one id space
 (:class:`~lsm_gnn.storage.concat.ConcatStorage`) and so one cache, one
 window, one victim buffer and one exchange between ranks: IGBH (every type
@@ -144,7 +145,10 @@ class FeatureGroup:
         parts = [(t, nodes[t]) for t in self.types if t in nodes]  # empty ones too: every type gets its rows
         if not parts:
             return torch.empty(0, dtype=torch.int64), []
-        ids = torch.cat([local.to(torch.int64) + self.offsets[t] for t, local in parts])
+        if len(parts) == 1 and self.offsets[parts[0][0]] == 0:  # its own ids: no copy (a one-type graph's each gather)
+            ids = parts[0][1].to(torch.int64)
+        else:
+            ids = torch.cat([local.to(torch.int64) + self.offsets[t] for t, local in parts])
         return ids, [(t, local.numel()) for t, local in parts]
 
 
@@ -154,77 +158,59 @@ def _add_to(total: dict, part: dict) -> None:
 
 
 class TypedFeatures:
-    """A graph's feature rows by (node type, local id), one :class:`FeatureGroup` per row format.
-
-    ``plain``: the graph has one node type, so :meth:`gather` also takes plain ids and returns plain
-    tensors (what the one-type loader, models and adapters read); :meth:`of` wraps one
-    :class:`Features` so. Otherwise nodes are given as {type: ids} and rows come back per type.
+    """A graph's feature rows by (node type, local id), one :class:`FeatureGroup` per row format: nodes are
+    given as {type: ids} and rows come back per type. A graph of one node type is the same with one type
+    (:meth:`of` wraps one :class:`Features` so); the loader's :class:`~lsm_gnn.loader.Batch` unwraps it for
+    the models.
 
     Besides the input features, a node type may have trainable rows (``trainable``: a
     :class:`~lsm_gnn.embedding.NodeEmbedding`, ``model.node_embedding``): a writable source gathered with
     :meth:`gather_trainable` and changed with :meth:`update`, which keeps its own order of reads and
     updates."""
 
-    def __init__(self, groups: list[FeatureGroup], *, plain: bool = False):
-        if plain and (len(groups) != 1 or len(groups[0].types) != 1):
-            raise ValueError("plain features are one group of one node type; "
-                             f"got {[group.types for group in groups]}")
+    def __init__(self, groups: list[FeatureGroup]):
         self.groups = groups
-        self.plain = plain
         self.group_of: dict[str, int] = {t: g for g, group in enumerate(groups) for t in group.types}
         #: trainable rows by node type (node embeddings); empty without
         self.trainable: dict = {}
 
     @classmethod
     def of(cls, features, node_type: str = "node") -> TypedFeatures:
-        """The features of a graph of one node type, served by ``features`` (a :class:`Features`); a
-        TypedFeatures is returned as it is."""
+        """The features of a graph of one node type, ``node_type``, served by ``features`` (a
+        :class:`Features`); a TypedFeatures is returned as it is."""
         if isinstance(features, TypedFeatures):
             return features
         if not isinstance(features, Features):
             raise TypeError(f"features must implement lsm_gnn.features.Features (gather, counters, ...): a "
                             f"storage, a SoftwareCache or a SharedCache; got {type(features).__name__}")
-        return cls([FeatureGroup([node_type], {node_type: 0}, features)], plain=True)
+        return cls([FeatureGroup([node_type], {node_type: 0}, features)])
 
     @property
     def only(self) -> Features:
-        """The one source of plain features (a graph of one node type)."""
-        if not self.plain:
+        """The source of the one feature group (e.g. a graph of one node type's)."""
+        if len(self.groups) != 1:
             raise ValueError(f"features of node types {list(self.group_of)} come from {len(self.groups)} "
-                             "source(s); gather them by type")
+                             "sources; pick one of .groups")
         return self.groups[0].features
 
     @property
     def caches(self) -> bool:
         return any(group.features.caches for group in self.groups)
 
-    @property
-    def dim(self) -> int:
-        """The row width of plain features."""
-        return self.only.dim
-
     def dims(self) -> dict[str, int]:
         """Feature dim per featured type."""
         return {t: group.features.dim for group in self.groups for t in group.types}
 
-    def group_ids(self, nodes) -> list[torch.Tensor]:
-        """Per group, the ids of ``nodes`` (plain ids, or per type) in its id space (what its window
-        holds for a batch)."""
-        if not isinstance(nodes, dict):
-            return [self._plain_ids(nodes)]
+    def group_ids(self, nodes: dict) -> list[torch.Tensor]:
+        """Per group, the ids of ``nodes`` ({type: local ids}) in its id space (what its window holds for a
+        batch)."""
         return [group.ids(nodes)[0] for group in self.groups]
 
-    def _plain_ids(self, ids):
-        if not self.plain:
-            raise ValueError(f"a graph of several node types ({', '.join(self.group_of)}) is gathered by "
-                             "{node type: ids}, not by plain ids")
-        return ids
+    def gather(self, nodes: dict, *, future=None, following=None) -> tuple[dict, dict]:
+        """(rows, hit mask) of ``nodes`` ({type: local ids}), each a dict per type (types without features are
+        left out).
 
-    def gather(self, nodes, *, future=None, out: torch.Tensor | None = None, following=None):
-        """(rows, hit mask) of ``nodes``: plain ids give tensors (plain features only; ``out`` receives the
-        rows when given), {type: local ids} gives dicts per type (types without features are left out).
-
-        ``future``: the window of upcoming batches, one per group (``GroupWindows.buffers`` in
+        ``future``: the windows of upcoming batches (:meth:`window_ids`; ``GroupWindows.buffers`` in
         :mod:`lsm_gnn.loader`), or None. ``following = (nodes, new)``: the next gather's nodes and the
         batches of nodes entering the window before it (:meth:`Features.gather`), or None. Every group
         gathers, even with no ids of its types in the batch: a cache's iterations then stay in step with
@@ -235,10 +221,6 @@ class TypedFeatures:
                          for g, ids in enumerate(self.group_ids(following[0]))]
         else:
             following = [None] * len(self.groups)
-        if not isinstance(nodes, dict):
-            ids = self._plain_ids(nodes)
-            return self.groups[0].features.gather(ids, future=None if future is None else future[0], out=out,
-                                                  following=following[0])
         rows, hits = {}, {}
         for g, group in enumerate(self.groups):
             ids, parts = group.ids(nodes)
@@ -254,41 +236,49 @@ class TypedFeatures:
         """Gives ``node_type`` trainable rows from ``source`` (a :class:`~lsm_gnn.embedding.NodeEmbedding`)."""
         if node_type in self.trainable:
             raise ValueError(f"node type {node_type!r} has trainable rows already")
-        if self.plain and self.trainable:
-            raise ValueError(f"a graph of one node type has one table of trainable rows; got another for "
-                             f"{node_type!r}")
         self.trainable[node_type] = source
 
-    def window_ids(self, nodes) -> list[torch.Tensor]:
-        """Per window the loader keeps, the ids of ``nodes`` in it: each feature group's (:meth:`group_ids`), then on
-        a typed graph each trainable type's (its table's own ids; a plain graph's table plans with the features'
-        window, whose ids are the same)."""
+    def _shared_window(self, node_type: str, source) -> int | None:
+        """The feature group whose window ``node_type``'s trainable rows plan with: one of that type alone, whose id
+        space is the table's (the same ids, so the same window); None: the table has a window of its own."""
+        g = self.group_of.get(node_type)
+        if g is not None and self.groups[g].types == [node_type] and \
+                self.groups[g].features.num_rows == source.source.num_rows:
+            return g
+        return None
+
+    def _trainable_windows(self) -> dict[str, int]:
+        """The window each trainable type plans with, as indices into :meth:`window_ids`' list: one window per id
+        space (each feature group's, then each trainable type's that shares none)."""
+        windows, own = {}, len(self.groups)
+        for t, source in self.trainable.items():
+            shared = self._shared_window(t, source)
+            windows[t] = own if shared is None else shared
+            own += shared is None
+        return windows
+
+    def window_ids(self, nodes: dict) -> list[torch.Tensor]:
+        """Per window the loader keeps, the ids of ``nodes`` in it: each feature group's (:meth:`group_ids`), then
+        each trainable type's that shares no group's window (its table's own ids)."""
         ids = self.group_ids(nodes)
-        if not self.plain:
-            ids += [nodes[t].to(torch.int64) if t in nodes else torch.empty(0, dtype=torch.int64) for t in self.trainable]
-        return ids
+        own = [t for t, w in self._trainable_windows().items() if w >= len(self.groups)]
+        return ids + [nodes[t].to(torch.int64) if t in nodes else torch.empty(0, dtype=torch.int64) for t in own]
 
     def window_rows(self) -> list[int]:
         """The rows of each window's id space, in :meth:`window_ids`' order."""
-        rows = [group.features.num_rows for group in self.groups]
-        if not self.plain:
-            rows += [source.source.num_rows for source in self.trainable.values()]
-        return rows
+        own = [t for t, w in self._trainable_windows().items() if w >= len(self.groups)]
+        return [group.features.num_rows for group in self.groups] + [self.trainable[t].source.num_rows for t in own]
 
-    def gather_trainable(self, nodes, future=None, *, training: bool = False, stop=None):
-        """(trainable rows of ``nodes`` as float32, seconds by stage, bytes read and written), or None if
-        ``stop`` was set while a training gather (``training``: the batch's rows will be updated) waited for
-        the update of the batch before. Plain ids give a tensor, {type: ids} a dict per trainable type.
-        ``future``: the windows (:meth:`window_ids`), or None."""
+    def gather_trainable(self, nodes: dict, future=None, *, training: bool = False, stop=None):
+        """(trainable rows of ``nodes`` as float32 per trainable type, seconds by stage, bytes read and written),
+        or None if ``stop`` was set while a training gather (``training``: the batch's rows will be updated)
+        waited for the update of the batch before. ``future``: the windows (:meth:`window_ids`), or None."""
         if not self.trainable:
             raise ValueError("these features have no trainable rows (model.node_embedding)")
-        if not isinstance(nodes, dict):
-            return next(iter(self.trainable.values())).read(self._plain_ids(nodes),
-                                                            None if future is None else future[0],
-                                                            training=training, stop=stop)
+        windows = self._trainable_windows()
         rows, timings, io = {}, {}, {}
-        for i, (t, source) in enumerate(self.trainable.items()):
-            found = source.read(nodes[t], None if future is None else future[len(self.groups) + i],
+        for t, source in self.trainable.items():
+            found = source.read(nodes[t], None if future is None else future[windows[t]],
                                 training=training, stop=stop)
             if found is None:
                 return None
@@ -297,11 +287,9 @@ class TypedFeatures:
             _add_to(io, found[2])
         return rows, timings, io
 
-    def update(self, nodes, grad) -> dict:
-        """One optimizer step on the trainable rows of ``nodes`` given their gradient (a tensor for plain ids, a
-        dict per trainable type for typed nodes; collective over ranks); the table bytes it read and wrote."""
-        if not isinstance(nodes, dict):
-            return next(iter(self.trainable.values())).step(self._plain_ids(nodes), grad)
+    def update(self, nodes: dict, grad: dict) -> dict:
+        """One optimizer step on the trainable rows of ``nodes`` given their gradient (both per trainable type;
+        collective over ranks); the table bytes it read and wrote."""
         io: dict = {}
         for t, source in self.trainable.items():  # every rank in the same order: each step is a collective
             _add_to(io, source.step(nodes[t], grad[t]))
@@ -325,8 +313,6 @@ class TypedFeatures:
             source.settle()
 
     def describe(self) -> str:
-        if self.plain:
-            return self.only.describe()
         return "; ".join(f"{'+'.join(group.types)}: {group.features.describe()}" for group in self.groups)
 
     @property

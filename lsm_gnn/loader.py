@@ -69,27 +69,16 @@ def compact_labels(labels, block: int = LABEL_BLOCK) -> tuple[torch.Tensor, torc
     return torch.from_numpy(out), dtype
 
 
-def _parts(value) -> list:
-    """The tensors of a plain field (one) or of a per-type field (one per type)."""
-    return list(value.values()) if isinstance(value, dict) else [value]
-
-
-def _to(value, device):
-    """A plain or per-type field on ``device``."""
-    if isinstance(value, dict):
-        return {key: part.to(device, non_blocking=True) for key, part in value.items()}
-    return value.to(device, non_blocking=True)
-
-
 @dataclass
 class Batch:
     """One mini-batch. ``hops[0]`` is next to the seeds; a model consumes ``reversed(hops)``, starting from
     ``x`` (features of ``hops[-1].nodes``).
 
-    On a graph of one node type the fields are plain: ``x`` and ``hit_mask`` are tensors, each hop's
-    ``nodes`` a tensor. On a graph of several, ``seeds`` are of the node type ``target`` and ``x``,
-    ``hit_mask`` and the hops' fields are dicts per node type (per relation for edges); types without
-    features are left out of ``x`` and ``hit_mask``."""
+    On a graph of one node type the fields are plain: ``x``, ``hit_mask`` and ``emb`` are tensors, each hop's
+    ``nodes`` a tensor (``one_type`` names the type; :meth:`keyed` gives a field back per type). On a graph of
+    several, ``seeds`` are of the node type ``target`` and ``x``, ``hit_mask``, ``emb`` and the hops' fields
+    are dicts per node type (per relation for edges); types without features are left out of ``x`` and
+    ``hit_mask``."""
 
     iteration: int
     seeds: torch.Tensor
@@ -107,21 +96,47 @@ class Batch:
     emb: torch.Tensor | dict[str, torch.Tensor] | None = None
     #: the node type of ``seeds`` on a graph of several node types; None on a graph of one
     target: str | None = None
+    #: the node type of a graph of one, whose per-type fields this batch holds unwrapped; None on a graph of several
+    one_type: str | None = None
+
+    def unwrap(self, one_type: str | None) -> Batch:
+        """This batch as models read it: on a graph of one node type (``one_type``), ``x``, ``hit_mask`` and
+        ``emb`` gathered per type become that type's tensors. The one place a batch is made plain."""
+        self.one_type = one_type
+        self.x, self.hit_mask = self._unkeyed(self.x), self._unkeyed(self.hit_mask)
+        if self.emb is not None:
+            self.emb = self._unkeyed(self.emb)
+        return self
+
+    def keyed(self, value):
+        """A field of this batch per node type: as it is on a graph of several, {type: value} on a graph of one."""
+        return value if self.one_type is None or value is None else {self.one_type: value}
+
+    def _unkeyed(self, value: dict):
+        """A field given per node type as this batch holds it (:meth:`keyed`'s inverse)."""
+        return value if self.one_type is None else value[self.one_type]
 
     @property
     def hit_ratio(self) -> float:
         """Share of the gathered rows (of every featured type) served without reading storage: by the cache
         or, with PVP, its victim buffer (the nodes are distinct, so this is the cache's combined ratio)."""
-        if not isinstance(self.hit_mask, dict):  # as it always was for a plain batch: float32's mean
+        if self.one_type is not None:  # as it always was for a plain batch: float32's mean
             return float(self.hit_mask.float().mean()) if self.hit_mask.numel() else 0.0
         return self.hits / self.gathered if self.gathered else 0.0
 
     def hit_ratios(self) -> dict[str, float]:
         """Per featured node type of a typed batch, the share of its rows served without reading storage;
         empty for a plain batch (:attr:`hit_ratio` is its one ratio)."""
-        if not isinstance(self.hit_mask, dict):
+        if self.one_type is not None:
             return {}
         return {t: float(m.float().mean()) for t, m in self.hit_mask.items() if m.numel()}
+
+    def hits_by_type(self) -> dict[str, list[int]] | None:
+        """Per featured node type of a typed batch, [rows served without reading storage, rows gathered]; None
+        for a plain batch."""
+        if self.one_type is not None:
+            return None
+        return {t: [int(mask.sum()), mask.numel()] for t, mask in self.hit_mask.items()}
 
     @property
     def input_nodes(self) -> torch.Tensor | dict[str, torch.Tensor]:
@@ -129,29 +144,29 @@ class Batch:
 
     @property
     def hits(self) -> int:
-        return sum(int(mask.sum()) for mask in _parts(self.hit_mask))
+        return sum(int(mask.sum()) for mask in self.keyed(self.hit_mask).values())
 
     @property
     def gathered(self) -> int:
         """Rows gathered (the distinct input nodes of every featured type)."""
-        return sum(mask.numel() for mask in _parts(self.hit_mask))
+        return sum(mask.numel() for mask in self.keyed(self.hit_mask).values())
 
     def to(self, device) -> Batch:
         """The tensors a model reads, on ``device``."""
         for hop in self.hops:
-            hop.edge_index = _to(hop.edge_index, device)
-        self.x = _to(self.x, device)
+            hop.edges_to(device)
+        self.x = self._unkeyed({t: x.to(device, non_blocking=True) for t, x in self.keyed(self.x).items()})
         if self.emb is not None:
-            self.emb = _to(self.emb, device)
+            self.emb = self._unkeyed({t: e.to(device, non_blocking=True) for t, e in self.keyed(self.emb).items()})
         if self.y is not None:
             self.y = self.y.to(device, non_blocking=True)
         return self
 
 
 class GroupWindows:
-    """The input nodes of the next batches, one window buffer per feature group and per trainable node type of a
-    typed graph (what each cache plans with; :meth:`~lsm_gnn.features.TypedFeatures.gather`'s ``future`` is
-    :attr:`buffers`)."""
+    """The input nodes ({type: ids}) of the next batches, one window buffer per id space the features plan in
+    (:meth:`~lsm_gnn.features.TypedFeatures.window_ids`; :meth:`~lsm_gnn.features.TypedFeatures.gather`'s
+    ``future`` is :attr:`buffers`)."""
 
     def __init__(self, features: TypedFeatures, size: int):
         self.features = features
@@ -176,11 +191,14 @@ class NodeLoader:
     (:func:`lsm_gnn.build.build_features`), or, for a graph of one node type,
     any :class:`~lsm_gnn.features.Features`: a storage backend, a
     :class:`~lsm_gnn.cache.SoftwareCache` (the cached SSD path) or a
-    :class:`~lsm_gnn.comm.SharedCache`. On a graph of several node types the
-    seeds are of the node type ``target`` (default: the dataset's), hops are
-    typed (``fanouts``: one list for every relation, or a dict per relation,
-    as :class:`~lsm_gnn.sampling.NeighborSampler` takes them) and each feature
-    group plans with a window of its own. Each epoch reshuffles with
+    :class:`~lsm_gnn.comm.SharedCache`, wrapped once as that type's (on a
+    graph of several, a bare Features serves the seeds' type alone). Inside,
+    the loader gathers by node type for every graph; a one-type graph's
+    batches come out plain (:meth:`Batch.unwrap`). On a graph of several node
+    types the seeds are of the node type ``target`` (default: the dataset's),
+    hops are typed (``fanouts``: one list for every relation, or a dict per
+    relation, as :class:`~lsm_gnn.sampling.NeighborSampler` takes them) and
+    each feature group plans with a window of its own. Each epoch reshuffles with
     ``(seed, epoch)``; iteration numbers continue across epochs. With
     ``world_size > 1`` each rank iterates its own equal share of the seeds.
 
@@ -209,10 +227,16 @@ class NodeLoader:
         if window < 0 or prefetch < 1:
             raise ValueError(f"window must be >= 0 and prefetch >= 1, got window={window}, prefetch={prefetch}")
         self.dataset = dataset
-        self.features = TypedFeatures.of(features)
+        #: the node type of a graph of one, whose sampled hops are plain ids (the sampler's one-relation path) and
+        #: whose batches come unwrapped (:meth:`Batch.unwrap`); None on a graph of several
+        self.one_type = dataset.target if dataset.is_homogeneous else None
         #: the seeds' node type on a graph of several (whose batches are per type); None on a graph of one
-        self.target = None if dataset.is_homogeneous else dataset.target if target is None else target
-        self._check_typing()
+        self.target = None if self.one_type is not None else dataset.target if target is None else target
+        if self.target is not None and self.target not in dataset.node_types:
+            raise ValueError(f"dataset {dataset.path} has no node type {self.target!r} to take seeds of; "
+                             f"its node types: {', '.join(dataset.node_types)}")
+        #: the features by node type; a bare Features serves the one type of a graph of one (else the seeds' type)
+        self.features = TypedFeatures.of(features, self.one_type or self.target)
         self.training = bool(training)
         self.prefetch_features = bool(prefetch_features)
         if not 0 <= rank < world_size:
@@ -251,20 +275,6 @@ class NodeLoader:
         return full if self.drop_last or rest == 0 else full + 1
 
     # -- hooks (override to change what a batch is) -------------------------------------------------------------
-
-    def _check_typing(self) -> None:
-        """Plain features for a graph of one node type; typed features and a target type for a graph of
-        several."""
-        if self.target is None and not self.features.plain:
-            raise TypeError(f"dataset {self.dataset.path} has one node type; give it plain features (one "
-                            "Features, or lsm_gnn.build.build_features of it)")
-        if self.target is not None:
-            if self.target not in self.dataset.node_types:
-                raise ValueError(f"dataset {self.dataset.path} has no node type {self.target!r} to take seeds of; "
-                                 f"its node types: {', '.join(self.dataset.node_types)}")
-            if self.features.plain:
-                raise TypeError(f"dataset {self.dataset.path} has several node types; gather from its typed "
-                                "features (lsm_gnn.build.build_features)")
 
     def _make_sampler(self, fanouts, seed: int, num_threads: int, topology_access: str = "auto"):
         return NeighborSampler(self.dataset, fanouts, seed=seed, num_threads=num_threads,
@@ -308,6 +318,10 @@ class NodeLoader:
     def _make_batch(self, iteration: int, plan, hops: list[Hop], x, hit):
         seeds = torch.from_numpy(self._plan_seeds(plan))
         return Batch(iteration, seeds, hops, x, self._labels_of(seeds), hit, target=self.target)
+
+    def _keyed(self, nodes) -> dict:
+        """A hop's nodes per type (what the features take): a graph of one node type's are plain ids."""
+        return nodes if self.one_type is None else {self.one_type: nodes}
 
     def _labels_of(self, seeds: torch.Tensor) -> torch.Tensor | None:
         """The seeds' labels, in the dtype of the dataset's label file."""
@@ -432,18 +446,18 @@ class NodeLoader:
                 # the window: the batch that enters it before the next gather, which this gather announces.
                 sample_up_to(min(len(plans), k + self.window + 2))
                 while window is not None and pushed < min(ahead, k + self.window + 1):
-                    window.push(sampled[pushed][0][-1].nodes)
+                    window.push(self._keyed(sampled[pushed][0][-1].nodes))
                     pushed += 1
                 hops, sample_s = sampled.pop(k)
                 if window is not None:
                     window.pop()
-                nodes = hops[-1].nodes
+                nodes = self._keyed(hops[-1].nodes)
                 start = time.perf_counter()
                 following = None
                 if k + 1 < count:  # a shared cache sends the next request while this batch is served
-                    entering = [] if window is None else [sampled[j][0][-1].nodes
+                    entering = [] if window is None else [self._keyed(sampled[j][0][-1].nodes)
                                                           for j in range(pushed, min(ahead, k + self.window + 2))]
-                    following = (sampled[k + 1][0][-1].nodes, entering)
+                    following = (self._keyed(sampled[k + 1][0][-1].nodes), entering)
                 x, hit = self.features.gather(nodes, future=None if window is None else window.buffers,
                                               following=following)
                 gather_s = time.perf_counter() - start
@@ -462,7 +476,7 @@ class NodeLoader:
                     batch.emb, timings, io = found
                     batch.timings.update(timings)
                     batch.io.update(io)
-                if not put(batch):
+                if not put(batch.unwrap(self.one_type)):
                     return
             put(_DONE)
         except BaseException as exc:  # handed to the consumer, which raises it in the caller's thread

@@ -263,6 +263,9 @@ class HeteroHopGNN(nn.Module):
     vector shared by their nodes (``in_dims[t] == 0``). Returns the logits of the target type's seeds.
     """
 
+    #: a typed batch may lack a relation's edges, leaving its layer's parameters out of that loss (DDP must look)
+    leaves_parameters_unused = True
+
     def __init__(self, kind: str, in_dims: dict[str, int], relations, target: str, hidden: int, out_dim: int,
                  num_layers: int, heads: int = 4, dropout: float = 0.0):
         super().__init__()

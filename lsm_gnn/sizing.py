@@ -76,7 +76,7 @@ def cache_fits(features, batches: list[list], what: str = "the cache") -> list[C
         fits = []
         for g, group in enumerate(features.groups):
             ids = [[features.group_ids(nodes)[g] for nodes in per_rank] for per_rank in batches]
-            fits += cache_fits(group.features, ids, what if features.plain else f"the cache of {'+'.join(group.types)}")
+            fits += cache_fits(group.features, ids, f"the cache of {'+'.join(group.types)}")
         return fits
     if features.cache_lines is None:
         return []

@@ -110,9 +110,9 @@ class Trainer:
         self.watch = watched_metric(cfg, self.task)
         #: the resolved feature path (capacity in bytes, policy, PVP, sharing), checked before any work
         self.feature_spec = resolve(cfg, self.dataset, self.world_size, features=features is None)
-        #: the graph's features by node type (plain for a graph of one)
-        self.features = TypedFeatures.of(features) if features is not None else startup.build_run_features(
-            cfg, self.feature_spec, self.dataset, self.device, self.task, self.world_size)
+        #: the graph's features by node type (a bare Features serves a graph of one node type)
+        self.features = TypedFeatures.of(features, self.dataset.target) if features is not None else \
+            startup.build_run_features(cfg, self.feature_spec, self.dataset, self.device, self.task, self.world_size)
         self.checkpointer = Checkpointer(self, cfg.checkpoint.dir)
         self.checkpoint_path = self.checkpointer.path
         # the checkpoint this run resumes from
@@ -140,9 +140,8 @@ class Trainer:
         if distributed() and weights:  # a model of none (LightGCN) has nothing for DDP to all-reduce
             from torch.nn.parallel import DistributedDataParallel
 
-            # A typed batch may lack a relation's edges, leaving its layer's parameters out of that loss.
-            self.model = DistributedDataParallel(self.module,
-                                                 find_unused_parameters=not self.dataset.is_homogeneous)
+            self.model = DistributedDataParallel(
+                self.module, find_unused_parameters=getattr(self.module, "leaves_parameters_unused", False))
         self.optimizer = torch.optim.Adam(weights, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay) \
             if weights else NoWeights()
 
@@ -215,8 +214,8 @@ class Trainer:
 
     def _train_step(self, batch) -> float:
         self.optimizer.zero_grad(set_to_none=True)
-        emb = batch.emb  # None without model.node_embedding; per node type on a typed graph
-        leaves = [] if emb is None else list(emb.values()) if isinstance(emb, dict) else [emb]
+        emb = batch.keyed(batch.emb)  # None without model.node_embedding; else per node type
+        leaves = [] if emb is None else list(emb.values())
         for leaf in leaves:
             leaf.requires_grad_(True)  # a leaf: its gradient is the rows' sparse gradient
         loss = self.task.loss(self.model, batch)
@@ -235,8 +234,7 @@ class Trainer:
         if emb is not None:
             start = time.perf_counter()
             with self.ranks.collectives(f"the node embeddings' update in iteration {self.iterations_done}"):
-                io = self.features.update(batch.input_nodes, {t: e.grad for t, e in emb.items()}
-                                          if isinstance(emb, dict) else emb.grad)
+                io = self.features.update(batch.keyed(batch.input_nodes), {t: e.grad for t, e in emb.items()})
             batch.timings["update"] = time.perf_counter() - start
             batch.io = {**batch.io, **{k: batch.io.get(k, 0) + v for k, v in io.items()}}
         return loss_value
@@ -392,11 +390,13 @@ class Trainer:
     def _announce(self) -> None:
         """What the run trains, on what, from which features, and how its data is checked."""
         cfg = self.cfg
-        size = (f"{self.dataset.num_nodes:,} nodes of {len(self.dataset.node_types)} types, target "
-                f"{self.dataset.target}" if not self.dataset.is_homogeneous else f"{self.dataset.num_nodes:,} nodes")
+        one_type = self.loader.one_type is not None  # named neither in the size nor in the features' source
+        size = f"{self.dataset.num_nodes:,} nodes" if one_type else \
+            f"{self.dataset.num_nodes:,} nodes of {len(self.dataset.node_types)} types, target {self.dataset.target}"
+        mode = f" (cache.mode={self.cfg.cache.mode})" if self.world_size > 1 and self.features.caches else ""
+        source = (self.features.only if one_type else self.features).describe() + mode
         self._print(f"training {cfg.model.kind} on {self.dataset.name} ({size}) "
-                    f"with features from {self._describe_features()}; {self.world_size} rank(s), "
-                    f"device {self.device}")
+                    f"with features from {source}; {self.world_size} rank(s), device {self.device}")
         for embedding in self.embeddings.values():
             self._print(f"with {embedding.describe()}")
         for fit in self.cache_fits:
@@ -409,10 +409,6 @@ class Trainer:
             self._print(f"data.verify={verify_mode}: checking "
                         + ("every file" if verify_mode == "checksums" else "the blocks read by a sample of each "
                            "batch's input nodes") + " against its checksums, beside training")
-
-    def _describe_features(self) -> str:
-        mode = f" (cache.mode={self.cfg.cache.mode})" if self.world_size > 1 and self.features.caches else ""
-        return self.features.describe() + mode
 
     def _end_epoch(self, complete: bool) -> None:
         if complete and self._epoch_eval_due(self.epoch_state["epoch"]):

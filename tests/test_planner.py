@@ -185,7 +185,7 @@ def test_each_feature_files_reads_cost_at_its_own_calibration():
     train = {"sample_ms": 1.0, "train_ms": 5.0}
     paper = {"fixed_ms": 0.5, "per_read_us": 20.0, "cpu_fraction": 0.5}
     author = {"fixed_ms": 0.25, "per_read_us": 100.0, "cpu_fraction": 0.2}
-    one = stage_times(paper, train, 2.0, 100)
+    one = stage_times({"paper": paper}, train, 2.0, {"paper": 100})
     assert one.read == pytest.approx(0.5 + 2.0) and one.read_cpu == pytest.approx(1.25)
     both = stage_times({"paper": paper, "author": author}, train, 2.0, {"paper": 100, "author": 10})
     assert both.read == pytest.approx(2.5 + 0.25 + 1.0) and both.read_cpu == pytest.approx(1.25 + 0.25)

@@ -183,38 +183,62 @@ def test_resolve_sizes_every_cache_once_with_its_key(tmp_path):
                                                                 200 * row_bytes, every_row_sets(200, 32))}
 
 
-def test_a_graph_of_one_type_has_plain_features(tmp_path):
-    """A one-type graph's features are one group of one type: plain ids in, plain tensors out, the same rows
-    and hit mask as the cache alone; typed and plain gathers agree."""
+def test_a_graph_of_one_type_is_keyed_by_its_one_type(tmp_path):
+    """A one-type graph's features are one group of one type, gathered by {type: ids} like any: the same rows
+    and hit mask as its cache alone."""
+    from lsm_gnn.features import TypedFeatures
     from lsm_gnn.testing import write_tiny_dataset
 
     ds, array = write_tiny_dataset(tmp_path / "one")
     cfg = load_config(None, [f"dataset={ds.path}", "cache.capacity=50%", "cache.backend=pread"])
     features = build_features(resolve(cfg, ds), ds, torch.device("cpu"))
-    assert features.plain and features.dims() == {"node": ds.feature_dim} and features.dim == ds.feature_dim
+    assert features.dims() == {"node": ds.feature_dim} and TypedFeatures.of(features) is features
     ids = torch.tensor([5, 1, 7, 3])
-    rows, hits = features.gather(ids)
-    assert torch.equal(rows, torch.from_numpy(array[ids.numpy()]))
-    assert hits.shape == (4,) and not bool(hits.any())  # a cold cache
-    typed_rows, typed_hits = features.gather({"node": ids})
-    assert torch.equal(typed_rows["node"], rows) and bool(typed_hits["node"].all())  # now cached
-    assert features.describe() == features.only.describe()  # a plain graph's source, not "node: ..."
+    rows, hits = features.gather({"node": ids})
+    assert torch.equal(rows["node"], torch.from_numpy(array[ids.numpy()]))
+    assert hits["node"].shape == (4,) and not bool(hits["node"].any())  # a cold cache
+    alone, alone_hits = features.only.gather(ids)
+    assert torch.equal(alone, rows["node"]) and bool(alone_hits.all())  # now cached
+    assert features.describe() == f"node: {features.only.describe()}"
 
 
-def test_plain_ids_are_refused_on_a_graph_of_several_types(dataset):
-    features = build_features(spec(dataset), dataset, torch.device("cpu"))
-    assert not features.plain
-    with pytest.raises(ValueError, match="gathered by .node type: ids."):
-        features.gather(torch.tensor([1, 2]))
-    with pytest.raises(ValueError, match="gather them by type"):
-        features.only
+class _Table:
+    """What the windows read of a trainable source: its table's rows."""
+
+    def __init__(self, num_rows):
+        self.source = type("Rows", (), {"num_rows": num_rows})()
 
 
-def test_a_typed_graph_refuses_plain_features_with_a_clear_error(dataset):
+@pytest.mark.parametrize("trainable,windows", [
+    ({"paper": 300}, 3),       # a type of a shared group: its own ids, its own window
+    ({"fos": 40}, 2),          # a type alone in its group: the group's id space, the group's window
+    ({"institute": 20, "fos": 40}, 3)])
+def test_trainable_rows_plan_with_one_window_per_id_space(dataset, trainable, windows):
+    features = build_features(spec("memory"), dataset, torch.device("cpu"))
+    for t, rows in trainable.items():
+        features.add_trainable(t, _Table(rows))
+    nodes = {"paper": torch.tensor([1, 2]), "author": torch.tensor([3]), "fos": torch.tensor([4]),
+             "institute": torch.tensor([5])}
+    ids = features.window_ids(nodes)
+    assert len(ids) == len(features.window_rows()) == windows
+    for t, w in features._trainable_windows().items():
+        assert torch.equal(ids[w], nodes[t]) and features.window_rows()[w] == trainable[t]
+
+
+def test_one_source_is_only_for_one_group(dataset):
+    with pytest.raises(ValueError, match="pick one of .groups"):
+        build_features(spec(), dataset, torch.device("cpu")).only
+
+
+def test_a_typed_graph_takes_a_bare_features_as_its_target_types(dataset):
     from lsm_gnn.loader import NodeLoader
 
-    with pytest.raises(TypeError, match="several node types; gather from its typed features"):
-        NodeLoader(dataset, open_storage(dataset.node_type("paper"), "pread"), [2], 10)
+    loader = NodeLoader(dataset, open_storage(dataset.node_type("paper"), "pread"), [2], 10, window=0)
+    batch = next(iter(loader))
+    loader.close()
+    assert list(batch.x) == ["paper"] and torch.equal(
+        batch.x["paper"], torch.from_numpy(dataset.node_type("paper").read_features_direct(
+            batch.input_nodes["paper"].numpy())))
     with pytest.raises(ValueError, match="no node type 'venue'"):
         NodeLoader(dataset, build_features(spec(dataset), dataset, torch.device("cpu")), [2], 10, target="venue")
 

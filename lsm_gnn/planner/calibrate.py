@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.fileio import NotOurFileError, atomic_write_bytes, check_output_file
-from lsm_gnn.planner.simulate import ReadGeometry, TraceStorage, trace_features
+from lsm_gnn.planner.simulate import ReadGeometry, trace_features
 from lsm_gnn.run_resources import training_threads
 from lsm_gnn.timing import median_seconds
 
@@ -300,7 +300,7 @@ def measure_training(cfg, dataset, steps: int = 32, skip: int = 3) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="lsm-gnn-plan-") as log_dir:
         run_cfg = calibration_config(cfg, log_dir, steps + skip, dataset.node_types)
-        features = TraceStorage.like(dataset) if dataset.is_homogeneous else trace_features(dataset)
+        features = trace_features(dataset)
         if not cfg.model.node_embedding.features:  # the run reads none: its own path (no storage) is the run's
             features = None
         trainer = Trainer(run_cfg, out=io.StringIO(), features=features)

@@ -54,14 +54,12 @@ def stage_times(storage_cal: dict, train_cal: dict, cache_ms: float, reads, read
     the simulated cache time, the calibrated cost of ``reads`` storage reads (none: no storage call at all),
     read ahead or not, and ``embedding_ms`` (:func:`table_ms`).
 
-    ``reads`` is a count of reads of the one file ``storage_cal`` calibrated, or {file: count} with
-    ``storage_cal`` {file: its calibration} (a heterogeneous graph's feature files, read one after another)."""
-    files = reads.items() if isinstance(reads, dict) else [(None, reads)]
-    cals = storage_cal if isinstance(reads, dict) else {None: storage_cal}
+    ``reads`` is {file: count} with ``storage_cal`` {file: its calibration}: the feature files, read one after
+    another (a graph of one node type's one)."""
     read_ms = read_cpu = 0.0
-    for name, count in files:
-        ms = cals[name]["fixed_ms"] + 1e-3 * cals[name]["per_read_us"] * count if count else 0.0
-        read_ms, read_cpu = read_ms + ms, read_cpu + ms * cals[name]["cpu_fraction"]
+    for name, count in reads.items():
+        ms = storage_cal[name]["fixed_ms"] + 1e-3 * storage_cal[name]["per_read_us"] * count if count else 0.0
+        read_ms, read_cpu = read_ms + ms, read_cpu + ms * storage_cal[name]["cpu_fraction"]
     return StageMs(sample=train_cal["sample_ms"], cache=cache_ms, read=read_ms, train=train_cal["train_ms"],
                    read_cpu=read_cpu, read_ahead=read_ahead, embedding=embedding_ms,
                    update=train_cal.get("update_ms", 0.0))
@@ -166,7 +164,8 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
                         dataset.features if typed is None else _busiest_layout(dataset, typed, trace))
     fill_sample_ms = 1e3 * statistics.median(trace.sample_s)
     if typed is None:
-        rows = _plan_rows(grid, specs, dataset, trace, iterations, cal, cores, fill_sample_ms, log)
+        rows = _plan_rows(grid, specs, dataset, trace.of_type(dataset.target), iterations, cal, cores, fill_sample_ms,
+                          log)
     else:
         rows = _typed_plan_rows(grid, specs, dataset, typed, trace, iterations, cal, cores, fill_sample_ms,
                                 log)
@@ -601,8 +600,9 @@ def _modelled_ms(sim: dict, cal: dict, cores: int, iterations: int, fill_sample_
     per = sim["per_iteration"]
     if "reads_by_type" in per:  # a heterogeneous run's: each node type's reads at its file's calibration
         storage_cal, reads, reads_each = cal["storage_by_type"], per["reads_by_type"], sim["each"]["reads_by_type"]
-    else:
-        storage_cal, reads, reads_each = cal["storage"], per["reads"], sim["each"]["reads"]
+    else:  # the one feature file's
+        storage_cal, reads = {None: cal["storage"]}, {None: per["reads"]}
+        reads_each = [{None: r} for r in sim["each"]["reads"]]
     # A table's file is read as a feature file is: at the (first) feature file's calibration.
     table_cal = cal["storage"] if "storage" in cal else next(iter(cal["storage_by_type"].values()))
     tables = tables or []

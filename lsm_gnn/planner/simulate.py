@@ -119,8 +119,8 @@ def table_geometry(num_rows: int, row_bytes: int) -> ReadGeometry:
 
 
 def trace_features(dataset) -> TypedFeatures:
-    """A heterogeneous ``dataset``'s features as a run's loader gathers them, one group per row format in
-    its id space (:func:`lsm_gnn.build.build_features`), every group over a null storage."""
+    """``dataset``'s features as a run's loader gathers them, one group per row format in its id space
+    (:func:`lsm_gnn.build.build_features`), every group over a null storage."""
     from lsm_gnn.build import feature_groups, group_offsets
 
     groups = []
@@ -132,8 +132,9 @@ def trace_features(dataset) -> TypedFeatures:
 
 @dataclass
 class Trace:
-    """The input nodes of each iteration of a run, in order, and what sampling them cost. On a heterogeneous
-    graph a batch is {node type: ids}; :meth:`of_group` gives one feature group's ids, as its cache sees them."""
+    """The input nodes of each iteration of a run, in order, and what sampling them cost. A batch is {node type:
+    ids} (a graph of one type's too); :meth:`of_group` gives one feature group's ids, as its cache sees them, and
+    :meth:`of_type` one type's."""
 
     batches: list
     sample_s: list[float]       # loader-thread seconds per batch, sampled with nothing else running
@@ -149,14 +150,14 @@ class Trace:
         return Trace([features.group_ids(b)[group] for b in self.batches], self.sample_s, self.epoch_length)
 
     def of_type(self, node_type: str) -> "Trace":
-        """The ids of ``node_type`` in each batch (its own ids; empty where a batch has none; a graph of one type:
-        the batches as they are): what its node embedding table's window holds and its cache looks up."""
+        """The ids of ``node_type`` in each batch (its own ids; empty where a batch has none): what its node
+        embedding table's window holds and its cache looks up (a graph of one type: its one cache's)."""
         empty = torch.empty(0, dtype=torch.int64)
-        return Trace([b.get(node_type, empty).to(torch.int64) if isinstance(b, dict) else b for b in self.batches],
-                     self.sample_s, self.epoch_length)
+        return Trace([b.get(node_type, empty).to(torch.int64) for b in self.batches], self.sample_s, self.epoch_length)
 
 
 def _numel(nodes) -> int:
+    """Ids in a batch: a recorded one's per type, or one id space's (:meth:`Trace.of_group`, :meth:`Trace.of_type`)."""
     return sum(ids.numel() for ids in nodes.values()) if isinstance(nodes, dict) else nodes.numel()
 
 
@@ -172,9 +173,8 @@ def record_trace(task, dataset, iterations, features=None, max_bytes: int | None
             iterations = iterations(len(loader))
         while len(batches) < iterations:
             for batch in loader:
-                nodes = batch.input_nodes
-                batches.append({t: ids.clone() for t, ids in nodes.items()} if isinstance(nodes, dict)
-                               else nodes.clone())
+                nodes = batch.keyed(batch.input_nodes)
+                batches.append({t: ids.clone() for t, ids in nodes.items()})
                 sample_s.append(batch.timings["sample"])
                 held += 8 * _numel(nodes)
                 if len(batches) >= iterations or (max_bytes is not None and held > max_bytes):

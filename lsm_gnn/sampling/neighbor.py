@@ -99,6 +99,13 @@ class Hop:
             return {r: int(e.shape[1]) for r, e in self.edge_index.items()}
         return int(self.edge_index.shape[1])
 
+    def edges_to(self, device) -> None:
+        """Moves ``edge_index`` (what a model reads of the hop) to ``device``."""
+        if self.is_typed:
+            self.edge_index = {r: e.to(device, non_blocking=True) for r, e in self.edge_index.items()}
+        else:
+            self.edge_index = self.edge_index.to(device, non_blocking=True)
+
 
 class Graph(Protocol):
     """What the sampler reads from a graph (a :class:`~lsm_gnn.data.Dataset` is one); node ids are local to

@@ -136,12 +136,13 @@ def add_iteration(state: dict, stage: dict, loss: float, batch) -> None:
     # With PVP, with node embeddings; read_seconds: lacking in a checkpoint from before it was counted.
     for key in ("pvp_hits", "bytes_saved", *EMBEDDING_COUNTERS, "read_seconds"):
         totals[key] = totals.get(key, 0) + io.get(key, 0)
-    if isinstance(batch.hit_mask, dict):  # a typed batch: [hits, rows gathered] per node type
+    found = batch.hits_by_type()
+    if found is not None:  # a typed batch: [hits, rows gathered] per node type
         by_type = totals.setdefault("by_type", {})
-        for t, mask in batch.hit_mask.items():
+        for t, (hits, rows) in found.items():
             counts = by_type.setdefault(t, [0, 0])
-            counts[0] += int(mask.sum())
-            counts[1] += mask.numel()
+            counts[0] += hits
+            counts[1] += rows
 
 
 def iteration_record(batch, epoch: int, loss: float, stage: dict, cached: bool) -> dict:

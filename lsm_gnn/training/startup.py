@@ -173,10 +173,11 @@ def check_cache_size(cfg, spec, loader, task, features, embeddings: dict, world_
         return []
     checks = _sizing_batches(cfg, loader, task, features, world_size)
     fits = []
-    caches = [(features, None, "the cache", spec.size)]
+    one_type = loader.one_type is not None  # its sampled ids are plain: its one cache's and its one table's
+    caches = [(features.only if one_type else features, None, "the cache", spec.size)]
     for t, embedding in embeddings.items():
-        caches.append((embedding.source, None if features.plain else t,
-                       "the node embeddings' cache" if features.plain else f"the {t} node embeddings' cache",
+        caches.append((embedding.source, None if one_type else t,
+                       "the node embeddings' cache" if one_type else f"the {t} node embeddings' cache",
                        spec.embedding_sizes[t]))
     for cached, node_type, what, size in caches:
         for stage, batches in checks:
