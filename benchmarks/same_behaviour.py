@@ -4,7 +4,9 @@ Runs the same trainings from checkouts of two commits, alternately, ``--repeats`
 what they did: every iteration's loss, hit ratio and bytes read (metrics.jsonl), the evaluations, and the
 time per iteration (medians over the repeats). The runs: the README's demo job (``configs/demo.yaml`` on the
 demo graph), a heterogeneous graph, link prediction with node embeddings on disk, and two gloo ranks sharing
-one cache (torchrun)::
+one cache (torchrun). Read-ahead is off in every run: what it reads ahead lands in an iteration by timing (its
+bytes are exact over an epoch, not per iteration), so with it on two equal runs can differ in per-iteration
+bytes. Timings (wall seconds in the evaluations) are left out of the comparison::
 
     python benchmarks/same_behaviour.py --before cee1a75 --after HEAD --json docs/results/same_behaviour.json
 
@@ -50,6 +52,15 @@ def _run(checkout: str, argv: list[str], nproc: int = 1) -> None:
         raise RuntimeError(f"{' '.join(argv)} failed in {checkout}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
 
+def _untimed(value):
+    """``value`` without its wall-clock fields (``seconds``, ``*_s``), which differ between equal runs."""
+    if isinstance(value, dict):
+        return {k: _untimed(v) for k, v in value.items() if k != "seconds" and not k.endswith("_s")}
+    if isinstance(value, list):
+        return [_untimed(v) for v in value]
+    return value
+
+
 def _record(run_dir: str) -> dict:
     """What a run did: the per-iteration fields, the evaluations, and its seconds per iteration."""
     lines = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
@@ -57,7 +68,8 @@ def _record(run_dir: str) -> dict:
     with open(os.path.join(run_dir, "result.json")) as f:
         result = json.load(f)
     per_iteration = {key: [r.get(key) for r in iterations] for key in SAME_PER_ITERATION}
-    return {"per_iteration": per_iteration, "evaluations": result.get("evaluations"), "eval": result.get("eval"),
+    return {"per_iteration": per_iteration, "evaluations": _untimed(result.get("evaluations")),
+            "eval": _untimed(result.get("eval")),
             "iterations": result["iterations"], "ms_per_iteration": 1e3 * result["wall_s"] / result["iterations"]}
 
 
@@ -137,7 +149,8 @@ def main(argv=None) -> int:
                 for side in (("before", "after") if repeat % 2 == 0 else ("after", "before")):
                     run_dir = os.path.join(work, "runs", f"{case.replace(' ', '_')}-{side}-{repeat}")
                     os.makedirs(run_dir)
-                    _run(checkouts[side], [*argv_case, f"log.dir={run_dir}", f"checkpoint.dir={run_dir}",
+                    _run(checkouts[side], [*argv_case, "cache.read_ahead=0", f"log.dir={run_dir}",
+                                           f"checkpoint.dir={run_dir}",
                                            "checkpoint.resume=false", "--json", os.path.join(run_dir, "result.json")],
                          nproc)
                     records[side].append(_record(run_dir))
