@@ -214,7 +214,7 @@ class _Table:
     ({"fos": 40}, 2),          # a type alone in its group: the group's id space, the group's window
     ({"institute": 20, "fos": 40}, 3)])
 def test_trainable_rows_plan_with_one_window_per_id_space(dataset, trainable, windows):
-    features = build_features(spec("memory"), dataset, torch.device("cpu"))
+    features = build_features(spec(dataset, "memory"), dataset, torch.device("cpu"))
     for t, rows in trainable.items():
         features.add_trainable(t, _Table(rows))
     nodes = {"paper": torch.tensor([1, 2]), "author": torch.tensor([3]), "fos": torch.tensor([4]),
@@ -227,7 +227,7 @@ def test_trainable_rows_plan_with_one_window_per_id_space(dataset, trainable, wi
 
 def test_one_source_is_only_for_one_group(dataset):
     with pytest.raises(ValueError, match="pick one of .groups"):
-        build_features(spec(), dataset, torch.device("cpu")).only
+        build_features(spec(dataset), dataset, torch.device("cpu")).only
 
 
 def test_a_typed_graph_takes_a_bare_features_as_its_target_types(dataset):
