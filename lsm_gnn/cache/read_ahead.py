@@ -259,6 +259,9 @@ class ReadAhead:
     def follow(self, iteration: int, future) -> None:
         """After the lookup before ``iteration``: asks for the rows the next :attr:`depth` batches of ``future``
         (the cache's window; None: none) will miss as the cache stands now (:meth:`request_misses`)."""
+        if self._state is None:
+            raise TypeError("follow() compares the next batches with a cache's state: build the read-ahead with "
+                            "state= (read_ahead_for does), or ask with request_misses()")
         if future is None:
             return
         batches = [as_id_tensor(future[j]) for j in range(min(self.depth, len(future)))]
