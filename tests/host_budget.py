@@ -310,12 +310,12 @@ def device_cache(storage, *, misses: str = "staged", **kwargs):
     (unpinned) as from a host storage, or with ``misses="direct"`` read into the lines by a storage that reads
     to the cache's device (``pinned``, gds); read-ahead's misses found by the device probe."""
     from lsm_gnn.cache import SoftwareCache
-    from lsm_gnn.cache.staging import MissStaging
+    from lsm_gnn.cache.staging import StagedMisses
 
     cache = SoftwareCache(storage, **{"hits_first": not kwargs.get("pvp"), **kwargs})
     cache._stream = torch.cuda.Stream(cache.device)
     if misses == "staged":
-        cache._staging, cache._read_into = MissStaging("cpu", pin=False), None
+        cache._misses = StagedMisses(storage, cache.device, pin=False)
     elif misses != "direct" or cache.miss_path != "direct":
         raise ValueError(f"misses={misses!r} (staged or direct) over a storage whose reads take the "
                          f"{cache.miss_path} path")

@@ -107,6 +107,8 @@ def test_bad_arguments_are_refused(disk, tmp_path):
     with open_storage(dataset, "pread") as storage:
         with pytest.raises(ValueError, match="depth"):
             ReadAhead(storage, depth=0)
+        with pytest.raises(TypeError, match="state="):  # following a cache needs that cache's state
+            ReadAhead(storage, depth=1).follow(0, [torch.tensor([1])])
         with pytest.raises(ValueError, match="read_ahead"):
             SoftwareCache(storage, num_sets=2, read_ahead=-1)
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from lsm_gnn.cache import POLICIES, SoftwareCache, WindowBuffer, software_cache
+from lsm_gnn.cache import POLICIES, SoftwareCache, WindowBuffer, write_back
 from lsm_gnn.testing import tiny_cache_setup
 
 NUM_NODES, DIM = 600, 8
@@ -81,7 +81,7 @@ def test_flush_writes_bounded_chunks_in_id_order(tmp_path, monkeypatch):
     ids = torch.arange(0, NUM_NODES, 10)
     cache.lookup(ids)
     cache.update(ids, torch.ones(ids.numel(), DIM), add)
-    monkeypatch.setattr(software_cache, "FLUSH_BYTES", 7 * storage.row_bytes)
+    monkeypatch.setattr(write_back, "FLUSH_BYTES", 7 * storage.row_bytes)
     writes, write = [], storage.write
     monkeypatch.setattr(storage, "write", lambda i, rows: (writes.append(i.clone()), write(i, rows))[1])
     cache.flush()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from lsm_gnn.defaults import PERIOD, WINDOW
 # The codes the kernels know policies and levels by live with the kernels; the descriptions live here.
@@ -153,3 +154,16 @@ def quantize_scores(scores: np.ndarray, chunk: int = 1 << 20) -> np.ndarray:
         for start in range(0, n, chunk):
             out[order[start:start + chunk]] = np.round(dense[start:start + chunk] * scale).astype(np.uint16)
     return out.reshape(scores.shape)
+
+
+def static_ranks(scores, num_rows: int, device: torch.device) -> torch.Tensor | None:
+    """Per-node static ``scores`` (one per row of a storage of ``num_rows``; None: none) as the int16 view of
+    uint16 ranks (:func:`quantize_scores`) the cache's assign reads, on ``device``."""
+    if scores is None:
+        return None
+    scores = np.asarray(scores)
+    ranks = scores if scores.dtype == np.uint16 else quantize_scores(scores)
+    ranks = torch.from_numpy(np.ascontiguousarray(ranks).view(np.int16)).to(device)
+    if ranks.numel() != num_rows:
+        raise ValueError(f"static_scores has {ranks.numel()} entries; the storage has {num_rows} nodes")
+    return ranks

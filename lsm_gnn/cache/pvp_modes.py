@@ -1,6 +1,8 @@
 """The victim buffer's part of one cache lookup: one strategy per PVP mode, with a hook for each stage of
-:mod:`lsm_gnn.cache.plan` it takes part in, over the cache's :class:`~lsm_gnn.cache.plan.LookupPlan`.
-:func:`lookup_strategy` picks one when the cache is built, so the lookup itself never asks which mode runs."""
+:mod:`lsm_gnn.cache.plan` it takes part in, over the cache's :class:`~lsm_gnn.cache.plan.LookupPlan`, and for
+the cache's other calls that concern parked rows (update, prefetch, settle, read-ahead).
+:func:`victim_part` builds the buffer and picks one when the cache is built, so the cache never asks which
+mode runs or whether a buffer exists."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -8,7 +10,7 @@ from contextlib import nullcontext
 
 import torch
 
-from lsm_gnn.cache.pvp import VictimBuffer
+from lsm_gnn.cache.pvp import DEFAULT_QUEUE_BYTES, VictimBuffer, queue_capacity_for
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
 
 
@@ -39,6 +41,19 @@ class WithoutPVP:
     def serve(self, plan, cache_data: torch.Tensor) -> None:
         """fill, after the storage reads and the gather: the rows of the ids the queue served."""
 
+    def parked(self, iteration: int) -> torch.Tensor | None:
+        """The ids parked for ``iteration`` (:meth:`VictimBuffer.parked_for`), which read-ahead leaves out."""
+        return None
+
+    def discard(self, nodes: torch.Tensor) -> None:
+        """Drops the parked copies of ``nodes``, whose rows an update changed in storage."""
+
+    def prefetch(self, iteration: int) -> None:
+        """Starts moving the queue of ``iteration`` into the prefetch buffer."""
+
+    def close(self) -> None:
+        """Joins a prefetch in flight."""
+
 
 class _FromQueue(WithoutPVP, ABC):
     """What both PVP modes do: take the prefetched lines, park victims, settle the served count."""
@@ -54,6 +69,18 @@ class _FromQueue(WithoutPVP, ABC):
 
     def take(self, plan) -> None:
         plan.prefetched = self.buffer.take(plan.t)
+
+    def parked(self, iteration: int) -> torch.Tensor | None:
+        return self.buffer.parked_for(iteration)
+
+    def discard(self, nodes: torch.Tensor) -> None:
+        self.buffer.discard(nodes)
+
+    def prefetch(self, iteration: int) -> None:
+        self.buffer.prefetch_async(iteration)
+
+    def close(self) -> None:
+        self.buffer.close()
 
     def park(self, plan, cache_data: torch.Tensor, scan_base: int) -> None:
         done = plan.done
@@ -111,8 +138,23 @@ class ReinstallFromQueue(_FromQueue):
         return not plan.one_gather or bool(plan.done.bypassed)
 
 
-def lookup_strategy(buffer: VictimBuffer | None, reinstall: bool) -> WithoutPVP:
-    """The victim buffer's part of a cache's lookups, chosen once: none, the paper's bypass, or reinstall."""
-    if buffer is None:
+def victim_part(pvp: bool, reinstall: bool, queue_capacity: int | None, queue_bytes, *, window: int, storage,
+                cache_bytes: int, device: torch.device, num_threads: int = 0) -> WithoutPVP:
+    """A cache's ``pvp``, ``pvp_reinstall``, ``pvp_queue_capacity`` and ``pvp_queue_bytes``
+    (:class:`~lsm_gnn.cache.SoftwareCache`) as its victim buffer (``.buffer``; None without PVP), the queues sized
+    by lines or by bytes (a share of ``cache_bytes``), inside the strategy of its mode: none, the paper's
+    bypass, or reinstall."""
+    if queue_capacity is not None and queue_bytes is not None:
+        raise ValueError(f"give the victim queues' size once: pvp_queue_capacity={queue_capacity!r} (lines "
+                         f"per queue) or pvp_queue_bytes={queue_bytes!r} (all queues), not both")
+    if not pvp:
+        if reinstall:
+            raise ValueError("pvp_reinstall=True needs pvp=True")
         return WithoutPVP()
+    if queue_capacity is None:
+        queue_capacity = queue_capacity_for(DEFAULT_QUEUE_BYTES if queue_bytes is None else queue_bytes,
+                                            window + 1, storage.row_bytes, cache_bytes,
+                                            at_least_one=queue_bytes is None)
+    buffer = VictimBuffer(window, queue_capacity, storage.dim, storage.dtype, device, first_iteration=0,
+                          num_threads=num_threads)
     return ReinstallFromQueue(buffer) if reinstall else BypassFromQueue(buffer)

@@ -25,6 +25,7 @@ import torch
 
 from lsm_gnn.defaults import (READ_AHEAD_BYTES, READ_AHEAD_DEPTH, READ_AHEAD_MAX_BYTES, READ_AHEAD_MEMORY_SHARE,
                               AUTO_MIN_ROOM)
+from lsm_gnn.ids import as_id_tensor
 from lsm_gnn.units import parse_bytes
 
 
@@ -175,6 +176,31 @@ def default_depth(from_disk: bool) -> int:
     return READ_AHEAD_DEPTH if room is None or room >= AUTO_MIN_ROOM else 0
 
 
+class NoReadAhead:
+    """A cache that reads nothing ahead (``read_ahead=0``): its lookups read every miss themselves."""
+
+    depth = 0
+
+    def take(self, iteration: int, ids: torch.Tensor) -> None:
+        return None
+
+    def follow(self, iteration: int, future) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def read_ahead_for(storage, depth: int | None, max_bytes, device, state, parked) -> ReadAhead | NoReadAhead:
+    """A cache's ``read_ahead`` of ``depth`` batches (``None``: :func:`default_depth`, from a disk nobody writes;
+    0: :class:`NoReadAhead`) over ``storage``, following its ``state`` and victim buffer's ``parked`` ids."""
+    if depth is None:
+        depth = default_depth(getattr(storage, "from_disk", False) and not storage.writable)
+    if depth < 0:
+        raise ValueError(f"read_ahead is a number of batches >= 0 (0: off), got {depth}")
+    return ReadAhead(storage, depth, max_bytes, device, state=state, parked=parked) if depth else NoReadAhead()
+
+
 def read_ahead_budget(value) -> int:
     """Bytes of rows a read-ahead may hold: ``value`` in bytes ("64M"), or ``"auto"``: READ_AHEAD_MAX_BYTES, or
     READ_AHEAD_MEMORY_SHARE of the memory still available (a memory cgroup's limit counted) where that is less.
@@ -198,9 +224,14 @@ class ReadAhead:
     Thread-safe; the worker starts with the first request. :meth:`request_misses` works out what to ask for
     from the tags of a cache on ``device``: on the CPU at once, else (``self.on_device``) in two halves, the
     lookup on the device started on the caller's thread and finished on the worker's (or by the next
-    :meth:`take`, whichever comes first), so the caller never waits for the device."""
+    :meth:`take`, whichever comes first), so the caller never waits for the device.
 
-    def __init__(self, storage, depth: int = READ_AHEAD_DEPTH, max_bytes=READ_AHEAD_BYTES, device="cpu"):
+    A cache's read-ahead (:func:`read_ahead_for`) follows its ``state`` (a :class:`~lsm_gnn.cache.state.CacheState`:
+    what it holds) and ``parked`` (``parked(iteration)``: the ids its victim buffer serves that batch, or None);
+    the cache calls :meth:`take` in its fill and :meth:`follow` after each lookup."""
+
+    def __init__(self, storage, depth: int = READ_AHEAD_DEPTH, max_bytes=READ_AHEAD_BYTES, device="cpu", *,
+                 state=None, parked=None):
         if depth < 1:
             raise ValueError(f"read-ahead depth is a number of batches >= 1, got {depth}")
         if getattr(storage, "writable", False):
@@ -220,9 +251,21 @@ class ReadAhead:
         self._cond = threading.Condition()
         self._worker: threading.Thread | None = None
         self._closed = False
+        self._state, self._parked = state, parked
         _LIVE.add(self)
 
     # -- the cache's side ----------------------------------------------------------------------------------------
+
+    def follow(self, iteration: int, future) -> None:
+        """After the lookup before ``iteration``: asks for the rows the next :attr:`depth` batches of ``future``
+        (the cache's window; None: none) will miss as the cache stands now (:meth:`request_misses`)."""
+        if self._state is None:
+            raise TypeError("follow() compares the next batches with a cache's state: build the read-ahead with "
+                            "state= (read_ahead_for does), or ask with request_misses()")
+        if future is None:
+            return
+        batches = [as_id_tensor(future[j]) for j in range(min(self.depth, len(future)))]
+        self.request_misses(iteration, batches, self._state.tags, self._state.ways, self._parked)
 
     def requested(self, iteration: int) -> torch.Tensor | None:
         """The ids already asked for ``iteration`` (each chunk's sorted, one after another), or None."""

@@ -1,49 +1,23 @@
 """The software cache: 32-way set-associative, policy-driven, in front of a storage.
 
-Semantics are those of :mod:`lsm_gnn.cache.reference` (the oracle); the
-metadata work runs in the native core (OpenMP across sets), rows move with
-torch index ops. State lives in tensors owned by this object. A lookup is the
-named stages of :mod:`lsm_gnn.cache.plan` over a per-batch plan, with the
-victim buffer's part in one strategy object per PVP mode (:mod:`lsm_gnn.cache.pvp`).
+Semantics are those of :mod:`lsm_gnn.cache.reference` (the oracle); the metadata work runs in the native core
+(OpenMP across sets), rows move with torch index ops. A lookup is the named stages of :mod:`lsm_gnn.cache.plan`
+over a per-batch plan, calling the cache's parts (:mod:`lsm_gnn.cache.cache_parts`), each chosen once when the
+cache is built: this module is the stages and nothing else.
 """
 from __future__ import annotations
 
-import threading
-import time
-
-import numpy as np
 import torch
 
-from lsm_gnn.cache.geometry import CacheTooSmall, cache_geometry
-from lsm_gnn.cache.hashing import set_of
-from lsm_gnn.cache.hits_first import HitsFirst, ServeGraphs, distinct_padded
-from lsm_gnn.kernels.layout import INDEX_MASK, INVALID_TAG, REUSE_SHIFT
-from lsm_gnn.cache.policies import PolicyConfig, quantize_scores
+from lsm_gnn.cache.cache_parts import CacheParts
+from lsm_gnn.cache.geometry import CacheTooSmall
+from lsm_gnn.cache.hits_first import distinct_padded
 from lsm_gnn.cache.plan import LookupPlan
-from lsm_gnn.cache.pvp import DEFAULT_QUEUE_BYTES, VictimBuffer, queue_capacity_for
-from lsm_gnn.cache.pvp_modes import lookup_strategy
-from lsm_gnn.cache.read_ahead import ReadAhead, default_depth
-from lsm_gnn.cache.staging import MissStaging, side_stream
-from lsm_gnn.cache.state import Assignment, CacheState
-from lsm_gnn.cache.stats import CacheStats
-from lsm_gnn.cache.window import WindowBuffer
-from lsm_gnn.defaults import PERIOD, READ_AHEAD_BYTES, WAYS, WINDOW, policy_for
-from lsm_gnn.features import StorageShape
-from lsm_gnn.hostmem import host_zeros
+from lsm_gnn.cache.staging import side_stream
+from lsm_gnn.cache.state import Assignment
+from lsm_gnn.cache.window import first_occurrences
 from lsm_gnn.ids import as_id_tensor, unique_ids
-from lsm_gnn.kernels import kernel_mode
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
-
-#: bytes of dirty lines :meth:`SoftwareCache.flush` hands the storage per write (bounds the copies it makes)
-FLUSH_BYTES = 16 << 20
-
-
-def _words(rows: torch.Tensor) -> torch.Tensor:
-    """A contiguous 2-D tensor of bytes (an embedding table's rows) as int64 words where its rows allow,
-    for index copies; any other tensor as it is."""
-    if rows.dtype == torch.uint8 and rows.dim() == 2 and rows.shape[1] % 8 == 0 and rows.is_contiguous():
-        return rows.view(torch.int64)
-    return rows
 
 
 def _as_bytes(rows: torch.Tensor) -> torch.Tensor:
@@ -51,81 +25,36 @@ def _as_bytes(rows: torch.Tensor) -> torch.Tensor:
     return rows.view(torch.uint8).view(rows.shape[0], rows.shape[1] * rows.element_size())
 
 
-def static_ranks(scores) -> torch.Tensor | None:
-    """Per-node static scores as the int16 view of uint16 ranks the native core reads."""
-    if scores is None:
-        return None
-    scores = np.asarray(scores)
-    ranks = scores if scores.dtype == np.uint16 else quantize_scores(scores)
-    return torch.from_numpy(np.ascontiguousarray(ranks).view(np.int16))
-
-
-def _cache_device(device) -> torch.device:
-    """``device`` as a torch.device a cache can live on: the CPU, or a CUDA device torch can see."""
-    device_ = torch.device(device)
-    if device_.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"the cache was asked for device {device!r}, but torch sees no CUDA device "
-                           f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); "
-                           "use device='cpu' or run on a GPU machine")
-    if device_.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or a CUDA device, got {device!r}")
-    if device_.type == "cuda" and device_.index is None:  # "cuda" is the current device: its tensors say cuda:N
-        device_ = torch.device("cuda", torch.cuda.current_device())
-    return device_
-
-
-def miss_path(read_device: torch.device, cache_device: torch.device) -> str:
-    """How a cache on ``cache_device`` gets its misses from a storage whose reads land on ``read_device`` (its
-    ``device``): ``"direct"`` where they are the same (read straight into the lines: a CPU cache over a file, a
-    GPU cache over ``gds`` on its GPU), ``"staged"`` from the host to a GPU cache (through a reused pinned
-    buffer, one transfer per batch), else ``"copied"`` (read where the storage reads to, then moved)."""
-    read_device, cache_device = torch.device(read_device), torch.device(cache_device)
-    if read_device == cache_device:
-        return "direct"
-    if read_device.type == "cpu" and cache_device.type == "cuda":
-        return "staged"
-    return "copied"
-
-
-class SoftwareCache(StorageShape):
+class SoftwareCache(CacheParts):
     """A set-associative cache of feature rows in front of ``storage``.
 
-    ``lookup(ids, future)`` serves one iteration: it returns the rows of
-    ``ids`` in request order (always exactly the bytes in storage) and a mask
-    of which ids were hits. ``future`` is the window of upcoming batches (a
-    :class:`WindowBuffer`, ideally built with ``num_nodes`` for its native
-    index, or a list of id tensors); it feeds the dynamic policies.
-    Concurrent lookups are serialized batch by batch; each batch runs in parallel.
+    ``lookup(ids, future)`` serves one iteration: it returns the rows of ``ids`` in request order (always
+    exactly the bytes in storage) and a mask of which ids were hits. ``future`` is the window of upcoming
+    batches (a :class:`WindowBuffer`, ideally built with ``num_nodes`` for its native index, or a list of id
+    tensors); it feeds the dynamic policies. Concurrent lookups are serialized batch by batch; each batch runs
+    in parallel. A batch with more distinct ids than the cache has lines raises :class:`CacheTooSmall` (a
+    ValueError naming ``sized_by``, the config key of the cache's size, if any), since such a cache thrashes; ``oversubscribe=True`` allows it (lines of the current batch are
+    then evicted last), for studies that scale caches below one batch.
 
-    A batch with more distinct ids than the cache has lines raises
-    :class:`CacheTooSmall` (a ValueError, naming ``sized_by``: the config key of the cache's size, if
-    any), since such a cache thrashes; ``oversubscribe=True`` allows it
-    (lines of the current batch are then evicted last), for studies that
-    scale caches below one batch.
-
-    ``pvp=True`` adds the Preemptive Victim-buffer Prefetcher
-    (:mod:`lsm_gnn.cache.pvp`): evicted lines with a known next use wait in
-    one queue per future iteration (``pvp_queue_capacity`` lines each) and
-    serve that iteration's batch without a storage read (``pvp_reinstall=True``:
-    they are installed in the cache as misses read from the queue; ``False``:
-    they bypass the cache, as in the paper). ``pvp_queue_bytes`` bounds all
-    queues' memory instead (``"256M"``, or a share of the cache's bytes: the
-    default is ``"25%"``, see :data:`lsm_gnn.defaults.PVP_QUEUE_BYTES`).
-    ``self.pvp`` is then the
-    :class:`~lsm_gnn.cache.pvp.VictimBuffer` (counters in ``self.pvp.stats``);
-    ``hit_mask`` and ``stats.combined_hit_ratio`` count its hits, while
+    ``pvp=True`` adds the Preemptive Victim-buffer Prefetcher (:mod:`lsm_gnn.cache.pvp`): evicted lines with a
+    known next use wait in one queue per future iteration (``pvp_queue_capacity`` lines each) and serve that
+    iteration's batch without a storage read (``pvp_reinstall=True``: they are installed in the cache as misses
+    read from the queue; ``False``: they bypass the cache, as in the paper). ``pvp_queue_bytes`` bounds all
+    queues' memory instead (``"256M"``, or a share of the cache's bytes: the default is ``"25%"``, see
+    :data:`lsm_gnn.defaults.PVP_QUEUE_BYTES`). ``self.pvp`` is then the :class:`~lsm_gnn.cache.pvp.VictimBuffer`
+    (counters in ``self.pvp.stats``); ``hit_mask`` and ``stats.combined_hit_ratio`` count its hits, while
     ``stats.hit_ratio`` counts the cache's own.
 
-    Over a writable storage (``storage.writable``: an embedding table) the cache is write-back:
-    :meth:`update` changes rows in their lines, which become dirty; a dirty line is written to the storage
-    when it is evicted (before its victim-buffer copy is made, so a parked line is always clean) and by
-    :meth:`flush`. ``stats`` counts the rows written back and ``last_timings["write-back"]`` their seconds.
+    Over a writable storage (an embedding table) the cache is write-back (:mod:`lsm_gnn.cache.write_back`):
+    :meth:`update` changes rows in their lines, which become dirty; a dirty line is written to the storage when
+    it is evicted and by :meth:`flush`. ``stats`` counts the rows written back, ``last_timings["write-back"]``
+    their seconds.
 
     ``read_ahead``: after each lookup the cache asks for the rows its next ``read_ahead`` batches (of the
-    ``future`` window) will miss, read on a thread of their own (:mod:`lsm_gnn.cache.read_ahead`), so the disk
-    reads while the loader does everything else; at most ``read_ahead_bytes`` of rows are held. ``None``: 2
-    where misses come from a disk (``storage.from_disk``) that nobody writes,
-    with 256 MiB of memory available (:func:`~lsm_gnn.cache.read_ahead.default_depth`), else 0 (off). What is read ahead changes where a miss's bytes come from, never a result.
+    ``future`` window) will miss, read on a thread of their own (:mod:`lsm_gnn.cache.read_ahead`), holding at
+    most ``read_ahead_bytes`` of rows. ``None``: 2 where misses come from a disk nobody writes, with 256 MiB of
+    memory available (:func:`~lsm_gnn.cache.read_ahead.default_depth`), else 0 (off). What is read ahead
+    changes where a miss's bytes come from, never a result.
 
     ``hits_first``: serve a batch's hits in one kernel before any other work (:mod:`lsm_gnn.cache.hits_first`),
     so a batch that hits in full costs one launch and one read back; only a batch with misses computes its
@@ -135,149 +64,18 @@ class SoftwareCache(StorageShape):
     graph kept per batch size and ``out`` buffer (:class:`~lsm_gnn.cache.hits_first.ServeGraphs`), which skips
     Triton's launcher; worth it where batches hit in full and the caller reuses a few ``out`` buffers.
 
-    Defaults: ``policy=None`` is ``"farthest"``, with or without PVP;
-    ``pvp_reinstall=None`` is on with PVP, so PVP leaves the cache's
-    decisions as they are without it and only turns misses into PVP hits.
-    Both were the best measured settings (``docs/benchmarks/pvp.md``);
-    ``policy="hybrid"`` is the paper's policy, and ``policy="hybrid_pvp",
-    pvp_reinstall=False`` its PVP design as published.
+    Defaults: ``policy=None`` is ``"farthest"``, with or without PVP; ``pvp_reinstall=None`` is on with PVP, so
+    PVP leaves the cache's decisions as they are without it and only turns misses into PVP hits. Both were the
+    best measured settings (``docs/benchmarks/pvp.md``); ``policy="hybrid"`` is the paper's policy, and
+    ``policy="hybrid_pvp", pvp_reinstall=False`` its PVP design as published.
     """
-
-    def __init__(self, storage, capacity=None, *, ways: int = WAYS, policy: str | PolicyConfig | None = None,
-                 window: int = WINDOW, period: int = PERIOD, threshold: int | None = None, levels=None,
-                 static_scores=None, num_sets: int | None = None, oversubscribe: bool = False,
-                 device: str | torch.device = "cpu", num_threads: int = 0, pvp: bool = False,
-                 pvp_queue_capacity: int | None = None, pvp_queue_bytes=None, pvp_reinstall: bool | None = None,
-                 read_ahead: int | None = None, read_ahead_bytes=READ_AHEAD_BYTES, hits_first: bool | None = None,
-                 graphs: bool = False, sized_by: str | None = None):
-        self.storage = storage
-        self.sized_by = sized_by  # the config key of its size, which its CacheTooSmall names
-        if policy is None:  # the best measured default (docs/benchmarks/pvp.md, PVP section)
-            policy = policy_for(pvp)
-        if pvp_reinstall is None:
-            pvp_reinstall = bool(pvp)
-        if isinstance(policy, PolicyConfig):
-            self.policy = policy
-        else:
-            self.policy = PolicyConfig(policy, window=window, period=period, threshold=threshold,
-                                       levels=tuple(levels) if levels is not None else None)
-        self.num_sets, self.ways = self._geometry(capacity, num_sets, ways)
-        self.device = _cache_device(device)
-        self.state = CacheState.empty(self.num_sets, self.ways, self.device)
-        self.data = host_zeros((self.num_lines, storage.dim), storage.dtype) if self.device.type == "cpu" else \
-            torch.zeros((self.num_lines, storage.dim), dtype=storage.dtype, device=self.device)
-        self.node_static = self._static_ranks(static_scores)
-        self.num_threads = num_threads
-        self.oversubscribe = oversubscribe
-        self.iteration = 0
-        self.scan_base = 0
-        self.stats = CacheStats()
-        self._lock = threading.Lock()
-        # Write-back over a writable storage: lines changed since they were read or last written back.
-        writable = storage.writable
-        self.dirty = torch.zeros(self.num_lines, dtype=torch.bool, device=self.device) if writable else None
-        self.last_timings = {"write-back": 0.0} if writable else {}
-        self._failed: BaseException | None = None  # a write-back that failed: the dirty rows it held are gone
-        # The last lookup's rows that got no line (bypassed), which an update before the next lookup needs.
-        self._lineless: tuple[torch.Tensor, torch.Tensor] | None = None
-        # How misses reach the lines, from where the storage reads to (see miss_path): decided here, once.
-        # (A stand-in storage that does not say where it reads to reads to the host, as FeatureStorage's default.)
-        self.miss_path = miss_path(getattr(storage, "device", torch.device("cpu")), self.device)
-        self._staging = MissStaging(self.device) if self.miss_path == "staged" else None
-        # Straight into their lines where the storage reads to the cache's device (its read_into; None: not).
-        self._read_into = storage.read_into if self.miss_path == "direct" else None
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self.pvp_reinstall = bool(pvp_reinstall)
-        self.pvp: VictimBuffer | None = self._victim_buffer(pvp, pvp_queue_capacity, pvp_queue_bytes)
-        # PVP's part of every lookup, by mode (lsm_gnn.cache.pvp): chosen here, once.
-        self._victims = lookup_strategy(self.pvp, self.pvp_reinstall)
-        self.read_ahead = self._read_ahead(read_ahead, read_ahead_bytes)
-        self._hits_first = self._serving_hits_first(hits_first, graphs)
-
-    def _serving_hits_first(self, wanted: bool | None, graphs: bool) -> HitsFirst | None:
-        """The constructor's ``hits_first`` (see the class) as the buffers it reuses, or None."""
-        if wanted is None:
-            wanted = self.device.type == "cuda" and self.pvp is None
-        if wanted and self.pvp is not None:
-            raise ValueError("hits_first=True needs pvp=False: the victim buffer's part of a lookup needs the "
-                             "batch's distinct ids, which serving hits first avoids computing")
-        if wanted and self.device.type == "cpu" and kernel_mode() != "triton":
-            raise ValueError("hits_first=True on a CPU cache runs the device kernel under Triton's interpreter: "
-                             "construct the cache under lsm_gnn.kernels.using('triton') (tests), or leave "
-                             "hits_first=None (a CPU cache assigns whole batches in the C++ core)")
-        if graphs and not wanted:
-            raise ValueError("graphs=True captures the serving of hits first: it needs hits_first (a GPU cache "
-                             "without PVP)")
-        return HitsFirst(self.num_lines, self.device, ServeGraphs(self.device) if graphs else None) \
-            if wanted else None
-
-    def _read_ahead(self, depth: int | None, max_bytes) -> ReadAhead | None:
-        """The read-ahead of the constructor's ``read_ahead`` batches (see the class), or None."""
-        if depth is None:
-            depth = default_depth(getattr(self.storage, "from_disk", False) and not self.writable)
-        if depth < 0:
-            raise ValueError(f"read_ahead is a number of batches >= 0 (0: off), got {depth}")
-        return ReadAhead(self.storage, depth, max_bytes, self.device) if depth else None
-
-    def _geometry(self, capacity, num_sets: int | None, ways: int) -> tuple[int, int]:
-        """(num_sets, ways) from the constructor's capacity or num_sets."""
-        if num_sets is None:
-            if capacity is None:
-                raise ValueError("give the cache a capacity in bytes (e.g. '4G') or num_sets")
-            num_sets, ways = cache_geometry(capacity, self.storage.row_bytes, ways, self.storage.num_rows)
-        elif num_sets < 1 or ways < 1:
-            raise ValueError(f"a cache needs at least one set and one way, got {num_sets} x {ways}")
-        return int(num_sets), int(ways)
-
-    def _static_ranks(self, static_scores) -> torch.Tensor | None:
-        """:func:`static_ranks` on the cache's device, one per node of the storage."""
-        ranks = static_ranks(static_scores)
-        if ranks is None:
-            return None
-        ranks = ranks.to(self.device)
-        if ranks.numel() != self.storage.num_rows:
-            raise ValueError(f"static_scores has {ranks.numel()} entries; the storage has "
-                             f"{self.storage.num_rows} nodes")
-        return ranks
-
-    def _victim_buffer(self, pvp: bool, queue_capacity: int | None, queue_bytes) -> VictimBuffer | None:
-        """The victim buffer of ``pvp=True``, its queues sized by lines or by bytes (see the class)."""
-        if queue_capacity is not None and queue_bytes is not None:
-            raise ValueError(f"give the victim queues' size once: pvp_queue_capacity={queue_capacity!r} (lines "
-                             f"per queue) or pvp_queue_bytes={queue_bytes!r} (all queues), not both")
-        if not pvp:
-            if self.pvp_reinstall:
-                raise ValueError("pvp_reinstall=True needs pvp=True")
-            return None
-        if queue_capacity is None:
-            queue_capacity = queue_capacity_for(DEFAULT_QUEUE_BYTES if queue_bytes is None else queue_bytes,
-                                                self.policy.window + 1, self.storage.row_bytes, self.capacity_bytes,
-                                                at_least_one=queue_bytes is None)
-        return VictimBuffer(self.policy.window, queue_capacity, self.storage.dim, self.storage.dtype, self.device,
-                            first_iteration=self.iteration, num_threads=self.num_threads)
-
-    @property
-    def num_lines(self) -> int:
-        return self.num_sets * self.ways
-
-    @property
-    def capacity_bytes(self) -> int:
-        return self.num_lines * self.storage.row_bytes
 
     def scan(self, future) -> None:
         """Sets every cached line's next reuse from ``future`` (future[0] = next iteration)."""
         self._scan(self._first_occurrence(future))
 
     def _first_occurrence(self, future) -> tuple:
-        """``future``'s per-node first occurrences on the cache's device (``WindowBuffer.first_occurrence``)."""
-        window = future if isinstance(future, WindowBuffer) and future.index is not None else None
-        if window is None:  # a plain list of batches: index it now (O(ids in the window))
-            window = WindowBuffer(self.policy.window, self.storage.num_rows)
-            for k, batch in enumerate(future):
-                if k >= self.policy.window:
-                    break
-                window.push(batch)
-        return window.first_occurrence(self.device)
+        return first_occurrences(future, self.policy.window, self.storage.num_rows, self.device)
 
     def _scan(self, first_occurrence: tuple) -> None:
         self.state.scan(*first_occurrence, self.policy.window, self.num_threads)
@@ -311,7 +109,7 @@ class SoftwareCache(StorageShape):
                     self._forget_unfilled(plan.line, plan.hit)
                     raise
             result = self._account(plan, caller)
-            self._request_ahead(plan.future)
+            self._ahead.follow(self.iteration, plan.future)
             return result
 
     def _check_out(self, num_ids: int, out: torch.Tensor | None) -> None:
@@ -322,6 +120,11 @@ class SoftwareCache(StorageShape):
             raise ValueError(f"out must be a contiguous {self.data.dtype} tensor of shape {shape} on {self.device}, "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
 
+    def _forget_unfilled(self, line: torch.Tensor, hit: torch.Tensor) -> None:
+        """Invalidates the lines this lookup assigned to ids it did not hit (after a failed fill)."""
+        assigned = line[~hit]
+        self.state.forget(assigned[assigned >= 0])
+
     # -- the stages of a lookup (lsm_gnn.cache.plan), in order --------------------------------------------------
 
     def _begin(self, ids: torch.Tensor, future=None, out: torch.Tensor | None = None) -> LookupPlan:
@@ -331,7 +134,7 @@ class SoftwareCache(StorageShape):
         last batch hit in full, the hits are served, and a batch that hits in full too ends here. Else the
         distinct ids are found without reading their number back (padded, with the batch's range, which
         :meth:`_read_assigned` checks): one read back in all for a batch with misses."""
-        self._check_intact()
+        self._writes.check_intact()
         t, scanned, rows, distinct_at_most = self.iteration, False, None, ids.numel()
         window, scan_now = self._window(t, future)
         num_distinct = None
@@ -428,10 +231,7 @@ class SoftwareCache(StorageShape):
     def _evict(self, plan: LookupPlan) -> None:
         """The victims leave before any row overwrites their lines: dirty ones to the storage (so a parked copy
         is always clean), then to their victim queues."""
-        if self.dirty is not None:
-            self.last_timings["write-back"] = 0.0
-            if plan.done.evictions:
-                self._write_back(plan.done, plan.cache_ids)
+        self._writes.evict(plan.done, plan.cache_ids)
         self._victims.park(plan, self.data, self.scan_base)
 
     def _after_assign(self, plan: LookupPlan) -> None:
@@ -471,18 +271,19 @@ class SoftwareCache(StorageShape):
     def _read_misses(self, plan: LookupPlan) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Reads the misses into their lines; returns the distinct ids whose rows go to their positions from
         elsewhere than a line (misses the policy left uncached, or all when hit rows went first) and those rows.
-        Rows read ahead (:meth:`_request_ahead`) are taken from there; the storage reads the rest."""
+        Rows read ahead (:meth:`ReadAhead.take`) are taken from there; the storage reads the rest."""
         miss, miss_ids, miss_cached = plan.miss, plan.miss_ids, plan.miss_cached
-        early = None if self.read_ahead is None else self.read_ahead.take(plan.t, miss_ids)
+        early = self._ahead.take(plan.t, miss_ids)
         self.stats.bytes_read += miss.numel() * self.storage.row_bytes
         if early is None:
-            return self._read_rows(plan, miss, miss_ids, miss_cached)
+            return self._misses.read(plan, miss, miss_ids, miss_cached, self.data)
         where, rows = torch.as_tensor(early[0]).cpu(), early[1].to(self.device)
         left = torch.ones(miss.numel(), dtype=torch.bool)  # on the host, where the ids are
         left[where] = False
         left = torch.nonzero(left).reshape(-1)
-        apart = self._read_rows(plan, miss[left.to(self.device)], miss_ids[left],
-                                None if miss_cached is None else miss_cached[left]) if left.numel() else None
+        apart = None if not left.numel() else self._misses.read(
+            plan, miss[left.to(self.device)], miss_ids[left], None if miss_cached is None else miss_cached[left],
+            self.data)
         got = miss[where.to(self.device)]
         lines = plan.line[got]
         cached = lines >= 0
@@ -491,46 +292,6 @@ class SoftwareCache(StorageShape):
             got, rows = got[~cached], rows[~cached]
         if got.numel():
             apart = (got, rows) if apart is None else (torch.cat([apart[0], got]), torch.cat([apart[1], rows]))
-        return apart
-
-    def _request_ahead(self, future) -> None:
-        """Asks the read-ahead for the rows the next batches of ``future`` will miss as the cache stands now
-        (:meth:`ReadAhead.request_misses`), less those parked in the victim buffer for their batch."""
-        if self.read_ahead is None or future is None:
-            return
-        batches = [as_id_tensor(future[j]) for j in range(min(self.read_ahead.depth, len(future)))]
-        self.read_ahead.request_misses(self.iteration, batches, self.state.tags, self.ways,
-                                       None if self.pvp is None else self.pvp.parked_for)
-
-    def _read_rows(self, plan: LookupPlan, miss: torch.Tensor, miss_ids: torch.Tensor,
-                   miss_cached: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Reads the rows of the misses ``miss`` (positions in ``plan.unique``; ``miss_ids`` their ids on the
-        host, ``miss_cached`` whether each got a line, on the host where known) from the storage into their lines;
-        returns the rows that go to their positions apart, as :meth:`_read_misses` does."""
-        miss_lines = plan.line[miss]
-        cached = miss_lines >= 0
-        # A miss without a line: bypassed, or (sets overflowing) its line taken again by a later id.
-        every_miss_cached = (plan.one_gather and plan.done.bypassed == 0) or bool(
-            (cached if miss_cached is None else miss_cached).all())
-        apart = None
-        if plan.one_gather and self._read_into is not None:  # read straight into their lines
-            if every_miss_cached:
-                self._read_into(miss_ids, self.data, miss_lines)
-            else:
-                on_host = cached.cpu() if miss_cached is None else miss_cached
-                self._read_into(miss_ids[on_host], self.data, miss_lines[cached])
-                apart = (miss[~cached], self.storage.read(miss_ids[~on_host]))
-        else:
-            fetched = self.storage.read(miss_ids).to(self.device) if self._staging is None else \
-                self._staging.read(self.storage, miss_ids)
-            if every_miss_cached:
-                self.data.index_copy_(0, miss_lines, fetched)
-            else:
-                self.data.index_copy_(0, miss_lines[cached], fetched[cached])
-            if not plan.one_gather:
-                apart = (miss, fetched)
-            elif not every_miss_cached:
-                apart = (miss[~cached], fetched[~cached])
         return apart
 
     def _rows_apart(self, plan: LookupPlan, apart_ids: torch.Tensor, apart_rows: torch.Tensor) -> None:
@@ -556,7 +317,7 @@ class SoftwareCache(StorageShape):
         if plan.served:  # every id hit: no line was taken, none is without one
             s.unique += plan.num_unique
             s.hits += plan.num_unique
-            self._lineless = None
+            self._writes.remember(None)
             return self._to_caller(plan.rows, plan.request_hit, caller)
         done, unique, misses = plan.done, plan.unique.numel(), plan.miss.numel()
         s.unique += unique
@@ -567,8 +328,7 @@ class SoftwareCache(StorageShape):
         s.evicted_in_use += done.evicted_in_use
         s.bypassed += done.bypassed
         request_hit = plan.request_hit if not plan.pvp_hits else plan.request_hit | plan.from_pvp[plan.inverse]
-        if self.dirty is not None:
-            self._remember_lineless(plan.unique, plan.inverse, plan.line, plan.rows)
+        self._writes.remember(plan)
         return self._to_caller(plan.rows, request_hit, caller)
 
     @staticmethod
@@ -578,191 +338,10 @@ class SoftwareCache(StorageShape):
             hit.record_stream(caller)
         return rows, hit
 
-    # -- writes (over a writable storage) ------------------------------------------------------------------------
-
-    def _check_intact(self) -> None:
-        if self._failed is not None:
-            raise RuntimeError(f"this cache lost dirty rows when writing them back failed ({self._failed}); "
-                               "resume from the last checkpoint (its table is intact)") from self._failed
-
-    def _write_back(self, done, assigned: torch.Tensor) -> None:
-        """Writes the dirty lines among one batch's victims (``done``: the assignment of the sorted distinct
-        ``assigned``) to the storage and marks them clean."""
-        tags, lines = done.evicted_tag, done.evicted_line
-        # A line taken twice in one batch (a set given more ids than ways) also evicts a row installed by this
-        # batch: only the line's earlier occupant, never one of the batch's misses, can hold changes.
-        position = torch.searchsorted(assigned, tags).clamp_max(max(assigned.numel() - 1, 0))
-        installed_now = (assigned[position] == tags) & ~done.hit[position] if assigned.numel() else False
-        victim = (tags != INVALID_TAG) & ~installed_now
-        victim[victim.clone()] = self.dirty[lines[victim]]
-        if bool(victim.any()):
-            self._write_lines(tags[victim], lines[victim])
-
-    def _write_lines(self, tags: torch.Tensor, lines: torch.Tensor) -> None:
-        """Writes ``lines`` (holding rows of ``tags``) to the storage in id order and marks them clean; a failure
-        leaves the cache refusing every later call (those rows exist nowhere else)."""
-        start = time.perf_counter()
-        order = torch.argsort(tags)
-        tags, lines = tags[order], lines[order]
-        try:
-            self.storage.write(tags.cpu(), self.data[lines].cpu())  # a device cache's lines go to the host first
-        except BaseException as exc:
-            self._failed = exc
-            raise
-        self.dirty[lines] = False
-        self.stats.written_back += tags.numel()
-        self.stats.bytes_written += tags.numel() * self.storage.row_bytes
-        self.last_timings["write-back"] = self.last_timings.get("write-back", 0.0) + time.perf_counter() - start
-
-    def _remember_lineless(self, unique: torch.Tensor, inverse: torch.Tensor, line: torch.Tensor,
-                           rows: torch.Tensor) -> None:
-        """Keeps the rows of this lookup's distinct ids that have no line (sorted by id), so that updating them
-        before the next lookup does not read them from storage again."""
-        lost = torch.nonzero(line < 0).reshape(-1)
-        if lost.numel() == 0:
-            self._lineless = None
-            return
-        position = torch.empty(unique.numel(), dtype=torch.int64, device=self.device)
-        position.scatter_(0, inverse, torch.arange(inverse.numel(), device=self.device))
-        self._lineless = (unique[lost], rows[position[lost]])
-
-    def _stored_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """The rows of uncached ``ids`` as stored: kept from the last lookup where it had them, else read."""
-        out = torch.empty((ids.numel(), self.storage.dim), dtype=self.data.dtype, device=self.device)
-        missing = torch.ones(ids.numel(), dtype=torch.bool, device=self.device)
-        if self._lineless is not None:
-            known, known_rows = self._lineless
-            ids_here = ids.to(self.device)
-            at = torch.searchsorted(known, ids_here).clamp_max(known.numel() - 1)
-            found = torch.nonzero(known[at] == ids_here).reshape(-1)
-            out.index_copy_(0, found, known_rows[at[found]])
-            missing[found] = False
-        read = torch.nonzero(missing).reshape(-1)
-        if read.numel():
-            out.index_copy_(0, read, self.storage.read(ids[read.cpu()]).to(self.device))
-        return out
-
-    @property
-    def writable(self) -> bool:
-        """Whether :meth:`update` works: the storage is writable and the cache writes back."""
-        return self.dirty is not None
-
-    def lines_of(self, ids) -> torch.Tensor:
-        """The line holding each of ``ids`` (-1: not cached), without touching the policy's state."""
-        ids = as_id_tensor(ids).to(self.device)
-        sets = torch.from_numpy(set_of(ids.cpu().numpy(), self.num_sets)).to(self.device)
-        match = self.state.tags.view(self.num_sets, self.ways)[sets] == ids[:, None]
-        way = match.to(torch.uint8).argmax(1)
-        return torch.where(match.any(1), sets * self.ways + way, torch.full_like(sets, -1))
-
-    def update(self, ids, grads: torch.Tensor, apply) -> None:
-        """Read-modify-write of the rows of distinct ``ids``: row ``i`` becomes row ``i`` of
-        ``apply(rows, grads)`` (``grads[i]`` belongs to ``ids[i]``). Cached rows change in their lines, which
-        become dirty; the others (left uncached by the policy) are read from and written to the storage."""
-        if self.dirty is None:
-            raise TypeError(f"{self.describe()}: its storage is read-only; only an embedding table's rows can be "
-                            "updated")
-        ids = as_id_tensor(ids)
-        with self._lock:
-            self._check_intact()
-            line = self.lines_of(ids)
-            cached = line >= 0
-            held = torch.nonzero(cached).reshape(-1)
-            apart = torch.nonzero(~cached).reshape(-1)
-            lines = line[held]
-            data = _words(self.data)  # rows of bytes moved as 8-byte words: several times faster
-            if apart.numel() == 0:  # the usual case: every row is in its line
-                rows = torch.index_select(data, 0, lines)
-            else:
-                rows = torch.empty((ids.numel(), data.shape[1]), dtype=data.dtype, device=self.device)
-                rows.index_copy_(0, held, torch.index_select(data, 0, lines))
-                rows.index_copy_(0, apart, _words(self._stored_rows(ids[apart.cpu()])))
-            rows = rows.view(self.data.dtype)
-            new = apply(rows, grads.to(self.device)).to(self.data.dtype)
-            keep_before = self.storage.before_change
-            if keep_before is not None:  # a clean line holds its row's stored bytes: a journal can keep them now
-                clean = torch.nonzero(~self.dirty[lines]).reshape(-1)
-                if clean.numel():
-                    first = held[clean]
-                    keep_before(ids[first.cpu()], rows[first].cpu())
-            data.index_copy_(0, lines, _words(new.contiguous() if apart.numel() == 0 else new[held]))
-            self.dirty[lines] = True
-            self._lineless = None  # changed below, or not asked for: the next lookup keeps its own
-            if apart.numel():
-                changed = ids[apart.cpu()]
-                self.storage.write(changed, new[apart].cpu())
-                if self.pvp is not None:  # a row evicted by its own batch may be parked: that copy is now stale
-                    self.pvp.discard(changed)
-
-    def flush(self) -> None:
-        """Writes every dirty line to the storage (a checkpoint calls it, then syncs the storage), in id order,
-        :data:`FLUSH_BYTES` at a time: each write copies its rows, and a cache sized to fit a memory cap has
-        no room for copies of all its lines at once."""
-        if self.dirty is None:
-            return
-        with self._lock:
-            self._check_intact()
-            lines = torch.nonzero(self.dirty).reshape(-1)
-            lines = lines[torch.argsort(self.state.tags[lines])]
-            for part in lines.split(max(1, FLUSH_BYTES // self.storage.row_bytes)):
-                self._write_lines(self.state.tags[part], part)
-
-    # -- the Features interface (lsm_gnn.features): a cache wraps a storage -------------------------------------
-
-    caches = True
-    owner = None  # one process's cache: every row is its own
-
-    @property
-    def cache_lines(self) -> int:
-        return self.num_lines
+    # -- the Features interface's read (lsm_gnn.features) --------------------------------------------------------
 
     def gather(self, ids, *, future=None, out: torch.Tensor | None = None, following=None
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`lookup`: the rows and which of them were served without reading storage (``following`` is
         ignored: one process's cache has nothing to send ahead)."""
         return self.lookup(ids, future=future, out=out)
-
-    def counters(self) -> dict[str, int]:
-        """The storage's byte counters; with PVP also the victim buffer's hits and the bytes they saved."""
-        counters = self.storage.counters()
-        if self.pvp is not None:
-            counters.update(pvp_hits=self.stats.pvp_hits, bytes_saved=self.stats.pvp_hits * self.row_bytes)
-        return counters
-
-    def prefetch(self) -> None:
-        """With PVP: starts moving the victim queue of the next iteration into the prefetch buffer, on a
-        background thread, so the next lookup finds its rows there (the paper's side-stream copy)."""
-        if self.pvp is not None:
-            self.pvp.prefetch_async(self.iteration)
-
-    def settle(self) -> None:
-        """Joins a prefetch in flight and stops reading ahead; the next lookup still finds its rows."""
-        if self.pvp is not None:
-            self.pvp.close()
-        if self.read_ahead is not None:
-            self.read_ahead.close()
-
-    def describe(self) -> str:
-        from lsm_gnn.units import format_bytes
-
-        pvp = f" with a victim buffer ({self.pvp.capacity:,} lines per queue)" if self.pvp is not None else ""
-        rows = self.storage.num_rows  # the rows this cache serves: of a typed graph, its group's types only
-        share = f"room for all {rows:,} rows" if self.num_lines >= rows else \
-            f"for {rows:,} rows: {self.num_lines / rows:.2%}"
-        return (f"a {format_bytes(self.capacity_bytes)} {self.policy.name} cache ({self.num_lines:,} lines, "
-                f"{share}){pvp} over {self.storage.backend} storage")
-
-    def _forget_unfilled(self, line: torch.Tensor, hit: torch.Tensor) -> None:
-        """Invalidates the lines this lookup assigned to ids it did not hit (after a failed fill)."""
-        assigned = line[~hit]
-        self.state.forget(assigned[assigned >= 0])
-
-    def snapshot(self) -> dict[str, np.ndarray]:
-        """Line metadata in the reference model's terms, for decision-by-decision comparison."""
-        state = self.state
-        records = state.records.cpu().numpy().view(np.uint64)
-        return {"tags": state.tags.cpu().numpy().copy(), "reuse": (records >> np.uint64(REUSE_SHIFT)).astype(np.uint16),
-                "fresh": (state.flags.cpu().numpy() & 1).astype(bool),
-                "static": state.static_score.cpu().numpy().view(np.uint16).copy(),
-                "pvp_index": (records & np.uint64(INDEX_MASK)).astype(np.int64),
-                "rr_pointer": state.rr_pointer.cpu().numpy().astype(np.int64)}

@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from lsm_gnn.kernels.layout import INVALID_TAG, NO_REUSE_RECORD
+from lsm_gnn.cache.hashing import set_of
+from lsm_gnn.kernels.layout import INDEX_MASK, INVALID_TAG, NO_REUSE_RECORD, REUSE_SHIFT
 from lsm_gnn.cache.policies import POLICY_CODE, PolicyConfig
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
 
@@ -102,6 +104,27 @@ class CacheState:
         (:meth:`lsm_gnn.cache.WindowBuffer.first_occurrence`) and clears its fresh mark."""
         torch.ops.lsm_gnn.cache_scan(self.tags, self.records, self.flags, first_iteration, first_position,
                                      first_rank, front, limit, num_threads)
+
+    @property
+    def num_sets(self) -> int:
+        return self.rr_pointer.numel()
+
+    def lines_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """The line holding each of ``ids`` (int64, on the state's device; -1: not held), changing nothing."""
+        sets = torch.from_numpy(set_of(ids.cpu().numpy(), self.num_sets)).to(self.tags.device)
+        match = self.tags.view(self.num_sets, self.ways)[sets] == ids[:, None]
+        way = match.to(torch.uint8).argmax(1)
+        return torch.where(match.any(1), sets * self.ways + way, torch.full_like(sets, -1))
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """The lines' metadata in the reference model's terms (:meth:`lsm_gnn.cache.ReferenceCache.snapshot`),
+        for decision-by-decision comparison."""
+        records = self.records.cpu().numpy().view(np.uint64)
+        return {"tags": self.tags.cpu().numpy().copy(), "reuse": (records >> np.uint64(REUSE_SHIFT)).astype(np.uint16),
+                "fresh": (self.flags.cpu().numpy() & 1).astype(bool),
+                "static": self.static_score.cpu().numpy().view(np.uint16).copy(),
+                "pvp_index": (records & np.uint64(INDEX_MASK)).astype(np.int64),
+                "rr_pointer": self.rr_pointer.cpu().numpy().astype(np.int64)}
 
     def forget(self, lines: torch.Tensor) -> None:
         """Empties ``lines`` (e.g. lines whose row was never written)."""

@@ -103,6 +103,20 @@ class WindowBuffer:
         return len(self._batches) >= self.size
 
 
+def first_occurrences(future, window: int, num_rows: int, device: torch.device) -> tuple:
+    """The per-node first occurrences of ``future`` (a :class:`WindowBuffer` with an index, or a plain list of
+    batches, indexed here over its first ``window`` batches: O(ids in the window)) on ``device``
+    (:meth:`WindowBuffer.first_occurrence`)."""
+    indexed = future if isinstance(future, WindowBuffer) and future.index is not None else None
+    if indexed is None:
+        indexed = WindowBuffer(window, num_rows)
+        for k, batch in enumerate(future):
+            if k >= window:
+                break
+            indexed.push(batch)
+    return indexed.first_occurrence(device)
+
+
 class FirstOccurrenceMirror:
     """A copy of a window index's per-node arrays on another device, refreshed per batch."""
 

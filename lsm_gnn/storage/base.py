@@ -75,7 +75,7 @@ class FeatureStorage(ABC):
     @property
     def device(self) -> torch.device:
         """Where reads land: ``read``'s rows and ``read_into``'s ``out`` live here. A cache picks its miss path
-        by it (:func:`lsm_gnn.cache.software_cache.miss_path`)."""
+        by it (:func:`lsm_gnn.cache.staging.miss_path`)."""
         return torch.device("cpu")
 
     def read(self, ids, out: torch.Tensor | None = None) -> torch.Tensor:
