@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from contextlib import contextmanager
 from typing import Any, Iterator
 
 import numpy as np
@@ -34,21 +33,13 @@ from lsm_gnn.data.format import SPLITS
 from lsm_gnn.data.dataset import Dataset, Relation, parse_relation, relation_key
 from lsm_gnn.data.hetero import check_name
 from lsm_gnn.data.hetero_writer import HeteroDatasetWriter, hetero_scores
+from lsm_gnn.data.writer import errors_about
 from lsm_gnn.data.scores import SCORE_NAMES
 
 REVERSE_PREFIX = "rev_"     # PyG's ToUndirected names the reverse of relation r "rev_r"
 IGB_EMBEDDING_DIM = 1024    # width of IGB's headerless feature files (sizes large and full)
 _NPY_MAGIC = b"\x93NUMPY"
 _SPLIT_ALIASES = {"valid": "val"}  # OGB's name
-
-
-@contextmanager
-def _about(what: str):
-    """Prefixes a ValueError raised inside with ``what``: the node type or relation it concerns."""
-    try:
-        yield
-    except ValueError as exc:
-        raise ValueError(f"{what}: {exc}") from None
 
 
 def _typed(value: Any, node_types: list[str], what: str) -> dict[str, Any]:
@@ -113,7 +104,7 @@ def _node_types(features: dict, num_nodes: dict) -> tuple[list[str], dict[str, i
     counts, arrays = {}, {}
     for name in names:
         check_name(name, "node type")
-        with _about(f"node type {name!r}"):
+        with errors_about(f"node type {name!r}"):
             given = num_nodes.get(name)
             if given is not None and (isinstance(given, bool) or not isinstance(given, (int, np.integer))
                                       or given <= 0):
@@ -174,7 +165,7 @@ def hetero_from_numpy(path, *, features: dict, edges: dict, num_nodes: dict | No
         requested = {t: feature_dtype for t in arrays}
     stored_dtypes = {}
     for t, array in arrays.items():
-        with _about(f"node type {t!r}"):
+        with errors_about(f"node type {t!r}"):
             stored_dtypes[t] = stored_feature_dtype(dtype_of(array), requested.get(t))
     count_sources = {t: _count_source(t, arrays.get(t)) for t in names}
     relations = _parse_relations(edges, names, counts)
@@ -189,7 +180,7 @@ def hetero_from_numpy(path, *, features: dict, edges: dict, num_nodes: dict | No
     classes = _classes_per_type(num_classes, target, labels, names)
     label_arrays = {}
     for t, values in labels.items():
-        with _about(f"node type {t!r}"):
+        with errors_about(f"node type {t!r}"):
             label_arrays[t], classes[t] = check_labels(values, counts[t], classes.get(t), count_sources[t])
     split_ids = _check_splits(_typed(splits, names, "splits"), counts, count_sources)
     if target is not None and not split_ids.get(target) and random_split_fractions is not None:
@@ -211,8 +202,8 @@ def hetero_from_numpy(path, *, features: dict, edges: dict, num_nodes: dict | No
     with HeteroDatasetWriter(path, node_types=specs, target=target, name=name, overwrite=overwrite,
                              extra_meta=meta) as writer:
         for t, array in arrays.items():
-            with _about(f"node type {t!r}"), converter_progress(progress, total=counts[t], desc=f"features {t}",
-                                                       unit="node") as bar:
+            with errors_about(f"node type {t!r}"), \
+                    converter_progress(progress, total=counts[t], desc=f"features {t}", unit="node") as bar:
                 write_feature_chunks(lambda rows, t=t: writer.write_features(t, rows), array, stored_dtypes[t], bar)
         total = sum(num_edges_of(relations[r]) for r in [*relations, *reverses.values()])
         with converter_progress(progress, total=total, desc="edges", unit="edge") as bar:
@@ -251,7 +242,7 @@ def _parse_relations(edges: dict, names: list[str], counts: dict[str, int]) -> d
     for key, value in edges.items():
         relation = parse_relation(key)
         label = f"relation {relation_key(relation)!r}"
-        with _about(label):
+        with errors_about(label):
             for role, t in (("source", relation[0]), ("destination", relation[2])):
                 if t not in counts:
                     raise ValueError(f"its {role} type {t!r} is not a node type ({', '.join(names)}); give its "
@@ -269,7 +260,7 @@ def _check_edge_ids(relations: dict[Relation, Any], counts: dict[str, int], coun
     total = sum(num_edges_of(e) for e in relations.values())
     with converter_progress(progress, total=total, desc="checking edges", unit="edge") as bar:
         for relation, relation_edges in relations.items():
-            with _about(f"relation {relation_key(relation)!r}"):
+            with errors_about(f"relation {relation_key(relation)!r}"):
                 for _ in _edge_chunks(relation, relation_edges, counts, count_sources, bar):
                     pass
 
@@ -295,7 +286,7 @@ def _check_splits(splits: dict, counts: dict[str, int], count_sources: dict[str,
                   ) -> dict[str, dict[str, np.ndarray]]:
     out: dict[str, dict[str, np.ndarray]] = {}
     for t, per_split in splits.items():
-        with _about(f"node type {t!r}"):
+        with errors_about(f"node type {t!r}"):
             if not isinstance(per_split, dict):
                 raise ValueError(f"splits must map split names ({', '.join(SPLITS)}) to ids or masks, got "
                                  f"{type(per_split).__name__}")
