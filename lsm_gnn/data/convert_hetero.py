@@ -34,7 +34,7 @@ from lsm_gnn.data.dataset import Dataset, Relation, parse_relation, relation_key
 from lsm_gnn.data.hetero import check_name
 from lsm_gnn.data.hetero_writer import HeteroDatasetWriter, hetero_scores
 from lsm_gnn.data.writer import errors_about
-from lsm_gnn.data.scores import SCORE_NAMES
+from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
 
 REVERSE_PREFIX = "rev_"     # PyG's ToUndirected names the reverse of relation r "rev_r"
 IGB_EMBEDDING_DIM = 1024    # width of IGB's headerless feature files (sizes large and full)
@@ -186,10 +186,7 @@ def hetero_from_numpy(path, *, features: dict, edges: dict, num_nodes: dict | No
     if target is not None and not split_ids.get(target) and random_split_fractions is not None:
         labeled = np.flatnonzero(label_arrays[target] >= 0)
         split_ids[target] = random_split(counts[target], random_split_fractions, seed=seed, candidates=labeled)
-    scores = tuple(scores or ())
-    unknown = sorted(set(scores) - set(SCORE_NAMES))
-    if unknown:
-        raise ValueError(f"unknown score(s) {unknown}; valid names are {', '.join(SCORE_NAMES)}")
+    scores = check_score_names(scores)
     _check_edge_ids(relations, counts, count_sources, progress)  # last: the one pass over every edge
 
     specs = {t: {"num_nodes": counts[t]} for t in names}

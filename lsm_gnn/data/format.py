@@ -552,10 +552,7 @@ def _check_schema2_meta(meta: dict, meta_path: str) -> None:
     for k, entry in enumerate(entries):
         _check_listed(entry, f"node_types[{k}]", meta_path)
         name = _get(entry, "name", str, meta_path, f"node_types[{k}].")
-        try:
-            check_name(name, "node type")
-        except ValueError as exc:
-            raise _fail(meta_path, f"node_types[{k}]: {exc}", _REDO) from None
+        _check_meta_name(name, "node type", f"node_types[{k}]", meta_path)
         if name in seen:
             raise _fail(meta_path, f"node type '{name}' is listed twice in 'node_types'", _REDO)
         seen.add(name)
@@ -584,10 +581,7 @@ def _check_schema2_meta(meta: dict, meta_path: str) -> None:
             if type_name not in seen:
                 raise _fail(meta_path, f"relation '{key}' names {role} type '{_name(type_name)}', which is not in "
                             f"'node_types' ({', '.join(sorted(seen))})", _REDO)
-        try:
-            check_name(parts[1], "relation name")
-        except ValueError as exc:
-            raise _fail(meta_path, f"relation '{key}': {exc}", _REDO) from None
+        _check_meta_name(parts[1], "relation name", f"relation '{key}'", meta_path)
         if parts in seen_relations:
             raise _fail(meta_path, f"relation '{key}' is listed twice in 'relations'", _REDO)
         seen_relations.add(parts)
@@ -600,6 +594,13 @@ def _check_schema2_meta(meta: dict, meta_path: str) -> None:
         raise _fail(meta_path, f"target type '{_name(target)}' is not in 'node_types' ({', '.join(sorted(seen))})",
                     _REDO)
     check_checksums_meta(meta, meta_path)
+
+
+def _check_meta_name(name: str, what: str, where: str, meta_path: str) -> None:
+    try:
+        check_name(name, what)
+    except ValueError as exc:
+        raise _fail(meta_path, f"{where}: {exc}", _REDO) from None
 
 
 def _check_listed(entry: Any, where: str, meta_path: str) -> None:

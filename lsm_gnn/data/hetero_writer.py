@@ -100,12 +100,9 @@ def hetero_scores(source, names=None, *, progress: bool = False) -> dict[str, di
     bounded memory in a temporary directory (inside a writer's, or named as a writer's temporary beside
     the dataset, so a later writer removes one a killed process left) and removed before returning.
     """
-    from lsm_gnn.data.scores import SCORE_NAMES, compute_scores  # imports torch: only when scores are made
+    from lsm_gnn.data.scores import SCORE_NAMES, check_score_names, compute_scores
 
-    names = SCORE_NAMES if names is None else tuple(names)
-    unknown = sorted(set(names) - set(SCORE_NAMES))
-    if unknown:
-        raise ValueError(f"unknown score(s) {unknown}; valid names are {', '.join(SCORE_NAMES)}")
+    names = SCORE_NAMES if names is None else check_score_names(names)
     counts = {e["name"]: int(e["num_nodes"]) for e in source.meta["node_types"]}
     offsets, total = type_offsets(counts), sum(counts.values())
     relations = [(r["src"], r["name"], r["dst"]) for r in source.meta["relations"]]
