@@ -12,6 +12,11 @@ of that pid runs on this host.
 Only an lsm-gnn dataset (with ``overwrite``) or an empty directory is ever
 replaced: any other existing path is refused, never deleted. A full disk
 (or quota) raises :class:`DiskFullError`, which names the file.
+
+Both schemas are written by one typed core, :class:`TypedDatasetWriter` (node types with their feature
+files, labels, splits and scores; relations with their CSRs): :class:`DatasetWriter` is the core with one
+type and one relation laid out at the top (schema 1), :class:`~lsm_gnn.data.hetero_writer.HeteroDatasetWriter`
+the core with schema 2's ``nodes/`` and ``relations/``.
 """
 from __future__ import annotations
 
