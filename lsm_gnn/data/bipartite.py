@@ -30,8 +30,8 @@ import numpy as np
 from lsm_gnn.data.dataset import Dataset
 from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
 from lsm_gnn.data.synthetic import (
-    FEATURE_BLOCK, PopularitySampler, _note, _positive_int, _rng, check_feature_dtype, check_seed,
-    class_centroids, community, synthetic_feature_block,
+    FEATURE_BLOCK, PopularitySampler, check_feature_dtype, check_seed, class_centroids, community, note, positive_int,
+    rng_for, synthetic_feature_block,
 )
 from lsm_gnn.data.writer import DatasetWriter
 from lsm_gnn.progress import progress_bar
@@ -50,7 +50,7 @@ def _item_sampler(num_users: int, num_items: int, seed: int, num_communities: in
     if not sizes.all():
         raise ValueError(f"{num_items} items leave community {int(np.argmin(sizes))} of {num_communities} empty; "
                          "use more items or fewer communities")
-    return PopularitySampler(comm, num_communities, _rng(seed, _STREAM_ITEM_RANK), popularity)
+    return PopularitySampler(comm, num_communities, rng_for(seed, _STREAM_ITEM_RANK), popularity)
 
 
 def interaction_blocks(num_users: int, num_items: int, *, seed: int, avg_interactions: float, num_communities: int,
@@ -60,7 +60,7 @@ def interaction_blocks(num_users: int, num_items: int, *, seed: int, avg_interac
     user then item (items as node ids), ``part`` 0 train, 1 val, 2 test."""
     items = _item_sampler(num_users, num_items, seed, num_communities, popularity)
     for index, start in enumerate(range(0, num_users, USER_BLOCK)):
-        rng = _rng(seed, _STREAM_INTERACTIONS, index)
+        rng = rng_for(seed, _STREAM_INTERACTIONS, index)
         stop = min(start + USER_BLOCK, num_users)
         users, picked = items.draw_block(rng, start, stop, avg_interactions,
                                          lambda ids: community(ids, seed, num_communities), affinity)
@@ -88,10 +88,10 @@ def generate_bipartite(path, *, num_users: int, num_items: int, avg_interactions
     user before repeats are dropped.
     ``overwrite`` replaces an lsm-gnn dataset at ``path``, never anything else (see :class:`DatasetWriter`).
     """
-    num_users = _positive_int(num_users, "num_users")
-    num_items = _positive_int(num_items, "num_items")
-    feature_dim = _positive_int(feature_dim, "feature_dim")
-    num_communities = _positive_int(num_communities, "num_communities")
+    num_users = positive_int(num_users, "num_users")
+    num_items = positive_int(num_items, "num_items")
+    feature_dim = positive_int(feature_dim, "feature_dim")
+    num_communities = positive_int(num_communities, "num_communities")
     if not avg_interactions >= 1:
         raise ValueError(f"avg_interactions must be >= 1, got {avg_interactions}")
     if not (0 <= affinity <= 1 and popularity >= 0):
@@ -123,12 +123,12 @@ def generate_bipartite(path, *, num_users: int, num_items: int, avg_interactions
                 rows = synthetic_feature_block(block, num_nodes, seed=seed, centroids=centroids)
                 writer.write_features(rows.astype(feature_dtype, copy=False))
                 bar.update(rows.shape[0])
-        _note(progress, "interactions")
+        note(progress, "interactions")
         # An item -> user message and its reverse: a user's row lists its items, an item's row its users.
         writer.write_edges(((items, users) for users, items in pairs(_TRAIN)), undirected=True)
         for split_name, part in (("test", _TEST), ("val", _VAL)):
             if split_name == "test" or val_fraction > 0:
                 writer.write_edge_split(split_name, (np.stack([u, i], axis=1) for u, i in pairs(part)))
-        writer.write_scores(note=lambda message: _note(progress, message))
-        _note(progress, "committing (checksums, fsync)")
+        writer.write_scores(note=lambda message: note(progress, message))
+        note(progress, "committing (checksums, fsync)")
         return writer.commit()

@@ -39,7 +39,7 @@ FOLDER_PATTERNS: dict[str, tuple[str, ...]] = {
 _REQUIRED_IN_FOLDER = ("features", "edge_index")
 
 
-# -- small helpers -------------------------------------------------------------
+# -- input checks shared by every converter (one type, typed, interactions) -------------
 
 def _is_tensor(x: Any) -> bool:
     return hasattr(x, "detach") and hasattr(x, "cpu") and hasattr(x, "numpy")
@@ -55,12 +55,12 @@ def _to_numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def _array_like(x: Any) -> Any:
+def array_like(x: Any) -> Any:
     """Keeps anything sliceable with a shape (memmap, tensor, h5py); wraps the rest with numpy."""
     return x if hasattr(x, "shape") and hasattr(x, "__getitem__") else np.asarray(x)
 
 
-def _dtype_of(x: Any) -> np.dtype:
+def dtype_of(x: Any) -> np.dtype:
     return _to_numpy(x[:0]).dtype
 
 
@@ -71,23 +71,23 @@ def _check_ids(block: np.ndarray, num_nodes: int, what: str, offset: int, hint: 
                          f"{hint}")
 
 
-def _require_integer(dtype: np.dtype, what: str) -> None:
+def require_integer(dtype: np.dtype, what: str) -> None:
     if not np.issubdtype(dtype, np.integer):
         raise ValueError(f"{what} must hold integer node ids, got dtype {dtype}; convert it with .astype(np.int64)")
 
 
-def _range_hint(num_nodes: int, counted_by: str = "features.shape[0]") -> str:
+def range_hint(num_nodes: int, counted_by: str = "features.shape[0]") -> str:
     return (f"num_nodes={num_nodes} is taken from {counted_by}; pass features for every node "
             "or remap the ids to 0..num_nodes-1")
 
 
-def _progress(enabled: bool, **kw):
+def converter_progress(enabled: bool, **kw):
     return progress_bar(enabled, unit_scale=True, **kw)
 
 
 # -- validation of each input -----------------------------------------------------
 
-def _feature_dtype(source: np.dtype, requested: Any) -> np.dtype:
+def stored_feature_dtype(source: np.dtype, requested: Any) -> np.dtype:
     """The stored dtype: ``requested`` if given, else the source's if storable, float32 for other floats."""
     if requested is not None:
         target = np.dtype(requested)
@@ -111,7 +111,7 @@ def write_feature_chunks(write, features: Any, target: np.dtype, bar) -> None:
     """Streams every row of ``features`` to ``write`` as ``target`` in chunks of about ``FEATURE_CHUNK_BYTES``,
     so a memory-mapped input is converted in bounded memory."""
     num_rows, dim = int(features.shape[0]), int(features.shape[1])
-    rows_per_chunk = max(1, FEATURE_CHUNK_BYTES // (dim * max(target.itemsize, _dtype_of(features).itemsize)))
+    rows_per_chunk = max(1, FEATURE_CHUNK_BYTES // (dim * max(target.itemsize, dtype_of(features).itemsize)))
     for start in range(0, num_rows, rows_per_chunk):
         rows = _to_numpy(features[start:start + rows_per_chunk])
         write(_cast_rows(rows, target, start))
@@ -129,8 +129,8 @@ def _cast_rows(rows: np.ndarray, target: np.dtype, start: int) -> np.ndarray:
     return rows.astype(target)
 
 
-def _check_features(features: Any) -> tuple[Any, int, int]:
-    features = _array_like(features)
+def check_features(features: Any) -> tuple[Any, int, int]:
+    features = array_like(features)
     shape = tuple(features.shape)
     if len(shape) != 2:
         raise ValueError(f"features must be a 2-D array [num_nodes, feature_dim], got shape {shape}; "
@@ -140,19 +140,19 @@ def _check_features(features: Any) -> tuple[Any, int, int]:
     return features, int(shape[0]), int(shape[1])
 
 
-def _check_edge_index(edge_index: Any, num_nodes: int) -> Any:
-    edge_index = _array_like(edge_index)
+def check_edge_index(edge_index: Any, num_nodes: int) -> Any:
+    edge_index = array_like(edge_index)
     shape = tuple(edge_index.shape)
     if len(shape) != 2 or shape[0] != 2:
         hint = "; it looks like (num_edges, 2): pass edge_index.T" if len(shape) == 2 and shape[1] == 2 else ""
         raise ValueError(f"edge_index must have shape (2, num_edges), sources in row 0 and destinations in row 1 "
                          f"(the PyG layout), got shape {shape}{hint}")
-    _require_integer(_dtype_of(edge_index), "edge_index")
+    require_integer(dtype_of(edge_index), "edge_index")
     return edge_index
 
 
 def _edge_index_chunks(edge_index: Any, num_nodes: int, bar) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    hint = _range_hint(num_nodes)
+    hint = range_hint(num_nodes)
     names = ("edge_index[0] (sources)", "edge_index[1] (destinations)")
     return checked_edge_chunks(edge_index, (num_nodes, num_nodes), names, (hint, hint), bar)
 
@@ -185,9 +185,9 @@ def _check_csr(indptr: Any, indices: Any, num_nodes: int) -> tuple[np.ndarray, A
     if indptr.shape != (num_nodes + 1,):
         raise ValueError(f"indptr must have num_nodes + 1 = {num_nodes + 1} entries (num_nodes from "
                          f"features.shape[0]), got shape {indptr.shape}")
-    _require_integer(indptr.dtype, "indptr")
-    indices = _to_numpy(indices) if _is_tensor(indices) else _array_like(indices)  # the writer slices numpy
-    _require_integer(_dtype_of(indices), "indices")
+    require_integer(indptr.dtype, "indptr")
+    indices = _to_numpy(indices) if _is_tensor(indices) else array_like(indices)  # the writer slices numpy
+    require_integer(dtype_of(indices), "indices")
     if len(indices.shape) != 1 or int(indptr[0]) != 0 or int(indptr[-1]) != int(indices.shape[0]):
         raise ValueError(f"indptr must start at 0 and end at len(indices); got indptr[0]={int(indptr[0])}, "
                          f"indptr[-1]={int(indptr[-1])}, indices shape {tuple(indices.shape)}")
@@ -195,7 +195,7 @@ def _check_csr(indptr: Any, indices: Any, num_nodes: int) -> tuple[np.ndarray, A
         if np.any(np.diff(indptr[start:start + VECTOR_CHUNK + 1]) < 0):
             raise ValueError("indptr must be non-decreasing (row v spans indices[indptr[v]:indptr[v+1]])")
     for start in range(0, int(indices.shape[0]), EDGE_CHUNK):
-        _check_ids(_to_numpy(indices[start:start + EDGE_CHUNK]), num_nodes, "indices", start, _range_hint(num_nodes))
+        _check_ids(_to_numpy(indices[start:start + EDGE_CHUNK]), num_nodes, "indices", start, range_hint(num_nodes))
     return indptr.astype(np.int64, copy=False), indices
 
 
@@ -206,10 +206,10 @@ def _csr_edge_chunks(indptr: np.ndarray, indices: Any, bar) -> Iterator[tuple[np
         bar.update(src.size)
 
 
-def _check_labels(labels: Any, num_nodes: int, num_classes: int | None, counted_by: str = "features.shape[0]"
+def check_labels(labels: Any, num_nodes: int, num_classes: int | None, counted_by: str = "features.shape[0]"
                   ) -> tuple[np.ndarray, int]:
     """int64 labels, -1 for unlabeled. Floats (IGB stores them) must be integral; NaN means unlabeled (OGB)."""
-    labels = _array_like(labels)
+    labels = array_like(labels)
     shape = tuple(labels.shape)
     if shape not in ((num_nodes,), (num_nodes, 1)):
         raise ValueError(f"labels must have one class id per node, shape ({num_nodes},) with num_nodes from "
@@ -240,7 +240,7 @@ def _check_labels(labels: Any, num_nodes: int, num_classes: int | None, counted_
     return out, int(num_classes)
 
 
-def _check_split(name: str, ids: Any, num_nodes: int, counted_by: str = "features.shape[0]") -> np.ndarray:
+def check_split(name: str, ids: Any, num_nodes: int, counted_by: str = "features.shape[0]") -> np.ndarray:
     """int64 ids from an id array or a boolean mask."""
     what = f"{name}_idx"
     array = _to_numpy(ids)
@@ -252,8 +252,8 @@ def _check_split(name: str, ids: Any, num_nodes: int, counted_by: str = "feature
         array = array.reshape(-1)
     if array.ndim != 1:
         raise ValueError(f"{what} must be a 1-D array of node ids or a boolean mask, got shape {array.shape}")
-    _require_integer(array.dtype, what)
-    _check_ids(array, num_nodes, what, 0, _range_hint(num_nodes, counted_by))
+    require_integer(array.dtype, what)
+    _check_ids(array, num_nodes, what, 0, range_hint(num_nodes, counted_by))
     return array.astype(np.int64, copy=False)
 
 
@@ -308,20 +308,20 @@ def from_numpy(path, *, features, edge_index=None, indptr=None, indices=None, la
     static scores to compute (``()`` for none).
     ``overwrite`` replaces an lsm-gnn dataset at ``path``, never anything else (see :class:`DatasetWriter`).
     """
-    features, num_nodes, dim = _check_features(features)
-    target = _feature_dtype(_dtype_of(features), feature_dtype)
+    features, num_nodes, dim = check_features(features)
+    target = stored_feature_dtype(dtype_of(features), feature_dtype)
     if (edge_index is None) == (indptr is None and indices is None):
         raise ValueError("pass the topology once: either edge_index=(2, E) or indptr= and indices= (CSR)")
     if edge_index is not None:
-        edge_index = _check_edge_index(edge_index, num_nodes)
+        edge_index = check_edge_index(edge_index, num_nodes)
     else:
         indptr, indices = _check_csr(indptr, indices, num_nodes)
     label_array = None
     if labels is not None:
-        label_array, num_classes = _check_labels(labels, num_nodes, num_classes)
+        label_array, num_classes = check_labels(labels, num_nodes, num_classes)
     elif num_classes is not None:
         raise ValueError("num_classes was given without labels; pass labels= too")
-    splits = {name_: _check_split(name_, ids, num_nodes)
+    splits = {name_: check_split(name_, ids, num_nodes)
               for name_, ids in zip(SPLITS, (train_idx, val_idx, test_idx)) if ids is not None}
     if not splits and random_split_fractions is not None:
         labeled = None if label_array is None else np.flatnonzero(label_array >= 0)
@@ -330,17 +330,17 @@ def from_numpy(path, *, features, edge_index=None, indptr=None, indices=None, la
 
     meta = dict(extra_meta or {})
     meta["converted"] = {"undirected": bool(undirected), "dedup": bool(dedup), "self_loops": bool(self_loops),
-                         "source_feature_dtype": _dtype_of(features).name, **meta.get("converted", {})}
+                         "source_feature_dtype": dtype_of(features).name, **meta.get("converted", {})}
     with DatasetWriter(path, num_nodes=num_nodes, feature_dim=dim, feature_dtype=target.name, name=name,
                        overwrite=overwrite, extra_meta=meta, scores=scores) as writer:
-        with _progress(progress, total=num_nodes, desc="features", unit="node") as bar:
+        with converter_progress(progress, total=num_nodes, desc="features", unit="node") as bar:
             write_feature_chunks(writer.write_features, features, target, bar)
         if edge_index is not None:
-            with _progress(progress, total=int(edge_index.shape[1]), desc="edges", unit="edge") as bar:
+            with converter_progress(progress, total=int(edge_index.shape[1]), desc="edges", unit="edge") as bar:
                 writer.write_edges(_edge_index_chunks(edge_index, num_nodes, bar), undirected=undirected, dedup=dedup,
                                    self_loops=self_loops)
         elif undirected or not self_loops:
-            with _progress(progress, total=int(indptr[-1]), desc="edges", unit="edge") as bar:
+            with converter_progress(progress, total=int(indptr[-1]), desc="edges", unit="edge") as bar:
                 writer.write_edges(_csr_edge_chunks(indptr, indices, bar), undirected=undirected, dedup=dedup,
                                    self_loops=self_loops)
         else:
@@ -359,7 +359,7 @@ def _is_path(value: Any) -> bool:
     return isinstance(value, (str, bytes, os.PathLike))
 
 
-def _open_npy(file_path: Any, what: str) -> Any:
+def open_npy(file_path: Any, what: str) -> Any:
     """A .npy file opened memory-mapped; an array-like given instead of a path passes through."""
     if not _is_path(file_path):
         return file_path
@@ -414,7 +414,7 @@ def from_npy_files(path, *, features: str, edge_index: str | None = None, indptr
     which where the shape cannot (:func:`edges_in_layout`)."""
     files = {"features": features, "edge_index": edge_index, "indptr": indptr, "indices": indices,
              "labels": labels, "train_idx": train_idx, "val_idx": val_idx, "test_idx": test_idx}
-    arrays = {key: _open_npy(value, key) for key, value in files.items() if value is not None}
+    arrays = {key: open_npy(value, key) for key, value in files.items() if value is not None}
     if _is_path(edge_index):
         arrays["edge_index"] = edges_in_layout(arrays["edge_index"], edge_layout, f"edge_index {edge_index}",
                                                "edge_layout (--edge-layout)")
@@ -476,7 +476,7 @@ def from_folder(path, folder, *, features: str | None = None, edge_index: str | 
 
 # -- graph libraries -------------------------------------------------------------------
 
-def _attr(obj: Any, *names: str) -> Any:
+def first_attr(obj: Any, *names: str) -> Any:
     for attr in names:
         value = getattr(obj, attr, None)
         if value is not None:
@@ -490,7 +490,7 @@ _SPLIT_PREFIXES = {"train": ("train",), "val": ("val", "valid"), "test": ("test"
 def pyg_splits(store: Any) -> dict[str, Any]:
     """Each split's ``<split>_mask`` (or ``<split>_idx``; ``valid`` for ``val``) of a PyG data object or node
     store, None where it has none."""
-    return {split: _attr(store, *[f"{p}_mask" for p in names], *[f"{p}_idx" for p in names])
+    return {split: first_attr(store, *[f"{p}_mask" for p in names], *[f"{p}_idx" for p in names])
             for split, names in _SPLIT_PREFIXES.items()}
 
 
@@ -509,8 +509,8 @@ def from_pyg(path, data, **kw) -> Dataset:
         HeteroData = ()
     if HeteroData and isinstance(data, HeteroData):
         raise ValueError("from_pyg needs a homogeneous Data; convert with data.to_homogeneous() first")
-    args: dict[str, Any] = {"features": _attr(data, "x"), "edge_index": _attr(data, "edge_index"),
-                            "labels": _attr(data, "y")}
+    args: dict[str, Any] = {"features": first_attr(data, "x"), "edge_index": first_attr(data, "edge_index"),
+                            "labels": first_attr(data, "y")}
     if args["features"] is None:
         raise ValueError("data.x is missing: from_pyg needs node features [num_nodes, feature_dim] in data.x")
     if args["edge_index"] is None:

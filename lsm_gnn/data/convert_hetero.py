@@ -20,35 +20,26 @@ from __future__ import annotations
 
 import os
 import warnings
-from contextlib import contextmanager
 from typing import Any, Iterator
 
 import numpy as np
 
 from lsm_gnn.data.convert import (
-    FOLDER_PATTERNS, _array_like, _attr, _check_edge_index, _check_features, _check_labels, _check_split,
-    _dtype_of, _feature_dtype, _open_npy, _progress, _range_hint, _require_integer,
-    checked_edge_chunks, dgl_splits, edges_in_layout, num_edges_of, pyg_splits, random_split, write_feature_chunks,
+    FOLDER_PATTERNS, array_like, check_edge_index, check_features, check_labels, check_split, checked_edge_chunks,
+    converter_progress, dgl_splits, dtype_of, edges_in_layout, first_attr, num_edges_of, open_npy, pyg_splits,
+    random_split, range_hint, require_integer, stored_feature_dtype, write_feature_chunks,
 )
 from lsm_gnn.data.format import SPLITS
 from lsm_gnn.data.dataset import Dataset, Relation, parse_relation, relation_key
 from lsm_gnn.data.hetero import check_name
 from lsm_gnn.data.hetero_writer import HeteroDatasetWriter, hetero_scores
-from lsm_gnn.data.scores import SCORE_NAMES
+from lsm_gnn.data.writer import errors_about
+from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
 
 REVERSE_PREFIX = "rev_"     # PyG's ToUndirected names the reverse of relation r "rev_r"
 IGB_EMBEDDING_DIM = 1024    # width of IGB's headerless feature files (sizes large and full)
 _NPY_MAGIC = b"\x93NUMPY"
 _SPLIT_ALIASES = {"valid": "val"}  # OGB's name
-
-
-@contextmanager
-def _about(what: str):
-    """Prefixes a ValueError raised inside with ``what``: the node type or relation it concerns."""
-    try:
-        yield
-    except ValueError as exc:
-        raise ValueError(f"{what}: {exc}") from None
 
 
 def _typed(value: Any, node_types: list[str], what: str) -> dict[str, Any]:
@@ -85,15 +76,15 @@ def _relation_edges(value: Any) -> Any:
         if len(value) != 2:
             raise ValueError(f"edges must be a (src, dst) pair or a (2, num_edges) array, got a sequence of "
                              f"{len(value)}")
-        src, dst = (_array_like(v) for v in value)
+        src, dst = (array_like(v) for v in value)
         shapes = tuple(src.shape), tuple(dst.shape)
         if len(shapes[0]) != 1 or shapes[0] != shapes[1]:
             raise ValueError(f"(src, dst) must be two 1-D id arrays of one length, got shapes {shapes[0]} and "
                              f"{shapes[1]}")
         for ends, role in ((src, "src"), (dst, "dst")):
-            _require_integer(_dtype_of(ends), role)
+            require_integer(dtype_of(ends), role)
         return src, dst
-    return _check_edge_index(value, 0)
+    return check_edge_index(value, 0)
 
 
 def _count_source(name: str, features: Any) -> str:
@@ -113,13 +104,13 @@ def _node_types(features: dict, num_nodes: dict) -> tuple[list[str], dict[str, i
     counts, arrays = {}, {}
     for name in names:
         check_name(name, "node type")
-        with _about(f"node type {name!r}"):
+        with errors_about(f"node type {name!r}"):
             given = num_nodes.get(name)
             if given is not None and (isinstance(given, bool) or not isinstance(given, (int, np.integer))
                                       or given <= 0):
                 raise ValueError(f"num_nodes must be a positive integer, got {given!r}")
             if features.get(name) is not None:
-                arrays[name], rows, _ = _check_features(features[name])
+                arrays[name], rows, _ = check_features(features[name])
                 if given is not None and given != rows:
                     raise ValueError(f"features have {rows} rows but num_nodes[{name!r}]={given}; give one "
                                      "feature row per node")
@@ -174,8 +165,8 @@ def hetero_from_numpy(path, *, features: dict, edges: dict, num_nodes: dict | No
         requested = {t: feature_dtype for t in arrays}
     stored_dtypes = {}
     for t, array in arrays.items():
-        with _about(f"node type {t!r}"):
-            stored_dtypes[t] = _feature_dtype(_dtype_of(array), requested.get(t))
+        with errors_about(f"node type {t!r}"):
+            stored_dtypes[t] = stored_feature_dtype(dtype_of(array), requested.get(t))
     count_sources = {t: _count_source(t, arrays.get(t)) for t in names}
     relations = _parse_relations(edges, names, counts)
     reverses = missing_reverses(list(relations)) if add_reverse else {}
@@ -189,16 +180,13 @@ def hetero_from_numpy(path, *, features: dict, edges: dict, num_nodes: dict | No
     classes = _classes_per_type(num_classes, target, labels, names)
     label_arrays = {}
     for t, values in labels.items():
-        with _about(f"node type {t!r}"):
-            label_arrays[t], classes[t] = _check_labels(values, counts[t], classes.get(t), count_sources[t])
+        with errors_about(f"node type {t!r}"):
+            label_arrays[t], classes[t] = check_labels(values, counts[t], classes.get(t), count_sources[t])
     split_ids = _check_splits(_typed(splits, names, "splits"), counts, count_sources)
     if target is not None and not split_ids.get(target) and random_split_fractions is not None:
         labeled = np.flatnonzero(label_arrays[target] >= 0)
         split_ids[target] = random_split(counts[target], random_split_fractions, seed=seed, candidates=labeled)
-    scores = tuple(scores or ())
-    unknown = sorted(set(scores) - set(SCORE_NAMES))
-    if unknown:
-        raise ValueError(f"unknown score(s) {unknown}; valid names are {', '.join(SCORE_NAMES)}")
+    scores = check_score_names(scores)
     _check_edge_ids(relations, counts, count_sources, progress)  # last: the one pass over every edge
 
     specs = {t: {"num_nodes": counts[t]} for t in names}
@@ -206,16 +194,16 @@ def hetero_from_numpy(path, *, features: dict, edges: dict, num_nodes: dict | No
         specs[t].update(feature_dim=int(arrays[t].shape[1]), feature_dtype=dtype.name)
     meta = dict(extra_meta or {})
     meta["converted"] = {"dedup": bool(dedup), "reverse_relations": [relation_key(r) for r in reverses],
-                         "source_feature_dtypes": {t: _dtype_of(a).name for t, a in arrays.items()},
+                         "source_feature_dtypes": {t: dtype_of(a).name for t, a in arrays.items()},
                          **meta.get("converted", {})}
     with HeteroDatasetWriter(path, node_types=specs, target=target, name=name, overwrite=overwrite,
                              extra_meta=meta) as writer:
         for t, array in arrays.items():
-            with _about(f"node type {t!r}"), _progress(progress, total=counts[t], desc=f"features {t}",
-                                                       unit="node") as bar:
+            with errors_about(f"node type {t!r}"), \
+                    converter_progress(progress, total=counts[t], desc=f"features {t}", unit="node") as bar:
                 write_feature_chunks(lambda rows, t=t: writer.write_features(t, rows), array, stored_dtypes[t], bar)
         total = sum(num_edges_of(relations[r]) for r in [*relations, *reverses.values()])
-        with _progress(progress, total=total, desc="edges", unit="edge") as bar:
+        with converter_progress(progress, total=total, desc="edges", unit="edge") as bar:
             for relation, relation_edges in relations.items():
                 writer.write_edges(relation, _edge_chunks(relation, relation_edges, counts, count_sources, bar),
                                    dedup=dedup)
@@ -239,8 +227,8 @@ def _edge_chunks(relation: Relation, edges: Any, counts: dict[str, int], count_s
                  ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     src, _, dst = relation
     return checked_edge_chunks(edges, (counts[src], counts[dst]), (f"src ({src})", f"dst ({dst})"),
-                               (_range_hint(counts[src], count_sources[src]),
-                                _range_hint(counts[dst], count_sources[dst])), bar)
+                               (range_hint(counts[src], count_sources[src]),
+                                range_hint(counts[dst], count_sources[dst])), bar)
 
 
 def _parse_relations(edges: dict, names: list[str], counts: dict[str, int]) -> dict[Relation, Any]:
@@ -251,7 +239,7 @@ def _parse_relations(edges: dict, names: list[str], counts: dict[str, int]) -> d
     for key, value in edges.items():
         relation = parse_relation(key)
         label = f"relation {relation_key(relation)!r}"
-        with _about(label):
+        with errors_about(label):
             for role, t in (("source", relation[0]), ("destination", relation[2])):
                 if t not in counts:
                     raise ValueError(f"its {role} type {t!r} is not a node type ({', '.join(names)}); give its "
@@ -267,9 +255,9 @@ def _check_edge_ids(relations: dict[Relation, Any], counts: dict[str, int], coun
                     progress: bool) -> None:
     """Every edge's ids in range of its types, before anything is written."""
     total = sum(num_edges_of(e) for e in relations.values())
-    with _progress(progress, total=total, desc="checking edges", unit="edge") as bar:
+    with converter_progress(progress, total=total, desc="checking edges", unit="edge") as bar:
         for relation, relation_edges in relations.items():
-            with _about(f"relation {relation_key(relation)!r}"):
+            with errors_about(f"relation {relation_key(relation)!r}"):
                 for _ in _edge_chunks(relation, relation_edges, counts, count_sources, bar):
                     pass
 
@@ -295,7 +283,7 @@ def _check_splits(splits: dict, counts: dict[str, int], count_sources: dict[str,
                   ) -> dict[str, dict[str, np.ndarray]]:
     out: dict[str, dict[str, np.ndarray]] = {}
     for t, per_split in splits.items():
-        with _about(f"node type {t!r}"):
+        with errors_about(f"node type {t!r}"):
             if not isinstance(per_split, dict):
                 raise ValueError(f"splits must map split names ({', '.join(SPLITS)}) to ids or masks, got "
                                  f"{type(per_split).__name__}")
@@ -305,7 +293,7 @@ def _check_splits(splits: dict, counts: dict[str, int], count_sources: dict[str,
                 if split not in SPLITS:
                     raise ValueError(f"unknown split {split!r}; splits are {', '.join(SPLITS)}")
                 if ids is not None:
-                    checked[split] = _check_split(split, ids, counts[t], count_sources[t])
+                    checked[split] = check_split(split, ids, counts[t], count_sources[t])
             out[t] = checked
     return out
 
@@ -334,14 +322,14 @@ def hetero_from_pyg(path, data, *, target: str | None = None, **kw) -> Dataset:
     features, num_nodes, labels, splits = {}, {}, {}, {}
     for t in data.node_types:
         store = data[t]
-        features[t] = _attr(store, "x")
+        features[t] = first_attr(store, "x")
         with warnings.catch_warnings():  # PyG warns when it cannot infer a count; we say so below
             warnings.simplefilter("ignore")
             count = store.num_nodes
         if count is None:
             raise ValueError(f"node type {t!r} has no x and no num_nodes; set data[{t!r}].num_nodes")
         num_nodes[t] = int(count)
-        if _attr(store, "y") is not None:
+        if first_attr(store, "y") is not None:
             labels[t] = store.y
         per_split = {split: ids for split, ids in pyg_splits(store).items() if ids is not None}
         if per_split:
@@ -559,7 +547,7 @@ def hetero_from_manifest(path, manifest: str, *, add_reverse: bool = True, **kw)
     def array(entry: Any, what: str) -> np.ndarray:
         if not isinstance(entry, str):
             raise ValueError(f"{manifest}: {what} must name a .npy file, got {entry!r}")
-        return _open_npy(entry if os.path.isabs(entry) else os.path.join(folder, entry), f"{manifest}: {what}")
+        return open_npy(entry if os.path.isabs(entry) else os.path.join(folder, entry), f"{manifest}: {what}")
 
     def whole(value: Any, what: str) -> int:  # int() would read 2.5 as 2 and stop at "many" with no key named
         if isinstance(value, bool) or not isinstance(value, int):

@@ -21,18 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from lsm_gnn.data.format import DatasetError, FeatureLayout, read_rows_direct, verify_checksums
+# ONE_TYPE, ONE_RELATION and relation_key are re-exported: the format defines them, readers name them here.
+from lsm_gnn.data.format import (  # noqa: F401
+    ONE_RELATION, ONE_TYPE, DatasetError, FeatureLayout, read_rows_direct, relation_key, typed_entries,
+    verify_checksums,
+)
 from lsm_gnn.fileio import contained_path
 
 Relation = tuple[str, str, str]
-#: the node type and relation of a schema-1 dataset
-ONE_TYPE = "node"
-ONE_RELATION: Relation = (ONE_TYPE, "to", ONE_TYPE)
-
-
-def relation_key(relation: Relation) -> str:
-    """``src__name__dst``: a relation as one string (directory names, config keys)."""
-    return "__".join(relation)
 
 
 def parse_relation(key: str | tuple) -> Relation:
@@ -57,20 +53,6 @@ def _layout(features: dict | None) -> FeatureLayout | None:
     return FeatureLayout(file=features["file"], dtype=features["dtype"], dim=int(features["dim"]),
                          row_bytes=int(features["row_bytes"]), row_stride=int(features["row_stride"]),
                          page_size=int(features["page_size"]), file_bytes=int(features["file_bytes"]))
-
-
-def _typed_entries(meta: dict) -> tuple[list[dict], list[dict], str | None]:
-    """(node type entries, relation entries, target) of either schema, in schema 2's shape."""
-    if "node_types" in meta:
-        return meta["node_types"], meta["relations"], meta.get("target")
-    node = {"name": ONE_TYPE, "num_nodes": meta["num_nodes"], "features": meta["features"],
-            "labels": meta.get("labels"), "num_classes": meta.get("num_classes"),
-            "splits": meta.get("splits") or {}, "scores": meta.get("scores") or {}}
-    src, name, dst = ONE_RELATION
-    graph = meta["graph"]
-    relation = {"src": src, "name": name, "dst": dst, "num_edges": meta["num_edges"],
-                "indptr": graph["indptr"], "indices": graph["indices"]}
-    return [node], [relation], ONE_TYPE
 
 
 class NodeType:
@@ -122,7 +104,7 @@ class Dataset:
         self.path = os.path.abspath(path)
         self.meta = meta
         self.name = meta.get("name", os.path.basename(self.path))
-        types, relations, self.target = _typed_entries(meta)
+        types, relations, self.target = typed_entries(meta)
         self.types: dict[str, NodeType] = {e["name"]: NodeType(self, e) for e in types}
         self.node_types: list[str] = list(self.types)
         self._relations = {(r["src"], r["name"], r["dst"]): r for r in relations}

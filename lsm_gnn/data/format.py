@@ -24,6 +24,10 @@ a row of 512 bytes or more is padded to a multiple of 512, so it starts on an
 and one aligned read of a block serves all its rows. Datasets written before
 packing (every stride a multiple of 512) are one case of the same rule.
 
+A schema-2 dataset (several node types and typed relations; layout in :mod:`lsm_gnn.data.hetero`) is checked
+by the same typed core: a schema-1 dataset is the typed graph of one node type and one relation
+(:func:`typed_entries`), so both schemas' files go through :func:`_check_typed_files`.
+
 Opening validates everything up to O(num_nodes) work (see :func:`open_dataset`;
 ``check="full"`` adds the neighbor ids, which the native code also bounds-checks
 as it reads them); a problem raises :class:`DatasetError` naming the file and the fix.
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +64,23 @@ BLOCK_BYTES = 64 << 10  # 4 bytes of sums per 64 KiB of data
 
 class DatasetError(ValueError):
     """A dataset directory is missing, malformed or inconsistent."""
+
+
+def relation_key(relation: tuple[str, str, str]) -> str:
+    """``src__name__dst``: a relation as one string (directory names, config keys)."""
+    return "__".join(relation)
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def check_name(name: Any, what: str) -> str:
+    """Node type and relation names: letters, digits, '_' and '-'; no '__' (it joins relation keys) and no
+    '.' (PyG and torch module names cannot hold one)."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or "__" in name:
+        raise ValueError(f"{what} {name!r} is not a valid name: use letters, digits, '_' and '-', starting "
+                         "with a letter or digit, without '__'")
+    return name
 
 
 def row_stride_for(row_bytes: int, alignment: int | None = None) -> int:
@@ -519,17 +541,116 @@ def check_node_arrays(path: str, part: dict, num_nodes: int, num_classes: int | 
         _check_finite(os.path.join(path, file_name), scores, f"'{score_name}' score")
 
 
-def check_schema1(path: str, meta: dict, meta_path: str, check: str) -> None:
-    """Validates a schema-1 dataset (called by :func:`lsm_gnn.data.open_dataset`, which read its meta.json)."""
-    _check_meta(meta, meta_path)
-    num_nodes, num_edges = meta["num_nodes"], meta["num_edges"]
-    check_feature_file(path, meta_path, meta["features"], num_nodes, "features.")
-    check_block_sums_file(path, meta, meta_path)
+def _check_schema2_meta(meta: dict, meta_path: str) -> None:
+    """Every known key of a schema-2 meta.json; each error names the node type or relation."""
+    for key in ("name", "created_by"):
+        _get(meta, key, str, meta_path, optional=True)
+    entries = meta.get("node_types")
+    if not isinstance(entries, list) or not entries:
+        raise _fail(meta_path, f"key 'node_types' must be a non-empty list, got {_show(entries)}", _REDO)
+    seen: set[str] = set()
+    for k, entry in enumerate(entries):
+        _check_listed(entry, f"node_types[{k}]", meta_path)
+        name = _get(entry, "name", str, meta_path, f"node_types[{k}].")
+        _check_meta_name(name, "node type", f"node_types[{k}]", meta_path)
+        if name in seen:
+            raise _fail(meta_path, f"node type '{name}' is listed twice in 'node_types'", _REDO)
+        seen.add(name)
+        prefix = f"node_types.{name}."
+        _get_int(entry, "num_nodes", meta_path, 1, prefix=prefix)
+        feats = _get(entry, "features", dict, meta_path, prefix, nullable=True)
+        if feats is not None:
+            check_feature_meta(feats, meta_path, prefix + "features.")
+        labels = _get(entry, "labels", str, meta_path, prefix, optional=True, nullable=True)
+        if labels is not None:
+            _check_file_name(labels, prefix + "labels", meta_path)
+            if _get_int(entry, "num_classes", meta_path, 1, MAX_CLASSES, prefix=prefix, nullable=True) is None:
+                raise _fail(meta_path, f"key '{prefix}labels' names a file but '{prefix}num_classes' is missing",
+                            "Set num_classes to the number of classes or re-create the dataset")
+        _get_files(entry, "splits", meta_path, SPLITS, "split")
+        _get_files(entry, "scores", meta_path)
+    relations = meta.get("relations")
+    if not isinstance(relations, list):
+        raise _fail(meta_path, f"key 'relations' must be a list, got {_show(relations)}", _REDO)
+    seen_relations: set[tuple] = set()
+    for k, entry in enumerate(relations):
+        _check_listed(entry, f"relations[{k}]", meta_path)
+        parts = tuple(_get(entry, key, str, meta_path, f"relations[{k}].") for key in ("src", "name", "dst"))
+        key = relation_key(parts)
+        for role, type_name in (("src", parts[0]), ("dst", parts[2])):
+            if type_name not in seen:
+                raise _fail(meta_path, f"relation '{key}' names {role} type '{_name(type_name)}', which is not in "
+                            f"'node_types' ({', '.join(sorted(seen))})", _REDO)
+        _check_meta_name(parts[1], "relation name", f"relation '{key}'", meta_path)
+        if parts in seen_relations:
+            raise _fail(meta_path, f"relation '{key}' is listed twice in 'relations'", _REDO)
+        seen_relations.add(parts)
+        _get_int(entry, "num_edges", meta_path, 0, prefix=f"relations.{key}.")
+        for file_key in ("indptr", "indices"):
+            _check_file_name(_get(entry, file_key, str, meta_path, f"relations.{key}."),
+                             f"relations.{key}.{file_key}", meta_path)
+    target = _get(meta, "target", str, meta_path, optional=True, nullable=True)
+    if target is not None and target not in seen:
+        raise _fail(meta_path, f"target type '{_name(target)}' is not in 'node_types' ({', '.join(sorted(seen))})",
+                    _REDO)
+    check_checksums_meta(meta, meta_path)
 
+
+def _check_meta_name(name: str, what: str, where: str, meta_path: str) -> None:
+    try:
+        check_name(name, what)
+    except ValueError as exc:
+        raise _fail(meta_path, f"{where}: {exc}", _REDO) from None
+
+
+def _check_listed(entry: Any, where: str, meta_path: str) -> None:
+    if not isinstance(entry, dict):
+        raise _fail(meta_path, f"{where} must be an object, got {_show(entry)}", _REDO)
+
+
+def _check_typed_files(path: str, meta: dict, meta_path: str, node_types: list[dict], relations: list[dict],
+                       check: str) -> None:
+    """The files of a graph of typed nodes and relations, either schema's (its meta.json checked already):
+    each type's feature file, the block sums, each relation's CSR, each type's labels, splits and scores.
+    Entries are :func:`typed_entries`'."""
+    num_nodes = {e["name"]: e["num_nodes"] for e in node_types}
+    for entry in node_types:
+        if entry.get("features") is not None:
+            where = "features." if "node_types" not in meta else f"node_types.{entry['name']}.features."
+            check_feature_file(path, meta_path, entry["features"], entry["num_nodes"], where)
+    check_block_sums_file(path, meta, meta_path)
+    for entry in relations:
+        check_csr(path, entry["indptr"], entry["indices"], num_nodes[entry["dst"]], num_nodes[entry["src"]],
+                  entry["num_edges"], check)
+    for entry in node_types:
+        check_node_arrays(path, entry, entry["num_nodes"], entry.get("num_classes"))
+
+
+#: the node type and relation a schema-1 dataset is: a typed graph of one type and one relation
+ONE_TYPE = "node"
+ONE_RELATION = (ONE_TYPE, "to", ONE_TYPE)
+
+
+def typed_entries(meta: dict) -> tuple[list[dict], list[dict], str | None]:
+    """(node type entries, relation entries, target) of either schema's meta.json, in schema 2's shape."""
+    if "node_types" in meta:
+        return meta["node_types"], meta["relations"], meta.get("target")
+    node = {"name": ONE_TYPE, "num_nodes": meta["num_nodes"], "features": meta["features"],
+            "labels": meta.get("labels"), "num_classes": meta.get("num_classes"),
+            "splits": meta.get("splits") or {}, "scores": meta.get("scores") or {}}
+    src, name, dst = ONE_RELATION
     graph = meta["graph"]
-    check_csr(path, graph["indptr"], graph["indices"], num_nodes, num_nodes, num_edges, check)
-    check_node_arrays(path, meta, num_nodes, meta.get("num_classes"))
-    num_users = meta.get("num_users")
+    relation = {"src": src, "name": name, "dst": dst, "num_edges": meta["num_edges"],
+                "indptr": graph["indptr"], "indices": graph["indices"]}
+    return [node], [relation], ONE_TYPE
+
+
+def check_schema1(path: str, meta: dict, meta_path: str, check: str) -> None:
+    """Validates a schema-1 dataset: the checks of a typed graph of one type and one relation, plus held-out
+    pairs."""
+    _check_meta(meta, meta_path)
+    _check_typed_files(path, meta, meta_path, *typed_entries(meta)[:2], check)
+    num_nodes, num_users = meta["num_nodes"], meta.get("num_users")
     for split_name, file_name in (meta.get("edge_splits") or {}).items():
         pairs = _load_npy(path, file_name, ("int64",), None, f"{split_name} edge split", width=2)
         # Pairs are (user, item) in a user-item dataset, any two nodes otherwise.
@@ -537,6 +658,38 @@ def check_schema1(path: str, meta: dict, meta_path: str, check: str) -> None:
         edge_path = os.path.join(path, file_name)
         _check_range(edge_path, pairs[:, 0], 0, first_end, f"{split_name} pair's first node", ID_FIX)
         _check_range(edge_path, pairs[:, 1], second_start, num_nodes, f"{split_name} pair's second node", ID_FIX)
+
+
+def check_schema2(path: str, meta: dict, meta_path: str, check: str) -> None:
+    """Validates a schema-2 dataset: the same checks as schema 1, per node type and per relation."""
+    if check not in CHECKS:
+        raise ValueError(f"check must be one of {CHECKS}, got {check!r}")
+    _check_schema2_meta(meta, meta_path)
+    _check_typed_files(path, meta, meta_path, *typed_entries(meta)[:2], check)
+    target = meta.get("target")
+    if target is not None and next(e for e in meta["node_types"] if e["name"] == target).get("labels") is None:
+        raise _fail(meta_path, f"target type '{target}' has no labels",
+                    "Write labels for it or name another target; " + _REDO)
+
+
+def read_dataset_meta(path: str) -> dict:
+    """The meta.json of dataset directory ``path``: present, JSON, of the format and a schema version this code
+    reads (its keys and files are :func:`check_dataset`'s)."""
+    if not os.path.isdir(path):
+        raise _fail(path, "no such dataset directory",
+                    "Create one with 'lsm-gnn prepare synthetic --out <dir>' or a converter")
+    meta_path = os.path.join(path, META_FILE)
+    if not os.path.isfile(meta_path):
+        raise _fail(meta_path, "missing", "The directory is not an lsm-gnn dataset; create one with 'lsm-gnn prepare'")
+    meta = _read_meta(meta_path)
+    check_format(meta, meta_path)
+    return meta
+
+
+def check_dataset(path: str, meta: dict, check: str) -> None:
+    """Validates the dataset at ``path`` whose meta.json :func:`read_dataset_meta` read, by its schema."""
+    meta_path = os.path.join(path, META_FILE)
+    (check_schema2 if meta["version"] == HETERO_SCHEMA_VERSION else check_schema1)(path, meta, meta_path, check)
 
 
 def source_file(array: Any) -> str | None:

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from lsm_gnn.data.convert import _open_npy, _progress
+from lsm_gnn.data.convert import converter_progress, open_npy
 
 READ_CHUNK = 1 << 18          # rows parsed per chunk
 SPLIT_VALUES = {"train": 0, "val": 1, "valid": 1, "validation": 1, "test": 2}
@@ -121,7 +121,7 @@ def _text_chunks(file_path: str, fmt: str, columns: dict[str, Any], header: bool
 
 def _npy_chunks(file_path: str, columns: dict[str, Any]) -> tuple[dict, Iterator[tuple[dict, np.ndarray]]]:
     """Chunks of an ``(E, k)`` array (columns by index) or of a structured array (columns by field name)."""
-    array = _open_npy(file_path, "interactions")
+    array = open_npy(file_path, "interactions")
     names = list(array.dtype.names) if array.dtype.names else None
     if names is None and array.ndim != 2:
         raise ValueError(f"{file_path} has shape {array.shape}; an interaction array must be (E, k), one row per "
@@ -227,7 +227,7 @@ def read_interactions(file_path: str, fmt: str, columns: dict, header: bool | No
     where = info["where"] = f"{file_path} {info['unit']}"  # errors name the line (of a .npy file: the row)
     parts: dict[str, list] = {role: [] for role in ("user", "item", "time", "split", "line")}
     time_kind: list = []
-    with _progress(progress, desc="interactions", unit="row") as bar:
+    with converter_progress(progress, desc="interactions", unit="row") as bar:
         for cols, lines in chunks:
             parts["user"].append(spaces["users"].encode(cols["user"], lines, where))
             parts["item"].append(spaces["items"].encode(cols["item"], lines, where))

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from lsm_gnn.data.convert import _dtype_of, _feature_dtype, _open_npy, _progress, write_feature_chunks
+from lsm_gnn.data.convert import converter_progress, dtype_of, open_npy, stored_feature_dtype, write_feature_chunks
 from lsm_gnn.data.dataset import Dataset
 from lsm_gnn.data.interaction_files import file_format, is_number, read_interactions, show
 from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
@@ -187,7 +187,7 @@ def _feature_source(features: Any, side: str) -> tuple[Any, str | None]:
     if features is None:
         return None, None
     label = os.fspath(features) if isinstance(features, (str, os.PathLike)) else f"the {side[:-1]} feature array"
-    array = _open_npy(features, f"{side[:-1]}_features")
+    array = open_npy(features, f"{side[:-1]}_features")
     if not hasattr(array, "shape") or len(array.shape) != 2 or array.shape[0] == 0 or array.shape[1] == 0:
         shape = getattr(array, "shape", None)
         raise ValueError(f"{label} must be a 2-D array with one row per {side[:-1]} id, got shape {shape}")
@@ -205,7 +205,7 @@ def _feature_row_ids(ids: Any, side: str, rows: int | None) -> np.ndarray | None
         with open(ids) as fh:
             values = np.array([line.strip() for line in fh if line.strip()])
     else:
-        values = np.asarray(_open_npy(ids, what)).reshape(-1)
+        values = np.asarray(open_npy(ids, what)).reshape(-1)
     if len(values) != rows:
         raise ValueError(f"{what} has {len(values):,} ids but the feature file has {rows:,} rows: one id per row")
     texts = values.astype(str)
@@ -426,18 +426,18 @@ def _feature_layout(sources: dict, feature_dim: int, feature_dtype) -> dict:
     else:
         dim = given[0] if given else int(feature_dim)
         offsets, widths = {"users": 0, "items": 0}, {"users": dim, "items": dim}
-    source_dtypes = [_dtype_of(array) for array, _ in sources.values() if array is not None]
+    source_dtypes = [dtype_of(array) for array, _ in sources.values() if array is not None]
     source = np.result_type(*source_dtypes) if source_dtypes else np.dtype(np.float32)
     if len(given) < 2 and np.issubdtype(source, np.integer) and feature_dtype is None:
         source = np.dtype(np.float32)  # the generated side is Gaussian
-    return {"dim": dim, "offsets": offsets, "widths": widths, "dtype": _feature_dtype(source, feature_dtype)}
+    return {"dim": dim, "offsets": offsets, "widths": widths, "dtype": stored_feature_dtype(source, feature_dtype)}
 
 
 def _write_features(writer: DatasetWriter, sources: dict, layout: dict, counts: tuple[int, int], seed: int,
                     progress: bool) -> None:
     """Users' rows then items', each from its file or generated, placed at the side's column offset."""
     dim, dtype = layout["dim"], layout["dtype"]
-    with _progress(progress, total=sum(counts), desc="features", unit="node") as bar:
+    with converter_progress(progress, total=sum(counts), desc="features", unit="node") as bar:
         for stream, ((side, (array, _)), count) in enumerate(zip(sources.items(), counts)):
             offset, width = layout["offsets"][side], layout["widths"][side]
 

@@ -1,17 +1,15 @@
 """Opening a dataset directory: one entry point for both schemas.
 
-It reads meta.json, hands the directory to the schema's own checks (:func:`lsm_gnn.data.format.check_schema1`,
-:func:`lsm_gnn.data.hetero.check_schema2`), and opens either as the one :class:`~lsm_gnn.data.dataset.Dataset`.
+It reads meta.json (:func:`lsm_gnn.data.format.read_dataset_meta`), checks the directory by its schema
+(:func:`lsm_gnn.data.format.check_dataset`: a schema-1 dataset is a typed graph of one type and one relation),
+and opens either as the one :class:`~lsm_gnn.data.dataset.Dataset`.
 """
 from __future__ import annotations
 
 import os
 
 from lsm_gnn.data.dataset import Dataset
-from lsm_gnn.data.format import (
-    CHECK_ALIASES, CHECKS, HETERO_SCHEMA_VERSION, META_FILE, _fail, _read_meta, check_format, check_schema1,
-)
-from lsm_gnn.data.hetero import check_schema2
+from lsm_gnn.data.format import CHECK_ALIASES, CHECKS, check_dataset, read_dataset_meta
 
 
 def open_dataset(path: str | os.PathLike, check: str = "full") -> Dataset:
@@ -28,16 +26,6 @@ def open_dataset(path: str | os.PathLike, check: str = "full") -> Dataset:
     if check not in CHECKS:
         raise ValueError(f"check must be 'fast' or 'full' ('shape' is the former name of 'fast'), got {check!r}")
     path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise _fail(path, "no such dataset directory",
-                    "Create one with 'lsm-gnn prepare synthetic --out <dir>' or a converter")
-    meta_path = os.path.join(path, META_FILE)
-    if not os.path.isfile(meta_path):
-        raise _fail(meta_path, "missing", "The directory is not an lsm-gnn dataset; create one with 'lsm-gnn prepare'")
-    meta = _read_meta(meta_path)
-    check_format(meta, meta_path)
-    if meta["version"] == HETERO_SCHEMA_VERSION:
-        check_schema2(path, meta, meta_path, check)
-    else:
-        check_schema1(path, meta, meta_path, check)
+    meta = read_dataset_meta(path)
+    check_dataset(path, meta, check)
     return Dataset(path, meta)

@@ -42,11 +42,12 @@ FEATURE_BLOCK = 1 << 12  # feature rows per RNG block; chunks are whole blocks
 GENERATOR_VERSION = 1    # bump when the output for given parameters changes
 
 # Independent RNG streams, one per part, so changing one part never shifts another.
-_STREAM_PERMUTATION, _STREAM_CENTROIDS, _STREAM_FEATURES, _STREAM_EDGES, _STREAM_SPLIT, _STREAM_ANCHORS = range(6)
+_STREAM_PERMUTATION, _STREAM_CENTROIDS, _STREAM_FEATURES, _STREAM_EDGES, STREAM_SPLIT, _STREAM_ANCHORS = range(6)
 _MASK64 = (1 << 64) - 1
 
 
-def _rng(seed: int, stream: int, block: int = 0) -> np.random.Generator:
+def rng_for(seed: int, stream: int, block: int = 0) -> np.random.Generator:
+    """The RNG of one part (``stream``) and block of a generated dataset: parts never shift one another."""
     return np.random.default_rng([seed, stream, block])
 
 
@@ -67,7 +68,7 @@ class AffineBijection:
         if not 0 < n < 1 << 46:
             raise ValueError(f"num_nodes must be in [1, 2**46), got {n}")
         self.n = n
-        rng = _rng(seed, stream)
+        rng = rng_for(seed, stream)
         # Start near n / golden ratio (Fibonacci hashing spreads consecutive ids
         # furthest apart), jittered by the seed, then step to a unit mod n.
         mult = (int(n * 0.6180339887) + int(rng.integers(0, max(1, n // 64) + 1))) % n if n > 1 else 0
@@ -225,12 +226,12 @@ def synthetic_edges(num_nodes: int, num_edges: int, *, seed: int, num_classes: i
     num_anchors = min(num_nodes, num_edges)
     dst_bit = rmat[1] + rmat[3]  # R-MAT's destination marginal: each bit is 1 with probability b + d
     for index, start in enumerate(range(0, num_anchors, block)):
-        rng = _rng(seed, _STREAM_ANCHORS, index)
+        rng = rng_for(seed, _STREAM_ANCHORS, index)
         src = np.arange(start, min(start + block, num_anchors), dtype=np.int64)
         dst = perm(_rmat_nodes(rng, src.size, num_nodes, dst_bit))
         yield src, _maybe_rewire(rng, src, dst, seed, num_classes, homophily)
     for index, start in enumerate(range(0, num_edges - num_anchors, block)):
-        rng = _rng(seed, _STREAM_EDGES, index)
+        rng = rng_for(seed, _STREAM_EDGES, index)
         r_src, r_dst = _rmat_pairs(rng, min(block, num_edges - num_anchors - start), num_nodes, rmat)
         src, dst = perm(r_src), perm(r_dst)
         yield src, _maybe_rewire(rng, src, dst, seed, num_classes, homophily)
@@ -248,7 +249,7 @@ def _maybe_rewire(rng, src, dst, seed: int, num_classes: int, homophily: float) 
 def class_centroids(seed: int, num_classes: int, feature_dim: int, separation: float,
                     stream: int = _STREAM_CENTROIDS) -> np.ndarray:
     """Random class centroids of norm about ``separation`` (float32, ``[num_classes, feature_dim]``)."""
-    rng = _rng(seed, stream)
+    rng = rng_for(seed, stream)
     return (rng.standard_normal((num_classes, feature_dim)) * (separation / math.sqrt(feature_dim))).astype(np.float32)
 
 
@@ -261,7 +262,7 @@ def synthetic_feature_block(block: int, num_nodes: int, *, seed: int, centroids:
     stop = min(start + FEATURE_BLOCK, num_nodes)
     ids = np.arange(start, stop)
     labels = community(ids, seed, centroids.shape[0]) if classes is None else classes(ids)
-    rows = _rng(seed, stream, block).standard_normal((stop - start, centroids.shape[1]), dtype=np.float32)
+    rows = rng_for(seed, stream, block).standard_normal((stop - start, centroids.shape[1]), dtype=np.float32)
     rows += centroids[labels]
     return rows
 
@@ -278,7 +279,23 @@ def synthetic_feature_chunks(num_nodes: int, chunk_nodes: int, **block_options) 
 
 # -- the generator -------------------------------------------------------------------
 
-def _note(enabled: bool, message: str, bar=None) -> None:
+def write_synthetic_features(write, num_nodes: int, chunk_nodes: int, dtype: np.dtype, progress: bool, desc: str,
+                             **block_options) -> None:
+    """Streams :func:`synthetic_feature_chunks` as ``dtype`` to ``write`` (a writer's, for one node type)."""
+    with progress_bar(progress, total=num_nodes, desc=desc, unit="node", unit_scale=True) as bar:
+        for rows in synthetic_feature_chunks(num_nodes, chunk_nodes, **block_options):
+            write(rows.astype(dtype, copy=False))
+            bar.update(rows.shape[0])
+
+
+def synthetic_split(num_nodes: int, fractions, seed: int) -> dict[str, np.ndarray]:
+    """The seeded train/val/test split of a generated type's nodes, from its own RNG stream."""
+    from lsm_gnn.data.convert import random_split  # convert owns the split helpers
+
+    return random_split(num_nodes, fractions, seed=(seed, STREAM_SPLIT))
+
+
+def note(enabled: bool, message: str, bar=None) -> None:
     """A progress line on stderr; ``bar``, an open progress bar, is cleared first and drawn again after."""
     if enabled and bar is not None:
         bar.write(message, file=sys.stderr)
@@ -338,11 +355,11 @@ def generate_synthetic(path, *, num_nodes: int, avg_degree: float = 10, feature_
     bounds memory: rows generated per write).
     ``overwrite`` replaces an lsm-gnn dataset at ``path``, never anything else (see :class:`DatasetWriter`).
     """
-    from lsm_gnn.data.convert import check_split_fractions, random_split  # convert owns the split helpers
+    from lsm_gnn.data.convert import check_split_fractions  # convert owns the split helpers
 
-    num_nodes = _positive_int(num_nodes, "num_nodes")
-    feature_dim = _positive_int(feature_dim, "feature_dim")
-    num_classes = _positive_int(num_classes, "num_classes")
+    num_nodes = positive_int(num_nodes, "num_nodes")
+    feature_dim = positive_int(feature_dim, "feature_dim")
+    num_classes = positive_int(num_classes, "num_classes")
     if not avg_degree >= 0:
         raise ValueError(f"avg_degree must be >= 0, got {avg_degree}")
     dtype = check_feature_dtype(feature_dtype)
@@ -361,26 +378,24 @@ def generate_synthetic(path, *, num_nodes: int, avg_degree: float = 10, feature_
     centroids = class_centroids(seed, num_classes, feature_dim, class_separation)
     with DatasetWriter(path, num_nodes=num_nodes, feature_dim=feature_dim, feature_dtype=dtype.name,
                        name=name, overwrite=overwrite, extra_meta={"generator": params}, scores=scores) as writer:
-        with progress_bar(progress, total=num_nodes, desc="features", unit="node", unit_scale=True) as bar:
-            for rows in synthetic_feature_chunks(num_nodes, chunk_nodes, seed=seed, centroids=centroids):
-                writer.write_features(rows.astype(dtype, copy=False))
-                bar.update(rows.shape[0])
+        write_synthetic_features(writer.write_features, num_nodes, chunk_nodes, dtype, progress, "features",
+                                 seed=seed, centroids=centroids)
         with progress_bar(progress, total=num_generated, desc="edges", unit="edge", unit_scale=True) as bar:
             edges = synthetic_edges(num_nodes, num_generated, seed=seed, num_classes=num_classes,
                                     homophily=homophily, rmat=rmat)
             writer.write_edges(counted(edges, bar), undirected=True, dedup=True, self_loops=False,
-                               expected_edges=num_generated, note=lambda message: _note(progress, message, bar))
-        _note(progress, "labels and splits")
+                               expected_edges=num_generated, note=lambda message: note(progress, message, bar))
+        note(progress, "labels and splits")
         writer.write_labels(community_labels(num_nodes, seed, num_classes), num_classes)
         # Drawn only now, so the permutation (8 bytes a node) is not held while the CSR is built.
-        for split_name, ids in random_split(num_nodes, split, seed=(seed, _STREAM_SPLIT)).items():
+        for split_name, ids in synthetic_split(num_nodes, split, seed).items():
             writer.write_split(split_name, ids)
-        writer.write_scores(note=lambda message: _note(progress, message))
-        _note(progress, "committing (checksums, fsync)")
+        writer.write_scores(note=lambda message: note(progress, message))
+        note(progress, "committing (checksums, fsync)")
         return writer.commit()
 
 
-def _positive_int(value, what: str) -> int:
+def positive_int(value, what: str) -> int:
     if isinstance(value, bool) or int(value) != value or value <= 0:
         raise ValueError(f"{what} must be a positive integer, got {value!r}")
     return int(value)

@@ -46,15 +46,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lsm_gnn.data.convert import check_split_fractions, random_split
+from lsm_gnn.data.convert import check_split_fractions
 from lsm_gnn.data.format import MAX_CLASSES
 from lsm_gnn.data.dataset import Dataset, relation_key
 from lsm_gnn.data.hetero_writer import HeteroDatasetWriter
 from lsm_gnn.data.scores import SCORE_NAMES
 from lsm_gnn.data.synthetic import (
-    _STREAM_SPLIT, AffineBijection, PopularitySampler, _note, _positive_int, _rng, check_feature_dtype,
-    check_probability, check_rmat, check_score_names, check_seed, class_centroids, community, community_labels,
-    counted, synthetic_edges, synthetic_feature_chunks,
+    AffineBijection, PopularitySampler, check_feature_dtype, check_probability, check_rmat, check_score_names,
+    check_seed, class_centroids, community, community_labels, counted, note, positive_int, rng_for, synthetic_edges,
+    synthetic_split, write_synthetic_features,
 )
 from lsm_gnn.data.writer import csr_edge_chunks
 from lsm_gnn.progress import progress_bar
@@ -122,7 +122,7 @@ class _TypeSampler:
         self.lookup = np.arange(classes.num_classes) % present.size
         self.lookup[present] = np.arange(present.size)
         self.sampler = PopularitySampler(self.lookup[node_classes], present.size,
-                                         _rng(seed, _type_stream(node_type, part)), popularity)
+                                         rng_for(seed, _type_stream(node_type, part)), popularity)
 
     def draw_block(self, rng: np.random.Generator, start: int, stop: int, mean_draws: float,
                    source_classes: _Classes, affinity: float) -> tuple[np.ndarray, np.ndarray]:
@@ -140,13 +140,13 @@ def _drawn_edges(drawing: str, drawn: str, num_nodes: dict[str, int], classes: d
     popular = _TypeSampler(drawn, num_nodes[drawn], classes[drawn], seed, _POPULARITY, popularity)
     for index, start in enumerate(range(0, num_nodes[drawing], SOURCE_BLOCK)):
         stop = min(start + SOURCE_BLOCK, num_nodes[drawing])
-        yield popular.draw_block(_rng(seed, _STREAM_DRAWN[name], index), start, stop, mean_draws, classes[drawing],
+        yield popular.draw_block(rng_for(seed, _STREAM_DRAWN[name], index), start, stop, mean_draws, classes[drawing],
                                  affinity)
     del popular
     uniform = _TypeSampler(drawing, num_nodes[drawing], classes[drawing], seed, _ANCHOR_ORDER, 0.0)
     for index, start in enumerate(range(0, num_nodes[drawn], SOURCE_BLOCK)):
         stop = min(start + SOURCE_BLOCK, num_nodes[drawn])
-        drawn_ids, drawing_ids = uniform.draw_block(_rng(seed, _STREAM_ANCHORS[name], index), start, stop, 1.0,
+        drawn_ids, drawing_ids = uniform.draw_block(rng_for(seed, _STREAM_ANCHORS[name], index), start, stop, 1.0,
                                                     classes[drawn], affinity)
         yield drawing_ids, drawn_ids
 
@@ -158,7 +158,7 @@ def _node_counts(num_papers, num_authors, num_institutes, num_fos, num_classes) 
                 "fos": max(num_classes, round(NODES_PER_PAPER["fos"] * num_papers))}
     counts = {"paper": num_papers}
     for t in NODE_TYPES[1:]:
-        counts[t] = defaults[t] if given[t] is None else _positive_int(given[t], f"num_{t}")
+        counts[t] = defaults[t] if given[t] is None else positive_int(given[t], f"num_{t}")
     return counts
 
 
@@ -171,7 +171,7 @@ def _feature_dims(feature_dim) -> dict[str, int | None]:
         dims = {t: feature_dim.get(t, DEFAULT_FEATURE_DIM) for t in NODE_TYPES}
     else:
         dims = dict.fromkeys(NODE_TYPES, feature_dim)
-    return {t: None if not d else _positive_int(d, f"feature_dim of '{t}'") for t, d in dims.items()}
+    return {t: None if not d else positive_int(d, f"feature_dim of '{t}'") for t, d in dims.items()}
 
 
 def _per_key(given: dict | None, defaults: dict, what: str) -> dict:
@@ -204,8 +204,8 @@ class _Parameters:
               rmat, split, scores, homophily, affinity, class_separation, means, citations_per_paper,
               popularity) -> _Parameters:
         """:func:`generate_hetero_synthetic`'s arguments, checked (the first bad one raises), defaults filled in."""
-        num_papers = _positive_int(num_papers, "num_papers")
-        num_classes = _positive_int(num_classes, "num_classes")
+        num_papers = positive_int(num_papers, "num_papers")
+        num_classes = positive_int(num_classes, "num_classes")
         if num_classes > MAX_CLASSES:
             raise ValueError(f"num_classes must be at most {MAX_CLASSES}, got {num_classes}")
         num_nodes = _node_counts(num_papers, num_authors, num_institutes, num_fos, num_classes)
@@ -298,9 +298,9 @@ def generate_hetero_synthetic(path, *, num_papers: int, num_authors: int | None 
         _write_drawn_relations(writer, p, classes, progress)
         _write_paper_labels(writer, p)
         if p.scores:
-            _note(progress, f"computing scores on the union of {len(RELATIONS)} relations: {', '.join(p.scores)}")
+            note(progress, f"computing scores on the union of {len(RELATIONS)} relations: {', '.join(p.scores)}")
             writer.write_union_scores(p.scores)
-        _note(progress, "committing (checksums, fsync)")
+        note(progress, "committing (checksums, fsync)")
         return writer.commit()
 
 
@@ -312,11 +312,9 @@ def _write_type_features(writer: HeteroDatasetWriter, p: _Parameters, classes: d
             continue
         centroids = class_centroids(p.seed, p.num_classes, p.dims[t], p.separation[t],
                                     stream=_type_stream(t, _CENTROIDS))
-        with progress_bar(progress, total=p.num_nodes[t], desc=f"{t} features", unit="node", unit_scale=True) as bar:
-            for rows in synthetic_feature_chunks(p.num_nodes[t], chunk_nodes, seed=p.seed, centroids=centroids,
-                                                 classes=classes[t], stream=_type_stream(t, _FEATURES)):
-                writer.write_features(t, rows.astype(p.dtype, copy=False))
-                bar.update(rows.shape[0])
+        write_synthetic_features(lambda rows, t=t: writer.write_features(t, rows), p.num_nodes[t], chunk_nodes,
+                                 p.dtype, progress, f"{t} features", seed=p.seed, centroids=centroids,
+                                 classes=classes[t], stream=_type_stream(t, _FEATURES))
 
 
 def _write_citations(writer: HeteroDatasetWriter, p: _Parameters, progress: bool) -> None:
@@ -331,7 +329,7 @@ def _write_paper_labels(writer: HeteroDatasetWriter, p: _Parameters) -> None:
     """The target's labels (each paper's class) and its train, val and test splits."""
     num_papers = p.num_nodes["paper"]
     writer.write_labels("paper", community_labels(num_papers, p.seed, p.num_classes), p.num_classes)
-    for split_name, ids in random_split(num_papers, p.split, seed=(p.seed, _STREAM_SPLIT)).items():
+    for split_name, ids in synthetic_split(num_papers, p.split, p.seed).items():
         writer.write_split("paper", split_name, ids)
 
 
@@ -347,7 +345,7 @@ def _write_drawn_relations(writer: HeteroDatasetWriter, p: _Parameters, classes:
             if forward[0] == drawn:  # the drawn node sends: (drawn, drawing) is (src, dst)
                 edges = ((drawn_ids, drawing_ids) for drawing_ids, drawn_ids in edges)
             writer.write_edges(forward, counted(edges, bar))
-        _note(progress, f"{relation_key(reverse)}: the transpose of {relation_key(forward)}")
+        note(progress, f"{relation_key(reverse)}: the transpose of {relation_key(forward)}")
         # The forward CSR has no repeats and is read in row order, so every reverse row comes out
         # sorted and distinct: no dedup pass.
         writer.write_edges(reverse, ((dst, src) for src, dst in csr_edge_chunks(*writer.csr(forward))),

@@ -12,6 +12,11 @@ of that pid runs on this host.
 Only an lsm-gnn dataset (with ``overwrite``) or an empty directory is ever
 replaced: any other existing path is refused, never deleted. A full disk
 (or quota) raises :class:`DiskFullError`, which names the file.
+
+Both schemas are written by one typed core, :class:`TypedDatasetWriter` (node types with their feature
+files, labels, splits and scores; relations with their CSRs): :class:`DatasetWriter` is the core with one
+type and one relation laid out at the top (schema 1), :class:`~lsm_gnn.data.hetero_writer.HeteroDatasetWriter`
+the core with schema 2's ``nodes/`` and ``relations/``.
 """
 from __future__ import annotations
 
@@ -20,14 +25,16 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager, nullcontext
 from typing import Iterable, Iterator
 
 import numpy as np
 
-from lsm_gnn.data.dataset import Dataset
+from lsm_gnn.data.dataset import Dataset, Relation, parse_relation
 from lsm_gnn.data.format import (
-    BLOCK_BYTES, BLOCK_SUMS_FILE, EDGE_SPLITS, FEATURE_DTYPES, FORMAT_NAME, META_FILE, PAGE_SIZE, SCHEMA_VERSION,
-    SPLITS, BlockSums, DatasetError, block_sums_of_file, crc32_file, feature_file_bytes, row_stride_for,
+    BLOCK_BYTES, BLOCK_SUMS_FILE, EDGE_SPLITS, FEATURE_DTYPES, FORMAT_NAME, META_FILE, ONE_RELATION, ONE_TYPE,
+    PAGE_SIZE, SCHEMA_VERSION, SPLITS, BlockSums, DatasetError, block_sums_of_file, check_name, crc32_file,
+    feature_file_bytes, relation_key, row_stride_for,
 )
 # EDGE_CHUNK, build_csr_files and index_dtype_for are re-exported: the CSR builder lives in csr_build.
 from lsm_gnn.data.csr_build import EDGE_CHUNK, build_csr_files, index_dtype_for  # noqa: F401
@@ -369,8 +376,177 @@ class AtomicDatasetWriter:
         self.meta["checksums"][BLOCK_SUMS_FILE] = crc32_file(path)
 
 
-class DatasetWriter(AtomicDatasetWriter):
-    """Builds one dataset directory.
+class TypedDatasetWriter(AtomicDatasetWriter):
+    """The typed core of both writers: node types with their own feature file, labels, splits and scores, and
+    relations with their own CSR. Where files lie and where their entries go in meta.json is the schema's
+    (:class:`DatasetWriter`: one type and one relation, files at the top; :class:`HeteroDatasetWriter
+    <lsm_gnn.data.hetero_writer.HeteroDatasetWriter>`: ``nodes/<type>/`` and ``relations/<key>/``); a
+    subclass gives :meth:`_type_dir`, :meth:`_relation_dir`, :meth:`_record_relation` and :meth:`_of`,
+    and fills ``self.meta`` around the entries :meth:`_add_types` makes."""
+
+    def __init__(self, path: str | os.PathLike, overwrite: bool):
+        super().__init__(path, overwrite)
+        self.type_sizes: dict[str, int] = {}  # node count per type
+        self._features: dict[str, FeatureFileWriter] = {}
+        self._relations: dict[Relation, dict] = {}
+        self._entries: dict[str, dict] = {}
+
+    # -- where a schema puts things -------------------------------------------
+    def _type_dir(self, node_type: str) -> str:
+        raise NotImplementedError
+
+    def _relation_dir(self, relation: Relation) -> str:
+        raise NotImplementedError
+
+    def _record_relation(self, relation: Relation, prefix: str, num_edges: int) -> None:
+        raise NotImplementedError
+
+    def _of(self, node_type: str) -> str:
+        """How errors name a node type's data (after 'labels', 'train split', ...)."""
+        raise NotImplementedError
+
+    def _add_types(self, entries: dict[str, dict], specs: dict[str, dict], row_alignment: int | None,
+                   what) -> None:
+        """Opens each type's feature file; ``entries`` are the types' meta.json entries (a subclass's), ``what``
+        names a type in feature errors."""
+        try:
+            for t, spec in specs.items():
+                self.type_sizes[t] = int(spec["num_nodes"])
+                entry = entries[t]
+                os.makedirs(os.path.join(self.tmp, self._type_dir(t)), exist_ok=True)  # featureless types' too
+                if spec.get("feature_dim") is not None:
+                    file_name = self._type_dir(t) + "features.bin"
+                    self._features[t] = FeatureFileWriter(os.path.join(self.tmp, file_name), self.type_sizes[t],
+                                                          spec["feature_dim"], spec.get("feature_dtype", "float32"),
+                                                          row_alignment, what=what(t))
+                    entry["features"] = self._features[t].layout(file_name)
+                elif "feature_dtype" in spec:
+                    raise ValueError(f"node type '{t}' has a feature_dtype but no feature_dim")
+                self._entries[t] = entry
+        except BaseException:
+            self.abort()
+            raise
+
+    def _close_files(self) -> None:
+        for writer in self._features.values():
+            writer.close()
+
+    def _entry(self, node_type: str) -> dict:
+        if node_type not in self._entries:
+            raise KeyError(f"no node type {node_type!r}; the node types are {', '.join(self._entries)}")
+        return self._entries[node_type]
+
+    # -- features ------------------------------------------------------------
+    def rows_written(self, node_type: str) -> int:
+        self._entry(node_type)
+        return self._features[node_type].rows_written if node_type in self._features else 0
+
+    def write_features(self, node_type: str, rows: np.ndarray) -> None:
+        """Appends the next ``len(rows)`` feature rows of ``node_type``."""
+        self._entry(node_type)
+        if node_type not in self._features:
+            raise ValueError(f"node type '{node_type}' was declared without features (give it a feature_dim)")
+        self._features[node_type].write(rows)
+
+    def _finish_features(self) -> None:
+        for t, writer in self._features.items():
+            self._finish_feature_file(self._type_dir(t) + "features.bin", writer)
+
+    # -- relations -----------------------------------------------------------
+    def _relation(self, relation) -> tuple[Relation, str]:
+        relation = parse_relation(relation)
+        src, name, dst = relation
+        key = relation_key(relation)
+        for role, t in (("source", src), ("destination", dst)):
+            if t not in self._entries:
+                raise ValueError(f"relation '{key}': its {role} type '{t}' is not a node type "
+                                 f"({', '.join(self._entries)})")
+        check_name(name, f"relation '{key}': name")
+        if relation in self._relations:
+            raise ValueError(f"relation '{key}' was already written")
+        return relation, self._relation_dir(relation)
+
+    def _add_relation(self, relation: Relation, prefix: str, num_edges: int) -> None:
+        self._relations[relation] = {"src": relation[0], "name": relation[1], "dst": relation[2],
+                                     "num_edges": num_edges, "indptr": prefix + "indptr.npy",
+                                     "indices": prefix + "indices.npy"}
+        self._record_relation(relation, prefix, num_edges)
+
+    def _about_relation(self, relation: Relation):
+        """Names the relation in a ValueError raised inside (a one-relation schema has nothing to name)."""
+        return errors_about(f"relation '{relation_key(relation)}'")
+
+    def write_edges(self, relation, chunks: Iterable[tuple[np.ndarray, np.ndarray]], *, undirected: bool = False,
+                    dedup: bool = True, self_loops: bool = True, expected_edges: int | None = None,
+                    note=None) -> None:
+        """Builds the CSR of ``relation`` (``(src, name, dst)`` or ``'src__name__dst'``) from (src ids,
+        dst ids) chunks in bounded memory (:func:`build_csr_files`): dst's row lists src. ``undirected``
+        (a relation from a type to itself) adds the reverse of every edge; ``dedup`` removes parallel edges;
+        ``self_loops=False`` drops edges v -> v; ``expected_edges``, if known, sizes the sort's buckets;
+        ``note`` is told when the sort starts."""
+        relation, prefix = self._relation(relation)
+        src, _, dst = relation
+        with self._about_relation(relation):
+            num_edges = build_csr_files(self.tmp, prefix, chunks, self.type_sizes[dst], self.type_sizes[src],
+                                        undirected=undirected, dedup=dedup, self_loops=self_loops or src != dst,
+                                        expected_edges=expected_edges, note=note)
+        self._add_relation(relation, prefix, num_edges)
+
+    def write_csr(self, relation, indptr: np.ndarray, indices: np.ndarray) -> None:
+        """Stores the CSR of ``relation`` as given: ``num_nodes[dst] + 1`` indptr entries, src ids."""
+        relation, prefix = self._relation(relation)
+        src, _, dst = relation
+        with self._about_relation(relation):
+            num_edges = write_csr_files(self.tmp, prefix, indptr, indices, self.type_sizes[dst], self.type_sizes[src])
+        self._add_relation(relation, prefix, num_edges)
+
+    def csr(self, relation) -> tuple[np.ndarray, np.ndarray]:
+        """A relation's CSR written so far (memory-mapped), e.g. to compute scores before commit."""
+        relation = parse_relation(relation)
+        if relation not in self._relations:
+            raise KeyError(f"relation '{relation_key(relation)}' has not been written")
+        entry = self._relations[relation]
+        return (np.load(os.path.join(self.tmp, entry["indptr"]), mmap_mode="r"),
+                np.load(os.path.join(self.tmp, entry["indices"]), mmap_mode="r"))
+
+    # -- labels, splits, scores ----------------------------------------------
+    def write_labels(self, node_type: str, labels: np.ndarray, num_classes: int | None = None) -> None:
+        """Class per node of ``node_type``, -1 for unlabeled nodes."""
+        entry = self._entry(node_type)
+        labels, num_classes = label_array(labels, self.type_sizes[node_type], num_classes,
+                                          "labels" + self._of(node_type))
+        file_name = self._type_dir(node_type) + "labels.npy"
+        save_npy(os.path.join(self.tmp, file_name), labels)
+        entry["labels"], entry["num_classes"] = file_name, num_classes
+
+    def write_split(self, node_type: str, name: str, ids: np.ndarray) -> None:
+        entry = self._entry(node_type)
+        ids = split_ids(name, ids, self.type_sizes[node_type], self._of(node_type))
+        file_name = self._type_dir(node_type) + f"{name}_idx.npy"
+        save_npy(os.path.join(self.tmp, file_name), ids)
+        entry["splits"][name] = file_name
+
+    def write_score(self, node_type: str, name: str, scores: np.ndarray) -> None:
+        entry = self._entry(node_type)
+        scores = score_array(name, scores, self.type_sizes[node_type], self._of(node_type))
+        os.makedirs(os.path.join(self.tmp, self._type_dir(node_type), "scores"), exist_ok=True)
+        file_name = self._type_dir(node_type) + f"scores/{name}.npy"
+        save_npy(os.path.join(self.tmp, file_name), scores)
+        entry["scores"][name] = file_name
+
+
+@contextmanager
+def errors_about(what: str):
+    """Prefixes a ValueError raised inside with ``what``: the node type or relation it concerns."""
+    try:
+        yield
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+
+
+class DatasetWriter(TypedDatasetWriter):
+    """Builds one dataset directory: the typed writer with one node type and one relation, files at the top
+    of the directory and their entries at the top of meta.json (schema 1).
 
     Call :meth:`write_features` with consecutive row chunks, one of
     :meth:`write_edges` / :meth:`write_csr`, optionally :meth:`write_labels`,
@@ -403,77 +579,65 @@ class DatasetWriter(AtomicDatasetWriter):
         self.num_nodes = int(num_nodes)
         self.feature_dim = int(feature_dim)
         self.dtype = dtype
-        try:
-            self._features = FeatureFileWriter(os.path.join(self.tmp, "features.bin"), self.num_nodes,
-                                               self.feature_dim, dtype, row_alignment)
-        except BaseException:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            raise
-        self.row_bytes, self.row_stride = self._features.row_bytes, self._features.row_stride
+        # The one type's entry is meta.json's top level.
         self.meta = {
             "format": FORMAT_NAME, "version": SCHEMA_VERSION, "name": name or os.path.basename(self.path),
-            "num_nodes": self.num_nodes, "num_edges": None, "num_classes": None,
-            "features": self._features.layout("features.bin"),
+            "num_nodes": self.num_nodes, "num_edges": None, "num_classes": None, "features": None,
             "graph": None, "labels": None, "splits": {}, "scores": {}, "checksums": {},
             "created_by": "lsm-gnn " + __version__,
-            **(extra_meta or {}),
         }
+        spec = {"num_nodes": self.num_nodes, "feature_dim": self.feature_dim, "feature_dtype": dtype.name}
+        self._add_types({ONE_TYPE: self.meta}, {ONE_TYPE: spec}, row_alignment, lambda t: "the dataset")
+        self.meta.update(extra_meta or {})
+        self.row_bytes, self.row_stride = self._features[ONE_TYPE].row_bytes, self._features[ONE_TYPE].row_stride
 
-    def _close_files(self) -> None:
-        self._features.close()
+    def _type_dir(self, node_type: str) -> str:
+        return ""
 
-    # -- features ----------------------------------------------------------
+    def _relation_dir(self, relation: Relation) -> str:
+        return ""
+
+    def _record_relation(self, relation: Relation, prefix: str, num_edges: int) -> None:
+        self.meta["num_edges"] = num_edges
+        self.meta["graph"] = {"indptr": "indptr.npy", "indices": "indices.npy", "orientation": "in"}
+
+    def _of(self, node_type: str) -> str:
+        return ""
+
+    def _about_relation(self, relation: Relation):
+        return nullcontext()
+
+    # -- the one type and relation -------------------------------------------
     @property
     def rows_written(self) -> int:
-        return self._features.rows_written
+        return self._features[ONE_TYPE].rows_written
 
     def write_features(self, rows: np.ndarray) -> None:
         """Appends the next ``len(rows)`` feature rows (shape ``[k, feature_dim]``)."""
-        self._features.write(rows)
+        super().write_features(ONE_TYPE, rows)
 
     def _finish(self) -> None:
         if self.meta["graph"] is None:
             raise DatasetError(f"{self.path}: no topology was written; call write_edges() or write_csr()")
         self.write_scores()
-        self._finish_feature_file("features.bin", self._features)
+        self._finish_features()
 
-    # -- topology ----------------------------------------------------------
     def write_csr(self, indptr: np.ndarray, indices: np.ndarray) -> None:
         """Stores CSR topology as given (row v lists the nodes v aggregates from)."""
-        self._set_graph(write_csr_files(self.tmp, "", indptr, indices, self.num_nodes, self.num_nodes))
+        super().write_csr(ONE_RELATION, indptr, indices)
 
-    def write_edges(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]], *, undirected: bool = False,
-                    dedup: bool = True, self_loops: bool = True, expected_edges: int | None = None,
-                    note=None) -> None:
-        """Builds CSR from (src, dst) edge chunks in bounded memory (:func:`build_csr_files`).
+    def write_edges(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]], **options) -> None:
+        """Builds CSR from (src, dst) edge chunks in bounded memory (:meth:`TypedDatasetWriter.write_edges`:
+        ``undirected``, ``dedup``, ``self_loops``, ``expected_edges``, ``note``). Messages flow src -> dst, so
+        dst's row lists src."""
+        super().write_edges(ONE_RELATION, chunks, **options)
 
-        Messages flow src -> dst, so dst's row lists src. ``undirected`` adds
-        the reverse of every edge; ``dedup`` removes parallel edges;
-        ``self_loops=False`` drops edges v -> v. ``expected_edges``, the
-        number of edges the chunks hold, if known, sizes the sort's buckets;
-        ``note`` is told when the sort starts.
-        """
-        self._set_graph(build_csr_files(self.tmp, "", chunks, self.num_nodes, self.num_nodes, undirected=undirected,
-                                        dedup=dedup, self_loops=self_loops, expected_edges=expected_edges,
-                                        note=note))
-
-    def _set_graph(self, num_edges: int) -> None:
-        self.meta["num_edges"] = num_edges
-        self.meta["graph"] = {"indptr": "indptr.npy", "indices": "indices.npy", "orientation": "in"}
-
-    # -- labels, splits, scores --------------------------------------------
     def write_labels(self, labels: np.ndarray, num_classes: int | None = None) -> None:
         """Class per node (int), -1 for unlabeled nodes."""
-        labels, num_classes = label_array(labels, self.num_nodes, num_classes)
-        save_npy(os.path.join(self.tmp, "labels.npy"), labels)
-        self.meta["labels"] = "labels.npy"
-        self.meta["num_classes"] = num_classes
+        super().write_labels(ONE_TYPE, labels, num_classes)
 
     def write_split(self, name: str, ids: np.ndarray) -> None:
-        ids = split_ids(name, ids, self.num_nodes)
-        file_name = f"{name}_idx.npy"
-        save_npy(os.path.join(self.tmp, file_name), ids)
-        self.meta["splits"][name] = file_name
+        super().write_split(ONE_TYPE, name, ids)
 
     def write_scores(self, note=None) -> None:
         """Computes the static scores named by ``scores=`` that are not written yet, from the topology written
@@ -485,11 +649,7 @@ class DatasetWriter(AtomicDatasetWriter):
                 self.write_score(name, compute_scores(*self.csr(), names=(name,))[name])
 
     def write_score(self, name: str, scores: np.ndarray) -> None:
-        scores = score_array(name, scores, self.num_nodes)
-        os.makedirs(os.path.join(self.tmp, "scores"), exist_ok=True)
-        file_name = f"scores/{name}.npy"
-        save_npy(os.path.join(self.tmp, file_name), scores)
-        self.meta["scores"][name] = file_name
+        super().write_score(ONE_TYPE, name, scores)
 
     # -- user-item datasets (link prediction) --------------------------------
     def set_bipartite(self, num_users: int, num_items: int) -> None:
@@ -543,8 +703,7 @@ class DatasetWriter(AtomicDatasetWriter):
         """The topology written so far (memory-mapped), e.g. to compute scores before commit."""
         if self.meta["graph"] is None:
             raise RuntimeError("write the topology (write_edges or write_csr) first")
-        return (np.load(os.path.join(self.tmp, "indptr.npy"), mmap_mode="r"),
-                np.load(os.path.join(self.tmp, "indices.npy"), mmap_mode="r"))
+        return super().csr(ONE_RELATION)
 
 
 # -- what may be replaced, and stale temporaries --------------------------------
