@@ -256,9 +256,38 @@ py::cpp_function index_view_getter(const T* (lsm::cache::WindowIndex::*array)() 
       py::keep_alive<0, 1>());
 }
 
-}  // namespace
+// int64 CPU tensors as the id spans the read-ahead core takes.
+std::vector<lsm::cache::IdSpan> id_spans(const std::vector<torch::Tensor>& tensors, const char* name) {
+  std::vector<lsm::cache::IdSpan> out;
+  for (const auto& t : tensors) {
+    check(t, name, torch::kInt64, -1);
+    out.push_back({t.data_ptr<int64_t>(), static_cast<size_t>(t.numel())});
+  }
+  return out;
+}
 
-void bind_cache(py::module& m) {
+std::vector<torch::Tensor> ahead_misses(const torch::Tensor& tags, int64_t ways,
+                                        const std::vector<torch::Tensor>& batches,
+                                        const std::vector<torch::Tensor>& known) {
+  check(tags, "tags", torch::kInt64, -1);
+  TORCH_CHECK_VALUE(ways > 0 && tags.numel() % ways == 0, "tags must hold whole sets of ", ways, " ways");
+  const auto b = id_spans(batches, "batch");
+  const auto k = id_spans(known, "known");
+  std::vector<std::vector<int64_t>> want;
+  {
+    py::gil_scoped_release release;
+    want = lsm::cache::ahead_misses(tags.data_ptr<int64_t>(), tags.numel() / ways, static_cast<int>(ways), b, k);
+  }
+  std::vector<torch::Tensor> out;
+  for (auto& w : want) {
+    auto t = torch::empty({static_cast<int64_t>(w.size())}, torch::kInt64);
+    std::copy(w.begin(), w.end(), t.data_ptr<int64_t>());
+    out.push_back(t);
+  }
+  return out;
+}
+
+void bind_window_index(py::module& m) {
   using lsm::cache::WindowIndex;
   py::class_<WindowIndex>(m, "WindowIndex")
       .def(py::init<int64_t, int64_t, int32_t>(), py::arg("num_nodes"), py::arg("start_iteration") = 0,
@@ -300,6 +329,10 @@ void bind_cache(py::module& m) {
              return out;
            },
            py::arg("ids"), py::arg("limit"));
+}
+
+// The offline bounds and the read-ahead's plan: ops over a trace, not over a cache's lines.
+void bind_trace_ops(py::module& m) {
   m.def(
       "belady_min",
       [](const std::vector<torch::Tensor>& batches, int64_t num_nodes, int64_t capacity, int64_t count_from) {
@@ -321,37 +354,12 @@ void bind_cache(py::module& m) {
       },
       py::arg("batches"), py::arg("num_nodes"), py::arg("num_sets"), py::arg("ways"), py::arg("count_from") = 0,
       "Belady's MIN per set of a num_sets x ways cache (the cache's set_of): (hits, requests)");
-  m.def(
-      "ahead_misses",
-      [](const torch::Tensor& tags, int64_t ways, const std::vector<torch::Tensor>& batches,
-         const std::vector<torch::Tensor>& known) {
-        check(tags, "tags", torch::kInt64, -1);
-        TORCH_CHECK_VALUE(ways > 0 && tags.numel() % ways == 0, "tags must hold whole sets of ", ways, " ways");
-        auto spans = [](const std::vector<torch::Tensor>& tensors, const char* name) {
-          std::vector<lsm::cache::IdSpan> out;
-          for (const auto& t : tensors) {
-            check(t, name, torch::kInt64, -1);
-            out.push_back({t.data_ptr<int64_t>(), static_cast<size_t>(t.numel())});
-          }
-          return out;
-        };
-        const auto b = spans(batches, "batch");
-        const auto k = spans(known, "known");
-        std::vector<std::vector<int64_t>> want;
-        {
-          py::gil_scoped_release release;
-          want = lsm::cache::ahead_misses(tags.data_ptr<int64_t>(), tags.numel() / ways, static_cast<int>(ways), b, k);
-        }
-        std::vector<torch::Tensor> out;
-        for (auto& w : want) {
-          auto t = torch::empty({static_cast<int64_t>(w.size())}, torch::kInt64);
-          std::copy(w.begin(), w.end(), t.data_ptr<int64_t>());
-          out.push_back(t);
-        }
-        return out;
-      },
-      py::arg("tags"), py::arg("ways"), py::arg("batches"), py::arg("known"),
-      "Per next batch: its sorted distinct ids the cache does not hold, no earlier batch has and known[j] lacks");
+  m.def("ahead_misses", &ahead_misses, py::arg("tags"), py::arg("ways"), py::arg("batches"), py::arg("known"),
+        "Per next batch: its sorted distinct ids the cache does not hold, no earlier batch has and known[j] lacks");
+}
+
+// The ops over a cache's lines: assign, the victim buffer (PVP) and the window scan.
+void bind_line_ops(py::module& m) {
   m.def("cache_assign", &assign, py::arg("tags"), py::arg("records"), py::arg("flags"), py::arg("static_score"),
         py::arg("last_use"), py::arg("rr_pointer"), py::arg("ways"), py::arg("unique"), py::arg("node_static"),
         py::arg("policy"), py::arg("iteration"), py::arg("scan_base"), py::arg("threshold"), py::arg("level_rank"),
@@ -375,4 +383,12 @@ void bind_cache(py::module& m) {
         py::arg("first_position"), py::arg("first_rank"), py::arg("front"), py::arg("limit"),
         py::arg("num_threads") = 0,
         "The window scan: every valid line's PVP record from a window's per-node first occurrences");
+}
+
+}  // namespace
+
+void bind_cache(py::module& m) {
+  bind_window_index(m);
+  bind_trace_ops(m);
+  bind_line_ops(m);
 }

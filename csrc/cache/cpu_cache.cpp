@@ -111,14 +111,11 @@ std::vector<std::pair<int64_t, int64_t>> misses_by_set(const CacheView& c, const
   return grouped;
 }
 
-}  // namespace
-
-void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t* node_static,
-            const PolicyParams& p, AssignOutput& out, int num_threads) {
-  if (num_threads <= 0) num_threads = omp_get_max_threads();
-  const bool known = p.first_iteration != nullptr;  // next use at assign
-  // Phase 1: hits. Distinct ids map to distinct lines, so writes never collide.
-  std::vector<int64_t> set(n);  // each id's set, for phase 2's misses
+// Phase 1: marks every id the cache holds as hit and used, and clears the other outputs; returns each id's set.
+// Distinct ids map to distinct lines, so writes never collide.
+std::vector<int64_t> mark_hits(const CacheView& c, const int64_t* unique, int64_t n, const PolicyParams& p,
+                               bool known, AssignOutput& out, int num_threads) {
+  std::vector<int64_t> set(n);
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (n > 4096)
   for (int64_t u = 0; u < n; ++u) {
     set[u] = set_of(unique[u], c.num_sets);
@@ -144,38 +141,52 @@ void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t
       }
     }
   }
-  // Phase 2: misses sorted by set (ids are already ascending, the sort is stable).
-  const std::vector<std::pair<int64_t, int64_t>> misses = misses_by_set(c, set, out.hit);  // (set, u)
-  std::vector<int64_t> segment_start;
+  return set;
+}
+
+// Where each set's run of misses starts in ``misses`` (grouped by set), and then misses.size().
+std::vector<int64_t> set_runs(const std::vector<std::pair<int64_t, int64_t>>& misses) {
+  std::vector<int64_t> run_start;
   for (size_t k = 0; k < misses.size(); ++k) {
-    if (k == 0 || misses[k].first != misses[k - 1].first) segment_start.push_back(static_cast<int64_t>(k));
+    if (k == 0 || misses[k].first != misses[k - 1].first) run_start.push_back(static_cast<int64_t>(k));
   }
-  segment_start.push_back(static_cast<int64_t>(misses.size()));
-  const int64_t num_segments = static_cast<int64_t>(segment_start.size()) - 1;
+  run_start.push_back(static_cast<int64_t>(misses.size()));
+  return run_start;
+}
+
+// Belady's bypass: whether a miss the policy would evict before the victim at line i stays uncached.
+bool bypasses(const CacheView& c, int64_t i, uint64_t record, int64_t id, const uint16_t* node_static,
+              const PolicyParams& p) {
+  const uint16_t score = node_static ? node_static[id] : 0;
+  return victim_key(record, 0, score, p.iteration, p) <
+         victim_key(c.records[i], c.flags[i], c.static_score[i], c.last_use[i], p);
+}
+
+// Phase 2: installs the misses (``misses``: (set, u) grouped by set) in their victims; one thread owns a whole
+// set, so installing needs no atomics.
+void install_misses(const CacheView& c, const int64_t* unique, const uint16_t* node_static, const PolicyParams& p,
+                    bool known, const std::vector<std::pair<int64_t, int64_t>>& misses, AssignOutput& out,
+                    int num_threads) {
+  const std::vector<int64_t> run_start = set_runs(misses);
+  const int64_t num_runs = static_cast<int64_t>(run_start.size()) - 1;
   int64_t evictions = 0, evicted_in_use = 0, bypassed = 0;
-  // One thread owns a whole set: installing needs no atomics.
-#pragma omp parallel num_threads(num_threads) if (num_segments > 256)
+#pragma omp parallel num_threads(num_threads) if (num_runs > 256)
   {
     std::vector<int64_t> installed_by(c.ways);  // way -> unique index installed there by this batch
     SetVictims victims(c.ways);
     const bool in_key_order = p.policy != kRoundRobin;  // round robin picks by its pointer, not by keys
 #pragma omp for schedule(dynamic, 64) reduction(+ : evictions, evicted_in_use, bypassed)
-    for (int64_t s = 0; s < num_segments; ++s) {
+    for (int64_t s = 0; s < num_runs; ++s) {
       std::fill(installed_by.begin(), installed_by.end(), -1);
-      if (in_key_order) victims.reset(c, misses[segment_start[s]].first, p);
-      for (int64_t k = segment_start[s]; k < segment_start[s + 1]; ++k) {
+      if (in_key_order) victims.reset(c, misses[run_start[s]].first, p);
+      for (int64_t k = run_start[s]; k < run_start[s + 1]; ++k) {
         const int64_t set = misses[k].first, u = misses[k].second;
         const int w = in_key_order ? victims.next(c, p) : choose_victim(c, set, p);
         const int64_t i = set * c.ways + w;
         const uint64_t record = known ? assign_record(p, unique[u]) : kNoReuseRecord;
-        if (p.bypass && known && c.tags[i] != kInvalidTag) {
-          // Belady's bypass: a miss the policy would evict before its victim is not cached.
-          const uint16_t score = node_static ? node_static[unique[u]] : 0;
-          if (victim_key(record, 0, score, p.iteration, p) <
-              victim_key(c.records[i], c.flags[i], c.static_score[i], c.last_use[i], p)) {
-            ++bypassed;
-            continue;
-          }
+        if (p.bypass && known && c.tags[i] != kInvalidTag && bypasses(c, i, record, unique[u], node_static, p)) {
+          ++bypassed;
+          continue;
         }
         if (c.tags[i] != kInvalidTag) {
           out.evicted_tag[u] = c.tags[i];
@@ -197,6 +208,17 @@ void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t
   out.evictions = evictions;
   out.evicted_in_use = evicted_in_use;
   out.bypassed = bypassed;
+}
+
+}  // namespace
+
+void assign(const CacheView& c, const int64_t* unique, int64_t n, const uint16_t* node_static,
+            const PolicyParams& p, AssignOutput& out, int num_threads) {
+  if (num_threads <= 0) num_threads = omp_get_max_threads();
+  const bool known = p.first_iteration != nullptr;  // next use at assign
+  const std::vector<int64_t> set = mark_hits(c, unique, n, p, known, out, num_threads);
+  // Misses sorted by set (ids are already ascending, the sort is stable).
+  install_misses(c, unique, node_static, p, known, misses_by_set(c, set, out.hit), out, num_threads);
 }
 
 void scan(int64_t lines, const int64_t* tags, uint64_t* records, uint8_t* flags, const int32_t* first_iteration,

@@ -155,6 +155,120 @@ class LocalIds {
   int shift_ = 64;
 };
 
+// Prefetch distance, in nodes or edges, of the loops that wait on one cache miss per element otherwise.
+constexpr int64_t kAhead = 16;
+
+// The seeds, checked, as the first entries of the batch's node list.
+LocalIds number_seeds(const int64_t* seeds, int64_t num_seeds, int64_t num_nodes) {
+  LocalIds local(static_cast<size_t>(num_seeds) * 8);
+  for (int64_t i = 0; i < num_seeds; ++i) {
+    if (seeds[i] < 0 || seeds[i] >= num_nodes) {
+      throw std::out_of_range(cat("seed node ", seeds[i], " at position ", i, " is outside [0, ", num_nodes, ")"));
+    }
+    if (!local.emplace(seeds[i], i).second) {
+      throw std::invalid_argument(cat("seed node ", seeds[i], " appears twice in the batch; seeds must be distinct"));
+    }
+  }
+  return local;
+}
+
+// A hop's frontier rows as read once from indptr: each row's start and length, and where its draws go in the
+// hop's edge arrays (offset[i]..offset[i + 1]).
+struct Rows {
+  std::vector<int64_t> offset, start, length;
+};
+
+// Row lengths in parallel: on a memory-mapped CSR that is not in memory, each read of indptr can be a page fault
+// that waits on the disk, and parallel faults keep the disk busy (docs/benchmarks/scale.md, "Out of core:
+// topology and scale"). A bad row cannot throw inside the loop: remember the first, throw after. Each row's start and length
+// are kept for the draws, so indptr is read at random once per node; the rows a few nodes ahead are prefetched.
+Rows read_rows(const int64_t* indptr, int64_t num_edges, const std::vector<int64_t>& frontier, int64_t k,
+               int num_threads) {
+  const int64_t n = static_cast<int64_t>(frontier.size());
+  Rows rows{std::vector<int64_t>(n + 1, 0), std::vector<int64_t>(n), std::vector<int64_t>(n)};
+  int64_t first_bad_row = n;
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 256) if (n > 2048)
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) __builtin_prefetch(indptr + frontier[i + kAhead]);
+    if (!graph::row_ok(indptr, frontier[i], num_edges)) {  // before any size is derived from it
+#pragma omp critical(lsm_sampler_bad_indptr)
+      first_bad_row = std::min(first_bad_row, i);
+      continue;
+    }
+    rows.start[i] = indptr[frontier[i]];
+    rows.length[i] = indptr[frontier[i] + 1] - rows.start[i];
+    rows.offset[i + 1] = sample_count(rows.length[i], k);
+  }
+  if (first_bad_row < n) graph::check_row(indptr, frontier[first_bad_row], num_edges);
+  for (int64_t i = 0; i < n; ++i) rows.offset[i + 1] += rows.offset[i];
+  return rows;
+}
+
+// Draws the hop's neighbours of every frontier node (hop.src: their global ids, hop.dst: the node's index).
+// Each node's positions are drawn some nodes before its neighbours are read, and the line of every drawn
+// neighbour is prefetched then: the random loads of indices were most of the draws' time, and a row's first
+// line (all a prefetch of the row start covers) holds few of a long row's draws.
+template <typename Index>
+void draw_neighbors(const int64_t* indptr, const Index* indices, int64_t num_ids, const std::vector<int64_t>& frontier,
+                    const Rows& rows, int64_t k, uint64_t key, int num_threads, Hop& hop) {
+  const int64_t n = static_cast<int64_t>(frontier.size());
+  // An exception cannot leave the parallel loop: remember the first row with a bad neighbor id.
+  int64_t first_bad = n;
+  auto draw_positions = [&](int64_t i) {
+    int64_t* out = hop.src.data() + rows.offset[i];
+    const int64_t degree = rows.length[i];
+    const int64_t got = sample_count(degree, k);
+    if (got == degree) {
+      for (int64_t j = 0; j < degree; ++j) out[j] = j;
+    } else {
+      Stream rng = Stream::for_node(key, frontier[i]);
+      floyd_sample(rng, degree, k, out);
+    }
+    for (int64_t j = 0; j < got; ++j) __builtin_prefetch(indices + rows.start[i] + out[j]);
+  };
+  constexpr int64_t kBlock = 256;
+  const int64_t draw_ahead = LSM_DRAW_AHEAD_EDGES / std::max<int64_t>(1, k < 0 ? 8 : k);  // ~ lines in flight
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) if (n > 2048)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t begin = b * kBlock, end = std::min(n, begin + kBlock);
+    for (int64_t i = begin; i < std::min(end, begin + draw_ahead); ++i) draw_positions(i);
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + draw_ahead < end) draw_positions(i + draw_ahead);
+      int64_t* out = hop.src.data() + rows.offset[i];
+      const int64_t got = rows.offset[i + 1] - rows.offset[i];
+      for (int64_t j = 0; j < got; ++j) {
+        const Index u = indices[rows.start[i] + out[j]];  // position -> global neighbor id
+        if (!graph::neighbor_ok(u, num_ids)) {
+#pragma omp critical(lsm_sampler_bad_row)
+          first_bad = std::min(first_bad, i);
+        }
+        out[j] = static_cast<int64_t>(u);
+        hop.dst[rows.offset[i] + j] = i;
+      }
+    }
+  }
+  if (first_bad < n) graph::check_neighbors(indptr, indices, frontier[first_bad], num_ids);
+}
+
+// Numbers newly reached nodes in edge order (the order defines local ids), appending them to ``nodes`` and
+// turning hop.src into local ids: serially, with the slots of the next edges loading meanwhile, or on several
+// threads for a large hop (the same numbers).
+void number_new_nodes(LocalIds& local, std::vector<int64_t>& src, std::vector<int64_t>& nodes, int num_threads) {
+  const size_t edges = src.size();
+  if (num_threads > 1 && edges >= kParallelNumbering) {
+    local.number_in_parallel(src, nodes, num_threads);
+    return;
+  }
+  for (size_t e = 0; e < edges; ++e) {
+    if (e + kAhead < edges) local.prefetch(src[e + kAhead]);
+    int64_t& s = src[e];
+    auto [index, inserted] = local.emplace(s, static_cast<int64_t>(nodes.size()));
+    if (inserted) nodes.push_back(s);
+    s = index;
+  }
+}
+
 }  // namespace
 
 template <typename Index>
@@ -167,104 +281,18 @@ std::vector<Hop> sample_hops(const int64_t* indptr, const Index* indices, int64_
     throw std::invalid_argument(cat("a CSR whose neighbor ids lie in [0, ", num_ids, ") but whose rows are [0, ",
                                     num_nodes, ") is sampled one hop at a time, got ", fanouts.size(), " fanouts"));
   }
-  std::vector<int64_t> frontier(seeds, seeds + num_seeds);
-  LocalIds local(static_cast<size_t>(num_seeds) * 8);  // global id -> index in the current node list
-  for (int64_t i = 0; i < num_seeds; ++i) {
-    if (seeds[i] < 0 || seeds[i] >= num_nodes) {
-      throw std::out_of_range(cat("seed node ", seeds[i], " at position ", i, " is outside [0, ", num_nodes, ")"));
-    }
-    if (!local.emplace(seeds[i], i).second) {
-      throw std::invalid_argument(cat("seed node ", seeds[i], " appears twice in the batch; seeds must be distinct"));
-    }
-  }
+  std::vector<int64_t> frontier(seeds, seeds + num_seeds);  // the batch's node list so far
+  LocalIds local = number_seeds(seeds, num_seeds, num_nodes);  // global id -> index in frontier
   const uint64_t base = batch_key(seed, iteration);
   std::vector<Hop> hops;
   for (size_t h = 0; h < fanouts.size(); ++h) {
-    const int64_t k = fanouts[h];
-    const int64_t n = static_cast<int64_t>(frontier.size());
-    // Row lengths in parallel: on a memory-mapped CSR that is not in memory, each read of indptr can be a
-    // page fault that waits on the disk, and parallel faults keep the disk busy (docs/benchmarks/scale.md, "Out of
-    // core: topology and scale"). A bad row cannot throw inside the loop: remember the first, throw after.
-    // Each row's start and length are kept for the draws, so indptr is read at random once per node; the
-    // rows a few nodes ahead are prefetched (the loop waits on one cache miss per node otherwise).
-    constexpr int64_t kAhead = 16;
-    std::vector<int64_t> offset(n + 1, 0), row_start(n), row_length(n);
-    int64_t first_bad_row = n;
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 256) if (n > 2048)
-    for (int64_t i = 0; i < n; ++i) {
-      if (i + kAhead < n) __builtin_prefetch(indptr + frontier[i + kAhead]);
-      if (!graph::row_ok(indptr, frontier[i], num_edges)) {  // before any size is derived from it
-#pragma omp critical(lsm_sampler_bad_indptr)
-        first_bad_row = std::min(first_bad_row, i);
-        continue;
-      }
-      row_start[i] = indptr[frontier[i]];
-      row_length[i] = indptr[frontier[i] + 1] - row_start[i];
-      offset[i + 1] = sample_count(row_length[i], k);
-    }
-    if (first_bad_row < n) graph::check_row(indptr, frontier[first_bad_row], num_edges);
-    for (int64_t i = 0; i < n; ++i) offset[i + 1] += offset[i];
+    const Rows rows = read_rows(indptr, num_edges, frontier, fanouts[h], num_threads);
     Hop hop;
-    hop.num_dst = n;
-    hop.src.resize(offset[n]);
-    hop.dst.resize(offset[n]);
-    const uint64_t key = hop_key(base, h);
-    // An exception cannot leave the parallel loop: remember the first row with a bad neighbor id.
-    int64_t first_bad = n;
-    // Each node's positions are drawn some nodes before its neighbours are read, and the line of every
-    // drawn neighbour is prefetched then: the random loads of indices were most of the draws' time, and a
-    // row's first line (all a prefetch of the row start covers) holds few of a long row's draws.
-    auto draw_positions = [&](int64_t i) {
-      int64_t* out = hop.src.data() + offset[i];
-      const int64_t degree = row_length[i];
-      const int64_t got = sample_count(degree, k);
-      if (got == degree) {
-        for (int64_t j = 0; j < degree; ++j) out[j] = j;
-      } else {
-        Stream rng = Stream::for_node(key, frontier[i]);
-        floyd_sample(rng, degree, k, out);
-      }
-      for (int64_t j = 0; j < got; ++j) __builtin_prefetch(indices + row_start[i] + out[j]);
-    };
-    constexpr int64_t kBlock = 256;
-    const int64_t draw_ahead = LSM_DRAW_AHEAD_EDGES / std::max<int64_t>(1, k < 0 ? 8 : k);  // ~ lines in flight
-    const int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) if (n > 2048)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t begin = b * kBlock, end = std::min(n, begin + kBlock);
-      for (int64_t i = begin; i < std::min(end, begin + draw_ahead); ++i) draw_positions(i);
-      for (int64_t i = begin; i < end; ++i) {
-        if (i + draw_ahead < end) draw_positions(i + draw_ahead);
-        int64_t* out = hop.src.data() + offset[i];
-        const int64_t got = offset[i + 1] - offset[i];
-        for (int64_t j = 0; j < got; ++j) {
-          const Index u = indices[row_start[i] + out[j]];  // position -> global neighbor id
-          if (!graph::neighbor_ok(u, num_ids)) {
-#pragma omp critical(lsm_sampler_bad_row)
-            first_bad = std::min(first_bad, i);
-          }
-          out[j] = static_cast<int64_t>(u);
-          hop.dst[offset[i] + j] = i;
-        }
-      }
-    }
-    if (first_bad < n) graph::check_neighbors(indptr, indices, frontier[first_bad], num_ids);
-    // Number newly reached nodes in edge order (the order defines local ids): serially, with the slots of
-    // the next edges loading meanwhile, or on several threads for a large hop (the same numbers).
-    const size_t edges = hop.src.size();
-    if (num_threads > 1 && edges >= kParallelNumbering) {
-      local.number_in_parallel(hop.src, frontier, num_threads);
-      hop.nodes = frontier;
-      hops.push_back(std::move(hop));
-      continue;
-    }
-    for (size_t e = 0; e < edges; ++e) {
-      if (e + kAhead < edges) local.prefetch(hop.src[e + kAhead]);
-      int64_t& s = hop.src[e];
-      auto [index, inserted] = local.emplace(s, static_cast<int64_t>(frontier.size()));
-      if (inserted) frontier.push_back(s);
-      s = index;
-    }
+    hop.num_dst = static_cast<int64_t>(frontier.size());
+    hop.src.resize(rows.offset.back());
+    hop.dst.resize(rows.offset.back());
+    draw_neighbors(indptr, indices, num_ids, frontier, rows, fanouts[h], hop_key(base, h), num_threads, hop);
+    number_new_nodes(local, hop.src, frontier, num_threads);
     hop.nodes = frontier;
     hops.push_back(std::move(hop));
   }
