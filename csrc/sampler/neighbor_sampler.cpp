@@ -180,8 +180,9 @@ struct Rows {
 
 // Row lengths in parallel: on a memory-mapped CSR that is not in memory, each read of indptr can be a page fault
 // that waits on the disk, and parallel faults keep the disk busy (docs/benchmarks/scale.md, "Out of core:
-// topology and scale"). A bad row cannot throw inside the loop: remember the first, throw after. Each row's start and length
-// are kept for the draws, so indptr is read at random once per node; the rows a few nodes ahead are prefetched.
+// topology and scale"). A bad row cannot throw inside the loop: remember the first, throw after. Each row's
+// start and length are kept for the draws, so indptr is read at random once per node; the rows a few nodes
+// ahead are prefetched.
 Rows read_rows(const int64_t* indptr, int64_t num_edges, const std::vector<int64_t>& frontier, int64_t k,
                int num_threads) {
   const int64_t n = static_cast<int64_t>(frontier.size());
