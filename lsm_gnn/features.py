@@ -142,6 +142,9 @@ class FeatureGroup:
 
     def ids(self, nodes: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[tuple[str, int]]]:
         """The group's ids of ``nodes`` (per type, local ids) and (type, count) per part, in order."""
+        if not hasattr(nodes, "keys"):  # a bad argument, not a mode: ids of one type come keyed by it too
+            raise TypeError(f"nodes are given as {{node type: ids}}, got {type(nodes).__name__}: e.g. "
+                            f"{{{self.types[0]!r}: ids}}, or gather from the one source, features.only.gather(ids)")
         parts = [(t, nodes[t]) for t in self.types if t in nodes]  # empty ones too: every type gets its rows
         if not parts:
             return torch.empty(0, dtype=torch.int64), []

@@ -184,7 +184,9 @@ def test_features_on_the_device_are_a_config_choice(dataset):
     ds, features = dataset
     cfg = load_config(None, [f"dataset={ds.path}", "cache.features=device"])
     source = build_features(resolve(cfg, ds), ds, torch.device("cpu"))
-    assert torch.equal(source.gather(torch.arange(10))[0], features[:10])
+    assert torch.equal(source.gather({"node": torch.arange(10)})[0]["node"], features[:10])
+    with pytest.raises(TypeError, match=r"nodes are given as \{node type: ids\}, got Tensor: e.g. \{'node': ids\}"):
+        source.gather(torch.arange(10))
 
 
 def test_features_on_the_device_are_refused_for_a_heterogeneous_graph(tmp_path):
