@@ -45,13 +45,14 @@ def launches(tmp_path_factory):
 
 
 def _triton_versions():
+    if os.environ.get("LSM_GNN_COMPILE_BESIDE"):  # .ci/run compiles with both tritons in its job beside the suite
+        beside = pytest.mark.skip(reason="compiled beside the suite (.ci/run)")
+        return [pytest.param(None, id="triton-installed", marks=beside),
+                pytest.param(TRITON36, id="triton-3.6", marks=beside)]
     versions = [pytest.param(None, id="triton-installed")]
     reason = f"triton 3.6 is not installed at {TRITON36} (.ci/run installs it; or set LSM_GNN_TRITON36)"
     missing = not os.path.isdir(os.path.join(TRITON36, "triton"))
-    if os.environ.get("LSM_GNN_TRITON36_BESIDE"):  # .ci/run compiles with 3.6 in its job beside the suite
-        versions.append(pytest.param(TRITON36, id="triton-3.6", marks=pytest.mark.skip(
-            reason="compiled with triton 3.6 beside the suite (.ci/run)")))
-    elif missing and os.environ.get("LSM_GNN_REQUIRE_TRITON36"):  # CI: never skipped silently
+    if missing and os.environ.get("LSM_GNN_REQUIRE_TRITON36"):  # CI: never skipped silently
         versions.append(pytest.param(TRITON36, id="triton-3.6"))
     else:
         versions.append(pytest.param(TRITON36, id="triton-3.6", marks=pytest.mark.skipif(missing, reason=reason)))
