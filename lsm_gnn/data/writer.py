@@ -393,17 +393,19 @@ class TypedDatasetWriter(AtomicDatasetWriter):
 
     # -- where a schema puts things -------------------------------------------
     def _type_dir(self, node_type: str) -> str:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} gives no _type_dir: a schema's writer says where files lie")
 
     def _relation_dir(self, relation: Relation) -> str:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} gives no _relation_dir: a schema's writer says where "
+                                  "files lie")
 
     def _record_relation(self, relation: Relation, prefix: str, num_edges: int) -> None:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} gives no _record_relation: a schema's writer says "
+                                  "where a relation's entry goes in meta.json")
 
     def _of(self, node_type: str) -> str:
         """How errors name a node type's data (after 'labels', 'train split', ...)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} gives no _of: a schema's writer names a type's data")
 
     def _add_types(self, entries: dict[str, dict], specs: dict[str, dict], row_alignment: int | None,
                    what) -> None:
