@@ -301,8 +301,7 @@ class TypedFeatures:
     def counters(self) -> dict[str, int]:
         total: dict[str, int] = {}
         for group in self.groups:
-            for key, value in group.features.counters().items():
-                total[key] = total.get(key, 0) + value
+            _add_to(total, group.features.counters())
         return total
 
     def prefetch(self) -> None:
@@ -322,6 +321,5 @@ class TypedFeatures:
     def last_timings(self) -> dict[str, float]:
         total: dict[str, float] = {}
         for group in self.groups:
-            for key, value in group.features.last_timings.items():
-                total[key] = total.get(key, 0.0) + value
+            _add_to(total, group.features.last_timings)
         return total

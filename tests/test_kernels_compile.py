@@ -44,9 +44,13 @@ def launches(tmp_path_factory):
     return path
 
 
+# .ci/run runs this module in its job beside the suite (one recording of the launches for all its cases)
+COMPILED_BESIDE = bool(os.environ.get("LSM_GNN_COMPILE_BESIDE"))
+beside = pytest.mark.skipif(COMPILED_BESIDE, reason="compiled beside the suite (.ci/run)")
+
+
 def _triton_versions():
-    if os.environ.get("LSM_GNN_COMPILE_BESIDE"):  # .ci/run compiles with both tritons in its job beside the suite
-        beside = pytest.mark.skip(reason="compiled beside the suite (.ci/run)")
+    if COMPILED_BESIDE:
         return [pytest.param(None, id="triton-installed", marks=beside),
                 pytest.param(TRITON36, id="triton-3.6", marks=beside)]
     versions = [pytest.param(None, id="triton-installed")]
@@ -111,6 +115,7 @@ BUGS = {
 }
 
 
+@beside
 @pytest.mark.parametrize("bug", list(BUGS))
 def test_the_check_fails_when_a_fixed_bug_is_put_back(launches, tmp_path, bug):
     module, fixed, broken, kernel, edge_args = BUGS[bug]

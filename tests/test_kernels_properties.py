@@ -184,7 +184,7 @@ def cache_check(tiny_cache):
     return check
 
 
-@examples(quick=6, many=150)
+@examples(quick=6, many=75)
 def test_triton_cache_equals_the_cpp_core_and_the_reference(cache_check, max_examples):
     explore(cache_cases(), cache_check, max_examples)
 
@@ -286,6 +286,6 @@ def check_sampler(degrees, index_dtype, seeds, fanouts, seed, iteration, neighbo
     assert_same(expected, sample_hops(indptr, indices, seeds, fanouts, seed, iteration), "hops")
 
 
-@examples(quick=20, many=200)
+@examples(quick=20, many=100)
 def test_triton_sampler_equals_the_cpp_core(max_examples):
     explore(sampler_cases(), check_sampler, max_examples)
