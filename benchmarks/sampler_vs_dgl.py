@@ -70,7 +70,7 @@ def profile_ours(ds, fanouts, batches, repeats: int) -> dict:
     tensors = [as_id_tensor(b, torch.device("cpu")) for b in batches]
 
     def op(k, seeds):
-        torch.ops.lsm_gnn.sample_hops(sampler.indptr, sampler.indices, seeds, sampler.fanouts,
+        torch.ops.lsm_gnn.sample_hops(sampler.indptr, sampler.indices, seeds, list(fanouts),
                                       _signed64(sampler.seed), k, 1)
 
     def whole_sample(k, seeds):

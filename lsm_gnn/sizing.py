@@ -116,12 +116,12 @@ def config_fix(capacity: str, lines: int, distinct: int, ways: int, key: str = "
             "(it thrashes)")
 
 
-def batch_rows_bound(seeds: int, fanouts) -> int | None:
+def batch_rows_bound(seeds: int, fanouts: dict) -> int | None:
     """The most distinct input nodes a batch of ``seeds`` seed nodes can have, whatever the graph: each hop adds at
-    most its fanout of neighbours per node it expands (on a heterogeneous graph per relation: ``fanouts`` by
-    relation, their sum), so ``seeds x prod(1 + fanout)``; None with a fanout of -1 (every neighbour: no bound
-    but the graph's)."""
-    layers = list(zip(*fanouts.values())) if isinstance(fanouts, dict) else [[f] for f in fanouts]
+    most its fanout of neighbours per node it expands for each relation (``fanouts``, per relation), so
+    ``seeds x prod(1 + sum of the hop's fanouts)``; None with a fanout of -1 (every neighbour: no bound but the
+    graph's)."""
+    layers = list(zip(*fanouts.values()))
     rows = seeds
     for layer in layers:
         if any(f < 0 for f in layer):
@@ -134,8 +134,7 @@ def working_set_bound(cfg, dataset) -> int | None:
     """The most distinct input nodes any batch of ``cfg``'s run can have, training's or an evaluation's (None:
     no bound but the graph's): what a cache that must never refuse a batch holds (a link batch's seeds are its
     users, positive items and negatives)."""
-    from lsm_gnn.task_options import eval_batch_size, eval_fanouts
-    from lsm_gnn.tasks import relation_fanouts
+    from lsm_gnn.task_options import eval_batch_size, eval_fanouts, relation_fanouts
 
     fanouts = relation_fanouts(cfg, dataset)
     per_edge = 2 + cfg.train.num_negatives if cfg.train.task == "link" else 1

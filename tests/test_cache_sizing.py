@@ -209,3 +209,23 @@ def test_the_documented_lightgcn_command_runs_on_100k_interactions_as_written(tm
     args = [a.replace("data/recsys", str(ds.path)).replace("runs/lightgcn", str(tmp_path / "run")) for a in args]
     assert main(["train", *args, "train.max_iterations=2", "log.progress=false", "--json",
                  str(tmp_path / "r.json")]) == 0
+
+
+def test_a_one_type_graphs_fanouts_are_its_one_relations(graph, tmp_path):
+    """The config's fanouts take their keyed form once, a one-type graph's under its one relation (which
+    sampler.relation_fanouts may name); evaluation's and the working set's bound read that form."""
+    from lsm_gnn.data import open_dataset
+    from lsm_gnn.sizing import batch_rows_bound, working_set_bound
+    from lsm_gnn.task_options import eval_fanouts, relation_fanouts
+
+    dataset = open_dataset(graph)
+    cfg = config(graph, tmp_path, "train.eval_fanouts=[5, 5]", "train.eval_splits=[val]")
+    fanouts = relation_fanouts(cfg, dataset)
+    assert fanouts == {"node__to__node": [4, 2]} and eval_fanouts(cfg, fanouts) == {"node__to__node": [5, 5]}
+    assert working_set_bound(cfg, dataset) == max(64 * 5 * 3, 64 * 6 * 6)  # training's batch, evaluation's
+    assert batch_rows_bound(10, {"a": [2, 1], "b": [3, 0]}) == 10 * 6 * 2
+    assert batch_rows_bound(10, {"a": [2, -1]}) is None
+    named = config(graph, tmp_path, "sampler.relation_fanouts.node__to__node=[3, 3]")
+    assert relation_fanouts(named, dataset) == {"node__to__node": [3, 3]}
+    with pytest.raises(ConfigError, match=r"names \['node__cites__node'\], which .* its relations: node__to__node"):
+        relation_fanouts(config(graph, tmp_path, "sampler.relation_fanouts.node__cites__node=[3, 3]"), dataset)

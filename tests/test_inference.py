@@ -110,6 +110,7 @@ def test_the_trainer_evaluates_with_every_neighbour(tiny, tmp_path):
     with pytest.raises(ConfigError, match="eval_mode"):
         load_config(None, [*common, "train.eval_mode=all"])
     # Sampled evaluation with fanouts of its own: every neighbour gives full evaluation's figures.
+    from lsm_gnn.data.dataset import ONE_RELATION
     from lsm_gnn.task_options import loader_options
 
     trainer.task.cfg.train.eval_mode, trainer.task.cfg.train.eval_fanouts = "sampled", [-1, -1]
@@ -117,7 +118,8 @@ def test_the_trainer_evaluates_with_every_neighbour(tiny, tmp_path):
     options = loader_options(trainer.task.cfg, 0, 1)
     train_loader = trainer.task._loader(trainer.features, seeds, 8, False, options)
     eval_loader = trainer.task._loader(trainer.features, seeds, 8, False, {**options, "training": False})
-    assert train_loader.sampler.fanouts == [3, 2] and eval_loader.sampler.fanouts == [-1, -1]
+    assert train_loader.sampler.fanouts == {ONE_RELATION: [3, 2]}
+    assert eval_loader.sampler.fanouts == {ONE_RELATION: [-1, -1]}
     train_loader.close(), eval_loader.close()
     for bad in ("[5]", "[5,2,2]", "[5,-2]"):
         with pytest.raises(ConfigError, match=r"train.eval_fanouts must be \[\] \(sampler.fanouts\) or a list of 2"):

@@ -475,4 +475,4 @@ def test_both_tasks_answer_the_trainers_questions(ds, tmp_path):
         assert made.name == task
         missing = [m for m in members if not hasattr(made, m)]
         assert not missing, f"{task} lacks {missing}"
-        assert made.metrics and made.out_dim > 0 and made.fanouts == cfg.sampler.fanouts
+        assert made.metrics and made.out_dim > 0 and made.fanouts == {"node__to__node": cfg.sampler.fanouts}

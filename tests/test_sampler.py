@@ -41,36 +41,24 @@ def test_every_edge_exists_and_fanouts_hold(graph, fanouts):
         previous = hop.nodes
 
 
-def test_one_type_graph_samples_plain_and_typed_hops(graph):
-    """One sampler, two forms of seeds: ids give plain hops; {"node": ids} gives typed hops of the graph's one
-    type and relation, each as valid as the plain ones."""
+def test_one_type_graph_samples_the_same_hops_plain_or_typed(graph):
+    """One sampler, two forms of seeds: {"node": ids} (or the pair) draws the very hops ids draw, keyed by the
+    graph's one type and relation; ids get them plain. Counts and fanouts are keyed either way."""
     sampler = NeighborSampler(graph, [4, 3], seed=5)
-    assert sampler.is_homogeneous and sampler.num_nodes == graph.num_nodes and sampler.fanouts == [4, 3]
+    assert sampler.num_nodes == {"node": graph.num_nodes} and sampler.fanouts == {ONE_RELATION: [4, 3]}
     seeds = np.random.default_rng(2).choice(graph.num_nodes, 50, replace=False)
     plain, typed = sampler.sample(seeds, 1), sampler.sample({"node": seeds}, 1)
     assert len(plain) == len(typed) == sampler.num_hops == 2
-    assert not any(hop.is_typed for hop in plain) and all(hop.is_typed for hop in typed)
-    assert plain[0].num_src == plain[0].nodes.numel() and plain[0].num_edges == plain[0].edge_index.shape[1]
+    for p, t in zip(plain, typed):
+        assert list(t.nodes) == list(t.num_dst) == ["node"] and list(t.edge_index) == [ONE_RELATION]
+        assert torch.equal(p.nodes, t.nodes["node"]) and torch.equal(p.edge_index, t.edge_index[ONE_RELATION])
+        assert p.num_dst == t.num_dst["node"] and torch.equal(p.dst_nodes, t.dst_nodes["node"])
+        assert p.num_src == t.num_src["node"] == p.nodes.numel()
+        assert p.num_edges == t.num_edges[ONE_RELATION] == p.edge_index.shape[1] > 0
     assert torch.equal(plain[0].dst_nodes, torch.from_numpy(seeds))
-    indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
-    csr_keys = np.repeat(np.arange(graph.num_nodes), np.diff(indptr)) * graph.num_nodes + indices
-    previous = torch.from_numpy(seeds)
-    for hop, k in zip(typed, [4, 3]):
-        assert list(hop.nodes) == ["node"] and list(hop.edge_index) == [ONE_RELATION]
-        nodes, (src, dst) = hop.nodes["node"], hop.edge_index[ONE_RELATION]
-        assert hop.num_dst == {"node": previous.numel()} and torch.equal(hop.dst_nodes["node"], previous)
-        assert hop.num_src == {"node": nodes.numel()} and nodes.unique().numel() == nodes.numel()
-        assert hop.num_edges == {ONE_RELATION: src.numel()} and src.numel() > 0
-        assert 0 <= int(src.min()) and int(src.max()) < nodes.numel()        # sources among the hop's nodes
-        assert 0 <= int(dst.min()) and int(dst.max()) < hop.num_dst["node"]  # destinations the previous hop's
-        keys = nodes[dst].numpy() * graph.num_nodes + nodes[src].numpy()
-        assert np.isin(keys, csr_keys).all() and np.unique(keys).size == keys.size  # real edges, none twice
-        degree = torch.from_numpy(np.diff(indptr))[previous]
-        assert torch.equal(torch.bincount(dst, minlength=previous.numel()), degree.clamp(max=k))
-        previous = nodes
-    assert typed[0].num_edges[ONE_RELATION] == plain[0].num_edges  # min(fanout, degree) per seed, either way
-    assert torch.equal(sampler.input_nodes(seeds, 1), plain[-1].nodes)
-    assert torch.equal(sampler.input_nodes(("node", seeds), 1)["node"], typed[-1].nodes["node"])
+    assert torch.equal(sampler.input_nodes(("node", seeds), 1)["node"], plain[-1].nodes)
+    hops = sampler.sample_many([(seeds, 1), ({"node": seeds}, 1)])  # each batch in its own form
+    assert torch.equal(hops[0][-1].nodes, hops[1][-1].nodes["node"])
 
 
 def test_deterministic_in_seed_and_iteration(graph):

@@ -132,33 +132,32 @@ def trace_features(dataset) -> TypedFeatures:
 
 @dataclass
 class Trace:
-    """The input nodes of each iteration of a run, in order, and what sampling them cost. A batch is {node type:
-    ids} (a graph of one type's too); :meth:`of_group` gives one feature group's ids, as its cache sees them, and
-    :meth:`of_type` one type's."""
+    """The input nodes of each iteration of a run, in order, and what sampling them cost. A recorded batch is
+    {node type: ids} (a graph of one type's too); :meth:`of_group` gives one feature group's ids, as its cache
+    sees them, and :meth:`of_type` one type's."""
 
     batches: list
     sample_s: list[float]       # loader-thread seconds per batch, sampled with nothing else running
     epoch_length: int           # batches per epoch (the window refills when an epoch starts)
+    sizes: list[int]            # ids per batch
 
     @property
     def nodes_per_batch(self) -> float:
-        return float(np.mean([_numel(b) for b in self.batches])) if self.batches else 0.0
+        return float(np.mean(self.sizes)) if self.sizes else 0.0
 
     def of_group(self, features: TypedFeatures, group: int) -> "Trace":
         """The ids of feature group ``group`` of ``features`` in each batch (its id space; empty where a batch
         has none of its types): what that group's window holds and its cache looks up."""
-        return Trace([features.group_ids(b)[group] for b in self.batches], self.sample_s, self.epoch_length)
+        return self._of_one_space([features.group_ids(b)[group] for b in self.batches])
 
     def of_type(self, node_type: str) -> "Trace":
         """The ids of ``node_type`` in each batch (its own ids; empty where a batch has none): what its node
         embedding table's window holds and its cache looks up (a graph of one type: its one cache's)."""
         empty = torch.empty(0, dtype=torch.int64)
-        return Trace([b.get(node_type, empty).to(torch.int64) for b in self.batches], self.sample_s, self.epoch_length)
+        return self._of_one_space([b.get(node_type, empty).to(torch.int64) for b in self.batches])
 
-
-def _numel(nodes) -> int:
-    """Ids in a batch: a recorded one's per type, or one id space's (:meth:`Trace.of_group`, :meth:`Trace.of_type`)."""
-    return sum(ids.numel() for ids in nodes.values()) if isinstance(nodes, dict) else nodes.numel()
+    def _of_one_space(self, batches: list[torch.Tensor]) -> "Trace":
+        return Trace(batches, self.sample_s, self.epoch_length, [ids.numel() for ids in batches])
 
 
 def record_trace(task, dataset, iterations, features=None, max_bytes: int | None = None) -> Trace:
@@ -167,7 +166,7 @@ def record_trace(task, dataset, iterations, features=None, max_bytes: int | None
     ``features``: what the loader gathers from (default: a null storage of the dataset's one feature file; a
     heterogeneous graph's: :func:`trace_features`). ``max_bytes``: fewer batches where their ids would take more."""
     loader = task.train_loader(TraceStorage.like(dataset) if features is None else features, 0, 1)
-    batches, sample_s, held = [], [], 0
+    batches, sample_s, sizes, held = [], [], [], 0
     try:
         if callable(iterations):
             iterations = iterations(len(loader))
@@ -176,13 +175,14 @@ def record_trace(task, dataset, iterations, features=None, max_bytes: int | None
                 nodes = batch.keyed(batch.input_nodes)
                 batches.append({t: ids.clone() for t, ids in nodes.items()})
                 sample_s.append(batch.timings["sample"])
-                held += 8 * _numel(nodes)
+                sizes.append(sum(ids.numel() for ids in nodes.values()))
+                held += 8 * sizes[-1]
                 if len(batches) >= iterations or (max_bytes is not None and held > max_bytes):
                     iterations = len(batches)
                     break
     finally:
         loader.close()
-    return Trace(batches, sample_s, len(loader))
+    return Trace(batches, sample_s, len(loader), sizes)
 
 
 def on_loader_thread(fn, *args, **kwargs):

@@ -2,18 +2,23 @@
 
 One sampler for every graph: ``NeighborSampler(graph, fanouts, seed)`` reads anything with node types,
 relations and one CSR per relation (:class:`Graph`; a :class:`~lsm_gnn.data.Dataset` is one, and
-:class:`CSRGraph` makes one of two bare CSR arrays). A one-type graph is the case of one node type and one
-relation. ``sample(seeds, iteration)`` takes its seeds in one of two forms and returns one :class:`Hop` per
-fanout, innermost (the seeds') first:
+:class:`CSRGraph` makes one of two bare CSR arrays). Inside it is keyed: seeds, node counts and fanouts per node
+type and relation, a one-type graph the graph of one node type and one relation. ``sample(seeds, iteration)``
+returns one :class:`Hop` per fanout, innermost (the seeds') first, in the form its seeds came in:
 
-* ids (a list, array or tensor): plain hops (``nodes`` a tensor, ``num_dst`` an int, ``edge_index`` one
-  [2, E] tensor), all drawn by one call of the op. Only a one-type graph takes seeds this way.
 * ``{type: ids}`` or a ``(type, ids)`` pair: typed hops (``nodes`` and ``num_dst`` per node type,
-  ``edge_index`` per relation); each relation draws by one call of the op per hop, with random streams of
-  its own (:func:`_draw_seed`).
+  ``edge_index`` per relation).
+* ids (a list, array or tensor), on a graph of one node type and one relation only: they are that type's, and
+  the hops come back plain (``nodes`` a tensor, ``num_dst`` an int, ``edge_index`` one [2, E] tensor), as
+  models of one node type read them.
 
-Either form is deterministic in (seed, iteration, seeds): a window buffer can sample batch t + 256 now and
-the trainer gets the very same batch at iteration t + 256.
+How the op draws is the sampler's own choice, whatever the form: on a graph of one node type and one relation
+every hop by one call of the op, with the sampler's seed; on any other graph each relation by one call per hop,
+with random streams of its own (:func:`_draw_seed`).
+
+Sampling is deterministic in (seed, iteration, seeds), and on a graph of one node type both forms of the same
+seeds draw the same hops: a window buffer can sample batch t + 256 now and the trainer gets the very same batch
+at iteration t + 256.
 
 The op is ``torch.ops.lsm_gnn.sample_hops`` (:mod:`lsm_gnn.kernels.ops`): the C++ core for CPU seeds, the
 Triton kernel for CUDA seeds (``device="cuda"``, or seeds given as a CUDA tensor), drawing the same hops.
@@ -45,8 +50,10 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_map
 
 from lsm_gnn.data.dataset import ONE_RELATION, ONE_TYPE, Relation, relation_key
+from lsm_gnn.data.fanouts import keyed_fanouts
 from lsm_gnn.data.format import source_file, topology_error
 from lsm_gnn.defaults import TOPOLOGY_ACCESS
 from lsm_gnn.hashing import mix64
@@ -60,16 +67,17 @@ _MASK64 = (1 << 64) - 1
 
 @dataclass
 class Hop:
-    """One hop (a DGL-style block), plain or typed.
+    """One hop (a DGL-style block), typed or plain.
 
-    Plain (seeds given as ids): ``nodes[:num_dst]`` are its destination nodes (the previous hop's nodes, the
-    seeds for hop 0); ``edge_index[0]`` indexes ``nodes`` (sources), ``edge_index[1]`` indexes
-    ``nodes[:num_dst]`` (destinations); messages flow 0 -> 1 as in PyG.
+    Typed (the sampler's own form): per node type and relation. ``nodes[t]``: every node of type t in this hop;
+    its first ``num_dst[t]`` are the destinations (the previous hop's nodes, the seeds for hop 0); a type not
+    reached has an empty tensor. ``edge_index[r]`` ([2, E] for every relation r = (s, name, d)): row 0 indexes
+    ``nodes[s]`` (sources), row 1 indexes ``nodes[d][:num_dst[d]]`` (destinations), as in PyG's
+    ``edge_index_dict``; messages flow 0 -> 1 as in PyG.
 
-    Typed (seeds given as {type: ids}): the same per node type and relation. ``nodes[t]``: every node of type
-    t in this hop; its first ``num_dst[t]`` are the destinations; a type not reached has an empty tensor.
-    ``edge_index[r]`` ([2, E] for every relation r = (s, name, d)): row 0 indexes ``nodes[s]``, row 1
-    indexes ``nodes[d][:num_dst[d]]``, as in PyG's ``edge_index_dict``.
+    Plain (a graph of one node type and one relation, sampled from plain ids): the same with ``nodes`` a
+    tensor, ``num_dst`` an int and ``edge_index`` one [2, E] tensor. The derived fields below map over either
+    form alike (``tree_map``).
     """
 
     nodes: torch.Tensor | dict[str, torch.Tensor]
@@ -77,34 +85,20 @@ class Hop:
     edge_index: torch.Tensor | dict[Relation, torch.Tensor]
 
     @property
-    def is_typed(self) -> bool:
-        """Whether the fields are dicts per node type and relation."""
-        return isinstance(self.nodes, dict)
-
-    @property
     def num_src(self) -> int | dict[str, int]:
-        if self.is_typed:
-            return {t: int(ids.numel()) for t, ids in self.nodes.items()}
-        return int(self.nodes.numel())
+        return tree_map(lambda ids: int(ids.numel()), self.nodes)
 
     @property
     def dst_nodes(self) -> torch.Tensor | dict[str, torch.Tensor]:
-        if self.is_typed:
-            return {t: ids[:self.num_dst[t]] for t, ids in self.nodes.items()}
-        return self.nodes[:self.num_dst]
+        return tree_map(lambda ids, count: ids[:count], self.nodes, self.num_dst)
 
     @property
     def num_edges(self) -> int | dict[Relation, int]:
-        if self.is_typed:
-            return {r: int(e.shape[1]) for r, e in self.edge_index.items()}
-        return int(self.edge_index.shape[1])
+        return tree_map(lambda edges: int(edges.shape[1]), self.edge_index)
 
     def edges_to(self, device) -> None:
         """Moves ``edge_index`` (what a model reads of the hop) to ``device``."""
-        if self.is_typed:
-            self.edge_index = {r: e.to(device, non_blocking=True) for r, e in self.edge_index.items()}
-        else:
-            self.edge_index = self.edge_index.to(device, non_blocking=True)
+        self.edge_index = tree_map(lambda edges: edges.to(device, non_blocking=True), self.edge_index)
 
 
 class Graph(Protocol):
@@ -275,52 +269,13 @@ def _draw_seed(seed: int, relation: Relation, hop: int) -> int:
     return _signed64(mix64(mix64(seed ^ name_key) + hop))
 
 
-def _relation_fanouts(fanouts, relations: list[Relation]) -> dict[Relation, list[int]]:
-    """Per relation, its fanout per hop, from one list for all or a dict {relation or its name: list}."""
-    if not isinstance(fanouts, Mapping):
-        return {r: _fanout_list(fanouts, "fanouts") for r in relations}
-    by_name = {relation_key(r): r for r in relations}
-    chosen: dict[Relation, list[int]] = {}
-    for key, value in fanouts.items():
-        relation = by_name.get(key) if isinstance(key, str) else (key if key in relations else None)
-        if relation is None:
-            raise ValueError(f"fanouts name the relation {key!r}, which the graph does not have; its relations: "
-                             f"{', '.join(by_name)}")
-        if relation in chosen:
-            raise ValueError(f"fanouts give the relation {relation_key(relation)} twice (as a tuple and a string)")
-        chosen[relation] = _fanout_list(value, f"fanouts of {relation_key(relation)}")
-    missing = [relation_key(r) for r in relations if r not in chosen]
-    if missing:
-        raise ValueError(f"fanouts must give every relation; missing: {', '.join(missing)}")
-    first = relations[0]
-    for r in relations:
-        if len(chosen[r]) != len(chosen[first]):
-            raise ValueError(f"every relation needs as many fanouts (hops) as the others: {relation_key(r)} has "
-                             f"{len(chosen[r])}, {relation_key(first)} has {len(chosen[first])}")
-    return {r: chosen[r] for r in relations}
-
-
-def _fanout_list(value, what: str) -> list[int]:
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise ValueError(f"{what} must be a list of ints (one per hop), got {value!r}")
-    ks = [int(k) for k in value]
-    if not ks or any(k < -1 for k in ks):
-        raise ValueError(f"{what} must be a non-empty list of ints >= 0 (or -1 for all), got {list(value)}")
-    return ks
-
-
-def _typed_seeds(seeds) -> bool:
-    """Whether ``seeds`` are given per node type: a mapping, or a (type, ids) pair."""
-    return isinstance(seeds, Mapping) or (isinstance(seeds, tuple) and len(seeds) == 2 and isinstance(seeds[0], str))
-
-
 class NeighborSampler:
     """Samples hops outward from seed nodes of a :class:`Graph`.
 
     ``fanouts``: per hop h, ``fanouts[h]`` (-1: all) distinct neighbors of each node reached so far; one list
     for every relation, or a dict giving each relation its list (keys: the relation tuple or its
     ``"src__name__dst"`` name; all lists the same length). Hop 0 samples the seeds' neighbors; each later
-    hop samples for every node reached so far. In typed hops, at hop h every relation r = (s, name, d)
+    hop samples for every node reached so far. At hop h every relation r = (s, name, d)
     draws ``fanouts[r][h]`` neighbors of each node of type d from r's CSR, and a type's nodes at hop h are
     its nodes of hop h - 1 followed by its newly reached ones, in relation order, then edge order. The op
     bounds each relation's neighbor ids by its src type's node count.
@@ -335,8 +290,8 @@ class NeighborSampler:
     quarter of the memory still available (once per rank on the host), else reads at random. See
     :func:`advise_mapped` and :func:`_preloaded`.
 
-    ``num_nodes`` is an int for a graph of one node type (else a dict per type); ``fanouts`` is the list for
-    a graph of one relation (else a dict per relation), and ``indptr``, ``indices`` are that relation's.
+    ``num_nodes`` (per node type) and ``fanouts`` (per relation) are keyed for every graph; on a graph of one
+    relation ``indptr`` and ``indices`` are its CSR.
     """
 
     def __init__(self, graph: Graph, fanouts, seed: int = 0, num_threads: int = 0, device=None,
@@ -351,9 +306,12 @@ class NeighborSampler:
             if len(r) != 3 or r[0] not in self.node_types or r[2] not in self.node_types:
                 raise ValueError(f"relation {r!r} must be (src_type, name, dst_type) with types among "
                                  f"{self.node_types}")
-        self._num_nodes = {t: int(graph.num_nodes_of(t)) for t in self.node_types}
-        self._fanouts = _relation_fanouts(fanouts, self.relations)
-        self.num_hops = len(self._fanouts[self.relations[0]])
+        self.num_nodes = {t: int(graph.num_nodes_of(t)) for t in self.node_types}
+        self.fanouts = keyed_fanouts(fanouts, self.relations)
+        self.num_hops = len(self.fanouts[self.relations[0]])
+        #: the relation of a graph of one node type and one relation, whose hops one call of the op draws (the
+        #: native fast path: an inside choice, whatever form the seeds come in); None on any other graph
+        self._one_relation = self.relations[0] if len(self.node_types) == len(self.relations) == 1 else None
         self.seed = int(seed) & _MASK64
         self.num_threads = num_threads
         self.device = _sampler_device(device)
@@ -365,21 +323,6 @@ class NeighborSampler:
             raise ValueError(f"topology_access must be one of {', '.join(TOPOLOGY_ACCESS)}, got {topology_access!r}")
         access = topology_access_for(graph, self.relations, topology_access)
         self._csr = {r: self._relation_csr(graph, r, access) for r in self.relations}
-
-    @property
-    def is_homogeneous(self) -> bool:
-        """One node type and one relation: the graph takes seeds as plain ids too."""
-        return len(self.node_types) == 1 and len(self.relations) == 1
-
-    @property
-    def num_nodes(self) -> int | dict[str, int]:
-        """The node count: an int for a graph of one node type, else per type."""
-        return self._num_nodes[self.node_types[0]] if len(self.node_types) == 1 else dict(self._num_nodes)
-
-    @property
-    def fanouts(self) -> list[int] | dict[Relation, list[int]]:
-        """The fanout per hop: the list for a graph of one relation, else per relation."""
-        return self._fanouts[self.relations[0]] if len(self.relations) == 1 else self._fanouts
 
     @property
     def indptr(self) -> torch.Tensor:
@@ -399,28 +342,24 @@ class NeighborSampler:
         src_type, _, dst_type = relation
         indptr, indices = graph.csr(relation)
         csr = _SamplingCSR(indptr, indices, access)
-        if csr.num_rows != self._num_nodes[dst_type]:
+        if csr.num_rows != self.num_nodes[dst_type]:
             raise self._corrupt(relation, csr, f"indptr has {csr.num_rows + 1} entries, but {dst_type!r} has "
-                                               f"{self._num_nodes[dst_type]} nodes (expected one more entry)", "indptr")
+                                               f"{self.num_nodes[dst_type]} nodes (expected one more entry)", "indptr")
         return csr
 
     @staticmethod
     def _corrupt(relation: Relation, csr: _SamplingCSR, message: str, array: str):
-        """The DatasetError for a CSR fault in typed sampling, naming the relation (and its file)."""
+        """The DatasetError for a CSR fault found sampling relation by relation, naming the relation (and its file)."""
         from lsm_gnn import _C
 
         fault = _C.CorruptGraphError(f"relation {relation_key(relation)}: {message}", array)
         return topology_error(fault, *csr.files)
 
     def sample(self, seeds, iteration: int = 0) -> list[Hop]:
-        """The hops of one mini-batch, on the sampling device. ``seeds``: distinct ids (plain hops; a graph of
-        one node type and one relation only), or {type: distinct ids} or a (type, ids) pair (typed hops)."""
-        return self._sample(seeds, iteration, self.num_threads)
-
-    def _sample(self, seeds, iteration: int, num_threads: int) -> list[Hop]:
-        if _typed_seeds(seeds):
-            return self._sample_typed(self._seed_map(seeds), iteration, num_threads)
-        return self._sample_plain(seeds, iteration, num_threads)
+        """The hops of one mini-batch, on the sampling device. ``seeds``: {type: distinct ids} or a (type, ids)
+        pair (typed hops), or distinct ids (plain hops; a graph of one node type and one relation only)."""
+        keyed, one_type = self._keyed_seeds(seeds)
+        return self._as_given(self._sample(keyed, iteration, self.num_threads), one_type)
 
     def sample_many(self, batches: Sequence[tuple[object, int]]) -> list[list[Hop]]:
         """:meth:`sample` of each ``(seeds, iteration)`` in ``batches``, in order, with the same results. On the
@@ -428,9 +367,9 @@ class NeighborSampler:
         may use), one thread each: a batch alone is a fraction of a millisecond, too short to share across
         threads well, while whole batches side by side scale (a loader filling its window samples dozens)."""
         batches = list(batches)
+        keyed = [self._keyed_seeds(seeds) for seeds, _ in batches]
         threads = self.num_threads if self.num_threads > 0 else len(os.sched_getaffinity(0))
-        on_cpu = all(_batch_device(self.device, *(b[0].values() if isinstance(b[0], dict) else [b[0]])).type
-                     == "cpu" for b in batches)
+        on_cpu = all(_batch_device(self.device, *seeds.values()).type == "cpu" for seeds, _ in keyed)
         # The C++ op only: the Triton interpreter (kernels=triton on a CPU) is not safe on several threads.
         if len(batches) < 2 or threads < 2 or not on_cpu or kernel_mode() != "native":
             return [self.sample(seeds, iteration) for seeds, iteration in batches]
@@ -441,46 +380,74 @@ class NeighborSampler:
                 self._pool = ThreadPoolExecutor(threads, thread_name_prefix="lsm-gnn-sampler")
                 self._pool_threads = threads
             pool = self._pool
-        return list(pool.map(lambda batch: self._sample(batch[0], batch[1], 1), batches))
+        return list(pool.map(lambda given, batch: self._as_given(self._sample(given[0], batch[1], 1), given[1]),
+                             keyed, batches))
 
     def input_nodes(self, seeds, iteration: int = 0) -> torch.Tensor | dict[str, torch.Tensor]:
         """Every node whose features the batch needs (the last hop's nodes; per type for typed seeds)."""
         return self.sample(seeds, iteration)[-1].nodes
 
-    def _sample_plain(self, seeds, iteration: int, num_threads: int) -> list[Hop]:
-        """Every hop by one call of the op, with the sampler's own seed."""
-        from lsm_gnn import _C
-
-        if not self.is_homogeneous:
+    def _keyed_seeds(self, seeds) -> tuple[dict, str | None]:
+        """The sampler's edge: ``seeds`` per node type, and the type that plain ids were taken as (None for
+        seeds given per type), whose hops :meth:`_as_given` makes plain again."""
+        if isinstance(seeds, tuple) and len(seeds) == 2 and isinstance(seeds[0], str):
+            seeds = {seeds[0]: seeds[1]}
+        if isinstance(seeds, Mapping):
+            unknown = [t for t in seeds if t not in self.num_nodes]
+            if unknown:
+                raise ValueError(f"seeds of node type {unknown[0]!r}, which the graph does not have; its types: "
+                                 f"{', '.join(self.node_types)}")
+            return dict(seeds), None
+        if self._one_relation is None:
             raise ValueError(f"seeds as plain ids need a graph of one node type and one relation; this one has "
                              f"{len(self.node_types)} node types ({', '.join(self.node_types)}) and "
                              f"{len(self.relations)} relations: pass seeds as {{node type: ids}} or a "
                              "(node type, ids) pair")
-        relation = self.relations[0]
+        return {self.node_types[0]: seeds}, self.node_types[0]
+
+    def _as_given(self, hops: list[Hop], one_type: str | None) -> list[Hop]:
+        """``hops`` in the form their seeds came in: as they are for seeds per type, plain for plain ids (those
+        of ``one_type``, on a graph of one relation)."""
+        if one_type is None:
+            return hops
+        return [Hop(hop.nodes[one_type], hop.num_dst[one_type], hop.edge_index[self._one_relation]) for hop in hops]
+
+    def _sample(self, seeds: dict, iteration: int, num_threads: int) -> list[Hop]:
+        device = _batch_device(self.device, *seeds.values())
+        if self._one_relation is not None:
+            return self._sample_one_relation(seeds, device, iteration, num_threads)
+        return self._sample_by_relation(seeds, device, iteration, num_threads)
+
+    def _sample_one_relation(self, seeds: dict, device: torch.device, iteration: int, num_threads: int
+                             ) -> list[Hop]:
+        """A graph of one node type and one relation: every hop by one call of the op, with the sampler's own
+        seed (the op checks the seeds)."""
+        from lsm_gnn import _C
+
+        (node_type,), relation = self.node_types, self._one_relation
         csr = self._csr[relation]
-        device = _batch_device(self.device, seeds)
         indptr, indices = csr.on(device)
-        seeds = as_id_tensor(seeds, device)
+        ids = as_id_tensor(seeds.get(node_type, []), device)
         try:
-            flat = torch.ops.lsm_gnn.sample_hops(indptr, indices, seeds, self._fanouts[relation],
+            flat = torch.ops.lsm_gnn.sample_hops(indptr, indices, ids, self.fanouts[relation],
                                                  _signed64(self.seed), int(iteration), num_threads)
         except _C.CorruptGraphError as exc:
             raise topology_error(exc, *csr.files) from None
-        return [Hop(nodes, num_dst, torch.stack([src, dst])) for nodes, num_dst, src, dst in
-                hops_of(flat, seeds.numel())]
+        return [Hop({node_type: nodes}, {node_type: num_dst}, {relation: torch.stack([src, dst])})
+                for nodes, num_dst, src, dst in hops_of(flat, ids.numel())]
 
-    def _sample_typed(self, seeds: dict, iteration: int, num_threads: int) -> list[Hop]:
+    def _sample_by_relation(self, seeds: dict, device: torch.device, iteration: int, num_threads: int
+                            ) -> list[Hop]:
         """Per hop, one call of the op per relation, each with its own random streams."""
         from lsm_gnn import _C
 
-        device = _batch_device(self.device, *seeds.values())
         frontier = self._seed_nodes(seeds, device)
         no_ids = torch.empty(0, dtype=torch.int64, device=device)
         hops = []
         for h in range(self.num_hops):
             drawn = {}  # relation -> (neighbor ids of its src type, dst index into frontier[dst type])
             for r in self.relations:
-                dst_nodes, fanout = frontier[r[2]], self._fanouts[r][h]
+                dst_nodes, fanout = frontier[r[2]], self.fanouts[r][h]
                 if dst_nodes.numel() == 0 or fanout == 0:
                     drawn[r] = (no_ids, no_ids)
                     continue
@@ -489,7 +456,7 @@ class NeighborSampler:
                 try:
                     nodes, src, dst = torch.ops.lsm_gnn.sample_hops(indptr, indices, dst_nodes, [fanout],
                                                                     self._draw_seeds[r][h], int(iteration),
-                                                                    num_threads, self._num_nodes[r[0]])
+                                                                    num_threads, self.num_nodes[r[0]])
                 except _C.CorruptGraphError as exc:
                     raise self._corrupt(r, csr, *exc.args) from None
                 # The op merges neighbors with the seeds numerically, which is wrong across types:
@@ -501,25 +468,16 @@ class NeighborSampler:
             hops.append(Hop(frontier, num_dst, edge_index))
         return hops
 
-    def _seed_map(self, seeds) -> dict:
-        if isinstance(seeds, tuple):
-            seeds = {seeds[0]: seeds[1]}
-        unknown = [t for t in seeds if t not in self._num_nodes]
-        if unknown:
-            raise ValueError(f"seeds of node type {unknown[0]!r}, which the graph does not have; its types: "
-                             f"{', '.join(self.node_types)}")
-        return dict(seeds)
-
     def _seed_nodes(self, seeds: dict, device: torch.device) -> dict[str, torch.Tensor]:
         """Per type, its seeds as an int64 tensor on ``device`` (empty for types without), checked."""
         nodes = {}
         for t in self.node_types:
             ids = as_id_tensor(seeds.get(t, []), device)
-            outside = (ids < 0) | (ids >= self._num_nodes[t])
+            outside = (ids < 0) | (ids >= self.num_nodes[t])
             if bool(outside.any()):
                 i = int(torch.nonzero(outside)[0])
                 raise IndexError(f"seed node {int(ids[i])} of type {t!r} at position {i} is outside "
-                                 f"[0, {self._num_nodes[t]})")
+                                 f"[0, {self.num_nodes[t]})")
             ordered = torch.sort(ids).values
             repeated = ordered[1:] == ordered[:-1]
             if bool(repeated.any()):
