@@ -116,18 +116,19 @@ def _check_plannable(cfg: Config, dataset) -> None:
     if cfg.cache.features != "cache":
         raise ConfigError(f"lsm-gnn plan models the cached path (cache.features=cache), got "
                           f"cache.features={cfg.cache.features}")
-    if dataset.is_homogeneous:
-        return
-    # What a run on a heterogeneous graph refuses, refused before the trace (as the run would).
-    from lsm_gnn.training.startup import check_hetero_model_kind
+    # What the run refuses on this graph, refused before the trace (as the run would).
+    from lsm_gnn.build import check_owner
+    from lsm_gnn.training.startup import model_form
 
-    where = f"{dataset.path} has {len(dataset.node_types)} node types and {len(dataset.relations)} relations"
     if not dataset.feature_types:
-        raise ConfigError(f"{where} but none with features: lsm-gnn plan models the features' caches")
-    check_hetero_model_kind(cfg.model.kind)
-    if cfg.cache.mode == "shared" and cfg.cache.owner == "hotness":
-        raise ConfigError(f"lsm-gnn plan cannot plan cache.owner=hotness on a heterogeneous dataset ({where}): "
-                          "runs over several ranks refuse it there; use cache.owner=hashed")
+        raise ConfigError(f"{dataset.path} has {len(dataset.node_types)} node types and {len(dataset.relations)} "
+                          "relations but none with features: lsm-gnn plan models the features' caches")
+    model_form(cfg, dataset)
+    if cfg.cache.mode == "shared":
+        try:
+            check_owner(cfg.cache.owner, dataset)
+        except ConfigError as exc:
+            raise ConfigError(f"lsm-gnn plan cannot plan what runs over several ranks refuse: {exc}") from None
 
 
 def _training_identity(cfg: Config, dataset) -> dict:
