@@ -10,6 +10,7 @@ import sys
 import time
 
 from lsm_gnn.data import DatasetError, open_dataset
+from lsm_gnn.data.dataset import ONE_TYPE
 from lsm_gnn.fileio import atomic_write_bytes
 from lsm_gnn.timing import median_seconds  # noqa: F401  (the benchmark scripts take it from here too)
 
@@ -78,10 +79,8 @@ def reusable_dataset(path: str, *, num_nodes: int | dict[str, int], feature_dim:
     recorded = ds.meta.get("generator") or {}
     if any(recorded.get(key) != value for key, value in (generator or {}).items()):
         return None
-    if isinstance(num_nodes, dict):
-        same = all(t in ds.types and ds.num_nodes_of(t) == n for t, n in num_nodes.items())
-        return ds if same and not ds.is_homogeneous else None
-    if not ds.is_homogeneous or ds.num_nodes != num_nodes \
+    wanted = num_nodes if isinstance(num_nodes, dict) else {ONE_TYPE: num_nodes}  # a count alone: schema 1's type
+    if any(t not in ds.types or ds.num_nodes_of(t) != n for t, n in wanted.items()) \
             or (feature_dim is not None and ds.feature_dim != feature_dim) \
             or (feature_dtype is not None and ds.feature_dtype.name != feature_dtype):
         return None
