@@ -112,8 +112,8 @@ def resolve(cfg: Config, dataset, world_size: int = 1, *, features: bool = True)
     c = cfg.cache
     static = None if c.static_score == "none" else c.static_score
     names = sorted(set.intersection(*(set(dataset.score_names(t)) for t in dataset.feature_types)))
-    one_table = dataset.is_homogeneous  # cache.capacity is its one table's; a typed graph's, a budget of bytes
-    if one_table:
+    one_type = one_type_keys(dataset)
+    if one_type:
         rows, row_bytes = dataset.num_nodes, _row_bytes(dataset)
     else:  # a share of the bytes of every type's rows: "rows" of one byte each
         rows = sum(dataset.num_nodes_of(t) * _row_bytes(dataset.node_type(t)) for t in dataset.feature_types)
@@ -126,7 +126,7 @@ def resolve(cfg: Config, dataset, world_size: int = 1, *, features: bool = True)
     size = CacheSize.budget(c.capacity, "cache.capacity", rows, row_bytes)
     feature_sizes = _feature_sizes(cfg, dataset, size) if cached and features and cfg.model.node_embedding.features \
         else ()
-    if one_table and feature_sizes:  # the budget is the one cache's
+    if one_type and feature_sizes:  # the budget is the one cache's
         size = feature_sizes[0]
     return FeatureSpec(
         source=c.features, backend=c.backend, size=size, feature_sizes=feature_sizes, ways=c.ways,
@@ -167,11 +167,19 @@ def embedding_tables(cfg: Config, dataset) -> dict[str, NodeEmbeddingConfig]:
     return tables
 
 
+def one_type_keys(dataset) -> bool:
+    """Whether ``dataset``'s config keys are a graph of one node type's, the sections its one cache's and table's:
+    ``cache.capacity`` its features' cache (a share of its rows), ``model.node_embedding`` its table (the section's
+    ``dim`` its own). On a typed graph ``cache.capacity`` is a budget of bytes its feature groups share and a table
+    is ``model.node_embedding.<type>``. The config's one-type edge."""
+    return dataset.is_homogeneous
+
+
 def table_name(dataset, node_type: str) -> str | None:
     """What ``node_type``'s node embedding table is named by in config keys (:func:`table_key`), its directory
     and its checkpoint's files: nothing on a graph of one node type (its table is ``model.node_embedding``'s
-    own), its node type on a typed graph. The config's one-type edge for tables."""
-    return None if dataset.is_homogeneous else node_type
+    own), its node type on a typed graph."""
+    return None if one_type_keys(dataset) else node_type
 
 
 def table_key(dataset, node_type: str) -> str:
