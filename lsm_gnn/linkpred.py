@@ -23,7 +23,7 @@ from lsm_gnn.inference import row_entries
 from lsm_gnn.loader import Batch, NodeLoader
 from lsm_gnn.parallel import all_reduce_sum, batch_to
 from lsm_gnn.sampling import Hop
-from lsm_gnn.task_options import eval_batch_size, eval_fanouts, loader_options
+from lsm_gnn.task_options import eval_batch_size, eval_fanouts, loader_options, relation_fanouts
 
 SCORE_CHUNK = 1 << 24  # user x item scores held at once in recall_at_k (64 MiB of float32)
 
@@ -434,7 +434,7 @@ class LinkPrediction:
         self.cfg, self.dataset = cfg, dataset
         self.out_dim = int(cfg.model.hidden)  # the embedding size
         self.splits = list(dataset.edge_split_names)  # the held-out edges recall is measured on
-        self.fanouts = cfg.sampler.fanouts  # a user-item graph has one node type and one relation
+        self.fanouts = relation_fanouts(cfg, dataset)  # a user-item graph's one relation's
 
     def train_loader(self, features, rank: int, world_size: int) -> LinkLoader:
         c = self.cfg

@@ -1,10 +1,11 @@
-"""What every training task takes from the config: its loader's keywords and the evaluation batch size.
+"""What every training task takes from the config: its loader's keywords, the sampler's fanouts per relation and
+the evaluation batch size.
 
 Node classification (:mod:`lsm_gnn.tasks`) and link prediction (:mod:`lsm_gnn.linkpred`) both import it, and
 :func:`lsm_gnn.tasks.make_task` imports them: one direction, no circle."""
 from __future__ import annotations
 
-from lsm_gnn.config import Config
+from lsm_gnn.config import Config, ConfigError
 
 
 def loader_options(cfg: Config, rank: int, world_size: int, evaluation: bool = False) -> dict:
@@ -26,3 +27,17 @@ def eval_fanouts(cfg: Config, fanouts):
     if not given:
         return fanouts
     return {key: list(given) for key in fanouts} if isinstance(fanouts, dict) else list(given)
+
+
+def relation_fanouts(cfg: Config, dataset) -> dict[str, list[int]]:
+    """The sampler's fanouts per relation of ``dataset`` (by its ``src__name__dst`` key): ``sampler.fanouts``, or
+    for those ``sampler.relation_fanouts`` names theirs (a graph of one relation has one)."""
+    from lsm_gnn.data.dataset import relation_key
+
+    given = cfg.sampler.relation_fanouts
+    keys = [relation_key(r) for r in dataset.relations]
+    unknown = sorted(set(given) - set(keys))
+    if unknown:
+        raise ConfigError(f"sampler.relation_fanouts names {unknown}, which {dataset.path} does not have; its "
+                          f"relations: {', '.join(keys)}")
+    return {key: given.get(key, cfg.sampler.fanouts) for key in keys}

@@ -19,7 +19,7 @@ from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.linkpred import LinkPrediction
 from lsm_gnn.loader import NodeLoader
 from lsm_gnn.parallel import all_reduce_sum, batch_to
-from lsm_gnn.task_options import eval_batch_size, eval_fanouts, loader_options
+from lsm_gnn.task_options import eval_batch_size, eval_fanouts, loader_options, relation_fanouts
 
 
 class Task(Protocol):
@@ -29,7 +29,7 @@ class Task(Protocol):
     metrics: tuple[str, ...]     # what evaluate reports per split; model selection watches the first by default
     splits: list[str]            # the splits evaluate can measure
     out_dim: int                 # the model's output width
-    fanouts: list | dict         # the sampler's fanouts (per relation; link prediction's: one list)
+    fanouts: dict                # the sampler's fanouts per relation (by its src__name__dst key)
 
     def train_loader(self, features, rank: int, world_size: int) -> NodeLoader:
         """The loader of this rank's training batches (its batches' trainable rows are updated)."""
@@ -43,20 +43,6 @@ class Task(Protocol):
 
     def evaluate(self, model, features, split: str, device, rank: int, world_size: int) -> dict:
         """The metrics on ``split`` (collective over ranks), and the "count" they were measured on."""
-
-
-def relation_fanouts(cfg: Config, dataset) -> dict[str, list[int]]:
-    """The sampler's fanouts per relation of ``dataset`` (by its ``src__name__dst`` key): ``sampler.fanouts``, or
-    for those ``sampler.relation_fanouts`` names theirs (a graph of one relation has one)."""
-    from lsm_gnn.data.dataset import relation_key
-
-    given = cfg.sampler.relation_fanouts
-    keys = [relation_key(r) for r in dataset.relations]
-    unknown = sorted(set(given) - set(keys))
-    if unknown:
-        raise ConfigError(f"sampler.relation_fanouts names {unknown}, which {dataset.path} does not have; its "
-                          f"relations: {', '.join(keys)}")
-    return {key: given.get(key, cfg.sampler.fanouts) for key in keys}
 
 
 class NodeClassification:

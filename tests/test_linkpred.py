@@ -475,6 +475,5 @@ def test_both_tasks_answer_the_trainers_questions(ds, tmp_path):
         assert made.name == task
         missing = [m for m in members if not hasattr(made, m)]
         assert not missing, f"{task} lacks {missing}"
-        # node classification's fanouts per relation (the graph's one), link prediction's the list
-        fanouts = {"node__to__node": cfg.sampler.fanouts} if task == "node" else cfg.sampler.fanouts
-        assert made.metrics and made.out_dim > 0 and made.fanouts == fanouts
+        # per relation: the graph's one
+        assert made.metrics and made.out_dim > 0 and made.fanouts == {"node__to__node": cfg.sampler.fanouts}

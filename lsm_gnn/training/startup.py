@@ -90,7 +90,8 @@ def model_form(cfg, dataset) -> str:
     """The form of the run's model on ``dataset``: ``plain`` on a graph of one node type and one relation (whose
     batches the loader hands over plain), else ``typed``. The one place the run's model is chosen by the graph:
     on a typed graph what has no typed form is refused (``train.task=link``, ``train.eval_mode=full``,
-    ``model.node_embedding.features=false`` and a ``model.kind`` other than R-SAGE's and R-GAT's). The trainer and the planner call it before the task."""
+    ``model.node_embedding.features=false`` and a ``model.kind`` other than R-SAGE's and R-GAT's). The trainer and
+    the planner call it before the task."""
     from lsm_gnn.models import HETERO_MODEL_KINDS
 
     if dataset.is_homogeneous:
