@@ -332,11 +332,10 @@ def _run_scores(args: argparse.Namespace) -> int:
 
 
 def _run_embedding(args: argparse.Namespace) -> int:
+    from lsm_gnn.build import table_key, table_name
     from lsm_gnn.embedding import RowLayout, initial_rows
     from lsm_gnn.storage import EmbeddingTable
     from lsm_gnn.units import format_bytes
-
-    from lsm_gnn.build import table_key, table_name
 
     ds = open_dataset(args.dataset, check="shape")
     node_type = args.node_type or ds.node_types[0]
