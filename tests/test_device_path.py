@@ -193,7 +193,7 @@ def test_features_on_the_device_are_one_table_refused_for_several_featured_types
     """One table on the device: a typed graph's one featured type is held there; several are refused."""
     from lsm_gnn.build import build_features, resolve
     from lsm_gnn.config import ConfigError, load_config
-    from lsm_gnn.data.synthetic_hetero import generate_hetero_synthetic
+    from lsm_gnn.data.hetero_writer import HeteroDatasetWriter
     from lsm_gnn.testing import write_tiny_hetero_dataset
 
     ds = write_tiny_hetero_dataset(tmp_path / "h")
@@ -201,10 +201,13 @@ def test_features_on_the_device_are_one_table_refused_for_several_featured_types
     cfg = load_config(None, [f"dataset={ds.path}", "cache.features=device"])
     with pytest.raises(ConfigError, match="cache.features=cache or memory"):
         build_features(resolve(cfg, ds), ds, torch.device("cpu"))
-    one = generate_hetero_synthetic(tmp_path / "one", num_papers=40, progress=False,
-                                    feature_dim={"paper": 8, "author": 0, "institute": 0, "fos": 0})
+    written = np.random.default_rng(0).standard_normal((40, 8)).astype(np.float32)
+    with HeteroDatasetWriter(tmp_path / "one", node_types={"paper": {"num_nodes": 40, "feature_dim": 8},
+                                                           "topic": {"num_nodes": 4}}, target=None) as w:
+        w.write_features("paper", written)
+        w.write_edges(("topic", "topic_of", "paper"), [(np.arange(40) % 4, np.arange(40))])
+        one = w.commit()
     cfg = load_config(None, [f"dataset={one.path}", "cache.features=device"])
     source = build_features(resolve(cfg, one), one, torch.device("cpu"))
     ids = torch.tensor([3, 0, 39])
-    rows = source.gather({"paper": ids})[0]["paper"]
-    assert torch.equal(rows, torch.from_numpy(one.node_type("paper").read_features_direct(ids.numpy())))
+    assert torch.equal(source.gather({"paper": ids})[0]["paper"], torch.from_numpy(written[ids.numpy()]))
