@@ -61,7 +61,7 @@ def ensure_dataset(path: str, num_papers: int, feature_dim: int, seed: int):
 
     generator = {"kind": "hetero-communities", "version": GENERATOR_VERSION, "seed": seed,
                  "feature_dtype": "float32", "feature_dim": dict.fromkeys(NODE_TYPES, feature_dim)}
-    ds = reusable_dataset(path, num_nodes={"paper": num_papers}, generator=generator,
+    ds = reusable_dataset(path, node_counts={"paper": num_papers}, generator=generator,
                           log=lambda line: print(line, file=sys.stderr))
     if ds is not None:
         return ds

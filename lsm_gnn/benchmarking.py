@@ -10,6 +10,7 @@ import sys
 import time
 
 from lsm_gnn.data import DatasetError, open_dataset
+from lsm_gnn.data.dataset import ONE_TYPE
 from lsm_gnn.fileio import atomic_write_bytes
 from lsm_gnn.timing import median_seconds  # noqa: F401  (the benchmark scripts take it from here too)
 
@@ -59,14 +60,19 @@ def feature_paths(dataset) -> list[str]:
     return [dataset.node_type(t).feature_path for t in dataset.feature_types]
 
 
-def reusable_dataset(path: str, *, num_nodes: int | dict[str, int], feature_dim: int | None = None,
-                     feature_dtype: str | None = None, generator: dict | None = None, log=None):
+def reusable_dataset(path: str, *, num_nodes: int | None = None, node_counts: dict[str, int] | None = None,
+                     feature_dim: int | None = None, feature_dtype: str | None = None, generator: dict | None = None,
+                     log=None):
     """The dataset an earlier run left at ``path`` if it opens and matches, else None (the caller writes it).
 
-    It matches when it has ``num_nodes`` nodes (a heterogeneous one: a dict, the node count of every type
-    it names) and, where given, ``feature_dim``, ``feature_dtype`` (a numpy name; both schema 1 only) and
-    the ``generator`` settings recorded in its meta. An unreadable one is reported through ``log`` when given.
+    It matches when it has ``node_counts`` nodes of each type named there (``num_nodes``: a one-type dataset's
+    count, of schema 1's one type) and, where given, ``feature_dim``, ``feature_dtype`` (a numpy name: the target
+    type's) and the ``generator`` settings recorded in its meta. An unreadable one is reported through ``log``
+    when given.
     """
+    if (num_nodes is None) == (node_counts is None):
+        raise ValueError("give exactly one of num_nodes (a one-type dataset's count) and node_counts (per node type)")
+    wanted = {ONE_TYPE: num_nodes} if node_counts is None else node_counts
     if not os.path.isdir(path):
         return None
     try:
@@ -78,10 +84,7 @@ def reusable_dataset(path: str, *, num_nodes: int | dict[str, int], feature_dim:
     recorded = ds.meta.get("generator") or {}
     if any(recorded.get(key) != value for key, value in (generator or {}).items()):
         return None
-    if isinstance(num_nodes, dict):
-        same = all(t in ds.types and ds.num_nodes_of(t) == n for t, n in num_nodes.items())
-        return ds if same and not ds.is_homogeneous else None
-    if not ds.is_homogeneous or ds.num_nodes != num_nodes \
+    if any(t not in ds.types or ds.num_nodes_of(t) != n for t, n in wanted.items()) \
             or (feature_dim is not None and ds.feature_dim != feature_dim) \
             or (feature_dtype is not None and ds.feature_dtype.name != feature_dtype):
         return None

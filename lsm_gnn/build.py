@@ -112,7 +112,8 @@ def resolve(cfg: Config, dataset, world_size: int = 1, *, features: bool = True)
     c = cfg.cache
     static = None if c.static_score == "none" else c.static_score
     names = sorted(set.intersection(*(set(dataset.score_names(t)) for t in dataset.feature_types)))
-    if dataset.is_homogeneous:
+    one_type = one_type_keys(dataset)
+    if one_type:
         rows, row_bytes = dataset.num_nodes, _row_bytes(dataset)
     else:  # a share of the bytes of every type's rows: "rows" of one byte each
         rows = sum(dataset.num_nodes_of(t) * _row_bytes(dataset.node_type(t)) for t in dataset.feature_types)
@@ -125,7 +126,7 @@ def resolve(cfg: Config, dataset, world_size: int = 1, *, features: bool = True)
     size = CacheSize.budget(c.capacity, "cache.capacity", rows, row_bytes)
     feature_sizes = _feature_sizes(cfg, dataset, size) if cached and features and cfg.model.node_embedding.features \
         else ()
-    if dataset.is_homogeneous and feature_sizes:  # the budget is the one cache's
+    if one_type and feature_sizes:  # the budget is the one cache's
         size = feature_sizes[0]
     return FeatureSpec(
         source=c.features, backend=c.backend, size=size, feature_sizes=feature_sizes, ways=c.ways,
@@ -154,20 +155,38 @@ def embedding_tables(cfg: Config, dataset) -> dict[str, NodeEmbeddingConfig]:
     base = e.path or os.path.join(cfg.checkpoint.dir, "node_embedding")
     tables = {}
     for t in dataset.node_types:
-        settings = type_embedding(e, t)
-        if not dataset.is_homogeneous and "dim" not in e.types.get(t, {}) and t in dataset.feature_types:
-            settings.dim = 0  # the section's dim is for the types without features
+        settings, name = type_embedding(e, t), table_name(dataset, t)
+        if name is not None and "dim" not in e.types.get(t, {}) and t in dataset.feature_types:
+            settings.dim = 0  # a typed graph's section dim is for the types without features
         if not settings.dim:
             continue
         if not settings.path:  # one table per type, each in a directory of its own
-            settings.path = base if dataset.is_homogeneous else os.path.join(base, t)
+            settings.path = base if name is None else os.path.join(base, name)
         tables[t] = settings
     _refuse_shared_tables(tables)
-    if tables and not dataset.is_homogeneous and not e.features:
-        raise ConfigError("model.node_embedding.features=false takes a graph of one node type; on a heterogeneous "
-                          "graph give the types to learn embeddings for (model.node_embedding.dim: every type "
-                          "without features; model.node_embedding.<type>.dim: one type) and keep features=true")
     return tables
+
+
+def one_type_keys(dataset) -> bool:
+    """Whether ``dataset``'s config keys are a graph of one node type's, the sections its one cache's and table's:
+    ``cache.capacity`` its features' cache (a share of its rows), ``model.node_embedding`` its table (the section's
+    ``dim`` its own). On a typed graph ``cache.capacity`` is a budget of bytes its feature groups share and a table
+    is ``model.node_embedding.<type>``. The config's one-type edge."""
+    return dataset.is_homogeneous
+
+
+def table_name(dataset, node_type: str) -> str | None:
+    """What ``node_type``'s node embedding table is named by in config keys (:func:`table_key`), its directory
+    and its checkpoint's files: nothing on a graph of one node type (its table is ``model.node_embedding``'s
+    own), its node type on a typed graph."""
+    return None if one_type_keys(dataset) else node_type
+
+
+def table_key(dataset, node_type: str) -> str:
+    """The config key of ``node_type``'s node embedding table: ``model.node_embedding`` on a graph of one node
+    type, ``model.node_embedding.<type>`` on a typed graph."""
+    name = table_name(dataset, node_type)
+    return "model.node_embedding" if name is None else f"model.node_embedding.{name}"
 
 
 def _refuse_shared_tables(tables: dict[str, NodeEmbeddingConfig]) -> None:
@@ -196,7 +215,7 @@ def _embedding_sizes(cfg: Config, dataset, cached: bool) -> dict[str, CacheSize]
     sizes = {}
     for t, e in tables.items():
         # a typed graph's tables are sized (and advice given) per type, whether or not the type sets its own
-        key = "model.node_embedding" if dataset.is_homogeneous else f"model.node_embedding.{t}"
+        key = table_key(dataset, t)
         try:
             row_bytes = RowLayout(e.dim, e.dtype, e.optimizer).row_bytes
         except ValueError as exc:
@@ -283,10 +302,9 @@ def build_features(spec: FeatureSpec, dataset, device: torch.device, *, world_si
     groups = feature_groups(dataset)
     if not groups:
         raise ConfigError(f"dataset {dataset.path} has no node type with features; nothing to gather")
-    plain = dataset.is_homogeneous
-    if spec.source == "device" and not plain:
-        raise ConfigError("cache.features=device holds one feature table on the GPU; a heterogeneous dataset needs "
-                          "cache.features=cache or memory")
+    if spec.source == "device" and len(dataset.feature_types) > 1:
+        raise ConfigError("cache.features=device holds one feature table on the GPU; a dataset with several node "
+                          "types with features needs cache.features=cache or memory")
     if spec.source == "cache" and len(spec.feature_sizes) != len(groups):
         raise ValueError(f"the spec sizes {len(spec.feature_sizes)} feature caches, the dataset has {len(groups)} "
                          "row formats: resolve() sizes them (or group_sizes())")
@@ -348,11 +366,17 @@ def group_scores(spec: FeatureSpec, dataset, types: list[str]):
     return np.concatenate([np.asarray(dataset.score(spec.static_score, t)) for t in types])
 
 
+def check_owner(owner: str, dataset) -> None:
+    """Refuses ``cache.owner=hotness`` on a typed graph: its accesses are counted over one id space, a graph of
+    one node type's."""
+    if owner == "hotness" and not dataset.is_homogeneous:
+        raise ConfigError(f"cache.owner=hotness is not available for heterogeneous datasets yet ({dataset.path} has "
+                          f"{len(dataset.node_types)} node types); use cache.owner=hashed")
+
+
 def _sampled_counts(dataset, fanouts, batch_size: int, seed: int):
     """Per node, its accesses over pre-sampled batches (what hotness ownership ranks nodes by)."""
-    if not dataset.is_homogeneous:
-        raise ConfigError("cache.owner=hotness is not available for heterogeneous datasets yet; use "
-                          "cache.owner=hashed")
+    check_owner("hotness", dataset)
     from lsm_gnn.sampling import sampled_access_counts
 
     return sampled_access_counts(dataset, fanouts, batch_size, seed=seed)
@@ -466,4 +490,4 @@ def build_node_embedding(spec: FeatureSpec, cfg: Config, dataset, node_type: str
         cache = source.cache if spec.shared else source
     return NodeEmbedding(source, layout, RowOptimizer(layout, e.lr), table=table, cache=cache, world_size=world_size,
                          steps=0 if state is None else int(state["steps"]),
-                         node_type=None if dataset.is_homogeneous else node_type)
+                         node_type=table_name(dataset, node_type))

@@ -15,7 +15,7 @@ from lsm_gnn.units import format_bytes
 def _inspect(args) -> int:
     if os.path.isfile(args.path):
         return _inspect_checkpoint(args)
-    from lsm_gnn.cli_prepare import format_interactions, user_item_counts
+    from lsm_gnn.cli_prepare import format_interactions, shown_by_type, user_item_counts
     from lsm_gnn.data import open_dataset
 
     ds = open_dataset(args.path, check="fast")
@@ -23,7 +23,7 @@ def _inspect(args) -> int:
         # Checksums first: a file changed since it was written is named as such before the value scan.
         ds.verify_checksums()
         ds = open_dataset(args.path, check="full")
-    if not ds.is_homogeneous:
+    if shown_by_type(ds):
         return _inspect_typed(ds, args)
     f = ds.features
     summary = {
@@ -189,6 +189,7 @@ def _train(args) -> int:
 
 
 def _bench_storage(args) -> int:
+    from lsm_gnn.cli_prepare import shown_by_type
     from lsm_gnn.data import open_dataset
     from lsm_gnn.storage.probe import probe_backend
 
@@ -196,7 +197,7 @@ def _bench_storage(args) -> int:
         check_output_file(args.json, "--json")
     ds = open_dataset(args.path, check="fast")
     # A feature file per node type, each measured on its own (named when there are several).
-    files = [(None if ds.is_homogeneous else t, ds.node_type(t)) for t in ds.feature_types]
+    files = [(t if shown_by_type(ds) else None, ds.node_type(t)) for t in ds.feature_types]
     results = []
     print(("" if files[0][0] is None else f"{'node type':<14}") + f"{'backend':<10}{'rows/s':>12}{'GB/s':>9}{'ampl.':>8}"
           f"{'batch ms':>10}")

@@ -117,9 +117,15 @@ def format_interactions(counts: dict) -> str:
     return "train/val/test " + "/".join(f"{counts[s]:,}" if s in counts else "-" for s in splits)
 
 
+def shown_by_type(ds) -> bool:
+    """Whether the command line shows ``ds`` per node type (a graph of several node types or relations) or
+    plain (a graph of one, as schema 1 writes it): the one place the CLI asks."""
+    return not ds.is_homogeneous
+
+
 def summarize(ds) -> str:
     """One line describing a dataset (schema 1 or 2)."""
-    if not ds.is_homogeneous:
+    if shown_by_type(ds):
         return summarize_typed(ds)
     features = f"features {ds.feature_dim} x {ds.feature_dtype.name}"
     scores = f"scores: {', '.join(ds.score_names()) or 'none'}"
@@ -326,18 +332,19 @@ def _run_scores(args: argparse.Namespace) -> int:
 
 
 def _run_embedding(args: argparse.Namespace) -> int:
+    from lsm_gnn.build import table_key, table_name
     from lsm_gnn.embedding import RowLayout, initial_rows
     from lsm_gnn.storage import EmbeddingTable
     from lsm_gnn.units import format_bytes
 
     ds = open_dataset(args.dataset, check="shape")
-    node_type = args.node_type
-    if node_type is None and not ds.is_homogeneous:
+    node_type = args.node_type or ds.node_types[0]
+    if args.node_type is None and table_name(ds, node_type) is not None:  # a typed graph's tables are by type
         raise DatasetError(f"{args.dataset} has node types {ds.node_types}; name the one whose nodes get the table "
                            "with --node-type")
-    if node_type is not None and node_type not in ds.node_types:
+    if node_type not in ds.node_types:
         raise DatasetError(f"--node-type {node_type!r} is not a node type of {args.dataset}; it has {ds.node_types}")
-    key = "model.node_embedding" if ds.is_homogeneous else f"model.node_embedding.{node_type}"
+    key = table_key(ds, node_type)
     num_rows = ds.num_nodes_of(node_type)
     try:
         layout = RowLayout(args.dim, args.dtype, args.optimizer)

@@ -101,6 +101,7 @@ class Trainer:
             check_agreement(flatten(startup.agreed_settings(cfg, self.dataset), sep="."))
         if self.rank == 0 and not self.evaluation_only:
             self.resources.lock_outputs(cfg)
+        startup.model_form(cfg, self.dataset)  # what has no typed form refused on a typed graph, before the task
         self.task = make_task(cfg, self.dataset)
         missing = [s for s in cfg.train.eval_splits if s not in self.task.splits]
         if missing:  # fail now, not after the first epoch

@@ -189,9 +189,11 @@ def test_features_on_the_device_are_a_config_choice(dataset):
         source.gather(torch.arange(10))
 
 
-def test_features_on_the_device_are_refused_for_a_heterogeneous_graph(tmp_path):
+def test_features_on_the_device_are_one_table_refused_for_several_featured_types(tmp_path):
+    """One table on the device: a typed graph's one featured type is held there; several are refused."""
     from lsm_gnn.build import build_features, resolve
     from lsm_gnn.config import ConfigError, load_config
+    from lsm_gnn.data.hetero_writer import HeteroDatasetWriter
     from lsm_gnn.testing import write_tiny_hetero_dataset
 
     ds = write_tiny_hetero_dataset(tmp_path / "h")
@@ -199,3 +201,13 @@ def test_features_on_the_device_are_refused_for_a_heterogeneous_graph(tmp_path):
     cfg = load_config(None, [f"dataset={ds.path}", "cache.features=device"])
     with pytest.raises(ConfigError, match="cache.features=cache or memory"):
         build_features(resolve(cfg, ds), ds, torch.device("cpu"))
+    written = np.random.default_rng(0).standard_normal((40, 8)).astype(np.float32)
+    with HeteroDatasetWriter(tmp_path / "one", node_types={"paper": {"num_nodes": 40, "feature_dim": 8},
+                                                           "topic": {"num_nodes": 4}}, target=None) as w:
+        w.write_features("paper", written)
+        w.write_edges(("topic", "topic_of", "paper"), [(np.arange(40) % 4, np.arange(40))])
+        one = w.commit()
+    cfg = load_config(None, [f"dataset={one.path}", "cache.features=device"])
+    source = build_features(resolve(cfg, one), one, torch.device("cpu"))
+    ids = torch.tensor([3, 0, 39])
+    assert torch.equal(source.gather({"paper": ids})[0]["paper"], torch.from_numpy(written[ids.numpy()]))

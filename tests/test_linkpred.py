@@ -464,7 +464,7 @@ def test_both_tasks_answer_the_trainers_questions(ds, tmp_path):
     """Node classification and link prediction are one interface to the trainer (lsm_gnn.tasks.Task)."""
     import typing
 
-    from lsm_gnn.config import load_config
+    from lsm_gnn.config import ConfigError, load_config
     from lsm_gnn.tasks import Task, make_task
 
     node_ds, _ = write_tiny_dataset(tmp_path / "node")
@@ -475,4 +475,12 @@ def test_both_tasks_answer_the_trainers_questions(ds, tmp_path):
         assert made.name == task
         missing = [m for m in members if not hasattr(made, m)]
         assert not missing, f"{task} lacks {missing}"
+        # per relation: the graph's one, which sampler.relation_fanouts may name as on a typed graph
         assert made.metrics and made.out_dim > 0 and made.fanouts == {"node__to__node": cfg.sampler.fanouts}
+        twos = [2] * len(cfg.sampler.fanouts)
+        given = load_config(None, [f"dataset={path}", f"train.task={task}",
+                                   f"sampler.relation_fanouts.node__to__node={twos}"])
+        assert make_task(given, open_dataset(path)).fanouts == {"node__to__node": twos}
+        with pytest.raises(ConfigError, match=r"names \['paper__cites__paper'\].*its relations: node__to__node"):
+            make_task(load_config(None, [f"dataset={path}", f"train.task={task}",
+                                         f"sampler.relation_fanouts.paper__cites__paper={twos}"]), open_dataset(path))

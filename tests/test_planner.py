@@ -322,7 +322,7 @@ def test_cli_plans_and_plots_a_heterogeneous_dataset(tiny_hetero, calibration, c
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["cache.mode=shared", "cache.owner=hotness"], "cannot plan cache.owner=hotness on a heterogeneous"),
+    (["cache.mode=shared", "cache.owner=hotness"], "cache.owner=hotness is not available for heterogeneous"),
     (["model.kind=gcn"], "model.kind=gcn has no heterogeneous form"),
     (["train.task=link"], "train.task=link needs a dataset of one node type"),
 ])

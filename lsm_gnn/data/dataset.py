@@ -176,7 +176,7 @@ class Dataset:
     def split(self, name: str, node_type: str | None = None) -> np.ndarray:
         """Node ids (of ``node_type``, default the target) of split ``name`` (train, val or test)."""
         t = self._type_name(node_type)
-        return self._named_array(self.types[t].entry.get("splits") or {}, name, "split", self._where(t))
+        return self._named_array(self.types[t].entry.get("splits") or {}, name, "split", self.where(t))
 
     def score_names(self, node_type: str | None = None) -> list[str]:
         return sorted(self.node_type(node_type).entry.get("scores") or {})
@@ -184,7 +184,7 @@ class Dataset:
     def score(self, name: str, node_type: str | None = None) -> np.ndarray:
         """Static per-node score ``name`` (e.g. ``reverse_pagerank``, ``degree``) of a node type."""
         t = self._type_name(node_type)
-        return self._named_array(self.types[t].entry.get("scores") or {}, name, "score", self._where(t),
+        return self._named_array(self.types[t].entry.get("scores") or {}, name, "score", self.where(t),
                                  "Compute it with 'lsm-gnn prepare scores <dataset>'")
 
     def _named_array(self, entries: dict, name: str, what: str, where: str, how: str | None = None) -> np.ndarray:
@@ -194,7 +194,9 @@ class Dataset:
                            + (f". {how}" if how else ""))
         return self._array(entries[name])
 
-    def _where(self, node_type: str) -> str:
+    def where(self, node_type: str) -> str:
+        """Where ``node_type``'s nodes are, as a message names it: the dataset of a graph of one type, else the
+        type of the dataset."""
         return f"dataset {self.path}" if len(self.types) == 1 else f"node type '{node_type}' of {self.path}"
 
     # -- the target type's features ------------------------------------------------------------------------------

@@ -13,12 +13,14 @@ replays the trace through that cache too, over a table that reads and writes not
 the model's ``embedding`` stage, and the calibrated optimizer step its ``update``. A run of embeddings alone
 (``model.node_embedding.features=false``) has no features' cache: its rows hold the table's alone.
 
-On a heterogeneous graph the run has one cache per feature group (node types
-of one row format, :func:`lsm_gnn.build.build_features`), each with its share
-of the budget (:func:`lsm_gnn.build.resolve` sizes it as for the run): the trace holds each
-group's ids as its window does, each group's cache is replayed on its own,
-the groups' hits, bytes and reads are summed, and each node type's feature
-file is calibrated on its own (the loader reads them one after another).
+The run has one cache per feature group (node types of one row format,
+:func:`lsm_gnn.build.build_features`; a graph of one node type has one), each
+with its share of the budget (:func:`lsm_gnn.build.resolve` sizes it as for the
+run): the trace holds each group's ids as its window does, each group's cache
+is replayed on its own, the groups' hits, bytes and reads are summed, and each
+node type's feature file is calibrated on its own (the loader reads them one
+after another). A plan reports as its run does: by node type where the run's
+batches are typed, plain on a graph of one node type (:func:`_reported`).
 """
 from __future__ import annotations
 
@@ -116,24 +118,25 @@ def _check_plannable(cfg: Config, dataset) -> None:
     if cfg.cache.features != "cache":
         raise ConfigError(f"lsm-gnn plan models the cached path (cache.features=cache), got "
                           f"cache.features={cfg.cache.features}")
-    if dataset.is_homogeneous:
-        return
-    # What a run on a heterogeneous graph refuses, refused before the trace (as the run would).
-    from lsm_gnn.training.startup import check_hetero_model_kind
+    # What the run refuses on this graph, refused before the trace (as the run would).
+    from lsm_gnn.build import check_owner
+    from lsm_gnn.training.startup import model_form
 
-    where = f"{dataset.path} has {len(dataset.node_types)} node types and {len(dataset.relations)} relations"
     if not dataset.feature_types:
-        raise ConfigError(f"{where} but none with features: lsm-gnn plan models the features' caches")
-    check_hetero_model_kind(cfg.model.kind)
-    if cfg.cache.mode == "shared" and cfg.cache.owner == "hotness":
-        raise ConfigError(f"lsm-gnn plan cannot plan cache.owner=hotness on a heterogeneous dataset ({where}): "
-                          "runs over several ranks refuse it there; use cache.owner=hashed")
+        raise ConfigError(f"{dataset.path} has {len(dataset.node_types)} node types and {len(dataset.relations)} "
+                          "relations but none with features: lsm-gnn plan models the features' caches")
+    model_form(cfg, dataset)
+    if cfg.cache.mode == "shared":
+        try:
+            check_owner(cfg.cache.owner, dataset)
+        except ConfigError as exc:
+            raise ConfigError(f"lsm-gnn plan cannot plan what runs over several ranks refuse: {exc}") from None
 
 
-def _training_identity(cfg: Config, dataset) -> dict:
+def _training_identity(cfg: Config, dataset, one_type: str | None) -> dict:
     d = cfg.to_dict()
-    files = calibrate.file_identity(dataset.feature_path) if dataset.is_homogeneous else \
-        {t: calibrate.file_identity(dataset.node_type(t).feature_path) for t in dataset.feature_types}
+    files = _reported_by_type({t: calibrate.file_identity(dataset.node_type(t).feature_path)
+                               for t in dataset.feature_types}, one_type)
     return {"dataset": files,
             "graph": calibrate.file_identity(os.path.join(dataset.path, "meta.json")),
             "model": d["model"], "sampler": d["sampler"], "task": d["train"]["task"], "device": d["train"]["device"],
@@ -157,20 +160,15 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
     specs = [_grid_spec(c, dataset) for c in grid]  # capacity and policy errors before any work
     backend = default_backend() if cfg.cache.backend == "auto" else cfg.cache.backend
     store = calibrate.CalibrationStore(calibration_file)  # refuses a file that is no calibration before the trace
-    typed = None if dataset.is_homogeneous else trace_features(dataset)
+    typed = trace_features(dataset)
     trace, lengths = _record(cfg, dataset, iterations, log, typed)
     given, iterations = iterations is not None, lengths["modelled"]
-    cal = _calibrations(cfg, dataset, backend, store, recalibrate, train_steps, storage_seconds, log,
-                        dataset.features if typed is None else _busiest_layout(dataset, typed, trace))
+    cal, reported = _calibrations(cfg, dataset, backend, store, recalibrate, train_steps, storage_seconds, log,
+                                  _busiest_layout(dataset, typed, trace), trace.one_type)
     fill_sample_ms = 1e3 * statistics.median(trace.sample_s)
-    if typed is None:
-        rows = _plan_rows(grid, specs, dataset, trace.of_type(dataset.target), iterations, cal, cores, fill_sample_ms,
-                          log)
-    else:
-        rows = _typed_plan_rows(grid, specs, dataset, typed, trace, iterations, cal, cores, fill_sample_ms,
-                                log)
+    rows = _plan_rows(grid, specs, dataset, typed, trace, iterations, cal, cores, fill_sample_ms, log)
     best = recommend([r for r in rows if "error" not in r], tolerance)
-    return {"dataset": _dataset_summary(dataset, typed),
+    return {"dataset": _dataset_summary(dataset, typed, trace.one_type),
             "run": {"fanouts": cfg.sampler.fanouts, "batch_size": cfg.sampler.batch_size, "model": cfg.model.kind,
                     "hidden": cfg.model.hidden, "window": cfg.cache.window, "iterations": iterations,
                     "run_iterations": lengths["run"], "epochs": cfg.train.epochs,
@@ -179,7 +177,7 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
                     "train_threads": cal["train"]["torch_threads"],
                     "backend": backend, "epoch_length": trace.epoch_length,
                     "nodes_per_batch": trace.nodes_per_batch, "fill_sample_ms": fill_sample_ms},
-            "calibration": {**cal, "file": calibration_file},
+            "calibration": {**reported, "file": calibration_file},
             "rows": rows, "tolerance": tolerance, "recommendation": best}
 
 
@@ -202,12 +200,13 @@ def _check_arguments(cfg: Config, sizes: list[str], policies: list[str], pvp: li
     return cores
 
 
-def _dataset_summary(dataset, typed) -> dict:
+def _dataset_summary(dataset, typed, one_type: str | None) -> dict:
     """The dataset as a plan reports it: its nodes and row format; on a heterogeneous graph per node type
     (featureless ones: their count only), and its feature groups (one cache each)."""
-    if typed is None:
-        return {"path": dataset.path, "num_nodes": dataset.num_nodes, "row_bytes": dataset.features.row_bytes,
-                "row_stride": dataset.features.row_stride}
+    if one_type is not None:  # as its run reports it: one row format
+        layout = dataset.node_type(one_type).features
+        return {"path": dataset.path, "num_nodes": dataset.num_nodes, "row_bytes": layout.row_bytes,
+                "row_stride": layout.row_stride}
     types = {}
     for t in dataset.node_types:
         layout = dataset.node_type(t).features
@@ -218,8 +217,8 @@ def _dataset_summary(dataset, typed) -> dict:
 
 
 def _busiest_layout(dataset, typed, trace):
-    """The row format of the feature group whose rows the trace gathers most bytes of: what a
-    heterogeneous run's hits mostly copy (the memcpy calibration's rows)."""
+    """The row format of the feature group whose rows the trace gathers most bytes of: what the run's hits
+    mostly copy (the memcpy calibration's rows)."""
     gathered = [trace.of_group(typed, g).nodes_per_batch * group.features.row_bytes
                 for g, group in enumerate(typed.groups)]
     return dataset.node_type(typed.groups[gathered.index(max(gathered))].types[0]).features
@@ -249,9 +248,9 @@ def modelled_length(run: int, epoch_length: int, most: int = MODELLED_ITERATIONS
     return max(most // epoch_length, 1) * epoch_length
 
 
-def _record(cfg: Config, dataset, iterations: int | None, log, features=None):
+def _record(cfg: Config, dataset, iterations: int | None, log, features):
     """The trace of the run's first ``iterations`` batches (None: :func:`modelled_length` of the run's)
-    and its window's, from its own loader (``features``: a heterogeneous graph's null feature groups,
+    and its window's, from its own loader (``features``: the graph's null feature groups,
     :func:`trace_features`), and the lengths: ``run``, ``modelled``, and ``memory`` (the trace's budget) where
     that cut the trace short."""
     from lsm_gnn.tasks import make_task
@@ -298,11 +297,11 @@ def modelled_text(run: dict) -> str:
 
 
 def _calibrations(cfg: Config, dataset, backend: str, store: calibrate.CalibrationStore, recalibrate: bool,
-                  train_steps: int, storage_seconds: float, log, layout) -> dict:
-    """Storage reads, memcpy (of ``layout``'s rows) and training steps, measured (each several times) or reused
-    from ``store``: ``{storage, memcpy, train, warnings}``; on a heterogeneous graph ``storage_by_type`` (each
-    featured type's file, calibrated on its own) instead of ``storage``. A stored calibration whose memcpy is
-    far below what the machine copies now was taken under load: it is measured again, every part."""
+                  train_steps: int, storage_seconds: float, log, layout, one_type: str | None) -> tuple[dict, dict]:
+    """Storage reads (each featured type's file on its own), memcpy (of ``layout``'s rows) and training steps,
+    measured (each several times) or reused from ``store``: ``{storage_by_type, memcpy, train}``, and that as the
+    plan reports it (:func:`_reported`, with ``warnings``). A stored calibration whose memcpy is far below what the
+    machine copies now was taken under load: it is measured again, every part."""
     dtype = TORCH_DTYPES[layout.dtype]
     memcpy_identity = {"dim": layout.dim, "dtype": layout.dtype, "cpus": os.cpu_count()}
     stored = store.entries.get(store.key("memcpy", memcpy_identity))
@@ -320,34 +319,44 @@ def _calibrations(cfg: Config, dataset, backend: str, store: calibrate.Calibrati
             log(f"plan: {what}: reused from {store.path}, measured {_when(value.get('measured_at'))}")
         return value
 
-    def storage_of(source, what):
+    def storage_of(t):
+        source = dataset.node_type(t)
         return measured("storage", {"features": calibrate.file_identity(source.feature_path), "backend": backend},
                         lambda: on_loader_thread(calibrate.measure_storage, source, backend, seconds=storage_seconds),
-                        what)
+                        f"{backend} random reads of {t}'s features")
 
-    if dataset.is_homogeneous:
-        storage_cal = storage_of(dataset, f"{backend} random reads")
-        files = {}
-    else:
-        files = {t: storage_of(dataset.node_type(t), f"{backend} random reads of {t}'s features")
-                 for t in dataset.feature_types}
+    files = {t: storage_of(t) for t in dataset.feature_types}
     memcpy_cal = measured("memcpy", memcpy_identity,
                           lambda: on_loader_thread(calibrate.measure_memcpy, layout.dim, dtype), "memcpy bandwidth")
-    train_cal = measured("train", {**_training_identity(cfg, dataset), "steps": train_steps},
+    train_cal = measured("train", {**_training_identity(cfg, dataset, one_type), "steps": train_steps},
                          lambda: calibrate.measure_training(cfg, dataset, steps=train_steps),
                          f"{train_steps} training steps")
+
     def storage_text(c):
         return (f"{c['fixed_ms']:.3f} ms + {c['per_read_us']:.1f} us/read ({c['iops']:,.0f} IOPS at QD "
                 f"{c['queue_depth']})")
 
-    storage = f"storage {storage_text(storage_cal)}" if not files else "storage " + ", ".join(
-        f"{t} {storage_text(c)}" for t, c in files.items())
+    cal = {"storage_by_type": files, "memcpy": memcpy_cal, "train": train_cal}
+    reported = _reported(cal, one_type)
+    storage = "storage " + ", ".join(f"{t} {storage_text(c)}" for t, c in files.items())
     log(f"plan: {storage}, memcpy {memcpy_cal['memcpy_gb_per_s']:.1f} GB/s (row gather "
         f"{memcpy_cal['row_gather_gb_per_s']:.1f}), train {train_cal['train_ms']:.1f} ms, sample "
         f"{train_cal['sample_ms']:.1f} ms per iteration")
-    cal = {"storage": storage_cal} if not files else {"storage_by_type": files}
-    cal.update(memcpy=memcpy_cal, train=train_cal)
-    return {**cal, "warnings": calibrate.trust_warnings(cal)}
+    return cal, {**reported, "warnings": calibrate.trust_warnings(reported)}
+
+
+def _reported_by_type(by_type: dict, one_type: str | None):
+    """A value per node type as a plan reports it: its run's one type's plain on a graph of one, by type on a
+    graph of several (as the run's batches come: :attr:`~lsm_gnn.planner.simulate.Trace.one_type`)."""
+    return by_type if one_type is None else by_type[one_type]
+
+
+def _reported(cal: dict, one_type: str | None) -> dict:
+    """The calibrations as a plan reports them: the feature files' as ``storage_by_type``, or on a graph of one
+    node type its one file's as ``storage``."""
+    storage = _reported_by_type(cal["storage_by_type"], one_type)
+    return {"storage" if one_type is not None else "storage_by_type": storage, "memcpy": cal["memcpy"],
+            "train": cal["train"]}
 
 
 def _when(timestamp: float | None) -> str:
@@ -355,41 +364,6 @@ def _when(timestamp: float | None) -> str:
     if timestamp is None:
         return "at an unknown time"
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(timestamp))
-
-
-def _plan_rows(grid: list[Config], specs: list, dataset, trace, iterations: int, cal: dict, cores: int,
-               fill_sample_ms: float, log) -> list[dict]:
-    """One row per grid point: the replayed cache's hits and reads and the modelled times, or why it cannot run."""
-    from lsm_gnn.build import cache_over
-
-    geometry = calibrate.read_geometry(dataset, cal["storage"]["alignment"])
-    storage = TraceStorage.like(dataset)
-    rows = []
-    for c, spec in zip(grid, specs):
-        if isinstance(spec, ValueError):  # a cache under one set: the run would refuse it the same way
-            rows.append(_error_row(c, None, spec, log))
-            continue
-
-        def make_cache(s, spec=spec):
-            scores = None if spec.static_score is None else dataset.score(spec.static_score)
-            # The replay counts every read at its lookup: nothing read ahead (the model overlaps the reads).
-            return cache_over(s, dataclasses.replace(spec, read_ahead=0), spec.feature_sizes[0], scores,
-                              torch.device("cpu"), c.sampler.num_threads)
-
-        try:
-            sim = on_loader_thread(simulate_cache, trace, iterations, storage, geometry, make_cache, c.cache.window) \
-                if c.model.node_embedding.features else _no_features(iterations)
-        except ValueError as exc:  # e.g. a cache smaller than one batch: the run would stop the same way
-            rows.append(_error_row(c, spec, exc, log))
-            continue
-        tables, error = _table_rows(c, spec, dataset, {dataset.node_types[0]: trace}, iterations, trace.epoch_length,
-                                    log)
-        if error is not None:
-            rows.append(error)
-            continue
-        rows.append(_row(c, spec, sim, dataset.num_nodes, cal, cores, iterations, fill_sample_ms,
-                         trace.epoch_length, log, tables))
-    return rows
 
 
 def _embedding_totals(tables: dict) -> dict:
@@ -406,8 +380,9 @@ def _no_features(iterations: int) -> dict:
     """The replay of a run that reads no features (``model.node_embedding.features=false``): no cache, no read."""
     zero = {"unique": 0, "misses": 0, "bytes_read": 0, "reads": 0}
     return {**zero, "hits": 0, "hit_ratio": None, "cache_s": 0.0, "lines": 0, "capacity_bytes": 0,
-            "per_iteration": {**zero, "cache_ms": 0.0},
-            "each": {"cache_ms": [0.0] * iterations, "reads": [0] * iterations}}
+            "per_iteration": {**zero, "cache_ms": 0.0, "reads_by_type": {}},
+            "each": {"cache_ms": [0.0] * iterations, "reads": [0] * iterations,
+                     "reads_by_type": [{}] * iterations}}
 
 
 def checkpoint_iterations(cfg: Config, epoch_length: int, iterations: int) -> frozenset:
@@ -487,12 +462,13 @@ def _row(c: Config, spec, sim: dict, num_rows: int, cal: dict, cores: int, itera
     return row
 
 
-def _typed_plan_rows(grid: list[Config], specs: list, dataset, typed, trace, iterations: int, cal: dict,
-                     cores: int, fill_sample_ms: float, log) -> list[dict]:
-    """:func:`_plan_rows` on a heterogeneous graph: per grid point each feature group's cache, built and sized as
-    the run builds it (its size resolved with the run's: ``spec.feature_sizes``), replays the group's
-    ids; the groups' counts are summed, and each node type's kept beside them (``hit_ratio_by_type``, as the
-    trainer reports it). Each node type's node embedding table replays its type's ids."""
+def _plan_rows(grid: list[Config], specs: list, dataset, typed, trace, iterations: int, cal: dict, cores: int,
+               fill_sample_ms: float, log) -> list[dict]:
+    """One row per grid point: the replayed caches' hits and reads and the modelled times, or why one cannot run.
+    Per grid point each feature group's cache of ``typed``, built and sized as the run builds it (its size
+    resolved with the run's: ``spec.feature_sizes``), replays the group's ids; the groups' counts are summed, and
+    on a typed run each node type's kept beside them (``hit_ratio_by_type``, as the trainer reports it). Each node
+    type's node embedding table replays its type's ids."""
     from lsm_gnn.build import cache_over, group_scores
 
     groups = [group.types for group in typed.groups]
@@ -519,29 +495,34 @@ def _typed_plan_rows(grid: list[Config], specs: list, dataset, typed, trace, ite
                 sims.append(on_loader_thread(simulate_cache, group_trace, iterations, storage, geometry, make_cache,
                                              c.cache.window))
             except ValueError as exc:  # e.g. a group's cache smaller than one batch: the run would stop the same way
-                rows.append(_error_row(c, spec, exc, log, f"the cache of {'+'.join(types)}: "))
+                where = "" if trace.one_type is not None else f"the cache of {'+'.join(types)}: "
+                rows.append(_error_row(c, spec, exc, log, where))
                 break
         else:
             tables, error = _table_rows(c, spec, dataset, table_traces, iterations, trace.epoch_length, log)
             if error is not None:
                 rows.append(error)
                 continue
-            sim = _summed(sims, groups, iterations)
-            by_type = sim["by_part"]
+            # embeddings alone (model.node_embedding.features=false): no features' cache (spec.feature_sizes empty)
+            sim = _summed(sims, groups, iterations) if c.model.node_embedding.features else _no_features(iterations)
             rows.append(_row(c, spec, sim, featured_rows, cal, cores, iterations, fill_sample_ms,
                              trace.epoch_length, log, tables,
-                             hit_ratio_by_type={t: n["hits"] / n["unique"] if n["unique"] else None
-                                                for t, n in by_type.items()},
-                             rows_by_type={t: n["unique"] for t, n in by_type.items()},
-                             bytes_read_by_type={t: n["bytes_read"] for t, n in by_type.items()},
-                             groups=[{"types": types, "capacity_bytes": s["capacity_bytes"], "lines": s["lines"],
-                                      "hit_ratio": s["hit_ratio"], "bytes_read": s["bytes_read"]}
-                                     for types, s in zip(groups, sims)]))
+                             **({} if trace.one_type is not None else _by_type(sim, sims, groups))))
     return rows
 
 
+def _by_type(sim: dict, sims: list[dict], groups: list[list[str]]) -> dict:
+    """A typed run's row's breakdown: each node type's hits, rows and bytes read, and each feature group's cache."""
+    by_type = sim["by_part"]
+    return {"hit_ratio_by_type": {t: n["hits"] / n["unique"] if n["unique"] else None for t, n in by_type.items()},
+            "rows_by_type": {t: n["unique"] for t, n in by_type.items()},
+            "bytes_read_by_type": {t: n["bytes_read"] for t, n in by_type.items()},
+            "groups": [{"types": types, "capacity_bytes": s["capacity_bytes"], "lines": s["lines"],
+                        "hit_ratio": s["hit_ratio"], "bytes_read": s["bytes_read"]} for types, s in zip(groups, sims)]}
+
+
 def _summed(sims: list[dict], groups: list[list[str]], iterations: int) -> dict:
-    """The replays of a heterogeneous run's feature groups as one: counts, bytes, reads and cache time summed
+    """The replays of a run's feature groups as one: counts, bytes, reads and cache time summed
     (the loader gathers group after group), reads per node type kept for the read time of each file."""
     n = max(iterations, 1)
     total = {key: sum(s[key] for s in sims) for key in ("hits", "unique", "misses", "bytes_read", "reads",
@@ -598,13 +579,10 @@ def _modelled_ms(sim: dict, cal: dict, cores: int, iterations: int, fill_sample_
     ``embedding`` stage's."""
     train_cal, threads = cal["train"], cal["train"]["torch_threads"]
     per = sim["per_iteration"]
-    if "reads_by_type" in per:  # a heterogeneous run's: each node type's reads at its file's calibration
-        storage_cal, reads, reads_each = cal["storage_by_type"], per["reads_by_type"], sim["each"]["reads_by_type"]
-    else:  # the one feature file's
-        storage_cal, reads = {None: cal["storage"]}, {None: per["reads"]}
-        reads_each = [{None: r} for r in sim["each"]["reads"]]
+    # each node type's reads at its file's calibration
+    storage_cal, reads, reads_each = cal["storage_by_type"], per["reads_by_type"], sim["each"]["reads_by_type"]
     # A table's file is read as a feature file is: at the (first) feature file's calibration.
-    table_cal = cal["storage"] if "storage" in cal else next(iter(cal["storage_by_type"].values()))
+    table_cal = next(iter(storage_cal.values()))
     tables = tables or []
     embedding = sum(table_ms(table_cal, t["per_iteration"]["cache_ms"], t["per_iteration"]["reads"],
                              t["per_iteration"]["writes"]) for t in tables)
