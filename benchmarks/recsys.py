@@ -191,8 +191,8 @@ def capped_child(ds, args, method: str) -> dict:
 def capped_runs(ds, args) -> dict:
     """Each method in a child process inside a memory cgroup of ``--cap`` bytes (page cache included), the
     dataset dropped from the page cache before each: whether it trains, its peak, and what it reaches."""
-    from lsm_gnn.memcap import MemoryCap
-    from lsm_gnn.units import parse_bytes
+    from lsm_gnn.utils.memcap import MemoryCap
+    from lsm_gnn.utils.units import parse_bytes
 
     harness = load_script(os.path.join(os.path.dirname(os.path.abspath(__file__)), "out_of_core.py"))
     limit = parse_bytes(args.cap)

@@ -63,7 +63,7 @@ def seconds_per_batch(sample, batches) -> float:
 
 def profile_ours(ds, fanouts, batches, repeats: int) -> dict:
     """Per batch, one thread: the whole ``sample`` and the native op alone on the same seeds (ms)."""
-    from lsm_gnn.ids import as_id_tensor
+    from lsm_gnn.utils.ids import as_id_tensor
     from lsm_gnn.sampling.neighbor import _signed64
 
     sampler = NeighborSampler(ds, fanouts, seed=0, num_threads=1)

@@ -28,7 +28,7 @@ from lsm_gnn.config import (Config, ConfigError, NodeEmbeddingConfig, capacity_b
 from lsm_gnn.features import Features, FeatureGroup, TypedFeatures
 from lsm_gnn.sizing import set_at_least
 from lsm_gnn.storage import open_storage
-from lsm_gnn.units import round_up
+from lsm_gnn.utils.units import round_up
 
 
 class CacheUnderOneSet(ConfigError):

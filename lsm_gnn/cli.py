@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 
-from lsm_gnn.fileio import check_output_file, write_json_output
-from lsm_gnn.units import format_bytes
+from lsm_gnn.utils.fileio import check_output_file, write_json_output
+from lsm_gnn.utils.units import format_bytes
 
 
 def _inspect(args) -> int:

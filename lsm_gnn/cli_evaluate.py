@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 from lsm_gnn.checkpoint import load_checkpoint
-from lsm_gnn.fileio import (
+from lsm_gnn.utils.fileio import (
     DirectoryLocked, atomic_write_bytes, check_output_directory, check_output_file, write_json_output,
     write_output_record,
 )

@@ -18,7 +18,7 @@ def _names(text: str) -> list[str]:
 
 
 def _plan(args) -> int:
-    from lsm_gnn.fileio import check_output_file, write_json_output
+    from lsm_gnn.utils.fileio import check_output_file, write_json_output
     from lsm_gnn.config import load_config
     from lsm_gnn.planner import format_plan, make_plan
 

@@ -20,7 +20,7 @@ import math
 import os
 
 from lsm_gnn import run_log
-from lsm_gnn.fileio import atomic_write_bytes, check_output_file
+from lsm_gnn.utils.fileio import atomic_write_bytes, check_output_file
 from lsm_gnn.run_log import SPLITS, Unusable, read_log
 
 SMOOTH = 25  # iterations in the moving average drawn over each per-iteration series
@@ -386,7 +386,7 @@ def plan_series(plan: dict, measured: dict | None = None) -> list[dict]:
 
 def _size_axis(ax, series: list[dict]) -> None:
     """Cache size in MiB on a log axis when the sizes span more than 4x, ticks labelled as the plan gave them."""
-    from lsm_gnn.units import format_bytes
+    from lsm_gnn.utils.units import format_bytes
 
     ticks = {}
     for s in series:

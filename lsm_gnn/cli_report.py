@@ -18,7 +18,7 @@ import os
 import tempfile
 
 from lsm_gnn.cli_plot import draw_plan, plot_run, read_input
-from lsm_gnn.fileio import atomic_write_bytes, check_output_file
+from lsm_gnn.utils.fileio import atomic_write_bytes, check_output_file
 from lsm_gnn.run_log import SPLITS, read_log
 
 #: what each run figure (:data:`~lsm_gnn.cli_plot.RUN_FIGURES`) shows, in page order

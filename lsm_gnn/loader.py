@@ -28,7 +28,7 @@ import torch
 from lsm_gnn.cache import WindowBuffer
 from lsm_gnn.defaults import WINDOW
 from lsm_gnn.features import TypedFeatures
-from lsm_gnn.ids import read_only_tensor
+from lsm_gnn.utils.ids import read_only_tensor
 from lsm_gnn.sampling import Hop, NeighborSampler
 
 _DONE = object()

@@ -20,7 +20,7 @@ import torch
 from lsm_gnn.checkpoint import check_replaceable
 from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.data.verify import resolve_mode, start_verify
-from lsm_gnn.fileio import RunLock
+from lsm_gnn.utils.fileio import RunLock
 from lsm_gnn.kernels import using
 
 

@@ -33,7 +33,7 @@ import torch
 from lsm_gnn.cache.geometry import HEADROOM
 from lsm_gnn.config import ConfigError, capacity_spec
 from lsm_gnn.features import TypedFeatures
-from lsm_gnn.units import round_up, suggest_bytes
+from lsm_gnn.utils.units import round_up, suggest_bytes
 
 #: batches sampled before training, all ranks together (at least MIN_PER_RANK on each)
 SAMPLED_BATCHES = 16

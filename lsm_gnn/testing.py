@@ -102,7 +102,7 @@ def brute_force_min(trace, ways: int, num_sets: int = 1) -> int:
     from functools import lru_cache
     from itertools import combinations
 
-    from lsm_gnn.cache.hashing import set_of
+    from lsm_gnn.cache.geometry import set_of
 
     batches = [tuple(sorted({int(v) for v in b})) for b in trace]
 

@@ -26,7 +26,7 @@ from lsm_gnn.comm.group import ProgressBoard, check_agreement
 from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.features import TypedFeatures
 from lsm_gnn.parallel import batch_to, distributed_context
-from lsm_gnn.progress import progress_bar
+from lsm_gnn.utils.progress import progress_bar
 from lsm_gnn.run_resources import RunResources
 from lsm_gnn.tasks import make_task
 from lsm_gnn.training import startup

@@ -6,7 +6,7 @@ import zlib
 import pytest
 import torch
 
-from lsm_gnn.memcap import MemoryCap, MemoryCapError
+from lsm_gnn.utils.memcap import MemoryCap, MemoryCapError
 from lsm_gnn.testing import ProgramOrder, tiny_cache_setup, write_tiny_dataset
 
 TINY_CACHE_NODES = 600

@@ -8,13 +8,13 @@ import torch
 
 from lsm_gnn.build import build_features, resolve
 from lsm_gnn.cache import CacheTooSmall, SoftwareCache
-from lsm_gnn.cache.hashing import set_of
+from lsm_gnn.cache.geometry import set_of
 from lsm_gnn.comm import SharedCache
 from lsm_gnn.comm.ownership import ModuloOwner
 from lsm_gnn.config import ConfigError, capacity_spec, load_config
 from lsm_gnn.loader import NodeLoader
 from lsm_gnn.sizing import cache_fits, suggested_capacity
-from lsm_gnn.units import parse_bytes, round_up, suggest_bytes
+from lsm_gnn.utils.units import parse_bytes, round_up, suggest_bytes
 
 pytest.importorskip("torch_geometric")
 

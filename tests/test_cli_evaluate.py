@@ -199,7 +199,7 @@ def test_evaluate_takes_a_copy_of_the_dataset_and_refuses_another(link_run, tmp_
 def held_by_another_process(directory):
     """``directory``'s run lock held by a child process, as a run training there holds it."""
     root = str(Path(__file__).resolve().parents[1])
-    holder = subprocess.Popen([sys.executable, "-c", "from lsm_gnn.fileio import RunLock\nimport time\n"
+    holder = subprocess.Popen([sys.executable, "-c", "from lsm_gnn.utils.fileio import RunLock\nimport time\n"
                                f"lock = RunLock({str(directory)!r}, 'checkpoint.dir')\nprint('held', flush=True)\n"
                                "time.sleep(60)"], cwd=root, stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": root})

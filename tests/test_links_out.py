@@ -10,7 +10,7 @@ from lsm_gnn.checkpoint import CheckpointError
 from lsm_gnn.config import ConfigError, load_config
 from lsm_gnn.data import open_dataset
 from lsm_gnn.data.format import DatasetError
-from lsm_gnn.fileio import escape_from
+from lsm_gnn.utils.fileio import escape_from
 from lsm_gnn.storage import EmbeddingTable, TableError
 from lsm_gnn.testing import write_tiny_dataset
 

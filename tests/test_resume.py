@@ -126,7 +126,7 @@ def test_the_loader_gathers_no_batch_past_the_iteration_limit(graph, tmp_path):
 
 
 def test_stale_temporary_checkpoints_of_dead_writers_are_removed(graph, tmp_path):
-    from lsm_gnn.fileio import temp_prefix
+    from lsm_gnn.utils.fileio import temp_prefix
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

@@ -274,7 +274,7 @@ def _report_line(row: dict) -> str:
 
 
 def write_json(path: str, obj) -> None:
-    from lsm_gnn.fileio import atomic_write_bytes
+    from lsm_gnn.utils.fileio import atomic_write_bytes
 
     atomic_write_bytes(json.dumps(obj, indent=1).encode(), path)
 

@@ -38,10 +38,10 @@ import time
 import numpy as np
 import torch
 
-from lsm_gnn.fileio import NotOurFileError, atomic_write_bytes, check_output_file
+from lsm_gnn.utils.fileio import NotOurFileError, atomic_write_bytes, check_output_file
 from lsm_gnn.planner.simulate import ReadGeometry, trace_features
 from lsm_gnn.run_resources import training_threads
-from lsm_gnn.timing import median_seconds
+from lsm_gnn.utils.timing import median_seconds
 
 CALIBRATION_VERSION = 6  # 6: the training part measures the node embeddings' update
 #: a part whose runs' main figure spreads wider than this (range over median) is measured again, then reported

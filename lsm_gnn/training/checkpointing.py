@@ -13,7 +13,7 @@ import torch
 from lsm_gnn.checkpoint import (CheckpointError, atomic_torch_save, load_checkpoint,
                                 remove_stale_checkpoint_temporaries)
 from lsm_gnn.config import Config, ConfigError
-from lsm_gnn.fileio import contained_path
+from lsm_gnn.utils.fileio import contained_path
 
 # Settings a resumed run must share with the checkpoint, or its losses would differ.
 RESUME_KEYS = ("dataset", "model", "sampler", "train.task", "train.seed", "train.lr", "train.weight_decay",
