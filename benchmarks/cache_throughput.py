@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import torch
 
-from lsm_gnn.benchmarking import median_seconds, reusable_dataset, write_json
+from lsm_gnn.testing.benchmarking import median_seconds, reusable_dataset, write_json
 from lsm_gnn import open_storage
 from lsm_gnn.cache import SoftwareCache
 from lsm_gnn.data import DatasetWriter

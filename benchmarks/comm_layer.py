@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 
-from lsm_gnn.benchmarking import write_json
+from lsm_gnn.testing.benchmarking import write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

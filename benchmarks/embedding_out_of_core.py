@@ -31,7 +31,7 @@ import statistics
 import sys
 import tempfile
 
-from lsm_gnn.benchmarking import load_script, machine_info, write_json
+from lsm_gnn.testing.benchmarking import load_script, machine_info, write_json
 from lsm_gnn.utils.units import parse_bytes
 
 METHODS = ("disk", "memory")

@@ -62,7 +62,7 @@ import time
 import numpy as np
 import torch
 
-from lsm_gnn.benchmarking import feature_paths, machine_info, reusable_dataset, write_json
+from lsm_gnn.testing.benchmarking import feature_paths, machine_info, reusable_dataset, write_json
 from lsm_gnn.config import load_config
 from lsm_gnn.storage.base import CountingStorage
 from lsm_gnn.storage.probe import evict_page_cache

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-from lsm_gnn.benchmarking import machine_info, write_json
+from lsm_gnn.testing.benchmarking import machine_info, write_json
 from lsm_gnn.cli_prepare import parse_count
 
 # A progress line's start -> the phase it opens (tqdm bars by their description, the generator's notes).

@@ -45,7 +45,7 @@ import statistics
 import sys
 import time
 
-from lsm_gnn.benchmarking import load_script, machine_info, write_json
+from lsm_gnn.testing.benchmarking import load_script, machine_info, write_json
 from lsm_gnn.utils.units import format_bytes, parse_bytes
 
 METHODS = ("hybrid", "hybrid+pvp", "storage", "memmap", "memory")

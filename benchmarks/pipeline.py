@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-from lsm_gnn.benchmarking import machine_info, write_json
+from lsm_gnn.testing.benchmarking import machine_info, write_json
 from lsm_gnn.utils.units import format_bytes, parse_bytes
 
 DEFAULT_VARIANTS = ("serial=cache.read_ahead=0", "read-ahead=cache.read_ahead=auto")

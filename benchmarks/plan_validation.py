@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 
-from lsm_gnn.benchmarking import feature_paths, load_script, machine_info, write_json
+from lsm_gnn.testing.benchmarking import feature_paths, load_script, machine_info, write_json
 from lsm_gnn.config import load_config
 from lsm_gnn.planner import make_plan
 from lsm_gnn.storage.probe import evict_page_cache

@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 
-from lsm_gnn.benchmarking import load_script, write_json
+from lsm_gnn.testing.benchmarking import load_script, write_json
 from lsm_gnn.cache import SoftwareCache, belady_min, replay
 from lsm_gnn.cache.pvp import queue_capacity_for, queue_memory_bytes
 

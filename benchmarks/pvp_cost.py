@@ -21,7 +21,7 @@ import time
 import numpy as np
 import torch
 
-from lsm_gnn.benchmarking import machine_info, write_json
+from lsm_gnn.testing.benchmarking import machine_info, write_json
 from lsm_gnn.cache.software_cache import SoftwareCache
 from lsm_gnn.cache.window import WindowBuffer
 from lsm_gnn.data import open_dataset

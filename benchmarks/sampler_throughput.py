@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 
-from lsm_gnn.benchmarking import disk_read_bytes, median_seconds, write_json
+from lsm_gnn.testing.benchmarking import disk_read_bytes, median_seconds, write_json
 from lsm_gnn.data import open_dataset
 from lsm_gnn.sampling import NeighborSampler
 from lsm_gnn.sampling.neighbor import TOPOLOGY_ACCESS

@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lsm_gnn.benchmarking import side_by_side_per_batch  # noqa: E402
+from lsm_gnn.testing.benchmarking import side_by_side_per_batch  # noqa: E402
 from lsm_gnn.data import open_dataset  # noqa: E402
 from lsm_gnn.sampling import NeighborSampler  # noqa: E402
 

@@ -351,7 +351,7 @@ def test_work_on_the_loader_thread_returns_or_raises_in_the_caller():
 def test_plan_validation_benchmark_runs(tmp_path):
     import os
 
-    from lsm_gnn.benchmarking import load_script
+    from lsm_gnn.testing.benchmarking import load_script
 
     script = load_script(os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "plan_validation.py"))
     out = script.main(["--quick", "--data", str(tmp_path / "data"), "--json", str(tmp_path / "v.json"),

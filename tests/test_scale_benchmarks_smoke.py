@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from lsm_gnn.benchmarking import load_script
+from lsm_gnn.testing.benchmarking import load_script
 from lsm_gnn.utils.memcap import MemoryCap, MemoryCapError
 from lsm_gnn.testing import write_tiny_dataset
 

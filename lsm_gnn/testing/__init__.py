@@ -1,4 +1,8 @@
-"""Helpers for tests of lsm-gnn and of code built on it (shipped in the package, as PyG does)."""
+"""Helpers for tests of lsm-gnn and of code built on it (shipped in the package, as PyG does).
+
+Here: tiny datasets and recorded graphs; beside it, what the tests and benchmarks run but the production code never
+imports: :mod:`.kernel_launches` (the recorded kernel launches of the compile check), :mod:`.virtual_hosts` (two
+hosts on one machine for multi-node runs) and :mod:`.benchmarking` (what the benchmark scripts share)."""
 from __future__ import annotations
 
 import json
