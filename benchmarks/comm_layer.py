@@ -275,7 +275,7 @@ def main(argv=None) -> dict:
         args.data = os.path.join(args.out, "quick-data")
         if not os.path.exists(args.data):
             ds, _ = write_tiny_dataset(args.data, num_nodes=4000, dim=8, avg_degree=5)
-            from lsm_gnn.cli_prepare import recompute_scores
+            from lsm_gnn.cli.prepare import recompute_scores
 
             recompute_scores(ds.path)
         args.worlds, args.capacities, args.iterations, args.window = "2", "10%", 8, 8

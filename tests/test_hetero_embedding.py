@@ -151,7 +151,7 @@ def test_best_checkpoint_keeps_every_tables_copy(dataset, tmp_path):
     assert set(state["embeddings"]) == {"topic", "author"}
     for t, saved in state["embeddings"].items():
         assert (tmp_path / "ckpt" / saved["snapshot"]).is_dir() and f".{t}." in saved["snapshot"]
-    from lsm_gnn.cli_evaluate import restored_trainer
+    from lsm_gnn.cli.evaluate import restored_trainer
 
     with restored_trainer(str(best)) as evaluator:
         assert evaluator.evaluate("val") == pytest.approx(result["best"]["eval"]["val"])

@@ -7,8 +7,8 @@ from html.parser import HTMLParser
 import pytest
 
 from lsm_gnn.cli import main
-from lsm_gnn.cli_plot import RUN_FIGURES
-from lsm_gnn.cli_report import GENERATOR
+from lsm_gnn.cli.plot import RUN_FIGURES
+from lsm_gnn.cli.report import GENERATOR
 
 pytest.importorskip("torch_geometric")
 pytest.importorskip("matplotlib")

@@ -156,7 +156,7 @@ def test_file_names_stay_inside_the_dataset(ds, key, name):
 
 
 def test_non_finite_scores_and_big_endian_arrays_are_refused(ds):
-    from lsm_gnn.cli_prepare import recompute_scores
+    from lsm_gnn.cli.prepare import recompute_scores
 
     recompute_scores(ds.path, ["degree"])
     name = open_dataset(ds.path).meta["scores"]["degree"]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lsm_gnn.cli import main as cli_main
-from lsm_gnn.cli_prepare import recompute_scores
+from lsm_gnn.cli.prepare import recompute_scores
 from lsm_gnn.data import open_dataset
 from lsm_gnn.data import writer as writer_module
 from lsm_gnn.data.bipartite import generate_bipartite

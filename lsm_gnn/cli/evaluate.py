@@ -152,7 +152,7 @@ def _write_top_k(ds, emb, k: int, out: str) -> list[str]:
 
 
 def add_evaluate_parsers(sub) -> None:
-    from lsm_gnn.cli_prepare import parse_count
+    from lsm_gnn.cli.prepare import parse_count
 
     evaluate = sub.add_parser("evaluate", help="evaluate a checkpoint on a split",
                               description="Loads the model of a checkpoint written by 'lsm-gnn train' (last.pt or "

@@ -17,11 +17,11 @@ import html
 import os
 import tempfile
 
-from lsm_gnn.cli_plot import draw_plan, plot_run, read_input
+from lsm_gnn.cli.plot import draw_plan, plot_run, read_input
 from lsm_gnn.utils.fileio import atomic_write_bytes, check_output_file
 from lsm_gnn.run_log import SPLITS, read_log
 
-#: what each run figure (:data:`~lsm_gnn.cli_plot.RUN_FIGURES`) shows, in page order
+#: what each run figure (:data:`~lsm_gnn.cli.plot.RUN_FIGURES`) shows, in page order
 CAPTIONS = {"curves.png": "The training loss per iteration, then each evaluation metric per split",
             "stages.png": "Milliseconds per iteration by stage: the training thread's (their sum is the "
                           "iteration's time; wait is what the loader did not hide), then the loader's, overlapped",

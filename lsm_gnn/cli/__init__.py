@@ -15,7 +15,7 @@ from lsm_gnn.utils.units import format_bytes
 def _inspect(args) -> int:
     if os.path.isfile(args.path):
         return _inspect_checkpoint(args)
-    from lsm_gnn.cli_prepare import format_interactions, user_item_counts
+    from lsm_gnn.cli.prepare import format_interactions, user_item_counts
     from lsm_gnn.data import open_dataset
 
     ds = open_dataset(args.path, check="fast")
@@ -214,11 +214,11 @@ def _bench_storage(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from lsm_gnn import __version__
-    from lsm_gnn.cli_evaluate import add_evaluate_parsers
-    from lsm_gnn.cli_plan import add_plan_parser
-    from lsm_gnn.cli_plot import add_plot_parser
-    from lsm_gnn.cli_prepare import add_prepare_parser, number_in, parse_positive
-    from lsm_gnn.cli_report import add_report_parser
+    from lsm_gnn.cli.evaluate import add_evaluate_parsers
+    from lsm_gnn.cli.plan import add_plan_parser
+    from lsm_gnn.cli.plot import add_plot_parser
+    from lsm_gnn.cli.prepare import add_prepare_parser, number_in, parse_positive
+    from lsm_gnn.cli.report import add_report_parser
 
     parser = argparse.ArgumentParser(prog="lsm-gnn", description="GNN training with node features on SSD")
     parser.add_argument("--version", action="version", version=f"lsm-gnn {__version__}")
