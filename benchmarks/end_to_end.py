@@ -184,7 +184,7 @@ def step_beside_loader(args, ds, method: str) -> dict:
     median step."""
     from itertools import islice
 
-    from lsm_gnn.parallel import batch_to
+    from lsm_gnn.comm.distributed import batch_to
 
     steps = args.step_beside_loader
     trainer, _ = trainer_for(args, ds, method, steps)

@@ -2,7 +2,7 @@
 popularity.
 
 Every method is trained on the same user-item dataset and measured by the same function
-(``lsm_gnn.linkpred.ranking_sums``: recall@20 and NDCG@20 over each user's held-out items, the user's training
+(``lsm_gnn.tasks.link_prediction.ranking_sums``: recall@20 and NDCG@20 over each user's held-out items, the user's training
 items removed; the test ranking also removes the validation items, the validation ranking never sees the test
 items). Each trained method is evaluated on val every ``--eval-every`` epochs and reported on test at its best
 val recall@20 (what model selection would keep).
@@ -50,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lsm_gnn.testing.benchmarking import load_script, machine_info, write_json  # noqa: E402
 from lsm_gnn.data import open_dataset  # noqa: E402
-from lsm_gnn.linkpred import _means, ranking_sums, user_item_sizes  # noqa: E402
+from lsm_gnn.tasks.link_prediction import _means, ranking_sums, user_item_sizes  # noqa: E402
 
 K = 20
 

@@ -134,7 +134,7 @@ def working_set_bound(cfg, dataset) -> int | None:
     """The most distinct input nodes any batch of ``cfg``'s run can have, training's or an evaluation's (None:
     no bound but the graph's): what a cache that must never refuse a batch holds (a link batch's seeds are its
     users, positive items and negatives)."""
-    from lsm_gnn.task_options import eval_batch_size, eval_fanouts
+    from lsm_gnn.tasks.options import eval_batch_size, eval_fanouts
     from lsm_gnn.tasks import relation_fanouts
 
     fanouts = relation_fanouts(cfg, dataset)

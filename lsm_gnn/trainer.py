@@ -25,7 +25,7 @@ from lsm_gnn.checkpoint import CheckpointError, atomic_torch_save, load_checkpoi
 from lsm_gnn.comm.group import ProgressBoard, check_agreement
 from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.features import TypedFeatures
-from lsm_gnn.parallel import batch_to, distributed_context
+from lsm_gnn.comm.distributed import batch_to, distributed_context
 from lsm_gnn.utils.progress import progress_bar
 from lsm_gnn.run_resources import RunResources
 from lsm_gnn.tasks import make_task

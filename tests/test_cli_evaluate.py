@@ -64,10 +64,10 @@ def test_export_writes_embeddings_and_each_users_top_items_it_never_met(link_run
 
 
 def test_top_k_equals_a_brute_force_ranking_of_every_user_across_score_blocks(link_run, tmp_path, monkeypatch):
-    import lsm_gnn.linkpred
+    import lsm_gnn.tasks.link_prediction
 
     ds, out, _ = link_run
-    monkeypatch.setattr(lsm_gnn.linkpred, "SCORE_CHUNK", 200 * 7)  # blocks of 7 users: 43 of them
+    monkeypatch.setattr(lsm_gnn.tasks.link_prediction, "SCORE_CHUNK", 200 * 7)  # blocks of 7 users: 43 of them
     for k in (5, 195):  # 195: more than any user's candidates, the rest padded with -1
         assert main(["export", str(out / "ck" / "last.pt"), "--out", str(tmp_path / f"k{k}"), "--top-k", str(k)]) == 0
     emb = np.load(tmp_path / "k5" / "embeddings.npy")

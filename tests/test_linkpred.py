@@ -10,7 +10,7 @@ import torch
 from lsm_gnn import DatasetError, DatasetWriter, open_dataset, open_storage
 from lsm_gnn.cache import SoftwareCache
 from lsm_gnn.data.bipartite import generate_bipartite
-from lsm_gnn.linkpred import LinkLoader, bpr_loss, recall_at_k, user_ranking_metrics
+from lsm_gnn.tasks.link_prediction import LinkLoader, bpr_loss, recall_at_k, user_ranking_metrics
 from lsm_gnn.testing import write_tiny_dataset
 
 U, I, DIM = 1000, 1000, 16
@@ -276,7 +276,7 @@ def test_recall_is_one_for_an_oracle_and_matches_the_analytic_random_baseline(ds
 def test_validation_ranks_the_test_items_and_test_ranking_removes_the_validation_items(ds):
     """No leak into model selection: an oracle that scores each user's test items highest pushes the val items
     down in a val ranking (the test items stay candidates), while a test ranking removes the val items."""
-    from lsm_gnn.linkpred import known_splits
+    from lsm_gnn.tasks.link_prediction import known_splits
 
     assert known_splits("val", ["val", "test"]) == [] and known_splits("test", ["val", "test"]) == ["val"]
     features = open_storage(ds, "memory")

@@ -294,8 +294,8 @@ def _in_process_group() -> bool:
 
 def _leave_process_group() -> None:
     # Left to interpreter exit, gloo's threads can abort the process (SIGABRT), after an error on one rank
-    # or after a successful run (lsm_gnn.parallel.leave_process_group).
-    from lsm_gnn.parallel import leave_process_group
+    # or after a successful run (lsm_gnn.comm.distributed.leave_process_group).
+    from lsm_gnn.comm.distributed import leave_process_group
 
     try:
         leave_process_group()

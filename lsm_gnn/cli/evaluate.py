@@ -71,7 +71,7 @@ def export_command(args) -> int:
     import torch
 
     from lsm_gnn.config import ConfigError
-    from lsm_gnn.task_options import eval_batch_size, eval_fanouts, loader_options
+    from lsm_gnn.tasks.options import eval_batch_size, eval_fanouts, loader_options
 
     outputs = ["embeddings.npy"] + (["top_k.npy", "top_k.csv"] if args.top_k else [])
     check_output_directory(args.out, outputs, "--out", EXPORT_RECORD)  # before the model loads
@@ -79,7 +79,7 @@ def export_command(args) -> int:
         if trainer.cfg.train.task != "link":
             raise ConfigError("lsm-gnn export writes the node embeddings of a link-prediction model "
                               "(train.task=link); this checkpoint's task is " + trainer.cfg.train.task)
-        from lsm_gnn.linkpred import embed_nodes
+        from lsm_gnn.tasks.link_prediction import embed_nodes
 
         ds, cfg = trainer.dataset, trainer.cfg
         trainer.model.eval()
@@ -112,8 +112,8 @@ def _write_top_k(ds, emb, k: int, out: str) -> list[str]:
     user has fewer candidates), and ``top_k.csv`` with the file's own ids where the dataset has them."""
     import torch
 
-    from lsm_gnn.inference import row_entries
-    from lsm_gnn.linkpred import SCORE_CHUNK, _pairs_of, user_item_sizes
+    from lsm_gnn.tasks.inference import row_entries
+    from lsm_gnn.tasks.link_prediction import SCORE_CHUNK, _pairs_of, user_item_sizes
 
     num_users, num_items = user_item_sizes(ds)
     k = min(k, num_items)

@@ -12,7 +12,7 @@ import torch
 from lsm_gnn.build import build_features
 from lsm_gnn.config import ConfigError
 from lsm_gnn.features import NoFeatures, TypedFeatures
-from lsm_gnn.task_options import eval_batch_size
+from lsm_gnn.tasks.options import eval_batch_size
 
 
 def run_device(name: str) -> torch.device:
