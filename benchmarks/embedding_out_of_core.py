@@ -69,7 +69,7 @@ def run_child(args, method: str) -> dict:
 
     from lsm_gnn.config import load_config
     from lsm_gnn.tasks.link_prediction import ranking_sums
-    from lsm_gnn.trainer import Trainer
+    from lsm_gnn.training.trainer import Trainer
 
     run_dir = tempfile.mkdtemp(prefix=f"emb-{method}-", dir=args.work)
     try:

@@ -66,7 +66,7 @@ from lsm_gnn.testing.benchmarking import feature_paths, machine_info, reusable_d
 from lsm_gnn.config import load_config
 from lsm_gnn.storage.base import CountingStorage
 from lsm_gnn.storage.probe import evict_page_cache
-from lsm_gnn.trainer import STAGES, Trainer
+from lsm_gnn.training.trainer import STAGES, Trainer
 
 METHODS = ("hybrid", "rr", "farthest", "hybrid-no-read-ahead", "hybrid+pvp", "farthest+pvp", "hybrid-same-bytes",
            "farthest-same-bytes", "hybrid-in-memory", "farthest-pinned", "memmap", "memmap-bound",

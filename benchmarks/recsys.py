@@ -171,7 +171,7 @@ def capped_child(ds, args, method: str) -> dict:
                 "ms_per_iteration": 1e3 * result["seconds"] / args.iterations,
                 "test": evaluate(ds, embeddings, "test", args.eval_stride)}
     from lsm_gnn.config import load_config
-    from lsm_gnn.trainer import Trainer
+    from lsm_gnn.training.trainer import Trainer
 
     overrides = lsm_overrides(ds, args, "lightgcn", args.workdir, False, args.cap_fanouts) + [
         f"model.node_embedding.capacity={args.capacity}", f"train.max_iterations={args.iterations}",
@@ -257,7 +257,7 @@ def train_lsm(ds, args, kind: str, workdir: str, evaluate_every: bool = True) ->
     epoch's training seconds (the trainer's epoch wall: evaluations and checkpoints aside).
     ``evaluate_every=False``: no evaluation (timing only)."""
     from lsm_gnn.config import load_config
-    from lsm_gnn.trainer import train
+    from lsm_gnn.training.trainer import train
 
     fanouts = ",".join(["-1"] * args.layers) if kind == "lightgcn" else args.sage_fanouts
     overrides = lsm_overrides(ds, args, kind, workdir, evaluate_every, fanouts)

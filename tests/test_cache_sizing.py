@@ -18,7 +18,7 @@ from lsm_gnn.utils.units import parse_bytes, round_up, suggest_bytes
 
 pytest.importorskip("torch_geometric")
 
-from lsm_gnn.trainer import Trainer  # noqa: E402
+from lsm_gnn.training.trainer import Trainer  # noqa: E402
 
 # The graph fixture (conftest.py) generates this once per module: 3000 nodes of 64 bytes.
 GRAPH = dict(num_nodes=3000, avg_degree=8, feature_dim=16, num_classes=4, seed=1)

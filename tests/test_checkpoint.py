@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from lsm_gnn.checkpoint import (CHECKPOINT_FORMAT, CheckpointError, atomic_torch_save, load_checkpoint)
+from lsm_gnn.training.checkpoint_files import (CHECKPOINT_FORMAT, CheckpointError, atomic_torch_save, load_checkpoint)
 from lsm_gnn.cli import main as cli
 
 MARKER_ENV = "LSM_GNN_TEST_MARKER"

@@ -180,7 +180,7 @@ def test_evaluate_takes_a_copy_of_the_dataset_and_refuses_another(link_run, tmp_
     assert main(["prepare", "checksums", str(tmp_path / "copy")]) == 0
     assert main(["evaluate", ckpt, f"dataset={tmp_path / 'copy'}", "--split", "test"]) == 0
     # a checkpoint from before the dataset's checksums were recorded: compared with the dataset still at its path
-    from lsm_gnn.checkpoint import atomic_torch_save, load_checkpoint
+    from lsm_gnn.training.checkpoint_files import atomic_torch_save, load_checkpoint
 
     state = load_checkpoint(ckpt)
     del state["dataset_checksums"]

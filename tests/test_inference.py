@@ -92,7 +92,7 @@ def test_bad_sizes_are_refused(tiny):
 
 def test_the_trainer_evaluates_with_every_neighbour(tiny, tmp_path):
     from lsm_gnn.config import ConfigError, load_config
-    from lsm_gnn.trainer import Trainer
+    from lsm_gnn.training.trainer import Trainer
 
     dataset, _ = tiny
     common = [f"dataset={dataset.path}", "model.kind=sage", "model.hidden=8", "sampler.fanouts=[3,2]",

@@ -8,7 +8,7 @@ from lsm_gnn.config import load_config
 from lsm_gnn.planner import (StageMs, bound_stage, contended_ms, make_plan, pipeline_ms, recommend, run_ms,
                              steady_ms)
 from lsm_gnn.testing import write_tiny_dataset
-from lsm_gnn.trainer import Trainer
+from lsm_gnn.training.trainer import Trainer
 
 RUN = ["sampler.fanouts=[4,3]", "sampler.batch_size=16", "model.kind=sage", "model.hidden=16", "cache.window=4",
        "cache.static_score=none", "train.eval_splits=[]", "log.progress=false", "cache.backend=pread"]

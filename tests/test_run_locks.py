@@ -78,7 +78,7 @@ def test_a_lock_file_that_is_a_link_is_not_followed(tmp_path):
 def test_a_second_training_run_on_the_checkpoint_dir_is_refused_before_it_touches_it(graph, tmp_path):
     ckpt = tmp_path / "ckpt"
     args = overrides(graph, ckpt)
-    child = hold(f"from lsm_gnn.config import load_config\nfrom lsm_gnn.trainer import Trainer\n"
+    child = hold(f"from lsm_gnn.config import load_config\nfrom lsm_gnn.training.trainer import Trainer\n"
                  f"t = Trainer(load_config(None, {args!r}))", "trainer ready")
     try:
         before = sorted(os.listdir(ckpt))
@@ -101,7 +101,7 @@ def test_a_second_run_on_an_embedding_table_is_refused(graph, tmp_path):
     table = tmp_path / "table"
     first = overrides(graph, tmp_path / "a", "model.node_embedding.dim=4", f"model.node_embedding.path={table}")
     second = overrides(graph, tmp_path / "b", "model.node_embedding.dim=4", f"model.node_embedding.path={table}")
-    child = hold(f"from lsm_gnn.config import load_config\nfrom lsm_gnn.trainer import Trainer\n"
+    child = hold(f"from lsm_gnn.config import load_config\nfrom lsm_gnn.training.trainer import Trainer\n"
                  f"t = Trainer(load_config(None, {first!r}))", "trainer ready")
     try:
         journal = (table / "undo.0.log").read_bytes()
@@ -124,7 +124,7 @@ def test_a_trainer_that_fails_to_start_holds_nothing(graph, tmp_path, monkeypatc
     from lsm_gnn.config import ConfigError, load_config
     from lsm_gnn.utils.fileio import _held_locks
     from lsm_gnn.kernels import kernel_setting
-    from lsm_gnn.trainer import Trainer
+    from lsm_gnn.training.trainer import Trainer
 
     def checks_running():
         return sum(t.name == "lsm-gnn-verify" for t in threading.enumerate())

@@ -119,7 +119,7 @@ def _inspect_typed(ds, args) -> int:
 
 
 def _inspect_checkpoint(args) -> int:
-    from lsm_gnn.checkpoint import CHECKPOINT_VERSION, CheckpointError, load_checkpoint
+    from lsm_gnn.training.checkpoint_files import CHECKPOINT_VERSION, CheckpointError, load_checkpoint
 
     ckpt = load_checkpoint(args.path)
     try:
@@ -156,7 +156,7 @@ def _inspect_checkpoint(args) -> int:
 
 def _train(args) -> int:
     from lsm_gnn.config import load_config, load_grid
-    from lsm_gnn.trainer import train
+    from lsm_gnn.training.trainer import train
 
     overrides = list(args.overrides)
     if args.json:  # fail before training, not after it

@@ -1,7 +1,7 @@
 """``lsm-gnn evaluate`` and ``lsm-gnn export``: a trained model back from its checkpoint, to measure it on a split
 or to write what it learned (every node's embedding; for a user-item dataset each user's top-k items).
 
-The model comes back through the trainer's own resume (:class:`~lsm_gnn.trainer.Trainer` with ``resume_from``):
+The model comes back through the trainer's own resume (:class:`~lsm_gnn.training.trainer.Trainer` with ``resume_from``):
 the checkpoint's config, with the caller's overrides on top (a moved dataset, another cache size, the
 evaluation's fanouts), and nothing written: no checkpoint, no metrics log, no model selection. A model with node embeddings reads
 its table as the checkpoint left it; a table trained further since (its generation has moved on) is refused.
@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from lsm_gnn.checkpoint import load_checkpoint
+from lsm_gnn.training.checkpoint_files import load_checkpoint
 from lsm_gnn.utils.fileio import (
     DirectoryLocked, atomic_write_bytes, check_output_directory, check_output_file, write_json_output,
     write_output_record,
@@ -24,9 +24,9 @@ EXPORT_RECORD = "export.json"
 
 
 def restored_trainer(path: str, overrides=(), out=None):
-    """A :class:`~lsm_gnn.trainer.Trainer` in the state the checkpoint at ``path`` recorded, writing nothing."""
+    """A :class:`~lsm_gnn.training.trainer.Trainer` in the state the checkpoint at ``path`` recorded, writing nothing."""
     from lsm_gnn.config import ConfigError, build_config, parse_overrides
-    from lsm_gnn.trainer import Trainer
+    from lsm_gnn.training.trainer import Trainer
 
     ckpt = load_checkpoint(path)
     if not isinstance(ckpt.get("config"), dict):

@@ -39,7 +39,7 @@ from lsm_gnn.planner import calibrate
 from lsm_gnn.planner.model import StageMs, bound_stage, contended_ms, recommend, run_ms
 from lsm_gnn.planner.simulate import (TraceStorage, TraceTable, on_loader_thread, record_trace, simulate_cache,
                                       simulate_table, table_geometry, trace_features)
-from lsm_gnn.run_resources import training_threads
+from lsm_gnn.training.resources import training_threads
 from lsm_gnn.storage.base import TORCH_DTYPES
 from lsm_gnn.training.metrics import ratios_text
 
