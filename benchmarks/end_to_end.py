@@ -62,10 +62,10 @@ import time
 import numpy as np
 import torch
 
-from lsm_gnn.testing.benchmarking import feature_paths, machine_info, reusable_dataset, write_json
 from lsm_gnn.config import load_config
 from lsm_gnn.storage.base import CountingStorage
 from lsm_gnn.storage.probe import evict_page_cache
+from lsm_gnn.testing.benchmarking import feature_paths, machine_info, reusable_dataset, write_json
 from lsm_gnn.training.trainer import STAGES, Trainer
 
 METHODS = ("hybrid", "rr", "farthest", "hybrid-no-read-ahead", "hybrid+pvp", "farthest+pvp", "hybrid-same-bytes",

@@ -24,8 +24,8 @@ import subprocess
 import sys
 import tempfile
 
-from lsm_gnn.testing.benchmarking import load_script, machine_info, write_json
 from lsm_gnn.testing import free_port
+from lsm_gnn.testing.benchmarking import load_script, machine_info, write_json
 from lsm_gnn.testing.virtual_hosts import VirtualHosts, relay_unavailable, round_trip_ms, unavailable
 
 HERE = os.path.dirname(os.path.abspath(__file__))

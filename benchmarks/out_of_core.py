@@ -95,8 +95,8 @@ def run_child(args, method: str) -> dict:
     """Trains ``method`` in this process and returns its figures (the parent measures the cgroup's peak)."""
     from lsm_gnn.config import load_config
     from lsm_gnn.data import open_dataset
-    from lsm_gnn.utils.memcap import PeakMemory, own_cgroup_stat, process_memory
     from lsm_gnn.training.trainer import Trainer
+    from lsm_gnn.utils.memcap import PeakMemory, own_cgroup_stat, process_memory
 
     class RecordingTrainer(Trainer):
         """Notes the process's memory after every epoch (what grows across epochs is a leak) and stops, after at

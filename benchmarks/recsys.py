@@ -48,9 +48,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lsm_gnn.testing.benchmarking import load_script, machine_info, write_json  # noqa: E402
 from lsm_gnn.data import open_dataset  # noqa: E402
 from lsm_gnn.tasks.link_prediction import _means, ranking_sums, user_item_sizes  # noqa: E402
+from lsm_gnn.testing.benchmarking import load_script, machine_info, write_json  # noqa: E402
 
 K = 20
 

@@ -38,10 +38,10 @@ import time
 
 import numpy as np
 
-from lsm_gnn.testing.benchmarking import disk_read_bytes, median_seconds, write_json
 from lsm_gnn.data import open_dataset
 from lsm_gnn.sampling import NeighborSampler
 from lsm_gnn.sampling.neighbor import TOPOLOGY_ACCESS
+from lsm_gnn.testing.benchmarking import disk_read_bytes, median_seconds, write_json
 
 
 def _sample_positions(degree: np.ndarray, k: int, rng) -> tuple[np.ndarray, np.ndarray]:

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from lsm_gnn.training.checkpoint_files import (CHECKPOINT_FORMAT, CheckpointError, atomic_torch_save, load_checkpoint)
 from lsm_gnn.cli import main as cli
+from lsm_gnn.training.checkpoint_files import (CHECKPOINT_FORMAT, CheckpointError, atomic_torch_save, load_checkpoint)
 
 MARKER_ENV = "LSM_GNN_TEST_MARKER"
 

@@ -9,10 +9,10 @@ import torch
 pytest.importorskip("torch_geometric")
 
 from lsm_gnn.build import embedding_tables  # noqa: E402
-from lsm_gnn.training.checkpoint_files import load_checkpoint  # noqa: E402
 from lsm_gnn.config import ConfigError, load_config  # noqa: E402
 from lsm_gnn.storage import EmbeddingTable  # noqa: E402
 from lsm_gnn.testing import write_tiny_hetero_dataset  # noqa: E402
+from lsm_gnn.training.checkpoint_files import load_checkpoint  # noqa: E402
 from lsm_gnn.training.trainer import Trainer  # noqa: E402
 
 

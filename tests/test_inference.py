@@ -9,10 +9,10 @@ pytest.importorskip("torch_geometric")
 
 from lsm_gnn import open_storage  # noqa: E402
 from lsm_gnn.cache import SoftwareCache  # noqa: E402
-from lsm_gnn.tasks.inference import full_hop, layerwise_inference  # noqa: E402
 from lsm_gnn.loader import NodeLoader  # noqa: E402
 from lsm_gnn.models import MODEL_KINDS, HopGNN  # noqa: E402
 from lsm_gnn.sampling import Hop  # noqa: E402
+from lsm_gnn.tasks.inference import full_hop, layerwise_inference  # noqa: E402
 from lsm_gnn.testing import write_tiny_dataset  # noqa: E402
 
 N, DIM = 90, 6

@@ -12,10 +12,10 @@ from lsm_gnn import _C  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from lsm_gnn.utils.hashing import mix64  # noqa: E402
 from lsm_gnn.kernels import sampler  # noqa: E402
 from lsm_gnn.kernels.sampler import (RELABEL_BLOCK, _mulhi, _relabel, hash_table_size, hop_bounds,  # noqa: E402
                                     max_degree, sample_hops)
+from lsm_gnn.utils.hashing import mix64  # noqa: E402
 
 CorruptGraph = _C.CorruptGraphError
 

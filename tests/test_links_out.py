@@ -6,13 +6,13 @@ import shutil
 import numpy as np
 import pytest
 
-from lsm_gnn.training.checkpoint_files import CheckpointError
 from lsm_gnn.config import ConfigError, load_config
 from lsm_gnn.data import open_dataset
 from lsm_gnn.data.format import DatasetError
-from lsm_gnn.utils.fileio import escape_from
 from lsm_gnn.storage import EmbeddingTable, TableError
 from lsm_gnn.testing import write_tiny_dataset
+from lsm_gnn.training.checkpoint_files import CheckpointError
+from lsm_gnn.utils.fileio import escape_from
 
 pytest.importorskip("torch_geometric")
 

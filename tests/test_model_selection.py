@@ -8,9 +8,9 @@ import pytest
 
 pytest.importorskip("torch_geometric")
 
-from lsm_gnn.training.checkpoint_files import load_checkpoint  # noqa: E402
 from lsm_gnn.config import ConfigError, load_config  # noqa: E402
 from lsm_gnn.testing import free_port  # noqa: E402
+from lsm_gnn.training.checkpoint_files import load_checkpoint  # noqa: E402
 from lsm_gnn.training.trainer import Trainer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,9 +15,9 @@ import torch
 
 from lsm_gnn import DatasetError, open_dataset
 from lsm_gnn.data.scores import compute_scores, reverse_pagerank
-from lsm_gnn.utils.ids import as_id_tensor
 from lsm_gnn.sampling import CSRGraph, NeighborSampler
 from lsm_gnn.testing import edit_meta, write_tiny_dataset
+from lsm_gnn.utils.ids import as_id_tensor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_NODES = 200

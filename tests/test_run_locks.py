@@ -122,9 +122,9 @@ def test_a_trainer_that_fails_to_start_holds_nothing(graph, tmp_path, monkeypatc
     import threading
 
     from lsm_gnn.config import ConfigError, load_config
-    from lsm_gnn.utils.fileio import _held_locks
     from lsm_gnn.kernels import kernel_setting
     from lsm_gnn.training.trainer import Trainer
+    from lsm_gnn.utils.fileio import _held_locks
 
     def checks_running():
         return sum(t.name == "lsm-gnn-verify" for t in threading.enumerate())

@@ -24,9 +24,9 @@ from lsm_gnn.cache.stats import CacheStats
 from lsm_gnn.cache.write_back import write_back_for
 from lsm_gnn.defaults import PERIOD, READ_AHEAD_BYTES, WAYS, WINDOW, policy_for
 from lsm_gnn.features import StorageShape
+from lsm_gnn.kernels import kernel_mode
 from lsm_gnn.utils.hostmem import host_zeros
 from lsm_gnn.utils.ids import as_id_tensor
-from lsm_gnn.kernels import kernel_mode
 
 
 class CacheParts(StorageShape):

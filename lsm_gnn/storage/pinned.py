@@ -23,8 +23,8 @@ import weakref
 
 import torch
 
-from lsm_gnn.utils.memcap import available_memory
 from lsm_gnn.storage.memory import MemoryStorage
+from lsm_gnn.utils.memcap import available_memory
 from lsm_gnn.utils.units import format_bytes
 
 # cudaHostRegisterPortable | cudaHostRegisterMapped: every GPU of the process may read it, at a device address.

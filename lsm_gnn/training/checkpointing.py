@@ -10,9 +10,9 @@ import time
 
 import torch
 
+from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.training.checkpoint_files import (CheckpointError, atomic_torch_save, load_checkpoint,
                                 remove_stale_checkpoint_temporaries)
-from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.utils.fileio import contained_path
 
 # Settings a resumed run must share with the checkpoint, or its losses would differ.

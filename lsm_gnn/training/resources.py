@@ -17,11 +17,11 @@ import tempfile
 
 import torch
 
-from lsm_gnn.training.checkpoint_files import check_replaceable
 from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.data.verify import resolve_mode, start_verify
-from lsm_gnn.utils.fileio import RunLock
 from lsm_gnn.kernels import using
+from lsm_gnn.training.checkpoint_files import check_replaceable
+from lsm_gnn.utils.fileio import RunLock
 
 
 class RunResources:
