@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from lsm_gnn.benchmarking import load_script, machine_info, write_json
+from lsm_gnn.testing.benchmarking import load_script, machine_info, write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MiB = 2**20

@@ -34,10 +34,10 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from lsm_gnn.benchmarking import reusable_dataset, write_json
 from lsm_gnn.cache import POLICIES, PolicyConfig, SoftwareCache, belady_min, belady_set_associative, replay
 from lsm_gnn.sampling import NeighborSampler
 from lsm_gnn.storage.base import FeatureStorage, StorageStats
+from lsm_gnn.testing.benchmarking import reusable_dataset, write_json
 
 IGB_FULL_NODES = 269_346_174
 PAPER_BATCH = 2048

@@ -20,11 +20,11 @@ import sys
 import numpy as np
 import torch
 
-from lsm_gnn.benchmarking import median_seconds, reusable_dataset, write_json
+from lsm_gnn.testing.benchmarking import median_seconds, reusable_dataset, write_json
 from lsm_gnn import open_storage
 from lsm_gnn.cache import SoftwareCache
 from lsm_gnn.data import DatasetWriter
-from lsm_gnn.ids import unique_ids
+from lsm_gnn.utils.ids import unique_ids
 
 
 def make_dataset(path: str, num_nodes: int, dim: int):

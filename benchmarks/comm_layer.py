@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 
-from lsm_gnn.benchmarking import write_json
+from lsm_gnn.testing.benchmarking import write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -275,7 +275,7 @@ def main(argv=None) -> dict:
         args.data = os.path.join(args.out, "quick-data")
         if not os.path.exists(args.data):
             ds, _ = write_tiny_dataset(args.data, num_nodes=4000, dim=8, avg_degree=5)
-            from lsm_gnn.cli_prepare import recompute_scores
+            from lsm_gnn.cli.prepare import recompute_scores
 
             recompute_scores(ds.path)
         args.worlds, args.capacities, args.iterations, args.window = "2", "10%", 8, 8

@@ -4,7 +4,7 @@ A user-item graph whose nodes carry no features trains ``model.node_embedding`` 
 two ways, with the same seed, batches and iterations (the losses prove it):
 
   disk     the table on disk behind a cache of ``--capacity`` of its rows, inside a memory cgroup of
-           ``--cap`` (page cache included; :class:`lsm_gnn.memcap.MemoryCap`) that the table exceeds
+           ``--cap`` (page cache included; :class:`lsm_gnn.utils.memcap.MemoryCap`) that the table exceeds
            several times over
   memory   the table held in memory: a cache of every row (``capacity=100%``), nothing written back before
            the end, uncapped (a cgroup as large as RAM, only to measure its peak)
@@ -31,8 +31,8 @@ import statistics
 import sys
 import tempfile
 
-from lsm_gnn.benchmarking import load_script, machine_info, write_json
-from lsm_gnn.units import parse_bytes
+from lsm_gnn.testing.benchmarking import load_script, machine_info, write_json
+from lsm_gnn.utils.units import parse_bytes
 
 METHODS = ("disk", "memory")
 RESULT = "EMBEDDING_OOC_RESULT "  # the child's JSON line starts with this
@@ -68,8 +68,8 @@ def run_child(args, method: str) -> dict:
     import numpy as np
 
     from lsm_gnn.config import load_config
-    from lsm_gnn.linkpred import ranking_sums
-    from lsm_gnn.trainer import Trainer
+    from lsm_gnn.tasks.link_prediction import ranking_sums
+    from lsm_gnn.training.trainer import Trainer
 
     run_dir = tempfile.mkdtemp(prefix=f"emb-{method}-", dir=args.work)
     try:
@@ -97,7 +97,7 @@ def run_child(args, method: str) -> dict:
 
 
 def run_method(args, method: str) -> dict:
-    from lsm_gnn.memcap import MemoryCap
+    from lsm_gnn.utils.memcap import MemoryCap
 
     harness = _harness()
     harness.evict_dataset(args.data)

@@ -62,11 +62,11 @@ import time
 import numpy as np
 import torch
 
-from lsm_gnn.benchmarking import feature_paths, machine_info, reusable_dataset, write_json
 from lsm_gnn.config import load_config
 from lsm_gnn.storage.base import CountingStorage
 from lsm_gnn.storage.probe import evict_page_cache
-from lsm_gnn.trainer import STAGES, Trainer
+from lsm_gnn.testing.benchmarking import feature_paths, machine_info, reusable_dataset, write_json
+from lsm_gnn.training.trainer import STAGES, Trainer
 
 METHODS = ("hybrid", "rr", "farthest", "hybrid-no-read-ahead", "hybrid+pvp", "farthest+pvp", "hybrid-same-bytes",
            "farthest-same-bytes", "hybrid-in-memory", "farthest-pinned", "memmap", "memmap-bound",
@@ -184,7 +184,7 @@ def step_beside_loader(args, ds, method: str) -> dict:
     median step."""
     from itertools import islice
 
-    from lsm_gnn.parallel import batch_to
+    from lsm_gnn.comm.distributed import batch_to
 
     steps = args.step_beside_loader
     trainer, _ = trainer_for(args, ds, method, steps)

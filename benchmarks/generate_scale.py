@@ -31,8 +31,8 @@ import sys
 import threading
 import time
 
-from lsm_gnn.benchmarking import machine_info, write_json
-from lsm_gnn.cli_prepare import parse_count
+from lsm_gnn.cli.prepare import parse_count
+from lsm_gnn.testing.benchmarking import machine_info, write_json
 
 # A progress line's start -> the phase it opens (tqdm bars by their description, the generator's notes).
 PHASES = (("features:", "features"), ("edges:", "edges: generate + bucket"), ("sorting ", "csr: sort + write"),

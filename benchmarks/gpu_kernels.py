@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 import lsm_gnn  # noqa: F401  (chooses Triton's interpreter on machines without a GPU)
-from lsm_gnn.benchmarking import median_seconds, write_json
+from lsm_gnn.testing.benchmarking import median_seconds, write_json
 from lsm_gnn.kernels.layout import INVALID_TAG, NO_REUSE_RECORD
 from lsm_gnn.cache.policies import POLICY_CODE
 from lsm_gnn.kernels import set_kernel_mode

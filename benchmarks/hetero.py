@@ -36,7 +36,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from lsm_gnn.benchmarking import load_script, machine_info, reusable_dataset, write_json
+from lsm_gnn.testing.benchmarking import load_script, machine_info, reusable_dataset, write_json
 from lsm_gnn.build import feature_groups
 from lsm_gnn.cache import SoftwareCache, belady_min, cache_geometry, replay
 from lsm_gnn.data.dataset import type_offsets

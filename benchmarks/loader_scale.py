@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 
-from lsm_gnn.benchmarking import disk_read_bytes, machine_info, write_json
+from lsm_gnn.testing.benchmarking import disk_read_bytes, machine_info, write_json
 
 
 def memory_status() -> dict[str, int]:

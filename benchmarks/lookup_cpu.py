@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from lsm_gnn import open_dataset, open_storage
-from lsm_gnn.benchmarking import write_json
 from lsm_gnn.cache import SoftwareCache
 from lsm_gnn.cache.window import replay
 from lsm_gnn.testing import power_law_trace, write_tiny_dataset
+from lsm_gnn.testing.benchmarking import write_json
 
 
 def resident_mib() -> float:

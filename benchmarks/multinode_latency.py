@@ -1,7 +1,7 @@
 """Training across two hosts as the link between them slows: the exchange's share of iteration time against
 added latency.
 
-Two namespaced hosts (lsm_gnn/virtual_hosts.py), one rank each, train the same batches with the shared cache
+Two namespaced hosts (lsm_gnn/testing/virtual_hosts.py), one rank each, train the same batches with the shared cache
 (torchrun --nnodes 2, gloo). The link is a veth pair, or a user-space relay that delays each packet by
 ``--delays`` ms one way in each direction (a round trip gains twice that; the relay's own cost is in the
 ``relay +0`` row). Every setting is run ``--repeats`` times, settings interleaved within a repeat; each run's
@@ -24,9 +24,9 @@ import subprocess
 import sys
 import tempfile
 
-from lsm_gnn.benchmarking import load_script, machine_info, write_json
 from lsm_gnn.testing import free_port
-from lsm_gnn.virtual_hosts import VirtualHosts, relay_unavailable, round_trip_ms, unavailable
+from lsm_gnn.testing.benchmarking import load_script, machine_info, write_json
+from lsm_gnn.testing.virtual_hosts import VirtualHosts, relay_unavailable, round_trip_ms, unavailable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

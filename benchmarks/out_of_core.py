@@ -1,6 +1,6 @@
 """Out of core, for real: training under memory caps a fraction of the feature file, feature paths side by side.
 
-A memory cgroup (:class:`lsm_gnn.memcap.MemoryCap`, cgroup v1 or v2) that
+A memory cgroup (:class:`lsm_gnn.utils.memcap.MemoryCap`, cgroup v1 or v2) that
 counts the page cache caps each run at one of ``--caps`` (default 1, 1.5, 2,
 3, 4 and 6 GiB) while the feature file is 4.3 GiB by default, so the curve
 runs from where neither the page cache nor RAM can hide the SSD up to where
@@ -45,8 +45,8 @@ import statistics
 import sys
 import time
 
-from lsm_gnn.benchmarking import load_script, machine_info, write_json
-from lsm_gnn.units import format_bytes, parse_bytes
+from lsm_gnn.testing.benchmarking import load_script, machine_info, write_json
+from lsm_gnn.utils.units import format_bytes, parse_bytes
 
 METHODS = ("hybrid", "hybrid+pvp", "storage", "memmap", "memory")
 CEILING = "memory"  # runs uncapped
@@ -95,8 +95,8 @@ def run_child(args, method: str) -> dict:
     """Trains ``method`` in this process and returns its figures (the parent measures the cgroup's peak)."""
     from lsm_gnn.config import load_config
     from lsm_gnn.data import open_dataset
-    from lsm_gnn.memcap import PeakMemory, own_cgroup_stat, process_memory
-    from lsm_gnn.trainer import Trainer
+    from lsm_gnn.training.trainer import Trainer
+    from lsm_gnn.utils.memcap import PeakMemory, own_cgroup_stat, process_memory
 
     class RecordingTrainer(Trainer):
         """Notes the process's memory after every epoch (what grows across epochs is a leak) and stops, after at
@@ -165,7 +165,7 @@ def ram_bytes() -> int:
 def run_method(args, method: str, limit: int) -> dict:
     """One run of ``method`` as a child in a fresh cgroup limited to ``limit`` bytes. Returns the child's figures
     with the cgroup's peak and OOM kill, or the failure."""
-    from lsm_gnn.memcap import MemoryCap
+    from lsm_gnn.utils.memcap import MemoryCap
 
     evict_dataset(args.data)
     spec = json.dumps({k: v for k, v in vars(args).items() if k != "methods"})

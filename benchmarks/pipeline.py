@@ -23,8 +23,8 @@ import subprocess
 import sys
 import tempfile
 
-from lsm_gnn.benchmarking import machine_info, write_json
-from lsm_gnn.units import format_bytes, parse_bytes
+from lsm_gnn.testing.benchmarking import machine_info, write_json
+from lsm_gnn.utils.units import format_bytes, parse_bytes
 
 DEFAULT_VARIANTS = ("serial=cache.read_ahead=0", "read-ahead=cache.read_ahead=auto")
 
@@ -60,7 +60,7 @@ def run_once(args, name: str, keys: list[str], workdir: str) -> dict:
            f"log.dir={out}", f"checkpoint.dir={out}", "checkpoint.resume=false", "log.progress=false",
            "train.eval_splits=[]", "--json", summary]
     if args.cap:
-        from lsm_gnn.memcap import MemoryCap
+        from lsm_gnn.utils.memcap import MemoryCap
 
         with MemoryCap(parse_bytes(args.cap)) as cap:
             run = cap.run(cmd, timeout=args.timeout)

@@ -22,11 +22,11 @@ import statistics
 import sys
 import time
 
-from lsm_gnn.benchmarking import feature_paths, load_script, machine_info, write_json
 from lsm_gnn.config import load_config
 from lsm_gnn.planner import make_plan
 from lsm_gnn.storage.probe import evict_page_cache
-from lsm_gnn.trainer import STAGES, Trainer
+from lsm_gnn.testing.benchmarking import feature_paths, load_script, machine_info, write_json
+from lsm_gnn.training.trainer import STAGES, Trainer
 
 # name, feature dim (float32), fanouts, batch size, capacity, policy, pvp
 CONFIGS = (

@@ -38,9 +38,9 @@ import time
 
 import numpy as np
 
-from lsm_gnn.benchmarking import load_script, write_json
 from lsm_gnn.cache import SoftwareCache, belady_min, replay
 from lsm_gnn.cache.pvp import queue_capacity_for, queue_memory_bytes
+from lsm_gnn.testing.benchmarking import load_script, write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAPER_QUEUE_CAPACITY = 16384

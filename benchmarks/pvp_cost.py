@@ -21,12 +21,12 @@ import time
 import numpy as np
 import torch
 
-from lsm_gnn.benchmarking import machine_info, write_json
 from lsm_gnn.cache.software_cache import SoftwareCache
 from lsm_gnn.cache.window import WindowBuffer
 from lsm_gnn.data import open_dataset
 from lsm_gnn.sampling.neighbor import NeighborSampler
 from lsm_gnn.storage import open_storage
+from lsm_gnn.testing.benchmarking import machine_info, write_json
 
 
 def sample_batches(ds, count: int, fanouts, batch_size: int, seed: int = 0) -> list[torch.Tensor]:

@@ -2,7 +2,7 @@
 popularity.
 
 Every method is trained on the same user-item dataset and measured by the same function
-(``lsm_gnn.linkpred.ranking_sums``: recall@20 and NDCG@20 over each user's held-out items, the user's training
+(``lsm_gnn.tasks.link_prediction.ranking_sums``: recall@20 and NDCG@20 over each user's held-out items, the user's training
 items removed; the test ranking also removes the validation items, the validation ranking never sees the test
 items). Each trained method is evaluated on val every ``--eval-every`` epochs and reported on test at its best
 val recall@20 (what model selection would keep).
@@ -48,9 +48,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lsm_gnn.benchmarking import load_script, machine_info, write_json  # noqa: E402
 from lsm_gnn.data import open_dataset  # noqa: E402
-from lsm_gnn.linkpred import _means, ranking_sums, user_item_sizes  # noqa: E402
+from lsm_gnn.tasks.link_prediction import _means, ranking_sums, user_item_sizes  # noqa: E402
+from lsm_gnn.testing.benchmarking import load_script, machine_info, write_json  # noqa: E402
 
 K = 20
 
@@ -171,7 +171,7 @@ def capped_child(ds, args, method: str) -> dict:
                 "ms_per_iteration": 1e3 * result["seconds"] / args.iterations,
                 "test": evaluate(ds, embeddings, "test", args.eval_stride)}
     from lsm_gnn.config import load_config
-    from lsm_gnn.trainer import Trainer
+    from lsm_gnn.training.trainer import Trainer
 
     overrides = lsm_overrides(ds, args, "lightgcn", args.workdir, False, args.cap_fanouts) + [
         f"model.node_embedding.capacity={args.capacity}", f"train.max_iterations={args.iterations}",
@@ -191,8 +191,8 @@ def capped_child(ds, args, method: str) -> dict:
 def capped_runs(ds, args) -> dict:
     """Each method in a child process inside a memory cgroup of ``--cap`` bytes (page cache included), the
     dataset dropped from the page cache before each: whether it trains, its peak, and what it reaches."""
-    from lsm_gnn.memcap import MemoryCap
-    from lsm_gnn.units import parse_bytes
+    from lsm_gnn.utils.memcap import MemoryCap
+    from lsm_gnn.utils.units import parse_bytes
 
     harness = load_script(os.path.join(os.path.dirname(os.path.abspath(__file__)), "out_of_core.py"))
     limit = parse_bytes(args.cap)
@@ -257,7 +257,7 @@ def train_lsm(ds, args, kind: str, workdir: str, evaluate_every: bool = True) ->
     epoch's training seconds (the trainer's epoch wall: evaluations and checkpoints aside).
     ``evaluate_every=False``: no evaluation (timing only)."""
     from lsm_gnn.config import load_config
-    from lsm_gnn.trainer import train
+    from lsm_gnn.training.trainer import train
 
     fanouts = ",".join(["-1"] * args.layers) if kind == "lightgcn" else args.sage_fanouts
     overrides = lsm_overrides(ds, args, kind, workdir, evaluate_every, fanouts)

@@ -18,9 +18,9 @@ import time
 import numpy as np
 import torch
 
-from lsm_gnn.benchmarking import side_by_side_per_batch, write_json
 from lsm_gnn.data import open_dataset
 from lsm_gnn.sampling import NeighborSampler
+from lsm_gnn.testing.benchmarking import side_by_side_per_batch, write_json
 
 
 def main(argv=None) -> dict:

@@ -10,7 +10,7 @@ power-law graph, is timed once over --numpy-batches. Ratios print last.
 
 With ``--caps 0.25,0.5`` it also measures the sampler with the topology
 out of core: each measurement runs in a child process inside a memory cgroup
-(:class:`lsm_gnn.memcap.MemoryCap`) limited to the child's own needs (its
+(:class:`lsm_gnn.utils.memcap.MemoryCap`) limited to the child's own needs (its
 measured peak with nothing sampled: imports, the opened dataset) plus that
 share of the topology files, whose page cache is dropped first
 (``posix_fadvise(DONTNEED)``). The uncapped run beside it starts with the
@@ -38,10 +38,10 @@ import time
 
 import numpy as np
 
-from lsm_gnn.benchmarking import disk_read_bytes, median_seconds, write_json
 from lsm_gnn.data import open_dataset
 from lsm_gnn.sampling import NeighborSampler
 from lsm_gnn.sampling.neighbor import TOPOLOGY_ACCESS
+from lsm_gnn.testing.benchmarking import disk_read_bytes, median_seconds, write_json
 
 
 def _sample_positions(degree: np.ndarray, k: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -146,7 +146,7 @@ def child_measure(spec: dict) -> dict:
 
 def run_child(spec: dict, limit_bytes: int) -> tuple[dict, int, bool]:
     """Runs :func:`child_measure` in a memory cgroup of ``limit_bytes``: (result, cgroup peak, OOM killed)."""
-    from lsm_gnn.memcap import MemoryCap
+    from lsm_gnn.utils.memcap import MemoryCap
 
     disk_before, start = disk_read_bytes(spec["data"]), time.perf_counter()
     with MemoryCap(limit_bytes) as cap:

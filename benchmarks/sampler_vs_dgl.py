@@ -32,9 +32,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lsm_gnn.benchmarking import side_by_side_per_batch  # noqa: E402
 from lsm_gnn.data import open_dataset  # noqa: E402
 from lsm_gnn.sampling import NeighborSampler  # noqa: E402
+from lsm_gnn.testing.benchmarking import side_by_side_per_batch  # noqa: E402
 
 
 def dgl_graph(ds):
@@ -63,8 +63,8 @@ def seconds_per_batch(sample, batches) -> float:
 
 def profile_ours(ds, fanouts, batches, repeats: int) -> dict:
     """Per batch, one thread: the whole ``sample`` and the native op alone on the same seeds (ms)."""
-    from lsm_gnn.ids import as_id_tensor
     from lsm_gnn.sampling.neighbor import _signed64
+    from lsm_gnn.utils.ids import as_id_tensor
 
     sampler = NeighborSampler(ds, fanouts, seed=0, num_threads=1)
     tensors = [as_id_tensor(b, torch.device("cpu")) for b in batches]

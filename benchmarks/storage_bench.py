@@ -58,7 +58,7 @@ try:
 except ImportError:  # run from a source checkout that is not installed
     sys.path.insert(0, REPO_ROOT)
     import lsm_gnn
-from lsm_gnn.benchmarking import reusable_dataset, write_json
+from lsm_gnn.testing.benchmarking import reusable_dataset, write_json
 from lsm_gnn import DatasetWriter, _C, open_storage
 from lsm_gnn.data.format import ROW_ALIGNMENT, row_stride_for
 from lsm_gnn.storage.probe import evict_page_cache

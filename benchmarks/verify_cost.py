@@ -24,7 +24,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from lsm_gnn.benchmarking import machine_info, reusable_dataset, write_json  # noqa: E402
+from lsm_gnn.testing.benchmarking import machine_info, reusable_dataset, write_json  # noqa: E402
 
 MODES = ("off", "sampled", "checksums")
 

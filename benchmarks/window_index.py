@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from lsm_gnn import _C
-from lsm_gnn.benchmarking import machine_info, write_json
 from lsm_gnn.cache import WindowBuffer
 from lsm_gnn.kernels.layout import INVALID_TAG
+from lsm_gnn.testing.benchmarking import machine_info, write_json
 
 
 def rss_bytes() -> int:

@@ -28,7 +28,7 @@ from lsm_gnn.config import (Config, ConfigError, NodeEmbeddingConfig, capacity_b
 from lsm_gnn.features import Features, FeatureGroup, TypedFeatures
 from lsm_gnn.sizing import set_at_least
 from lsm_gnn.storage import open_storage
-from lsm_gnn.units import round_up
+from lsm_gnn.utils.units import round_up
 
 
 class CacheUnderOneSet(ConfigError):
@@ -245,7 +245,7 @@ def fitting_size(capacity: str, key: str, num_rows: int, row_bytes: int, batch_r
 
 def _feature_sizes(cfg: Config, dataset, budget: CacheSize) -> tuple[CacheSize, ...]:
     """Each feature group's cache: ``budget`` split by the bytes the run's sampled batches gather from each."""
-    from lsm_gnn.task_options import relation_fanouts
+    from lsm_gnn.tasks.options import relation_fanouts
 
     groups = feature_groups(dataset)
     if not groups:  # build_features refuses it

@@ -23,7 +23,7 @@ from lsm_gnn.cache.policies import POLICIES, PolicyConfig
 from lsm_gnn.cache.pvp import queue_budget
 from lsm_gnn.comm.shm import EXCHANGES
 from lsm_gnn.storage import BACKENDS
-from lsm_gnn.units import parse_bytes
+from lsm_gnn.utils.units import parse_bytes
 
 
 class ConfigError(ValueError):

@@ -28,8 +28,8 @@ import torch
 from lsm_gnn.cache import WindowBuffer
 from lsm_gnn.defaults import WINDOW
 from lsm_gnn.features import TypedFeatures
-from lsm_gnn.ids import read_only_tensor
 from lsm_gnn.sampling import Hop, NeighborSampler
+from lsm_gnn.utils.ids import read_only_tensor
 
 _DONE = object()
 #: labels copied into memory per block of this many nodes (a label file is never read whole at once)

@@ -216,7 +216,7 @@ class HopGNN(nn.Module):
     def layer(self, i: int, x: torch.Tensor, edge_index: torch.Tensor, size: tuple[int, int], **kwargs):
         """Layer ``i`` over one hop: ``x`` holds the hop's sources, its first ``size[1]`` the destinations;
         ReLU and dropout follow every layer but the last. ``kwargs`` go to the conv
-        (:mod:`lsm_gnn.inference` gives GCN the whole graph's degrees)."""
+        (:mod:`lsm_gnn.tasks.inference` gives GCN the whole graph's degrees)."""
         x = self.convs[i]((x, x[:size[1]]), edge_index, size=size, **kwargs)
         if i < len(self.convs) - 1:
             x = nn.functional.dropout(torch.relu(x), self.dropout, self.training)

@@ -33,7 +33,7 @@ import torch
 from lsm_gnn.cache.geometry import HEADROOM
 from lsm_gnn.config import ConfigError, capacity_spec
 from lsm_gnn.features import TypedFeatures
-from lsm_gnn.units import round_up, suggest_bytes
+from lsm_gnn.utils.units import round_up, suggest_bytes
 
 #: batches sampled before training, all ranks together (at least MIN_PER_RANK on each)
 SAMPLED_BATCHES = 16
@@ -134,7 +134,7 @@ def working_set_bound(cfg, dataset) -> int | None:
     """The most distinct input nodes any batch of ``cfg``'s run can have, training's or an evaluation's (None:
     no bound but the graph's): what a cache that must never refuse a batch holds (a link batch's seeds are its
     users, positive items and negatives)."""
-    from lsm_gnn.task_options import eval_batch_size, eval_fanouts, relation_fanouts
+    from lsm_gnn.tasks.options import eval_batch_size, eval_fanouts, relation_fanouts
 
     fanouts = relation_fanouts(cfg, dataset)
     per_edge = 2 + cfg.train.num_negatives if cfg.train.task == "link" else 1

@@ -6,8 +6,8 @@ import zlib
 import pytest
 import torch
 
-from lsm_gnn.memcap import MemoryCap, MemoryCapError
 from lsm_gnn.testing import ProgramOrder, tiny_cache_setup, write_tiny_dataset
+from lsm_gnn.utils.memcap import MemoryCap, MemoryCapError
 
 TINY_CACHE_NODES = 600
 ORDER_SEED_ENV = "LSM_GNN_ORDER_SEED"  # overrides the shuffled order's seed (by default one per test)

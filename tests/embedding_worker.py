@@ -11,7 +11,7 @@ import torch
 
 from lsm_gnn.config import load_config
 from lsm_gnn.embedding import NodeEmbedding
-from lsm_gnn.trainer import Trainer
+from lsm_gnn.training.trainer import Trainer
 
 
 def main():

@@ -286,7 +286,7 @@ def _triton_twin(op: str, args, kwargs):
 # -- the device-mode stand-ins -----------------------------------------------------------------------------------
 
 def _device_unique(ids: torch.Tensor):
-    """lsm_gnn.ids.unique_ids' device branch (its CPU branch is a native radix sort)."""
+    """lsm_gnn.utils.ids.unique_ids' device branch (its CPU branch is a native radix sort)."""
     return torch.unique(ids, sorted=True, return_inverse=True)
 
 

@@ -12,9 +12,9 @@ import os
 import signal
 import sys
 
-from lsm_gnn import checkpoint
+from lsm_gnn.training import checkpoint_files as checkpoint
 from lsm_gnn.cli import main
-from lsm_gnn.trainer import Trainer
+from lsm_gnn.training.trainer import Trainer
 
 POINTS = ("checkpoint write", "checkpoint written", "evaluation", "evaluated")
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from lsm_gnn.benchmarking import load_script
+from lsm_gnn.testing.benchmarking import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,6 +1,6 @@
 """Bounded memory at small scale: training with the cache on, over a feature file more than three times a
 memory cap that counts the page cache, completes inside the cap with no OOM kill. Skipped, with the reason,
-where no memory cgroup can be created (lsm_gnn.memcap.MemoryCapError)."""
+where no memory cgroup can be created (lsm_gnn.utils.memcap.MemoryCapError)."""
 import json
 import os
 import sys

@@ -12,7 +12,7 @@ from lsm_gnn.cache import (
     POLICIES, PolicyConfig, ReferenceCache, SoftwareCache, WindowBuffer, belady_min, belady_reference, cache_geometry,
     replay,
 )
-from lsm_gnn.cache.hashing import set_of
+from lsm_gnn.cache.geometry import set_of
 from lsm_gnn.testing import write_tiny_dataset
 
 N = 600  # nodes of the tiny_cache fixture (conftest.py)

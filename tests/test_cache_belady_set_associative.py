@@ -8,7 +8,7 @@ from lsm_gnn.cache import (
     POLICIES, SoftwareCache, belady_min, belady_reference, belady_set_associative, belady_set_associative_reference,
     replay,
 )
-from lsm_gnn.cache.hashing import set_of
+from lsm_gnn.cache.geometry import set_of
 
 N = 600  # nodes of the tiny_cache fixture (conftest.py)
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lsm_gnn.cache import SoftwareCache, cache_geometry
-from lsm_gnn.cache.hashing import set_of
+from lsm_gnn.cache.geometry import set_of
 from lsm_gnn.testing import tiny_cache_setup
 
 NODES = 600  # the tiny_cache fixture's

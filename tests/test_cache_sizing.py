@@ -8,17 +8,17 @@ import torch
 
 from lsm_gnn.build import build_features, resolve
 from lsm_gnn.cache import CacheTooSmall, SoftwareCache
-from lsm_gnn.cache.hashing import set_of
+from lsm_gnn.cache.geometry import set_of
 from lsm_gnn.comm import SharedCache
 from lsm_gnn.comm.ownership import ModuloOwner
 from lsm_gnn.config import ConfigError, capacity_spec, load_config
 from lsm_gnn.loader import NodeLoader
 from lsm_gnn.sizing import cache_fits, suggested_capacity
-from lsm_gnn.units import parse_bytes, round_up, suggest_bytes
+from lsm_gnn.utils.units import parse_bytes, round_up, suggest_bytes
 
 pytest.importorskip("torch_geometric")
 
-from lsm_gnn.trainer import Trainer  # noqa: E402
+from lsm_gnn.training.trainer import Trainer  # noqa: E402
 
 # The graph fixture (conftest.py) generates this once per module: 3000 nodes of 64 bytes.
 GRAPH = dict(num_nodes=3000, avg_degree=8, feature_dim=16, num_classes=4, seed=1)
@@ -216,7 +216,7 @@ def test_a_one_type_graphs_fanouts_are_its_one_relations(graph, tmp_path):
     sampler.relation_fanouts may name); evaluation's and the working set's bound read that form."""
     from lsm_gnn.data import open_dataset
     from lsm_gnn.sizing import batch_rows_bound, working_set_bound
-    from lsm_gnn.task_options import eval_fanouts, relation_fanouts
+    from lsm_gnn.tasks.options import eval_fanouts, relation_fanouts
 
     dataset = open_dataset(graph)
     cfg = config(graph, tmp_path, "train.eval_fanouts=[5, 5]", "train.eval_splits=[val]")

@@ -7,7 +7,7 @@ import torch
 
 from lsm_gnn import testing
 from lsm_gnn.cache import PolicyConfig, ReferenceCache, SoftwareCache, WindowBuffer, replay
-from lsm_gnn.cache.hashing import set_of
+from lsm_gnn.cache.geometry import set_of
 from lsm_gnn.cache.plan import STAGES
 from lsm_gnn.kernels.layout import INVALID_TAG
 

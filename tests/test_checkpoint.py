@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from lsm_gnn.checkpoint import (CHECKPOINT_FORMAT, CheckpointError, atomic_torch_save, load_checkpoint)
 from lsm_gnn.cli import main as cli
+from lsm_gnn.training.checkpoint_files import (CHECKPOINT_FORMAT, CheckpointError, atomic_torch_save, load_checkpoint)
 
 MARKER_ENV = "LSM_GNN_TEST_MARKER"
 
@@ -159,7 +159,7 @@ def test_a_verified_checkpoint_without_trainer_state_gets_one_line_from_inspect(
 def test_a_full_disk_names_the_checkpoint_and_keeps_the_old_one(tmp_path, monkeypatch):
     import errno
 
-    from lsm_gnn import fileio
+    from lsm_gnn.utils import fileio
 
     path = str(tmp_path / "last.pt")
     atomic_torch_save(state(), path)

@@ -64,10 +64,10 @@ def test_export_writes_embeddings_and_each_users_top_items_it_never_met(link_run
 
 
 def test_top_k_equals_a_brute_force_ranking_of_every_user_across_score_blocks(link_run, tmp_path, monkeypatch):
-    import lsm_gnn.linkpred
+    import lsm_gnn.tasks.link_prediction
 
     ds, out, _ = link_run
-    monkeypatch.setattr(lsm_gnn.linkpred, "SCORE_CHUNK", 200 * 7)  # blocks of 7 users: 43 of them
+    monkeypatch.setattr(lsm_gnn.tasks.link_prediction, "SCORE_CHUNK", 200 * 7)  # blocks of 7 users: 43 of them
     for k in (5, 195):  # 195: more than any user's candidates, the rest padded with -1
         assert main(["export", str(out / "ck" / "last.pt"), "--out", str(tmp_path / f"k{k}"), "--top-k", str(k)]) == 0
     emb = np.load(tmp_path / "k5" / "embeddings.npy")
@@ -180,7 +180,7 @@ def test_evaluate_takes_a_copy_of_the_dataset_and_refuses_another(link_run, tmp_
     assert main(["prepare", "checksums", str(tmp_path / "copy")]) == 0
     assert main(["evaluate", ckpt, f"dataset={tmp_path / 'copy'}", "--split", "test"]) == 0
     # a checkpoint from before the dataset's checksums were recorded: compared with the dataset still at its path
-    from lsm_gnn.checkpoint import atomic_torch_save, load_checkpoint
+    from lsm_gnn.training.checkpoint_files import atomic_torch_save, load_checkpoint
 
     state = load_checkpoint(ckpt)
     del state["dataset_checksums"]
@@ -199,7 +199,7 @@ def test_evaluate_takes_a_copy_of_the_dataset_and_refuses_another(link_run, tmp_
 def held_by_another_process(directory):
     """``directory``'s run lock held by a child process, as a run training there holds it."""
     root = str(Path(__file__).resolve().parents[1])
-    holder = subprocess.Popen([sys.executable, "-c", "from lsm_gnn.fileio import RunLock\nimport time\n"
+    holder = subprocess.Popen([sys.executable, "-c", "from lsm_gnn.utils.fileio import RunLock\nimport time\n"
                                f"lock = RunLock({str(directory)!r}, 'checkpoint.dir')\nprint('held', flush=True)\n"
                                "time.sleep(60)"], cwd=root, stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": root})

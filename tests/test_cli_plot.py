@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from lsm_gnn.cli import main
-from lsm_gnn.cli_plot import draw_plan, draw_validation, moving_average, read_input, read_log
+from lsm_gnn.cli.plot import draw_plan, draw_validation, moving_average, read_input, read_log
 from lsm_gnn.testing import write_tiny_dataset
 
 pytest.importorskip("matplotlib")
@@ -168,7 +168,7 @@ def test_without_matplotlib_the_message_says_how_to_install_it(plan_files, tmp_p
 def test_a_png_plot_did_not_write_is_never_replaced(plan_files, tmp_path, capsys):
     """A figure's file that holds someone else's PNG (or anything else) is refused before drawing and left as it
     was; a PNG lsm-gnn drew carries its mark and is replaced."""
-    from lsm_gnn.cli_plot import is_our_png
+    from lsm_gnn.cli.plot import is_our_png
 
     plan_json, drawn = plan_files
     assert is_our_png(str(drawn))  # lsm-gnn plan --plot's figure carries the mark too

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from lsm_gnn.cli_prepare import add_prepare_parser, parse_count, recompute_scores
+from lsm_gnn.cli.prepare import add_prepare_parser, parse_count, recompute_scores
 from lsm_gnn.data import open_dataset
 
 

@@ -206,7 +206,7 @@ def test_a_dead_rank_makes_the_others_fail_fast(dataset, tmp_path):
 
 
 def test_hashed_ownership_spreads_ids_and_fills_every_set_of_each_owner(dataset):
-    from lsm_gnn.cache.hashing import set_of
+    from lsm_gnn.cache.geometry import set_of
 
     odd = np.arange(1, 200_001, 2)  # hot ids in one residue class: modulo gives them all to one rank
     assert np.bincount(make_owner("modulo", dataset, 2)(odd), minlength=2).min() == 0

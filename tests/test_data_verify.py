@@ -24,7 +24,7 @@ from lsm_gnn.config import ConfigError, load_config  # noqa: E402
 from lsm_gnn.data.synthetic import generate_synthetic  # noqa: E402
 from lsm_gnn.data.synthetic_hetero import generate_hetero_synthetic  # noqa: E402
 from lsm_gnn.data.verify import SampledVerify, resolve_mode  # noqa: E402
-from lsm_gnn.trainer import Trainer  # noqa: E402
+from lsm_gnn.training.trainer import Trainer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRAPH = dict(num_nodes=600, avg_degree=5, feature_dim=8, num_classes=3, seed=6)

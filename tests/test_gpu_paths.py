@@ -16,9 +16,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:Sparse invariant checks")
 from lsm_gnn.cache import SoftwareCache, WindowBuffer  # noqa: E402
 from lsm_gnn.config import load_config  # noqa: E402
 from lsm_gnn.embedding import RowLayout, RowOptimizer, open_table  # noqa: E402
-from lsm_gnn.inference import layerwise_inference  # noqa: E402
+from lsm_gnn.tasks.inference import layerwise_inference  # noqa: E402
 from lsm_gnn.testing import power_law_trace  # noqa: E402
-from lsm_gnn.trainer import Trainer  # noqa: E402
+from lsm_gnn.training.trainer import Trainer  # noqa: E402
 from test_device_path import HAVE_CUDA, kernels_of, needs_interpreter  # noqa: E402
 from test_node_embedding import overrides, table_bytes, table_layout  # noqa: E402
 

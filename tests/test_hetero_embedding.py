@@ -9,11 +9,11 @@ import torch
 pytest.importorskip("torch_geometric")
 
 from lsm_gnn.build import embedding_tables  # noqa: E402
-from lsm_gnn.checkpoint import load_checkpoint  # noqa: E402
 from lsm_gnn.config import ConfigError, load_config  # noqa: E402
 from lsm_gnn.storage import EmbeddingTable  # noqa: E402
 from lsm_gnn.testing import write_tiny_hetero_dataset  # noqa: E402
-from lsm_gnn.trainer import Trainer  # noqa: E402
+from lsm_gnn.training.checkpoint_files import load_checkpoint  # noqa: E402
+from lsm_gnn.training.trainer import Trainer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +151,7 @@ def test_best_checkpoint_keeps_every_tables_copy(dataset, tmp_path):
     assert set(state["embeddings"]) == {"topic", "author"}
     for t, saved in state["embeddings"].items():
         assert (tmp_path / "ckpt" / saved["snapshot"]).is_dir() and f".{t}." in saved["snapshot"]
-    from lsm_gnn.cli_evaluate import restored_trainer
+    from lsm_gnn.cli.evaluate import restored_trainer
 
     with restored_trainer(str(best)) as evaluator:
         assert evaluator.evaluate("val") == pytest.approx(result["best"]["eval"]["val"])

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from lsm_gnn.data.format import DatasetError
-from lsm_gnn.ids import _first_occurrence_labels_torch, first_occurrence_labels
 from lsm_gnn.sampling import Hop, NeighborSampler
+from lsm_gnn.utils.ids import _first_occurrence_labels_torch, first_occurrence_labels
 
 CITES = ("paper", "cites", "paper")
 WRITES = ("author", "writes", "paper")

@@ -13,7 +13,7 @@ from lsm_gnn.cache import PolicyConfig  # noqa: E402
 from lsm_gnn.config import load_config  # noqa: E402
 from lsm_gnn.loader import NodeLoader  # noqa: E402
 from lsm_gnn.testing import write_tiny_hetero_dataset  # noqa: E402
-from lsm_gnn.trainer import Trainer  # noqa: E402
+from lsm_gnn.training.trainer import Trainer  # noqa: E402
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from lsm_gnn import hostmem
-from lsm_gnn.hostmem import host_zeros
-from lsm_gnn.ids import unique_ids
+from lsm_gnn.utils import hostmem
+from lsm_gnn.utils.hostmem import host_zeros
+from lsm_gnn.utils.ids import unique_ids
 
 
 def _expect(ids: np.ndarray):

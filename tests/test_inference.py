@@ -9,10 +9,10 @@ pytest.importorskip("torch_geometric")
 
 from lsm_gnn import open_storage  # noqa: E402
 from lsm_gnn.cache import SoftwareCache  # noqa: E402
-from lsm_gnn.inference import full_hop, layerwise_inference  # noqa: E402
 from lsm_gnn.loader import NodeLoader  # noqa: E402
 from lsm_gnn.models import MODEL_KINDS, HopGNN  # noqa: E402
 from lsm_gnn.sampling import Hop  # noqa: E402
+from lsm_gnn.tasks.inference import full_hop, layerwise_inference  # noqa: E402
 from lsm_gnn.testing import write_tiny_dataset  # noqa: E402
 
 N, DIM = 90, 6
@@ -92,7 +92,7 @@ def test_bad_sizes_are_refused(tiny):
 
 def test_the_trainer_evaluates_with_every_neighbour(tiny, tmp_path):
     from lsm_gnn.config import ConfigError, load_config
-    from lsm_gnn.trainer import Trainer
+    from lsm_gnn.training.trainer import Trainer
 
     dataset, _ = tiny
     common = [f"dataset={dataset.path}", "model.kind=sage", "model.hidden=8", "sampler.fanouts=[3,2]",
@@ -111,7 +111,7 @@ def test_the_trainer_evaluates_with_every_neighbour(tiny, tmp_path):
         load_config(None, [*common, "train.eval_mode=all"])
     # Sampled evaluation with fanouts of its own: every neighbour gives full evaluation's figures.
     from lsm_gnn.data.dataset import ONE_RELATION
-    from lsm_gnn.task_options import loader_options
+    from lsm_gnn.tasks.options import loader_options
 
     trainer.task.cfg.train.eval_mode, trainer.task.cfg.train.eval_fanouts = "sampled", [-1, -1]
     assert trainer.evaluate("val") == val

@@ -100,7 +100,7 @@ def test_adversarial_batches(storage):
 
 
 def _sets(ids, num_sets):
-    from lsm_gnn.cache.hashing import set_of
+    from lsm_gnn.cache.geometry import set_of
 
     return set_of(ids, num_sets)
 

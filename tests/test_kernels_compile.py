@@ -33,7 +33,7 @@ def _python(args, env_extra=None, timeout=900, module="lsm_gnn.kernels.aot"):
 def launches(tmp_path_factory):
     """The project's own launches, recorded under the interpreter."""
     path = tmp_path_factory.mktemp("aot") / "launches.json"
-    result = _python([str(path)], {"TRITON_INTERPRET": "1"}, module="lsm_gnn.kernel_launches")
+    result = _python([str(path)], {"TRITON_INTERPRET": "1"}, module="lsm_gnn.testing.kernel_launches")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     recorded = json.loads(path.read_text())["launches"]
     kernels = {launch["kernel"].split(":")[1] for launch in recorded}

@@ -10,7 +10,7 @@ pytest.importorskip("torch_geometric")
 
 from lsm_gnn.config import load_config  # noqa: E402
 from lsm_gnn.kernels import KERNELS_ENV, kernel_mode, kernel_setting, set_kernel_mode, using  # noqa: E402
-from lsm_gnn.trainer import train  # noqa: E402
+from lsm_gnn.training.trainer import train  # noqa: E402
 
 GRAPH = dict(num_nodes=800, avg_degree=5, feature_dim=8, num_classes=3, seed=6)
 

@@ -12,10 +12,10 @@ from lsm_gnn import _C  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from lsm_gnn.hashing import mix64  # noqa: E402
 from lsm_gnn.kernels import sampler  # noqa: E402
 from lsm_gnn.kernels.sampler import (RELABEL_BLOCK, _mulhi, _relabel, hash_table_size, hop_bounds,  # noqa: E402
                                     max_degree, sample_hops)
+from lsm_gnn.utils.hashing import mix64  # noqa: E402
 
 CorruptGraph = _C.CorruptGraphError
 
@@ -36,7 +36,7 @@ def test_triton_hops_equal_the_cpu_sampler(index_dtype, fanouts):
     for iteration in (0, 7):
         seeds = torch.from_numpy(rng.choice(500, 40, replace=False))
         expected = _C.sample_hops(indptr, indices, seeds, fanouts, 1234, iteration, 1)
-        # An int32 indptr too, as the op may be given (lsm_gnn/kernel_launches.py); the C++ core takes int64.
+        # An int32 indptr too, as the op may be given (lsm_gnn/testing/kernel_launches.py); the C++ core takes int64.
         got = sample_hops(indptr.to(indices.dtype), indices, seeds, fanouts, 1234, iteration)
         assert len(got) == len(expected)
         for h, ((n1, d1, s1, t1), (n2, d2, s2, t2)) in enumerate(zip(expected, got)):

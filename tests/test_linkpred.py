@@ -10,7 +10,7 @@ import torch
 from lsm_gnn import DatasetError, DatasetWriter, open_dataset, open_storage
 from lsm_gnn.cache import SoftwareCache
 from lsm_gnn.data.bipartite import generate_bipartite
-from lsm_gnn.linkpred import LinkLoader, bpr_loss, recall_at_k, user_ranking_metrics
+from lsm_gnn.tasks.link_prediction import LinkLoader, bpr_loss, recall_at_k, user_ranking_metrics
 from lsm_gnn.testing import write_tiny_dataset
 
 U, I, DIM = 1000, 1000, 16
@@ -276,7 +276,7 @@ def test_recall_is_one_for_an_oracle_and_matches_the_analytic_random_baseline(ds
 def test_validation_ranks_the_test_items_and_test_ranking_removes_the_validation_items(ds):
     """No leak into model selection: an oracle that scores each user's test items highest pushes the val items
     down in a val ranking (the test items stay candidates), while a test ranking removes the val items."""
-    from lsm_gnn.linkpred import known_splits
+    from lsm_gnn.tasks.link_prediction import known_splits
 
     assert known_splits("val", ["val", "test"]) == [] and known_splits("test", ["val", "test"]) == ["val"]
     features = open_storage(ds, "memory")
@@ -354,7 +354,7 @@ def test_clear_errors(ds, tmp_path):
 def test_the_trainer_runs_link_prediction_through_the_cache(ds, tmp_path):
     pytest.importorskip("torch_geometric")
     from lsm_gnn.config import ConfigError, load_config
-    from lsm_gnn.trainer import Trainer
+    from lsm_gnn.training.trainer import Trainer
 
     overrides = [f"dataset={ds.path}", "train.task=link", "model.kind=sage", "model.hidden=32",
                  "sampler.fanouts=[10, 5]", "sampler.batch_size=256", "cache.capacity=100%", "cache.window=4",
@@ -380,7 +380,7 @@ def _docs_block(doc: str, marker: str) -> str:
 def test_the_documented_writer_recipe_trains_with_default_settings(tmp_path):
     pytest.importorskip("torch_geometric")
     from lsm_gnn.config import load_config
-    from lsm_gnn.trainer import Trainer
+    from lsm_gnn.training.trainer import Trainer
 
     rng = np.random.default_rng(0)
     num_users, num_items, dim, n = 60, 40, 4, 600
@@ -429,7 +429,7 @@ def test_full_neighbourhood_evaluation_of_link_prediction(ds):
     """train.eval_mode=full ranks with every neighbour: as sampling all of them (fanouts -1) does, for SAGE."""
     pytest.importorskip("torch_geometric")
     from lsm_gnn.config import load_config
-    from lsm_gnn.trainer import Trainer
+    from lsm_gnn.training.trainer import Trainer
 
     overrides = [f"dataset={ds.path}", "train.task=link", "model.kind=sage", "model.hidden=16",
                  "sampler.fanouts=[5, 3]", "sampler.batch_size=512", "cache.features=memory", "train.lr=0.01",
@@ -447,7 +447,7 @@ def test_full_neighbourhood_evaluation_of_link_prediction(ds):
 def test_ranking_evaluation_batches_the_cache_cannot_hold_are_refused_before_training(ds):
     pytest.importorskip("torch_geometric")
     from lsm_gnn.config import ConfigError, load_config
-    from lsm_gnn.trainer import Trainer
+    from lsm_gnn.training.trainer import Trainer
 
     base = [f"dataset={ds.path}", "train.task=link", "model.kind=sage", "model.hidden=8", "sampler.fanouts=[5,5]",
             "sampler.batch_size=16", "cache.capacity=70%", "log.progress=false"]

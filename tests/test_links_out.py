@@ -6,13 +6,13 @@ import shutil
 import numpy as np
 import pytest
 
-from lsm_gnn.checkpoint import CheckpointError
 from lsm_gnn.config import ConfigError, load_config
 from lsm_gnn.data import open_dataset
 from lsm_gnn.data.format import DatasetError
-from lsm_gnn.fileio import escape_from
 from lsm_gnn.storage import EmbeddingTable, TableError
 from lsm_gnn.testing import write_tiny_dataset
+from lsm_gnn.training.checkpoint_files import CheckpointError
+from lsm_gnn.utils.fileio import escape_from
 
 pytest.importorskip("torch_geometric")
 
@@ -60,7 +60,7 @@ def test_a_table_file_linked_out_is_refused_and_never_written(tmp_path):
 
 
 def test_a_log_or_checkpoint_linked_out_is_refused(graph, tmp_path):
-    from lsm_gnn.trainer import Trainer
+    from lsm_gnn.training.trainer import Trainer
 
     ckpt = tmp_path / "ckpt"
     args = [f"dataset={graph}", "model.kind=sage", "model.hidden=8", "sampler.fanouts=[2,2]", "sampler.batch_size=64",

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from lsm_gnn.memcap import MemoryCap
+from lsm_gnn.utils.memcap import MemoryCap
 
 CAP = 48 << 20
 

@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("torch_geometric")
 
-from lsm_gnn.checkpoint import load_checkpoint  # noqa: E402
 from lsm_gnn.config import ConfigError, load_config  # noqa: E402
 from lsm_gnn.testing import free_port  # noqa: E402
-from lsm_gnn.trainer import Trainer  # noqa: E402
+from lsm_gnn.training.checkpoint_files import load_checkpoint  # noqa: E402
+from lsm_gnn.training.trainer import Trainer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -111,7 +111,7 @@ def test_no_validation_split_no_selection(graph, tmp_path):
 
 def test_a_checkpoint_from_before_model_selection_resumes(graph, tmp_path):
     """A last.pt without evaluations or selection state (lsm-gnn before them) resumes with none so far."""
-    from lsm_gnn.checkpoint import atomic_torch_save
+    from lsm_gnn.training.checkpoint_files import atomic_torch_save
 
     Trainer(config(graph, tmp_path, "train.epochs=2", "train.max_iterations=7")).fit()
     path = str(tmp_path / "ckpt" / "last.pt")
@@ -169,7 +169,7 @@ def test_two_ranks_evaluate_mid_epoch_and_stop_together(graph, tmp_path, mode):
 
 def test_evaluations_reach_tensorboard_at_their_iteration(tmp_path):
     """Without the tensorboard package here, a stand-in writer records what MetricsLog sends it."""
-    from lsm_gnn.trainer import MetricsLog
+    from lsm_gnn.training.trainer import MetricsLog
 
     scalars = []
     log = MetricsLog(load_config(None, []), rank=1)  # no file

@@ -1,4 +1,4 @@
-"""Two hosts on one machine (network namespaces joined by one link, lsm_gnn/virtual_hosts.py): torchrun with
+"""Two hosts on one machine (network namespaces joined by one link, lsm_gnn/testing/virtual_hosts.py): torchrun with
 --nnodes 2 and the rendezvous on the first host's address, and mpirun with a host list naming both addresses, train
 exactly as one host with the same world size, shared cache, DDP and checkpoints included; so does a link with
 added latency and packet loss; a link that goes down mid-run fails both hosts within the collective timeout,
@@ -13,7 +13,7 @@ import time
 import pytest
 
 from lsm_gnn.testing import free_port
-from lsm_gnn.virtual_hosts import VirtualHosts, relay_unavailable, unavailable
+from lsm_gnn.testing.virtual_hosts import VirtualHosts, relay_unavailable, unavailable
 from training_runs import GRAPH, ROOT, TRAIN, losses, rank_env  # noqa: F401 (GRAPH: the graph fixture's)
 
 pytest.importorskip("torch_geometric")

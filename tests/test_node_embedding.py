@@ -23,7 +23,7 @@ from lsm_gnn.config import ConfigError, load_config  # noqa: E402
 from lsm_gnn.embedding import NodeEmbedding, RowLayout  # noqa: E402
 from lsm_gnn.storage import EmbeddingTable  # noqa: E402
 from lsm_gnn.testing import free_port  # noqa: E402
-from lsm_gnn.trainer import Trainer  # noqa: E402
+from lsm_gnn.training.trainer import Trainer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The graph fixture (conftest.py) generates this once per module: 9 batches an epoch.

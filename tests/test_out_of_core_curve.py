@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from lsm_gnn.benchmarking import load_script
+from lsm_gnn.testing.benchmarking import load_script
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "out_of_core.py")
 GiB = 2**30

@@ -6,8 +6,8 @@ import os
 import pytest
 
 import lsm_gnn
-from lsm_gnn.benchmarking import load_script
-from lsm_gnn.memcap import MemoryCap, MemoryCapError
+from lsm_gnn.testing.benchmarking import load_script
+from lsm_gnn.utils.memcap import MemoryCap, MemoryCapError
 
 pytestmark = pytest.mark.slow  # every method starts a Python process that imports torch
 BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")

@@ -8,7 +8,7 @@ from lsm_gnn.config import load_config
 from lsm_gnn.planner import (StageMs, bound_stage, contended_ms, make_plan, pipeline_ms, recommend, run_ms,
                              steady_ms)
 from lsm_gnn.testing import write_tiny_dataset
-from lsm_gnn.trainer import Trainer
+from lsm_gnn.training.trainer import Trainer
 
 RUN = ["sampler.fanouts=[4,3]", "sampler.batch_size=16", "model.kind=sage", "model.hidden=16", "cache.window=4",
        "cache.static_score=none", "train.eval_splits=[]", "log.progress=false", "cache.backend=pread"]
@@ -351,7 +351,7 @@ def test_work_on_the_loader_thread_returns_or_raises_in_the_caller():
 def test_plan_validation_benchmark_runs(tmp_path):
     import os
 
-    from lsm_gnn.benchmarking import load_script
+    from lsm_gnn.testing.benchmarking import load_script
 
     script = load_script(os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "plan_validation.py"))
     out = script.main(["--quick", "--data", str(tmp_path / "data"), "--json", str(tmp_path / "v.json"),

@@ -3,7 +3,7 @@ import io
 import subprocess
 import sys
 
-from lsm_gnn.progress import progress_bar, shows_bars
+from lsm_gnn.utils.progress import progress_bar, shows_bars
 
 
 class Terminal(io.StringIO):

@@ -263,7 +263,7 @@ def test_busy_time_counts_overlapping_reads_once(disk):
 
 
 def test_auto_reads_ahead_only_with_room_and_bounds_its_budget_by_the_memory_left(monkeypatch):
-    import lsm_gnn.memcap as memcap
+    import lsm_gnn.utils.memcap as memcap
     from lsm_gnn.cache.read_ahead import default_depth, read_ahead_budget
     from lsm_gnn.defaults import READ_AHEAD_DEPTH, READ_AHEAD_MAX_BYTES, AUTO_MIN_ROOM
 
@@ -290,7 +290,7 @@ PROBE_DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(HAVE_CUDA, reason=
 def tags_holding(rng, num_sets, ways, fill, n=600):
     """A cache's tags: each set's ways hold distinct ids of that set (by the cache's hash), a ``fill`` share of
     the ways valid (1.0: every set full), the rest invalid (-1)."""
-    from lsm_gnn.cache.hashing import set_of
+    from lsm_gnn.cache.geometry import set_of
 
     tags = np.full((num_sets, ways), -1, dtype=np.int64)
     nodes = np.concatenate([rng.permutation(n), n + rng.permutation(19 * n)])  # full sets need ids beyond n

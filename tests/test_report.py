@@ -7,8 +7,8 @@ from html.parser import HTMLParser
 import pytest
 
 from lsm_gnn.cli import main
-from lsm_gnn.cli_plot import RUN_FIGURES
-from lsm_gnn.cli_report import GENERATOR
+from lsm_gnn.cli.plot import RUN_FIGURES
+from lsm_gnn.cli.report import GENERATOR
 
 pytest.importorskip("torch_geometric")
 pytest.importorskip("matplotlib")
@@ -278,7 +278,7 @@ def test_every_field_of_every_record_kind_is_checked_or_skipped_by_name(tmp_path
     negative, a huge and a fractional number, a list, an object): the reader keeps the line only with a value its
     readers can use, and otherwise skips it with a warning naming file:line:field; lines that are no record
     (empty, a list, a number, text, broken JSON, unknown, nested past the parser) are skipped by line too."""
-    from lsm_gnn import run_log
+    from lsm_gnn.training import run_log
 
     monkeypatch.setattr(run_log, "MAX_WARNINGS", 10**6)
     file, cases, count = mutated_log(tmp_path)

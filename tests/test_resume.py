@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("torch_geometric")
 
-from lsm_gnn import checkpoint as checkpoint_module  # noqa: E402
+from lsm_gnn.training import checkpoint_files as checkpoint_module  # noqa: E402
 from lsm_gnn.config import load_config  # noqa: E402
-from lsm_gnn.trainer import Trainer  # noqa: E402
+from lsm_gnn.training.trainer import Trainer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Measured, not decided: what the cache read and how long it took depend on what was cached before a restart.
@@ -126,7 +126,7 @@ def test_the_loader_gathers_no_batch_past_the_iteration_limit(graph, tmp_path):
 
 
 def test_stale_temporary_checkpoints_of_dead_writers_are_removed(graph, tmp_path):
-    from lsm_gnn.fileio import temp_prefix
+    from lsm_gnn.utils.fileio import temp_prefix
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -170,7 +170,7 @@ def test_sigkill_mid_epoch_then_resume_from_the_cli(graph, tmp_path, uninterrupt
 
 def test_a_checkpoint_from_before_a_new_config_key_resumes(graph, tmp_path, uninterrupted):
     """A key added to the config since the checkpoint was written counts with its default, not as a change."""
-    from lsm_gnn.checkpoint import atomic_torch_save, load_checkpoint
+    from lsm_gnn.training.checkpoint_files import atomic_torch_save, load_checkpoint
 
     Trainer(config(graph, tmp_path, "train.max_iterations=4")).fit()
     path = str(tmp_path / "ckpt" / "last.pt")

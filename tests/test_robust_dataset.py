@@ -15,9 +15,9 @@ import torch
 
 from lsm_gnn import DatasetError, open_dataset
 from lsm_gnn.data.scores import compute_scores, reverse_pagerank
-from lsm_gnn.ids import as_id_tensor
 from lsm_gnn.sampling import CSRGraph, NeighborSampler
 from lsm_gnn.testing import edit_meta, write_tiny_dataset
+from lsm_gnn.utils.ids import as_id_tensor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_NODES = 200
@@ -156,7 +156,7 @@ def test_file_names_stay_inside_the_dataset(ds, key, name):
 
 
 def test_non_finite_scores_and_big_endian_arrays_are_refused(ds):
-    from lsm_gnn.cli_prepare import recompute_scores
+    from lsm_gnn.cli.prepare import recompute_scores
 
     recompute_scores(ds.path, ["degree"])
     name = open_dataset(ds.path).meta["scores"]["degree"]

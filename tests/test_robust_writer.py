@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lsm_gnn.cli import main as cli_main
-from lsm_gnn.cli_prepare import recompute_scores
+from lsm_gnn.cli.prepare import recompute_scores
 from lsm_gnn.data import open_dataset
 from lsm_gnn.data import writer as writer_module
 from lsm_gnn.data.bipartite import generate_bipartite
@@ -354,8 +354,8 @@ class TestDiskFull:
 def test_what_is_written_through_a_temporary_has_the_mode_a_plain_write_would(tmp_path, umask):
     """A dataset, a table and an atomically written file are readable by whom the umask lets read them (tempfile's
     0700 folders and 0600 files would hide a shared dataset from the team), and a replaced file keeps its mode."""
-    from lsm_gnn.fileio import atomic_write_bytes
     from lsm_gnn.storage.table import EmbeddingTable
+    from lsm_gnn.utils.fileio import atomic_write_bytes
 
     old = os.umask(umask)
     try:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from lsm_gnn.fileio import LOCK_FILE, DirectoryLocked, RunLock
+from lsm_gnn.utils.fileio import LOCK_FILE, DirectoryLocked, RunLock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRAPH = dict(num_nodes=400, avg_degree=4, feature_dim=8, num_classes=3, seed=1)
@@ -38,7 +38,7 @@ def kill(child: subprocess.Popen) -> None:
 
 
 def test_a_second_process_is_refused_with_the_holders_pid_and_freed_when_the_holder_is_killed(tmp_path):
-    child = hold(f"from lsm_gnn.fileio import RunLock\nlock = RunLock({str(tmp_path)!r}, 'checkpoint.dir')", "held")
+    child = hold(f"from lsm_gnn.utils.fileio import RunLock\nlock = RunLock({str(tmp_path)!r}, 'checkpoint.dir')", "held")
     try:
         with pytest.raises(DirectoryLocked) as info:
             RunLock(str(tmp_path), "checkpoint.dir")
@@ -56,7 +56,7 @@ def test_one_process_may_take_its_own_lock_again(tmp_path):
     first = RunLock(str(tmp_path), "checkpoint.dir")
     second = RunLock(str(tmp_path), "checkpoint.dir")  # a trainer made again (a notebook after an error)
     first.release()
-    child = subprocess.run([sys.executable, "-c", f"from lsm_gnn.fileio import RunLock\nRunLock({str(tmp_path)!r}, "
+    child = subprocess.run([sys.executable, "-c", f"from lsm_gnn.utils.fileio import RunLock\nRunLock({str(tmp_path)!r}, "
                             "'x')"], cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
     assert child.returncode != 0 and "in use by another run" in child.stderr  # still held by `second`
     second.release()
@@ -78,7 +78,7 @@ def test_a_lock_file_that_is_a_link_is_not_followed(tmp_path):
 def test_a_second_training_run_on_the_checkpoint_dir_is_refused_before_it_touches_it(graph, tmp_path):
     ckpt = tmp_path / "ckpt"
     args = overrides(graph, ckpt)
-    child = hold(f"from lsm_gnn.config import load_config\nfrom lsm_gnn.trainer import Trainer\n"
+    child = hold(f"from lsm_gnn.config import load_config\nfrom lsm_gnn.training.trainer import Trainer\n"
                  f"t = Trainer(load_config(None, {args!r}))", "trainer ready")
     try:
         before = sorted(os.listdir(ckpt))
@@ -101,7 +101,7 @@ def test_a_second_run_on_an_embedding_table_is_refused(graph, tmp_path):
     table = tmp_path / "table"
     first = overrides(graph, tmp_path / "a", "model.node_embedding.dim=4", f"model.node_embedding.path={table}")
     second = overrides(graph, tmp_path / "b", "model.node_embedding.dim=4", f"model.node_embedding.path={table}")
-    child = hold(f"from lsm_gnn.config import load_config\nfrom lsm_gnn.trainer import Trainer\n"
+    child = hold(f"from lsm_gnn.config import load_config\nfrom lsm_gnn.training.trainer import Trainer\n"
                  f"t = Trainer(load_config(None, {first!r}))", "trainer ready")
     try:
         journal = (table / "undo.0.log").read_bytes()
@@ -122,9 +122,9 @@ def test_a_trainer_that_fails_to_start_holds_nothing(graph, tmp_path, monkeypatc
     import threading
 
     from lsm_gnn.config import ConfigError, load_config
-    from lsm_gnn.fileio import _held_locks
     from lsm_gnn.kernels import kernel_setting
-    from lsm_gnn.trainer import Trainer
+    from lsm_gnn.training.trainer import Trainer
+    from lsm_gnn.utils.fileio import _held_locks
 
     def checks_running():
         return sum(t.name == "lsm-gnn-verify" for t in threading.enumerate())

@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from lsm_gnn.benchmarking import load_script
-from lsm_gnn.memcap import MemoryCap, MemoryCapError
 from lsm_gnn.testing import write_tiny_dataset
+from lsm_gnn.testing.benchmarking import load_script
+from lsm_gnn.utils.memcap import MemoryCap, MemoryCapError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -82,7 +82,7 @@ def auto_access_with_memory(tmp_path, monkeypatch):
     ``size`` bytes of topology while the host reports ``available`` bytes of memory left (None: unknown);
     ``access(available, asked)`` what ``asked`` resolves to."""
     import lsm_gnn.defaults as defaults
-    import lsm_gnn.memcap as memcap
+    import lsm_gnn.utils.memcap as memcap
     from lsm_gnn.sampling.neighbor import topology_access_for
 
     monkeypatch.setattr(defaults, "AUTO_MIN_ROOM", 0)  # the floor of a tight cap has a test of its own

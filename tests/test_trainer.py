@@ -10,7 +10,7 @@ pytest.importorskip("torch_geometric")
 
 from lsm_gnn.cli import main as cli  # noqa: E402
 from lsm_gnn.config import ConfigError, load_config  # noqa: E402
-from lsm_gnn.trainer import Trainer, atomic_torch_save, load_checkpoint, train  # noqa: E402
+from lsm_gnn.training.trainer import Trainer, atomic_torch_save, load_checkpoint, train  # noqa: E402
 
 
 # The graph fixture (conftest.py) generates this once per module.

@@ -12,7 +12,7 @@ pytest.importorskip("torch_geometric")
 from lsm_gnn.cli import main as cli  # noqa: E402
 from lsm_gnn.config import ConfigError, load_config  # noqa: E402
 from lsm_gnn.testing import rewrite_checksums  # noqa: E402
-from lsm_gnn.trainer import Trainer, TrainingDiverged, all_finite  # noqa: E402
+from lsm_gnn.training.trainer import Trainer, TrainingDiverged, all_finite  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -154,7 +154,7 @@ def test_ctrl_c_prints_one_line(graph):
 
 
 def test_an_internal_error_is_one_line_with_a_way_to_the_traceback(graph, monkeypatch, capsys):
-    import lsm_gnn.trainer as trainer
+    import lsm_gnn.training.trainer as trainer
 
     def broken(cfg, out=None):
         raise ZeroDivisionError("division by zero")

@@ -1,10 +1,10 @@
-"""The multi-node harness itself (lsm_gnn/virtual_hosts.py): hosts reach each other over their link, the relay
+"""The multi-node harness itself (lsm_gnn/testing/virtual_hosts.py): hosts reach each other over their link, the relay
 delays and drops what it is told to, and the rsh agent runs a command on the host it names."""
 import subprocess
 
 import pytest
 
-from lsm_gnn.virtual_hosts import INTERFACE, VirtualHosts, relay_unavailable, round_trip_ms, unavailable
+from lsm_gnn.testing.virtual_hosts import INTERFACE, VirtualHosts, relay_unavailable, round_trip_ms, unavailable
 
 WHY_NOT = unavailable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"no namespaced hosts: {WHY_NOT}")

@@ -19,8 +19,8 @@ import heapq
 import numpy as np
 import torch
 
-from lsm_gnn.cache.hashing import set_of
-from lsm_gnn.ids import as_id_tensor
+from lsm_gnn.cache.geometry import set_of
+from lsm_gnn.utils.ids import as_id_tensor
 
 NEVER = np.iinfo(np.int64).max
 

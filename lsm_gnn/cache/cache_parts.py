@@ -24,9 +24,9 @@ from lsm_gnn.cache.stats import CacheStats
 from lsm_gnn.cache.write_back import write_back_for
 from lsm_gnn.defaults import PERIOD, READ_AHEAD_BYTES, WAYS, WINDOW, policy_for
 from lsm_gnn.features import StorageShape
-from lsm_gnn.hostmem import host_zeros
-from lsm_gnn.ids import as_id_tensor
 from lsm_gnn.kernels import kernel_mode
+from lsm_gnn.utils.hostmem import host_zeros
+from lsm_gnn.utils.ids import as_id_tensor
 
 
 class CacheParts(StorageShape):
@@ -190,7 +190,7 @@ class CacheParts(StorageShape):
         self._ahead.close()
 
     def describe(self) -> str:
-        from lsm_gnn.units import format_bytes
+        from lsm_gnn.utils.units import format_bytes
 
         pvp = f" with a victim buffer ({self.pvp.capacity:,} lines per queue)" if self.pvp is not None else ""
         rows = self.storage.num_rows  # the rows this cache serves: of a typed graph, its group's types only

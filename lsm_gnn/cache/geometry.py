@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from lsm_gnn.cache.hashing import set_of
-from lsm_gnn.units import parse_bytes, suggest_bytes
+from lsm_gnn.utils.hashing import splitmix64
+from lsm_gnn.utils.units import parse_bytes, suggest_bytes
 
 #: a suggested cache holds this many times the distinct ids of the batch it was sized for: batches vary
 HEADROOM = 1.25
+
+
+def set_of(ids, num_sets: int) -> np.ndarray:
+    """The set of each id: ``splitmix64(id) % num_sets``, as the C++ and CUDA caches hash ids
+    (``csrc/cache/line_state.h``); the reference model and the capacity planner use it to agree with them."""
+    return (splitmix64(np.asarray(ids, dtype=np.int64)) % np.uint64(num_sets)).astype(np.int64)
 
 
 class CacheTooSmall(ValueError):

@@ -74,7 +74,7 @@ import torch
 from lsm_gnn.kernels.layout import INDEX_MASK
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
 from lsm_gnn.defaults import PVP_QUEUE_BYTES
-from lsm_gnn.units import parse_bytes
+from lsm_gnn.utils.units import parse_bytes
 
 DEFAULT_QUEUE_BYTES = PVP_QUEUE_BYTES
 

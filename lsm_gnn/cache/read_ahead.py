@@ -25,8 +25,8 @@ import torch
 
 from lsm_gnn.defaults import (READ_AHEAD_BYTES, READ_AHEAD_DEPTH, READ_AHEAD_MAX_BYTES, READ_AHEAD_MEMORY_SHARE,
                               AUTO_MIN_ROOM)
-from lsm_gnn.ids import as_id_tensor
-from lsm_gnn.units import parse_bytes
+from lsm_gnn.utils.ids import as_id_tensor
+from lsm_gnn.utils.units import parse_bytes
 
 
 #: every ReadAhead alive: closed at exit, so no worker is inside a native read while the interpreter ends
@@ -170,7 +170,7 @@ def default_depth(from_disk: bool) -> int:
     the misses' reads then overlapped training (13.0 ms an iteration against 26.1, at 0.92 of the disk's bound)."""
     if not from_disk:
         return 0
-    from lsm_gnn.memcap import available_memory
+    from lsm_gnn.utils.memcap import available_memory
 
     room = available_memory()
     return READ_AHEAD_DEPTH if room is None or room >= AUTO_MIN_ROOM else 0
@@ -210,7 +210,7 @@ def read_ahead_budget(value) -> int:
         if budget < 1:
             raise ValueError(f"a read-ahead budget must be at least one byte, got {value!r}")
         return budget
-    from lsm_gnn.memcap import available_memory
+    from lsm_gnn.utils.memcap import available_memory
 
     room = available_memory()
     return READ_AHEAD_MAX_BYTES if room is None else max(1, min(READ_AHEAD_MAX_BYTES,

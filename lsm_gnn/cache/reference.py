@@ -73,13 +73,14 @@ import numpy as np
 import torch
 
 # The model uses the production geometry and counters; splitmix64 and quantize_scores stay importable from here.
-from lsm_gnn.cache.hashing import set_of, splitmix64  # noqa: F401
+from lsm_gnn.cache.geometry import set_of  # noqa: F401
 from lsm_gnn.cache.policies import LEVEL_FAR, LEVEL_FRESH, LEVEL_NEAR, LEVEL_NONE, PolicyConfig
 from lsm_gnn.cache.policies import quantize_scores  # noqa: F401
 from lsm_gnn.kernels.layout import INDEX_MASK, INVALID_TAG, NO_REUSE, pack_record
+from lsm_gnn.utils.hashing import splitmix64  # noqa: F401
 from lsm_gnn.cache.pvp import PVPStats
 from lsm_gnn.cache.stats import CacheStats
-from lsm_gnn.ids import as_id_tensor
+from lsm_gnn.utils.ids import as_id_tensor
 
 
 @dataclass

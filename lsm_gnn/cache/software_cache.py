@@ -16,8 +16,8 @@ from lsm_gnn.cache.plan import LookupPlan
 from lsm_gnn.cache.staging import side_stream
 from lsm_gnn.cache.state import Assignment
 from lsm_gnn.cache.window import first_occurrences
-from lsm_gnn.ids import as_id_tensor, unique_ids
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
+from lsm_gnn.utils.ids import as_id_tensor, unique_ids
 
 
 def _as_bytes(rows: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from lsm_gnn.cache.hashing import set_of
+from lsm_gnn.cache.geometry import set_of
 from lsm_gnn.kernels.layout import INDEX_MASK, INVALID_TAG, NO_REUSE_RECORD, REUSE_SHIFT
 from lsm_gnn.cache.policies import POLICY_CODE, PolicyConfig
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)

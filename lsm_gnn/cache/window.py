@@ -12,7 +12,7 @@ from typing import Iterable, Iterator
 import torch
 
 from lsm_gnn.defaults import WINDOW
-from lsm_gnn.ids import as_id_tensor
+from lsm_gnn.utils.ids import as_id_tensor
 
 
 class WindowBuffer:

@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from lsm_gnn.hashing import splitmix64
+from lsm_gnn.utils.hashing import splitmix64
 
 
 class ModuloOwner:

@@ -59,8 +59,8 @@ from lsm_gnn.comm.group import ProgressBoard, collective_timeout
 from lsm_gnn.comm.padded import PaddedAllToAll, Pending
 from lsm_gnn.comm.shm import HEADER, SharedRows, exchange_choice, negotiate
 from lsm_gnn.features import StorageShape
-from lsm_gnn.hostmem import HostBufferPool, host_zeros
-from lsm_gnn.ids import as_id_tensor, unique_ids
+from lsm_gnn.utils.hostmem import HostBufferPool, host_zeros
+from lsm_gnn.utils.ids import as_id_tensor, unique_ids
 
 
 @dataclass

@@ -34,7 +34,7 @@ from lsm_gnn.data.synthetic import (
     rng_for, synthetic_feature_block,
 )
 from lsm_gnn.data.writer import DatasetWriter
-from lsm_gnn.progress import progress_bar
+from lsm_gnn.utils.progress import progress_bar
 
 USER_BLOCK = 1 << 16      # users per RNG block
 GENERATOR_VERSION = 1     # bump when the output for given parameters changes

@@ -22,7 +22,7 @@ from lsm_gnn.data.dataset import Dataset
 from lsm_gnn.data.format import FEATURE_DTYPES, SPLITS
 from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
 from lsm_gnn.data.writer import EDGE_CHUNK, DatasetWriter, csr_edge_chunks
-from lsm_gnn.progress import progress_bar
+from lsm_gnn.utils.progress import progress_bar
 
 FEATURE_CHUNK_BYTES = 32 << 20  # bytes of source features read per write
 VECTOR_CHUNK = 1 << 22          # entries per chunk when scanning per-node vectors

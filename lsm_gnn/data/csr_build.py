@@ -29,7 +29,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from lsm_gnn.fileio import CheckedFile
+from lsm_gnn.utils.fileio import CheckedFile
 
 EDGE_CHUNK = 1 << 22     # edges per chunk when passing over edges; bounds memory to ~100 MB
 BUCKET_EDGES = 1 << 23   # CSR entries sorted in memory at once (~50 bytes each while sorting: ~400 MB)

@@ -26,7 +26,7 @@ from lsm_gnn.data.format import (  # noqa: F401
     ONE_RELATION, ONE_TYPE, DatasetError, FeatureLayout, read_rows_direct, relation_key, typed_entries,
     verify_checksums,
 )
-from lsm_gnn.fileio import contained_path
+from lsm_gnn.utils.fileio import contained_path
 
 Relation = tuple[str, str, str]
 

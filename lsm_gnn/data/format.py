@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from lsm_gnn.fileio import contained_path
+from lsm_gnn.utils.fileio import contained_path
 
 FORMAT_NAME = "lsm-gnn-dataset"
 SCHEMA_VERSION = 1         # one node type (this module)

@@ -17,8 +17,8 @@ import numpy as np
 from lsm_gnn.data.dataset import Relation, relation_key, type_offsets
 from lsm_gnn.data.format import FORMAT_NAME, HETERO_SCHEMA_VERSION, DatasetError, check_name
 from lsm_gnn.data.writer import AtomicDatasetWriter, TypedDatasetWriter, build_csr_files, csr_edge_chunks
-from lsm_gnn.fileio import make_temporary
-from lsm_gnn.progress import progress_bar
+from lsm_gnn.utils.fileio import make_temporary
+from lsm_gnn.utils.progress import progress_bar
 from lsm_gnn.version import __version__
 
 

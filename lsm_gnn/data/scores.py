@@ -6,7 +6,7 @@ import torch
 
 from lsm_gnn.data.format import check_neighbor_ids, source_file, topology_error
 from lsm_gnn.data.csr_build import EDGE_CHUNK
-from lsm_gnn.ids import read_only_tensor
+from lsm_gnn.utils.ids import read_only_tensor
 
 SCORE_NAMES = ("reverse_pagerank", "degree")
 

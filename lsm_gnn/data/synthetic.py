@@ -35,7 +35,7 @@ import numpy as np
 from lsm_gnn.data.dataset import Dataset
 from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
 from lsm_gnn.data.writer import DatasetWriter
-from lsm_gnn.progress import progress_bar
+from lsm_gnn.utils.progress import progress_bar
 
 EDGE_BLOCK = 1 << 21     # edges per RNG block (~100 MB of temporaries)
 FEATURE_BLOCK = 1 << 12  # feature rows per RNG block; chunks are whole blocks

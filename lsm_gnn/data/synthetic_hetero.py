@@ -57,7 +57,7 @@ from lsm_gnn.data.synthetic import (
     synthetic_split, write_synthetic_features,
 )
 from lsm_gnn.data.writer import csr_edge_chunks
-from lsm_gnn.progress import progress_bar
+from lsm_gnn.utils.progress import progress_bar
 
 SOURCE_BLOCK = 1 << 16  # drawing papers (authors) per RNG block of a drawn relation
 GENERATOR_VERSION = 1   # bump when the output for given parameters changes

@@ -324,7 +324,7 @@ def record_checksums(path: str) -> list[str]:
 
     from lsm_gnn.data import open_dataset
     from lsm_gnn.data.format import BLOCK_BYTES, block_sums_of_file
-    from lsm_gnn.fileio import CheckedFile, atomic_write_bytes, fsync_path
+    from lsm_gnn.utils.fileio import CheckedFile, atomic_write_bytes, fsync_path
 
     ds = open_dataset(path, check="shape")  # the structure must hold; only the bytes' record is redone
     with open(ds.file_path(META_FILE), "rb") as fh:

@@ -41,7 +41,7 @@ from lsm_gnn.data.csr_build import EDGE_CHUNK, build_csr_files, index_dtype_for 
 from lsm_gnn.data.opening import open_dataset
 from lsm_gnn.data.scores import SCORE_NAMES, check_score_names, compute_scores
 # DiskFullError and remove_stale_temporaries are re-exported: the writer's errors and clean-up.
-from lsm_gnn.fileio import (  # noqa: F401
+from lsm_gnn.utils.fileio import (  # noqa: F401
     CheckedFile, DiskFullError, fsync_path, make_temporary, remove_stale_temporaries, reporting_disk_full,
     temp_prefix,
 )

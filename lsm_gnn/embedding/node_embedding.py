@@ -28,8 +28,8 @@ import torch
 
 from lsm_gnn.config import ConfigError
 from lsm_gnn.embedding.rows import RowLayout, RowOptimizer, initial_rows
-from lsm_gnn.ids import as_id_tensor, unique_ids
 from lsm_gnn.storage import EmbeddingTable
+from lsm_gnn.utils.ids import as_id_tensor, unique_ids
 
 
 def open_table(path: str, layout: RowLayout, num_rows: int, *, seed: int, init_std: float, rank: int = 0,

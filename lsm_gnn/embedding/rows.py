@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lsm_gnn.hashing import mix64
+from lsm_gnn.utils.hashing import mix64
 
 # The one table of names: optimizer -> number of float32 state slots (each `dim` wide) beside the embedding.
 _STATE_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2}

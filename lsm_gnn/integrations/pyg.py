@@ -18,8 +18,8 @@ except ImportError as exc:
     raise ImportError(f"lsm_gnn.integrations.pyg needs PyG ({exc}); install it with: "
                       "pip install 'torch_geometric>=2.4'") from exc
 
-from lsm_gnn.ids import as_id_tensor
-from lsm_gnn.units import format_bytes, parse_bytes
+from lsm_gnn.utils.ids import as_id_tensor
+from lsm_gnn.utils.units import format_bytes, parse_bytes
 
 LABEL_BYTES = 8  # labels are int64
 

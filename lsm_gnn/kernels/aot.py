@@ -6,7 +6,7 @@ launcher turned into a constant (Triton specializes an integer argument equal to
 run-time value, a layout a pass cannot handle. Two steps, in two processes, because triton decides at its import
 whether it interprets:
 
-1. record (:mod:`lsm_gnn.kernel_launches`, which drives the cache and the sampler from above them): run the
+1. record (:mod:`lsm_gnn.testing.kernel_launches`, which drives the cache and the sampler from above them): run the
    project's own code (the cache under every policy, both PVP modes, a one-set cache, the
    sampler with int32 and int64 indices and several fanouts) on CPU tensors under the interpreter, and keep
    each kernel launch's arguments as the launcher sees them (tensor dtypes and alignment, integer values,
@@ -15,7 +15,7 @@ whether it interprets:
    to 1, then past 2**31), into the signature, constants and attributes Triton's own launcher derives, compile
    it for each architecture, and read registers and spills from ``ptxas -v``.
 
-    python -m lsm_gnn.kernel_launches launches.json
+    python -m lsm_gnn.testing.kernel_launches launches.json
     python -m lsm_gnn.kernels.aot compile launches.json --arch 80,90 --json report.json
 
 tests/test_kernels_compile.py runs both for sm_80 and sm_90 with every installed triton.
@@ -274,7 +274,7 @@ def _report_line(row: dict) -> str:
 
 
 def write_json(path: str, obj) -> None:
-    from lsm_gnn.fileio import atomic_write_bytes
+    from lsm_gnn.utils.fileio import atomic_write_bytes
 
     atomic_write_bytes(json.dumps(obj, indent=1).encode(), path)
 

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lsm_gnn.hashing import mix64
+from lsm_gnn.utils.hashing import mix64
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1

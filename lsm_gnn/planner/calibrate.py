@@ -38,10 +38,10 @@ import time
 import numpy as np
 import torch
 
-from lsm_gnn.fileio import NotOurFileError, atomic_write_bytes, check_output_file
+from lsm_gnn.utils.fileio import NotOurFileError, atomic_write_bytes, check_output_file
 from lsm_gnn.planner.simulate import ReadGeometry, trace_features
-from lsm_gnn.run_resources import training_threads
-from lsm_gnn.timing import median_seconds
+from lsm_gnn.training.resources import training_threads
+from lsm_gnn.utils.timing import median_seconds
 
 CALIBRATION_VERSION = 6  # 6: the training part measures the node embeddings' update
 #: a part whose runs' main figure spreads wider than this (range over median) is measured again, then reported
@@ -296,7 +296,7 @@ def measure_training(cfg, dataset, steps: int = 32, skip: int = 3) -> dict:
     """The trainer itself for ``steps`` iterations, features from a storage that reads nothing; means of
     the per-iteration train, sample and (with node embeddings) update stages after ``skip`` warm-up
     iterations."""
-    from lsm_gnn.trainer import Trainer
+    from lsm_gnn.training.trainer import Trainer
 
     with tempfile.TemporaryDirectory(prefix="lsm-gnn-plan-") as log_dir:
         run_cfg = calibration_config(cfg, log_dir, steps + skip, dataset.node_types)

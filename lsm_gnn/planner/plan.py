@@ -36,12 +36,12 @@ import torch
 
 from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.loader import NodeLoader
-from lsm_gnn.memcap import available_memory
+from lsm_gnn.utils.memcap import available_memory
 from lsm_gnn.planner import calibrate
 from lsm_gnn.planner.model import StageMs, bound_stage, contended_ms, recommend, run_ms
 from lsm_gnn.planner.simulate import (TraceStorage, TraceTable, on_loader_thread, record_trace, simulate_cache,
                                       simulate_table, table_geometry, trace_features)
-from lsm_gnn.run_resources import training_threads
+from lsm_gnn.training.resources import training_threads
 from lsm_gnn.storage.base import TORCH_DTYPES
 from lsm_gnn.training.metrics import ratios_text
 
@@ -277,7 +277,7 @@ def _record(cfg: Config, dataset, iterations: int | None, log, features):
 
 def modelled_text(run: dict) -> str:
     """What a plan modelled of the run, and how that differs from it."""
-    from lsm_gnn.units import format_bytes
+    from lsm_gnn.utils.units import format_bytes
 
     n, total, epoch = run["iterations"], run["run_iterations"], run["epoch_length"]
     epochs = f"{run['epochs']} epoch(s) of {epoch:,}" + (f", train.max_iterations={total:,}" if run["max_iterations"]
@@ -621,7 +621,7 @@ def _hidden_text(run: dict) -> str:
 
 def format_plan(plan: dict) -> str:
     """The plan as a table, the bound stage and the recommendation."""
-    from lsm_gnn.units import format_bytes
+    from lsm_gnn.utils.units import format_bytes
 
     run, ds = plan["run"], plan["dataset"]
     lines = [f"plan for {ds['path']}: {dataset_text(ds)}; fanouts {run['fanouts']}, "

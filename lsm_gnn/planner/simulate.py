@@ -355,7 +355,7 @@ def simulate_table(trace: Trace, measured: int, table: TraceTable, geometry: Rea
     Returns the hit ratio over the rows read (the run's ``embedding_hit_ratio``), bytes read and written (its
     ``embedding_bytes_read`` and ``embedding_bytes_written``), reads and writes issued (a write per row, as the
     table's native writes), the cache's own time of the lookups, per iteration and under ``each``."""
-    from lsm_gnn.ids import unique_ids
+    from lsm_gnn.utils.ids import unique_ids
 
     table.take_reads()
     table.take_writes()

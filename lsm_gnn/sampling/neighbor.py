@@ -56,9 +56,9 @@ from lsm_gnn.data.dataset import ONE_RELATION, ONE_TYPE, Relation, relation_key
 from lsm_gnn.data.fanouts import keyed_fanouts
 from lsm_gnn.data.format import source_file, topology_error
 from lsm_gnn.defaults import TOPOLOGY_ACCESS
-from lsm_gnn.hashing import mix64
-from lsm_gnn.hostmem import host_zeros
-from lsm_gnn.ids import as_id_tensor, first_occurrence_labels, read_only_tensor
+from lsm_gnn.utils.hashing import mix64
+from lsm_gnn.utils.hostmem import host_zeros
+from lsm_gnn.utils.ids import as_id_tensor, first_occurrence_labels, read_only_tensor
 from lsm_gnn.kernels import kernel_mode
 from lsm_gnn.kernels.ops import hops_of  # importing it registers torch.ops.lsm_gnn
 
@@ -189,7 +189,7 @@ def topology_access_for(graph: Graph, relations, access: str) -> str:
     if access != "auto":
         return access
     from lsm_gnn.defaults import AUTO_MIN_ROOM
-    from lsm_gnn.memcap import available_memory
+    from lsm_gnn.utils.memcap import available_memory
 
     mapped = sum(a.nbytes for r in relations for a in graph.csr(r) if getattr(a, "_mmap", None) is not None)
     room = available_memory()

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 # Imported here for the reads below; also keeps `from lsm_gnn.storage.base import as_id_tensor` working.
-from lsm_gnn.ids import as_id_tensor  # noqa: F401
+from lsm_gnn.utils.ids import as_id_tensor  # noqa: F401
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "int8": torch.int8, "uint8": torch.uint8}
 

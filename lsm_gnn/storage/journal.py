@@ -48,8 +48,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lsm_gnn.fileio import atomic_write_bytes, fsync_path
 from lsm_gnn.storage.table_files import DATA_FILE, FRESH_FIX, META_FILE, TableError, write_runs
+from lsm_gnn.utils.fileio import atomic_write_bytes, fsync_path
 
 JOURNAL_MAGIC = b"LSMUNDO1"
 JOURNAL_VERSION = 2

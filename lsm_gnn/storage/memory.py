@@ -10,8 +10,8 @@ import time
 import numpy as np
 import torch
 
-from lsm_gnn.hostmem import host_zeros
 from lsm_gnn.storage.base import CountingStorage
+from lsm_gnn.utils.hostmem import host_zeros
 
 
 class MemoryStorage(CountingStorage):

@@ -6,7 +6,7 @@ import warnings
 import torch
 
 from lsm_gnn.storage.base import FeatureStorage, StorageStats
-from lsm_gnn.units import parse_bytes
+from lsm_gnn.utils.units import parse_bytes
 
 
 class NativeStorage(FeatureStorage):

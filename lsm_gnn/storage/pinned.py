@@ -23,9 +23,9 @@ import weakref
 
 import torch
 
-from lsm_gnn.memcap import available_memory
 from lsm_gnn.storage.memory import MemoryStorage
-from lsm_gnn.units import format_bytes
+from lsm_gnn.utils.memcap import available_memory
+from lsm_gnn.utils.units import format_bytes
 
 # cudaHostRegisterPortable | cudaHostRegisterMapped: every GPU of the process may read it, at a device address.
 HOST_REGISTER_FLAGS = 1 | 2

@@ -38,16 +38,16 @@ import numpy as np
 import torch
 
 from lsm_gnn.data.format import PAGE_SIZE, FeatureLayout, feature_file_bytes, row_stride_for, row_stride_problem
-from lsm_gnn.fileio import (
-    CheckedFile, RunLock, atomic_write_bytes, contained_path, fsync_path, remove_stale_temporaries,
-    make_temporary, reporting_disk_full,
-)
-from lsm_gnn.ids import as_id_tensor
 from lsm_gnn.storage.journal import (
     HEADER, JOURNAL_NAME, RowSet, journal_header, read_journal_header, record_crcs, record_dtype, recover_table,
 )
 from lsm_gnn.storage.native import NativeStorage
 from lsm_gnn.storage.table_files import DATA_FILE, FRESH_FIX, META_FILE, TableError, pwrite_all, write_runs
+from lsm_gnn.utils.fileio import (
+    CheckedFile, RunLock, atomic_write_bytes, contained_path, fsync_path, remove_stale_temporaries,
+    make_temporary, reporting_disk_full,
+)
+from lsm_gnn.utils.ids import as_id_tensor
 
 FORMAT_NAME = "lsm-gnn-embedding-table"
 FORMAT_VERSION = 1
@@ -493,7 +493,7 @@ def _copy_bytes(src: int, dst: int, size: int) -> None:
 
 def _write_rows_file(path: str, meta: dict, init, chunk_rows: int, progress: bool) -> None:
     """Writes table.bin of a new table: the rows from ``init`` in chunks, zero padded, fsynced."""
-    from lsm_gnn.progress import progress_bar
+    from lsm_gnn.utils.progress import progress_bar
 
     num_rows, row_bytes, stride = meta["num_rows"], meta["row_bytes"], meta["row_stride"]
     with CheckedFile(path, size=meta["file_bytes"]) as fh, \

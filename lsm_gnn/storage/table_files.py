@@ -11,7 +11,7 @@ import os
 import numpy as np
 import torch
 
-from lsm_gnn.fileio import reporting_disk_full
+from lsm_gnn.utils.fileio import reporting_disk_full
 
 META_FILE = "table.json"
 DATA_FILE = "table.bin"

@@ -1,7 +1,7 @@
 """A trainer's checkpoint: ``last.pt`` holds everything needed to continue exactly where the run stopped (model,
 optimizer, loader position, every rank's RNG, the epoch's accumulators, the evaluations and the selection, the
 log's length), and with node embeddings the generation of the table it pairs with. Writes are atomic
-(:func:`lsm_gnn.checkpoint.atomic_torch_save`): a kill leaves the previous checkpoint whole."""
+(:func:`lsm_gnn.training.checkpoint_files.atomic_torch_save`): a kill leaves the previous checkpoint whole."""
 from __future__ import annotations
 
 import os
@@ -10,10 +10,10 @@ import time
 
 import torch
 
-from lsm_gnn.checkpoint import (CheckpointError, atomic_torch_save, load_checkpoint,
-                                remove_stale_checkpoint_temporaries)
 from lsm_gnn.config import Config, ConfigError
-from lsm_gnn.fileio import contained_path
+from lsm_gnn.training.checkpoint_files import (CheckpointError, atomic_torch_save, load_checkpoint,
+                                remove_stale_checkpoint_temporaries)
+from lsm_gnn.utils.fileio import contained_path
 
 # Settings a resumed run must share with the checkpoint, or its losses would differ.
 RESUME_KEYS = ("dataset", "model", "sampler", "train.task", "train.seed", "train.lr", "train.weight_decay",

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lsm_gnn.config import Config, ConfigError
-from lsm_gnn.fileio import contained_path, reporting_disk_full
+from lsm_gnn.utils.fileio import contained_path, reporting_disk_full
 
 STAGES = ("sample", "gather", "exchange", "wait", "train")  # exchange: the part of gather spent between ranks
 # With model.node_embedding: reading the rows (in the loader's thread; write-back is the part of it spent writing

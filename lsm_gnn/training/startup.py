@@ -12,7 +12,7 @@ import torch
 from lsm_gnn.build import build_features
 from lsm_gnn.config import ConfigError
 from lsm_gnn.features import NoFeatures, TypedFeatures
-from lsm_gnn.task_options import eval_batch_size
+from lsm_gnn.tasks.options import eval_batch_size
 
 
 def run_device(name: str) -> torch.device:
@@ -117,8 +117,8 @@ def check_model_fits(cfg, features, task, device: torch.device) -> None:
     """A model too large for memory is refused with its key before it is allocated (the kernel would kill
     the process without a word). A lower bound: each layer's hidden x hidden weights (the first layer's
     input x hidden), with their gradients and Adam's two moments."""
-    from lsm_gnn.memcap import available_memory
-    from lsm_gnn.units import format_bytes
+    from lsm_gnn.utils.memcap import available_memory
+    from lsm_gnn.utils.units import format_bytes
 
     m, layers = cfg.model, len(cfg.sampler.fanouts)
     widest_input = max(features.dims().values())

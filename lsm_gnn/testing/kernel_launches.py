@@ -6,7 +6,7 @@ sampler with int32 and int64 indices and several fanouts, and the ``pinned`` sto
 width, on CPU tensors with ``kernels=triton``, and keeps each launch's arguments as the launcher sees them. It
 drives the cache, the sampler and the storage, so it stands above them, not in ``kernels/``.
 
-    python -m lsm_gnn.kernel_launches launches.json
+    python -m lsm_gnn.testing.kernel_launches launches.json
 """
 from __future__ import annotations
 

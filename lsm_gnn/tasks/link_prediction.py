@@ -19,11 +19,11 @@ import numpy as np
 import torch
 
 from lsm_gnn.data.format import DatasetError
-from lsm_gnn.inference import row_entries
+from lsm_gnn.tasks.inference import row_entries
 from lsm_gnn.loader import Batch, NodeLoader
-from lsm_gnn.parallel import all_reduce_sum, batch_to
+from lsm_gnn.comm.distributed import all_reduce_sum, batch_to
 from lsm_gnn.sampling import Hop
-from lsm_gnn.task_options import eval_batch_size, eval_fanouts, loader_options, relation_fanouts
+from lsm_gnn.tasks.options import eval_batch_size, eval_fanouts, loader_options, relation_fanouts
 
 SCORE_CHUNK = 1 << 24  # user x item scores held at once in recall_at_k (64 MiB of float32)
 
@@ -330,7 +330,7 @@ def ranking_sums(model, dataset, features, fanouts, *, k: int = 20, split: str =
     """``({metric: sum over users}, users)`` for the :data:`RANKING_METRICS` over this rank's share of the
     evaluated users (every ``world_size``-th, equal shares); see :func:`recall_at_k`. Sums, so that ranks
     can add theirs up before dividing. ``embeddings`` (every node's, e.g. from
-    :func:`~lsm_gnn.inference.layerwise_inference`) replaces sampling them with :func:`embed_nodes`."""
+    :func:`~lsm_gnn.tasks.inference.layerwise_inference`) replaces sampling them with :func:`embed_nodes`."""
     num_users, num_items = user_item_sizes(dataset)
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -483,7 +483,7 @@ class LinkPrediction:
         c = self.cfg
         embeddings = None
         if c.train.eval_mode == "full":  # every node, every neighbour; the same on every rank
-            from lsm_gnn.inference import layerwise_inference
+            from lsm_gnn.tasks.inference import layerwise_inference
 
             size = eval_batch_size(c)
             embeddings = layerwise_inference(model, self.dataset, features, np.arange(self.dataset.num_nodes),

@@ -8,14 +8,14 @@ import sys
 
 import numpy as np
 
-from lsm_gnn.fileio import check_output_file, write_json_output
-from lsm_gnn.units import format_bytes
+from lsm_gnn.utils.fileio import check_output_file, write_json_output
+from lsm_gnn.utils.units import format_bytes
 
 
 def _inspect(args) -> int:
     if os.path.isfile(args.path):
         return _inspect_checkpoint(args)
-    from lsm_gnn.cli_prepare import format_interactions, shown_by_type, user_item_counts
+    from lsm_gnn.cli.prepare import format_interactions, shown_by_type, user_item_counts
     from lsm_gnn.data import open_dataset
 
     ds = open_dataset(args.path, check="fast")
@@ -119,7 +119,7 @@ def _inspect_typed(ds, args) -> int:
 
 
 def _inspect_checkpoint(args) -> int:
-    from lsm_gnn.checkpoint import CHECKPOINT_VERSION, CheckpointError, load_checkpoint
+    from lsm_gnn.training.checkpoint_files import CHECKPOINT_VERSION, CheckpointError, load_checkpoint
 
     ckpt = load_checkpoint(args.path)
     try:
@@ -156,7 +156,7 @@ def _inspect_checkpoint(args) -> int:
 
 def _train(args) -> int:
     from lsm_gnn.config import load_config, load_grid
-    from lsm_gnn.trainer import train
+    from lsm_gnn.training.trainer import train
 
     overrides = list(args.overrides)
     if args.json:  # fail before training, not after it
@@ -189,7 +189,7 @@ def _train(args) -> int:
 
 
 def _bench_storage(args) -> int:
-    from lsm_gnn.cli_prepare import shown_by_type
+    from lsm_gnn.cli.prepare import shown_by_type
     from lsm_gnn.data import open_dataset
     from lsm_gnn.storage.probe import probe_backend
 
@@ -215,11 +215,11 @@ def _bench_storage(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from lsm_gnn import __version__
-    from lsm_gnn.cli_evaluate import add_evaluate_parsers
-    from lsm_gnn.cli_plan import add_plan_parser
-    from lsm_gnn.cli_plot import add_plot_parser
-    from lsm_gnn.cli_prepare import add_prepare_parser, number_in, parse_positive
-    from lsm_gnn.cli_report import add_report_parser
+    from lsm_gnn.cli.evaluate import add_evaluate_parsers
+    from lsm_gnn.cli.plan import add_plan_parser
+    from lsm_gnn.cli.plot import add_plot_parser
+    from lsm_gnn.cli.prepare import add_prepare_parser, number_in, parse_positive
+    from lsm_gnn.cli.report import add_report_parser
 
     parser = argparse.ArgumentParser(prog="lsm-gnn", description="GNN training with node features on SSD")
     parser.add_argument("--version", action="version", version=f"lsm-gnn {__version__}")
@@ -295,8 +295,8 @@ def _in_process_group() -> bool:
 
 def _leave_process_group() -> None:
     # Left to interpreter exit, gloo's threads can abort the process (SIGABRT), after an error on one rank
-    # or after a successful run (lsm_gnn.parallel.leave_process_group).
-    from lsm_gnn.parallel import leave_process_group
+    # or after a successful run (lsm_gnn.comm.distributed.leave_process_group).
+    from lsm_gnn.comm.distributed import leave_process_group
 
     try:
         leave_process_group()

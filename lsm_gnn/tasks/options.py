@@ -1,7 +1,8 @@
 """What every training task takes from the config: its loader's keywords and the evaluation batch size.
 
-Node classification (:mod:`lsm_gnn.tasks`) and link prediction (:mod:`lsm_gnn.linkpred`) both import it, and
-:func:`lsm_gnn.tasks.make_task` imports them: one direction, no circle."""
+Node classification (:mod:`lsm_gnn.tasks.node_classification`) and link prediction
+(:mod:`lsm_gnn.tasks.link_prediction`) both import it, and :func:`lsm_gnn.tasks.make_task` imports them: one
+direction, no circle."""
 from __future__ import annotations
 
 from lsm_gnn.config import Config, ConfigError

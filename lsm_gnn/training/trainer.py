@@ -21,13 +21,13 @@ import weakref
 import torch
 
 from lsm_gnn.build import resolve
-from lsm_gnn.checkpoint import CheckpointError, atomic_torch_save, load_checkpoint
+from lsm_gnn.training.checkpoint_files import CheckpointError, atomic_torch_save, load_checkpoint
 from lsm_gnn.comm.group import ProgressBoard, check_agreement
 from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.features import TypedFeatures
-from lsm_gnn.parallel import batch_to, distributed_context
-from lsm_gnn.progress import progress_bar
-from lsm_gnn.run_resources import RunResources
+from lsm_gnn.comm.distributed import batch_to, distributed_context
+from lsm_gnn.utils.progress import progress_bar
+from lsm_gnn.training.resources import RunResources
 from lsm_gnn.tasks import make_task
 from lsm_gnn.training import startup
 from lsm_gnn.training.checkpointing import RESUME_KEYS, Checkpointer

@@ -1,4 +1,8 @@
-"""Helpers for tests of lsm-gnn and of code built on it (shipped in the package, as PyG does)."""
+"""Helpers for tests of lsm-gnn and of code built on it (shipped in the package, as PyG does).
+
+Here: tiny datasets and recorded graphs; beside it, what the tests and benchmarks run but the production code never
+imports: :mod:`.kernel_launches` (the recorded kernel launches of the compile check), :mod:`.virtual_hosts` (two
+hosts on one machine for multi-node runs) and :mod:`.benchmarking` (what the benchmark scripts share)."""
 from __future__ import annotations
 
 import json
@@ -102,7 +106,7 @@ def brute_force_min(trace, ways: int, num_sets: int = 1) -> int:
     from functools import lru_cache
     from itertools import combinations
 
-    from lsm_gnn.cache.hashing import set_of
+    from lsm_gnn.cache.geometry import set_of
 
     batches = [tuple(sorted({int(v) for v in b})) for b in trace]
 

@@ -1,7 +1,7 @@
 """``lsm-gnn evaluate`` and ``lsm-gnn export``: a trained model back from its checkpoint, to measure it on a split
 or to write what it learned (every node's embedding; for a user-item dataset each user's top-k items).
 
-The model comes back through the trainer's own resume (:class:`~lsm_gnn.trainer.Trainer` with ``resume_from``):
+The model comes back through the trainer's own resume (:class:`~lsm_gnn.training.trainer.Trainer` with ``resume_from``):
 the checkpoint's config, with the caller's overrides on top (a moved dataset, another cache size, the
 evaluation's fanouts), and nothing written: no checkpoint, no metrics log, no model selection. A model with node embeddings reads
 its table as the checkpoint left it; a table trained further since (its generation has moved on) is refused.
@@ -13,8 +13,8 @@ import sys
 
 import numpy as np
 
-from lsm_gnn.checkpoint import load_checkpoint
-from lsm_gnn.fileio import (
+from lsm_gnn.training.checkpoint_files import load_checkpoint
+from lsm_gnn.utils.fileio import (
     DirectoryLocked, atomic_write_bytes, check_output_directory, check_output_file, write_json_output,
     write_output_record,
 )
@@ -24,9 +24,9 @@ EXPORT_RECORD = "export.json"
 
 
 def restored_trainer(path: str, overrides=(), out=None):
-    """A :class:`~lsm_gnn.trainer.Trainer` in the state the checkpoint at ``path`` recorded, writing nothing."""
+    """A :class:`~lsm_gnn.training.trainer.Trainer` in the state the checkpoint at ``path`` recorded, writing nothing."""
     from lsm_gnn.config import ConfigError, build_config, parse_overrides
-    from lsm_gnn.trainer import Trainer
+    from lsm_gnn.training.trainer import Trainer
 
     ckpt = load_checkpoint(path)
     if not isinstance(ckpt.get("config"), dict):
@@ -71,7 +71,7 @@ def export_command(args) -> int:
     import torch
 
     from lsm_gnn.config import ConfigError
-    from lsm_gnn.task_options import eval_batch_size, eval_fanouts, loader_options
+    from lsm_gnn.tasks.options import eval_batch_size, eval_fanouts, loader_options
 
     outputs = ["embeddings.npy"] + (["top_k.npy", "top_k.csv"] if args.top_k else [])
     check_output_directory(args.out, outputs, "--out", EXPORT_RECORD)  # before the model loads
@@ -79,7 +79,7 @@ def export_command(args) -> int:
         if trainer.cfg.train.task != "link":
             raise ConfigError("lsm-gnn export writes the node embeddings of a link-prediction model "
                               "(train.task=link); this checkpoint's task is " + trainer.cfg.train.task)
-        from lsm_gnn.linkpred import embed_nodes
+        from lsm_gnn.tasks.link_prediction import embed_nodes
 
         ds, cfg = trainer.dataset, trainer.cfg
         trainer.model.eval()
@@ -112,8 +112,8 @@ def _write_top_k(ds, emb, k: int, out: str) -> list[str]:
     user has fewer candidates), and ``top_k.csv`` with the file's own ids where the dataset has them."""
     import torch
 
-    from lsm_gnn.inference import row_entries
-    from lsm_gnn.linkpred import SCORE_CHUNK, _pairs_of, user_item_sizes
+    from lsm_gnn.tasks.inference import row_entries
+    from lsm_gnn.tasks.link_prediction import SCORE_CHUNK, _pairs_of, user_item_sizes
 
     num_users, num_items = user_item_sizes(ds)
     k = min(k, num_items)
@@ -152,7 +152,7 @@ def _write_top_k(ds, emb, k: int, out: str) -> list[str]:
 
 
 def add_evaluate_parsers(sub) -> None:
-    from lsm_gnn.cli_prepare import parse_count
+    from lsm_gnn.cli.prepare import parse_count
 
     evaluate = sub.add_parser("evaluate", help="evaluate a checkpoint on a split",
                               description="Loads the model of a checkpoint written by 'lsm-gnn train' (last.pt or "

@@ -3,7 +3,7 @@
 The trainer asks a task (:class:`Task`) for its loader (``train_loader``),
 its loss on a batch and its metrics on a split; ``make_task`` picks the task
 a config names (``train.task``: node classification here, link prediction in
-:mod:`lsm_gnn.linkpred`). Both take graphs of one node type; node
+:mod:`lsm_gnn.tasks.link_prediction`). Both take graphs of one node type; node
 classification also typed graphs (its target type's seeds).
 """
 from __future__ import annotations
@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from lsm_gnn.config import Config, ConfigError
-from lsm_gnn.linkpred import LinkPrediction
+from lsm_gnn.tasks.link_prediction import LinkPrediction
 from lsm_gnn.loader import NodeLoader
-from lsm_gnn.parallel import all_reduce_sum, batch_to
-from lsm_gnn.task_options import eval_batch_size, eval_fanouts, loader_options, relation_fanouts
+from lsm_gnn.comm.distributed import all_reduce_sum, batch_to
+from lsm_gnn.tasks.options import eval_batch_size, eval_fanouts, loader_options, relation_fanouts
 
 
 class Task(Protocol):
@@ -119,7 +119,7 @@ class NodeClassification:
     def evaluate(self, model, features, split: str, device, rank: int, world_size: int) -> dict:
         seeds = self.labeled(split)
         if self.cfg.train.eval_mode == "full":  # every rank gets every seed's logits
-            from lsm_gnn.inference import layerwise_inference
+            from lsm_gnn.tasks.inference import layerwise_inference
 
             size = eval_batch_size(self.cfg)
             logits = layerwise_inference(model, self.dataset, features, seeds, chunk_size=size, read_rows=size,

@@ -11,8 +11,8 @@ import time
 
 from lsm_gnn.data import DatasetError, open_dataset
 from lsm_gnn.data.dataset import ONE_TYPE
-from lsm_gnn.fileio import atomic_write_bytes
-from lsm_gnn.timing import median_seconds  # noqa: F401  (the benchmark scripts take it from here too)
+from lsm_gnn.utils.fileio import atomic_write_bytes
+from lsm_gnn.utils.timing import median_seconds  # noqa: F401  (the benchmark scripts take it from here too)
 
 
 def write_json(path: str, result, indent: int = 2) -> None:

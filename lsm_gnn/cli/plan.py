@@ -18,7 +18,7 @@ def _names(text: str) -> list[str]:
 
 
 def _plan(args) -> int:
-    from lsm_gnn.fileio import check_output_file, write_json_output
+    from lsm_gnn.utils.fileio import check_output_file, write_json_output
     from lsm_gnn.config import load_config
     from lsm_gnn.planner import format_plan, make_plan
 
@@ -33,7 +33,7 @@ def _plan(args) -> int:
     if args.json and args.json != "-":
         check_output_file(args.json, "--json")
     if args.plot:  # refused before the plan's work, not after it
-        from lsm_gnn.cli_plot import check_figure_path, pyplot
+        from lsm_gnn.cli.plot import check_figure_path, pyplot
 
         if os.path.isdir(args.plot):
             raise ValueError(f"--plot {args.plot} is a directory; give a PNG file name")
@@ -53,7 +53,7 @@ def _plan(args) -> int:
         if args.json:
             write_json_output(args.json, plan, "lsm-gnn plan", "--json")
     if args.plot:
-        from lsm_gnn.cli_plot import draw_plan
+        from lsm_gnn.cli.plot import draw_plan
 
         draw_plan(plan, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr if args.json == "-" else sys.stdout)
@@ -71,7 +71,7 @@ def _positive(text: str) -> int:
 
 
 def add_plan_parser(sub) -> None:
-    from lsm_gnn.cli_prepare import number_in
+    from lsm_gnn.cli.prepare import number_in
     from lsm_gnn.planner.calibrate import DEFAULT_FILE
     from lsm_gnn.planner.plan import MODELLED_ITERATIONS
 

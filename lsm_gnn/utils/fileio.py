@@ -33,7 +33,7 @@ class DiskFullError(OSError):
     """No space left on the disk (or the quota is used up) while writing ``filename``."""
 
     def __init__(self, path: str, needed: int | None = None, exact: bool = True):
-        from lsm_gnn.units import format_bytes
+        from lsm_gnn.utils.units import format_bytes
 
         need = "" if needed is None else \
             f"it needs {'' if exact else 'at least '}{format_bytes(needed)} ({needed:,} bytes), "

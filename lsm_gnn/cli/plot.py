@@ -9,7 +9,7 @@ plan (``lsm-gnn plan --json``), ``plan.png``: the predicted hit ratio and ms per
 per policy, and each policy's stages (:func:`draw_plan`). From ``benchmarks/plan_validation.py``'s JSON,
 ``plan_validation.png``: predicted beside measured ms per iteration and hit ratio (:func:`draw_validation`). The
 input is told apart by its content (:func:`read_input`); a log's records and a plan's fields are checked first
-(:mod:`lsm_gnn.run_log`, :func:`check_input`), and names from them are drawn as plain text. Every PNG carries a
+(:mod:`lsm_gnn.training.run_log`, :func:`check_input`), and names from them are drawn as plain text. Every PNG carries a
 mark (:data:`PNG_MARK`): a file without it is never replaced. Needs matplotlib (``pip install matplotlib``, or
 the ``plot`` extra).
 """
@@ -19,9 +19,9 @@ import json
 import math
 import os
 
-from lsm_gnn import run_log
-from lsm_gnn.fileio import atomic_write_bytes, check_output_file
-from lsm_gnn.run_log import SPLITS, Unusable, read_log
+from lsm_gnn.training import run_log
+from lsm_gnn.utils.fileio import atomic_write_bytes, check_output_file
+from lsm_gnn.training.run_log import SPLITS, Unusable, read_log
 
 SMOOTH = 25  # iterations in the moving average drawn over each per-iteration series
 #: the tEXt chunk that marks a PNG lsm-gnn wrote: only such a file is replaced by a later figure
@@ -141,7 +141,7 @@ TRAINING_STAGES = ("wait", "train", "update")
 
 @plain_text
 def plot_run(log: dict, out: str, title: str = "") -> list[str]:
-    """Writes the figures of ``log`` (:func:`~lsm_gnn.run_log.read_log`) into folder ``out``, named as
+    """Writes the figures of ``log`` (:func:`~lsm_gnn.training.run_log.read_log`) into folder ``out``, named as
     :data:`RUN_FIGURES`; returns their paths. One panel per quantity, each legend beside its panel."""
     plt = pyplot()
     os.makedirs(out, exist_ok=True)
@@ -386,7 +386,7 @@ def plan_series(plan: dict, measured: dict | None = None) -> list[dict]:
 
 def _size_axis(ax, series: list[dict]) -> None:
     """Cache size in MiB on a log axis when the sizes span more than 4x, ticks labelled as the plan gave them."""
-    from lsm_gnn.units import format_bytes
+    from lsm_gnn.utils.units import format_bytes
 
     ticks = {}
     for s in series:

@@ -6,7 +6,7 @@ result and best evaluation, and per epoch its loss, time, hit ratios, bytes read
 evaluation metrics. ``--plan PLAN.json`` adds the planner's figure. Nothing is fetched when it is opened: the
 page can be mailed or archived as it is. Needs matplotlib, as ``lsm-gnn plot`` does.
 
-The log may come from anywhere: its records are checked (:func:`~lsm_gnn.run_log.read_log`) and every value the
+The log may come from anywhere: its records are checked (:func:`~lsm_gnn.training.run_log.read_log`) and every value the
 page shows is escaped in one place (:func:`_text`), so no log puts markup or script into the page. The page is
 marked in its head (:data:`GENERATOR`): ``--out`` replaces only a page of its own, never another file.
 """
@@ -17,11 +17,11 @@ import html
 import os
 import tempfile
 
-from lsm_gnn.cli_plot import draw_plan, plot_run, read_input
-from lsm_gnn.fileio import atomic_write_bytes, check_output_file
-from lsm_gnn.run_log import SPLITS, read_log
+from lsm_gnn.cli.plot import draw_plan, plot_run, read_input
+from lsm_gnn.utils.fileio import atomic_write_bytes, check_output_file
+from lsm_gnn.training.run_log import SPLITS, read_log
 
-#: what each run figure (:data:`~lsm_gnn.cli_plot.RUN_FIGURES`) shows, in page order
+#: what each run figure (:data:`~lsm_gnn.cli.plot.RUN_FIGURES`) shows, in page order
 CAPTIONS = {"curves.png": "The training loss per iteration, then each evaluation metric per split",
             "stages.png": "Milliseconds per iteration by stage: the training thread's (their sum is the "
                           "iteration's time; wait is what the loader did not hide), then the loader's, overlapped",

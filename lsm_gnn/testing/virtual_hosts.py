@@ -182,7 +182,7 @@ class VirtualHosts:
         the command in that host's namespace, as ``ssh`` runs it on that machine. For Open MPI's
         ``plm_rsh_agent``, so ``mpirun --host a,b`` starts its daemons on both hosts."""
         cases = "\n".join(f"  {h.address}) ns={h.namespace} ;;" for h in self.hosts)
-        script = (f"#!/bin/sh\n# ssh for namespaced hosts (lsm_gnn/virtual_hosts.py)\nhost=$1; shift\n"
+        script = (f"#!/bin/sh\n# ssh for namespaced hosts (lsm_gnn/testing/virtual_hosts.py)\nhost=$1; shift\n"
                   f"case \"$host\" in\n{cases}\n  *) echo \"no namespaced host $host\" >&2; exit 255 ;;\nesac\n"
                   f"exec ip netns exec \"$ns\" /bin/sh -c \"$*\"\n")
         with open(path, "w") as fh:
@@ -273,7 +273,7 @@ def _relay_direction(src: int, dst: int, delay_s: float, loss: float, rng: rando
 
 
 def _relay_main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python lsm_gnn/virtual_hosts.py relay")
+    parser = argparse.ArgumentParser(prog="python lsm_gnn/testing/virtual_hosts.py relay")
     parser.add_argument("ends", nargs=2, help="the two TUN devices to create and join")
     parser.add_argument("--delay-ms", type=float, default=0.0)
     parser.add_argument("--loss", type=float, default=0.0)
@@ -290,5 +290,5 @@ def _relay_main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["relay"]:
-        sys.exit("usage: python lsm_gnn/virtual_hosts.py relay END_A END_B [--delay-ms D] [--loss P]")
+        sys.exit("usage: python lsm_gnn/testing/virtual_hosts.py relay END_A END_B [--delay-ms D] [--loss P]")
     _relay_main(sys.argv[2:])

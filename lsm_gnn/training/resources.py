@@ -7,7 +7,7 @@
 - the check of the data beside training (``data.verify``, :mod:`lsm_gnn.data.verify`);
 - torch's thread count for the training step (``train.threads``), set back at the end.
 
-:class:`~lsm_gnn.trainer.Trainer` makes one first and closes it in :meth:`~lsm_gnn.trainer.Trainer.close`, or at
+:class:`~lsm_gnn.training.trainer.Trainer` makes one first and closes it in :meth:`~lsm_gnn.training.trainer.Trainer.close`, or at
 once when the trainer cannot be made: a failed start leaves no lock held, no thread running and no setting changed.
 """
 from __future__ import annotations
@@ -17,11 +17,11 @@ import tempfile
 
 import torch
 
-from lsm_gnn.checkpoint import check_replaceable
 from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.data.verify import resolve_mode, start_verify
-from lsm_gnn.fileio import RunLock
 from lsm_gnn.kernels import using
+from lsm_gnn.training.checkpoint_files import check_replaceable
+from lsm_gnn.utils.fileio import RunLock
 
 
 class RunResources:

@@ -23,7 +23,7 @@ import warnings
 
 import torch
 
-from lsm_gnn.fileio import atomic_write_bytes, remove_stale_temporaries
+from lsm_gnn.utils.fileio import atomic_write_bytes, remove_stale_temporaries
 
 CHECKPOINT_FORMAT = "lsm-gnn-checkpoint"
 CHECKPOINT_VERSION = 2
@@ -108,7 +108,7 @@ def check_replaceable(path: str, key: str = "checkpoint.dir") -> None:
 
 def remove_stale_checkpoint_temporaries(path: str) -> list[str]:
     """Deletes temporaries of checkpoint ``path`` left by writers that are gone (see
-    :func:`~lsm_gnn.fileio.remove_stale_temporaries`), and those of lsm-gnn before 0.2 (``.tmp-*.pt``,
+    :func:`~lsm_gnn.utils.fileio.remove_stale_temporaries`), and those of lsm-gnn before 0.2 (``.tmp-*.pt``,
     which name no writer) once they are an hour old. Returns the removed paths."""
     removed = remove_stale_temporaries(path, kind="file")
     for old in glob.glob(os.path.join(glob.escape(os.path.dirname(os.path.abspath(path))), ".tmp-*.pt")):

@@ -20,7 +20,7 @@ from lsm_gnn.data.dataset import Dataset
 from lsm_gnn.data.format import META_FILE, DatasetError, crc32_file
 from lsm_gnn.data.scores import SCORE_NAMES, compute_scores
 from lsm_gnn.data.writer import save_npy
-from lsm_gnn.fileio import atomic_write_bytes, fsync_path
+from lsm_gnn.utils.fileio import atomic_write_bytes, fsync_path
 
 
 # -- argument types --------------------------------------------------------------
@@ -335,7 +335,7 @@ def _run_embedding(args: argparse.Namespace) -> int:
     from lsm_gnn.build import table_key, table_name
     from lsm_gnn.embedding import RowLayout, initial_rows
     from lsm_gnn.storage import EmbeddingTable
-    from lsm_gnn.units import format_bytes
+    from lsm_gnn.utils.units import format_bytes
 
     ds = open_dataset(args.dataset, check="shape")
     node_type = args.node_type or ds.node_types[0]
