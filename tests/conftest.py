@@ -25,13 +25,19 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("program_order", orders, indirect=True)
 
 
+def _natural_order_is_enough(item) -> bool:
+    """A property test's many examples (test_kernels_properties.py): a kernel that depends on the order fails on
+    the first launches of a few examples as on the last of many, and the many in both orders took CI 3 minutes on
+    their own. A case marked ``natural_order_only``: whole runs over kernels each tested in both orders, or one
+    more geometry of a kernel whose hardest geometry runs in both."""
+    return item.get_closest_marker("natural_order_only") is not None or (
+        item.callspec.params.get("max_examples") is not None and "many" in item.callspec.id)
+
+
 def pytest_collection_modifyitems(config, items):
-    """The alternating order runs a property test's quick examples, not its many (test_kernels_properties.py):
-    a kernel that depends on the order fails on the first launches of a few examples as on the last of many,
-    and the many in both orders took CI 3 minutes on their own."""
+    """The alternating order runs only the cases it can tell something by (:func:`_natural_order_is_enough`)."""
     dropped = [item for item in items if getattr(item, "callspec", None) is not None
-               and item.callspec.params.get("program_order") == "alternating"
-               and item.callspec.params.get("max_examples") is not None and "many" in item.callspec.id]
+               and item.callspec.params.get("program_order") == "alternating" and _natural_order_is_enough(item)]
     if dropped:
         keep = set(map(id, dropped))
         items[:] = [item for item in items if id(item) not in keep]

@@ -44,6 +44,7 @@ def run(graph, out, kernels, *more):
     return [(r["loss"], r["hit_ratio"], r["bytes_read"], r.get("pvp_hits")) for r in records]
 
 
+@pytest.mark.natural_order_only  # a whole run: each kernel it launches is tested in both orders on its own
 @pytest.mark.parametrize("pvp", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_a_triton_run_equals_a_native_run(graph, tmp_path, monkeypatch, pvp):
     from lsm_gnn import _C
@@ -139,6 +140,7 @@ def test_the_gpu_benchmark_script_runs_under_the_interpreter(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.natural_order_only  # a whole run, as above
 def test_node_embeddings_train_the_same_table_with_the_triton_kernels(graph, tmp_path, monkeypatch):
     """The write-back cache under kernels=triton (its assign reports the victims whose dirty rows go back):
     the same losses and the same table bytes as with the C++ core."""

@@ -4,7 +4,9 @@ The trainer asks a task (:class:`Task`) for its loader (``train_loader``),
 its loss on a batch and its metrics on a split; ``make_task`` picks the task
 a config names (``train.task``: node classification here, link prediction in
 :mod:`lsm_gnn.tasks.link_prediction`). Both take graphs of one node type; node
-classification also typed graphs (its target type's seeds).
+classification also typed graphs (its target type's seeds). What has no typed
+form (link prediction, layer-wise evaluation) is refused on a typed graph where
+the model is chosen (:func:`lsm_gnn.training.startup.model_form`).
 """
 from __future__ import annotations
 
@@ -58,11 +60,10 @@ class NodeClassification:
 
     def __init__(self, cfg: Config, dataset):
         self.cfg, self.dataset = cfg, dataset
-        typed = not dataset.is_homogeneous
         if dataset.target is None:
             raise ConfigError(f"dataset {dataset.path} has no target node type; node classification needs one "
                               "with labels")
-        where = f"node type '{dataset.target}' of {dataset.path}" if typed else f"dataset {dataset.path}"
+        where = dataset.where(dataset.target)
         self._labels, num_classes = dataset.labels(), dataset.num_classes()
         self.splits = dataset.split_names()
         if self._labels is None or num_classes is None:
@@ -76,9 +77,6 @@ class NodeClassification:
             raise ConfigError(f"every node of the train split of {where} is unlabeled (-1); label some, "
                               "or pick another dataset")
         self.fanouts = relation_fanouts(cfg, dataset)
-        if cfg.train.eval_mode == "full" and typed:
-            raise ConfigError(f"train.eval_mode=full (layer-wise) supports one node type; {dataset.path} has "
-                              f"several: use train.eval_mode=sampled")
 
     def labeled(self, split: str) -> np.ndarray:
         """The split's nodes that carry a label (label >= 0)."""
@@ -142,10 +140,8 @@ class NodeClassification:
 
 
 def make_task(cfg: Config, dataset) -> Task:
+    """The task ``train.task`` names, on ``dataset`` (refused on a typed graph where it has no typed form: by
+    :func:`lsm_gnn.training.startup.model_form`, which the trainer and the planner call first)."""
     if cfg.train.task == "node":
         return NodeClassification(cfg, dataset)
-    if not dataset.is_homogeneous:
-        raise ConfigError(f"train.task=link needs a dataset of one node type (a user-item graph from lsm-gnn prepare "
-                          f"interactions counts as one); {dataset.path} has {len(dataset.node_types)} node types: "
-                          f"use train.task=node on it")
     return LinkPrediction(cfg, dataset)

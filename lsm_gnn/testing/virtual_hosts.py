@@ -155,9 +155,13 @@ class VirtualHosts:
         # Run as a script, not ``-m lsm_gnn...``: the package's imports (torch) would cost seconds a link.
         argv = [sys.executable, os.path.abspath(__file__), "relay", *ends, "--delay-ms", str(self.delay_ms),
                 "--loss", str(self.loss), "--seed", str(self.seed)]
+        # It imports lsm_gnn from the checkout this file is in, installed or not.
+        package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_parent,
+                                                                         os.environ.get("PYTHONPATH")])))
         # stdin is the relay's lifeline: it exits when this process closes the pipe (or dies).
         self._relay = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True)
+                                       stderr=subprocess.PIPE, text=True, env=env)
         line = self._relay.stdout.readline()
         if line.strip() != "ready":
             err = self._relay.stderr.read() if self._relay.poll() is not None else ""
