@@ -324,11 +324,17 @@ class CheckedGraph:
             specs[t].update(feature_dim=int(self.features[t].shape[1]), feature_dtype=dtype.name)
         return specs
 
+    def num_edges(self, relation: Relation) -> int:
+        edges = self.relations[relation]
+        return int(edges.indptr[-1]) if isinstance(edges, Csr) else num_edges_of(edges)
+
     def edge_chunks(self, relation: Relation, bar) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """The relation's edges in checked chunks (every id in range of its type)."""
-        src, _, dst = relation
-        return checked_edge_chunks(self.relations[relation], (self.counts[src], self.counts[dst]),
-                                   self.end_names(relation),
+        """The relation's (src, dst) chunks, counted on ``bar``; an edge list's ids checked against their types
+        (a CSR's were checked whole)."""
+        edges, (src, _, dst) = self.relations[relation], relation
+        if isinstance(edges, Csr):
+            return _csr_edge_chunks(edges.indptr, edges.indices, bar)
+        return checked_edge_chunks(edges, (self.counts[src], self.counts[dst]), self.end_names(relation),
                                    (range_hint(self.counts[src], self.count_sources[src]),
                                     range_hint(self.counts[dst], self.count_sources[dst])), bar)
 
@@ -341,9 +347,9 @@ def check_typed(*, counts: dict[str, int], count_sources: dict[str, str], featur
     """Checks every value of a typed graph whose arguments' forms its converter has checked: the stored
     feature dtypes, labels, splits (a target without any gets ``random_split_fractions`` of its labeled
     nodes, or of all its nodes if it has no labels), score names and edge ids; ``named`` prefixes errors
-    with the node type they concern. Edges of a single relation are checked as they are written (an error removes what the
-    writer wrote); several relations are checked in one pass first, so a bad one is found before any is
-    written."""
+    with the node type they concern. A single relation's edges are checked as they are written (an error
+    removes what the writer wrote); several relations' in one pass first, so a bad one is found before any
+    is written."""
     graph = CheckedGraph(counts, count_sources, features, {}, relations, reverses or {}, end_names, {},
                          dict(classes), {}, (), named)
     for t, array in features.items():
@@ -363,7 +369,7 @@ def check_typed(*, counts: dict[str, int], count_sources: dict[str, str], featur
     graph.scores = check_score_names(scores)
     edge_lists = [r for r, edges in relations.items() if not isinstance(edges, Csr)]
     if len(relations) + len(graph.reverses) > 1:  # last: the one pass over every edge
-        with converter_progress(progress, total=sum(num_edges_of(relations[r]) for r in edge_lists),
+        with converter_progress(progress, total=sum(graph.num_edges(r) for r in edge_lists),
                                 desc="checking edges", unit="edge") as bar:
             for relation in edge_lists:
                 with errors_about(f"relation {relation_key(relation)!r}"):
@@ -386,15 +392,15 @@ def write_typed(writer: TypedDatasetWriter, graph: CheckedGraph, *, undirected: 
     options = {"undirected": undirected, "dedup": dedup, "self_loops": self_loops}
     sorted_ = [r for r in [*graph.relations, *graph.reverses.values()]
                if sort or not isinstance(graph.relations[r], Csr)]
-    with converter_progress(progress and bool(sorted_), total=sum(_num_edges(graph.relations[r]) for r in sorted_),
+    with converter_progress(progress and bool(sorted_), total=sum(graph.num_edges(r) for r in sorted_),
                             desc="edges", unit="edge") as bar:
         for relation, edges in graph.relations.items():
             if isinstance(edges, Csr) and not sort:
                 TypedDatasetWriter.write_csr(writer, relation, edges.indptr, edges.indices)
             else:
-                TypedDatasetWriter.write_edges(writer, relation, _chunks(graph, relation, bar), **options)
+                TypedDatasetWriter.write_edges(writer, relation, graph.edge_chunks(relation, bar), **options)
         for reverse, forward in graph.reverses.items():
-            chunks = ((dst, src) for src, dst in _chunks(graph, forward, bar))
+            chunks = ((dst, src) for src, dst in graph.edge_chunks(forward, bar))
             TypedDatasetWriter.write_edges(writer, reverse, chunks, **options)
     for t, values in graph.labels.items():
         TypedDatasetWriter.write_labels(writer, t, values, graph.classes[t])
@@ -402,16 +408,6 @@ def write_typed(writer: TypedDatasetWriter, graph: CheckedGraph, *, undirected: 
     for t, per_split in graph.splits.items():
         for split, ids in per_split.items():
             TypedDatasetWriter.write_split(writer, t, split, ids)
-
-
-def _num_edges(edges: Any) -> int:
-    return int(edges.indptr[-1]) if isinstance(edges, Csr) else num_edges_of(edges)
-
-
-def _chunks(graph: CheckedGraph, relation: Relation, bar) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    edges = graph.relations[relation]
-    return _csr_edge_chunks(edges.indptr, edges.indices, bar) if isinstance(edges, Csr) else \
-        graph.edge_chunks(relation, bar)
 
 
 # -- one node type and one relation --------------------------------------------------------
