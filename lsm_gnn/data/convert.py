@@ -1,11 +1,14 @@
 """Converters into the dataset format: numpy arrays, .npy files, PyG, DGL, OGB/IGB folders.
 
-Every converter ends in :func:`from_numpy`, which validates all inputs
-before writing, then streams them through :class:`DatasetWriter`: features
-chunk by chunk, edges in chunks of ``EDGE_CHUNK``, so inputs opened with
-``np.load(mmap_mode="r")`` convert in bounded memory whatever their size.
-Only per-node vectors (labels, CSR ``indptr``) are held whole, as the
-writer needs them.
+Every converter ends in one typed core: :func:`check_typed` validates all
+inputs before writing, then :func:`write_typed` streams them through a
+schema's writer: features chunk by chunk, edges in chunks of
+``EDGE_CHUNK``, so inputs opened with ``np.load(mmap_mode="r")`` convert in
+bounded memory whatever their size. Only per-node vectors (labels, CSR
+``indptr``) are held whole, as the writer needs them. :func:`from_numpy`
+gives the core its arrays as the one node type and the one relation of
+:class:`DatasetWriter`'s schema; :func:`~lsm_gnn.data.convert_hetero.hetero_from_numpy`
+gives it node types and relations for :class:`~lsm_gnn.data.hetero_writer.HeteroDatasetWriter`.
 
 Edge direction follows PyG and DGL: an edge ``src -> dst`` sends a message
 from ``src`` to ``dst``, so ``dst``'s CSR row lists ``src``.
@@ -14,14 +17,16 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from typing import Any, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from lsm_gnn.data.dataset import Dataset
-from lsm_gnn.data.format import FEATURE_DTYPES, SPLITS
+from lsm_gnn.data.dataset import Dataset, Relation, relation_key
+from lsm_gnn.data.format import FEATURE_DTYPES, ONE_RELATION, ONE_TYPE, SPLITS
 from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
-from lsm_gnn.data.writer import EDGE_CHUNK, DatasetWriter, csr_edge_chunks
+from lsm_gnn.data.writer import EDGE_CHUNK, DatasetWriter, TypedDatasetWriter, csr_edge_chunks, errors_about
 from lsm_gnn.utils.progress import progress_bar
 
 FEATURE_CHUNK_BYTES = 32 << 20  # bytes of source features read per write
@@ -149,12 +154,6 @@ def check_edge_index(edge_index: Any, num_nodes: int) -> Any:
                          f"(the PyG layout), got shape {shape}{hint}")
     require_integer(dtype_of(edge_index), "edge_index")
     return edge_index
-
-
-def _edge_index_chunks(edge_index: Any, num_nodes: int, bar) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    hint = range_hint(num_nodes)
-    names = ("edge_index[0] (sources)", "edge_index[1] (destinations)")
-    return checked_edge_chunks(edge_index, (num_nodes, num_nodes), names, (hint, hint), bar)
 
 
 def num_edges_of(edges: Any) -> int:
@@ -287,7 +286,134 @@ def random_split(num_nodes: int, fractions, *, seed: Any = 0, candidates: np.nda
     return out
 
 
-# -- the core converter --------------------------------------------------------------
+# -- the typed core: every converter's checks and writes -------------------------------------
+
+@dataclass
+class Csr:
+    """A relation given as CSR, checked (:func:`_check_csr`): row v of its destination type lists v's sources."""
+    indptr: np.ndarray
+    indices: Any
+
+
+@dataclass
+class CheckedGraph:
+    """What :func:`check_typed` found valid, ready for :func:`write_typed`. ``relations`` hold edges (a (2, E)
+    array-like or a (src, dst) pair) or a :class:`Csr`; ``reverses`` map a relation to write to the one
+    whose edges it reverses; ``end_names`` and ``count_sources`` word the errors about edge ids."""
+    counts: dict[str, int]
+    count_sources: dict[str, str]
+    features: dict[str, Any]
+    stored_dtypes: dict[str, np.dtype]
+    relations: dict[Relation, Any]
+    reverses: dict[Relation, Relation]
+    end_names: Callable[[Relation], tuple[str, str]]
+    labels: dict[str, np.ndarray]
+    classes: dict[str, int]
+    splits: dict[str, dict[str, np.ndarray]]
+    scores: tuple[str, ...]
+    named: bool  # whether messages name the node type (not where the user gave one type's arrays)
+
+    def about(self, node_type: str):
+        """Prefixes errors about ``node_type``'s data with its name, where :attr:`named`."""
+        return errors_about(f"node type {node_type!r}") if self.named else nullcontext()
+
+    def specs(self) -> dict[str, dict]:
+        """Each type's ``{"num_nodes", "feature_dim", "feature_dtype"}``, as the writers declare types."""
+        specs: dict[str, dict] = {t: {"num_nodes": n} for t, n in self.counts.items()}
+        for t, dtype in self.stored_dtypes.items():
+            specs[t].update(feature_dim=int(self.features[t].shape[1]), feature_dtype=dtype.name)
+        return specs
+
+    def num_edges(self, relation: Relation) -> int:
+        edges = self.relations[relation]
+        return int(edges.indptr[-1]) if isinstance(edges, Csr) else num_edges_of(edges)
+
+    def edge_chunks(self, relation: Relation, bar) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The relation's (src, dst) chunks, counted on ``bar``; an edge list's ids checked against their types
+        (a CSR's were checked whole)."""
+        edges, (src, _, dst) = self.relations[relation], relation
+        if isinstance(edges, Csr):
+            return _csr_edge_chunks(edges.indptr, edges.indices, bar)
+        return checked_edge_chunks(edges, (self.counts[src], self.counts[dst]), self.end_names(relation),
+                                   (range_hint(self.counts[src], self.count_sources[src]),
+                                    range_hint(self.counts[dst], self.count_sources[dst])), bar)
+
+
+def check_typed(*, counts: dict[str, int], count_sources: dict[str, str], features: dict[str, Any],
+                feature_dtypes: dict[str, Any], relations: dict[Relation, Any], end_names, labels: dict[str, Any],
+                classes: dict[str, int], splits: dict[str, dict[str, Any]], target: str | None,
+                random_split_fractions, seed: Any, scores, reverses: dict[Relation, Relation] | None = None,
+                named: bool = True, progress: bool = True) -> CheckedGraph:
+    """Checks every value of a typed graph whose arguments' forms its converter has checked: the stored
+    feature dtypes, labels, splits (a target without any gets ``random_split_fractions`` of its labeled
+    nodes, or of all its nodes if it has no labels), score names and edge ids; ``named`` prefixes errors
+    with the node type they concern. A single relation's edges are checked as they are written (an error
+    removes what the writer wrote); several relations' in one pass first, so a bad one is found before any
+    is written."""
+    graph = CheckedGraph(counts, count_sources, features, {}, relations, reverses or {}, end_names, {},
+                         dict(classes), {}, (), named)
+    for t, array in features.items():
+        with graph.about(t):
+            graph.stored_dtypes[t] = stored_feature_dtype(dtype_of(array), feature_dtypes.get(t))
+    for t, values in labels.items():
+        with graph.about(t):
+            graph.labels[t], graph.classes[t] = check_labels(values, counts[t], graph.classes.get(t),
+                                                             count_sources[t])
+    for t, per_split in splits.items():
+        with graph.about(t):
+            graph.splits[t] = {split: check_split(split, ids, counts[t], count_sources[t])
+                               for split, ids in per_split.items()}
+    if target is not None and not graph.splits.get(target) and random_split_fractions is not None:
+        labeled = np.flatnonzero(graph.labels[target] >= 0) if target in graph.labels else None
+        graph.splits[target] = random_split(counts[target], random_split_fractions, seed=seed, candidates=labeled)
+    graph.scores = check_score_names(scores)
+    edge_lists = [r for r, edges in relations.items() if not isinstance(edges, Csr)]
+    if len(relations) + len(graph.reverses) > 1:  # last: the one pass over every edge
+        with converter_progress(progress, total=sum(graph.num_edges(r) for r in edge_lists),
+                                desc="checking edges", unit="edge") as bar:
+            for relation in edge_lists:
+                with errors_about(f"relation {relation_key(relation)!r}"):
+                    for _ in graph.edge_chunks(relation, bar):
+                        pass
+    return graph
+
+
+def write_typed(writer: TypedDatasetWriter, graph: CheckedGraph, *, undirected: bool = False, dedup: bool = True,
+                self_loops: bool = True, progress: bool = True) -> None:
+    """Writes a checked graph through the typed methods of ``writer`` (a schema's writer, whose one-type
+    shorthands wrap them): features, each relation (a CSR as given unless ``undirected`` or ``self_loops=False``
+    sends it through the edge sort), reverses, labels and splits; scores and the commit are the caller's."""
+    for t, array in graph.features.items():
+        with graph.about(t), converter_progress(progress, total=graph.counts[t], unit="node",
+                                                desc=f"features {t}" if graph.named else "features") as bar:
+            write_feature_chunks(lambda rows, t=t: TypedDatasetWriter.write_features(writer, t, rows), array,
+                                 graph.stored_dtypes[t], bar)
+    sort = undirected or not self_loops  # else a CSR is stored as given
+    options = {"undirected": undirected, "dedup": dedup, "self_loops": self_loops}
+    sorted_ = [r for r in [*graph.relations, *graph.reverses.values()]
+               if sort or not isinstance(graph.relations[r], Csr)]
+    with converter_progress(progress and bool(sorted_), total=sum(graph.num_edges(r) for r in sorted_),
+                            desc="edges", unit="edge") as bar:
+        for relation, edges in graph.relations.items():
+            if isinstance(edges, Csr) and not sort:
+                TypedDatasetWriter.write_csr(writer, relation, edges.indptr, edges.indices)
+            else:
+                TypedDatasetWriter.write_edges(writer, relation, graph.edge_chunks(relation, bar), **options)
+        for reverse, forward in graph.reverses.items():
+            chunks = ((dst, src) for src, dst in graph.edge_chunks(forward, bar))
+            TypedDatasetWriter.write_edges(writer, reverse, chunks, **options)
+    for t, values in graph.labels.items():
+        TypedDatasetWriter.write_labels(writer, t, values, graph.classes[t])
+    graph.labels.clear()  # the largest per-node arrays, not needed by the scores
+    for t, per_split in graph.splits.items():
+        for split, ids in per_split.items():
+            TypedDatasetWriter.write_split(writer, t, split, ids)
+
+
+# -- one node type and one relation --------------------------------------------------------
+
+_ONE_TYPE_ENDS = ("edge_index[0] (sources)", "edge_index[1] (destinations)")
+
 
 def from_numpy(path, *, features, edge_index=None, indptr=None, indices=None, labels=None,
                num_classes: int | None = None, train_idx=None, val_idx=None, test_idx=None, undirected: bool = False,
@@ -307,49 +433,34 @@ def from_numpy(path, *, features, edge_index=None, indptr=None, indices=None, la
     test)`` draws a seeded split of the labeled nodes. ``scores`` names the
     static scores to compute (``()`` for none).
     ``overwrite`` replaces an lsm-gnn dataset at ``path``, never anything else (see :class:`DatasetWriter`).
+
+    The typed core (:func:`check_typed`, :func:`write_typed`) with the arrays as the one node type and the
+    one relation, written in the one-type schema (:class:`DatasetWriter`).
     """
     features, num_nodes, dim = check_features(features)
-    target = stored_feature_dtype(dtype_of(features), feature_dtype)
     if (edge_index is None) == (indptr is None and indices is None):
         raise ValueError("pass the topology once: either edge_index=(2, E) or indptr= and indices= (CSR)")
     if edge_index is not None:
-        edge_index = check_edge_index(edge_index, num_nodes)
+        topology = check_edge_index(edge_index, num_nodes)
     else:
-        indptr, indices = _check_csr(indptr, indices, num_nodes)
-    label_array = None
-    if labels is not None:
-        label_array, num_classes = check_labels(labels, num_nodes, num_classes)
-    elif num_classes is not None:
+        topology = Csr(*_check_csr(indptr, indices, num_nodes))
+    if labels is None and num_classes is not None:
         raise ValueError("num_classes was given without labels; pass labels= too")
-    splits = {name_: check_split(name_, ids, num_nodes)
-              for name_, ids in zip(SPLITS, (train_idx, val_idx, test_idx)) if ids is not None}
-    if not splits and random_split_fractions is not None:
-        labeled = None if label_array is None else np.flatnonzero(label_array >= 0)
-        splits = random_split(num_nodes, random_split_fractions, seed=seed, candidates=labeled)
-    scores = check_score_names(scores)
+    one = ONE_TYPE
+    graph = check_typed(
+        counts={one: num_nodes}, count_sources={one: "features.shape[0]"}, features={one: features},
+        feature_dtypes={one: feature_dtype}, relations={ONE_RELATION: topology}, end_names=lambda r: _ONE_TYPE_ENDS,
+        labels={} if labels is None else {one: labels}, classes={} if num_classes is None else {one: num_classes},
+        splits={one: {split: ids for split, ids in zip(SPLITS, (train_idx, val_idx, test_idx)) if ids is not None}},
+        target=one, random_split_fractions=random_split_fractions, seed=seed, scores=scores,
+        named=False, progress=progress)
 
     meta = dict(extra_meta or {})
     meta["converted"] = {"undirected": bool(undirected), "dedup": bool(dedup), "self_loops": bool(self_loops),
                          "source_feature_dtype": dtype_of(features).name, **meta.get("converted", {})}
-    with DatasetWriter(path, num_nodes=num_nodes, feature_dim=dim, feature_dtype=target.name, name=name,
-                       overwrite=overwrite, extra_meta=meta, scores=scores) as writer:
-        with converter_progress(progress, total=num_nodes, desc="features", unit="node") as bar:
-            write_feature_chunks(writer.write_features, features, target, bar)
-        if edge_index is not None:
-            with converter_progress(progress, total=int(edge_index.shape[1]), desc="edges", unit="edge") as bar:
-                writer.write_edges(_edge_index_chunks(edge_index, num_nodes, bar), undirected=undirected, dedup=dedup,
-                                   self_loops=self_loops)
-        elif undirected or not self_loops:
-            with converter_progress(progress, total=int(indptr[-1]), desc="edges", unit="edge") as bar:
-                writer.write_edges(_csr_edge_chunks(indptr, indices, bar), undirected=undirected, dedup=dedup,
-                                   self_loops=self_loops)
-        else:
-            writer.write_csr(indptr, indices)
-        if label_array is not None:
-            writer.write_labels(label_array, num_classes)
-            del label_array
-        for split_name, ids in splits.items():
-            writer.write_split(split_name, ids)
+    with DatasetWriter(path, num_nodes=num_nodes, feature_dim=dim, feature_dtype=graph.stored_dtypes[one].name,
+                       name=name, overwrite=overwrite, extra_meta=meta, scores=graph.scores) as writer:
+        write_typed(writer, graph, undirected=undirected, dedup=dedup, self_loops=self_loops, progress=progress)
         return writer.commit()
 
 

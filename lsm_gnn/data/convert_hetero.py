@@ -1,12 +1,15 @@
 """Converters into heterogeneous (schema-2) datasets: numpy arrays, PyG ``HeteroData``, DGL heterographs and
 IGBH folders.
 
-Every converter ends in :func:`hetero_from_numpy`, which validates every
-input first (each error names its node type or relation), then streams it
-through :class:`~lsm_gnn.data.hetero_writer.HeteroDatasetWriter` as
-:func:`~lsm_gnn.data.convert.from_numpy` does: features in chunks of
-``FEATURE_CHUNK_BYTES``, edges in chunks of ``EDGE_CHUNK``, so inputs opened
-with ``np.load(mmap_mode="r")`` convert in bounded memory.
+Every converter ends in :func:`hetero_from_numpy`, which checks the form of
+its per-type arguments and hands them to the typed core that
+:func:`~lsm_gnn.data.convert.from_numpy` uses too
+(:func:`~lsm_gnn.data.convert.check_typed`, then
+:func:`~lsm_gnn.data.convert.write_typed` into a
+:class:`~lsm_gnn.data.hetero_writer.HeteroDatasetWriter`): every input is
+validated first (each error names its node type or relation), then
+streamed in bounded memory, so inputs opened with
+``np.load(mmap_mode="r")`` convert whatever their size.
 
 A relation ``(src, name, dst)`` follows PyG's edge-type convention: its
 edges are (src id, dst id) pairs, messages flow from ``src`` to ``dst``, and
@@ -20,21 +23,20 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from lsm_gnn.data.convert import (
-    FOLDER_PATTERNS, array_like, check_edge_index, check_features, check_labels, check_split, checked_edge_chunks,
-    converter_progress, dgl_splits, dtype_of, edges_in_layout, first_attr, num_edges_of, open_npy, pyg_splits,
-    random_split, range_hint, require_integer, stored_feature_dtype, write_feature_chunks,
+    FOLDER_PATTERNS, array_like, check_edge_index, check_features, check_typed, dgl_splits, dtype_of,
+    edges_in_layout, first_attr, open_npy, pyg_splits, require_integer, write_typed,
 )
 from lsm_gnn.data.format import SPLITS
 from lsm_gnn.data.dataset import Dataset, Relation, parse_relation, relation_key
 from lsm_gnn.data.hetero import check_name
 from lsm_gnn.data.hetero_writer import HeteroDatasetWriter, hetero_scores
 from lsm_gnn.data.writer import errors_about
-from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
+from lsm_gnn.data.scores import SCORE_NAMES
 
 REVERSE_PREFIX = "rev_"     # PyG's ToUndirected names the reverse of relation r "rev_r"
 IGB_EMBEDDING_DIM = 1024    # width of IGB's headerless feature files (sizes large and full)
@@ -163,72 +165,32 @@ def hetero_from_numpy(path, *, features: dict, edges: dict, num_nodes: dict | No
         requested = _typed(feature_dtype, names, "feature_dtype")
     else:
         requested = {t: feature_dtype for t in arrays}
-    stored_dtypes = {}
-    for t, array in arrays.items():
-        with errors_about(f"node type {t!r}"):
-            stored_dtypes[t] = stored_feature_dtype(dtype_of(array), requested.get(t))
-    count_sources = {t: _count_source(t, arrays.get(t)) for t in names}
     relations = _parse_relations(edges, names, counts)
     reverses = missing_reverses(list(relations)) if add_reverse else {}
-
     labels = _typed(labels, names, "labels")
     target = _default_target(target, list(labels), "labels")
     if target is not None and target not in names:
         raise ValueError(f"target type {target!r} is not a node type ({', '.join(names)})")
     if target is not None and target not in labels:
         raise ValueError(f"target type {target!r} has no labels; pass labels={{{target!r}: ...}} or another target")
-    classes = _classes_per_type(num_classes, target, labels, names)
-    label_arrays = {}
-    for t, values in labels.items():
-        with errors_about(f"node type {t!r}"):
-            label_arrays[t], classes[t] = check_labels(values, counts[t], classes.get(t), count_sources[t])
-    split_ids = _check_splits(_typed(splits, names, "splits"), counts, count_sources)
-    if target is not None and not split_ids.get(target) and random_split_fractions is not None:
-        labeled = np.flatnonzero(label_arrays[target] >= 0)
-        split_ids[target] = random_split(counts[target], random_split_fractions, seed=seed, candidates=labeled)
-    scores = check_score_names(scores)
-    _check_edge_ids(relations, counts, count_sources, progress)  # last: the one pass over every edge
+    graph = check_typed(
+        counts=counts, count_sources={t: _count_source(t, arrays.get(t)) for t in names}, features=arrays,
+        feature_dtypes=requested, relations=relations, reverses=reverses,
+        end_names=lambda r: (f"src ({r[0]})", f"dst ({r[2]})"), labels=labels,
+        classes=_classes_per_type(num_classes, target, labels, names),
+        splits=_split_names(_typed(splits, names, "splits")), target=target,
+        random_split_fractions=random_split_fractions, seed=seed, scores=scores, progress=progress)
 
-    specs = {t: {"num_nodes": counts[t]} for t in names}
-    for t, dtype in stored_dtypes.items():
-        specs[t].update(feature_dim=int(arrays[t].shape[1]), feature_dtype=dtype.name)
     meta = dict(extra_meta or {})
     meta["converted"] = {"dedup": bool(dedup), "reverse_relations": [relation_key(r) for r in reverses],
                          "source_feature_dtypes": {t: dtype_of(a).name for t, a in arrays.items()},
                          **meta.get("converted", {})}
-    with HeteroDatasetWriter(path, node_types=specs, target=target, name=name, overwrite=overwrite,
+    with HeteroDatasetWriter(path, node_types=graph.specs(), target=target, name=name, overwrite=overwrite,
                              extra_meta=meta) as writer:
-        for t, array in arrays.items():
-            with errors_about(f"node type {t!r}"), \
-                    converter_progress(progress, total=counts[t], desc=f"features {t}", unit="node") as bar:
-                write_feature_chunks(lambda rows, t=t: writer.write_features(t, rows), array, stored_dtypes[t], bar)
-        total = sum(num_edges_of(relations[r]) for r in [*relations, *reverses.values()])
-        with converter_progress(progress, total=total, desc="edges", unit="edge") as bar:
-            for relation, relation_edges in relations.items():
-                writer.write_edges(relation, _edge_chunks(relation, relation_edges, counts, count_sources, bar),
-                                   dedup=dedup)
-            for reverse, forward in reverses.items():
-                chunks = _edge_chunks(forward, relations[forward], counts, count_sources, bar)
-                writer.write_edges(reverse, ((dst, src) for src, dst in chunks), dedup=dedup)
-        for t, values in label_arrays.items():
-            writer.write_labels(t, values, classes[t])
-        label_arrays.clear()
-        for t, per_split in split_ids.items():
-            for split, ids in per_split.items():
-                writer.write_split(t, split, ids)
-        if scores:
-            for t, per_type in hetero_scores(writer, scores, progress=progress).items():
-                for score, values in per_type.items():
-                    writer.write_score(t, score, values)
+        write_typed(writer, graph, dedup=dedup, progress=progress)
+        if graph.scores:
+            writer.write_union_scores(graph.scores, progress=progress)
         return writer.commit()
-
-
-def _edge_chunks(relation: Relation, edges: Any, counts: dict[str, int], count_sources: dict[str, str], bar
-                 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    src, _, dst = relation
-    return checked_edge_chunks(edges, (counts[src], counts[dst]), (f"src ({src})", f"dst ({dst})"),
-                               (range_hint(counts[src], count_sources[src]),
-                                range_hint(counts[dst], count_sources[dst])), bar)
 
 
 def _parse_relations(edges: dict, names: list[str], counts: dict[str, int]) -> dict[Relation, Any]:
@@ -251,17 +213,6 @@ def _parse_relations(edges: dict, names: list[str], counts: dict[str, int]) -> d
     return relations
 
 
-def _check_edge_ids(relations: dict[Relation, Any], counts: dict[str, int], count_sources: dict[str, str],
-                    progress: bool) -> None:
-    """Every edge's ids in range of its types, before anything is written."""
-    total = sum(num_edges_of(e) for e in relations.values())
-    with converter_progress(progress, total=total, desc="checking edges", unit="edge") as bar:
-        for relation, relation_edges in relations.items():
-            with errors_about(f"relation {relation_key(relation)!r}"):
-                for _ in _edge_chunks(relation, relation_edges, counts, count_sources, bar):
-                    pass
-
-
 def _classes_per_type(num_classes: int | dict | None, target: str | None, labels: dict, names: list[str]
                       ) -> dict[str, int]:
     if num_classes is None:
@@ -279,26 +230,23 @@ def _classes_per_type(num_classes: int | dict | None, target: str | None, labels
     return per_type
 
 
-def _check_splits(splits: dict, counts: dict[str, int], count_sources: dict[str, str]
-                  ) -> dict[str, dict[str, np.ndarray]]:
-    out: dict[str, dict[str, np.ndarray]] = {}
+def _split_names(splits: dict) -> dict[str, dict[str, Any]]:
+    """Each type's splits under their names (OGB's ``valid`` as ``val``), None values left out."""
+    out: dict[str, dict[str, Any]] = {}
     for t, per_split in splits.items():
         with errors_about(f"node type {t!r}"):
             if not isinstance(per_split, dict):
                 raise ValueError(f"splits must map split names ({', '.join(SPLITS)}) to ids or masks, got "
                                  f"{type(per_split).__name__}")
-            checked = {}
+            out[t] = {}
             for split, ids in per_split.items():
                 split = _SPLIT_ALIASES.get(split, split)
                 if split not in SPLITS:
                     raise ValueError(f"unknown split {split!r}; splits are {', '.join(SPLITS)}")
                 if ids is not None:
-                    checked[split] = check_split(split, ids, counts[t], count_sources[t])
-            out[t] = checked
+                    out[t][split] = ids
     return out
 
-
-# -- static scores --------------------------------------------------------------------
 
 # -- graph libraries ----------------------------------------------------------------------
 

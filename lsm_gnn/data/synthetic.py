@@ -34,7 +34,8 @@ import numpy as np
 
 from lsm_gnn.data.dataset import Dataset
 from lsm_gnn.data.scores import SCORE_NAMES, check_score_names
-from lsm_gnn.data.writer import DatasetWriter
+from lsm_gnn.data.format import ONE_TYPE
+from lsm_gnn.data.writer import DatasetWriter, TypedDatasetWriter
 from lsm_gnn.utils.progress import progress_bar
 
 EDGE_BLOCK = 1 << 21     # edges per RNG block (~100 MB of temporaries)
@@ -295,6 +296,16 @@ def synthetic_split(num_nodes: int, fractions, seed: int) -> dict[str, np.ndarra
     return random_split(num_nodes, fractions, seed=(seed, STREAM_SPLIT))
 
 
+def write_community_labels(writer: TypedDatasetWriter, node_type: str, num_nodes: int, seed: int, num_classes: int,
+                           split) -> None:
+    """A generated type's labels (each node's :func:`community`) and its seeded splits, through the typed
+    writer's methods (a schema's one-type shorthands wrap them)."""
+    TypedDatasetWriter.write_labels(writer, node_type, community_labels(num_nodes, seed, num_classes), num_classes)
+    # Drawn after the edges, so the permutation (8 bytes a node) is not held while the CSR is built.
+    for split_name, ids in synthetic_split(num_nodes, split, seed).items():
+        TypedDatasetWriter.write_split(writer, node_type, split_name, ids)
+
+
 def note(enabled: bool, message: str, bar=None) -> None:
     """A progress line on stderr; ``bar``, an open progress bar, is cleared first and drawn again after."""
     if enabled and bar is not None:
@@ -386,10 +397,7 @@ def generate_synthetic(path, *, num_nodes: int, avg_degree: float = 10, feature_
             writer.write_edges(counted(edges, bar), undirected=True, dedup=True, self_loops=False,
                                expected_edges=num_generated, note=lambda message: note(progress, message, bar))
         note(progress, "labels and splits")
-        writer.write_labels(community_labels(num_nodes, seed, num_classes), num_classes)
-        # Drawn only now, so the permutation (8 bytes a node) is not held while the CSR is built.
-        for split_name, ids in synthetic_split(num_nodes, split, seed).items():
-            writer.write_split(split_name, ids)
+        write_community_labels(writer, ONE_TYPE, num_nodes, seed, num_classes, split)
         writer.write_scores(note=lambda message: note(progress, message))
         note(progress, "committing (checksums, fsync)")
         return writer.commit()

@@ -53,8 +53,8 @@ from lsm_gnn.data.hetero_writer import HeteroDatasetWriter
 from lsm_gnn.data.scores import SCORE_NAMES
 from lsm_gnn.data.synthetic import (
     AffineBijection, PopularitySampler, check_feature_dtype, check_probability, check_rmat, check_score_names,
-    check_seed, class_centroids, community, community_labels, counted, note, positive_int, rng_for, synthetic_edges,
-    synthetic_split, write_synthetic_features,
+    check_seed, class_centroids, community, counted, note, positive_int, rng_for, synthetic_edges,
+    write_community_labels, write_synthetic_features,
 )
 from lsm_gnn.data.writer import csr_edge_chunks
 from lsm_gnn.utils.progress import progress_bar
@@ -296,7 +296,7 @@ def generate_hetero_synthetic(path, *, num_papers: int, num_authors: int | None 
         _write_type_features(writer, p, classes, chunk_nodes, progress)
         _write_citations(writer, p, progress)
         _write_drawn_relations(writer, p, classes, progress)
-        _write_paper_labels(writer, p)
+        write_community_labels(writer, "paper", p.num_nodes["paper"], p.seed, p.num_classes, p.split)
         if p.scores:
             note(progress, f"computing scores on the union of {len(RELATIONS)} relations: {', '.join(p.scores)}")
             writer.write_union_scores(p.scores)
@@ -323,14 +323,6 @@ def _write_citations(writer: HeteroDatasetWriter, p: _Parameters, progress: bool
         edges = synthetic_edges(p.num_nodes["paper"], p.num_citations, seed=p.seed, num_classes=p.num_classes,
                                 homophily=p.homophily, rmat=p.rmat)
         writer.write_edges(CITES, counted(edges, bar), self_loops=False)
-
-
-def _write_paper_labels(writer: HeteroDatasetWriter, p: _Parameters) -> None:
-    """The target's labels (each paper's class) and its train, val and test splits."""
-    num_papers = p.num_nodes["paper"]
-    writer.write_labels("paper", community_labels(num_papers, p.seed, p.num_classes), p.num_classes)
-    for split_name, ids in synthetic_split(num_papers, p.split, p.seed).items():
-        writer.write_split("paper", split_name, ids)
 
 
 def _write_drawn_relations(writer: HeteroDatasetWriter, p: _Parameters, classes: dict[str, _Classes],
