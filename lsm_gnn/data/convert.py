@@ -386,7 +386,7 @@ def write_typed(writer: TypedDatasetWriter, graph: CheckedGraph, *, undirected: 
     for t, array in graph.features.items():
         with graph.about(t), converter_progress(progress, total=graph.counts[t], unit="node",
                                                 desc=f"features {t}" if graph.named else "features") as bar:
-            write_feature_chunks(lambda rows, t=t: TypedDatasetWriter.write_features(writer, t, rows), array,
+            write_feature_chunks(lambda rows, t=t: writer.write_type_features(t, rows), array,
                                  graph.stored_dtypes[t], bar)
     sort = undirected or not self_loops  # else a CSR is stored as given
     options = {"undirected": undirected, "dedup": dedup, "self_loops": self_loops}
@@ -396,18 +396,18 @@ def write_typed(writer: TypedDatasetWriter, graph: CheckedGraph, *, undirected: 
                             desc="edges", unit="edge") as bar:
         for relation, edges in graph.relations.items():
             if isinstance(edges, Csr) and not sort:
-                TypedDatasetWriter.write_csr(writer, relation, edges.indptr, edges.indices)
+                writer.write_relation_csr(relation, edges.indptr, edges.indices)
             else:
-                TypedDatasetWriter.write_edges(writer, relation, graph.edge_chunks(relation, bar), **options)
+                writer.write_relation_edges(relation, graph.edge_chunks(relation, bar), **options)
         for reverse, forward in graph.reverses.items():
             chunks = ((dst, src) for src, dst in graph.edge_chunks(forward, bar))
-            TypedDatasetWriter.write_edges(writer, reverse, chunks, **options)
+            writer.write_relation_edges(reverse, chunks, **options)
     for t, values in graph.labels.items():
-        TypedDatasetWriter.write_labels(writer, t, values, graph.classes[t])
+        writer.write_type_labels(t, values, graph.classes[t])
     graph.labels.clear()  # the largest per-node arrays, not needed by the scores
     for t, per_split in graph.splits.items():
         for split, ids in per_split.items():
-            TypedDatasetWriter.write_split(writer, t, split, ids)
+            writer.write_type_split(t, split, ids)
 
 
 # -- one node type and one relation --------------------------------------------------------

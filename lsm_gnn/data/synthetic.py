@@ -300,10 +300,10 @@ def write_community_labels(writer: TypedDatasetWriter, node_type: str, num_nodes
                            split) -> None:
     """A generated type's labels (each node's :func:`community`) and its seeded splits, through the typed
     writer's methods (a schema's one-type shorthands wrap them)."""
-    TypedDatasetWriter.write_labels(writer, node_type, community_labels(num_nodes, seed, num_classes), num_classes)
+    writer.write_type_labels(node_type, community_labels(num_nodes, seed, num_classes), num_classes)
     # Drawn after the edges, so the permutation (8 bytes a node) is not held while the CSR is built.
     for split_name, ids in synthetic_split(num_nodes, split, seed).items():
-        TypedDatasetWriter.write_split(writer, node_type, split_name, ids)
+        writer.write_type_split(node_type, split_name, ids)
 
 
 def note(enabled: bool, message: str, bar=None) -> None:

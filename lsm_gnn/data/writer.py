@@ -443,7 +443,7 @@ class TypedDatasetWriter(AtomicDatasetWriter):
         self._entry(node_type)
         return self._features[node_type].rows_written if node_type in self._features else 0
 
-    def write_features(self, node_type: str, rows: np.ndarray) -> None:
+    def write_type_features(self, node_type: str, rows: np.ndarray) -> None:
         """Appends the next ``len(rows)`` feature rows of ``node_type``."""
         self._entry(node_type)
         if node_type not in self._features:
@@ -478,7 +478,7 @@ class TypedDatasetWriter(AtomicDatasetWriter):
         """Names the relation in a ValueError raised inside (a one-relation schema has nothing to name)."""
         return errors_about(f"relation '{relation_key(relation)}'")
 
-    def write_edges(self, relation, chunks: Iterable[tuple[np.ndarray, np.ndarray]], *, undirected: bool = False,
+    def write_relation_edges(self, relation, chunks: Iterable[tuple[np.ndarray, np.ndarray]], *, undirected: bool = False,
                     dedup: bool = True, self_loops: bool = True, expected_edges: int | None = None,
                     note=None) -> None:
         """Builds the CSR of ``relation`` (``(src, name, dst)`` or ``'src__name__dst'``) from (src ids,
@@ -494,7 +494,7 @@ class TypedDatasetWriter(AtomicDatasetWriter):
                                         expected_edges=expected_edges, note=note)
         self._add_relation(relation, prefix, num_edges)
 
-    def write_csr(self, relation, indptr: np.ndarray, indices: np.ndarray) -> None:
+    def write_relation_csr(self, relation, indptr: np.ndarray, indices: np.ndarray) -> None:
         """Stores the CSR of ``relation`` as given: ``num_nodes[dst] + 1`` indptr entries, src ids."""
         relation, prefix = self._relation(relation)
         src, _, dst = relation
@@ -512,7 +512,7 @@ class TypedDatasetWriter(AtomicDatasetWriter):
                 np.load(os.path.join(self.tmp, entry["indices"]), mmap_mode="r"))
 
     # -- labels, splits, scores ----------------------------------------------
-    def write_labels(self, node_type: str, labels: np.ndarray, num_classes: int | None = None) -> None:
+    def write_type_labels(self, node_type: str, labels: np.ndarray, num_classes: int | None = None) -> None:
         """Class per node of ``node_type``, -1 for unlabeled nodes."""
         entry = self._entry(node_type)
         labels, num_classes = label_array(labels, self.type_sizes[node_type], num_classes,
@@ -521,20 +521,26 @@ class TypedDatasetWriter(AtomicDatasetWriter):
         save_npy(os.path.join(self.tmp, file_name), labels)
         entry["labels"], entry["num_classes"] = file_name, num_classes
 
-    def write_split(self, node_type: str, name: str, ids: np.ndarray) -> None:
+    def write_type_split(self, node_type: str, name: str, ids: np.ndarray) -> None:
         entry = self._entry(node_type)
         ids = split_ids(name, ids, self.type_sizes[node_type], self._of(node_type))
         file_name = self._type_dir(node_type) + f"{name}_idx.npy"
         save_npy(os.path.join(self.tmp, file_name), ids)
         entry["splits"][name] = file_name
 
-    def write_score(self, node_type: str, name: str, scores: np.ndarray) -> None:
+    def write_type_score(self, node_type: str, name: str, scores: np.ndarray) -> None:
         entry = self._entry(node_type)
         scores = score_array(name, scores, self.type_sizes[node_type], self._of(node_type))
         os.makedirs(os.path.join(self.tmp, self._type_dir(node_type), "scores"), exist_ok=True)
         file_name = self._type_dir(node_type) + f"scores/{name}.npy"
         save_npy(os.path.join(self.tmp, file_name), scores)
         entry["scores"][name] = file_name
+
+
+    # The calls under their typed names, which the converters' and generators' typed core uses whatever a schema
+    # names its own shortcuts (a one-type writer's take no node type); under the plain names for typed schemas.
+    write_features, write_edges, write_csr = write_type_features, write_relation_edges, write_relation_csr
+    write_labels, write_split, write_score = write_type_labels, write_type_split, write_type_score
 
 
 @contextmanager
