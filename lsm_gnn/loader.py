@@ -12,8 +12,10 @@ interrupted epoch at the exact batch where it stopped.
 
 Subclasses change what a batch is (link prediction samples around edges)
 by overriding three hooks: ``_epoch_plans`` (the epoch's batches, as any
-objects), ``_plan_nodes`` (the distinct nodes to sample around) and
-``_make_batch``.
+objects), ``_plan_nodes`` (the distinct nodes to sample around, ids of the
+seeds' node type, which the loader keys by that type for the sampler) and
+``_make_batch`` (given the hops per node type, as the sampler returns them;
+:meth:`Batch.unwrap` makes a one-type graph's batch plain afterwards).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_map
 
 from lsm_gnn.cache import WindowBuffer
 from lsm_gnn.defaults import WINDOW
@@ -74,11 +77,12 @@ class Batch:
     """One mini-batch. ``hops[0]`` is next to the seeds; a model consumes ``reversed(hops)``, starting from
     ``x`` (features of ``hops[-1].nodes``).
 
-    On a graph of one node type the fields are plain: ``x``, ``hit_mask`` and ``emb`` are tensors, each hop's
-    ``nodes`` a tensor (``one_type`` names the type; :meth:`keyed` gives a field back per type). On a graph of
-    several, ``seeds`` are of the node type ``target`` and ``x``, ``hit_mask``, ``emb`` and the hops' fields
-    are dicts per node type (per relation for edges); types without features are left out of ``x`` and
-    ``hit_mask``."""
+    The loader makes it per node type (per relation for edges) on every graph; on a graph of one node type
+    :meth:`unwrap` makes the fields plain for its models: ``x``, ``hit_mask`` and ``emb`` are tensors, each hop
+    plain (:meth:`~lsm_gnn.sampling.Hop.unkeyed`; ``one_type`` names the type; :meth:`keyed` gives a field
+    back per type). On a graph of several, ``seeds`` are of the node type ``target`` and ``x``, ``hit_mask``,
+    ``emb`` and the hops' fields are dicts per node type (per relation for edges); types without features are
+    left out of ``x`` and ``hit_mask``."""
 
     iteration: int
     seeds: torch.Tensor
@@ -100,21 +104,21 @@ class Batch:
     one_type: str | None = None
 
     def unwrap(self, one_type: str | None) -> Batch:
-        """This batch as models read it: on a graph of one node type (``one_type``), ``x``, ``hit_mask`` and
-        ``emb`` gathered per type become that type's tensors. The one place a batch is made plain."""
+        """This batch as models read it: on a graph of one node type (``one_type``), the hops sampled per type
+        become plain hops and ``x``, ``hit_mask`` and ``emb`` gathered per type that type's tensors; on a graph
+        of several (None) it stays as it is. The one place a batch is made plain."""
+        if one_type is None:
+            return self
         self.one_type = one_type
-        self.x, self.hit_mask = self._unkeyed(self.x), self._unkeyed(self.hit_mask)
+        self.hops = [hop.unkeyed() for hop in self.hops]
+        self.x, self.hit_mask = self.x[one_type], self.hit_mask[one_type]
         if self.emb is not None:
-            self.emb = self._unkeyed(self.emb)
+            self.emb = self.emb[one_type]
         return self
 
     def keyed(self, value):
         """A field of this batch per node type: as it is on a graph of several, {type: value} on a graph of one."""
         return value if self.one_type is None or value is None else {self.one_type: value}
-
-    def _unkeyed(self, value: dict):
-        """A field given per node type as this batch holds it (:meth:`keyed`'s inverse)."""
-        return value if self.one_type is None else value[self.one_type]
 
     @property
     def hit_ratio(self) -> float:
@@ -155,9 +159,10 @@ class Batch:
         """The tensors a model reads, on ``device``."""
         for hop in self.hops:
             hop.edges_to(device)
-        self.x = self._unkeyed({t: x.to(device, non_blocking=True) for t, x in self.keyed(self.x).items()})
+        # either form alike: a tensor, or a dict of them per node type
+        self.x = tree_map(lambda x: x.to(device, non_blocking=True), self.x)
         if self.emb is not None:
-            self.emb = self._unkeyed({t: e.to(device, non_blocking=True) for t, e in self.keyed(self.emb).items()})
+            self.emb = tree_map(lambda e: e.to(device, non_blocking=True), self.emb)
         if self.y is not None:
             self.y = self.y.to(device, non_blocking=True)
         return self
@@ -227,16 +232,18 @@ class NodeLoader:
         if window < 0 or prefetch < 1:
             raise ValueError(f"window must be >= 0 and prefetch >= 1, got window={window}, prefetch={prefetch}")
         self.dataset = dataset
-        #: the node type of a graph of one, whose sampled hops are plain ids (the sampler's one-relation path) and
-        #: whose batches come unwrapped (:meth:`Batch.unwrap`); None on a graph of several
+        #: the node type of a graph of one, whose batches come unwrapped for its models (:meth:`Batch.unwrap`);
+        #: None on a graph of several
         self.one_type = dataset.target if dataset.is_homogeneous else None
         #: the seeds' node type on a graph of several (whose batches are per type); None on a graph of one
         self.target = None if self.one_type is not None else dataset.target if target is None else target
         if self.target is not None and self.target not in dataset.node_types:
             raise ValueError(f"dataset {dataset.path} has no node type {self.target!r} to take seeds of; "
                              f"its node types: {', '.join(dataset.node_types)}")
-        #: the features by node type; a bare Features serves the one type of a graph of one (else the seeds' type)
-        self.features = TypedFeatures.of(features, self.one_type or self.target)
+        #: the node type of the seeds on every graph: the sampler gets them keyed by it and hops come back per type
+        self.seed_type = self.one_type or self.target
+        #: the features by node type; a bare Features serves the seeds' type (a graph of one's one type)
+        self.features = TypedFeatures.of(features, self.seed_type)
         self.training = bool(training)
         self.prefetch_features = bool(prefetch_features)
         if not 0 <= rank < world_size:
@@ -310,18 +317,19 @@ class NodeLoader:
         """The seed node ids (int64) of a plan of :meth:`_epoch_plans`."""
         return np.asarray(self.seeds[plan], dtype=np.int64)
 
-    def _plan_nodes(self, plan):
-        """The distinct nodes the sampler expands from: ids, or {target type: ids} on a typed graph."""
-        seeds = self._plan_seeds(plan)
-        return seeds if self.target is None else {self.target: seeds}
+    def _plan_nodes(self, plan) -> np.ndarray:
+        """The distinct nodes (of :attr:`seed_type`) the sampler expands from."""
+        return self._plan_seeds(plan)
+
+    def _sample_many(self, batches) -> list[list[Hop]]:
+        """The hops of each ``(plan, iteration)`` in ``batches``: sampled from seeds keyed by :attr:`seed_type`,
+        so per node type on every graph."""
+        return self.sampler.sample_many([({self.seed_type: self._plan_nodes(plan)}, iteration)
+                                         for plan, iteration in batches])
 
     def _make_batch(self, iteration: int, plan, hops: list[Hop], x, hit):
         seeds = torch.from_numpy(self._plan_seeds(plan))
         return Batch(iteration, seeds, hops, x, self._labels_of(seeds), hit, target=self.target)
-
-    def _keyed(self, nodes) -> dict:
-        """A hop's nodes per type (what the features take): a graph of one node type's are plain ids."""
-        return nodes if self.one_type is None else {self.one_type: nodes}
 
     def _labels_of(self, seeds: torch.Tensor) -> torch.Tensor | None:
         """The seeds' labels, in the dtype of the dataset's label file."""
@@ -333,8 +341,9 @@ class NodeLoader:
         what sizing a cache needs before any training (:mod:`lsm_gnn.sizing`)."""
         plans = self._epoch_plans(epoch, rank)
         picks = np.unique(np.linspace(0, len(plans) - 1, min(count, len(plans))).round().astype(np.int64))
-        return [self.sampler.sample(self._plan_nodes(plans[k]), epoch * len(plans) + int(k))[-1].nodes
-                for k in picks]
+        nodes = [hops[-1].nodes for hops in self._sample_many((plans[k], epoch * len(plans) + int(k)) for k in picks)]
+        # as a batch's input_nodes: a graph of one node type's plain (Batch.unwrap)
+        return nodes if self.one_type is None else [ids[self.one_type] for ids in nodes]
 
     # -- resumable position --------------------------------------------------------------------------------------
 
@@ -430,7 +439,7 @@ class NodeLoader:
                 if end <= ahead:
                     return
                 start = time.perf_counter()
-                found = self.sampler.sample_many([(self._plan_nodes(plans[j]), first + j) for j in range(ahead, end)])
+                found = self._sample_many((plans[j], first + j) for j in range(ahead, end))
                 seconds = (time.perf_counter() - start) / (end - ahead)
                 for j, hops in enumerate(found, ahead):
                     sampled[j] = hops, seconds
@@ -446,18 +455,18 @@ class NodeLoader:
                 # the window: the batch that enters it before the next gather, which this gather announces.
                 sample_up_to(min(len(plans), k + self.window + 2))
                 while window is not None and pushed < min(ahead, k + self.window + 1):
-                    window.push(self._keyed(sampled[pushed][0][-1].nodes))
+                    window.push(sampled[pushed][0][-1].nodes)
                     pushed += 1
                 hops, sample_s = sampled.pop(k)
                 if window is not None:
                     window.pop()
-                nodes = self._keyed(hops[-1].nodes)
+                nodes = hops[-1].nodes
                 start = time.perf_counter()
                 following = None
                 if k + 1 < count:  # a shared cache sends the next request while this batch is served
-                    entering = [] if window is None else [self._keyed(sampled[j][0][-1].nodes)
+                    entering = [] if window is None else [sampled[j][0][-1].nodes
                                                           for j in range(pushed, min(ahead, k + self.window + 2))]
-                    following = (self._keyed(sampled[k + 1][0][-1].nodes), entering)
+                    following = (sampled[k + 1][0][-1].nodes, entering)
                 x, hit = self.features.gather(nodes, future=None if window is None else window.buffers,
                                               following=following)
                 gather_s = time.perf_counter() - start

@@ -234,6 +234,8 @@ def test_bad_seeds_are_refused(graph):
         sampler.sample([1, 2])
     with pytest.raises(ValueError, match=r"pass seeds as \{node type: ids\}"):
         sampler.input_nodes(np.array([1, 2]))
+    with pytest.raises(ValueError, match="a hop of 3 node types and 5 relations has no plain form"):
+        sampler.sample({"paper": [1, 2]})[0].unkeyed()
 
 
 def test_corrupt_topology_names_the_relation_and_file(graph, tmp_path):

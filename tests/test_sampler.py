@@ -108,7 +108,8 @@ def test_many_batches_stay_on_the_callers_thread_with_the_triton_kernels(graph, 
 
     sampler = NeighborSampler(graph, [2], seed=0, num_threads=2)
     names = []
-    monkeypatch.setattr(sampler, "sample", lambda seeds, it: names.append(threading.current_thread().name) or [])
+    monkeypatch.setattr(sampler, "_sample", lambda seeds, it, threads: names.append(threading.current_thread().name)
+                        or [])
     with using("triton"):
         sampler.sample_many([(np.arange(5), 0), (np.arange(5), 1), (np.arange(5), 2)])
     assert names == [threading.current_thread().name] * 3

@@ -75,7 +75,8 @@ class Hop:
     ``nodes[s]`` (sources), row 1 indexes ``nodes[d][:num_dst[d]]`` (destinations), as in PyG's
     ``edge_index_dict``; messages flow 0 -> 1 as in PyG.
 
-    Plain (a graph of one node type and one relation, sampled from plain ids): the same with ``nodes`` a
+    Plain (a graph of one node type and one relation, sampled from plain ids, or a typed hop's
+    :meth:`unkeyed` form, which a one-type graph's models read): the same with ``nodes`` a
     tensor, ``num_dst`` an int and ``edge_index`` one [2, E] tensor. The derived fields below map over either
     form alike (``tree_map``).
     """
@@ -95,6 +96,16 @@ class Hop:
     @property
     def num_edges(self) -> int | dict[Relation, int]:
         return tree_map(lambda edges: int(edges.shape[1]), self.edge_index)
+
+    def unkeyed(self) -> Hop:
+        """This typed hop of a graph of one node type and one relation in the plain form (that type's nodes and
+        ``num_dst``, that relation's ``edge_index``): the form models of one node type read."""
+        if len(self.nodes) != 1 or len(self.edge_index) != 1:
+            raise ValueError(f"a hop of {len(self.nodes)} node types and {len(self.edge_index)} relations has no "
+                             "plain form; only a graph of one node type and one relation's has")
+        (node_type, nodes), = self.nodes.items()
+        (edges,) = self.edge_index.values()
+        return Hop(nodes, self.num_dst[node_type], edges)
 
     def edges_to(self, device) -> None:
         """Moves ``edge_index`` (what a model reads of the hop) to ``device``."""
@@ -358,8 +369,8 @@ class NeighborSampler:
     def sample(self, seeds, iteration: int = 0) -> list[Hop]:
         """The hops of one mini-batch, on the sampling device. ``seeds``: {type: distinct ids} or a (type, ids)
         pair (typed hops), or distinct ids (plain hops; a graph of one node type and one relation only)."""
-        keyed, one_type = self._keyed_seeds(seeds)
-        return self._as_given(self._sample(keyed, iteration, self.num_threads), one_type)
+        keyed, plain = self._keyed_seeds(seeds)
+        return self._as_given(self._sample(keyed, iteration, self.num_threads), plain)
 
     def sample_many(self, batches: Sequence[tuple[object, int]]) -> list[list[Hop]]:
         """:meth:`sample` of each ``(seeds, iteration)`` in ``batches``, in order, with the same results. On the
@@ -372,7 +383,8 @@ class NeighborSampler:
         on_cpu = all(_batch_device(self.device, *seeds.values()).type == "cpu" for seeds, _ in keyed)
         # The C++ op only: the Triton interpreter (kernels=triton on a CPU) is not safe on several threads.
         if len(batches) < 2 or threads < 2 or not on_cpu or kernel_mode() != "native":
-            return [self.sample(seeds, iteration) for seeds, iteration in batches]
+            return [self._as_given(self._sample(seeds, iteration, self.num_threads), plain)
+                    for (seeds, plain), (_, iteration) in zip(keyed, batches)]
         with self._pool_lock:
             if self._pool is None or self._pool_threads != threads:
                 if self._pool is not None:
@@ -387,9 +399,9 @@ class NeighborSampler:
         """Every node whose features the batch needs (the last hop's nodes; per type for typed seeds)."""
         return self.sample(seeds, iteration)[-1].nodes
 
-    def _keyed_seeds(self, seeds) -> tuple[dict, str | None]:
-        """The sampler's edge: ``seeds`` per node type, and the type that plain ids were taken as (None for
-        seeds given per type), whose hops :meth:`_as_given` makes plain again."""
+    def _keyed_seeds(self, seeds) -> tuple[dict, bool]:
+        """The sampler's edge, its one test of the seeds' form: ``seeds`` per node type, and whether they came
+        as plain ids (of a graph of one node type), whose hops :meth:`_as_given` makes plain again."""
         if isinstance(seeds, tuple) and len(seeds) == 2 and isinstance(seeds[0], str):
             seeds = {seeds[0]: seeds[1]}
         if isinstance(seeds, Mapping):
@@ -397,20 +409,19 @@ class NeighborSampler:
             if unknown:
                 raise ValueError(f"seeds of node type {unknown[0]!r}, which the graph does not have; its types: "
                                  f"{', '.join(self.node_types)}")
-            return dict(seeds), None
+            return dict(seeds), False
         if self._one_relation is None:
             raise ValueError(f"seeds as plain ids need a graph of one node type and one relation; this one has "
                              f"{len(self.node_types)} node types ({', '.join(self.node_types)}) and "
                              f"{len(self.relations)} relations: pass seeds as {{node type: ids}} or a "
                              "(node type, ids) pair")
-        return {self.node_types[0]: seeds}, self.node_types[0]
+        return {self.node_types[0]: seeds}, True
 
-    def _as_given(self, hops: list[Hop], one_type: str | None) -> list[Hop]:
-        """``hops`` in the form their seeds came in: as they are for seeds per type, plain for plain ids (those
-        of ``one_type``, on a graph of one relation)."""
-        if one_type is None:
-            return hops
-        return [Hop(hop.nodes[one_type], hop.num_dst[one_type], hop.edge_index[self._one_relation]) for hop in hops]
+    @staticmethod
+    def _as_given(hops: list[Hop], plain: bool) -> list[Hop]:
+        """``hops`` in the form their seeds came in: as they are for seeds per type, plain
+        (:meth:`Hop.unkeyed`) for plain ids."""
+        return [hop.unkeyed() for hop in hops] if plain else hops
 
     def _sample(self, seeds: dict, iteration: int, num_threads: int) -> list[Hop]:
         device = _batch_device(self.device, *seeds.values())

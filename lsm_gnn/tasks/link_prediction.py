@@ -191,7 +191,8 @@ class LinkLoader(NodeLoader):
 
 
 def _drop_pairs(hops: list[Hop], num_seeds: int, a: torch.Tensor, b: torch.Tensor) -> None:
-    """Removes the edges between seeds ``a[j]`` and ``b[j]``, both directions, from every hop.
+    """Removes the edges between seeds ``a[j]`` and ``b[j]``, both directions, from every hop (keyed, as the
+    loader samples them: a user-item graph's one relation).
 
     Seeds keep their index in every hop (a hop's destinations are the
     previous hop's nodes), so one set of keys serves all hops. With every
@@ -201,9 +202,10 @@ def _drop_pairs(hops: list[Hop], num_seeds: int, a: torch.Tensor, b: torch.Tenso
     looked up.
     """
     keys = torch.cat([a * num_seeds + b, b * num_seeds + a]).unique()  # sorted
+    (relation,) = hops[0].edge_index
     previous = previous_kept = None  # the previous hop's edges, and what was kept of them
     for hop in hops:
-        edges = hop.edge_index
+        edges = hop.edge_index[relation]
         if previous is not None and edges.shape[1] >= previous.shape[1] and \
                 torch.equal(edges[:, :previous.shape[1]], previous):
             rest = edges[:, previous.shape[1]:]
@@ -211,7 +213,7 @@ def _drop_pairs(hops: list[Hop], num_seeds: int, a: torch.Tensor, b: torch.Tenso
         else:
             kept = _kept(edges, _not_between(edges, keys, num_seeds))
         previous, previous_kept = edges, kept
-        hop.edge_index = kept
+        hop.edge_index[relation] = kept
 
 
 def _kept(edges: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
