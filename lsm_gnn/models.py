@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import torch
 from torch import nn
+
+from lsm_gnn.config import ConfigError
 
 
 class BlockGCNConv(nn.Module):
@@ -319,3 +322,53 @@ class HeteroHopGNN(nn.Module):
             x = out
         return x[self.target]
 
+
+# -- the model a run trains: the one place it is chosen by the graph -------------------------------------------
+
+def build_model(cfg, dataset, features, task) -> torch.nn.Module:
+    """The model of ``model.kind`` for the batches the loader makes: plain on a graph of one node type,
+    per type on a graph of several."""
+    m, layers = cfg.model, len(cfg.sampler.fanouts)
+    if m.kind == "lightgcn":
+        # (train.task=link takes a graph of one node type: make_task refuses others)
+        if cfg.train.task != "link" or not m.node_embedding.dim:
+            raise ConfigError("model.kind=lightgcn ranks items for users: it needs train.task=link and "
+                              "model.node_embedding.dim (e.g. 64), on a user-item dataset")
+        if m.node_embedding.features and dataset.feature_dim:
+            raise ConfigError("model.kind=lightgcn has no weights to mix features with its embeddings: set "
+                              "model.node_embedding.features=false")
+        return LightGCN(torch.as_tensor(np.diff(np.asarray(dataset.indptr))), num_layers=layers)
+    embedded = {t: source.dim for t, source in features.trainable.items()}  # node embeddings' widths
+    if model_form(cfg, dataset) == "plain":
+        in_dim = (dataset.feature_dim if m.node_embedding.features else 0) + sum(embedded.values())
+        return HopGNN(m.kind, in_dim, m.hidden, task.out_dim, num_layers=layers,
+                      heads=m.heads, dropout=m.dropout)
+    dims = features.dims()
+    return HeteroHopGNN(m.kind, {t: dims.get(t, 0) + embedded.get(t, 0) for t in dataset.node_types},
+                        dataset.relations, dataset.target, m.hidden, task.out_dim, num_layers=layers, heads=m.heads,
+                        dropout=m.dropout)
+
+
+def model_form(cfg, dataset) -> str:
+    """The form of the run's model on ``dataset``: ``plain`` on a graph of one node type and one relation (whose
+    batches the loader hands over plain), else ``typed``. The one place the run's model is chosen by the graph:
+    on a typed graph what has no typed form is refused (``train.task=link``, ``train.eval_mode=full``,
+    ``model.node_embedding.features=false`` and a ``model.kind`` other than R-SAGE's and R-GAT's). The trainer and
+    the planner call it before the task."""
+    if dataset.is_homogeneous:
+        return "plain"
+    if cfg.train.task == "link":
+        raise ConfigError(f"train.task=link needs a dataset of one node type (a user-item graph from lsm-gnn prepare "
+                          f"interactions counts as one); {dataset.path} has {len(dataset.node_types)} node types: "
+                          f"use train.task=node on it")
+    if cfg.model.kind not in HETERO_MODEL_KINDS:
+        raise ConfigError(f"model.kind={cfg.model.kind} has no heterogeneous form; use one of "
+                          f"{', '.join(HETERO_MODEL_KINDS)} (R-SAGE, R-GAT)")
+    if cfg.train.eval_mode == "full":
+        raise ConfigError(f"train.eval_mode=full (layer-wise) supports one node type; {dataset.path} has "
+                          f"several: use train.eval_mode=sampled")
+    if not cfg.model.node_embedding.features:
+        raise ConfigError("model.node_embedding.features=false takes a graph of one node type; on a heterogeneous "
+                          "graph give the types to learn embeddings for (model.node_embedding.dim: every type "
+                          "without features; model.node_embedding.<type>.dim: one type) and keep features=true")
+    return "typed"

@@ -120,7 +120,7 @@ def _check_plannable(cfg: Config, dataset) -> None:
                           f"cache.features={cfg.cache.features}")
     # What the run refuses on this graph, refused before the trace (as the run would).
     from lsm_gnn.build import check_owner
-    from lsm_gnn.training.startup import model_form
+    from lsm_gnn.models import model_form
 
     if not dataset.feature_types:
         raise ConfigError(f"{dataset.path} has {len(dataset.node_types)} node types and {len(dataset.relations)} "

@@ -6,7 +6,7 @@ a config names (``train.task``: node classification here, link prediction in
 :mod:`lsm_gnn.tasks.link_prediction`). Both take graphs of one node type; node
 classification also typed graphs (its target type's seeds). What has no typed
 form (link prediction, layer-wise evaluation) is refused on a typed graph where
-the model is chosen (:func:`lsm_gnn.training.startup.model_form`).
+the model is chosen (:func:`lsm_gnn.models.model_form`).
 """
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ class NodeClassification:
 
 def make_task(cfg: Config, dataset) -> Task:
     """The task ``train.task`` names, on ``dataset`` (refused on a typed graph where it has no typed form: by
-    :func:`lsm_gnn.training.startup.model_form`, which the trainer and the planner call first)."""
+    :func:`lsm_gnn.models.model_form`, which the trainer and the planner call first)."""
     if cfg.train.task == "node":
         return NodeClassification(cfg, dataset)
     return LinkPrediction(cfg, dataset)

@@ -21,22 +21,23 @@ import weakref
 import torch
 
 from lsm_gnn.build import resolve
-from lsm_gnn.training.checkpoint_files import CheckpointError, atomic_torch_save, load_checkpoint
+from lsm_gnn.comm.distributed import batch_to, distributed_context
 from lsm_gnn.comm.group import ProgressBoard, check_agreement
 from lsm_gnn.config import Config, ConfigError
 from lsm_gnn.features import TypedFeatures
-from lsm_gnn.comm.distributed import batch_to, distributed_context
-from lsm_gnn.utils.progress import progress_bar
-from lsm_gnn.training.resources import RunResources
+from lsm_gnn.models import build_model, model_form
 from lsm_gnn.tasks import make_task
 from lsm_gnn.training import startup
+from lsm_gnn.training.checkpoint_files import CheckpointError, atomic_torch_save, load_checkpoint
 from lsm_gnn.training.checkpointing import RESUME_KEYS, Checkpointer
 from lsm_gnn.training.metrics import (ALL_STAGES, EMBEDDING_STAGES, STAGES, TOTALS, MetricsLog, StageTimes,
                                       add_iteration, epoch_line, epoch_summary, flatten,
                                       iteration_record, last_evaluation, new_epoch_state, ratios_text,
                                       result_lines, run_hit_ratios_by_type)
 from lsm_gnn.training.ranks import Ranks, distributed
+from lsm_gnn.training.resources import RunResources
 from lsm_gnn.training.selection import ModelSelection, best_checkpoint_path, watched_metric
+from lsm_gnn.utils.progress import progress_bar
 
 # The names after "train" are importable from here as before the split (benchmarks and tests read them).
 __all__ = ["CheckpointError", "Trainer", "TrainingDiverged", "atomic_torch_save", "load_checkpoint", "train",
@@ -101,7 +102,7 @@ class Trainer:
             check_agreement(flatten(startup.agreed_settings(cfg, self.dataset), sep="."))
         if self.rank == 0 and not self.evaluation_only:
             self.resources.lock_outputs(cfg)
-        startup.model_form(cfg, self.dataset)  # what has no typed form refused on a typed graph, before the task
+        model_form(cfg, self.dataset)  # what has no typed form refused on a typed graph, before the task
         self.task = make_task(cfg, self.dataset)
         missing = [s for s in cfg.train.eval_splits if s not in self.task.splits]
         if missing:  # fail now, not after the first epoch
@@ -135,7 +136,7 @@ class Trainer:
         cfg = self.cfg
         torch.manual_seed(cfg.train.seed)
         startup.check_model_fits(cfg, self.features, self.task, self.device)
-        self.module = startup.build_model(cfg, self.dataset, self.features, self.task).to(self.device)
+        self.module = build_model(cfg, self.dataset, self.features, self.task).to(self.device)
         self.model = self.module
         weights = [p for p in self.module.parameters() if p.requires_grad]
         if distributed() and weights:  # a model of none (LightGCN) has nothing for DDP to all-reduce
