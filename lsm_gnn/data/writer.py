@@ -20,6 +20,7 @@ the core with schema 2's ``nodes/`` and ``relations/``.
 """
 from __future__ import annotations
 
+import abc
 import errno
 import json
 import os
@@ -376,7 +377,7 @@ class AtomicDatasetWriter:
         self.meta["checksums"][BLOCK_SUMS_FILE] = crc32_file(path)
 
 
-class TypedDatasetWriter(AtomicDatasetWriter):
+class TypedDatasetWriter(AtomicDatasetWriter, abc.ABC):
     """The typed core of both writers: node types with their own feature file, labels, splits and scores, and
     relations with their own CSR. Where files lie and where their entries go in meta.json is the schema's
     (:class:`DatasetWriter`: one type and one relation, files at the top; :class:`HeteroDatasetWriter
@@ -391,21 +392,22 @@ class TypedDatasetWriter(AtomicDatasetWriter):
         self._relations: dict[Relation, dict] = {}
         self._entries: dict[str, dict] = {}
 
-    # -- where a schema puts things -------------------------------------------
+    # -- where a schema puts things (each schema's writer says; this core cannot be made without one) ----------
+    @abc.abstractmethod
     def _type_dir(self, node_type: str) -> str:
-        raise NotImplementedError(f"{type(self).__name__} gives no _type_dir: a schema's writer says where files lie")
+        """The folder, inside the dataset, of ``node_type``'s files ("" or ``nodes/<type>/``)."""
 
+    @abc.abstractmethod
     def _relation_dir(self, relation: Relation) -> str:
-        raise NotImplementedError(f"{type(self).__name__} gives no _relation_dir: a schema's writer says where "
-                                  "files lie")
+        """The folder, inside the dataset, of ``relation``'s CSR files."""
 
+    @abc.abstractmethod
     def _record_relation(self, relation: Relation, prefix: str, num_edges: int) -> None:
-        raise NotImplementedError(f"{type(self).__name__} gives no _record_relation: a schema's writer says "
-                                  "where a relation's entry goes in meta.json")
+        """Puts ``relation``'s entry where the schema keeps it in meta.json."""
 
+    @abc.abstractmethod
     def _of(self, node_type: str) -> str:
         """How errors name a node type's data (after 'labels', 'train split', ...)."""
-        raise NotImplementedError(f"{type(self).__name__} gives no _of: a schema's writer names a type's data")
 
     def _add_types(self, entries: dict[str, dict], specs: dict[str, dict], row_alignment: int | None,
                    what) -> None:
