@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.cache import POLICIES, PolicyConfig, SoftwareCache, belady_min, belady_set_associative, replay
-from lsm_gnn.sampling import NeighborSampler
+from lsm_gnn.sampling import OneTypeSampler
 from lsm_gnn.storage.base import FeatureStorage, StorageStats
 from lsm_gnn.testing.benchmarking import reusable_dataset, write_json
 
@@ -76,7 +76,7 @@ def load_or_generate(path: str, num_nodes: int, avg_degree: float, seed: int):
 
 def record_trace(ds, fanouts, batch_size: int, iterations: int, seed: int) -> list[torch.Tensor]:
     """Input nodes of `iterations` mini-batches of shuffled training seeds (epochs reshuffle)."""
-    sampler = NeighborSampler(ds, fanouts, seed=seed)
+    sampler = OneTypeSampler(ds, fanouts, seed=seed)
     train = np.asarray(ds.split("train"))
     rng = np.random.default_rng(seed)
     trace, order, cursor = [], rng.permutation(train), 0

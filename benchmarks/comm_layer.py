@@ -190,8 +190,8 @@ def merged_hit_ratio(args, world: int, capacity: str) -> float:
         loader = NodeLoader(ds, open_storage(ds, "memory"), fanouts, args.batch_size, window=args.window,
                             rank=rank, world_size=world, seed=0)
         plans = loader._epoch_plans(0)[:args.iterations]
-        per_rank.append([np.unique(loader.sampler.sample(loader._plan_nodes(p), k)[-1].nodes.numpy())
-                         for k, p in enumerate(plans)])
+        per_rank.append([np.unique(loader.sampler.input_nodes({loader.seed_type: loader._plan_nodes(p)}, k)
+                                   [loader.seed_type].numpy()) for k, p in enumerate(plans)])
     union = [np.unique(np.concatenate(batches)) for batches in zip(*per_rank)]
     storage = open_storage(ds, "memory")
     cache = SoftwareCache(storage, world * cache_capacity_bytes(capacity, ds.num_nodes, storage.row_bytes),

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from lsm_gnn import DatasetError, DatasetWriter, open_dataset
 from lsm_gnn.data.format import META_FILE
 from lsm_gnn.data.scores import compute_scores
-from lsm_gnn.sampling import NeighborSampler
+from lsm_gnn.sampling import OneTypeSampler
 
 NUM_NODES = 40
 FANOUTS = ([3, 2], [-1, 1], [0, 5])
@@ -284,7 +284,7 @@ def _check_answer(ds) -> None:
         except CorruptCSR:
             expected = None
         try:
-            hops = NeighborSampler(ds, fanouts, seed=case).sample(seeds, case + 1)
+            hops = OneTypeSampler(ds, fanouts, seed=case).sample(seeds, case + 1)
         except DatasetError as exc:
             assert expected is None, f"the sampler refused a valid graph: {exc}"
             _check_error(exc, ds.path)

@@ -24,13 +24,13 @@ import torch
 from lsm_gnn.cache.software_cache import SoftwareCache
 from lsm_gnn.cache.window import WindowBuffer
 from lsm_gnn.data import open_dataset
-from lsm_gnn.sampling.neighbor import NeighborSampler
+from lsm_gnn.sampling import OneTypeSampler
 from lsm_gnn.storage import open_storage
 from lsm_gnn.testing.benchmarking import machine_info, write_json
 
 
 def sample_batches(ds, count: int, fanouts, batch_size: int, seed: int = 0) -> list[torch.Tensor]:
-    sampler = NeighborSampler(ds, fanouts, seed=seed)
+    sampler = OneTypeSampler(ds, fanouts, seed=seed)
     rng = np.random.default_rng(seed)
     train = np.asarray(ds.split("train"))
     return [sampler.input_nodes(torch.from_numpy(rng.choice(train, batch_size, replace=False)), i)

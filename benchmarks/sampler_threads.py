@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.data import open_dataset
-from lsm_gnn.sampling import NeighborSampler
+from lsm_gnn.sampling import OneTypeSampler
 from lsm_gnn.testing.benchmarking import side_by_side_per_batch, write_json
 
 
@@ -41,7 +41,7 @@ def main(argv=None) -> dict:
         seeds = [np.sort(rng.choice(ds.num_nodes, batch, replace=False)) for _ in range(args.batches)]
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads)
-            sampler = NeighborSampler(ds, fanouts, seed=0, num_threads=threads)
+            sampler = OneTypeSampler(ds, fanouts, seed=0, num_threads=threads)
             for i in range(min(5, len(seeds))):  # warm: the topology's copy, the first allocations
                 sampler.sample(seeds[i], i)
             times = []

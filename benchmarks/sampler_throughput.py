@@ -39,7 +39,7 @@ import time
 import numpy as np
 
 from lsm_gnn.data import open_dataset
-from lsm_gnn.sampling import NeighborSampler
+from lsm_gnn.sampling import OneTypeSampler
 from lsm_gnn.sampling.neighbor import TOPOLOGY_ACCESS
 from lsm_gnn.testing.benchmarking import disk_read_bytes, median_seconds, write_json
 
@@ -126,7 +126,7 @@ def stream_batches(train: np.ndarray, batch_size: int, first: int, count: int) -
 def child_measure(spec: dict) -> dict:
     """In the (capped) child: opens the dataset, warms up, times groups of fresh batches."""
     ds = open_dataset(spec["data"], check="fast")
-    sampler = NeighborSampler(ds, spec["fanouts"], seed=0, num_threads=spec["threads"],
+    sampler = OneTypeSampler(ds, spec["fanouts"], seed=0, num_threads=spec["threads"],
                               topology_access=spec["access"])
     train = np.asarray(ds.split("train"))
     warm = stream_batches(train, spec["batch_size"], 0, spec["warm"])
@@ -269,7 +269,7 @@ def main(argv=None) -> dict:
         if args.no_numpy:
             continue
         batches = [np.random.default_rng(b).choice(train, batch_size, replace=False) for b in range(args.batches)]
-        sampler = NeighborSampler(ds, fanouts, seed=0)
+        sampler = OneTypeSampler(ds, fanouts, seed=0)
         edges = sum(sum(h.edge_index.shape[1] for h in sampler.sample(b, i)) for i, b in enumerate(batches))
         # The reference takes seconds per batch on a power-law graph: time it once over a few batches.
         ref_batches = batches[:args.numpy_batches]
@@ -284,7 +284,7 @@ def main(argv=None) -> dict:
         row = {"fanouts": fanouts, "batch_size": batch_size, "edges_per_batch": edges / len(batches),
                "numpy_edges_per_batch": ref_edges / len(ref_batches), "numpy_edges_per_s": ref_edges / ref_seconds}
         for t in [int(x) for x in args.threads.split(",")]:
-            s = NeighborSampler(ds, fanouts, seed=0, num_threads=t)
+            s = OneTypeSampler(ds, fanouts, seed=0, num_threads=t)
             row[f"ours_{t}t_edges_per_s"] = edges / median_seconds(
                 lambda: [s.sample(b, i) for i, b in enumerate(batches)], args.repeats)
             row[f"ours_{t}t_vs_numpy"] = row[f"ours_{t}t_edges_per_s"] / row["numpy_edges_per_s"]

@@ -1,6 +1,6 @@
 """Our neighbor sampler against DGL's, side by side: same graph, same seeds, same fanouts, same threads.
 
-DGL's ``dgl.dataloading.NeighborSampler(fanouts).sample_blocks`` and ours (``lsm_gnn.sampling.NeighborSampler``)
+DGL's ``dgl.dataloading.NeighborSampler(fanouts).sample_blocks`` and ours (``lsm_gnn.sampling.OneTypeSampler``)
 sample the same batches of seed nodes (uniform without replacement, in-neighbors, one hop after another,
 both numbering the reached nodes; DGL's fanouts are given in its order, input layer first, so both draw the
 same neighbours per hop). The two run alternately, ``--repeats`` times each, at every thread count;
@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lsm_gnn.data import open_dataset  # noqa: E402
-from lsm_gnn.sampling import NeighborSampler  # noqa: E402
+from lsm_gnn.sampling import OneTypeSampler  # noqa: E402
 from lsm_gnn.testing.benchmarking import side_by_side_per_batch  # noqa: E402
 
 
@@ -66,12 +66,12 @@ def profile_ours(ds, fanouts, batches, repeats: int) -> dict:
     from lsm_gnn.sampling.neighbor import _signed64
     from lsm_gnn.utils.ids import as_id_tensor
 
-    sampler = NeighborSampler(ds, fanouts, seed=0, num_threads=1)
+    sampler = OneTypeSampler(ds, fanouts, seed=0, num_threads=1)
     tensors = [as_id_tensor(b, torch.device("cpu")) for b in batches]
 
     def op(k, seeds):
         torch.ops.lsm_gnn.sample_hops(sampler.indptr, sampler.indices, seeds, list(fanouts),
-                                      _signed64(sampler.seed), k, 1)
+                                      _signed64(sampler.sampler.seed), k, 1)
 
     def whole_sample(k, seeds):
         sampler.sample(seeds, k)
@@ -99,9 +99,9 @@ def measure(ds, graph, setup: str, threads: list[int], batches_per: int, repeats
     row = {"fanouts": fanouts, "batch_size": batch_size, "threads": {}}
     for t in threads:
         set_threads(t)
-        ours = NeighborSampler(ds, fanouts, seed=0, num_threads=t)  # auto: preloaded, on huge pages
+        ours = OneTypeSampler(ds, fanouts, seed=0, num_threads=t)  # auto: preloaded, on huge pages
         # the topology where it is mapped (the file's page cache pages), as read before preloading copied it
-        mapped = NeighborSampler(ds, fanouts, seed=0, num_threads=t, topology_access="random")
+        mapped = OneTypeSampler(ds, fanouts, seed=0, num_threads=t, topology_access="random")
         # DGL lists fanouts from the input layer to the seeds' layer, ours from the seeds outward: reversed,
         # both draw the same number of neighbours at each hop (the edge counts below show it).
         theirs = dgl.dataloading.NeighborSampler(list(reversed(fanouts)))

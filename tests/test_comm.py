@@ -93,7 +93,8 @@ def single_cache_hit_ratio(dataset, world, lines):
     loaders = [NodeLoader(dataset, open_storage(dataset, "memory"), [4, 3], 64, window=8, rank=r, world_size=world,
                           seed=0) for r in range(world)]
     plans = [ld._epoch_plans(0) for ld in loaders]
-    per_rank = [[np.unique(ld.sampler.input_nodes(ld._plan_seeds(p[k]), k).numpy()) for k in range(len(p))]
+    per_rank = [[np.unique(ld.sampler.input_nodes({"node": ld._plan_seeds(p[k])}, k)["node"].numpy())
+                 for k in range(len(p))]
                 for ld, p in zip(loaders, plans)]
     union = [np.unique(np.concatenate([r[k] for r in per_rank])) for k in range(len(per_rank[0]))]
     cache = SoftwareCache(open_storage(dataset, "memory"), num_sets=lines // 32, ways=32, policy="hybrid",

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lsm_gnn.data.format import DatasetError
-from lsm_gnn.sampling import Hop, NeighborSampler
+from lsm_gnn.sampling import Hop, NeighborSampler, OneTypeSampler
 from lsm_gnn.utils.ids import _first_occurrence_labels_torch, first_occurrence_labels
 
 CITES = ("paper", "cites", "paper")
@@ -176,15 +176,18 @@ def test_relations_draw_independently():
 
 
 def test_plain_seeds_need_one_node_type_and_one_relation(graph):
-    """Plain ids name no type: a graph of several types, or of one type with several relations, takes seeds
-    only as {type: ids}; its counts and fanouts are per type and per relation."""
+    """Plain ids name no type: a graph of several types, or of one type with several relations, has no
+    OneTypeSampler, and the keyed sampler takes seeds only as {type: ids}; its counts and fanouts are per type
+    and per relation."""
     src, dst = distinct_sources(np.random.default_rng(4), 50, np.full(50, 2))
     twin = InMemoryGraph({"paper": 50}, {CITES: (src, dst), ("paper", "cites_again", "paper"): (src, dst)}, {})
     for g, shape in ((graph, "3 node types .* and 5 relations"), (twin, r"1 node types \(paper\) and 2 relations")):
+        with pytest.raises(ValueError, match=rf"one node type and one relation; this one has {shape}: use "
+                                             r"NeighborSampler with seeds as \{node type: ids\}"):
+            OneTypeSampler(g, [2])
         sampler = NeighborSampler(g, [2], seed=1)
         assert sampler.fanouts == {r: [2] for r in g.relations}
-        with pytest.raises(ValueError, match=rf"one node type and one relation; this one has {shape}: pass seeds "
-                                             r"as \{node type: ids\} or a \(node type, ids\) pair"):
+        with pytest.raises(TypeError, match=r"seeds must be \{node type: ids\} or a \(node type, ids\) pair"):
             sampler.sample(np.arange(3))
         with pytest.raises(AttributeError, match="relations, so no one indptr"):
             sampler.indptr
@@ -229,10 +232,10 @@ def test_bad_seeds_are_refused(graph):
         sampler.sample({"paper": [7], "author": [7, 7]})
     with pytest.raises(ValueError, match="node type 'venue'"):
         sampler.sample({"venue": [0]})
-    with pytest.raises(ValueError, match=r"one node type and one relation; this one has 3 node types .* and 5 "
-                                         r"relations: pass seeds as \{node type: ids\}"):
+    with pytest.raises(TypeError, match=r"got list; for plain ids of a graph of one node type use "
+                                        r"lsm_gnn.sampling.OneTypeSampler"):
         sampler.sample([1, 2])
-    with pytest.raises(ValueError, match=r"pass seeds as \{node type: ids\}"):
+    with pytest.raises(TypeError, match=r"seeds must be \{node type: ids\}.*got ndarray"):
         sampler.input_nodes(np.array([1, 2]))
     with pytest.raises(ValueError, match="a hop of 3 node types and 5 relations has no plain form"):
         sampler.sample({"paper": [1, 2]})[0].unkeyed()

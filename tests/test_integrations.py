@@ -10,7 +10,7 @@ import torch
 from lsm_gnn import open_storage
 from lsm_gnn.cache import SoftwareCache
 from lsm_gnn.loader import NodeLoader
-from lsm_gnn.sampling import NeighborSampler
+from lsm_gnn.sampling import OneTypeSampler
 from lsm_gnn.testing import write_tiny_dataset
 
 
@@ -126,7 +126,7 @@ def test_pyg_builds_a_subgraph_from_the_stores(dataset):
     from lsm_gnn.integrations import LsmGraphStore
 
     store = feature_store(dataset, open_storage(dataset, "memory"))
-    hop = NeighborSampler(dataset, [3]).sample([4, 9, 300])[0]
+    hop = OneTypeSampler(dataset, [3]).sample([4, 9, 300])[0]
     data = filter_custom_store(store, LsmGraphStore(dataset), hop.nodes, *hop.edge_index, None)
     assert torch.equal(data.x, torch.from_numpy(dataset.read_features_direct(hop.nodes.numpy())))
     assert torch.equal(data.y, torch.from_numpy(np.array(dataset.labels()))[hop.nodes])
@@ -137,7 +137,7 @@ def test_dgl_blocks_equal_the_hops(dataset):
     dgl = pytest.importorskip("dgl")
     from lsm_gnn.integrations import to_dgl_blocks
 
-    hops = NeighborSampler(dataset, [4, 3, -1], seed=1).sample(np.arange(0, 999, 37), iteration=2)
+    hops = OneTypeSampler(dataset, [4, 3, -1], seed=1).sample(np.arange(0, 999, 37), iteration=2)
     blocks = to_dgl_blocks(hops)
     assert len(blocks) == len(hops)
     for block, hop in zip(blocks, reversed(hops)):
@@ -181,7 +181,7 @@ def test_a_missing_dgl_names_the_install_command(dataset, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "dgl", None)  # makes "import dgl" raise ImportError
     with pytest.raises(ImportError, match=r"pip install dgl==1\.1\.3"):
-        to_dgl_blocks(NeighborSampler(dataset, [2]).sample([1, 2]))
+        to_dgl_blocks(OneTypeSampler(dataset, [2]).sample([1, 2]))
 
 
 def test_importing_lsm_gnn_imports_neither_library():

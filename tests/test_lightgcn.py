@@ -10,7 +10,7 @@ import torch
 from lsm_gnn.cli import main
 from lsm_gnn.data.bipartite import generate_bipartite
 from lsm_gnn.models import LightGCN, hop_sum
-from lsm_gnn.sampling import NeighborSampler
+from lsm_gnn.sampling import OneTypeSampler
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_every_neighbour_gives_the_full_graph_formula(ds, layers):
     e0 = torch.randn(ds.num_nodes, 8, dtype=torch.float64)
     model = LightGCN(torch.as_tensor(np.diff(np.asarray(ds.indptr))), num_layers=layers).double()
     seeds = torch.tensor([0, 5, 17, 119, 120, 150, 199])  # users and items
-    hops = NeighborSampler(ds, [-1] * layers).sample(seeds, 0)
+    hops = OneTypeSampler(ds, [-1] * layers).sample(seeds, 0)
     e0.requires_grad_(True)
     batch = SimpleNamespace(hops=hops, x=e0[hops[-1].nodes], emb=None)
     expected = full_graph_lightgcn(ds, e0, layers)[seeds]
@@ -82,7 +82,7 @@ def test_a_fanout_below_the_degree_estimates_the_sum_without_bias(ds):
     seeds = torch.tensor([3, 9, 130])
     draws = []
     for iteration in range(3000):
-        hops = NeighborSampler(ds, [2], seed=iteration).sample(seeds, iteration)
+        hops = OneTypeSampler(ds, [2], seed=iteration).sample(seeds, iteration)
         draws.append(model(SimpleNamespace(hops=hops, x=e0[hops[-1].nodes], emb=None)))
     torch.testing.assert_close(torch.stack(draws).mean(0), full_graph_lightgcn(ds, e0, 1)[seeds].float(), rtol=0,
                                atol=0.03)

@@ -30,8 +30,8 @@ def test_features_equal_the_file_for_every_batch(data, policy):
             for batch in loader:
                 assert torch.equal(batch.x, features[batch.input_nodes])
                 assert torch.equal(batch.hops[0].nodes[:batch.seeds.numel()], batch.seeds)
-                if epoch == 0:  # sampled per type, unwrapped: the very hops the sampler gives plain ids
-                    plain = loader.sampler.sample(batch.seeds.numpy(), batch.iteration)
+                if epoch == 0:  # sampled per type, unwrapped: the very hops a one-type sampler gives plain ids
+                    plain = [h.unkeyed() for h in loader.sampler.sample({"node": batch.seeds}, batch.iteration)]
                     assert len(plain) == len(batch.hops) == 2
                     for p, h in zip(plain, batch.hops):
                         assert p.num_dst == h.num_dst and torch.equal(p.nodes, h.nodes)

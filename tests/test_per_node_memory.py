@@ -7,7 +7,7 @@ import pytest
 
 from lsm_gnn.cache import quantize_scores
 from lsm_gnn.comm import hotness_owner
-from lsm_gnn.sampling import NeighborSampler, sampled_access_counts
+from lsm_gnn.sampling import OneTypeSampler, sampled_access_counts
 
 
 def dense_rank_oracle(scores):
@@ -73,7 +73,7 @@ def test_hotness_owners_take_the_narrowest_type_and_the_same_ranks(world_size, d
 def test_sampled_access_counts_equal_a_bincount_per_batch(loader_graph):
     dataset, _ = loader_graph
     counts = sampled_access_counts(dataset, [3, 2], batch_size=50, num_batches=5, seed=3)
-    sampler = NeighborSampler(dataset, [3, 2], seed=3)
+    sampler = OneTypeSampler(dataset, [3, 2], seed=3)
     seeds = np.asarray(dataset.split("train"), dtype=np.int64)
     rng = np.random.default_rng([3, 7])
     expected = np.zeros(dataset.num_nodes, dtype=np.int64)

@@ -15,7 +15,7 @@ import torch
 
 from lsm_gnn import DatasetError, open_dataset
 from lsm_gnn.data.scores import compute_scores, reverse_pagerank
-from lsm_gnn.sampling import CSRGraph, NeighborSampler
+from lsm_gnn.sampling import CSRGraph, OneTypeSampler
 from lsm_gnn.testing import edit_meta, write_tiny_dataset
 from lsm_gnn.utils.ids import as_id_tensor
 
@@ -71,7 +71,7 @@ def test_native_code_bounds_checks_indptr_itself(ds, kind):
     """Arrays that never went through open_dataset: the C++ must refuse, not read out of bounds."""
     raw = CSRGraph(corrupt_indptr(ds.indptr, kind), np.array(ds.indices))
     with pytest.raises(DatasetError, match=r"CSR indptr array: the row of node [23] is .* not an ordered range"):
-        NeighborSampler(raw, [-1, 3]).sample(np.arange(NUM_NODES))
+        OneTypeSampler(raw, [-1, 3]).sample(np.arange(NUM_NODES))
     with pytest.raises(DatasetError, match="CSR indptr array: the row of node"):
         reverse_pagerank(raw.indptr, raw.indices)
 
@@ -85,9 +85,9 @@ def test_out_of_range_neighbor_is_named_by_the_sampler(ds, kind):
     message = (rf"{fast.path}/indices\.npy: neighbor id {bad} of node {first} at position 0 is outside \[0, "
                rf"{NUM_NODES}\)\. The topology is corrupt - run 'lsm-gnn inspect {fast.path} --verify'")
     with pytest.raises(DatasetError, match=message):
-        NeighborSampler(fast, [-1]).sample([first])
+        OneTypeSampler(fast, [-1]).sample([first])
     with pytest.raises(DatasetError, match=message):
-        NeighborSampler(fast, [2, 2], num_threads=2).sample(np.arange(NUM_NODES))  # found inside the parallel loop
+        OneTypeSampler(fast, [2, 2], num_threads=2).sample(np.arange(NUM_NODES))  # found inside the parallel loop
     with pytest.raises(DatasetError, match=message):
         reverse_pagerank(fast.indptr, fast.indices)
     with pytest.raises(DatasetError, match=r"indices\.npy: neighbor id at position 0"):
@@ -98,11 +98,11 @@ def test_out_of_range_neighbor_is_named_by_the_sampler(ds, kind):
 
 def test_rows_without_the_bad_id_still_sample_exactly(ds):
     """A fault is reported only where it is read: other batches keep their exact samples."""
-    before = NeighborSampler(ds, [-1]).sample([5], 0)[0]
+    before = OneTypeSampler(ds, [-1]).sample([5], 0)[0]
     save(ds, "indices.npy", corrupt_indices(ds.indices, "too large"))
     first = int(np.flatnonzero(np.diff(np.asarray(ds.indptr)))[0])
     assert first != 5
-    after = NeighborSampler(open_dataset(ds.path, check="fast"), [-1]).sample([5], 0)[0]
+    after = OneTypeSampler(open_dataset(ds.path, check="fast"), [-1]).sample([5], 0)[0]
     assert torch.equal(before.nodes, after.nodes) and torch.equal(before.edge_index, after.edge_index)
 
 
@@ -175,8 +175,8 @@ def test_non_finite_scores_and_big_endian_arrays_are_refused(ds):
 @pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32", "uint64", "int8", ">i8", ">u4", "<i2"])
 def test_seeds_of_every_integer_dtype_and_byte_order(ds, dtype):
     seeds = np.array([3, 1, 100], dtype=np.int64)
-    expected = NeighborSampler(ds, [3, 2], seed=4).sample(seeds, 2)
-    got = NeighborSampler(ds, [3, 2], seed=4).sample(seeds.astype(dtype), 2)
+    expected = OneTypeSampler(ds, [3, 2], seed=4).sample(seeds, 2)
+    got = OneTypeSampler(ds, [3, 2], seed=4).sample(seeds.astype(dtype), 2)
     assert all(torch.equal(a.nodes, b.nodes) and torch.equal(a.edge_index, b.edge_index)
                for a, b in zip(expected, got))
 
@@ -195,7 +195,7 @@ def test_unsigned_torch_ids_and_bad_id_types():
 
 
 def test_seed_out_of_range_names_the_id_and_range(ds):
-    sampler = NeighborSampler(ds, [2])
+    sampler = OneTypeSampler(ds, [2])
     with pytest.raises(IndexError, match=rf"seed node {NUM_NODES} at position 1 is outside \[0, {NUM_NODES}\)"):
         sampler.sample([0, NUM_NODES])
     with pytest.raises(IndexError, match=r"seed node -1 at position 0 is outside"):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lsm_gnn.data.dataset import ONE_RELATION
-from lsm_gnn.sampling import NeighborSampler
+from lsm_gnn.sampling import NeighborSampler, OneTypeSampler
 from lsm_gnn.testing import write_tiny_dataset
 
 
@@ -20,7 +20,7 @@ def neighbors(dataset, v):
 
 @pytest.mark.parametrize("fanouts", [[5, 2, 2, 2], [3], [-1, 2], [0, 4]])
 def test_every_edge_exists_and_fanouts_hold(graph, fanouts):
-    sampler = NeighborSampler(graph, fanouts, seed=7)
+    sampler = OneTypeSampler(graph, fanouts, seed=7)
     seeds = np.random.default_rng(0).choice(graph.num_nodes, 64, replace=False)
     hops = sampler.sample(seeds, iteration=3)
     assert len(hops) == len(fanouts)
@@ -42,13 +42,14 @@ def test_every_edge_exists_and_fanouts_hold(graph, fanouts):
 
 
 def test_one_type_graph_samples_the_same_hops_plain_or_typed(graph):
-    """One sampler, two forms of seeds: {"node": ids} (or the pair) draws the very hops ids draw, keyed by the
-    graph's one type and relation; ids get them plain. Counts and fanouts are keyed either way."""
-    sampler = NeighborSampler(graph, [4, 3], seed=5)
-    assert sampler.num_nodes == {"node": graph.num_nodes} and sampler.fanouts == {ONE_RELATION: [4, 3]}
+    """The keyed sampler takes seeds per type ({"node": ids} or the pair); OneTypeSampler, made once around it,
+    takes plain ids and gives the very same hops plain. Counts and fanouts are keyed inside either way."""
+    keyed, one_type = NeighborSampler(graph, [4, 3], seed=5), OneTypeSampler(graph, [4, 3], seed=5)
+    assert keyed.num_nodes == one_type.sampler.num_nodes == {"node": graph.num_nodes}
+    assert keyed.fanouts == {ONE_RELATION: [4, 3]} and one_type.num_nodes == graph.num_nodes
     seeds = np.random.default_rng(2).choice(graph.num_nodes, 50, replace=False)
-    plain, typed = sampler.sample(seeds, 1), sampler.sample({"node": seeds}, 1)
-    assert len(plain) == len(typed) == sampler.num_hops == 2
+    plain, typed = one_type.sample(seeds, 1), keyed.sample({"node": seeds}, 1)
+    assert len(plain) == len(typed) == keyed.num_hops == 2
     for p, t in zip(plain, typed):
         assert list(t.nodes) == list(t.num_dst) == ["node"] and list(t.edge_index) == [ONE_RELATION]
         assert torch.equal(p.nodes, t.nodes["node"]) and torch.equal(p.edge_index, t.edge_index[ONE_RELATION])
@@ -56,17 +57,21 @@ def test_one_type_graph_samples_the_same_hops_plain_or_typed(graph):
         assert p.num_src == t.num_src["node"] == p.nodes.numel()
         assert p.num_edges == t.num_edges[ONE_RELATION] == p.edge_index.shape[1] > 0
     assert torch.equal(plain[0].dst_nodes, torch.from_numpy(seeds))
-    assert torch.equal(sampler.input_nodes(("node", seeds), 1)["node"], plain[-1].nodes)
-    hops = sampler.sample_many([(seeds, 1), ({"node": seeds}, 1)])  # each batch in its own form
-    assert torch.equal(hops[0][-1].nodes, hops[1][-1].nodes["node"])
+    assert torch.equal(keyed.input_nodes(("node", seeds), 1)["node"], plain[-1].nodes)
+    assert torch.equal(one_type.input_nodes(seeds, 1), plain[-1].nodes)
+    hops = one_type.sample_many([(seeds, 1), (seeds[:10], 2)])
+    assert torch.equal(hops[0][-1].nodes, plain[-1].nodes)
+    assert torch.equal(hops[1][0].nodes, one_type.sample(seeds[:10], 2)[0].nodes)
+    with pytest.raises(TypeError, match="OneTypeSampler"):  # the keyed sampler never guesses a form
+        keyed.sample(seeds, 1)
 
 
 def test_deterministic_in_seed_and_iteration(graph):
     seeds = np.arange(100)
-    a = NeighborSampler(graph, [5, 2], seed=1).sample(seeds, 4)
-    b = NeighborSampler(graph, [5, 2], seed=1, num_threads=1).sample(seeds, 4)
-    c = NeighborSampler(graph, [5, 2], seed=1).sample(seeds, 5)
-    d = NeighborSampler(graph, [5, 2], seed=2).sample(seeds, 4)
+    a = OneTypeSampler(graph, [5, 2], seed=1).sample(seeds, 4)
+    b = OneTypeSampler(graph, [5, 2], seed=1, num_threads=1).sample(seeds, 4)
+    c = OneTypeSampler(graph, [5, 2], seed=1).sample(seeds, 5)
+    d = OneTypeSampler(graph, [5, 2], seed=2).sample(seeds, 4)
     same = lambda x, y: all(torch.equal(p.nodes, q.nodes) and torch.equal(p.edge_index, q.edge_index)
                             for p, q in zip(x, y))
     assert same(a, b)
@@ -82,16 +87,16 @@ def test_many_batches_side_by_side_equal_each_sampled_alone(graph, threads, monk
 
     rng = np.random.default_rng(5)
     batches = [(np.sort(rng.choice(graph.num_nodes, 50, replace=False)), 10 + k) for k in range(9)]
-    alone = [NeighborSampler(graph, [5, 2], seed=3).sample(seeds, it) for seeds, it in batches]
-    sampler = NeighborSampler(graph, [5, 2], seed=3, num_threads=threads)
-    workers, inner = set(), sampler._sample
+    alone = [OneTypeSampler(graph, [5, 2], seed=3).sample(seeds, it) for seeds, it in batches]
+    sampler = OneTypeSampler(graph, [5, 2], seed=3, num_threads=threads)
+    workers, inner = set(), sampler.sampler._sample
 
     def recording(*args):
         workers.add(threading.current_thread().name)
         time.sleep(0.005)  # so that no worker drains the queue before the others start
         return inner(*args)
 
-    monkeypatch.setattr(sampler, "_sample", recording)
+    monkeypatch.setattr(sampler.sampler, "_sample", recording)
     together = sampler.sample_many(batches)
     same = lambda x, y: all(torch.equal(p.nodes, q.nodes) and torch.equal(p.edge_index, q.edge_index)
                             for p, q in zip(x, y))
@@ -106,9 +111,9 @@ def test_many_batches_stay_on_the_callers_thread_with_the_triton_kernels(graph, 
 
     from lsm_gnn.kernels import using
 
-    sampler = NeighborSampler(graph, [2], seed=0, num_threads=2)
+    sampler = OneTypeSampler(graph, [2], seed=0, num_threads=2)
     names = []
-    monkeypatch.setattr(sampler, "_sample", lambda seeds, it, threads: names.append(threading.current_thread().name)
+    monkeypatch.setattr(sampler.sampler, "_sample", lambda seeds, it, threads: names.append(threading.current_thread().name)
                         or [])
     with using("triton"):
         sampler.sample_many([(np.arange(5), 0), (np.arange(5), 1), (np.arange(5), 2)])
@@ -135,7 +140,7 @@ def test_numbering_on_several_threads_equals_one_thread(tmp_path, shape):
             writer.write_edges([(dst, src)])  # each node's row (its in-neighbours) mostly hubs
             dataset = writer.commit()
     seeds = np.concatenate([[0, 1, 2], rng.choice(np.arange(3, n), 4500, replace=False)])
-    runs = [NeighborSampler(dataset, [10, 5], seed=5, num_threads=t).sample(seeds, 2) for t in (1, 2, 3)]
+    runs = [OneTypeSampler(dataset, [10, 5], seed=5, num_threads=t).sample(seeds, 2) for t in (1, 2, 3)]
     assert runs[0][0].edge_index.shape[1] >= 16_384, "the first hop must be large enough to number in parallel"
     for threads, hops in zip((2, 3), runs[1:]):
         for h, (one, several) in enumerate(zip(runs[0], hops)):
@@ -147,7 +152,7 @@ def test_samples_are_uniform(graph):
     v = int(np.argmax(np.diff(np.asarray(graph.indptr))))
     nbrs = neighbors(graph, v)
     counts = {int(u): 0 for u in nbrs}
-    sampler = NeighborSampler(graph, [2], seed=3)
+    sampler = OneTypeSampler(graph, [2], seed=3)
     trials = 3000
     for it in range(trials):
         hop = sampler.sample([v], it)[0]
@@ -158,12 +163,12 @@ def test_samples_are_uniform(graph):
 
 
 def test_bad_input_is_refused(graph):
-    sampler = NeighborSampler(graph, [2])
+    sampler = OneTypeSampler(graph, [2])
     with pytest.raises(IndexError, match="outside"):
         sampler.sample([graph.num_nodes])
     with pytest.raises(ValueError, match="twice"):
         sampler.sample([3, 3])
     with pytest.raises(ValueError, match="fanouts"):
-        NeighborSampler(graph, [])
+        OneTypeSampler(graph, [])
     with pytest.raises(ValueError, match="fanouts"):
-        NeighborSampler(graph, [2, -3])
+        OneTypeSampler(graph, [2, -3])

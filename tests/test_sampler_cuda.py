@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lsm_gnn.sampling import CSRGraph, NeighborSampler
+from lsm_gnn.sampling import CSRGraph, NeighborSampler, OneTypeSampler
 
 try:
     import triton  # noqa: F401
@@ -47,8 +47,8 @@ def test_cuda_matches_cpu(index_dtype, fanouts):
         isolated = np.flatnonzero(np.diff(graph.indptr) == 0)[:4]  # isolated seeds too
         others = np.setdiff1d(np.arange(graph.indptr.size - 1), isolated)
         seeds = np.concatenate([isolated, rng.permutation(others)[:124]])
-        cpu = NeighborSampler(graph, fanouts, seed=trial + 11)
-        gpu = NeighborSampler(graph, fanouts, seed=trial + 11, device="cuda")
+        cpu = OneTypeSampler(graph, fanouts, seed=trial + 11)
+        gpu = OneTypeSampler(graph, fanouts, seed=trial + 11, device="cuda")
         for iteration in (0, 1, 977):
             assert_same_hops(cpu.sample(seeds, iteration), gpu.sample(seeds, iteration))
 
@@ -58,8 +58,8 @@ def test_cuda_seeds_select_the_gpu():
     rng = np.random.default_rng(5)
     graph = random_graph(rng, 1000, np.int64)
     seeds = torch.from_numpy(rng.choice(1000, 64, replace=False))
-    cpu = NeighborSampler(graph, [4, 3], seed=2).sample(seeds, 8)
-    auto = NeighborSampler(graph, [4, 3], seed=2).sample(seeds.cuda(), 8)  # device=None follows the seeds
+    cpu = OneTypeSampler(graph, [4, 3], seed=2).sample(seeds, 8)
+    auto = OneTypeSampler(graph, [4, 3], seed=2).sample(seeds.cuda(), 8)  # device=None follows the seeds
     assert_same_hops(cpu, auto)
 
 
@@ -67,14 +67,14 @@ def test_cuda_seeds_select_the_gpu():
 def test_cuda_empty_batch_matches_cpu():
     graph = random_graph(np.random.default_rng(1), 100, np.int32)
     empty = torch.empty(0, dtype=torch.int64)
-    cpu = NeighborSampler(graph, [3, 2]).sample(empty)
-    assert_same_hops(cpu, NeighborSampler(graph, [3, 2], device="cuda").sample(empty))
+    cpu = OneTypeSampler(graph, [3, 2]).sample(empty)
+    assert_same_hops(cpu, OneTypeSampler(graph, [3, 2], device="cuda").sample(empty))
 
 
 @needs_cuda
 def test_cuda_bad_input_is_refused():
     graph = random_graph(np.random.default_rng(2), 100, np.int64)
-    sampler = NeighborSampler(graph, [2], device="cuda")
+    sampler = OneTypeSampler(graph, [2], device="cuda")
     with pytest.raises(IndexError, match="outside"):
         sampler.sample([100])
     with pytest.raises(IndexError, match="outside"):
@@ -90,5 +90,5 @@ def test_cuda_request_without_cuda_is_refused():
         NeighborSampler(graph, [2], device="cuda")
     with pytest.raises(ValueError, match="device"):
         NeighborSampler(graph, [2], device="meta")
-    hops = NeighborSampler(graph, [2], device="cpu").sample([1, 2])  # the CPU path is unaffected
+    hops = OneTypeSampler(graph, [2], device="cpu").sample([1, 2])  # the CPU path is unaffected
     assert hops[0].nodes[:2].tolist() == [1, 2]

@@ -9,7 +9,7 @@ import pytest
 
 from lsm_gnn.data import open_dataset
 from lsm_gnn.loader import NodeLoader
-from lsm_gnn.sampling import CSRGraph, NeighborSampler
+from lsm_gnn.sampling import CSRGraph, NeighborSampler, OneTypeSampler
 from lsm_gnn.storage import open_storage
 from lsm_gnn.testing import write_tiny_dataset, write_tiny_hetero_dataset
 
@@ -55,7 +55,7 @@ def test_a_preloaded_topology_is_a_copy_that_samples_the_same_hops(tmp_path, het
         assert not is_the_mapping(csr.indptr, indptr) and not is_the_mapping(csr.indices, indices)
         assert np.array_equal(csr.indptr.numpy(), indptr) and np.array_equal(csr.indices.numpy(), indices)
         assert csr.indices.dtype == mapped._csr[relation].indices.dtype
-    seeds = {ds.target: torch.arange(0, 40, 3)} if hetero else torch.arange(0, 40, 3)
+    seeds = {ds.target: torch.arange(0, 40, 3)}
     for a, b in zip(mapped.sample(seeds, 5), loaded.sample(seeds, 5), strict=True):
         assert_same(a, b)
 
@@ -175,4 +175,4 @@ def test_row_lengths_read_in_parallel_still_name_the_first_bad_row():
     raw = CSRGraph(indptr, np.zeros(2 * n, dtype=np.int32))
     for threads in (1, 2, 4):
         with pytest.raises(DatasetError, match=r"the row of node 3000 is .* not an ordered range"):
-            NeighborSampler(raw, [2], num_threads=threads).sample(np.arange(n))
+            OneTypeSampler(raw, [2], num_threads=threads).sample(np.arange(n))

@@ -20,7 +20,7 @@ def sampled_access_counts(dataset, fanouts, batch_size: int, num_batches: int = 
     for b in range(num_batches):
         batch = rng.choice(seeds, min(batch_size, seeds.size), replace=False)
         # O(batch) per batch: a bincount of num_nodes entries per batch costs O(num_nodes) each time.
-        np.add.at(counts, sampler.input_nodes(batch, -1 - b).numpy(), 1)
+        np.add.at(counts, sampler.input_nodes({dataset.target: batch}, -1 - b)[dataset.target].numpy(), 1)
     return counts
 
 

@@ -4,21 +4,17 @@ One sampler for every graph: ``NeighborSampler(graph, fanouts, seed)`` reads any
 relations and one CSR per relation (:class:`Graph`; a :class:`~lsm_gnn.data.Dataset` is one, and
 :class:`CSRGraph` makes one of two bare CSR arrays). Inside it is keyed: seeds, node counts and fanouts per node
 type and relation, a one-type graph the graph of one node type and one relation. ``sample(seeds, iteration)``
-returns one :class:`Hop` per fanout, innermost (the seeds') first, in the form its seeds came in:
+takes seeds as ``{type: ids}`` or a ``(type, ids)`` pair and returns one :class:`Hop` per fanout, innermost (the
+seeds') first, per node type (``nodes``, ``num_dst``) and relation (``edge_index``). Plain ids and plain hops
+(``nodes`` a tensor, ``num_dst`` an int, ``edge_index`` one [2, E] tensor), as models of one node type read
+them, are :class:`~lsm_gnn.sampling.OneTypeSampler`'s: the one-type form is a wrapper made once, not a mode.
 
-* ``{type: ids}`` or a ``(type, ids)`` pair: typed hops (``nodes`` and ``num_dst`` per node type,
-  ``edge_index`` per relation).
-* ids (a list, array or tensor), on a graph of one node type and one relation only: they are that type's, and
-  the hops come back plain (``nodes`` a tensor, ``num_dst`` an int, ``edge_index`` one [2, E] tensor), as
-  models of one node type read them.
+How the op draws is the sampler's own choice: on a graph of one node type and one relation every hop by one
+call of the op, with the sampler's seed; on any other graph each relation by one call per hop, with random
+streams of its own (:func:`_draw_seed`).
 
-How the op draws is the sampler's own choice, whatever the form: on a graph of one node type and one relation
-every hop by one call of the op, with the sampler's seed; on any other graph each relation by one call per hop,
-with random streams of its own (:func:`_draw_seed`).
-
-Sampling is deterministic in (seed, iteration, seeds), and on a graph of one node type both forms of the same
-seeds draw the same hops: a window buffer can sample batch t + 256 now and the trainer gets the very same batch
-at iteration t + 256.
+Sampling is deterministic in (seed, iteration, seeds): a window buffer can sample batch t + 256 now and the
+trainer gets the very same batch at iteration t + 256.
 
 The op is ``torch.ops.lsm_gnn.sample_hops`` (:mod:`lsm_gnn.kernels.ops`): the C++ core for CPU seeds, the
 Triton kernel for CUDA seeds (``device="cuda"``, or seeds given as a CUDA tensor), drawing the same hops.
@@ -75,8 +71,8 @@ class Hop:
     ``nodes[s]`` (sources), row 1 indexes ``nodes[d][:num_dst[d]]`` (destinations), as in PyG's
     ``edge_index_dict``; messages flow 0 -> 1 as in PyG.
 
-    Plain (a graph of one node type and one relation, sampled from plain ids, or a typed hop's
-    :meth:`unkeyed` form, which a one-type graph's models read): the same with ``nodes`` a
+    Plain (a typed hop of a graph of one node type and one relation in its :meth:`unkeyed` form, which a
+    one-type graph's models read): the same with ``nodes`` a
     tensor, ``num_dst`` an int and ``edge_index`` one [2, E] tensor. The derived fields below map over either
     form alike (``tree_map``).
     """
@@ -367,10 +363,10 @@ class NeighborSampler:
         return topology_error(fault, *csr.files)
 
     def sample(self, seeds, iteration: int = 0) -> list[Hop]:
-        """The hops of one mini-batch, on the sampling device. ``seeds``: {type: distinct ids} or a (type, ids)
-        pair (typed hops), or distinct ids (plain hops; a graph of one node type and one relation only)."""
-        keyed, plain = self._keyed_seeds(seeds)
-        return self._as_given(self._sample(keyed, iteration, self.num_threads), plain)
+        """The hops of one mini-batch, on the sampling device, per node type and relation. ``seeds``:
+        ``{type: distinct ids}`` or a ``(type, ids)`` pair (for plain ids and plain hops of a graph of one node
+        type: :class:`~lsm_gnn.sampling.OneTypeSampler`)."""
+        return self._sample(self._keyed_seeds(seeds), iteration, self.num_threads)
 
     def sample_many(self, batches: Sequence[tuple[object, int]]) -> list[list[Hop]]:
         """:meth:`sample` of each ``(seeds, iteration)`` in ``batches``, in order, with the same results. On the
@@ -380,11 +376,10 @@ class NeighborSampler:
         batches = list(batches)
         keyed = [self._keyed_seeds(seeds) for seeds, _ in batches]
         threads = self.num_threads if self.num_threads > 0 else len(os.sched_getaffinity(0))
-        on_cpu = all(_batch_device(self.device, *seeds.values()).type == "cpu" for seeds, _ in keyed)
+        on_cpu = all(_batch_device(self.device, *seeds.values()).type == "cpu" for seeds in keyed)
         # The C++ op only: the Triton interpreter (kernels=triton on a CPU) is not safe on several threads.
         if len(batches) < 2 or threads < 2 or not on_cpu or kernel_mode() != "native":
-            return [self._as_given(self._sample(seeds, iteration, self.num_threads), plain)
-                    for (seeds, plain), (_, iteration) in zip(keyed, batches)]
+            return [self._sample(seeds, iteration, self.num_threads) for seeds, (_, iteration) in zip(keyed, batches)]
         with self._pool_lock:
             if self._pool is None or self._pool_threads != threads:
                 if self._pool is not None:
@@ -392,36 +387,25 @@ class NeighborSampler:
                 self._pool = ThreadPoolExecutor(threads, thread_name_prefix="lsm-gnn-sampler")
                 self._pool_threads = threads
             pool = self._pool
-        return list(pool.map(lambda given, batch: self._as_given(self._sample(given[0], batch[1], 1), given[1]),
-                             keyed, batches))
+        return list(pool.map(lambda seeds, batch: self._sample(seeds, batch[1], 1), keyed, batches))
 
-    def input_nodes(self, seeds, iteration: int = 0) -> torch.Tensor | dict[str, torch.Tensor]:
-        """Every node whose features the batch needs (the last hop's nodes; per type for typed seeds)."""
+    def input_nodes(self, seeds, iteration: int = 0) -> dict[str, torch.Tensor]:
+        """Every node whose features the batch needs, per node type (the last hop's nodes)."""
         return self.sample(seeds, iteration)[-1].nodes
 
-    def _keyed_seeds(self, seeds) -> tuple[dict, bool]:
-        """The sampler's edge, its one test of the seeds' form: ``seeds`` per node type, and whether they came
-        as plain ids (of a graph of one node type), whose hops :meth:`_as_given` makes plain again."""
+    def _keyed_seeds(self, seeds) -> dict:
+        """``seeds`` as ``{node type: ids}``, checked against the graph's types."""
         if isinstance(seeds, tuple) and len(seeds) == 2 and isinstance(seeds[0], str):
             seeds = {seeds[0]: seeds[1]}
-        if isinstance(seeds, Mapping):
-            unknown = [t for t in seeds if t not in self.num_nodes]
-            if unknown:
-                raise ValueError(f"seeds of node type {unknown[0]!r}, which the graph does not have; its types: "
-                                 f"{', '.join(self.node_types)}")
-            return dict(seeds), False
-        if self._one_relation is None:
-            raise ValueError(f"seeds as plain ids need a graph of one node type and one relation; this one has "
-                             f"{len(self.node_types)} node types ({', '.join(self.node_types)}) and "
-                             f"{len(self.relations)} relations: pass seeds as {{node type: ids}} or a "
-                             "(node type, ids) pair")
-        return {self.node_types[0]: seeds}, True
-
-    @staticmethod
-    def _as_given(hops: list[Hop], plain: bool) -> list[Hop]:
-        """``hops`` in the form their seeds came in: as they are for seeds per type, plain
-        (:meth:`Hop.unkeyed`) for plain ids."""
-        return [hop.unkeyed() for hop in hops] if plain else hops
+        if not isinstance(seeds, Mapping):
+            raise TypeError(f"seeds must be {{node type: ids}} or a (node type, ids) pair, got "
+                            f"{type(seeds).__name__}; for plain ids of a graph of one node type use "
+                            "lsm_gnn.sampling.OneTypeSampler")
+        unknown = [t for t in seeds if t not in self.num_nodes]
+        if unknown:
+            raise ValueError(f"seeds of node type {unknown[0]!r}, which the graph does not have; its types: "
+                             f"{', '.join(self.node_types)}")
+        return dict(seeds)
 
     def _sample(self, seeds: dict, iteration: int, num_threads: int) -> list[Hop]:
         device = _batch_device(self.device, *seeds.values())
