@@ -11,6 +11,7 @@ from lsm_gnn.utils.memcap import MemoryCap, MemoryCapError
 
 TINY_CACHE_NODES = 600
 ORDER_SEED_ENV = "LSM_GNN_ORDER_SEED"  # overrides the shuffled order's seed (by default one per test)
+BESIDE_ENV = "LSM_GNN_BESIDE"  # .ci/run: the tests marked beside run in its job beside the suite
 
 
 def pytest_generate_tests(metafunc):
@@ -35,9 +36,12 @@ def _natural_order_is_enough(item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The alternating order runs only the cases it can tell something by (:func:`_natural_order_is_enough`)."""
-    dropped = [item for item in items if getattr(item, "callspec", None) is not None
-               and item.callspec.params.get("program_order") == "alternating" and _natural_order_is_enough(item)]
+    """The alternating order runs only the cases it can tell something by (:func:`_natural_order_is_enough`);
+    with ``LSM_GNN_BESIDE`` set the suite leaves the tests marked ``beside`` to .ci/run's job beside it."""
+    beside = bool(os.environ.get(BESIDE_ENV))
+    dropped = [item for item in items if (beside and item.get_closest_marker("beside") is not None) or (
+        getattr(item, "callspec", None) is not None and item.callspec.params.get("program_order") == "alternating"
+        and _natural_order_is_enough(item))]
     if dropped:
         keep = set(map(id, dropped))
         items[:] = [item for item in items if id(item) not in keep]

@@ -162,8 +162,7 @@ def _run(argv, env, cwd):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(bool(os.environ.get("LSM_GNN_DOCS_BESIDE")),
-                    reason="the documented commands run in .ci/run's job beside the suite")
+@pytest.mark.beside
 @pytest.mark.parametrize("doc", sorted({doc for doc, _ in COMMANDS}))
 def test_every_documented_command_runs(doc, tmp_path):
     cwd = str(tmp_path)

@@ -68,12 +68,14 @@ GEOMETRIES = [
     (2, 8, 50, True),      # oversubscribed: sets get more misses than ways, lines are taken twice
     (8, 4, 30, True),      # narrow sets, victim queues with little room
 ]
-# The interpreter runs programs one by one (~2 s a case): the quick run keeps two hard cases (the second with
-# next uses at assign and bypassed misses), CI runs all, and in the alternating program order the oversubscribed
-# geometry of each policy (where sets take more misses than ways and lines twice).
+# The interpreter runs programs one by one (5-15 s a case): the quick run keeps two hard cases (the second with
+# next uses at assign and bypassed misses); CI runs all, the others in its job beside the suite, and in the
+# alternating program order the oversubscribed geometry of each policy (where sets take more misses than ways and
+# lines twice).
 QUICK = {("hybrid_pvp_room", 8), ("farthest", 8)}
-CASES = [pytest.param(policy, *geometry, marks=[*(() if (policy, geometry[1]) in QUICK else [pytest.mark.slow]),
-                                                *(() if geometry[1] == 8 else [pytest.mark.natural_order_only])])
+CASES = [pytest.param(policy, *geometry,
+                      marks=[*(() if (policy, geometry[1]) in QUICK else [pytest.mark.slow, pytest.mark.beside]),
+                             *(() if geometry[1] == 8 else [pytest.mark.natural_order_only])])
          for policy in POLICIES for geometry in GEOMETRIES]
 
 

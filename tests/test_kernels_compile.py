@@ -18,9 +18,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRITON36 = os.environ.get("LSM_GNN_TRITON36", os.path.join(ROOT, ".ci", "triton36"))
 ARCHS = "80,90"
 
-# About a minute per triton version on 2 cores (a fresh compiler cache); the kernels run in subprocesses, so the
-# program-order variants of the other kernel tests have nothing to reorder here.
-pytestmark = [pytest.mark.slow, pytest.mark.launches_no_kernel]
+# Minutes per triton version on 2 cores (a fresh compiler cache); the kernels run in subprocesses, so the
+# program-order variants of the other kernel tests have nothing to reorder here. .ci/run runs the module in its
+# job beside the suite (one recording of the launches for all its cases).
+pytestmark = [pytest.mark.slow, pytest.mark.launches_no_kernel, pytest.mark.beside]
 
 
 def _python(args, env_extra=None, timeout=900, module="lsm_gnn.kernels.aot"):
@@ -44,15 +45,7 @@ def launches(tmp_path_factory):
     return path
 
 
-# .ci/run runs this module in its job beside the suite (one recording of the launches for all its cases)
-COMPILED_BESIDE = bool(os.environ.get("LSM_GNN_COMPILE_BESIDE"))
-beside = pytest.mark.skipif(COMPILED_BESIDE, reason="compiled beside the suite (.ci/run)")
-
-
 def _triton_versions():
-    if COMPILED_BESIDE:
-        return [pytest.param(None, id="triton-installed", marks=beside),
-                pytest.param(TRITON36, id="triton-3.6", marks=beside)]
     versions = [pytest.param(None, id="triton-installed")]
     reason = f"triton 3.6 is not installed at {TRITON36} (.ci/run installs it; or set LSM_GNN_TRITON36)"
     missing = not os.path.isdir(os.path.join(TRITON36, "triton"))
@@ -117,7 +110,6 @@ BUGS = {
 }
 
 
-@beside
 @pytest.mark.parametrize("bug", list(BUGS))
 def test_the_check_fails_when_a_fixed_bug_is_put_back(launches, tmp_path, bug):
     module, fixed, broken, kernel, edge_args = BUGS[bug]
