@@ -182,6 +182,19 @@ def table_name(dataset, node_type: str) -> str | None:
     return None if one_type_keys(dataset) else node_type
 
 
+def cache_label(dataset, types) -> str | None:
+    """What messages call the features' cache over node ``types``: nothing on a graph of one node type (its one
+    cache, "the cache", is ``cache.capacity``'s), the types joined by "+" on a typed graph."""
+    return None if one_type_keys(dataset) else "+".join(types)
+
+
+def embedding_cache_name(dataset, node_type: str) -> str:
+    """What messages call ``node_type``'s node embedding table's cache (named as the table is,
+    :func:`table_name`)."""
+    name = table_name(dataset, node_type)
+    return "the node embeddings' cache" if name is None else f"the {name} node embeddings' cache"
+
+
 def table_key(dataset, node_type: str) -> str:
     """The config key of ``node_type``'s node embedding table: ``model.node_embedding`` on a graph of one node
     type, ``model.node_embedding.<type>`` on a typed graph."""

@@ -314,8 +314,11 @@ class TypedFeatures:
         for source in self.trainable.values():
             source.settle()
 
-    def describe(self) -> str:
-        return "; ".join(f"{'+'.join(group.types)}: {group.features.describe()}" for group in self.groups)
+    def describe(self, label=lambda types: "+".join(types)) -> str:
+        """Each group's source, for a log line, named by ``label(types)``; unnamed where it gives None (a graph
+        of one node type's one source, :func:`lsm_gnn.build.cache_label`)."""
+        named = ((label(group.types), group.features.describe()) for group in self.groups)
+        return "; ".join(text if name is None else f"{name}: {text}" for name, text in named)
 
     @property
     def last_timings(self) -> dict[str, float]:

@@ -336,14 +336,12 @@ class NodeLoader:
         return None if self.labels is None else self.labels[seeds].to(self._label_dtype)
 
     def sample_input_nodes(self, count: int, epoch: int = 0, rank: int | None = None) -> list:
-        """The input nodes (``hops[-1].nodes``) of ``count`` batches spread evenly over ``epoch`` on ``rank``
-        (default: this loader's), sampled exactly as training samples them but without gathering a row:
+        """The input nodes per node type (``hops[-1].nodes``) of ``count`` batches spread evenly over ``epoch`` on
+        ``rank`` (default: this loader's), sampled exactly as training samples them but without gathering a row:
         what sizing a cache needs before any training (:mod:`lsm_gnn.sizing`)."""
         plans = self._epoch_plans(epoch, rank)
         picks = np.unique(np.linspace(0, len(plans) - 1, min(count, len(plans))).round().astype(np.int64))
-        nodes = [hops[-1].nodes for hops in self._sample_many((plans[k], epoch * len(plans) + int(k)) for k in picks)]
-        # as a batch's input_nodes: a graph of one node type's plain (Batch.unwrap)
-        return nodes if self.one_type is None else [ids[self.one_type] for ids in nodes]
+        return [hops[-1].nodes for hops in self._sample_many((plans[k], epoch * len(plans) + int(k)) for k in picks)]
 
     # -- resumable position --------------------------------------------------------------------------------------
 

@@ -12,8 +12,8 @@ and :func:`cache_fits` finds what each cache must hold:
   ids of a batch;
 - a rank's slice of a shared cache: the distinct ids all ranks' batches of
   one iteration ask of its owner (the slice serves their union);
-- a heterogeneous dataset's caches (one per row format): the ids of their
-  node types.
+- a dataset's feature caches (one per row format, :func:`store_fits`): the ids
+  of their node types.
 
 Only the count matters, not how ids fall into sets: a batch that overflows
 one 32-way set while the cache has lines enough is served exactly (its
@@ -67,17 +67,23 @@ class CacheFit:
                 f"{self.what} holds {self.lines:,} lines ({self.lines / max(self.largest, 1):.2f}x)")
 
 
+def store_fits(features: TypedFeatures, batches: list[list], label=lambda types: "+".join(types)) -> list[CacheFit]:
+    """Each feature group's cache of ``features`` against ``batches[rank][i]``, the input nodes per node type of
+    sampled batch ``i`` on each rank. A group's cache is "the cache of <label(types)>", or "the cache" where
+    ``label`` gives None (a graph of one node type's one cache, :func:`lsm_gnn.build.cache_label`)."""
+    fits = []
+    for g, group in enumerate(features.groups):
+        ids = [[features.group_ids(nodes)[g] for nodes in per_rank] for per_rank in batches]
+        name = label(group.types)
+        fits += cache_fits(group.features, ids, "the cache" if name is None else f"the cache of {name}")
+    return fits
+
+
 def cache_fits(features, batches: list[list], what: str = "the cache") -> list[CacheFit]:
-    """Each cache of ``features`` against ``batches[rank][i]``, the input nodes of sampled batch ``i`` on
-    each rank (``torch`` or numpy ids; per node type for a heterogeneous dataset). Features without a
-    cache give no entry; a cache shared by ranks is judged by its slices (``owner``)."""
+    """The cache of one source ``features`` against ``batches[rank][i]``, the ids (``torch`` or numpy) of
+    sampled batch ``i`` on each rank. A source without a cache gives no entry; a cache shared by ranks is judged
+    by its slices (``owner``)."""
     sampled = len(batches[0]) if batches else 0
-    if isinstance(features, TypedFeatures):  # each group's cache against its ids
-        fits = []
-        for g, group in enumerate(features.groups):
-            ids = [[features.group_ids(nodes)[g] for nodes in per_rank] for per_rank in batches]
-            fits += cache_fits(group.features, ids, f"the cache of {'+'.join(group.types)}")
-        return fits
     if features.cache_lines is None:
         return []
     if features.owner is not None:

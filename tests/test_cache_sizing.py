@@ -113,7 +113,7 @@ class TestEstimateBeforeTraining:
     def test_a_batch_refused_mid_run_names_the_config_keys(self, graph, tmp_path, monkeypatch):
         # Sampling that saw only small batches: the real first batch is the first to be refused.
         monkeypatch.setattr(NodeLoader, "sample_input_nodes",
-                            lambda self, count, epoch=0, rank=None: [torch.arange(10)] * count)
+                            lambda self, count, epoch=0, rank=None: [{"node": torch.arange(10)}] * count)
         trainer = Trainer(config(graph, tmp_path, "cache.capacity=5%"))
         with pytest.raises(ConfigError) as info:
             trainer.fit()

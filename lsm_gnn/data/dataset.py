@@ -126,6 +126,12 @@ class Dataset:
         """One node type and one relation (DGL's term): what the one-type loader, sampler and models take."""
         return len(self.types) == 1 and len(self.relations) == 1
 
+    def describe_nodes(self) -> str:
+        """Its nodes for a log line: their count, and on a typed graph the number of types and the target."""
+        if self.is_homogeneous:
+            return f"{self.num_nodes:,} nodes"
+        return f"{self.num_nodes:,} nodes of {len(self.types)} types, target {self.target}"
+
     # -- files ---------------------------------------------------------------------------------------------------
     def file_path(self, name: str) -> str:
         return contained_path(self.path, name, DatasetError)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from functools import partial
 
 import torch
 
@@ -126,36 +127,41 @@ def check_cache_size(cfg, spec, loader, task, features, embeddings: dict, world_
     """Samples a few batches (every rank's, so every rank decides alike) and raises a ConfigError naming
     a capacity with headroom when the largest would not fit: before any training, not at that batch (nor after
     an epoch of it, at an evaluation). Returns the training batches' fits."""
-    from lsm_gnn.sizing import cache_fits, too_small_message
+    from lsm_gnn.build import cache_label, embedding_cache_name
+    from lsm_gnn.sizing import store_fits, too_small_message
 
     c = cfg.cache
     if spec.source != "cache" or c.oversubscribe:
         return []
     checks = _sizing_batches(cfg, loader, task, features, world_size)
     fits = []
-    one_type = loader.one_type is not None  # its sampled ids are plain: its one cache's and its one table's
-    caches = [(features.only if one_type else features, None, "the cache", spec.size)]
+    dataset = loader.dataset
+    # each cache: how its fits are found from every rank's input nodes per node type, and its size
+    caches = [(lambda batches: store_fits(features, batches, partial(cache_label, dataset)), spec.size)]
     for t, embedding in embeddings.items():
-        caches.append((embedding.source, None if one_type else t,
-                       "the node embeddings' cache" if one_type else f"the {t} node embeddings' cache",
+        caches.append((partial(_table_fits, embedding.source, t, embedding_cache_name(dataset, t)),
                        spec.embedding_sizes[t]))
-    for cached, node_type, what, size in caches:
+    for fits_of, size in caches:
         for stage, batches in checks:
-            if node_type is not None:  # a typed graph's table: its type's ids
-                batches = [[nodes[node_type] for nodes in per_rank] for per_rank in batches]
-            found = cache_fits(cached, batches, what)
+            found = fits_of(batches)
             tight = _tightest(found)
             if tight is not None and not tight.fits:
                 loader.close()
                 smaller = "" if stage == "training" else _eval_batch_fix(
-                    cfg, task, stage.rpartition(" ")[2], tight, lambda ids: _tightest(cache_fits(
-                        cached, ids if node_type is None else [[n[node_type] for n in r] for r in ids], what)),
+                    cfg, task, stage.rpartition(" ")[2], tight, lambda ids: _tightest(fits_of(ids)),
                     features, world_size)
                 raise ConfigError(("" if stage == "training" else f"{stage}: ")
                                   + too_small_message(tight, size.text, c.ways, size.key) + smaller)
             if stage == "training":
                 fits += found
     return fits
+
+
+def _table_fits(source, node_type: str, what: str, batches: list) -> list:
+    """The fits of a node embedding table's cache: its type's ids of every rank's input nodes."""
+    from lsm_gnn.sizing import cache_fits
+
+    return cache_fits(source, [[nodes[node_type] for nodes in per_rank] for per_rank in batches], what)
 
 
 def _tightest(fits: list):

@@ -17,10 +17,11 @@ import math
 import sys
 import time
 import weakref
+from functools import partial
 
 import torch
 
-from lsm_gnn.build import resolve
+from lsm_gnn.build import cache_label, resolve
 from lsm_gnn.comm.distributed import batch_to, distributed_context
 from lsm_gnn.comm.group import ProgressBoard, check_agreement
 from lsm_gnn.config import Config, ConfigError
@@ -392,12 +393,9 @@ class Trainer:
     def _announce(self) -> None:
         """What the run trains, on what, from which features, and how its data is checked."""
         cfg = self.cfg
-        one_type = self.loader.one_type is not None  # named neither in the size nor in the features' source
-        size = f"{self.dataset.num_nodes:,} nodes" if one_type else \
-            f"{self.dataset.num_nodes:,} nodes of {len(self.dataset.node_types)} types, target {self.dataset.target}"
         mode = f" (cache.mode={self.cfg.cache.mode})" if self.world_size > 1 and self.features.caches else ""
-        source = (self.features.only if one_type else self.features).describe() + mode
-        self._print(f"training {cfg.model.kind} on {self.dataset.name} ({size}) "
+        source = self.features.describe(partial(cache_label, self.dataset)) + mode
+        self._print(f"training {cfg.model.kind} on {self.dataset.name} ({self.dataset.describe_nodes()}) "
                     f"with features from {source}; {self.world_size} rank(s), device {self.device}")
         for embedding in self.embeddings.values():
             self._print(f"with {embedding.describe()}")
