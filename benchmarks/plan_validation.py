@@ -23,7 +23,7 @@ import sys
 import time
 
 from lsm_gnn.config import load_config
-from lsm_gnn.planner import make_plan
+from lsm_gnn.planner import make_plan, one_type_view
 from lsm_gnn.storage.probe import evict_page_cache
 from lsm_gnn.testing.benchmarking import feature_paths, load_script, machine_info, write_json
 from lsm_gnn.training.trainer import STAGES, Trainer
@@ -138,9 +138,9 @@ def main(argv=None) -> dict:
         plans, runs = [], []
         for _ in range(args.repeats):  # calibrated right before each run: both see the same load
             t0 = time.perf_counter()
-            plan = make_plan(cfg, sizes=[capacity], policies=[policy], pvp=[pvp], iterations=args.iterations,
-                             calibration_file=args.calibration, recalibrate=not args.reuse_calibration,
-                             log=lambda m: None)
+            plan = one_type_view(make_plan(cfg, sizes=[capacity], policies=[policy], pvp=[pvp],
+                                           iterations=args.iterations, calibration_file=args.calibration,
+                                           recalibrate=not args.reuse_calibration, log=lambda m: None))
             row = plan["rows"][0]
             if "error" in row:
                 raise RuntimeError(f"{name}: the planner says the run cannot start: {row['error']}")

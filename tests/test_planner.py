@@ -393,11 +393,11 @@ def test_a_plan_says_what_it_should_not_trust():
 
 
 def test_a_stored_calibration_out_of_physical_range_is_measured_again(dataset, tmp_path):
-    from lsm_gnn.planner.plan import format_plan
+    from lsm_gnn.planner.plan import format_plan, one_type_view
 
     cfg = load_config(None, [f"dataset={dataset.path}", *RUN])
     calibration = str(tmp_path / "cal.json")
-    plan = quick_plan(cfg, calibration, sizes=["30%"], policies=["hybrid"], pvp=[False])
+    plan = one_type_view(quick_plan(cfg, calibration, sizes=["30%"], policies=["hybrid"], pvp=[False]))
     text = format_plan(plan)
     assert "calibration: storage 20" in text and "UTC (runs within" in text  # its date and spread, every plan
     plan["calibration"]["warnings"] = ["the train calibration's runs differ by 40%"]
@@ -416,7 +416,8 @@ def test_a_stored_calibration_out_of_physical_range_is_measured_again(dataset, t
     assert any("memcpy (0.00 GB/s) is below 20%" in m and "measuring every part again" in m for m in messages)
     assert not any("reused from" in m for m in messages)
     assert plan["calibration"]["memcpy"]["memcpy_gb_per_s"] > 1e-3
-    assert all(len(plan["calibration"][p]["figures"]) >= 3 for p in ("storage", "memcpy", "train"))
+    assert all(len(c["figures"]) >= 3 for c in (plan["calibration"]["storage_by_type"]["node"],
+                                                 plan["calibration"]["memcpy"], plan["calibration"]["train"]))
 
 
 # -- plan takes what train takes ------------------------------------------------------------------------------------

@@ -20,7 +20,9 @@ def _names(text: str) -> list[str]:
 def _plan(args) -> int:
     from lsm_gnn.utils.fileio import check_output_file, write_json_output
     from lsm_gnn.config import load_config
-    from lsm_gnn.planner import format_plan, make_plan
+    from lsm_gnn.cli.prepare import shown_by_type
+    from lsm_gnn.data import open_dataset
+    from lsm_gnn.planner import format_plan, make_plan, one_type_view
 
     overrides = list(args.overrides)
     config = args.config
@@ -46,6 +48,8 @@ def _plan(args) -> int:
                      calibration_file=None if args.calibration == "none" else args.calibration,
                      recalibrate=args.recalibrate, train_steps=args.train_steps,
                      storage_seconds=args.storage_seconds, tolerance=args.tolerance / 100)
+    if not shown_by_type(open_dataset(cfg.dataset, check="shape")):
+        plan = one_type_view(plan)
     if args.json == "-":
         print(json.dumps(plan, indent=2, default=str))
     else:

@@ -133,10 +133,9 @@ def _check_plannable(cfg: Config, dataset) -> None:
             raise ConfigError(f"lsm-gnn plan cannot plan what runs over several ranks refuse: {exc}") from None
 
 
-def _training_identity(cfg: Config, dataset, one_type: str | None) -> dict:
+def _training_identity(cfg: Config, dataset) -> dict:
     d = cfg.to_dict()
-    files = _reported_by_type({t: calibrate.file_identity(dataset.node_type(t).feature_path)
-                               for t in dataset.feature_types}, one_type)
+    files = {t: calibrate.file_identity(dataset.node_type(t).feature_path) for t in dataset.feature_types}
     return {"dataset": files,
             "graph": calibrate.file_identity(os.path.join(dataset.path, "meta.json")),
             "model": d["model"], "sampler": d["sampler"], "task": d["train"]["task"], "device": d["train"]["device"],
@@ -164,11 +163,11 @@ def make_plan(cfg: Config, *, sizes: list[str], policies: list[str], pvp: list[b
     trace, lengths = _record(cfg, dataset, iterations, log, typed)
     given, iterations = iterations is not None, lengths["modelled"]
     cal, reported = _calibrations(cfg, dataset, backend, store, recalibrate, train_steps, storage_seconds, log,
-                                  _busiest_layout(dataset, typed, trace), trace.one_type)
+                                  _busiest_layout(dataset, typed, trace))
     fill_sample_ms = 1e3 * statistics.median(trace.sample_s)
     rows = _plan_rows(grid, specs, dataset, typed, trace, iterations, cal, cores, fill_sample_ms, log)
     best = recommend([r for r in rows if "error" not in r], tolerance)
-    return {"dataset": _dataset_summary(dataset, typed, trace.one_type),
+    return {"dataset": _dataset_summary(dataset, typed),
             "run": {"fanouts": cfg.sampler.fanouts, "batch_size": cfg.sampler.batch_size, "model": cfg.model.kind,
                     "hidden": cfg.model.hidden, "window": cfg.cache.window, "iterations": iterations,
                     "run_iterations": lengths["run"], "epochs": cfg.train.epochs,
@@ -200,13 +199,9 @@ def _check_arguments(cfg: Config, sizes: list[str], policies: list[str], pvp: li
     return cores
 
 
-def _dataset_summary(dataset, typed, one_type: str | None) -> dict:
-    """The dataset as a plan reports it: its nodes and row format; on a heterogeneous graph per node type
-    (featureless ones: their count only), and its feature groups (one cache each)."""
-    if one_type is not None:  # as its run reports it: one row format
-        layout = dataset.node_type(one_type).features
-        return {"path": dataset.path, "num_nodes": dataset.num_nodes, "row_bytes": layout.row_bytes,
-                "row_stride": layout.row_stride}
+def _dataset_summary(dataset, typed) -> dict:
+    """The dataset as a plan reports it: its nodes, per node type with its row format (featureless types: their
+    count only), and its feature groups (one cache each)."""
     types = {}
     for t in dataset.node_types:
         layout = dataset.node_type(t).features
@@ -297,10 +292,10 @@ def modelled_text(run: dict) -> str:
 
 
 def _calibrations(cfg: Config, dataset, backend: str, store: calibrate.CalibrationStore, recalibrate: bool,
-                  train_steps: int, storage_seconds: float, log, layout, one_type: str | None) -> tuple[dict, dict]:
+                  train_steps: int, storage_seconds: float, log, layout) -> tuple[dict, dict]:
     """Storage reads (each featured type's file on its own), memcpy (of ``layout``'s rows) and training steps,
-    measured (each several times) or reused from ``store``: ``{storage_by_type, memcpy, train}``, and that as the
-    plan reports it (:func:`_reported`, with ``warnings``). A stored calibration whose memcpy is far below what the
+    measured (each several times) or reused from ``store``: ``{storage_by_type, memcpy, train}``, and that with
+    the ``warnings`` a plan reports beside it. A stored calibration whose memcpy is far below what the
     machine copies now was taken under load: it is measured again, every part."""
     dtype = TORCH_DTYPES[layout.dtype]
     memcpy_identity = {"dim": layout.dim, "dtype": layout.dtype, "cpus": os.cpu_count()}
@@ -328,7 +323,7 @@ def _calibrations(cfg: Config, dataset, backend: str, store: calibrate.Calibrati
     files = {t: storage_of(t) for t in dataset.feature_types}
     memcpy_cal = measured("memcpy", memcpy_identity,
                           lambda: on_loader_thread(calibrate.measure_memcpy, layout.dim, dtype), "memcpy bandwidth")
-    train_cal = measured("train", {**_training_identity(cfg, dataset, one_type), "steps": train_steps},
+    train_cal = measured("train", {**_training_identity(cfg, dataset), "steps": train_steps},
                          lambda: calibrate.measure_training(cfg, dataset, steps=train_steps),
                          f"{train_steps} training steps")
 
@@ -337,26 +332,35 @@ def _calibrations(cfg: Config, dataset, backend: str, store: calibrate.Calibrati
                 f"{c['queue_depth']})")
 
     cal = {"storage_by_type": files, "memcpy": memcpy_cal, "train": train_cal}
-    reported = _reported(cal, one_type)
     storage = "storage " + ", ".join(f"{t} {storage_text(c)}" for t, c in files.items())
     log(f"plan: {storage}, memcpy {memcpy_cal['memcpy_gb_per_s']:.1f} GB/s (row gather "
         f"{memcpy_cal['row_gather_gb_per_s']:.1f}), train {train_cal['train_ms']:.1f} ms, sample "
         f"{train_cal['sample_ms']:.1f} ms per iteration")
-    return cal, {**reported, "warnings": calibrate.trust_warnings(reported)}
+    return cal, {**cal, "warnings": calibrate.trust_warnings(cal)}
 
 
-def _reported_by_type(by_type: dict, one_type: str | None):
-    """A value per node type as a plan reports it: its run's one type's plain on a graph of one, by type on a
-    graph of several (as the run's batches come: :attr:`~lsm_gnn.planner.simulate.Trace.one_type`)."""
-    return by_type if one_type is None else by_type[one_type]
+#: a row's per node type breakdown, which a plan of a graph of one node type leaves out (:func:`one_type_view`)
+BY_TYPE_KEYS = ("hit_ratio_by_type", "rows_by_type", "bytes_read_by_type", "groups")
 
 
-def _reported(cal: dict, one_type: str | None) -> dict:
-    """The calibrations as a plan reports them: the feature files' as ``storage_by_type``, or on a graph of one
-    node type its one file's as ``storage``."""
-    storage = _reported_by_type(cal["storage_by_type"], one_type)
-    return {"storage" if one_type is not None else "storage_by_type": storage, "memcpy": cal["memcpy"],
-            "train": cal["train"]}
+def one_type_view(plan: dict) -> dict:
+    """``plan`` (:func:`make_plan`'s, per node type on every graph) of a graph of one node type in the form its
+    run reports: the dataset's one row format, its one feature file's storage calibration as ``storage``, the rows
+    without their per-type breakdown. What ``lsm-gnn plan`` prints and writes for such a graph."""
+    ds = plan["dataset"]
+    (node_type, layout), = ds["node_types"].items()
+    calibration = dict(plan["calibration"])
+    reported = {"storage": calibration.pop("storage_by_type")[node_type], "memcpy": calibration.pop("memcpy"),
+                "train": calibration.pop("train")}
+    calibration.pop("warnings", None)
+
+    def row(r):
+        return None if r is None else {k: v for k, v in r.items() if k not in BY_TYPE_KEYS}
+
+    return {**plan, "dataset": {"path": ds["path"], "num_nodes": ds["num_nodes"], "row_bytes": layout["row_bytes"],
+                                "row_stride": layout["row_stride"]},
+            "calibration": {**reported, "warnings": calibrate.trust_warnings(reported), **calibration},
+            "rows": [row(r) for r in plan["rows"]], "recommendation": row(plan["recommendation"])}
 
 
 def _when(timestamp: float | None) -> str:
@@ -454,7 +458,8 @@ def _row(c: Config, spec, sim: dict, num_rows: int, cal: dict, cores: int, itera
            "read_ahead": ahead, **extra, **(_embedding_totals(tables) if tables else {}),
            **_modelled_ms(sim, cal, cores, iterations, fill_sample_ms, c.cache.window, epoch_length, ahead,
                           list(sims.values()))}
-    by_type = "" if "hit_ratio_by_type" not in row else f" ({ratios_text(row['hit_ratio_by_type'])})"
+    # a breakdown of several types (of one, it is the total)
+    by_type = "" if len(row.get("hit_ratio_by_type", ())) < 2 else f" ({ratios_text(row['hit_ratio_by_type'])})"
     hit = "no features' cache" if row["hit_ratio"] is None else f"hit {row['hit_ratio']:.3f}{by_type}"
     table_hits = "".join(f", {t} table hit {table['hit_ratio']:.3f}" for t, table in tables.items())
     log(f"plan: {row['policy']}{'+pvp' if row['pvp'] else ''} {row['capacity']}: {hit}{table_hits}, "
@@ -469,7 +474,7 @@ def _plan_rows(grid: list[Config], specs: list, dataset, typed, trace, iteration
     resolved with the run's: ``spec.feature_sizes``), replays the group's ids; the groups' counts are summed, and
     on a typed run each node type's kept beside them (``hit_ratio_by_type``, as the trainer reports it). Each node
     type's node embedding table replays its type's ids."""
-    from lsm_gnn.build import cache_over, group_scores
+    from lsm_gnn.build import cache_label, cache_over, group_scores
 
     groups = [group.types for group in typed.groups]
     traces = [trace.of_group(typed, g) for g in range(len(groups))]
@@ -495,7 +500,8 @@ def _plan_rows(grid: list[Config], specs: list, dataset, typed, trace, iteration
                 sims.append(on_loader_thread(simulate_cache, group_trace, iterations, storage, geometry, make_cache,
                                              c.cache.window))
             except ValueError as exc:  # e.g. a group's cache smaller than one batch: the run would stop the same way
-                where = "" if trace.one_type is not None else f"the cache of {'+'.join(types)}: "
+                name = cache_label(dataset, types)
+                where = "" if name is None else f"the cache of {name}: "
                 rows.append(_error_row(c, spec, exc, log, where))
                 break
         else:
@@ -504,10 +510,10 @@ def _plan_rows(grid: list[Config], specs: list, dataset, typed, trace, iteration
                 rows.append(error)
                 continue
             # embeddings alone (model.node_embedding.features=false): no features' cache (spec.feature_sizes empty)
-            sim = _summed(sims, groups, iterations) if c.model.node_embedding.features else _no_features(iterations)
+            featured = c.model.node_embedding.features
+            sim = _summed(sims, groups, iterations) if featured else _no_features(iterations)
             rows.append(_row(c, spec, sim, featured_rows, cal, cores, iterations, fill_sample_ms,
-                             trace.epoch_length, log, tables,
-                             **({} if trace.one_type is not None else _by_type(sim, sims, groups))))
+                             trace.epoch_length, log, tables, **(_by_type(sim, sims, groups) if featured else {})))
     return rows
 
 

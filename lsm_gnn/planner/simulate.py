@@ -140,9 +140,6 @@ class Trace:
     sample_s: list[float]       # loader-thread seconds per batch, sampled with nothing else running
     epoch_length: int           # batches per epoch (the window refills when an epoch starts)
     sizes: list[int]            # ids per batch
-    #: the run's batches' one node type where they come plain (NodeLoader.one_type): what a plan reports as the
-    #: run does, without a breakdown by type; None on a graph of several
-    one_type: str | None = None
 
     @property
     def nodes_per_batch(self) -> float:
@@ -185,7 +182,7 @@ def record_trace(task, dataset, iterations, features=None, max_bytes: int | None
                     break
     finally:
         loader.close()
-    return Trace(batches, sample_s, len(loader), sizes, loader.one_type)
+    return Trace(batches, sample_s, len(loader), sizes)
 
 
 def on_loader_thread(fn, *args, **kwargs):
