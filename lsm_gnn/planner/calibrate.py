@@ -271,7 +271,7 @@ def measure_memcpy(dim: int, dtype: torch.dtype, rows: int = 4096, pool_bytes: i
 def calibration_config(cfg, work_dir: str, iterations: int, node_types=()):
     """``cfg``'s run cut to its first ``iterations`` training steps, for timing them: no evaluation (nor what
     watches one: early stopping), no checkpoint, its log and any node embedding table in ``work_dir``, never the
-    user's (on a graph of several ``node_types``, each type's in a directory of its own, as a run's). Valid
+    user's (each of ``node_types``' in a directory of its own). Valid
     wherever ``cfg`` is, whatever keys it sets."""
     from lsm_gnn.config import EarlyStoppingConfig, build_config
 
@@ -286,9 +286,8 @@ def calibration_config(cfg, work_dir: str, iterations: int, node_types=()):
     embedding["path"] = tables
     for own in embedding["types"].values():
         own.pop("path", None)
-    if len(node_types) > 1:  # each type's own: the section's path would be every type's, one table
-        for t in node_types:
-            embedding["types"].setdefault(t, {})["path"] = os.path.join(tables, t)
+    for t in node_types:  # each type's table in a directory of its own (the section's path would be every type's)
+        embedding["types"].setdefault(t, {})["path"] = os.path.join(tables, t)
     return build_config(settings)
 
 
