@@ -11,8 +11,9 @@ composed by wrapping, PyG's ``FeatureStore``).
 
 A graph's features are a :class:`TypedFeatures`: rows by (node type, id),
 one :class:`Features` per row format, always keyed by node type. A graph of
-one node type is the same with one type: :meth:`TypedFeatures.of` wraps its
-one :class:`Features` once (GraphBolt's ``wrap_with_cached_feature``).
+one node type is the same with one type: :meth:`TypedFeatures.one_type` wraps
+its one :class:`Features` (GraphBolt's ``wrap_with_cached_feature``), once, where
+a user hands a bare source in (:func:`lsm_gnn.loader.keyed_features`).
 Node types whose rows have one format (dim and dtype) share one id space
 (:class:`~lsm_gnn.storage.concat.ConcatStorage`) and so one cache, one
 window, one victim buffer and one exchange between ranks: IGBH (every type
@@ -178,11 +179,9 @@ class TypedFeatures:
         self.trainable: dict = {}
 
     @classmethod
-    def of(cls, features, node_type: str = "node") -> TypedFeatures:
-        """The features of a graph of one node type, ``node_type``, served by ``features`` (a
-        :class:`Features`); a TypedFeatures is returned as it is."""
-        if isinstance(features, TypedFeatures):
-            return features
+    def one_type(cls, features, node_type: str = "node") -> TypedFeatures:
+        """The features of a graph of one node type, ``node_type``, served by ``features`` (a :class:`Features`):
+        one group of one type."""
         if not isinstance(features, Features):
             raise TypeError(f"features must implement lsm_gnn.features.Features (gather, counters, ...): a "
                             f"storage, a SoftwareCache or a SharedCache; got {type(features).__name__}")

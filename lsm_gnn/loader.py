@@ -72,6 +72,13 @@ def compact_labels(labels, block: int = LABEL_BLOCK) -> tuple[torch.Tensor, torc
     return torch.from_numpy(out), dtype
 
 
+def keyed_features(features, node_type: str) -> TypedFeatures:
+    """``features`` by node type: a :class:`~lsm_gnn.features.TypedFeatures` as it is, a bare
+    :class:`~lsm_gnn.features.Features` (a graph of one node type's one source) wrapped once as ``node_type``'s.
+    The one-type edge of what users hand in (NodeLoader, Trainer, layerwise inference)."""
+    return features if isinstance(features, TypedFeatures) else TypedFeatures.one_type(features, node_type)
+
+
 @dataclass
 class Batch:
     """One mini-batch. ``hops[0]`` is next to the seeds; a model consumes ``reversed(hops)``, starting from
@@ -243,7 +250,7 @@ class NodeLoader:
         #: the node type of the seeds on every graph: the sampler gets them keyed by it and hops come back per type
         self.seed_type = self.one_type or self.target
         #: the features by node type; a bare Features serves the seeds' type (a graph of one's one type)
-        self.features = TypedFeatures.of(features, self.seed_type)
+        self.features = keyed_features(features, self.seed_type)
         self.training = bool(training)
         self.prefetch_features = bool(prefetch_features)
         if not 0 <= rank < world_size:

@@ -186,13 +186,13 @@ def test_resolve_sizes_every_cache_once_with_its_key(tmp_path):
 def test_a_graph_of_one_type_is_keyed_by_its_one_type(tmp_path):
     """A one-type graph's features are one group of one type, gathered by {type: ids} like any: the same rows
     and hit mask as its cache alone."""
-    from lsm_gnn.features import TypedFeatures
+    from lsm_gnn.loader import keyed_features
     from lsm_gnn.testing import write_tiny_dataset
 
     ds, array = write_tiny_dataset(tmp_path / "one")
     cfg = load_config(None, [f"dataset={ds.path}", "cache.capacity=50%", "cache.backend=pread"])
     features = build_features(resolve(cfg, ds), ds, torch.device("cpu"))
-    assert features.dims() == {"node": ds.feature_dim} and TypedFeatures.of(features) is features
+    assert features.dims() == {"node": ds.feature_dim} and keyed_features(features, "node") is features
     ids = torch.tensor([5, 1, 7, 3])
     rows, hits = features.gather({"node": ids})
     assert torch.equal(rows["node"], torch.from_numpy(array[ids.numpy()]))
@@ -200,6 +200,11 @@ def test_a_graph_of_one_type_is_keyed_by_its_one_type(tmp_path):
     alone, alone_hits = features.only.gather(ids)
     assert torch.equal(alone, rows["node"]) and bool(alone_hits.all())  # now cached
     assert features.describe() == f"node: {features.only.describe()}"
+    assert features.describe(lambda types: None) == features.only.describe()  # a one-type graph's words
+    wrapped = keyed_features(features.only, "node")  # a bare source handed in: one group of its one type
+    assert wrapped.only is features.only and wrapped.group_of == {"node": 0}
+    with pytest.raises(TypeError, match="features must implement lsm_gnn.features.Features"):
+        keyed_features(object(), "node")
 
 
 class _Table:

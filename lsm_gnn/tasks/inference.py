@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lsm_gnn.features import TypedFeatures
+from lsm_gnn.loader import keyed_features
 from lsm_gnn.sampling import Hop
 
 
@@ -95,7 +95,7 @@ def layerwise_inference(model, dataset, features, nodes, *, chunk_size: int = 10
         raise ValueError(f"chunk_size and read_rows must be >= 1, got {chunk_size} and {read_rows}")
     from lsm_gnn.models import BlockGCNConv
 
-    features = TypedFeatures.of(features).only  # a graph of one node type: its one source, by plain ids
+    features = keyed_features(features, dataset.target).only  # a graph of one node type: its one source, by plain ids
     nodes = np.asarray(nodes, dtype=np.int64)
     indptr, indices, num_nodes = dataset.indptr, dataset.indices, dataset.num_nodes
     gcn = isinstance(model.convs[0], BlockGCNConv)

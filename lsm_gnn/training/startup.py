@@ -35,7 +35,7 @@ def build_run_features(cfg, spec, dataset, device, task, world_size: int) -> Typ
     """The feature path the config describes (``spec``, resolved): none (node embeddings only), or the features
     by node type behind their caches (sized by ``spec``)."""
     if not cfg.model.node_embedding.features:
-        return TypedFeatures.of(NoFeatures(dataset.num_nodes))
+        return TypedFeatures.one_type(NoFeatures(dataset.num_nodes))
     return build_features(spec, dataset, device, world_size=world_size, num_threads=cfg.sampler.num_threads,
                           **feature_sampling(cfg, task))
 

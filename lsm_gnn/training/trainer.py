@@ -25,7 +25,7 @@ from lsm_gnn.build import cache_label, resolve
 from lsm_gnn.comm.distributed import batch_to, distributed_context
 from lsm_gnn.comm.group import ProgressBoard, check_agreement
 from lsm_gnn.config import Config, ConfigError
-from lsm_gnn.features import TypedFeatures
+from lsm_gnn.loader import keyed_features
 from lsm_gnn.models import build_model, model_form
 from lsm_gnn.tasks import make_task
 from lsm_gnn.training import startup
@@ -114,7 +114,7 @@ class Trainer:
         #: the resolved feature path (capacity in bytes, policy, PVP, sharing), checked before any work
         self.feature_spec = resolve(cfg, self.dataset, self.world_size, features=features is None)
         #: the graph's features by node type (a bare Features serves a graph of one node type)
-        self.features = TypedFeatures.of(features, self.dataset.target) if features is not None else \
+        self.features = keyed_features(features, self.dataset.target) if features is not None else \
             startup.build_run_features(cfg, self.feature_spec, self.dataset, self.device, self.task, self.world_size)
         self.checkpointer = Checkpointer(self, cfg.checkpoint.dir)
         self.checkpoint_path = self.checkpointer.path
