@@ -12,8 +12,9 @@ whether it interprets:
    each kernel launch's arguments as the launcher sees them (tensor dtypes and alignment, integer values,
    constexprs, options).
 2. ``compile``: with triton's compiler, turn each launch, and edge variants of it (each integer argument equal
-   to 1, then past 2**31), into the signature, constants and attributes Triton's own launcher derives, compile
-   it for each architecture, and read registers and spills from ``ptxas -v``.
+   to 1, then past 2**31), into the signature, constants and attributes Triton's own launcher derives; compile
+   each launch to cubin for each architecture and read registers and spills from ``ptxas -v``, and each edge
+   variant through triton's own stages only (EDGE_STAGE).
 
     python -m lsm_gnn.testing.kernel_launches launches.json
     python -m lsm_gnn.kernels.aot compile launches.json --arch 80,90 --json report.json
@@ -36,6 +37,15 @@ import time
 #: Values an integer argument takes in the edge variants: 1 (the launcher makes it a constant) and past 2**31
 #: (it becomes i64; divisible by 16, so it also carries the divisibility attribute).
 EDGE_VALUES = (1, 2**31 + 16)
+
+#: The last stage the edge variants compile through. Triton 3.6 and 3.9 list the same stages (their backends'
+#: ``add_stages``: ttir, ttgir, llir, ptx, cubin). An edge value enters as a constant, an i64 or a divisibility
+#: attribute; the front end (ttir) folds or types it, ttgir picks layouts and vector widths from it (a stride of 1
+#: or a width divisible by 16 gave layouts the recorded launch lacked), and llir is triton's own lowering of those
+#: layouts: the last stage whose code sees them. ptx and cubin are LLVM's NVPTX back end and ptxas on plain LLVM IR
+#: (with ``ptxas -v``, 40-45% of an edge variant's time), and registers at made-up values judge nothing: the
+#: recorded launches' do.
+EDGE_STAGE = "llir"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -163,19 +173,48 @@ class Compiler:
                     sorted(attrs.items(), key=repr), sorted(options.__dict__.items(), key=repr)))
         return fn, signature, constexprs, attrs, options, key
 
-    def compile(self, fn, signature, constexprs, attrs, options) -> dict:
-        """Compiles to cubin; returns registers, spills and the PTX's size, or the error."""
+    def compile(self, fn, signature, constexprs, attrs, options, through: str = "cubin") -> dict:
+        """Compiles to cubin and returns registers, spills and the cubin's size; or, ``through`` an earlier stage,
+        only checks that triton's stages up to it accept the kernel. Either way the stage it went through, or the
+        error."""
         import triton
         from triton.compiler import ASTSource
 
         start = time.perf_counter()
+        source = ASTSource(fn, signature, constexprs, attrs)
         try:
-            kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=self.target,
-                                    options=options.__dict__)
+            if through == "cubin":
+                kernel = triton.compile(source, target=self.target, options=options.__dict__)
+            else:
+                self._run_stages(source, options, through)
         except Exception as exc:  # noqa: BLE001  (every compiler failure is a finding, reported as text)
-            return {"error": _short_error(exc), "seconds": time.perf_counter() - start}
+            return {"error": _short_error(exc), "stage": through, "seconds": time.perf_counter() - start}
+        if through != "cubin":
+            return {"stage": through, "seconds": time.perf_counter() - start}
         usage = ptxas_usage(kernel.asm["ptx"], self.arch)
-        return dict(usage, seconds=time.perf_counter() - start, cubin_bytes=len(kernel.asm["cubin"]))
+        return dict(usage, stage="cubin", seconds=time.perf_counter() - start, cubin_bytes=len(kernel.asm["cubin"]))
+
+    def _run_stages(self, source, options, last: str) -> None:
+        """triton.compile's own pipeline (make_ir, then the backend's stage list in order) up to and including
+        ``last``, without its cache and without the stages after ``last``."""
+        import triton
+        from triton._C.libtriton import ir
+
+        options = self.backend.parse_options(dict(options.__dict__, **source.parse_options()))
+        stages = {}
+        self.backend.add_stages(stages, options, source.language)
+        if last not in stages:
+            raise ValueError(f"triton {triton.__version__} has no stage {last!r}; its stages: {', '.join(stages)}")
+        context = ir.context()
+        ir.load_dialects(context)
+        self.backend.load_dialects(context)
+        module = source.make_ir(self.target, options, self.backend.get_codegen_implementation(options),
+                                self.backend.get_module_map(), context)
+        metadata = {"target": self.target, **options.__dict__}  # what the stages read and add to
+        for name, stage in stages.items():
+            module = stage(module, metadata)
+            if name == last:
+                return
 
 
 def _short_error(exc: BaseException) -> str:
@@ -213,14 +252,14 @@ def ptxas_usage(ptx: str, arch: int) -> dict:
 _worker_compilers: dict = {}
 
 
-def _compile_in_worker(arch: int, overrides: dict, case: dict) -> dict:
+def _compile_in_worker(arch: int, overrides: dict, case: dict, through: str) -> dict:
     compiler = _worker_compilers.get(arch) or _worker_compilers.setdefault(arch, Compiler(arch, overrides))
     # MLIR writes its diagnostics (the failing op and pass) to file descriptor 2: keep them with the result.
     with tempfile.TemporaryFile("w+") as diagnostics:
         saved = os.dup(2)
         os.dup2(diagnostics.fileno(), 2)
         try:
-            outcome = compiler.compile(*compiler.specialize(case)[:5])
+            outcome = compiler.compile(*compiler.specialize(case)[:5], through=through)
         finally:
             os.dup2(saved, 2)
             os.close(saved)
@@ -233,8 +272,9 @@ def _compile_in_worker(arch: int, overrides: dict, case: dict) -> dict:
 
 def compile_all(launches: list[dict], archs, overrides=None, edge_archs=(90,), jobs: int = 0, log=print,
                 edge_args=None) -> list[dict]:
-    """Compiles every distinct specialization of ``launches`` for each of ``archs``, and their edge variants for
-    each of ``edge_archs`` (the front end's failures do not depend on the arch), in ``jobs`` processes."""
+    """Compiles every distinct specialization of ``launches`` to cubin for each of ``archs``, and their edge
+    variants through EDGE_STAGE for each of ``edge_archs`` (the front end's failures do not depend on the arch),
+    in ``jobs`` processes."""
     import concurrent.futures
     import multiprocessing
 
@@ -248,14 +288,16 @@ def compile_all(launches: list[dict], archs, overrides=None, edge_archs=(90,), j
             fn, signature, constexprs, attrs, options, key = compiler.specialize(case)
             if (arch, key) not in seen:
                 seen.add((arch, key))
-                work.append((int(arch), variant, case, signature, options.num_warps,
+                through = "cubin" if variant == "recorded" else EDGE_STAGE
+                work.append((int(arch), variant, through, case, signature, options.num_warps,
                              {case_key: value for case_key, value in case["kwargs"].items() if case_key.isupper()}))
     jobs = jobs or os.cpu_count() or 1
     log(f"{len(work)} distinct specializations, {jobs} compiler processes")
     results = []
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_compile_in_worker, item[0], overrides or {}, item[2]) for item in work]
-        for (arch, variant, case, signature, num_warps, blocks), future in zip(work, futures):
+        futures = [pool.submit(_compile_in_worker, arch, overrides or {}, case, through)
+                   for arch, _, through, case, *_ in work]
+        for (arch, variant, _, case, signature, num_warps, blocks), future in zip(work, futures):
             row = dict(future.result(), arch=arch, kernel=case["kernel"], variant=variant, num_warps=num_warps,
                        blocks=blocks, signature={k: v for k, v in signature.items() if v != "constexpr"})
             results.append(row)
@@ -269,6 +311,8 @@ def _report_line(row: dict) -> str:
              f"warps {row['num_warps']}")
     if "error" in row:
         return f"FAIL {where}: {row['error'].splitlines()[0][:160]}"
+    if row["stage"] != "cubin":
+        return f"ok   {where} through {row['stage']} ({row['seconds']:.1f} s)"
     return (f"ok   {where} regs {row['registers']:>3} spills {row['spill_stores']}/{row['spill_loads']} "
             f"stack {row['stack']} ({row['seconds']:.1f} s)")
 
@@ -286,7 +330,9 @@ def main(argv=None) -> int:
     c.add_argument("launches")
     c.add_argument("--arch", default="80,90", help="compute capabilities, e.g. 80,90")
     c.add_argument("--json", help="write every compile's outcome here")
-    c.add_argument("--edge-arch", default="90", help="archs that also compile the edge variants ('' for none)")
+    c.add_argument("--edge-arch", default="90",
+                   help=f"archs that also compile the edge variants, through {EDGE_STAGE} only: no PTX, cubin or "
+                        "registers ('' for none)")
     c.add_argument("--jobs", type=int, default=0, help="compiler processes (default: one per core)")
     c.add_argument("--edge-args", help="vary only these arguments (comma-separated names) in the edge variants")
     c.add_argument("--override", action="append", default=[], metavar="MODULE=FILE",
