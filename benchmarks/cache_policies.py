@@ -1,6 +1,6 @@
 """Hit ratio of every cache policy on a recorded GNN sampling trace, beside Belady's MIN
 (set-associative at the cache's sets and ways, and fully associative at as many lines),
-LRU, S3-FIFO and SIEVE (libCacheSim) on the same trace. The gap from a policy to the fully
+LRU, CLOCK, S3-FIFO and SIEVE (libCacheSim; GraphBolt's CPU cache policies) on the same trace. The gap from a policy to the fully
 associative bound splits into what the 32 ways cost (FA MIN - SA MIN) and what the policy
 costs (SA MIN - policy).
 
@@ -41,7 +41,7 @@ from lsm_gnn.testing.benchmarking import reusable_dataset, write_json
 
 IGB_FULL_NODES = 269_346_174
 PAPER_BATCH = 2048
-PEERS = ("libcachesim:lru", "libcachesim:s3fifo", "libcachesim:sieve")
+PEERS = ("libcachesim:lru", "libcachesim:clock", "libcachesim:s3fifo", "libcachesim:sieve")
 BOUNDS = ("belady_sa", "belady")  # set-associative at the cache's geometry, fully associative at as many lines
 
 
@@ -126,7 +126,8 @@ def run_policy(trace, num_nodes, policy, num_sets, window, period, warmup, stati
 
 
 def run_peers(trace, lines: int, warmup: int, work_dir: str) -> dict:
-    """LRU / S3-FIFO / SIEVE from libCacheSim on the same trace (each batch's distinct ids, ascending)."""
+    """LRU / CLOCK / S3-FIFO / SIEVE from libCacheSim (GraphBolt's CPU cache policies) on the same trace (each
+    batch's distinct ids, ascending)."""
     try:
         import libcachesim as lcs
     except ImportError:
@@ -143,7 +144,8 @@ def run_peers(trace, lines: int, warmup: int, work_dir: str) -> dict:
             rows.tofile(f)
             if t < warmup:
                 warm_requests += ids.size
-    classes = {"libcachesim:lru": lcs.LRU, "libcachesim:s3fifo": lcs.S3FIFO, "libcachesim:sieve": lcs.Sieve}
+    classes = {"libcachesim:lru": lcs.LRU, "libcachesim:clock": lcs.Clock, "libcachesim:s3fifo": lcs.S3FIFO,
+               "libcachesim:sieve": lcs.Sieve}
     out = {}
     for name, cls in classes.items():
         # Miss counts of the warm-up prefix and of the whole trace; the difference is the measured part.
@@ -268,7 +270,10 @@ def print_table(results: dict, names: list[str], setup, args) -> None:
           + "   (SA MIN - " + ", ".join(dict.fromkeys(b[1] for b in best)) + ")")
 
 
-def plot(results: dict, names: list[str], path: str) -> None:
+def plot(results: dict, names: list[str], path: str, *, published: dict | None = None, xlabels=None,
+         title: str | None = None) -> None:
+    """Grouped bars of each policy's hit ratio per size; ``published``: {name: a value per size, or None} drawn
+    as black diamonds on those bars (a paper's figures)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -276,22 +281,27 @@ def plot(results: dict, names: list[str], path: str) -> None:
 
     sizes = list(results["sizes"])
     width = 0.8 / len(names)
-    fig, ax = plt.subplots(figsize=(10, 4))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    palette = plt.get_cmap("tab20").colors  # more names than the default cycle's ten colours
+    marks = []
     for k, name in enumerate(names):
-        values = [results["sizes"][s][name]["hit_ratio"] for s in sizes]
-        ax.bar([i + k * width for i in range(len(sizes))], values, width, label=name,
-               color={"belady": "black", "belady_sa": "dimgray"}.get(name))
+        xs = [i + k * width for i in range(len(sizes))]
+        ax.bar(xs, [results["sizes"][s][name]["hit_ratio"] for s in sizes], width, label=name,
+               color={"belady": "black", "belady_sa": "dimgray"}.get(name, palette[k % len(palette)]))
+        marks += [(x, value) for x, value in zip(xs, (published or {}).get(name, ())) if value is not None]
+    if marks:
+        ax.scatter(*zip(*marks), marker="D", color="black", zorder=3, label="paper (published)")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(sizes))])
-    ax.set_xticklabels([f"{float(s):.2%} of nodes" for s in sizes])
+    ax.set_xticklabels(xlabels or [f"{float(s):.2%} of nodes" for s in sizes])
     ax.set_ylabel("hit ratio")
     cfg = results["config"]
-    ax.set_title(f"{cfg['num_nodes']:,} nodes, batch {cfg['batch_size']}, fanouts {cfg['fanouts']}, "
-                 f"window {cfg['window']}")
-    ax.legend(ncol=4, fontsize=7)
+    ax.set_title(title or f"{cfg['num_nodes']:,} nodes, batch {cfg['batch_size']}, fanouts {cfg['fanouts']}, "
+                          f"window {cfg['window']}")
+    ax.legend(ncol=5, fontsize=7)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=120)
-
+    plt.close(fig)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,55 @@
+"""The paper's evaluation, figure by figure, on generated graphs scaled from the paper's datasets.
+
+    python -m benchmarks.paper --quick --out /tmp/paper     # tiny graphs, the code path, in seconds (CI)
+    python -m benchmarks.paper --full --out docs/results/paper
+
+Each figure writes its PNG (ours, with the paper's published figures drawn beside) and JSON into ``--out``; one
+table of paper vs ours goes to ``paper_vs_ours.md`` there and to stdout. Figures done so far: 10 (docs/paper.md
+says which are not, and why).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+FIGURES = {"10": "benchmarks.paper.fig10"}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| figure | what | size | paper | ours |", "|---|---|---|---|---|"]
+    for r in rows:
+        paper = "-" if r["paper"] is None else f"{r['paper']:.2f}"
+        lines.append(f"| {r['figure']} | {r['what']} | {r['size']} | {paper} | {r['ours']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import importlib
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.paper", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--quick", action="store_true", help="tiny graphs: checks the code path, not the numbers")
+    mode.add_argument("--full", action="store_true", help="the documented run (hours)")
+    parser.add_argument("--out", required=True, help="directory for the figures, their JSON and the table")
+    parser.add_argument("--figures", default=",".join(FIGURES), help=f"comma-separated, of {', '.join(FIGURES)}")
+    args = parser.parse_args(argv)
+    figures = [f.strip() for f in args.figures.split(",") if f.strip()]
+    unknown = [f for f in figures if f not in FIGURES]
+    if unknown or not figures:
+        parser.error(f"--figures: {', '.join(unknown) or 'none given'}; the figures done so far: {', '.join(FIGURES)}")
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+    for figure in figures:
+        print(f"== Fig. {figure}", file=sys.stderr)
+        rows += importlib.import_module(FIGURES[figure]).run(args.out, quick=args.quick)["rows"]
+    text = table(rows)
+    with open(os.path.join(args.out, "paper_vs_ours.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
