@@ -32,3 +32,10 @@ def test_quick_writes_each_figure_with_the_papers_numbers_beside_ours(tmp_path):
 def test_an_unknown_figure_is_refused_naming_those_done():
     result = _paper("--quick", "--out", "unused", "--figures", "13")
     assert result.returncode == 2 and "--figures: 13; the figures done so far: 10" in result.stderr
+
+
+def test_an_out_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "f").write_text("mine")
+    result = _paper("--quick", "--out", str(tmp_path / "f"))
+    assert result.returncode == 2 and "is a file; give a directory" in result.stderr
+    assert (tmp_path / "f").read_text() == "mine"

@@ -39,6 +39,8 @@ def main(argv=None) -> int:
     unknown = [f for f in figures if f not in FIGURES]
     if unknown or not figures:
         parser.error(f"--figures: {', '.join(unknown) or 'none given'}; the figures done so far: {', '.join(FIGURES)}")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f"--out {args.out} is a file; give a directory for the figures (it is made if missing)")
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for figure in figures:
