@@ -1,4 +1,5 @@
 """benchmarks/paper: the paper's evaluation in one command; --quick checks the code path on tiny graphs."""
+import json
 import os
 import subprocess
 import sys
@@ -39,3 +40,32 @@ def test_an_out_that_is_a_file_is_refused(tmp_path):
     result = _paper("--quick", "--out", str(tmp_path / "f"))
     assert result.returncode == 2 and "is a file; give a directory" in result.stderr
     assert (tmp_path / "f").read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_igb_medium_quick_plans_and_measures_the_slice_under_its_cap(tmp_path, memory_cap):
+    memory_cap(1 << 30).close()  # skipped, with the reason, where no memory cgroup can be made
+    result = subprocess.run([sys.executable, "-m", "benchmarks.paper.igb_medium", "--quick", "--out", str(tmp_path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads((tmp_path / "igb_medium.json").read_text())
+    measured, planned = out["measured"], out["predicted_slice"]
+    assert measured["iterations"] == planned["modelled_iterations"] == 20
+    assert 0 < measured["peak_bytes"] <= measured["cap_bytes"] and not measured["oom_killed"]
+    # the planner replays the run's own batches through the same cache: the same hits, whatever the timing
+    assert planned["hit_ratio"] == pytest.approx(measured["hit_ratio"], abs=0.02)
+    assert out["predicted_epoch"]["run_iterations"] > 20
+    assert "data.verify=sampled" in out["overrides"]
+    log = (tmp_path / "igb_medium_run.log").read_text()
+    assert "epoch" in log and "IGB_MEDIUM_RESULT" in log
+
+
+def test_igb_medium_refuses_a_cap_over_a_quarter_of_the_feature_file(tmp_path):
+    from lsm_gnn.data.synthetic import generate_synthetic
+
+    generate_synthetic(str(tmp_path / "g"), num_nodes=2000, avg_degree=4, feature_dim=8, seed=0)  # 64 KB features
+    result = subprocess.run([sys.executable, "-m", "benchmarks.paper.igb_medium", "--data", str(tmp_path / "g"),
+                             "--cap", "1M", "--out", str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert result.returncode != 0 and "more than a quarter of the feature file" in result.stderr
+    assert not (tmp_path / "o" / "igb_medium.json").exists()
