@@ -201,7 +201,8 @@ def merged_hit_ratio(args, world: int, capacity: str) -> float:
 
     ds = open_dataset(args.data, check="shape")
     fanouts = [int(f) for f in args.fanouts.split(",")]
-    per_rank = rank_batches(ds, fanouts, args.batch_size, world, args.iterations)
+    # batches past the last measured iteration fill its window, as the workers' loaders sample them
+    per_rank = rank_batches(ds, fanouts, args.batch_size, world, args.iterations + args.window)
     union = [np.unique(np.concatenate(batches)) for batches in zip(*per_rank)]
     storage = open_storage(ds, "memory")
     cache = SoftwareCache(storage, world * cache_capacity_bytes(capacity, ds.num_nodes, storage.row_bytes),
@@ -209,6 +210,8 @@ def merged_hit_ratio(args, world: int, capacity: str) -> float:
                           oversubscribe=True)
     hits = total = 0
     for k, (ids, window) in enumerate(replay(union, args.window, ds.num_nodes)):
+        if k == args.iterations:
+            break
         _, hit = cache.lookup(ids, future=window)
         hit_ids = np.asarray(ids)[hit.numpy()]
         for batches in per_rank:

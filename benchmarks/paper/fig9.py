@@ -248,8 +248,9 @@ def draw(results: dict, path: str) -> None:
 
 def explain(data: str, out: str) -> dict:
     """The 0.75% gap of docs/benchmarks/distributed.md, decomposed in both regimes (:data:`REGIMES`): every
-    configuration per policy with MIN, the hybrid policy's "near" threshold swept (the default is window / 8)
-    at the first size, and the lines its near level needs in the shared and in each isolated cache."""
+    configuration per policy with MIN, and at the first size the hybrid policy's "near" threshold swept (the
+    default is window / 8), its window, threshold and scan period halved and doubled together, and the lines
+    its near level needs in the shared and in each isolated cache."""
     from benchmarks.comm_layer import rank_batches
     from lsm_gnn import open_dataset
 
@@ -259,10 +260,12 @@ def explain(data: str, out: str) -> dict:
     for regime, cfg in REGIMES.items():
         print(f"regime {regime}", file=sys.stderr)
         begin, end = cfg["warmup"], cfg["warmup"] + cfg["iterations"]
+        window = cfg["window"]
+        traced = end + 2 * window  # the time-scaled runs' window is twice as long
         if regime == "comm_layer":  # the very batches its workers' loaders gather
-            per_rank = rank_batches(ds, [5, 2, 2, 2], cfg["batch"], WORLD, end + cfg["window"])
+            per_rank = rank_batches(ds, [5, 2, 2, 2], cfg["batch"], WORLD, traced)
         else:
-            per_rank = rank_traces(ds, [5, 2, 2, 2], cache_policies.scaled_batch(ds.num_nodes), end + cfg["window"])
+            per_rank = rank_traces(ds, [5, 2, 2, 2], cache_policies.scaled_batch(ds.num_nodes), traced)
         part = result[regime] = {"config": cfg}
         for share in cfg["shares"]:
             part[f"{share:g}"] = simulate(per_rank, ds.num_nodes, round(share * ds.num_nodes), EXPLAIN_POLICIES,
@@ -270,6 +273,12 @@ def explain(data: str, out: str) -> dict:
         sweep = [f"hybrid@threshold={t}" for t in THRESHOLDS]
         part["threshold sweep"] = simulate(per_rank, ds.num_nodes, round(cfg["shares"][0] * ds.num_nodes), sweep,
                                           cfg["window"], begin, end, static)
+        # The hybrid's window, near threshold and scan period count iterations, and an iteration of the shared
+        # cache is both ranks' batches: halved, the shared cache should act as isolated 2C does with the
+        # defaults; doubled, isolated 2C as the shared cache does, if that is the whole difference.
+        scaled = [f"hybrid@window={w}@threshold={w // 8}@period={p}" for w, p in ((window // 2, 2), (2 * window, 8))]
+        part["time-scaled"] = simulate(per_rank, ds.num_nodes, round(cfg["shares"][0] * ds.num_nodes), scaled,
+                                       2 * window, begin, end, static)
         union = [np.unique(np.concatenate(b)) for b in zip(*per_rank)]
         thresholds = (cfg["window"] // 8, *THRESHOLDS)
         part["near lines"] = {"union (shared, all owners)": near_lines(union, thresholds, begin, end),
