@@ -34,7 +34,9 @@ def test_quick_writes_each_figure_with_the_papers_numbers_beside_ours(tmp_path):
     # the paper's published hit ratios beside ours: the hybrid's 0.25 / 0.33 / 0.48 at 4 / 8 / 16 GB
     hybrid = [r for r in rows if r[1].startswith("H2 ")]
     assert [(r[2], r[3]) for r in hybrid] == [("4 GB", "0.25"), ("8 GB", "0.33"), ("16 GB", "0.48")]
-    assert all(0 <= float(r[4].rstrip(" |")) <= 1 for r in rows)
+    assert all(0 <= float(r[4].rstrip(" |")) <= 1 for r in rows if "hit ratio" in r[1])
+    # on this trace sharing reads fewer rows than isolated caches of C at every size
+    assert all(float(r[4].rstrip(" |")) >= 1 for r in fig9 if "reads" in r[1])
 
 
 def test_an_unknown_figure_is_refused_naming_those_done():
