@@ -181,6 +181,11 @@ def add_trace_arguments(parser: argparse.ArgumentParser, policies) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny run (seconds) to check the script works")
 
 
+def scaled_batch(num_nodes: int) -> int:
+    """Seeds per batch that touch the share of ``num_nodes`` that the paper's 2048 touch of IGB-Full."""
+    return max(1, round(PAPER_BATCH * num_nodes / IGB_FULL_NODES))
+
+
 def record_setup_trace(args) -> SimpleNamespace:
     """The graph and the recorded trace the options name: warm-up, measured iterations, and a
     trailing window of batches that only feeds the window of the measured ones."""
@@ -190,8 +195,7 @@ def record_setup_trace(args) -> SimpleNamespace:
         if args.batch_size != "scaled":
             args.batch_size = "64"
     num_nodes = int(args.num_nodes)
-    batch = (max(1, round(PAPER_BATCH * num_nodes / IGB_FULL_NODES)) if args.batch_size == "scaled"
-             else int(args.batch_size))
+    batch = scaled_batch(num_nodes) if args.batch_size == "scaled" else int(args.batch_size)
     iterations = args.iterations or (20000 if args.batch_size == "scaled" else 1000)
     fanouts = [int(k) for k in args.fanouts.split(",")]
     os.makedirs(args.data_dir, exist_ok=True)

@@ -172,6 +172,23 @@ def run(args, world: int, mode: str, capacity: str, out: str, exchange: str = "a
             "wall_s": max(r["wall_s"] for r in ranks)}
 
 
+def rank_batches(ds, fanouts: list[int], batch_size: int, world: int, iterations: int) -> list[list]:
+    """The distinct input nodes of the first ``iterations`` batches of epoch 0 on each of ``world`` ranks, as
+    the workers' loaders sample them (``[rank][iteration]``, sorted int64 arrays)."""
+    import numpy as np
+
+    from lsm_gnn import open_storage
+    from lsm_gnn.loader import NodeLoader
+
+    per_rank = []
+    for rank in range(world):
+        loader = NodeLoader(ds, open_storage(ds, "memory"), fanouts, batch_size, rank=rank, world_size=world, seed=0)
+        plans = loader._epoch_plans(0)[:iterations]
+        per_rank.append([np.unique(loader.sampler.input_nodes({loader.seed_type: loader._plan_nodes(p)}, k)
+                                   [loader.seed_type].numpy()) for k, p in enumerate(plans)])
+    return per_rank
+
+
 def merged_hit_ratio(args, world: int, capacity: str) -> float:
     """One cache of ``capacity`` per rank x ``world`` serving the union of every rank's batch each iteration
     (in one process, same batches, policy and window): what a shared cache of that size could reach with any
@@ -181,17 +198,11 @@ def merged_hit_ratio(args, world: int, capacity: str) -> float:
     from lsm_gnn import open_dataset, open_storage
     from lsm_gnn.cache import SoftwareCache, replay
     from lsm_gnn.config import cache_capacity_bytes
-    from lsm_gnn.loader import NodeLoader
 
     ds = open_dataset(args.data, check="shape")
     fanouts = [int(f) for f in args.fanouts.split(",")]
-    per_rank = []
-    for rank in range(world):
-        loader = NodeLoader(ds, open_storage(ds, "memory"), fanouts, args.batch_size, window=args.window,
-                            rank=rank, world_size=world, seed=0)
-        plans = loader._epoch_plans(0)[:args.iterations]
-        per_rank.append([np.unique(loader.sampler.input_nodes({loader.seed_type: loader._plan_nodes(p)}, k)
-                                   [loader.seed_type].numpy()) for k, p in enumerate(plans)])
+    # batches past the last measured iteration fill its window, as the workers' loaders sample them
+    per_rank = rank_batches(ds, fanouts, args.batch_size, world, args.iterations + args.window)
     union = [np.unique(np.concatenate(batches)) for batches in zip(*per_rank)]
     storage = open_storage(ds, "memory")
     cache = SoftwareCache(storage, world * cache_capacity_bytes(capacity, ds.num_nodes, storage.row_bytes),
@@ -199,6 +210,8 @@ def merged_hit_ratio(args, world: int, capacity: str) -> float:
                           oversubscribe=True)
     hits = total = 0
     for k, (ids, window) in enumerate(replay(union, args.window, ds.num_nodes)):
+        if k == args.iterations:
+            break
         _, hit = cache.lookup(ids, future=window)
         hit_ids = np.asarray(ids)[hit.numpy()]
         for batches in per_rank:

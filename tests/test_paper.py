@@ -19,20 +19,30 @@ def test_quick_writes_each_figure_with_the_papers_numbers_beside_ours(tmp_path):
     pytest.importorskip("matplotlib")
     result = _paper("--quick", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / "fig10.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for figure in ("fig9", "fig10"):
+        assert (tmp_path / f"{figure}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (tmp_path / "paper_vs_ours.md").read_text()
     assert result.stdout.endswith(table)  # after the figures' own tables
     rows = [line.split(" | ") for line in table.splitlines()[2:]]
-    assert len(rows) == 6 * 3  # the paper's six policies at its three sizes
+    assert sum(r[0] == "| 10" for r in rows) == 6 * 3  # the paper's six policies at its three sizes
+    # Fig. 9: per policy (hybrid, rr) and size (the paper's three and 0.75%), three hit ratios and a read ratio;
+    # the paper's 1.18x beside the hybrid's at 16 GB only
+    fig9 = [r for r in rows if r[0] == "| 9"]
+    assert len(fig9) == 2 * 4 * 4
+    assert [(r[1], r[2]) for r in fig9 if r[3] != "-"] == [
+        ("hybrid reads, isolated C / shared (paper: aggregation time)", "16 GB")]
+    assert [r[3] for r in fig9 if r[3] != "-"] == ["1.18"]
     # the paper's published hit ratios beside ours: the hybrid's 0.25 / 0.33 / 0.48 at 4 / 8 / 16 GB
     hybrid = [r for r in rows if r[1].startswith("H2 ")]
     assert [(r[2], r[3]) for r in hybrid] == [("4 GB", "0.25"), ("8 GB", "0.33"), ("16 GB", "0.48")]
-    assert all(0 <= float(r[4].rstrip(" |")) <= 1 for r in rows)
+    assert all(0 <= float(r[4].rstrip(" |")) <= 1 for r in rows if "hit ratio" in r[1])
+    # on this trace sharing reads fewer rows than isolated caches of C at every size
+    assert all(float(r[4].rstrip(" |")) >= 1 for r in fig9 if "reads" in r[1])
 
 
 def test_an_unknown_figure_is_refused_naming_those_done():
     result = _paper("--quick", "--out", "unused", "--figures", "13")
-    assert result.returncode == 2 and "--figures: 13; the figures done so far: 10" in result.stderr
+    assert result.returncode == 2 and "--figures: 13; the figures done so far: 9, 10" in result.stderr
 
 
 def test_an_out_that_is_a_file_is_refused(tmp_path):
@@ -69,3 +79,24 @@ def test_igb_medium_refuses_a_cap_over_a_quarter_of_the_feature_file(tmp_path):
                             timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
     assert result.returncode != 0 and "more than a quarter of the feature file" in result.stderr
     assert not (tmp_path / "o" / "igb_medium.json").exists()
+
+
+def test_fig9_counts_a_row_both_ranks_miss_as_one_read_and_bounds_it_with_min():
+    """Both ranks asking the same ids: one cache of 2C fed their union is each rank's private 2C cache, so the
+    hit ratios are equal and the union's storage reads half theirs, in the policy's count and in MIN's."""
+    import numpy as np
+
+    from benchmarks.paper import fig9
+
+    rng = np.random.default_rng(0)
+    stream = [np.unique(rng.zipf(1.3, 60) % 500) for _ in range(40)]
+    result = fig9.simulate([stream, stream], 500, 64, ["hybrid"], window=4, warmup=4, end=30, static=None)
+    merged, private = result["hybrid"]["merged 2C"], result["hybrid"]["isolated 2C"]
+    assert 0 < merged["hit_ratio"] == private["hit_ratio"] < 1
+    assert merged["reads_per_iteration"] == private["reads_per_iteration"] / 2
+    bound = result["MIN"]
+    assert (bound["shared 2C, fully associative"]["reads_per_iteration"]
+            == bound["isolated 2C, fully associative"]["reads_per_iteration"] / 2)
+    assert bound["shared 2C, fully associative"]["reads_per_iteration"] <= merged["reads_per_iteration"]
+    # every id at every iteration, reused one iteration later: one line per id kept
+    assert fig9.near_lines([np.array([1, 2])] * 5, (0, 1, 2), start=1, end=4) == {0: 0.0, 1: 2.0, 2: 2.0}
