@@ -107,8 +107,10 @@ class Replay:
                "bytes_read": s["misses"] * FEATURE_ROW_BYTES, "evictions": s["evictions"],
                "lookups": s["iterations"], "seconds": time.perf_counter() - self.start,
                "measured_seconds": self.measured_seconds, "cache_lines": cache.num_lines}
-        if self.storage.from_disk:  # what the disk served, alignment and coalescing included
-            out["disk_bytes_read"] = self.storage.stats().bytes_read - self._storage_base.bytes_read
+        if self.storage.from_disk:  # what the disk served (alignment and coalescing included), and its time
+            now, base = self.storage.stats(), self._storage_base
+            out.update(disk_bytes_read=now.bytes_read - base.bytes_read,
+                       read_seconds=now.total_seconds - base.total_seconds)
         if self._pvp_base is not None:
             v = {k: val - self._pvp_base[k] for k, val in vars(cache.pvp.stats).items()}
             out.update(enqueued=v["enqueued"], dropped_no_reuse=v["dropped_no_reuse"], dropped_full=v["dropped_full"],

@@ -30,7 +30,6 @@ from benchmarks.paper.published import FIG11_HIT_RATIO, FIG11_SPEEDUP, PAPER_CAC
 from lsm_gnn.cache.pvp import queue_memory_bytes
 from lsm_gnn.data.format import FeatureLayout
 from lsm_gnn.storage import open_storage
-from lsm_gnn.storage.native import NativeStorage
 from lsm_gnn.storage.probe import evict_page_cache
 from lsm_gnn.testing.benchmarking import machine_info, write_json
 
@@ -41,7 +40,7 @@ ROW_BYTES = pvp.FEATURE_ROW_BYTES
 QUICK = ["--num-nodes", "20000", "--window", "8", "--warmup", "4", "--iterations", "20", "--batch-size", "4"]
 #: Fig. 10's regime (each batch touches the share of the graph 2048 seeds touch on IGB-Full), fewer iterations:
 #: every miss is a real read here
-FULL = ["--batch-size", "scaled", "--iterations", "2000"]
+FULL = ["--batch-size", "scaled", "--iterations", "1500"]
 
 
 def run(out_dir: str, quick: bool) -> dict:
@@ -61,8 +60,7 @@ def run(out_dir: str, quick: bool) -> dict:
                           "queue_bytes": queue_bytes, "policies": PLAIN_AND_PVP},
                "machine": machine_info(), "load_average_before": os.getloadavg(), "sizes": {}}
     with tempfile.TemporaryDirectory(prefix="fig11-rows-") as tmp:
-        storage = rows_on_disk(os.path.join(tmp, "features.bin"), n, ROW_BYTES)
-        results["config"]["o_direct"] = storage.direct
+        rows = rows_on_disk(os.path.join(tmp, "features.bin"), n, ROW_BYTES)
         for frac in (float(s) for s in args.sizes.split(",")):
             num_sets = max(1, int(frac * n) // 32)
             bigger_sets = max(1, (num_sets * 32 * ROW_BYTES + queue_bytes) // (32 * ROW_BYTES))
@@ -72,16 +70,20 @@ def run(out_dir: str, quick: bool) -> dict:
                 for cache, (name, mode, sets) in {"plain": (policy, "off", num_sets),
                                                   "pvp": (with_pvp, "reinstall", num_sets),
                                                   "same_bytes": (policy, "off", bigger_sets)}.items():
+                    # a storage each: its own reader and counters
                     replays[policy, cache] = pvp.Replay(trace, n, name, mode, sets, args.window, args.period,
-                                                        args.warmup, setup.static, queue_lines, storage=storage)
+                                                        args.warmup, setup.static, queue_lines,
+                                                        storage=open_storage(rows, "auto"))
             in_lockstep(list(replays.values()))
             for (policy, cache), replay in replays.items():
                 r = row.setdefault(policy, {})[cache] = replay.result()
+                results["config"]["o_direct"] = replay.storage.direct
+                replay.storage.close()
                 print(f"size {frac:.2%} {policy:<9}{cache:<11} hit {r['combined_hit_ratio']:.4f} "
-                      f"read {r['disk_bytes_read'] / 2**20:8.1f} MiB {ms_per_lookup(r):7.2f} ms/lookup",
+                      f"read {r['disk_bytes_read'] / 2**20:8.1f} MiB {ms_per_lookup(r):7.2f} ms/lookup "
+                      f"({1e3 * r['read_seconds'] / r['lookups']:.2f} reading)",
                       file=sys.stderr, flush=True)
             results["sizes"][f"{frac:g}"] = row
-        storage.close()
     results["load_average_after"] = os.getloadavg()
     write_json(os.path.join(out_dir, "fig11.json"), results)
     draw(results, os.path.join(out_dir, "fig11.png"))
@@ -99,9 +101,10 @@ def in_lockstep(replays: list) -> None:
             return
 
 
-def rows_on_disk(path: str, num_rows: int, row_bytes: int) -> NativeStorage:
-    """A file of ``num_rows`` rows of ``row_bytes`` (row i holds i), written here and opened with io_uring and
-    O_DIRECT: the cache's misses are real reads, never the page cache's."""
+def rows_on_disk(path: str, num_rows: int, row_bytes: int) -> types.SimpleNamespace:
+    """A file of ``num_rows`` float32 rows of ``row_bytes`` (row i holds i), written here, as what
+    ``open_storage`` opens (io_uring or pread with O_DIRECT: the cache's misses are real reads, never the page
+    cache's)."""
     rows_per_chunk = max(1, (64 << 20) // row_bytes)
     with open(path, "wb") as f:
         for start in range(0, num_rows, rows_per_chunk):
@@ -112,8 +115,7 @@ def rows_on_disk(path: str, num_rows: int, row_bytes: int) -> NativeStorage:
     evict_page_cache(path)  # leave the memory to others: the reads bypass it
     layout = FeatureLayout(file=os.path.basename(path), dtype="float32", dim=row_bytes // 4, row_bytes=row_bytes,
                            row_stride=row_bytes, page_size=4096, file_bytes=num_rows * row_bytes)
-    view = types.SimpleNamespace(num_nodes=num_rows, features=layout, feature_path=path)
-    return open_storage(view, "auto")
+    return types.SimpleNamespace(num_nodes=num_rows, features=layout, feature_path=path)
 
 
 def ms_per_lookup(r: dict) -> float:
