@@ -155,7 +155,7 @@ def draw(results: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     cfg, sizes = results["config"], list(results["sizes"])
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 5.6))
     bars = [(policy, cache) for policy in PLAIN_AND_PVP for cache in CACHES]
     width = 0.8 / len(bars)
     for b, (policy, cache) in enumerate(bars):
@@ -184,8 +184,8 @@ def draw(results: dict, path: str) -> None:
         ax.set_xticks(np.arange(len(sizes)) + centre)
         ax.set_xticklabels(xlabels, fontsize=8)
         ax.set_ylabel(ylabel)
-    axes[0].legend(fontsize=7)
-    axes[2].legend(fontsize=7)
+    for ax in (axes[0], axes[2]):  # below the bars, which they would hide
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
     fig.suptitle(f"Fig. 11: PVP, {cfg['num_nodes']:,}-node R-MAT, batch {cfg['batch_size']}, window {cfg['window']}, "
                  f"{cfg['queue_lines']} lines x {cfg['queues']} queues ({cfg['queue_bytes'] / 2**20:.0f} MiB), "
                  f"{cfg['row_bytes']} B rows read with O_DIRECT", fontsize=10)
