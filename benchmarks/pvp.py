@@ -59,32 +59,73 @@ def scaled_queue_capacity(nodes_per_batch: float) -> int:
     return max(1, round(PAPER_QUEUE_CAPACITY * nodes_per_batch / PAPER_NODES_PER_BATCH))
 
 
-def run(trace, num_nodes, policy, mode, num_sets, window, period, warmup, static, capacity) -> dict:
-    cp = _cache_policies()
-    cache = SoftwareCache(cp.NullStorage(num_nodes), num_sets=num_sets, ways=32, policy=policy, window=window,
-                          period=period, static_scores=static, oversubscribe=True, pvp=mode != "off",
-                          pvp_queue_capacity=capacity, pvp_reinstall=mode == "reinstall")
-    start = time.perf_counter()
-    base = pvp_base = None
-    end = len(trace) - window  # the last window of batches only feeds the window: the bound counts none of them
-    for t, (current, future) in enumerate(replay(trace, window, num_nodes=num_nodes)):
-        if t == warmup:
-            base = dict(vars(cache.stats))
-            pvp_base = dict(vars(cache.pvp.stats)) if cache.pvp is not None else None
-        if t == end:
-            break
+class Replay:
+    """One cache over ``trace``, a lookup per :meth:`step`, so that several caches can replay it in lockstep
+    (their lookups then share the machine's drifts in load). :meth:`result`: the counters after ``warmup``
+    lookups and ``measured_seconds``, the time of those lookups alone. ``storage``: where misses are read
+    (default: rows of zeros, for hit ratios only; a storage of ``FEATURE_ROW_BYTES`` rows on disk times real
+    reads, with no read-ahead, so every miss is read inside its lookup)."""
+
+    def __init__(self, trace, num_nodes, policy, mode, num_sets, window, period, warmup, static, capacity,
+                 storage=None):
+        if storage is None:
+            storage = _cache_policies().NullStorage(num_nodes)
+        elif storage.row_bytes != FEATURE_ROW_BYTES or storage.num_rows != num_nodes:
+            raise ValueError(f"a storage of {num_nodes:,} rows of {FEATURE_ROW_BYTES} bytes is needed, got "
+                             f"{storage.num_rows:,} of {storage.row_bytes}")
+        self.storage, self.warmup = storage, warmup
+        self.cache = SoftwareCache(storage, num_sets=num_sets, ways=32, policy=policy, window=window, period=period,
+                                   static_scores=static, oversubscribe=True, pvp=mode != "off",
+                                   pvp_queue_capacity=capacity, pvp_reinstall=mode == "reinstall", read_ahead=0)
+        self.end = len(trace) - window  # the last window of batches only feeds the window: the bound counts none
+        self._batches = enumerate(replay(trace, window, num_nodes=num_nodes))
+        self._base = self._pvp_base = self._storage_base = None
+        self.start, self.measured_seconds = time.perf_counter(), 0.0
+
+    def step(self) -> bool:
+        """One lookup; False once the measured batches are done."""
+        t, (current, future) = next(self._batches)
+        cache = self.cache
+        if t == self.warmup:
+            self._base = dict(vars(cache.stats))
+            self._pvp_base = dict(vars(cache.pvp.stats)) if cache.pvp is not None else None
+            self._storage_base = self.storage.stats()
+        if t == self.end:
+            return False
+        start = time.perf_counter()
         cache.lookup(current, future)
-    s = {k: v - base[k] for k, v in vars(cache.stats).items()}
-    out = {"combined_hit_ratio": (s["hits"] + s["pvp_hits"]) / s["unique"], "cache_hit_ratio": s["hits"] / s["unique"],
-           "pvp_hit_ratio": s["pvp_hits"] / s["unique"], "requests": s["unique"], "hits": s["hits"],
-           "pvp_hits": s["pvp_hits"], "rows_read": s["misses"], "bytes_read": s["misses"] * FEATURE_ROW_BYTES,
-           "evictions": s["evictions"], "lookups": s["iterations"], "seconds": time.perf_counter() - start}
-    if pvp_base is not None:
-        v = {k: val - pvp_base[k] for k, val in vars(cache.pvp.stats).items()}
-        out.update(enqueued=v["enqueued"], dropped_no_reuse=v["dropped_no_reuse"], dropped_full=v["dropped_full"],
-                   unused=v["unused"], bytes_saved=v["hits"] * FEATURE_ROW_BYTES,
-                   victim_buffer_lines=cache.pvp.num_queues * cache.pvp.capacity)
-    return out
+        if t >= self.warmup:
+            self.measured_seconds += time.perf_counter() - start
+        return True
+
+    def result(self) -> dict:
+        cache = self.cache
+        s = {k: v - self._base[k] for k, v in vars(cache.stats).items()}
+        out = {"combined_hit_ratio": (s["hits"] + s["pvp_hits"]) / s["unique"],
+               "cache_hit_ratio": s["hits"] / s["unique"], "pvp_hit_ratio": s["pvp_hits"] / s["unique"],
+               "requests": s["unique"], "hits": s["hits"], "pvp_hits": s["pvp_hits"], "rows_read": s["misses"],
+               "bytes_read": s["misses"] * FEATURE_ROW_BYTES, "evictions": s["evictions"],
+               "lookups": s["iterations"], "seconds": time.perf_counter() - self.start,
+               "measured_seconds": self.measured_seconds, "cache_lines": cache.num_lines}
+        if self.storage.from_disk:  # what the disk served (alignment and coalescing included), and its time
+            now, base = self.storage.stats(), self._storage_base
+            out.update(disk_bytes_read=now.bytes_read - base.bytes_read,
+                       read_seconds=now.total_seconds - base.total_seconds)
+        if self._pvp_base is not None:
+            v = {k: val - self._pvp_base[k] for k, val in vars(cache.pvp.stats).items()}
+            out.update(enqueued=v["enqueued"], dropped_no_reuse=v["dropped_no_reuse"], dropped_full=v["dropped_full"],
+                       unused=v["unused"], bytes_saved=v["hits"] * FEATURE_ROW_BYTES,
+                       victim_buffer_lines=cache.pvp.num_queues * cache.pvp.capacity)
+        cache.settle()
+        return out
+
+
+def run(*args, **kwargs) -> dict:
+    """:class:`Replay` (its arguments) to the end: its result."""
+    one = Replay(*args, **kwargs)
+    while one.step():
+        pass
+    return one.result()
 
 
 def main(argv=None) -> dict:

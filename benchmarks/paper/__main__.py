@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-FIGURES = {"9": "benchmarks.paper.fig9", "10": "benchmarks.paper.fig10"}
+FIGURES = {"9": "benchmarks.paper.fig9", "10": "benchmarks.paper.fig10", "11": "benchmarks.paper.fig11"}
 
 
 def table(rows: list[dict]) -> str:
