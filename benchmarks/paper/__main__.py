@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-FIGURES = {"10": "benchmarks.paper.fig10"}
+FIGURES = {"10": "benchmarks.paper.fig10", "12": "benchmarks.paper.fig12"}
 
 
 def table(rows: list[dict]) -> str:
