@@ -109,16 +109,18 @@ def shape(hosts, rate_mbit: float | None) -> None:
 
 
 def run(parts_dir: str, rate_mbit: float | None, train_args: list[str], work_dir: str,
-        link_seconds: float = 2.0) -> dict:
-    """Both hosts' servers and trainers over a link shaped to ``rate_mbit``; rank 0's result, with the link's
-    measured rate."""
+        link_seconds: float = 2.0, delay_ms: float | None = None) -> dict:
+    """Both hosts' servers and trainers over a link shaped to ``rate_mbit`` (and, given ``delay_ms``, through
+    virtual_hosts' user-space relay that delays each packet that long one way); rank 0's result, with the
+    link's measured rate and round trip."""
     from lsm_gnn.testing import free_port
-    from lsm_gnn.testing.virtual_hosts import VirtualHosts, throughput_mbit_s
+    from lsm_gnn.testing.virtual_hosts import VirtualHosts, round_trip_ms, throughput_mbit_s
 
     os.makedirs(work_dir, exist_ok=True)
-    with VirtualHosts() as hosts:
+    with VirtualHosts(delay_ms=delay_ms) as hosts:
         shape(hosts, rate_mbit)
         measured = throughput_mbit_s(hosts, link_seconds)
+        rtt_ms = round_trip_ms(hosts, samples=50)
         ip_config = os.path.join(work_dir, "ip_config.txt")
         dgl_port = free_port()
         with open(ip_config, "w") as fh:
@@ -142,7 +144,7 @@ def run(parts_dir: str, rate_mbit: float | None, train_args: list[str], work_dir
             raise RuntimeError(f"DistDGL failed:{tails}")
     with open(result_json) as fh:
         result = json.load(fh)
-    result.update(rate_mbit=rate_mbit, link_mbit_s=measured)
+    result.update(rate_mbit=rate_mbit, delay_ms=delay_ms, link_mbit_s=measured, round_trip_ms=rtt_ms)
     return result
 
 
@@ -266,6 +268,8 @@ def main(argv=None) -> int:
     r = sub.add_parser("run", help="train one epoch on 2 namespaced hosts")
     r.add_argument("parts_dir")
     r.add_argument("--rate-mbit", type=float, default=None, help="the link's rate each way (default: unshaped)")
+    r.add_argument("--delay-ms", type=float, default=None,
+                   help="one-way delay added by a user-space relay (this kernel has no netem); default: none")
     r.add_argument("--fanouts", default="5,2,2,2")
     r.add_argument("--batch-size", type=int, default=1024)
     r.add_argument("--hidden", type=int, default=256)
@@ -279,7 +283,8 @@ def main(argv=None) -> int:
     with open(os.path.join(args.parts_dir, "lsm_gnn_source.json")) as fh:
         source = json.load(fh)
     result = run(args.parts_dir, args.rate_mbit, trainer_args(args.fanouts, args.batch_size, args.hidden,
-                                                              source["num_classes"], args.seed), args.work_dir)
+                                                              source["num_classes"], args.seed), args.work_dir,
+                 delay_ms=args.delay_ms)
     print(json.dumps(result, indent=1))
     if args.json:
         with open(args.json, "w") as fh:
