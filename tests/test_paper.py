@@ -84,3 +84,19 @@ def test_fig12_rows_are_distdgl_time_over_ours_at_each_link():
                    ("speedup over DistDGL (LSM-GNN)", "link/SSD 8.00", 3.75, 1.2),
                    ("speedup over DistDGL (M-GIDS)", "link/SSD 8.00", None, 0.8),
                    ("speedup over M-GIDS (isolated caches)", "one host", 1.54, 1.5)]
+
+
+def test_fig12_medians_pair_each_setting_over_repeats():
+    from benchmarks.paper import fig12
+
+    def repeat(shared, dd):
+        return {"ours": {"shared": {"epoch_s": shared}},
+                "distdgl": [{"epoch_s": e, "link_over_ssd": x, "iterations": 5} for e, x in dd],
+                "ratios_run": [None, 1.0], "skipped_ratios": [4.0]}
+
+    got = fig12.medians([repeat(10.0, [(50.0, 3.9), (29.0, 0.9)]), repeat(12.0, [(30.0, 3.7), (31.0, 1.1)]),
+                         repeat(11.0, [(40.0, 3.8), (33.0, 1.0)])])
+    assert got["ours"]["shared"]["epoch_s"] == 11.0 and got["ours"]["shared"]["epoch_s_each"] == [10.0, 12.0, 11.0]
+    assert [(d["epoch_s"], d["link_over_ssd"], d["iterations"]) for d in got["distdgl"]] == [(40.0, 3.8, 5),
+                                                                                           (31.0, 1.0, 5)]
+    assert got["skipped_ratios"] == [4.0] and got["ratios_run"] == [None, 1.0]

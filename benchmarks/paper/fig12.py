@@ -111,13 +111,7 @@ def run(out_dir: str, quick: bool) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     started = time.perf_counter()
-    dataset = os.path.join(work, "graph")
-    generate_synthetic(dataset, num_nodes=cfg["num_nodes"], feature_dim=1024, seed=0, split=cfg["split"],
-                       progress=False)
-    parts = os.path.join(work, "parts")
-    source = distdgl.partition(dataset, parts)
-    ssd = ssd_bytes_per_s(dataset, cfg["ssd_seconds"])
-    args = distdgl.trainer_args(FANOUTS, cfg["batch_size"], cfg["hidden"], source["num_classes"], 0)
+    dataset, parts, source, ssd, args = prepare(work, cfg)
     result = {"config": {**cfg, "fanouts": FANOUTS, "model": "sage", "seed": 0, "quick": quick},
               "machine": machine_info(), "graph": source, "ssd_bytes_per_s": ssd, "repeats": []}
     for repeat in range(cfg["repeats"]):  # every setting once a repeat, so load that drifts hits them all
@@ -138,6 +132,21 @@ def run(out_dir: str, quick: bool) -> dict:
     if not quick:
         shutil.rmtree(work, ignore_errors=True)
     return {"rows": rows(result), "results": result}
+
+
+def prepare(work: str, cfg: dict) -> tuple:
+    """The graph generated in ``work``, its METIS partitions, the SSD's measured bandwidth and DistDGL's trainer
+    arguments: (dataset, parts, partition info, bytes/s, arguments)."""
+    from benchmarks import distdgl
+
+    dataset = os.path.join(work, "graph")
+    generate_synthetic(dataset, num_nodes=cfg["num_nodes"], feature_dim=1024, seed=0, split=cfg["split"],
+                       progress=False)
+    parts = os.path.join(work, "parts")
+    source = distdgl.partition(dataset, parts)
+    ssd = ssd_bytes_per_s(dataset, cfg["ssd_seconds"])
+    return dataset, parts, source, ssd, distdgl.trainer_args(FANOUTS, cfg["batch_size"], cfg["hidden"],
+                                                             source["num_classes"], 0)
 
 
 def medians(repeats: list[dict]) -> dict:
