@@ -13,7 +13,8 @@ import argparse
 import os
 import sys
 
-FIGURES = {"9": "benchmarks.paper.fig9", "10": "benchmarks.paper.fig10", "11": "benchmarks.paper.fig11"}
+FIGURES = {"9": "benchmarks.paper.fig9", "10": "benchmarks.paper.fig10", "11": "benchmarks.paper.fig11",
+           "12": "benchmarks.paper.fig12"}
 
 
 def table(rows: list[dict]) -> str:

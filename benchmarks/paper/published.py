@@ -38,3 +38,12 @@ FIG12_SPEEDUP_OVER_DISTDGL = 3.75
 #: our policy names for the paper's (Fig. 10's RR, S, D1/D2, H1/H2: D1 and H1 with a window of 64)
 PAPER_POLICIES = {"RR": "rr", "S": "static", "D1": "dynamic@window=64", "D2": "dynamic",
                   "H1": "hybrid@window=64", "H2": "hybrid"}
+
+#: Fig. 12's hardware, for the link / SSD bandwidth ratio the figure marks. The paper names its SSDs (Table 1:
+#: "Intel Optane SSDs, PCIe Gen 4", one per GPU, 2 in all) and DistDGL's nodes (DGX-A100), not the network
+#: between them nor the SSDs' bandwidth; these two are assumptions from the vendors' data sheets, not the text:
+#: the Optane P5800X reads 4 KiB at random at 1.5M IOPS (about 6.1 GB/s), and a DGX-A100's compute network is
+#: 200 Gbit/s HDR InfiniBand per adapter (one adapter assumed between the two nodes' GPUs in use)
+PAPER_SSDS = 2
+PAPER_SSD_GB_S = 6.1
+PAPER_LINK_GBIT_S = 200

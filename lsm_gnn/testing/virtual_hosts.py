@@ -10,8 +10,8 @@ interface has the same name on both hosts (:data:`INTERFACE`), as ``eth0`` has o
 The link is a veth pair, or, given ``delay_ms`` or ``loss``, a relay process between two TUN devices that
 holds each packet for the delay and drops a share of them: ``tc netem`` in user space, for kernels without
 the netem qdisc (this project's machines have none). The relay adds its own few tens of microseconds;
-:func:`round_trip_ms` measures what a link really gives. Needs root and iproute2; :func:`unavailable` says
-why not, for tests to skip with that reason.
+:func:`round_trip_ms` and :func:`throughput_mbit_s` measure what a link really gives. Needs root and
+iproute2; :func:`unavailable` says why not, for tests to skip with that reason.
 
     with VirtualHosts(delay_ms=1.0) as hosts:
         hosts[0].popen(["python", "-c", "..."])        # inside host 0's namespace
@@ -223,17 +223,34 @@ def round_trip_ms(hosts: VirtualHosts, samples: int = 200, size: int = 64) -> fl
               f"for _ in range({samples}):\n t0=time.perf_counter();s.sendall(b);n=0\n"
               f" while n<{size}: n+=len(s.recv(65536))\n t.append(time.perf_counter()-t0)\n"
               "print(statistics.median(t)*1e3)")
-    echo = hosts[1].popen([sys.executable, "-c", server], stdout=subprocess.PIPE, text=True)
+    return float(_client_server(hosts, server, client, "round trip"))
+
+
+def throughput_mbit_s(hosts: VirtualHosts, seconds: float = 2.0) -> float:
+    """What the link carries one way, in Mbit/s: host 0 streams to host 1 over TCP for ``seconds``."""
+    sink = ("import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+            f"s.bind(('{hosts[1].address}',0));s.listen();print(s.getsockname()[1],flush=True);c,_=s.accept()\n"
+            "while c.recv(1<<20): pass")
+    source = ("import socket,sys,time;s=socket.create_connection((sys.argv[1],int(sys.argv[2])));b=b'x'*(1<<20);"
+              f"n=0;t=time.perf_counter()\nwhile time.perf_counter()-t<{seconds}: s.sendall(b);n+=len(b)\n"
+              "s.shutdown(socket.SHUT_WR);print(n*8/1e6/(time.perf_counter()-t))")
+    return float(_client_server(hosts, sink, source, "throughput"))
+
+
+def _client_server(hosts: VirtualHosts, server: str, client: str, what: str) -> str:
+    """Runs Python ``server`` on host 1 (it prints the port it listens on) and ``client`` on host 0 (given
+    that address and port); the client's output."""
+    proc = hosts[1].popen([sys.executable, "-c", server], stdout=subprocess.PIPE, text=True)
     try:
-        port = echo.stdout.readline().strip()
+        port = proc.stdout.readline().strip()
         done = subprocess.run(hosts[0].command([sys.executable, "-c", client, hosts[1].address, port]),
                               capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
-            raise RuntimeError(f"round trip failed: {done.stderr.strip()[-1000:]}")
-        return float(done.stdout.strip())
+            raise RuntimeError(f"{what} failed: {done.stderr.strip()[-1000:]}")
+        return done.stdout.strip()
     finally:
-        echo.kill()
-        echo.wait()
+        proc.kill()
+        proc.wait()
 
 
 # -- the relay (a process of its own, so the caller's GIL does not delay packets) --------------------------------
