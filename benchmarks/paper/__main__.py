@@ -4,8 +4,8 @@
     python -m benchmarks.paper --full --out docs/results/paper
 
 Each figure writes its PNG (ours, with the paper's published figures drawn beside) and JSON into ``--out``; one
-table of paper vs ours goes to ``paper_vs_ours.md`` there and to stdout. Figures done so far: 10 (docs/paper.md
-says which are not, and why).
+table of paper vs ours goes to ``paper_vs_ours.md`` there and to stdout. Figures: 9, 10, 11 and 12 (12 needs root:
+namespaces and ``tc``). The IGB-medium-shaped run is ``python -m benchmarks.paper.igb_medium`` (docs/paper.md).
 """
 from __future__ import annotations
 
