@@ -88,6 +88,12 @@ def test_igb_medium_quick_plans_and_measures_the_slice_under_its_cap(tmp_path, m
     assert "data.verify=sampled" in out["overrides"]
     log = (tmp_path / "igb_medium_run.log").read_text()
     assert "epoch" in log and "IGB_MEDIUM_RESULT" in log
+    metrics = [json.loads(line) for line in (tmp_path / "igb_medium_metrics.jsonl").read_text().splitlines()]
+    assert [m["iteration"] for m in metrics if "iteration" in m] == list(range(20))
+    assert metrics[-2]["epoch_summary"]["iterations"] == 20
+    # nothing else left beside the figures but the quick graph
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["igb-medium-quick", "igb_medium.json",
+                                                           "igb_medium_metrics.jsonl", "igb_medium_run.log"]
 
 
 def test_igb_medium_refuses_a_cap_over_a_quarter_of_the_feature_file(tmp_path):

@@ -14,7 +14,8 @@ policy, with the 4 GB of cache per GPU the paper gives IGB-medium; GraphSAGE ins
 ``data.verify=sampled`` (the run checks what it reads against the dataset's block checksums), in a child process
 whose memory cgroup counts the page cache. Before it, ``lsm_gnn.planner.make_plan`` (what ``lsm-gnn plan`` runs)
 predicts the slice (``--iterations``) and, from the same calibration, the whole epoch. Writes
-``igb_medium.json`` and the run's own log (``igb_medium_run.log``) into ``--out``.
+``igb_medium.json``, the run's own log (``igb_medium_run.log``) and its metrics of every iteration
+(``igb_medium_metrics.jsonl``) into ``--out``.
 """
 from __future__ import annotations
 
@@ -117,7 +118,8 @@ def plan(cfg, iterations: int | None, calibration: str, recalibrate: bool) -> di
 
 def measure(args, cfg_overrides: list[str], cap: int) -> dict:
     """The slice as a child process in a fresh memory cgroup of ``cap`` bytes, every dataset file dropped from
-    the page cache first (a cold start); the run's log goes to ``igb_medium_run.log``."""
+    the page cache first (a cold start); the run's log goes to ``igb_medium_run.log``, its metrics of every
+    iteration to ``igb_medium_metrics.jsonl``."""
     from benchmarks.out_of_core import evict_dataset
     from lsm_gnn.utils.memcap import MemoryCap
 
@@ -130,6 +132,9 @@ def measure(args, cfg_overrides: list[str], cap: int) -> dict:
     log_path = os.path.join(args.out, "igb_medium_run.log")
     with open(log_path, "w") as f:
         f.write(run.stdout + ("\n--- stderr ---\n" + run.stderr if run.stderr.strip() else ""))
+    metrics = os.path.join(args.log_dir, "metrics.jsonl")
+    if os.path.exists(metrics):  # every iteration's loss, hit ratio, bytes and stages
+        shutil.copyfile(metrics, os.path.join(args.out, "igb_medium_metrics.jsonl"))
     line = next((ln for ln in reversed(run.stdout.splitlines()) if ln.startswith(RESULT)), None)
     if run.returncode != 0 or line is None:
         why = "killed for memory" if run.oom_killed else f"timed out after {args.timeout:g} s" if run.timed_out \
@@ -170,7 +175,9 @@ def report(r: dict) -> str:
 
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
-    args.log_dir = os.path.join(args.out, "igb_medium_logs")
+    # the run's log directory and the plan's calibration: scratch, removed at the end (the figures keep what counts)
+    args.work = os.path.join(args.out, "igb_medium-work")
+    args.log_dir = os.path.join(args.work, "logs")
     if args.child:
         run_child(json.loads(args.child))
         return None
@@ -190,7 +197,7 @@ def main(argv=None) -> dict | None:
     slice_overrides = overrides(args, args.iterations)
     cfg_slice = load_config(args.config, slice_overrides)
     cfg_epoch = load_config(args.config, overrides(args, None))
-    calibration = os.path.join(args.out, "igb_medium_calibration.json")
+    calibration = os.path.join(args.work, "calibration.json")
     print(f"planning the slice ({args.iterations} iterations)", file=sys.stderr)
     t0 = time.perf_counter()
     predicted_slice = {**plan(cfg_slice, args.iterations, calibration, recalibrate=True),
@@ -211,6 +218,7 @@ def main(argv=None) -> dict | None:
               "slice_error": error(predicted_slice["ms_per_iteration"], measured["ms_per_iteration"]),
               "quick": args.quick, "machine": machine_info()}
     write_json(os.path.join(args.out, "igb_medium.json"), result)
+    shutil.rmtree(args.work, ignore_errors=True)
     print(report(result))
     return result
 
