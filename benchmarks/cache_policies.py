@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from lsm_gnn.cache import POLICIES, PolicyConfig, SoftwareCache, belady_min, belady_set_associative, replay
+from lsm_gnn.data.synthetic import DEFAULT_RMAT as RMAT
 from lsm_gnn.sampling import OneTypeSampler
 from lsm_gnn.storage.base import FeatureStorage, StorageStats
 from lsm_gnn.testing.benchmarking import reusable_dataset, write_json
@@ -63,15 +64,28 @@ class NullStorage(FeatureStorage):
         pass
 
 
-def load_or_generate(path: str, num_nodes: int, avg_degree: float, seed: int):
+def load_or_generate(path: str, num_nodes: int, avg_degree: float, seed: int, rmat: tuple = RMAT):
     from lsm_gnn.data.synthetic import generate_synthetic
 
-    ds = reusable_dataset(path, num_nodes=num_nodes, generator={"avg_degree": avg_degree, "seed": seed})
+    ds = reusable_dataset(path, num_nodes=num_nodes, generator={"avg_degree": avg_degree, "seed": seed,
+                                                                "rmat": list(rmat)})
     if ds is not None:
         return ds
     print(f"generating {num_nodes:,}-node R-MAT graph at {path} ...", file=sys.stderr)
     return generate_synthetic(path, num_nodes=num_nodes, avg_degree=avg_degree, feature_dim=1, seed=seed,
-                              overwrite=True, progress=True)
+                              rmat=rmat, overwrite=True, progress=True)
+
+
+def parse_rmat(text: str) -> tuple:
+    """R-MAT's four quadrant probabilities, ``A,B,C,D``: the larger A, the more skewed the degrees."""
+    try:
+        rmat = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        rmat = ()
+    if len(rmat) != 4 or min(rmat) < 0 or abs(sum(rmat) - 1) > 1e-6:
+        raise argparse.ArgumentTypeError(f"{text!r}: give four probabilities A,B,C,D summing to 1, "
+                                         f"e.g. {','.join(f'{x:g}' for x in RMAT)} (the default)")
+    return rmat
 
 
 def record_trace(ds, fanouts, batch_size: int, iterations: int, seed: int) -> list[torch.Tensor]:
@@ -175,6 +189,9 @@ def add_trace_arguments(parser: argparse.ArgumentParser, policies) -> None:
     parser.add_argument("--sizes", default="0.004,0.0075,0.015", help="cache sizes as fractions of the nodes")
     parser.add_argument("--policies", default=",".join(policies))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rmat", type=parse_rmat, default=RMAT,
+                        help="the generated graph's R-MAT probabilities A,B,C,D (default %(default)s; less skew: "
+                             "a smaller A)")
     parser.add_argument("--data-dir", default=os.environ.get("LSM_GNN_BENCH_DATA", "/work/bench-data"))
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None, help="write a PNG bar chart here (needs matplotlib)")
@@ -199,8 +216,9 @@ def record_setup_trace(args) -> SimpleNamespace:
     iterations = args.iterations or (20000 if args.batch_size == "scaled" else 1000)
     fanouts = [int(k) for k in args.fanouts.split(",")]
     os.makedirs(args.data_dir, exist_ok=True)
-    ds = load_or_generate(os.path.join(args.data_dir, f"rmat-{num_nodes}-d{args.avg_degree:g}-s{args.seed}"),
-                          num_nodes, args.avg_degree, args.seed)
+    skew = "" if args.rmat == RMAT else "-rmat" + "_".join(f"{x:g}" for x in args.rmat)
+    ds = load_or_generate(os.path.join(args.data_dir, f"rmat-{num_nodes}-d{args.avg_degree:g}-s{args.seed}{skew}"),
+                          num_nodes, args.avg_degree, args.seed, args.rmat)
     total_iterations = args.warmup + iterations + args.window
     t0 = time.perf_counter()
     trace = record_trace(ds, fanouts, batch, total_iterations, args.seed)
@@ -223,7 +241,7 @@ def main(argv=None) -> dict:
 
     results = {"config": {"num_nodes": num_nodes, "num_edges": setup.dataset.num_edges, "fanouts": setup.fanouts,
                           "batch_size": setup.batch, "iterations": setup.iterations, "warmup": args.warmup,
-                          "window": args.window, "period": args.period, "ways": 32,
+                          "window": args.window, "period": args.period, "ways": 32, "rmat": list(args.rmat),
                           "nodes_per_batch": setup.nodes_per_batch},
                "sizes": {}}
     with tempfile.TemporaryDirectory() as work_dir:

@@ -47,6 +47,9 @@ _STREAM_PERMUTATION, _STREAM_CENTROIDS, _STREAM_FEATURES, _STREAM_EDGES, STREAM_
 _MASK64 = (1 << 64) - 1
 
 
+#: R-MAT's quadrant probabilities A, B, C, D (Graph500's): a power-law degree skew
+DEFAULT_RMAT = (0.57, 0.19, 0.19, 0.05)
+
 def rng_for(seed: int, stream: int, block: int = 0) -> np.random.Generator:
     """The RNG of one part (``stream``) and block of a generated dataset: parts never shift one another."""
     return np.random.default_rng([seed, stream, block])
@@ -351,7 +354,7 @@ def check_probability(value, what: str) -> float:
 
 def generate_synthetic(path, *, num_nodes: int, avg_degree: float = 10, feature_dim: int = 128,
                        feature_dtype: str = "float32", num_classes: int = 8, seed: int = 0,
-                       rmat: tuple[float, float, float, float] = (0.57, 0.19, 0.19, 0.05),
+                       rmat: tuple[float, float, float, float] = DEFAULT_RMAT,
                        split: tuple[float, float, float] = (0.6, 0.2, 0.2), scores=SCORE_NAMES,
                        homophily: float = 0.75, class_separation: float = 2.0, overwrite: bool = False,
                        progress: bool = True, chunk_nodes: int = 1 << 16, name: str | None = None) -> Dataset:

@@ -52,6 +52,7 @@ from lsm_gnn.data.dataset import Dataset, relation_key
 from lsm_gnn.data.hetero_writer import HeteroDatasetWriter
 from lsm_gnn.data.scores import SCORE_NAMES
 from lsm_gnn.data.synthetic import (
+    DEFAULT_RMAT,
     AffineBijection, PopularitySampler, check_feature_dtype, check_probability, check_rmat, check_score_names,
     check_seed, class_centroids, community, counted, note, positive_int, rng_for, synthetic_edges,
     write_community_labels, write_synthetic_features,
@@ -260,7 +261,7 @@ def generate_hetero_synthetic(path, *, num_papers: int, num_authors: int | None 
                               institutes_per_author: float = 1.0, homophily: float = 0.6,
                               affinity: dict | None = None, class_separation: dict | None = None,
                               popularity: float = 0.8,
-                              rmat: tuple[float, float, float, float] = (0.57, 0.19, 0.19, 0.05),
+                              rmat: tuple[float, float, float, float] = DEFAULT_RMAT,
                               split: tuple[float, float, float] = (0.6, 0.2, 0.2), scores=SCORE_NAMES,
                               overwrite: bool = False, progress: bool = True, chunk_nodes: int = 1 << 16,
                               name: str | None = None) -> Dataset:
