@@ -56,23 +56,13 @@ def unavailable() -> str | None:
     return reason
 
 
-def ssd_bytes_per_s(dataset: str, seconds: float, queue_depth: int = 64, batch: int = 4096) -> float:
+def ssd_bytes_per_s(dataset: str, seconds: float, queue_depth: int = 64) -> float:
     """Random distinct rows of the feature file read through the storage engine (O_DIRECT), bytes per second."""
-    import torch
+    from lsm_gnn.data import open_dataset
+    from lsm_gnn.storage.probe import probe_backend
 
-    from lsm_gnn import open_storage
-
-    gen = torch.Generator().manual_seed(0)
-    with open_storage(dataset, "auto", queue_depth=queue_depth) as storage:
-        n = storage.num_rows
-        rows, start = 0, time.perf_counter()
-        while True:
-            ids = torch.randperm(n, generator=gen)[:min(batch, n)].sort().values
-            storage.read(ids)
-            rows += len(ids)
-            elapsed = time.perf_counter() - start
-            if elapsed >= seconds:
-                return rows * storage.row_bytes / elapsed
+    probe = probe_backend(open_dataset(dataset, check="fast"), "auto", seconds=seconds, queue_depth=queue_depth)
+    return probe["gb_per_s"] * 1e9
 
 
 def ours(dataset: str, cfg: dict, mode: str, log_dir: str) -> dict:

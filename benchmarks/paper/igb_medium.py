@@ -183,13 +183,13 @@ def main(argv=None) -> dict | None:
         return None
     from lsm_gnn.config import load_config
     from lsm_gnn.data import open_dataset
-    from lsm_gnn.testing.benchmarking import machine_info, write_json
+    from lsm_gnn.testing.benchmarking import feature_paths, machine_info, write_json
 
     os.makedirs(args.out, exist_ok=True)
     if args.quick:
         args.data = quick_dataset(args.out)
     dataset = open_dataset(args.data, check="fast")
-    feature_bytes = sum(os.path.getsize(dataset.node_type(t).feature_path) for t in dataset.feature_types)
+    feature_bytes = sum(os.path.getsize(path) for path in feature_paths(dataset))
     cap = parse_bytes(args.cap)
     if not args.quick and cap > feature_bytes // 4:
         raise SystemExit(f"--cap {args.cap}: more than a quarter of the feature file ({format_bytes(feature_bytes)}"
