@@ -41,39 +41,76 @@ def require_dgl():
     return dgl
 
 
+def _feature_rows(node_type):
+    """A node type's feature rows read whole from its file into a tensor (the servers hold them in memory)."""
+    import numpy as np
+    import torch
+
+    layout = node_type.features
+    rows = np.memmap(node_type.feature_path, dtype=np.uint8, mode="r", shape=(node_type.num_nodes, layout.row_stride))
+    return torch.from_numpy(np.ascontiguousarray(rows[:, :layout.row_bytes]).view(layout.numpy_dtype))
+
+
+def _split_masks(ds, node_type: str | None = None) -> dict:
+    import numpy as np
+    import torch
+
+    masks = {}
+    for split in ("train", "val", "test"):
+        mask = torch.zeros(ds.num_nodes_of(node_type), dtype=torch.bool)
+        mask[torch.from_numpy(np.asarray(ds.split(split, node_type), dtype=np.int64))] = True
+        masks[f"{split}_mask"] = mask
+    return masks
+
+
 def to_dgl_graph(dataset_path: str):
-    """The dataset as a DGLGraph (its CSR as the in-edges, benchmarks/sampler_vs_dgl.py's), with the features,
-    labels and split masks as node data."""
+    """The dataset as a DGL graph: (graph, number of classes, the node type to classify or None for a graph of
+    one type). Each relation's CSR becomes its in-edges (row v of ``src name dst`` lists the src nodes v
+    aggregates from, benchmarks/sampler_vs_dgl.py's convention), features are node data on every type, labels
+    and split masks on the target type."""
     import numpy as np
     import torch
 
     from benchmarks.sampler_vs_dgl import dgl_graph
     from lsm_gnn.data import open_dataset
 
-    require_dgl()
+    dgl = require_dgl()
     ds = open_dataset(dataset_path)
-    g = dgl_graph(ds)
-    layout = ds.features
-    rows = np.memmap(ds.feature_path, dtype=np.uint8, mode="r", shape=(ds.num_nodes, layout.row_stride))
-    g.ndata["feat"] = torch.from_numpy(np.ascontiguousarray(rows[:, :layout.row_bytes]).view(layout.numpy_dtype))
-    g.ndata["label"] = torch.from_numpy(np.asarray(ds.labels(), dtype=np.int64))
-    for split in ("train", "val", "test"):
-        mask = torch.zeros(ds.num_nodes, dtype=torch.bool)
-        mask[torch.from_numpy(np.asarray(ds.split(split), dtype=np.int64))] = True
-        g.ndata[f"{split}_mask"] = mask
-    return g, ds.num_classes()
+    if ds.is_homogeneous:
+        g = dgl_graph(ds)
+        g.ndata["feat"] = _feature_rows(ds.node_type())
+        g.ndata["label"] = torch.from_numpy(np.asarray(ds.labels(), dtype=np.int64))
+        g.ndata.update(_split_masks(ds))
+        return g, ds.num_classes(), None
+    featureless = [t for t in ds.node_types if ds.node_type(t).features is None]
+    if featureless:  # ours would give them a learned vector; the baseline's model has none to match
+        raise ValueError(f"node types {featureless} of {dataset_path} have no features; the DistDGL baseline "
+                         "takes graphs whose every type has features (generate them with feature_dim for all)")
+    empty = torch.empty(0, dtype=torch.int64)
+    g = dgl.heterograph({relation: ("csc", tuple(torch.from_numpy(np.asarray(a, dtype=np.int64))
+                                                 for a in ds.csr(relation)) + (empty,))
+                         for relation in ds.relations},
+                        num_nodes_dict={t: ds.num_nodes_of(t) for t in ds.node_types})
+    for t in ds.node_types:
+        g.nodes[t].data["feat"] = _feature_rows(ds.node_type(t))
+    target = ds.target
+    g.nodes[target].data["label"] = torch.from_numpy(np.asarray(ds.labels(target), dtype=np.int64))
+    g.nodes[target].data.update(_split_masks(ds, target))
+    return g, ds.num_classes(target), target
 
 
 def partition(dataset_path: str, out_dir: str) -> dict:
     """METIS into 2 parts (DistDGL's default method), training nodes balanced; returns the time it took."""
     dgl = require_dgl()
     start = time.perf_counter()
-    g, num_classes = to_dgl_graph(dataset_path)
+    g, num_classes, target = to_dgl_graph(dataset_path)
     loaded = time.perf_counter()
-    dgl.distributed.partition_graph(g, GRAPH_NAME, 2, out_dir, part_method="metis",
-                                    balance_ntypes=g.ndata["train_mask"], balance_edges=True)
-    info = {"dataset": os.path.abspath(dataset_path), "num_classes": num_classes, "num_nodes": g.num_nodes(),
-            "num_edges": g.num_edges(), "feature_dim": int(g.ndata["feat"].shape[1]),
+    train = g.ndata["train_mask"] if target is None else {target: g.nodes[target].data["train_mask"].int()}
+    dgl.distributed.partition_graph(g, GRAPH_NAME, 2, out_dir, part_method="metis", balance_ntypes=train,
+                                    balance_edges=True)
+    info = {"dataset": os.path.abspath(dataset_path), "num_classes": num_classes, "target": target,
+            "num_nodes": g.num_nodes(), "num_edges": g.num_edges(),
+            "feature_dim": int((g.ndata["feat"] if target is None else g.nodes[target].data["feat"]).shape[1]),
             "load_s": loaded - start, "partition_s": time.perf_counter() - loaded}
     with open(os.path.join(out_dir, "lsm_gnn_source.json"), "w") as fh:
         json.dump(info, fh, indent=1)
@@ -160,14 +197,76 @@ def server_main(ip_config: str) -> None:
     dgl.distributed.initialize(ip_config)  # serves until every trainer has left, then exits
 
 
+def sage(in_dim: int, hidden: int, num_classes: int, num_layers: int):
+    """GraphSAGE (mean) as lsm-gnn's ``model.kind=sage`` on a graph of one type: (modules, forward(blocks, x))."""
+    import dgl
+    import torch
+
+    dims = [in_dim] + [hidden] * (num_layers - 1) + [num_classes]
+    layers = torch.nn.ModuleList(dgl.nn.SAGEConv(a, b, "mean") for a, b in zip(dims[:-1], dims[1:]))
+    _pyg_init(layers)
+
+    def forward(blocks, x):
+        for k, (layer, block) in enumerate(zip(layers, blocks)):
+            x = layer(block, x)
+            if k < len(layers) - 1:
+                x = torch.relu(x)
+        return x
+
+    return layers, forward
+
+
+def relational_sage(in_dims: dict, relations: list, target: str, hidden: int, num_classes: int, num_layers: int):
+    """R-SAGE as lsm-gnn's ``HeteroHopGNN`` (``model.kind=sage`` on a typed graph): per layer a SAGEConv (mean) per
+    relation, summed per destination type, plus each type's own linear term; (modules, forward(blocks, x))."""
+    import dgl
+    import torch
+
+    def key(relation):
+        return "__".join(relation)
+
+    layers, dims = torch.nn.ModuleList(), dict(in_dims)
+    for k in range(num_layers):
+        out = num_classes if k == num_layers - 1 else hidden
+        layers.append(torch.nn.ModuleDict({
+            "convs": torch.nn.ModuleDict({key(r): dgl.nn.SAGEConv((dims[r[0]], dims[r[2]]), out, "mean")
+                                          for r in relations}),
+            "skips": torch.nn.ModuleDict({t: torch.nn.Linear(dims[t], out) for t in dims})}))
+        dims = {t: out for t in dims}
+    _pyg_init([conv for layer in layers for conv in layer["convs"].values()])
+
+    def forward(blocks, x):
+        for k, (layer, block) in enumerate(zip(layers, blocks)):
+            out = {t: layer["skips"][t](x[t][:block.num_dst_nodes(t)])
+                   for t in block.dsttypes if block.num_dst_nodes(t)}
+            for r in block.canonical_etypes:
+                if block.num_edges(r):  # the destinations' rows are the first of their type's sources
+                    out[r[2]] = out[r[2]] + layer["convs"][key(r)](block[r], (x[r[0]], x[r[2]][:block.num_dst_nodes(r[2])]))
+            x = out if k == len(layers) - 1 else {t: torch.relu(v) for t, v in out.items()}
+        return x[target]
+
+    return layers, forward
+
+
+def _pyg_init(convs) -> None:
+    """PyG's SAGEConv (lsm-gnn's) starts from torch.nn.Linear's init; DGL's from Xavier's."""
+    import torch
+
+    for conv in convs:
+        for linear in (conv.fc_self, conv.fc_neigh):
+            torch.nn.init.kaiming_uniform_(linear.weight, a=math.sqrt(5))
+
+
 def trainer_main(ip_config: str, argv: list[str]) -> None:
-    """One DistDGL trainer: GraphSAGE (mean) over DistNodeDataLoader, DDP over gloo; rank 0 writes the epoch's
-    wall time and the test accuracy (sampled with the training fanouts, as lsm-gnn's default evaluation)."""
+    """One DistDGL trainer: GraphSAGE (mean), or R-SAGE given ``--target``, over DistNodeDataLoader, DDP over
+    gloo; rank 0 writes the epoch's wall time and the test accuracy (sampled with the training fanouts, as
+    lsm-gnn's default evaluation)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--fanouts", required=True, help="first next to the seeds, as lsm-gnn's sampler.fanouts")
     parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--hidden", type=int, required=True)
     parser.add_argument("--num-classes", type=int, required=True)
+    parser.add_argument("--target", default=None, help="the node type to classify on a heterogeneous graph")
     parser.add_argument("--lr", type=float, default=0.001)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--master", required=True)
@@ -186,32 +285,40 @@ def trainer_main(ip_config: str, argv: list[str]) -> None:
     torch.set_num_threads(1)
     g = dgl.distributed.DistGraph(GRAPH_NAME)
     book = g.get_partition_book()
-    train_nid = dgl.distributed.node_split(g.ndata["train_mask"], book, force_even=True)
-    test_nid = dgl.distributed.node_split(g.ndata["test_mask"], book, force_even=True)
+    target = args.target
+    nodes = g.ndata if target is None else g.nodes[target].data
+    train_nid, test_nid = (dgl.distributed.node_split(nodes[f"{split}_mask"], book, ntype=target or "_N",
+                                                      force_even=True) for split in ("train", "test"))
     fanouts = [int(f) for f in args.fanouts.split(",")]
     sampler = dgl.dataloading.NeighborSampler(list(reversed(fanouts)))  # DGL's last fanout is next to the seeds
-    in_dim = g.ndata["feat"].shape[1]
-    dims = [in_dim] + [args.hidden] * (len(fanouts) - 1) + [args.num_classes]
-    layers = torch.nn.ModuleList(dgl.nn.SAGEConv(a, b, "mean") for a, b in zip(dims[:-1], dims[1:]))
-    for layer in layers:  # PyG's SAGEConv (lsm-gnn's model.kind=sage) starts from torch.nn.Linear's init
-        for linear in (layer.fc_self, layer.fc_neigh):
-            torch.nn.init.kaiming_uniform_(linear.weight, a=math.sqrt(5))
+    if target is None:
+        layers, forward = sage(g.ndata["feat"].shape[1], args.hidden, args.num_classes, len(fanouts))
 
-    def forward(blocks, x):
-        for k, (layer, block) in enumerate(zip(layers, blocks)):
-            x = layer(block, x)
-            if k < len(layers) - 1:
-                x = torch.relu(x)
-        return x
+        def features(ids):
+            return g.ndata["feat"][ids]
+    else:
+        in_dims = {t: g.nodes[t].data["feat"].shape[1] for t in g.ntypes}
+        layers, forward = relational_sage(in_dims, g.canonical_etypes, target, args.hidden, args.num_classes,
+                                          len(fanouts))
 
-    model = torch.nn.parallel.DistributedDataParallel(layers)
+        def features(ids):
+            return {t: g.nodes[t].data["feat"][i] for t, i in ids.items()}
+
+    def loader(nid, **kw):
+        return dgl.dataloading.DistNodeDataLoader(g, nid if target is None else {target: nid}, sampler,
+                                                  batch_size=args.batch_size, **kw)
+
+    def labels(seeds):
+        return nodes["label"][seeds if target is None else seeds[target]]
+
+    # a typed batch may lack a relation's edges, leaving its conv out of that loss (as lsm-gnn's HeteroHopGNN)
+    model = torch.nn.parallel.DistributedDataParallel(layers, find_unused_parameters=target is not None)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    loader = dgl.dataloading.DistNodeDataLoader(g, train_nid, sampler, batch_size=args.batch_size, shuffle=True)
     dist.barrier()
     start = time.perf_counter()
     stages = {"sample": 0.0, "fetch": 0.0, "train": 0.0}
     iterations, losses = 0, []
-    it = iter(loader)
+    it = iter(loader(train_nid, shuffle=True))
     while True:
         t0 = time.perf_counter()
         try:
@@ -219,8 +326,7 @@ def trainer_main(ip_config: str, argv: list[str]) -> None:
         except StopIteration:
             break
         t1 = time.perf_counter()
-        x = g.ndata["feat"][input_nodes]
-        y = g.ndata["label"][seeds]
+        x, y = features(input_nodes), labels(seeds)
         t2 = time.perf_counter()
         loss = torch.nn.functional.cross_entropy(forward(blocks, x), y)
         opt.zero_grad()
@@ -236,11 +342,10 @@ def trainer_main(ip_config: str, argv: list[str]) -> None:
     epoch_s = time.perf_counter() - start
     correct = total = 0
     with torch.no_grad():
-        for input_nodes, seeds, blocks in dgl.dataloading.DistNodeDataLoader(g, test_nid, sampler,
-                                                                              batch_size=args.batch_size):
-            pred = forward(blocks, g.ndata["feat"][input_nodes]).argmax(1)
-            correct += int((pred == g.ndata["label"][seeds]).sum())
-            total += len(seeds)
+        for input_nodes, seeds, blocks in loader(test_nid):
+            y = labels(seeds)
+            correct += int((forward(blocks, features(input_nodes)).argmax(1) == y).sum())
+            total += len(y)
     counts = torch.tensor([correct, total], dtype=torch.float64)
     dist.all_reduce(counts)
     if rank == 0:
@@ -283,7 +388,8 @@ def main(argv=None) -> int:
     with open(os.path.join(args.parts_dir, "lsm_gnn_source.json")) as fh:
         source = json.load(fh)
     result = run(args.parts_dir, args.rate_mbit, trainer_args(args.fanouts, args.batch_size, args.hidden,
-                                                              source["num_classes"], args.seed), args.work_dir,
+                                                              source["num_classes"], args.seed,
+                                                              source.get("target")), args.work_dir,
                  delay_ms=args.delay_ms)
     print(json.dumps(result, indent=1))
     if args.json:
@@ -292,9 +398,10 @@ def main(argv=None) -> int:
     return 0
 
 
-def trainer_args(fanouts: str, batch_size: int, hidden: int, num_classes: int, seed: int) -> list[str]:
+def trainer_args(fanouts: str, batch_size: int, hidden: int, num_classes: int, seed: int,
+                 target: str | None = None) -> list[str]:
     return ["--fanouts", fanouts, "--batch-size", str(batch_size), "--hidden", str(hidden),
-            "--num-classes", str(num_classes), "--seed", str(seed)]
+            "--num-classes", str(num_classes), "--seed", str(seed), *(["--target", target] if target else [])]
 
 
 if __name__ == "__main__":

@@ -293,3 +293,16 @@ def test_io_uring_reports_whether_buffers_are_registered(tiny):
     with open_storage(tiny[0], "io_uring", queue_depth=2, max_request_bytes=4096) as s:
         # 2 slots of a few KiB fit any locked-memory limit, so registration succeeds.
         assert s.registered_buffers
+
+
+def test_a_dataset_of_several_node_types_is_refused_naming_the_one_to_open(tmp_path):
+    # its num_nodes counts every type while its feature file is the target's: rows would be read past the end
+    from lsm_gnn.data.synthetic_hetero import generate_hetero_synthetic
+
+    ds = generate_hetero_synthetic(str(tmp_path / "h"), num_papers=200, feature_dim=8, progress=False)
+    with pytest.raises(ValueError, match=r"a feature file per node type \(paper, author, institute, fos\); open "
+                                         r"one type's: open_storage\(dataset.node_type\('paper'\)\)"):
+        open_storage(ds, "pread")
+    with open_storage(ds.node_type("author"), "pread") as storage:
+        assert torch.equal(storage.read(np.arange(5)),
+                           torch.from_numpy(ds.node_type("author").read_features_direct(np.arange(5))))

@@ -1,12 +1,18 @@
 """Fig. 12: epoch time against DistDGL 1.1.3 and the isolated caches (M-GIDS), as a curve over the ratio of
 the link's bandwidth between DistDGL's two hosts to the SSD's bandwidth under ours.
 
-One generated graph, one model (4-layer GraphSAGE, mean), fanouts, batch size, seed and split on every side:
+Two generated graphs, as the paper's figure has homogeneous and heterogeneous datasets: ``igb`` (one node type,
+R-MAT, 4-layer GraphSAGE, mean) and ``igbh`` (IGBH-shaped: papers, authors, institutes, fields of study, 7
+relations, every type 1024 float32; 4-layer R-SAGE). On each graph one model, fanouts, batch size, seed and split
+on every side:
 
 * ours: ``lsm-gnn train`` on one host, 2 ranks (torchrun), features on the SSD behind a cache of
   ``capacity`` of the nodes per rank, ``cache.mode=shared`` (LSM-GNN) and ``cache.mode=isolated`` (M-GIDS);
 * DistDGL (``benchmarks/distdgl.py``): the graph METIS-partitioned in 2, one server and one trainer on each of two
   namespaced hosts, features in the servers' memory, the link shaped with ``tc tbf`` to each rate.
+
+    python -m benchmarks.paper.fig12 --full --out DIR [--graphs igb,igbh]    # (or with the other figures:
+                                                                             #  python -m benchmarks.paper)
 
 Our runs do not cross the link, so they are measured once; DistDGL is run at every rate. The SSD's bandwidth is
 the project's own storage engine reading random 4 KiB rows of the feature file at queue depth 64 (O_DIRECT), the
@@ -25,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from benchmarks.paper.published import (FIG12_SPEEDUP_OVER_DISTDGL, FIG12_SPEEDUP_OVER_MGIDS, PAPER_LINK_GBIT_S,
                                         PAPER_SSD_GB_S, PAPER_SSDS)
 from lsm_gnn.data.synthetic import generate_synthetic
+from lsm_gnn.data.synthetic_hetero import generate_hetero_synthetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FANOUTS = "5,2,2,2"  # the paper's
@@ -37,6 +44,12 @@ QUICK = {"num_nodes": 3000, "split": (0.3, 0.1, 0.1), "batch_size": 64, "hidden"
 FULL = {"num_nodes": 200_000, "split": (0.3, 0.05, 0.05), "batch_size": 64, "hidden": 256, "capacity": "10%",
         "ratios": (None, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0), "ssd_seconds": 3.0, "link_seconds": 2.0,
         "delays_ms": (0.5, 2.0), "repeats": 2}
+#: IGBH-shaped (the paper's heterogeneous bars: IGBH-Full, MAG240M): about as many nodes as FULL's graph, 1.2
+#: authors, 0.005 institutes and 0.01 fields per paper, every type 1024 float32 as IGBH's; fewer link rates
+HETERO_QUICK = dict(QUICK, num_papers=1200, capacity="90%")  # a tiny graph's batch is most of it
+HETERO_FULL = dict(FULL, num_papers=90_000, ratios=(None, 0.125, 0.5, 2.0), delays_ms=(2.0,))
+#: graph name: (the files it writes, its --quick and --full settings, what the table calls it)
+GRAPHS = {"igb": ("fig12", QUICK, FULL, ""), "igbh": ("fig12_igbh", HETERO_QUICK, HETERO_FULL, "IGBH-shaped, ")}
 
 
 def unavailable() -> str | None:
@@ -57,11 +70,12 @@ def unavailable() -> str | None:
 
 
 def ssd_bytes_per_s(dataset: str, seconds: float, queue_depth: int = 64) -> float:
-    """Random distinct rows of the feature file read through the storage engine (O_DIRECT), bytes per second."""
+    """Random distinct rows of the feature file (the target type's, on a typed graph) read through the storage
+    engine (O_DIRECT), bytes per second."""
     from lsm_gnn.data import open_dataset
     from lsm_gnn.storage.probe import probe_backend
 
-    probe = probe_backend(open_dataset(dataset, check="fast"), "auto", seconds=seconds, queue_depth=queue_depth)
+    probe = probe_backend(open_dataset(dataset, check="fast").node_type(), "auto", seconds=seconds, queue_depth=queue_depth)
     return probe["gb_per_s"] * 1e9
 
 
@@ -87,22 +101,37 @@ def ours(dataset: str, cfg: dict, mode: str, log_dir: str) -> dict:
             "iterations": summary["iterations"], "stages_s": summary["stages_s"]}
 
 
-def run(out_dir: str, quick: bool) -> dict:
-    """Generates the graph, partitions it, times our two modes once and DistDGL at every link rate; writes
-    ``fig12.json`` and ``fig12.png`` into ``out_dir`` and returns the rows of the paper-vs-ours table."""
+def run(out_dir: str, quick: bool, graphs=tuple(GRAPHS)) -> dict:
+    """Fig. 12 on each of ``graphs`` (``igb``, ``igbh``): generated, partitioned, our two modes and DistDGL at
+    every link rate timed; per graph a JSON and a PNG in ``out_dir`` (``fig12``, ``fig12_igbh``); returns the
+    rows of the paper-vs-ours table and each graph's result."""
     reason = unavailable()
     if reason is not None:
         raise RuntimeError(f"Fig. 12 cannot run here: {reason}")
+    unknown = [g for g in graphs if g not in GRAPHS]
+    if unknown or not graphs:
+        raise ValueError(f"Fig. 12's graphs are {', '.join(GRAPHS)}; got {', '.join(unknown) or 'none'}")
+    out_rows, results = [], {}
+    for graph in graphs:
+        name, quick_cfg, full_cfg, label = GRAPHS[graph]
+        results[graph] = run_graph(out_dir, name, quick_cfg if quick else full_cfg, quick)
+        out_rows += rows(results[graph], label)
+    return {"rows": out_rows, "results": results}
+
+
+def run_graph(out_dir: str, name: str, cfg: dict, quick: bool) -> dict:
+    """Generates the graph, partitions it, times our two modes and DistDGL at every link rate of ``cfg``, each
+    setting once a repeat; writes ``<name>.json`` and ``<name>.png`` into ``out_dir``."""
     from benchmarks import distdgl
     from lsm_gnn.testing.benchmarking import machine_info, write_json
 
-    cfg = QUICK if quick else FULL
-    work = os.path.join(out_dir, "fig12-work")
+    work = os.path.join(out_dir, f"{name}-work")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     started = time.perf_counter()
     dataset, parts, source, ssd, args = prepare(work, cfg)
-    result = {"config": {**cfg, "fanouts": FANOUTS, "model": "sage", "seed": 0, "quick": quick},
+    model = "sage" if source["target"] is None else "r-sage"
+    result = {"config": {**cfg, "fanouts": FANOUTS, "model": model, "seed": 0, "quick": quick},
               "machine": machine_info(), "graph": source, "ssd_bytes_per_s": ssd, "repeats": []}
     for repeat in range(cfg["repeats"]):  # every setting once a repeat, so load that drifts hits them all
         here = os.path.join(work, f"repeat{repeat}")
@@ -117,11 +146,11 @@ def run(out_dir: str, quick: bool) -> dict:
         cfg = dict(cfg, ratios=one["ratios_run"], skip=False)  # later repeats run the same points
     result.update(medians(result["repeats"]))
     result["elapsed_s"] = time.perf_counter() - started
-    write_json(os.path.join(out_dir, "fig12.json"), result)
-    draw(result, os.path.join(out_dir, "fig12.png"))
+    write_json(os.path.join(out_dir, f"{name}.json"), result)
+    draw(result, os.path.join(out_dir, f"{name}.png"))
     if not quick:
         shutil.rmtree(work, ignore_errors=True)
-    return {"rows": rows(result), "results": result}
+    return result
 
 
 def prepare(work: str, cfg: dict) -> tuple:
@@ -130,13 +159,17 @@ def prepare(work: str, cfg: dict) -> tuple:
     from benchmarks import distdgl
 
     dataset = os.path.join(work, "graph")
-    generate_synthetic(dataset, num_nodes=cfg["num_nodes"], feature_dim=1024, seed=0, split=cfg["split"],
-                       progress=False)
+    if "num_papers" in cfg:
+        generate_hetero_synthetic(dataset, num_papers=cfg["num_papers"], feature_dim=1024, seed=0,
+                                  split=cfg["split"], progress=False)
+    else:
+        generate_synthetic(dataset, num_nodes=cfg["num_nodes"], feature_dim=1024, seed=0, split=cfg["split"],
+                           progress=False)
     parts = os.path.join(work, "parts")
     source = distdgl.partition(dataset, parts)
     ssd = ssd_bytes_per_s(dataset, cfg["ssd_seconds"])
     return dataset, parts, source, ssd, distdgl.trainer_args(FANOUTS, cfg["batch_size"], cfg["hidden"],
-                                                             source["num_classes"], 0)
+                                                             source["num_classes"], 0, source["target"])
 
 
 def medians(repeats: list[dict]) -> dict:
@@ -181,18 +214,21 @@ def paper_ratio() -> float:
     return PAPER_LINK_GBIT_S / 8 / (PAPER_SSDS * PAPER_SSD_GB_S)
 
 
-def rows(result: dict) -> list[dict]:
+def rows(result: dict, label: str = "") -> list[dict]:
     """DistDGL's epoch time over ours (shared) and over the isolated caches', at each measured link, beside the
-    paper's best speedups; and shared over isolated."""
+    paper's best speedups; and shared over isolated. ``label`` opens each size (the graph, but for ``igb``).
+    On heterogeneous graphs the paper has no DistDGL figure (it ran out of memory on IGBH-Full and MAG240M)."""
     shared, isolated = (result["ours"][m]["epoch_s"] for m in ("shared", "isolated"))
+    over_distdgl = None if label else FIG12_SPEEDUP_OVER_DISTDGL
     out = []
     for dd in result["distdgl"]:
-        size = f"link/SSD {dd['link_over_ssd']:.2f}" + (f", +{dd['delay_ms']:g} ms" if dd.get("delay_ms") else "")
+        size = label + f"link/SSD {dd['link_over_ssd']:.2f}" + (f", +{dd['delay_ms']:g} ms" if dd.get("delay_ms")
+                                                                else "")
         out.append({"figure": "12", "what": "speedup over DistDGL (LSM-GNN)", "size": size,
-                    "paper": FIG12_SPEEDUP_OVER_DISTDGL, "ours": dd["epoch_s"] / shared})
+                    "paper": over_distdgl, "ours": dd["epoch_s"] / shared})
         out.append({"figure": "12", "what": "speedup over DistDGL (M-GIDS)", "size": size, "paper": None,
                     "ours": dd["epoch_s"] / isolated})
-    out.append({"figure": "12", "what": "speedup over M-GIDS (isolated caches)", "size": "one host",
+    out.append({"figure": "12", "what": "speedup over M-GIDS (isolated caches)", "size": label + "one host",
                 "paper": FIG12_SPEEDUP_OVER_MGIDS, "ours": isolated / shared})
     return out
 
@@ -219,8 +255,9 @@ def draw(result: dict, path: str) -> None:
             ax.plot(d["link_over_ssd"], d["epoch_s"] / ours_s, marker="^", color=f"C{k}", ls="none")
             ax.annotate(f"+{d['delay_ms']:g} ms", (d["link_over_ssd"], d["epoch_s"] / ours_s), fontsize=7,
                         xytext=(4, 2), textcoords="offset points")
-    ax.axhline(FIG12_SPEEDUP_OVER_DISTDGL, color="C0", ls="--", lw=1,
-               label=f"paper: LSM-GNN up to {FIG12_SPEEDUP_OVER_DISTDGL}x")
+    if result["graph"].get("target") is None:  # on IGBH-Full and MAG240M the paper's DistDGL ran out of memory
+        ax.axhline(FIG12_SPEEDUP_OVER_DISTDGL, color="C0", ls="--", lw=1,
+                   label=f"paper: LSM-GNN up to {FIG12_SPEEDUP_OVER_DISTDGL}x")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.axvline(paper_ratio(), color="k", ls=":", lw=1, label=f"paper's hardware: {paper_ratio():.1f} (assumed)")
     ax.set_xscale("log")
@@ -230,9 +267,38 @@ def draw(result: dict, path: str) -> None:
     ax.set_xlabel("link bandwidth between DistDGL's hosts / SSD bandwidth of our host")
     ax.set_ylabel("DistDGL epoch time / ours")
     cfg, graph = result["config"], result["graph"]
-    ax.set_title(f"Fig. 12: {graph['num_nodes']:,} nodes x 1024 float32, SAGE {cfg['fanouts']}, batch "
-                 f"{cfg['batch_size']}, cache {cfg['capacity']}/rank", fontsize=9)
+    shape = "" if graph.get("target") is None else "IGBH-shaped, "
+    ax.set_title(f"Fig. 12: {shape}{graph['num_nodes']:,} nodes x 1024 float32, {cfg['model'].upper()} "
+                 f"{cfg['fanouts']}, batch {cfg['batch_size']}, cache {cfg['capacity']}/rank", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.paper.fig12", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--quick", action="store_true", help="tiny graphs: checks the code path, not the numbers")
+    mode.add_argument("--full", action="store_true", help="the documented run")
+    parser.add_argument("--out", required=True, help="directory for the figure, its JSON and the table")
+    parser.add_argument("--graphs", default=",".join(GRAPHS), help=f"comma-separated, of {', '.join(GRAPHS)}")
+    args = parser.parse_args(argv)
+    graphs = tuple(g.strip() for g in args.graphs.split(",") if g.strip())
+    unknown = [g for g in graphs if g not in GRAPHS]
+    if unknown or not graphs:
+        parser.error(f"--graphs: {', '.join(unknown) or 'none given'}; Fig. 12's graphs: {', '.join(GRAPHS)}")
+    os.makedirs(args.out, exist_ok=True)
+    from benchmarks.paper.__main__ import table
+
+    print(table(run(args.out, quick=args.quick, graphs=graphs)["rows"]))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -45,6 +45,10 @@ def open_storage(dataset, backend: str = "auto", **options) -> FeatureStorage:
 
     if isinstance(dataset, (str, os.PathLike)):
         dataset = open_dataset(dataset, check="shape")
+    types = getattr(dataset, "node_types", ())  # a Dataset's; a NodeType is one file already
+    if len(types) > 1:
+        raise ValueError(f"dataset {dataset.path} has a feature file per node type ({', '.join(types)}); open one "
+                         f"type's: open_storage(dataset.node_type({dataset.target!r}))")
     if backend == "auto":
         backend = default_backend()
     if backend not in BACKENDS:
