@@ -25,24 +25,33 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    import importlib
-
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.paper", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def base_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """--quick or --full, and --out: what every entry point of the paper's figures takes."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--quick", action="store_true", help="tiny graphs: checks the code path, not the numbers")
     mode.add_argument("--full", action="store_true", help="the documented run (hours)")
     parser.add_argument("--out", required=True, help="directory for the figures, their JSON and the table")
+    return parser
+
+
+def make_out(parser: argparse.ArgumentParser, out: str) -> None:
+    if os.path.exists(out) and not os.path.isdir(out):
+        parser.error(f"--out {out} is a file; give a directory for the figures (it is made if missing)")
+    os.makedirs(out, exist_ok=True)
+
+
+def main(argv=None) -> int:
+    import importlib
+
+    parser = base_parser("python -m benchmarks.paper", __doc__)
     parser.add_argument("--figures", default=",".join(FIGURES), help=f"comma-separated, of {', '.join(FIGURES)}")
     args = parser.parse_args(argv)
     figures = [f.strip() for f in args.figures.split(",") if f.strip()]
     unknown = [f for f in figures if f not in FIGURES]
     if unknown or not figures:
         parser.error(f"--figures: {', '.join(unknown) or 'none given'}; the figures done so far: {', '.join(FIGURES)}")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        parser.error(f"--out {args.out} is a file; give a directory for the figures (it is made if missing)")
-    os.makedirs(args.out, exist_ok=True)
+    make_out(parser, args.out)
     rows = []
     for figure in figures:
         print(f"== Fig. {figure}", file=sys.stderr)

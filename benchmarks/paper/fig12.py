@@ -277,23 +277,16 @@ def draw(result: dict, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    import argparse
+    from benchmarks.paper.__main__ import base_parser, make_out, table
 
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.paper.fig12", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--quick", action="store_true", help="tiny graphs: checks the code path, not the numbers")
-    mode.add_argument("--full", action="store_true", help="the documented run")
-    parser.add_argument("--out", required=True, help="directory for the figure, its JSON and the table")
+    parser = base_parser("python -m benchmarks.paper.fig12", __doc__)
     parser.add_argument("--graphs", default=",".join(GRAPHS), help=f"comma-separated, of {', '.join(GRAPHS)}")
     args = parser.parse_args(argv)
     graphs = tuple(g.strip() for g in args.graphs.split(",") if g.strip())
     unknown = [g for g in graphs if g not in GRAPHS]
     if unknown or not graphs:
         parser.error(f"--graphs: {', '.join(unknown) or 'none given'}; Fig. 12's graphs: {', '.join(GRAPHS)}")
-    os.makedirs(args.out, exist_ok=True)
-    from benchmarks.paper.__main__ import table
-
+    make_out(parser, args.out)
     print(table(run(args.out, quick=args.quick, graphs=graphs)["rows"]))
     return 0
 
