@@ -100,7 +100,11 @@ def to_dgl_graph(dataset_path: str):
 
 
 def partition(dataset_path: str, out_dir: str) -> dict:
-    """METIS into 2 parts (DistDGL's default method), training nodes balanced; returns the time it took."""
+    """METIS into 2 parts (DistDGL's default method), training nodes balanced; returns the time it took, the
+    dataset's bytes on disk and this process's peak resident memory (the partitioning's own where the process
+    does nothing else: ``python benchmarks/distdgl.py partition``, as Fig. 12 runs it)."""
+    import resource
+
     dgl = require_dgl()
     start = time.perf_counter()
     g, num_classes, target = to_dgl_graph(dataset_path)
@@ -111,10 +115,16 @@ def partition(dataset_path: str, out_dir: str) -> dict:
     info = {"dataset": os.path.abspath(dataset_path), "num_classes": num_classes, "target": target,
             "num_nodes": g.num_nodes(), "num_edges": g.num_edges(),
             "feature_dim": int((g.ndata["feat"] if target is None else g.nodes[target].data["feat"]).shape[1]),
-            "load_s": loaded - start, "partition_s": time.perf_counter() - loaded}
+            "load_s": loaded - start, "partition_s": time.perf_counter() - loaded,
+            "dataset_bytes": _bytes_under(dataset_path), "partition_bytes": _bytes_under(out_dir),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
     with open(os.path.join(out_dir, "lsm_gnn_source.json"), "w") as fh:
         json.dump(info, fh, indent=1)
     return info
+
+
+def _bytes_under(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
 # -- one host: its server and its trainer ------------------------------------------------------------------------
