@@ -103,6 +103,21 @@ def test_igb_medium_quick_plans_and_measures_the_slice_under_its_cap(tmp_path, m
                                                            "igb_medium_metrics.jsonl", "igb_medium_run.log"]
 
 
+def test_igb_medium_whole_epoch_measures_every_iteration_beside_the_one_plan(tmp_path, memory_cap):
+    memory_cap(1 << 30).close()
+    result = subprocess.run([sys.executable, "-m", "benchmarks.paper.igb_medium", "--quick", "--whole-epoch",
+                             "--set", "sampler.batch_size=1024", "--set", "cache.capacity=100%", "--out",
+                             str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, PYTHONPATH=ROOT))
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads((tmp_path / "igb_medium.json").read_text())
+    measured, planned = out["measured"], out["predicted_slice"]
+    assert out["whole_epoch"] and out["predicted_epoch"] == planned
+    assert measured["iterations"] == planned["run_iterations"] == planned["modelled_iterations"] > 1
+    assert not any(o.startswith("train.max_iterations") for o in out["overrides"])
+    assert "measured, the whole epoch" in result.stdout and "the slice" not in result.stdout
+
+
 def test_igb_medium_refuses_a_cap_over_a_quarter_of_the_feature_file(tmp_path):
     from lsm_gnn.data.synthetic import generate_synthetic
 
