@@ -272,3 +272,23 @@ def test_distdgl_takes_a_typed_graph_as_its_csrs_and_files_and_trains_r_sage_on_
                                             feature_dim={"paper": 8, "author": 4, "institute": 0, "fos": 2})
     with pytest.raises(ValueError, match=r"node types \['institute'\] .* have no features"):
         distdgl.to_dgl_graph(featureless.path)
+
+
+def test_fig12_step_times_the_same_function_on_both_sides(tmp_path):
+    # our hops as DGL blocks, our weights in DGL's layers: the same logits, so the step benchmark compares layers
+    pytest.importorskip("dgl")
+    import torch
+
+    from benchmarks.paper import fig12_step
+    from lsm_gnn.data.synthetic import generate_synthetic
+
+    generate_synthetic(str(tmp_path / "g"), num_nodes=3000, feature_dim=1024, seed=0, progress=False)
+    (hops, x, y), = fig12_step.batches(str(tmp_path / "g"), 1, 16)
+    model, forward, _ = fig12_step.ours(1024, 32, 8)
+    layers, dgl_forward, blocks = fig12_step.distdgl(1024, 32, 8)
+    with torch.no_grad():
+        for conv, layer in zip(model.convs, layers):
+            layer.fc_neigh.weight.copy_(conv.lin_l.weight)
+            layer.fc_self.bias.copy_(conv.lin_l.bias)
+            layer.fc_self.weight.copy_(conv.lin_r.weight)
+        assert torch.allclose(forward(hops, x), dgl_forward(blocks(hops), x), atol=1e-4)
