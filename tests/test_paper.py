@@ -292,3 +292,40 @@ def test_fig12_step_times_the_same_function_on_both_sides(tmp_path):
             layer.fc_self.bias.copy_(conv.lin_l.bias)
             layer.fc_self.weight.copy_(conv.lin_r.weight)
         assert torch.allclose(forward(hops, x), dgl_forward(blocks(hops), x), atol=1e-4)
+
+
+def test_distdgl_r_sage_is_our_hetero_model_given_its_weights(tmp_path):
+    # our typed hops as DGL blocks, our HeteroHopGNN's weights in DistDGL's R-SAGE: the same logits, so Fig. 12
+    # trains the same function on both sides of the heterogeneous graph
+    pytest.importorskip("dgl")
+    from types import SimpleNamespace
+
+    import dgl
+    import torch
+
+    from benchmarks import distdgl
+    from lsm_gnn.data.synthetic_hetero import generate_hetero_synthetic
+    from lsm_gnn.models import HeteroHopGNN
+    from lsm_gnn.sampling import NeighborSampler
+
+    ds = generate_hetero_synthetic(str(tmp_path / "h"), num_papers=400, feature_dim=16, progress=False)
+    hops = NeighborSampler(ds, [3, 2, 2]).sample({"paper": torch.arange(12)}, 0)
+    x = {t: torch.from_numpy(ds.node_type(t).read_features_direct(hops[-1].nodes[t].numpy()))
+         for t in ds.node_types}
+    torch.manual_seed(0)
+    ours = HeteroHopGNN("sage", {t: 16 for t in ds.node_types}, ds.relations, "paper", 8, 5, num_layers=3)
+    layers, forward = distdgl.relational_sage({t: 16 for t in ds.node_types}, ds.relations, "paper", 8, 5, 3)
+    with torch.no_grad():
+        for conv, skip, layer in zip(ours.convs, ours.skips, layers):
+            for relation, rc in conv.convs.items():
+                theirs = layer["convs"]["__".join(relation)]
+                theirs.fc_neigh.weight.copy_(rc.lin_l.weight)
+                theirs.fc_self.bias.copy_(rc.lin_l.bias)
+                theirs.fc_self.weight.copy_(rc.lin_r.weight)
+            for t, linear in skip.items():
+                layer["skips"][t].load_state_dict(linear.state_dict())
+        blocks = [dgl.create_block({r: (e[0], e[1]) for r, e in hop.edge_index.items()},
+                                   num_src_nodes=hop.num_src, num_dst_nodes=hop.num_dst) for hop in reversed(hops)]
+        want = ours(SimpleNamespace(hops=hops, x=x))
+        assert want.shape == (12, 5)
+        assert torch.allclose(forward(blocks, x), want, atol=1e-5)
