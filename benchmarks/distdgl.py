@@ -251,7 +251,8 @@ def relational_sage(in_dims: dict, relations: list, target: str, hidden: int, nu
                    for t in block.dsttypes if block.num_dst_nodes(t)}
             for r in block.canonical_etypes:
                 if block.num_edges(r):  # the destinations' rows are the first of their type's sources
-                    out[r[2]] = out[r[2]] + layer["convs"][key(r)](block[r], (x[r[0]], x[r[2]][:block.num_dst_nodes(r[2])]))
+                    dst = x[r[2]][:block.num_dst_nodes(r[2])]
+                    out[r[2]] = out[r[2]] + layer["convs"][key(r)](block[r], (x[r[0]], dst))
             x = out if k == len(layers) - 1 else {t: torch.relu(v) for t, v in out.items()}
         return x[target]
 

@@ -205,14 +205,14 @@ def main(argv=None) -> dict | None:
     slice_iterations = None if args.whole_epoch else args.iterations
     slice_overrides = overrides(args, slice_iterations)
     cfg_slice = load_config(args.config, slice_overrides)
-    cfg_epoch = load_config(args.config, overrides(args, None))
     calibration = os.path.join(args.work, "calibration.json")
     print(f"planning the {'whole epoch' if args.whole_epoch else f'slice ({args.iterations} iterations)'}",
           file=sys.stderr)
     t0 = time.perf_counter()
     predicted_slice = {**plan(cfg_slice, slice_iterations, calibration, recalibrate=True),
                        "plan_seconds": time.perf_counter() - t0}
-    print(f"measuring the slice under a cap of {format_bytes(cap)}", file=sys.stderr)
+    print(f"measuring the {'whole epoch' if args.whole_epoch else 'slice'} under a cap of {format_bytes(cap)}",
+          file=sys.stderr)
     load_before = os.getloadavg()[0]
     measured = {**measure(args, slice_overrides, cap), "loadavg_before": load_before,
                 "loadavg_after": os.getloadavg()[0]}
@@ -221,6 +221,7 @@ def main(argv=None) -> dict | None:
     else:  # the whole epoch last: the longest part (its trace samples every batch), the measurement kept first
         print("planning the whole epoch (the same calibration)", file=sys.stderr)
         t0 = time.perf_counter()
+        cfg_epoch = load_config(args.config, overrides(args, None))
         predicted_epoch = {**plan(cfg_epoch, args.epoch_iterations, calibration, recalibrate=False),
                            "plan_seconds": time.perf_counter() - t0}
     result = {"dataset": {"path": os.path.abspath(args.data), "num_nodes": dataset.num_nodes,
