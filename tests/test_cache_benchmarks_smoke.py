@@ -172,3 +172,13 @@ def test_end_to_end_refuses_a_negative_count(capsys, flag, message):
     with pytest.raises(SystemExit):
         load("end_to_end").parse_args([flag, "-1"])
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["0.5,0.5", "0.5,0.2,0.2,0.2", "a,b,c,d", "-0.1,0.5,0.3,0.3"])
+def test_cache_policies_refuses_rmat_probabilities_that_are_not_four_summing_to_one(text):
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="give four probabilities A,B,C,D summing to 1, e.g. "
+                                                         "0.57,0.19,0.19,0.05"):
+        load("cache_policies").parse_rmat(text)
+    assert load("cache_policies").parse_rmat("0.45,0.22,0.22,0.11") == (0.45, 0.22, 0.22, 0.11)
