@@ -25,7 +25,6 @@ import torch
 from lsm_gnn.cache.state import CacheState
 from lsm_gnn.kernels import ops as _ops  # noqa: F401  (registers torch.ops.lsm_gnn)
 from lsm_gnn.kernels.row_gather import as_words, word_bytes
-from lsm_gnn.kernels.layout import NO_ID
 
 _LAST_STAMP = 2**31 - 1
 
@@ -167,22 +166,3 @@ def _cuda_graph():
     graph = torch.cuda.CUDAGraph()
     # thread_local: the loader's other threads (read-ahead, PVP) keep copying while this one captures
     return graph, torch.cuda.graph(graph, capture_error_mode="thread_local")
-
-
-def distinct_padded(ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``torch.unique(ids, return_inverse=True)`` without reading its size back: the sorted distinct ids padded
-    with ``NO_ID`` to ``len(ids)`` (the assign gives padding no line), the inverse, and ``[their number, the
-    smallest id, the largest]`` on the ids' device. Where an id lies outside ``[0, num_rows)`` every entry is
-    ``NO_ID``, so the assign changes nothing before the caller reads the range and refuses the batch.
-    ``ids`` must not be empty."""
-    ordered, order = torch.sort(ids)
-    first = torch.ones(ids.numel(), dtype=torch.bool, device=ids.device)  # of each run of equal ids
-    torch.ne(ordered[1:], ordered[:-1], out=first[1:])
-    rank = torch.cumsum(first, 0) - 1
-    unique = torch.full_like(ids, NO_ID)
-    unique.scatter_(0, rank, ordered)  # a run's ids all write the same value to its slot
-    facts = torch.cat([rank[-1:] + 1, ordered[:1], ordered[-1:]])
-    unique.masked_fill_((facts[1] < 0) | (facts[2] >= num_rows), NO_ID)  # (a 0-d mask: no size read)
-    inverse = torch.empty_like(rank)
-    inverse.scatter_(0, order, rank)
-    return unique, inverse, facts

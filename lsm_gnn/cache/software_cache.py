@@ -11,7 +11,6 @@ import torch
 
 from lsm_gnn.cache.cache_parts import CacheParts
 from lsm_gnn.cache.geometry import CacheTooSmall
-from lsm_gnn.cache.hits_first import distinct_padded
 from lsm_gnn.cache.plan import LookupPlan
 from lsm_gnn.cache.staging import side_stream
 from lsm_gnn.cache.state import Assignment
@@ -151,7 +150,7 @@ class SoftwareCache(CacheParts):
             if probe is not None:
                 distinct_at_most = probe.distinct_hits + probe.misses
             # Padded to the batch's size; their number, smallest and largest left on the device.
-            unique, inverse, num_distinct = distinct_padded(ids, self.storage.num_rows)
+            unique, inverse, num_distinct = torch.ops.lsm_gnn.distinct_ids(ids, self.storage.num_rows)
         else:
             unique, inverse = unique_ids(ids)
             if unique.numel():
@@ -217,13 +216,14 @@ class SoftwareCache(CacheParts):
         """Serving hits first: the assign's counts, the number of distinct ids, the batch's smallest and largest
         id, and the ids that missed with their lines, in one read back (of the batch's size); the plan's distinct
         ids cut to their number. (A batch with an id out of range was assigned as padding: nothing changed.)"""
-        order = torch.argsort(assigned.hit, stable=True)  # the misses first, in ascending id order
-        host = torch.cat([assigned.counts, plan.num_distinct, plan.cache_ids[order], assigned.line[order]]).cpu()
-        n, counts, (num_unique, low, high) = order.numel(), host[:4].tolist(), host[4:7].tolist()
+        packed, position = torch.ops.lsm_gnn.pack_misses(assigned.hit, plan.cache_ids, assigned.line,
+                                                         assigned.counts, plan.num_distinct)
+        host = packed.cpu()
+        n, counts, (num_unique, low, high) = position.numel(), host[:4].tolist(), host[4:7].tolist()
         self._check_range(low, high)
         misses = counts[3]
         self._hits_first.probing = misses == 0  # a batch that hit in full: the next one may too
-        plan.miss = order[:misses]
+        plan.miss = position[:misses]  # (in ascending id order)
         plan.miss_ids, plan.miss_cached = host[7:7 + misses], host[7 + n:7 + n + misses] >= 0
         plan.unique = plan.cache_ids = plan.unique[:num_unique]
         return Assignment(*(t[:num_unique] for t in assigned[:5]), *counts[:3])

@@ -115,10 +115,10 @@ class CopiedMisses:
         (the cache's); returns the distinct ids whose rows go to their positions apart (those without a line, or
         all where hit rows went first: ``plan.one_gather`` false) and those rows, or None."""
         miss_lines = plan.line[miss]
-        cached = miss_lines >= 0
         # A miss without a line: bypassed, or (sets overflowing) its line taken again by a later id.
         every_miss_cached = (plan.one_gather and plan.done.bypassed == 0) or bool(
-            (cached if miss_cached is None else miss_cached).all())
+            (miss_lines >= 0 if miss_cached is None else miss_cached).all())
+        cached = None if every_miss_cached else miss_lines >= 0
         if not plan.one_gather:  # hit rows went first: every miss's row goes to its positions too
             fetched = self.fetch(miss_ids)
             if every_miss_cached:

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lsm_gnn.kernels import layout
+from lsm_gnn.kernels import compact, layout
 from lsm_gnn.kernels.codes import LEVEL_CODE, POLICY_CODE
 
 # Kernels read globals only as compile-time constants.
@@ -115,8 +115,9 @@ def _find_hits(unique_ptr, n, tags_ptr, last_use_ptr, flags_ptr, records_ptr, li
                evicted_tag_ptr, evicted_record_ptr, evicted_line_ptr, counts_ptr,
                num_sets, iteration, scan_base, known, first_iteration_ptr, first_position_ptr, first_rank_ptr,
                num_nodes, front, limit, WAYS: tl.constexpr, BLOCK: tl.constexpr):
-    # Also writes every id's "nothing evicted" (the outputs are allocated empty: no fill launches) and adds its
-    # misses to counts[3], which the host reads to skip the install when the batch hit in full.
+    # Also writes every id's "nothing evicted" (the outputs are allocated empty: no fill launches), its set as the
+    # install sorts it (hits and padding last, as set num_sets), and adds its misses to counts[3], which the host
+    # reads to skip the install when the batch hit in full.
     pid = tl.program_id(0)
     u = pid * BLOCK + tl.arange(0, BLOCK)
     valid = u < n
@@ -125,7 +126,7 @@ def _find_hits(unique_ptr, n, tags_ptr, last_use_ptr, flags_ptr, records_ptr, li
     sets, line, hit = _hit_lines(ids, valid & ~pad, tags_ptr, num_sets, WAYS)
     tl.store(line_ptr + u, line, mask=valid)
     tl.store(hit_ptr + u, (hit | pad).to(tl.int8), mask=valid)
-    tl.store(set_ptr + u, sets, mask=valid)
+    tl.store(set_ptr + u, tl.where(hit | pad, num_sets, sets), mask=valid)  # the install's sort key
     tl.store(evicted_tag_ptr + u, tl.full([BLOCK], INVALID_TAG, tl.int64), mask=valid)
     tl.store(evicted_record_ptr + u, tl.full([BLOCK], NO_REUSE_RECORD, tl.int64), mask=valid)
     tl.store(evicted_line_ptr + u, tl.full([BLOCK], -1, tl.int64), mask=valid)
@@ -294,17 +295,21 @@ def _install_misses(order_ptr, sorted_set_ptr, seg_start_ptr, n, unique_ptr, nod
     tl.atomic_add(counts_ptr + 2, bypassed)
 
 
-_STAND_INS: dict = {}
+_ZEROS: dict = {}
+
+
+def _zero(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A single 0 on ``device``, made once: the kernels read it where an optional array is absent and never
+    write it (a fill launch a batch saved for each)."""
+    key = (device, dtype)
+    if key not in _ZEROS:
+        _ZEROS[key] = torch.zeros(1, dtype=dtype, device=device)
+    return _ZEROS[key]
 
 
 def _stand_ins(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The window arrays' single-entry stand-ins on ``device``, made once (never written: three fills a batch
-    saved)."""
-    if device not in _STAND_INS:
-        _STAND_INS[device] = (torch.zeros(1, dtype=torch.int32, device=device),
-                              torch.zeros(1, dtype=torch.int32, device=device),
-                              torch.zeros(1, dtype=torch.uint8, device=device))
-    return _STAND_INS[device]
+    """The window arrays' single-entry stand-ins on ``device``."""
+    return _zero(device, torch.int32), _zero(device, torch.int32), _zero(device, torch.uint8)
 
 
 def _check_ways(ways: int) -> None:
@@ -364,27 +369,18 @@ def cache_assign(tags, records, flags, static_score, last_use, rr_pointer, ways:
     if misses == 0:  # an all-hit batch ends here
         return line, hit, evicted_tag, evicted_record, evicted_line, counts
     # The misses by set, in ascending id order within a set (a stable sort: the C++ core's order), then the hits
-    # under the key num_sets. Each set's first position becomes a segment start, found without a host sync.
-    by_set = torch.where(hit, num_sets, sets)
-    order = torch.argsort(by_set, stable=True)
-    sorted_sets = by_set[order]
-    starts = torch.ones(n, dtype=torch.bool, device=device)
-    starts[1:] = sorted_sets[1:] != sorted_sets[:-1]
-    starts &= sorted_sets < num_sets
+    # (sets holds num_sets for them). Each set's first position becomes a segment start, found without a host sync.
+    order = torch.argsort(sets, stable=True)
+    sorted_sets, seg_start = compact.set_segments(sets, order, num_sets)
     segments = min(misses, num_sets)  # at most one per distinct miss set: one program each
-    position = torch.arange(n, device=device)
-    # Non-starts scatter to slots of their own past the segments: every index distinct, so deterministic.
-    slot = torch.where(starts, torch.cumsum(starts, 0) - 1, segments + position)
-    seg_start = torch.full((segments + n,), n, dtype=torch.int64, device=device)
-    seg_start.scatter_(0, slot, position)
     has_static = node_static is not None
-    room = queue_room if queue_room is not None else torch.zeros(1, dtype=torch.uint8, device=device)
+    room = queue_room if queue_room is not None else _zero(device, torch.uint8)
     r = [int(x) for x in level_rank]
     # One warp: a program walks one set of WAYS lines (32 by default), and the barrier between its misses is
     # then a warp's, not a block's.
     _install_misses[(segments,)](
         order, sorted_sets, seg_start, n, unique,
-        node_static if has_static else torch.zeros(1, dtype=torch.int16, device=device), int(has_static),
+        node_static if has_static else _zero(device, torch.int16), int(has_static),
         tags, records, flags, static_score, last_use, rr_pointer,
         line, evicted_tag, evicted_record, evicted_line, counts,
         iteration, scan_base, threshold, policy, r[0], r[1], r[2], r[3], room,

@@ -10,6 +10,7 @@ import torch
 from torch.library import Library, infer_schema
 
 from lsm_gnn.kernels import kernel_mode, triton_module
+from lsm_gnn.kernels.layout import NO_ID
 
 _MASK64 = (1 << 64) - 1
 # The ops' namespace. Defined with a plain Library rather than torch.library.custom_op: a call then costs
@@ -136,6 +137,61 @@ def _(*args):
 
 
 cache_serve_hits.register_kernel("cuda")(_serve_hits_kernel(on_cpu=False))
+
+
+@custom_op("lsm_gnn::distinct_ids", mutates_args=())
+def distinct_ids(ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.unique(ids, return_inverse=True)`` without reading its size back: the sorted distinct ids padded
+    with ``NO_ID`` to ``len(ids)`` (an assign gives padding no line), the inverse, and int64 ``[their number, the
+    smallest id, the largest]``, all on the ids' device. Where an id lies outside ``[0, num_rows)`` every entry
+    is ``NO_ID``, so an assign changes nothing before the caller reads the range and refuses the batch. ``ids``
+    (int64) must not be empty (:func:`lsm_gnn.kernels.compact.distinct_ids`)."""
+    raise _no_kernel("distinct_ids", ids)
+
+
+@distinct_ids.register_kernel("cpu")
+def _(ids, num_rows):
+    if kernel_mode() == "triton":
+        return triton_module("compact", on_cpu=True).distinct_ids(ids, num_rows)
+    ordered, order = torch.sort(ids)
+    first = torch.ones(ids.numel(), dtype=torch.bool)  # of each run of equal ids
+    torch.ne(ordered[1:], ordered[:-1], out=first[1:])
+    rank = torch.cumsum(first, 0) - 1
+    unique = torch.full_like(ids, NO_ID)
+    unique.scatter_(0, rank, ordered)  # a run's ids all write the same value to its slot
+    facts = torch.stack([rank[-1] + 1, ordered[0], ordered[-1]])
+    if facts[1] < 0 or facts[2] >= num_rows:
+        unique.fill_(NO_ID)
+    inverse = torch.empty_like(rank)
+    inverse.scatter_(0, order, rank)
+    return unique, inverse, facts
+
+
+@distinct_ids.register_kernel("cuda")
+def _(ids, num_rows):
+    return triton_module("compact", on_cpu=False).distinct_ids(ids, num_rows)
+
+
+@custom_op("lsm_gnn::pack_misses", mutates_args=())
+def pack_misses(hit: torch.Tensor, unique: torch.Tensor, line: torch.Tensor, counts: torch.Tensor,
+                facts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An assigned batch's misses packed for one read back: int64 ``[counts (4), facts (3), the missed ids
+    (n), their lines (n)]``, each list's first entries the misses in ascending position (the rest undefined),
+    and the misses' positions in ``unique`` first (:func:`lsm_gnn.kernels.compact.pack_misses`)."""
+    raise _no_kernel("pack_misses", hit)
+
+
+@pack_misses.register_kernel("cpu")
+def _(hit, unique, line, counts, facts):
+    if kernel_mode() == "triton":
+        return triton_module("compact", on_cpu=True).pack_misses(hit, unique, line, counts, facts)
+    order = torch.argsort(hit, stable=True)  # the misses first, in order
+    return torch.cat([counts, facts, unique[order], line[order]]), order
+
+
+@pack_misses.register_kernel("cuda")
+def _(hit, unique, line, counts, facts):
+    return triton_module("compact", on_cpu=False).pack_misses(hit, unique, line, counts, facts)
 
 
 @custom_op("lsm_gnn::cache_scan", mutates_args=("records", "flags"))
