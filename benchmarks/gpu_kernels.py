@@ -7,6 +7,9 @@ measured in one run, medians of ``--repeats``:
                   kernel) plus the row gather, in GB/s of rows served, beside ``copy_`` of the same
                   bytes from one device buffer to another (the limit; the paper's 750 GB/s on an A100)
   lookup all-hit  the same batch through SoftwareCache.lookup, the loader's call (its own fixed cost added)
+  lookup misses   SoftwareCache.lookup of batches half of whose ids miss, read by the GPU from the table in
+                  page-locked host memory (the ``pinned`` storage: no disk), beside the same rows moved without
+                  a cache: the hit half copied on the device, the miss half gathered over UVA by the same kernel
   sampler         torch.ops.lsm_gnn.sample_hops (the Triton sampler) in sampled edges/s on a power-law
                   CSR in device memory, beside the C++ sampler on the host
                   (``--profile-sampler``: its time by op, where the host's launches and reads back show)
@@ -21,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -130,6 +135,47 @@ def lookup_all_hit(device, batch: int, row_bytes: int, repeats: int, profile: bo
             "ratio_to_copy": copy_s / lookup_s}
 
 
+def lookup_with_misses(device, batch: int, row_bytes: int, repeats: int, root: str) -> dict:
+    """``SoftwareCache.lookup`` (LRU, 4 lines per id of a batch) of batches whose first half is the same every
+    time (hits) and whose second half comes back every 10 lookups (misses: LRU holds a cold id about 7), over the
+    ``pinned`` storage; the limit moves the same rows without a cache. Ratio: the limit's time over ours."""
+    from lsm_gnn import open_storage
+    from lsm_gnn.cache import SoftwareCache
+    from lsm_gnn.kernels.row_gather import gather_rows
+    from lsm_gnn.testing import write_tiny_dataset
+
+    half, dim, rounds = batch // 2, row_bytes // 4, 10
+    write_tiny_dataset(os.path.join(root, "misses"), num_nodes=(1 + rounds) * half, dim=dim, avg_degree=1,
+                       chunk=max(half, 1))
+    storage = open_storage(os.path.join(root, "misses"), "pinned", device=device)
+    cache = SoftwareCache(storage, capacity=4 * batch * row_bytes, device=device, policy="lru")
+    hot = torch.arange(half)
+    calls = [0]
+
+    def next_ids() -> torch.Tensor:
+        k = calls[0] % rounds
+        calls[0] += 1
+        return torch.cat([hot, half + k * half + torch.arange(half)]).to(cache.device)
+
+    out = torch.empty(batch, dim, device=cache.device)
+    for _ in range(2 * rounds):  # the steady state: every cold id seen and evicted before it comes back
+        cache.lookup(next_ids(), out=out)
+    before = (cache.stats.hits, cache.stats.unique)
+    lookup_s = timed(lambda: cache.lookup(next_ids(), out=out), device, repeats)
+    hit_ratio = (cache.stats.hits - before[0]) / max(cache.stats.unique - before[1], 1)
+    rows = torch.randn(half, dim, device=cache.device)
+    cold = (half + torch.arange(half)).to(cache.device)
+
+    def limit():
+        out[:half].copy_(rows)
+        gather_rows(storage._rows, cold, out[half:])
+
+    limit_s = timed(limit, device, repeats)
+    storage.close()
+    return {"batch": batch, "row_bytes": row_bytes, "hit_ratio": hit_ratio, "lookup_ms": lookup_s * 1e3,
+            "limit_ms": limit_s * 1e3, "ratio_to_limit": limit_s / lookup_s}
+
+
 def sampler_edges(device, num_nodes: int, avg_degree: int, batch: int, fanouts, repeats: int,
                   profile: bool = False) -> dict:
     from lsm_gnn import _C
@@ -158,7 +204,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", default="bench-results/gpu_kernels.json")
     p.add_argument("--hit-batch", default="65536,262144",
                    help="ids of the all-hit batch (4 KiB rows each); several, comma-separated, each measured")
-    p.add_argument("--skip-sampler", action="store_true", help="only the cache figure")
+    p.add_argument("--miss-batch", type=int, default=16384,
+                   help="ids of the lookup with misses (4 KiB rows; half miss); 0 leaves it out")
+    p.add_argument("--skip-sampler", action="store_true", help="only the cache figures")
     p.add_argument("--profile", action="store_true",
                    help="print the all-hit serve's and lookup's time by op (torch.profiler)")
     p.add_argument("--profile-sampler", action="store_true",
@@ -181,11 +229,17 @@ def main(argv=None) -> int:
     lookups = [lookup_all_hit(device, batch=b, row_bytes=4096 if big else 64, repeats=args.repeats,
                               profile=args.profile, graphs=graphs)
                for b in batches for graphs in ((False, True) if device.type == "cuda" else (False,))]
+    misses = None
+    if args.miss_batch > 0:
+        with tempfile.TemporaryDirectory() as root:
+            misses = lookup_with_misses(device, batch=args.miss_batch if big else 64, row_bytes=4096 if big else 64,
+                                        repeats=args.repeats, root=root)
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)",
         "cache_all_hit": all_hit[0],  # the first batch size; every size in cache_all_hit_by_batch
         "cache_all_hit_by_batch": all_hit,
         "lookup_all_hit_by_batch": lookups,
+        "lookup_with_misses": misses,
     }
     if args.skip_sampler:
         print(json.dumps(result))
@@ -205,6 +259,10 @@ def main(argv=None) -> int:
         label = f"lookup all-hit{' graphed' if c['graphs'] else ''} GB/s, {c['batch']:,}"
         print(f"{label:<28}{c['lookup_gb_per_s']:>14.2f}{c['copy_gb_per_s']:>16.2f}"
               f"{c['ratio_to_copy']:>8.2f}   (SoftwareCache.lookup; hit ratio {c['hit_ratio']:.3f})")
+    if misses is not None:
+        label = f"lookup, half miss, ms, {misses['batch']:,}"
+        print(f"{label:<28}{misses['lookup_ms']:>14.3f}{misses['limit_ms']:>16.3f}{misses['ratio_to_limit']:>8.2f}"
+              f"   (limit: the rows moved without a cache; hit ratio {misses['hit_ratio']:.3f})")
     ratio = s["triton_edges_per_s"] / s["cpp_cpu_edges_per_s"]
     print(f"{'sampler edges/s':<28}{s['triton_edges_per_s']:>14,.0f}{s['cpp_cpu_edges_per_s']:>16,.0f}"
           f"{ratio:>8.2f}   (peer: C++ sampler on the host)")
