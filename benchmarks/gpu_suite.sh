@@ -4,7 +4,7 @@
 # pyyaml, tqdm, scipy, pytest and torch_geometric: nothing is downloaded. What it measures and what is
 # already checked without a GPU: docs/gpu.md.
 #
-#   bash benchmarks/gpu_suite.sh             # on a GPU machine: at most 1.5 + 3 + 1 + 1.5 + 4 minutes
+#   bash benchmarks/gpu_suite.sh             # on a GPU machine: at most 1.5 + 3 + 1 + 1.5 + 4 + 5 minutes
 #   bash benchmarks/gpu_suite.sh --dry-run   # anywhere: the offline build and the steps' imports, no GPU
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +53,7 @@ if [ "$DRY_RUN" -eq 1 ]; then
   # Every step's script must import; the GPU tests must be collected.
   $PY -m pytest -q --collect-only tests/test_sampler_cuda.py tests/test_device_path.py tests/test_hits_first.py tests/test_gpu_paths.py \
     tests/test_gds_cache.py >"$OUT/collect.txt" 2>&1 || { cat "$OUT/collect.txt"; exit 1; }
-  for script in benchmarks/gpu_kernels.py benchmarks/end_to_end.py; do
+  for script in benchmarks/gpu_kernels.py benchmarks/end_to_end.py benchmarks/comm_layer.py; do
     $PY "$script" --help >/dev/null || { echo "gpu_suite.sh: $script does not start" >&2; exit 1; }
   done
   echo "dry run: build, imports and test collection fine"
@@ -95,5 +95,13 @@ for capacity in ${E2E_CAPACITIES:-30%}; do
     --data "${E2E_DATA:-/tmp/lsm-gnn-gpu-e2e}" --json "$OUT/end_to_end_${capacity%\%}.json" 2>&1 \
     | tee -a "$OUT/end_to_end.txt" || status=1
 done
+echo "== the shared cache's exchange, 2 ranks on the host's cores (issue 43's target: at most 15% of the gather)"
+# CPU processes over gloo, as docs/benchmarks/distributed.md's 4 KiB figure (2 shared cores there: 25.3%).
+COMM_DATA=${COMM_DATA:-/tmp/lsm-gnn-gpu-comm}
+( [ -f "$COMM_DATA/meta.json" ] || timeout "${COMM_PREPARE_S:-120}" $PY -m lsm_gnn prepare synthetic --out "$COMM_DATA" \
+    --num-nodes "${COMM_NODES:-300000}" --feature-dim 1024 --no-progress >"$OUT/comm_prepare.txt" 2>&1 ) &&
+  timeout "${COMM_S:-180}" $PY benchmarks/comm_layer.py --data "$COMM_DATA" --worlds 2 --capacities 1.5% \
+    --owner hashed --shared-only --exchanges shm --repeats 1 --out "${COMM_WORK:-/tmp/lsm-gnn-gpu-comm-work}" --json "$OUT/comm_layer.json" \
+    2>&1 | tee "$OUT/comm_layer.txt" || { tail -20 "$OUT/comm_prepare.txt" 2>/dev/null; status=1; }
 echo "results in $OUT (status $status)"
 exit $status
