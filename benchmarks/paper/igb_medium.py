@@ -8,7 +8,8 @@ beside the measurement.
         --json docs/results/paper/igb_medium_generate.json -- --feature-dim 1024 --avg-degree 12.4 --classes 19
     python -m benchmarks.paper.igb_medium --data /data/igbm --cap 9G --out docs/results/paper
     python -m benchmarks.paper.igb_medium --quick --out /tmp/igbm    # a tiny graph: the code path, not the numbers
-    # the whole epoch measured beside its prediction (about 70 minutes here: its plan 19, the epoch 47): one plan, the epoch's
+    # the whole epoch measured beside its prediction (about 70 minutes here: its plan 19, the epoch 47):
+    # one plan, the epoch's
     python -m benchmarks.paper.igb_medium --data /data/igbm --cap 9G --whole-epoch --timeout 5400 \
         --out docs/results/paper/igb_medium_epoch
 
