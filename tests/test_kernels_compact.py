@@ -113,3 +113,12 @@ def test_misses_are_packed_in_order_with_their_lines_and_the_counts(blocks, n, s
     for start in (0, head, head + n):  # the entries the host reads
         count = head if start == 0 else misses
         assert torch.equal(packed[start:start + count], want[start:start + count])
+
+
+@pytest.mark.parametrize("ids", [torch.empty(0, dtype=torch.int64), torch.arange(3, dtype=torch.int32),
+                                 torch.zeros(2, 2, dtype=torch.int64)], ids=["empty", "int32", "2-d"])
+@pytest.mark.parametrize("mode", ["native", "triton"])
+@pytest.mark.launches_no_kernel  # refused before any launch
+def test_distinct_ids_refuse_what_they_cannot_pad(ids, mode):
+    with using(mode), pytest.raises(ValueError, match="non-empty 1-d int64 tensor of ids"):
+        torch.ops.lsm_gnn.distinct_ids(ids, NUM_ROWS)

@@ -139,6 +139,9 @@ def distinct_ids(ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.
     """(the sorted distinct ids padded with ``NO_ID`` to ``len(ids)``, the inverse, int64 ``[their number, the
     smallest id, the largest]``), all on the ids' device; every entry ``NO_ID`` where an id lies outside
     ``[0, num_rows)``. ``ids`` (int64) must not be empty."""
+    from lsm_gnn.kernels.ops import check_distinct_ids_input
+
+    check_distinct_ids_input(ids)
     n = ids.numel()
     ordered, order = torch.sort(ids)
     counts, grid = _block_counts(ordered, order, n, 0, 0, False, False)

@@ -149,10 +149,17 @@ def distinct_ids(ids: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.
     raise _no_kernel("distinct_ids", ids)
 
 
+def check_distinct_ids_input(ids: torch.Tensor) -> None:
+    if ids.dtype != torch.int64 or ids.dim() != 1 or ids.numel() == 0:
+        raise ValueError(f"distinct_ids takes a non-empty 1-d int64 tensor of ids, got {ids.dtype} of shape "
+                         f"{tuple(ids.shape)} (an empty batch has no distinct ids to pad: serve it without)")
+
+
 @distinct_ids.register_kernel("cpu")
 def _(ids, num_rows):
     if kernel_mode() == "triton":
         return triton_module("compact", on_cpu=True).distinct_ids(ids, num_rows)
+    check_distinct_ids_input(ids)
     ordered, order = torch.sort(ids)
     first = torch.ones(ids.numel(), dtype=torch.bool)  # of each run of equal ids
     torch.ne(ordered[1:], ordered[:-1], out=first[1:])
