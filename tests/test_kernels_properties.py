@@ -72,7 +72,8 @@ NATIVE = {"cache_assign": ops.native_cache_assign, "cache_scan": _C.cache_scan, 
           # PVP serve, scatter and fill take no thread count.
           "pvp_match": lambda *args: _C.pvp_match(*args[:-1]),
           "pvp_scatter": lambda *args: _C.pvp_scatter(*args[:-1]),
-          "pvp_fill": lambda *args: _C.pvp_fill(*args[:-1])}
+          "pvp_fill": lambda *args: _C.pvp_fill(*args[:-1]),
+          "rows_by_line": lambda *args: ops.native_rows_by_line(*args[:-1])}
 
 
 class CheckedKernels:

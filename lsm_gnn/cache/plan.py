@@ -58,8 +58,7 @@ class LookupPlan:
     hit: torch.Tensor | None = None       # and whether it was cached already
     # after_assign
     one_gather: bool = True               # no line this batch uses was evicted: one gather serves every id
-    request_line: torch.Tensor | None = None  # line and hit per requested id
-    request_hit: torch.Tensor | None = None
+    request_hit: torch.Tensor | None = None  # per requested id: its id was cached (set with the rows' gather)
     rows: torch.Tensor | None = None      # the rows, in request order
     from_pvp: torch.Tensor | None = None  # per distinct id: served from the victim buffer (None: none is);
     entry: torch.Tensor | None = None     # its line among the prefetched rows (the paper's mode: before_assign)
@@ -67,4 +66,5 @@ class LookupPlan:
     miss: torch.Tensor | None = None      # the distinct ids read from storage (their positions in unique)
     miss_ids: torch.Tensor | None = None  # their ids, on the host
     miss_cached: torch.Tensor | None = None  # whether each got a line, on the host (serving hits first)
+    miss_lines: torch.Tensor | None = None   # and their lines, on the device (serving hits first)
     pvp_hits: int = 0                     # distinct ids served from the victim buffer

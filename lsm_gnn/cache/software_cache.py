@@ -225,6 +225,7 @@ class SoftwareCache(CacheParts):
         self._hits_first.probing = misses == 0  # a batch that hit in full: the next one may too
         plan.miss = position[:misses]  # (in ascending id order)
         plan.miss_ids, plan.miss_cached = host[7:7 + misses], host[7 + n:7 + n + misses] >= 0
+        plan.miss_lines = packed[7 + n:7 + n + misses]  # (a view: no launch)
         plan.unique = plan.cache_ids = plan.unique[:num_unique]
         return Assignment(*(t[:num_unique] for t in assigned[:5]), *counts[:3])
 
@@ -242,8 +243,6 @@ class SoftwareCache(CacheParts):
             hit = torch.zeros(plan.unique.numel(), dtype=torch.bool, device=self.device)
             line[plan.keep], hit[plan.keep] = plan.line, plan.hit
             plan.line, plan.hit = line, hit
-        plan.request_line = plan.line[plan.inverse]
-        plan.request_hit = plan.hit[plan.inverse]
         if plan.rows is None:  # (serving hits first made them)
             plan.rows = plan.out if plan.out is not None else self._rows_for(plan.ids.numel())
         # No line this batch uses was evicted (the usual case): after the fill every id's line holds its row, and
@@ -251,7 +250,7 @@ class SoftwareCache(CacheParts):
         # their line, and each miss row is copied to its positions.
         plan.one_gather = plan.done.evicted_in_use == 0
         if not plan.one_gather:
-            torch.index_select(self.data, 0, plan.request_line.clamp_min(0), out=plan.rows)
+            self._gather_lines(plan)
         self._victims.after_assign(plan, self.data)
 
     def _fill(self, plan: LookupPlan) -> None:
@@ -263,10 +262,14 @@ class SoftwareCache(CacheParts):
                 plan.miss_ids = plan.unique[plan.miss].cpu()
         apart = self._read_misses(plan) if plan.miss.numel() else None
         if plan.one_gather:  # PVP-served ids without a line (the paper's mode) get their rows from the PVP below
-            torch.index_select(self.data, 0, plan.request_line.clamp_min(0), out=plan.rows)
+            self._gather_lines(plan)
         if apart is not None:
             self._rows_apart(plan, *apart)
         self._victims.serve(plan, self.data)
+
+    def _gather_lines(self, plan: LookupPlan) -> None:
+        """Every position's row from its id's line (one launch on a GPU), and its hit flag."""
+        plan.request_hit = torch.ops.lsm_gnn.rows_by_line(self.data, plan.line, plan.hit, plan.inverse, plan.rows)
 
     def _read_misses(self, plan: LookupPlan) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Reads the misses into their lines; returns the distinct ids whose rows go to their positions from
@@ -276,7 +279,7 @@ class SoftwareCache(CacheParts):
         early = self._ahead.take(plan.t, miss_ids)
         self.stats.bytes_read += miss.numel() * self.storage.row_bytes
         if early is None:
-            return self._misses.read(plan, miss, miss_ids, miss_cached, self.data)
+            return self._misses.read(plan, miss, miss_ids, miss_cached, self.data, plan.miss_lines)
         where, rows = torch.as_tensor(early[0]).cpu(), early[1].to(self.device)
         left = torch.ones(miss.numel(), dtype=torch.bool)  # on the host, where the ids are
         left[where] = False

@@ -109,12 +109,14 @@ class CopiedMisses:
         self.storage, self.device, self.path = storage, device, path  # path: as miss_path names it
 
     def read(self, plan, miss: torch.Tensor, miss_ids: torch.Tensor, miss_cached: torch.Tensor | None,
-             data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+             data: torch.Tensor, miss_lines: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Reads the rows of a lookup's misses ``miss`` (positions in ``plan.unique``; ``miss_ids`` their ids on
-        the host, ``miss_cached`` whether each got a line, on the host where known) into their lines of ``data``
-        (the cache's); returns the distinct ids whose rows go to their positions apart (those without a line, or
-        all where hit rows went first: ``plan.one_gather`` false) and those rows, or None."""
-        miss_lines = plan.line[miss]
+        the host, ``miss_cached`` whether each got a line, on the host where known, ``miss_lines`` their lines
+        where known) into their lines of ``data`` (the cache's); returns the distinct ids whose rows go to their
+        positions apart (those without a line, or all where hit rows went first: ``plan.one_gather`` false) and
+        those rows, or None."""
+        if miss_lines is None:
+            miss_lines = plan.line[miss]
         # A miss without a line: bypassed, or (sets overflowing) its line taken again by a later id.
         every_miss_cached = (plan.one_gather and plan.done.bypassed == 0) or bool(
             (miss_lines >= 0 if miss_cached is None else miss_cached).all())

@@ -2,8 +2,8 @@
 order, by a scan in two launches (each block's count of flags, then each block's offset summed from the counts
 before it). The host never learns how many there are: outputs are sized to the input and padded.
 
-A lookup with misses uses it three times, each in place of 4 to 15 torch ops (46 launches became 18,
-docs/gpu.md):
+A lookup with misses uses it three times, each in place of 4 to 15 torch ops (with the last gathers' kernel,
+46 launches became 14, docs/gpu.md):
 
 - :func:`distinct_ids`: the distinct ids of a request, from its sort: a run's first position is flagged;
 - :func:`set_segments`: the assign's misses by set: the first miss of each set starts the segment one

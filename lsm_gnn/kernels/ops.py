@@ -201,6 +201,33 @@ def _(hit, unique, line, counts, facts):
     return triton_module("compact", on_cpu=False).pack_misses(hit, unique, line, counts, facts)
 
 
+@custom_op("lsm_gnn::rows_by_line", mutates_args=("rows",))
+def rows_by_line(data: torch.Tensor, line: torch.Tensor, hit: torch.Tensor, inverse: torch.Tensor,
+                 rows: torch.Tensor) -> torch.Tensor:
+    """A lookup's rows in request order: ``rows[i] = data[line[inverse[i]]]`` (line 0's row where that line is
+    -1: the caller overwrites it), and the returned ``hit[inverse]``
+    (:func:`lsm_gnn.kernels.row_gather.rows_by_line`)."""
+    raise _no_kernel("rows_by_line", data)
+
+
+@rows_by_line.register_kernel("cpu")
+def _(data, line, hit, inverse, rows):
+    if kernel_mode() == "triton":
+        return triton_module("row_gather", on_cpu=True).rows_by_line(data, line, hit, inverse, rows)
+    return native_rows_by_line(data, line, hit, inverse, rows)
+
+
+def native_rows_by_line(data, line, hit, inverse, rows):
+    """The op in torch's CPU ops (four of them)."""
+    torch.index_select(data, 0, line[inverse].clamp_min_(0), out=rows)
+    return hit[inverse]
+
+
+@rows_by_line.register_kernel("cuda")
+def _(data, line, hit, inverse, rows):
+    return triton_module("row_gather", on_cpu=False).rows_by_line(data, line, hit, inverse, rows)
+
+
 @custom_op("lsm_gnn::cache_scan", mutates_args=("records", "flags"))
 def cache_scan(tags: torch.Tensor, records: torch.Tensor, flags: torch.Tensor, first_iteration: torch.Tensor,
                first_position: torch.Tensor, first_rank: torch.Tensor, front: int, limit: int,

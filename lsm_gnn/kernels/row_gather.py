@@ -1,4 +1,5 @@
-"""Rows of a table by id, copied by a Triton kernel into rows of an output: the ``pinned`` storage's reads.
+"""Rows of a table by id, copied by a Triton kernel into rows of an output: the ``pinned`` storage's reads, and
+a device cache's rows in request order.
 
 ``gather_rows(table, ids, out, slots)`` sets ``out[slots[i]] = table[ids[i]]`` for every ``i`` (``slots`` None:
 ``out[i]``), byte for byte whatever the dtype: rows are copied as the widest machine words that divide the row's
@@ -15,6 +16,10 @@ memory and fails with "Pointer argument ... cannot be accessed from Triton (cpu 
 (checked in triton 3.6's ``backends/nvidia/driver.py``); :func:`gather_rows` refuses a table that is not
 page-locked before that, with a message that names the fix. On CPU tensors the kernel runs under Triton's
 interpreter (tests).
+
+``rows_by_line(data, line, hit, inverse, rows)`` is a lookup's last step on a device cache: each position's row
+from the line of its distinct id, and its hit flag, in one launch where torch takes four (two index ops, a clamp,
+an ``index_select``).
 """
 from __future__ import annotations
 
@@ -32,6 +37,19 @@ MAX_BLOCK_WORDS = 512
 
 
 @triton.jit
+def _copy_rows(table_ptr, out_ptr, row, dest, valid, row_words, BLOCK_WORDS: tl.constexpr):
+    """``out[dest[i]] = table[row[i]]`` where ``valid[i]``, each row as ``row_words`` words (``row`` and ``dest``
+    int64: offsets past 2**31 words)."""
+    words = tl.cast(row_words, tl.int64)
+    src = table_ptr + (row * words)[:, None]
+    dst = out_ptr + (dest * words)[:, None]
+    for start in range(0, row_words, BLOCK_WORDS):
+        w = start + tl.arange(0, BLOCK_WORDS)
+        m = valid[:, None] & (w < row_words)[None, :]
+        tl.store(dst + w[None, :], tl.load(src + w[None, :], mask=m, other=0), mask=m)
+
+
+@triton.jit
 def _gather_rows(table_ptr, ids_ptr, slots_ptr, out_ptr, n, row_words, HAS_SLOTS: tl.constexpr,
                  BLOCK_ROWS: tl.constexpr, BLOCK_WORDS: tl.constexpr):
     r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -41,13 +59,18 @@ def _gather_rows(table_ptr, ids_ptr, slots_ptr, out_ptr, n, row_words, HAS_SLOTS
         dest = tl.cast(tl.load(slots_ptr + r, mask=in_batch, other=0), tl.int64)
     else:
         dest = tl.cast(r, tl.int64)
-    words = tl.cast(row_words, tl.int64)  # row offsets in int64: a table past 2**31 words
-    src = table_ptr + (row * words)[:, None]
-    dst = out_ptr + (dest * words)[:, None]
-    for start in range(0, row_words, BLOCK_WORDS):
-        w = start + tl.arange(0, BLOCK_WORDS)
-        m = in_batch[:, None] & (w < row_words)[None, :]
-        tl.store(dst + w[None, :], tl.load(src + w[None, :], mask=m, other=0), mask=m)
+    _copy_rows(table_ptr, out_ptr, row, dest, in_batch, row_words, BLOCK_WORDS)
+
+
+@triton.jit
+def _rows_by_line(data_ptr, line_ptr, hit_ptr, inverse_ptr, rows_ptr, request_hit_ptr, n, row_words,
+                  BLOCK_ROWS: tl.constexpr, BLOCK_WORDS: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    in_batch = r < n
+    u = tl.load(inverse_ptr + r, mask=in_batch, other=0)  # the position's distinct id
+    line = tl.cast(tl.load(line_ptr + u, mask=in_batch, other=-1), tl.int64)
+    tl.store(request_hit_ptr + r, tl.load(hit_ptr + u, mask=in_batch, other=0), mask=in_batch)
+    _copy_rows(data_ptr, rows_ptr, tl.maximum(line, 0), r, in_batch, row_words, BLOCK_WORDS)
 
 
 def word_bytes(row_bytes: int, *tensors: torch.Tensor) -> int:
@@ -89,10 +112,48 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, slots
     size = word_bytes(table.shape[1] * table.element_size(), table, out)
     table_words, out_words = as_words(table, size), as_words(out, size)
     row_words = table_words.shape[1]
-    block_words = min(triton.next_power_of_2(row_words), MAX_BLOCK_WORDS)
-    block_rows = max(1, BLOCK_WORDS_TOTAL // block_words)
-    with torch.cuda.device(out.device) if out.device.type == "cuda" else contextlib.nullcontext():
+    block_rows, block_words = _blocks(row_words)
+    with _on(out.device):
         _gather_rows[(triton.cdiv(n, block_rows),)](table_words, ids, ids if slots is None else slots, out_words, n,
                                                     row_words, HAS_SLOTS=slots is not None, BLOCK_ROWS=block_rows,
                                                     BLOCK_WORDS=block_words)
+
+
+def rows_by_line(data: torch.Tensor, line: torch.Tensor, hit: torch.Tensor, inverse: torch.Tensor,
+                 rows: torch.Tensor) -> torch.Tensor:
+    """A lookup's rows in request order from the lines its distinct ids were given, in one launch:
+    ``rows[i] = data[line[inverse[i]]]``, line 0's row where that line is -1 (as torch's ops clamping the line
+    give: the caller overwrites it with the row from elsewhere), and the returned ``hit[inverse]`` (bool). ``data`` and ``rows``: contiguous 2-D tensors of
+    one dtype and width; ``line`` and ``hit`` per distinct id, ``inverse`` (int64) per position, all on ``rows``'
+    device; lines in range (the assign gave them)."""
+    if data.dim() != 2 or rows.dim() != 2 or data.shape[1] != rows.shape[1] or data.dtype != rows.dtype \
+            or not (data.is_contiguous() and rows.is_contiguous()):
+        raise ValueError(f"data and rows must be contiguous 2-D tensors of one dtype and row width, got {data.dtype} "
+                         f"{tuple(data.shape)} and {rows.dtype} {tuple(rows.shape)}")
+    n = inverse.numel()
+    if rows.shape[0] != n or line.shape != hit.shape:
+        raise ValueError(f"one row per position ({n}) and one line and hit per distinct id, got {rows.shape[0]} "
+                         f"rows, {line.numel()} lines and {hit.numel()} hits")
+    request_hit = torch.empty(n, dtype=torch.int8, device=rows.device)
+    if n == 0:
+        return request_hit.view(torch.bool)
+    size = word_bytes(data.shape[1] * data.element_size(), data, rows)
+    data_words, rows_words = as_words(data, size), as_words(rows, size)
+    row_words = data_words.shape[1]
+    block_rows, block_words = _blocks(row_words)
+    with _on(rows.device):
+        _rows_by_line[(triton.cdiv(n, block_rows),)](data_words, line, hit.view(torch.int8), inverse, rows_words,
+                                                     request_hit, n, row_words, BLOCK_ROWS=block_rows,
+                                                     BLOCK_WORDS=block_words)
+    return request_hit.view(torch.bool)
+
+
+def _blocks(row_words: int) -> tuple[int, int]:
+    """(rows, words) a program copies at once: the row's words up to MAX_BLOCK_WORDS, rows to fill the block."""
+    block_words = min(triton.next_power_of_2(row_words), MAX_BLOCK_WORDS)
+    return max(1, BLOCK_WORDS_TOTAL // block_words), block_words
+
+
+def _on(device: torch.device):
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
