@@ -6,7 +6,9 @@ touching this file. Each document runs in a directory of its own (``configs/`` l
 ``prepare`` commands first, then the rest in the order shown, so one command can read what an earlier
 one wrote (a checkpoint, a dataset). Only these change, all listed below:
 
-- sizes: graphs of a few thousand nodes and 16 features (:data:`SMALL`), so a run takes seconds;
+- sizes: graphs of a few thousand nodes and 16 features (:data:`SMALL`), so a run takes seconds; a plan's
+  calibration times 4 training steps and 0.1 s of reads per batch size (:data:`SHORT_CALIBRATION`), not 32 and
+  0.5 s: on a small graph the calibration was most of a plan's minute;
 - :data:`PLACEHOLDERS`: paths of the machine a command was measured on;
 - inputs a command converts (``feat.npy``...) are generated, and so is a dataset a document's commands
   read but none of them writes (a synthetic graph);
@@ -39,6 +41,7 @@ COMMAND = re.compile(rf"^{_ENV}(?:lsm-gnn|python3? -m lsm_gnn|launch/[\w.]+\.sh)
 
 SMALL = {"--num-nodes": "2000", "--num-users": "300", "--num-items": "200", "--num-papers": "800",
          "--feature-dim": "16"}
+SHORT_CALIBRATION = ["--train-steps", "4", "--storage-seconds", "0.1"]
 PLACEHOLDERS = {
     "/tmp/lpdoc/recsys": "data/recsys",
     "/work/bench-data/": "data/",
@@ -134,6 +137,8 @@ def _argv(command: str, cwd: str) -> tuple[list[str], dict]:
         for old, new in PLACEHOLDERS.items():
             token = token.replace(old, new)
         argv.append(token)
+    if argv[1:4] == ["-m", "lsm_gnn", "plan"] and not set(SHORT_CALIBRATION[::2]) & set(argv):
+        argv += SHORT_CALIBRATION
     return argv, env
 
 
