@@ -2,7 +2,8 @@
 driven by the Triton kernels makes the reference model's decisions. Run by Triton's interpreter on CPU tensors.
 
 The interpreter is slow (~2 ms a kernel loop step, one program at a time): the quick run draws a few examples
-per property, the slow run (``-m slow``) many more. Examples are derandomized, so every run draws the same.
+per property, the slow run (``-m slow``; .ci/run's job beside the suite) many more. Examples are derandomized,
+so every run draws the same.
 """
 import collections
 import contextlib
@@ -36,8 +37,10 @@ PROFILE = settings(deadline=None, derandomize=True, database=None,
 
 
 def examples(quick: int, many: int):
-    """``quick`` examples in the default run, ``many`` in the slow one."""
-    return pytest.mark.parametrize("max_examples", [quick, pytest.param(many, marks=pytest.mark.slow)],
+    """``quick`` examples in the default run, ``many`` in the slow one (in CI, beside the suite: a minute on
+    one core that the suite's job would otherwise add to the longer of the two)."""
+    return pytest.mark.parametrize("max_examples", [quick, pytest.param(many, marks=[pytest.mark.slow,
+                                                                                    pytest.mark.beside])],
                                    ids=["quick", "many"])
 
 
