@@ -91,11 +91,7 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, slots
     is either on ``out``'s device or a page-locked CPU tensor (read over UVA); on the CPU, all four are CPU
     tensors and the kernel runs under Triton's interpreter.
     """
-    if table.dim() != 2 or out.dim() != 2 or table.shape[1] != out.shape[1] or table.dtype != out.dtype:
-        raise ValueError(f"table and out must be 2-D tensors of one dtype and row width, got {table.dtype} "
-                         f"{tuple(table.shape)} and {out.dtype} {tuple(out.shape)}")
-    if not (table.is_contiguous() and out.is_contiguous()):
-        raise ValueError("table and out must be contiguous (rows are copied as runs of words)")
+    _check_row_tables(table, out, "table and out")
     n = ids.numel()
     if slots is not None and slots.shape != ids.shape:
         raise ValueError(f"slots must name one row of out per id: {slots.numel()} slots for {n} ids")
@@ -123,13 +119,10 @@ def rows_by_line(data: torch.Tensor, line: torch.Tensor, hit: torch.Tensor, inve
                  rows: torch.Tensor) -> torch.Tensor:
     """A lookup's rows in request order from the lines its distinct ids were given, in one launch:
     ``rows[i] = data[line[inverse[i]]]``, line 0's row where that line is -1 (as torch's ops clamping the line
-    give: the caller overwrites it with the row from elsewhere), and the returned ``hit[inverse]`` (bool). ``data`` and ``rows``: contiguous 2-D tensors of
-    one dtype and width; ``line`` and ``hit`` per distinct id, ``inverse`` (int64) per position, all on ``rows``'
-    device; lines in range (the assign gave them)."""
-    if data.dim() != 2 or rows.dim() != 2 or data.shape[1] != rows.shape[1] or data.dtype != rows.dtype \
-            or not (data.is_contiguous() and rows.is_contiguous()):
-        raise ValueError(f"data and rows must be contiguous 2-D tensors of one dtype and row width, got {data.dtype} "
-                         f"{tuple(data.shape)} and {rows.dtype} {tuple(rows.shape)}")
+    give: the caller overwrites it with the row from elsewhere), and the returned ``hit[inverse]`` (bool).
+    ``data`` and ``rows``: contiguous 2-D tensors of one dtype and width; ``line`` and ``hit`` per distinct id,
+    ``inverse`` (int64) per position, all on ``rows``' device; lines in range (the assign gave them)."""
+    _check_row_tables(data, rows, "data and rows")
     n = inverse.numel()
     if rows.shape[0] != n or line.shape != hit.shape:
         raise ValueError(f"one row per position ({n}) and one line and hit per distinct id, got {rows.shape[0]} "
@@ -146,6 +139,15 @@ def rows_by_line(data: torch.Tensor, line: torch.Tensor, hit: torch.Tensor, inve
                                                      request_hit, n, row_words, BLOCK_ROWS=block_rows,
                                                      BLOCK_WORDS=block_words)
     return request_hit.view(torch.bool)
+
+
+def _check_row_tables(source: torch.Tensor, dest: torch.Tensor, names: str) -> None:
+    """Rows copied as runs of words need two contiguous 2-D tensors of one dtype and row width."""
+    if source.dim() != 2 or dest.dim() != 2 or source.shape[1] != dest.shape[1] or source.dtype != dest.dtype:
+        raise ValueError(f"{names} must be 2-D tensors of one dtype and row width, got {source.dtype} "
+                         f"{tuple(source.shape)} and {dest.dtype} {tuple(dest.shape)}")
+    if not (source.is_contiguous() and dest.is_contiguous()):
+        raise ValueError(f"{names} must be contiguous (rows are copied as runs of words)")
 
 
 def _blocks(row_words: int) -> tuple[int, int]:
