@@ -1,7 +1,7 @@
 // The one place that knows both torch and the native core: thin wrappers
 // that check tensors, release the GIL and forward raw pointers.
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <torch/python.h>  // pybind11 with torch types, without the C++ frontend of torch/extension.h
 
 #include <cstring>
 #include <system_error>

@@ -1,5 +1,5 @@
 // Torch bindings of the cache ops: check tensors, release the GIL, forward pointers.
-#include <torch/extension.h>
+#include <torch/python.h>  // pybind11 with torch types, without the C++ frontend of torch/extension.h
 
 #include "cache/belady.h"
 #include "cache/cpu_cache.h"

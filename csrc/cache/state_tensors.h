@@ -3,7 +3,7 @@
 // VictimQueues, checked once for both the CPU and the CUDA bindings.
 #pragma once
 
-#include <torch/extension.h>
+#include <torch/types.h>
 
 #include "cache/cache_view.h"
 #include "cache/victim_buffer.h"

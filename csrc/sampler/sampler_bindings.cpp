@@ -1,5 +1,5 @@
 // Torch binding of the neighbor sampler.
-#include <torch/extension.h>
+#include <torch/python.h>  // pybind11 with torch types, without the C++ frontend of torch/extension.h
 
 #include "graph/csr_check.h"
 #include "sampler/neighbor_sampler.h"
