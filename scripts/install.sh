@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(fio openmpi-bin)  # fio: the storage benchmark's physical limit; openmpi-bin: launch/mpirun.sh
 # Only with --test-packages (CI, .ci/run): a real SLURM for tests/test_slurm.py, which starts its own one-node
 # cluster. Without recommends: they are every optional plugin (HDF5, ROCm, InfluxDB, ...). Installing starts no
-# slurm daemon: their units need /etc/slurm/slurm.conf, which nothing here writes.
-TEST_APT_PACKAGES=(slurm-wlm munge)
+# slurm daemon: their units need /etc/slurm/slurm.conf, which nothing here writes. ccache: torch's build calls it
+# when installed, so the GPU suite's offline build test (.ci/run) compiles nothing the install did not.
+TEST_APT_PACKAGES=(slurm-wlm munge ccache)
 PYTHON=${PYTHON:-python3}
 
 TEST_PACKAGES=0
