@@ -325,6 +325,8 @@ def device_cache(storage, *, misses: str = "staged", **kwargs):
                          f"{cache.miss_path} path")
     if cache.read_ahead is not None:
         cache.read_ahead.on_device = True
+    if cache.pvp is not None:  # its GPU mode: counters on the device, queues in (here unpinned) host memory
+        cache.pvp._copy_to_device()
     return cache
 
 

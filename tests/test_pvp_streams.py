@@ -45,10 +45,16 @@ def assert_no_race(rec: StreamRecorder) -> None:
     assert not races, f"{len(races)} unordered pairs of accesses, e.g.:\n" + "\n".join(races[:8])
 
 
+def parked_ids(parked: torch.Tensor) -> torch.Tensor:
+    """Sorted, without a GPU buffer's -1 padding (a CPU buffer's result may be a view of its queue: copied)."""
+    return parked[parked >= 0].sort().values
+
+
 def run(storage, static, trace, reinstall, discard_at, gpu_mode=None):
     """Rows and hits of a PVP cache over ``trace``, the loader's loop (lookup, then prefetch the next move);
     ``gpu_mode(cache)`` switches it into its GPU mode first. The parked copies of a few ids are discarded
-    once, as a write-back cache's update does."""
+    once, as a write-back cache's update does. After each lookup the next batch's parked ids are asked for, as
+    the read-ahead does, and the one after's once the next move has started."""
     cache = SoftwareCache(storage, num_sets=16, ways=4, policy=PolicyConfig("hybrid_pvp", window=WINDOW, period=2),
                           static_scores=static, pvp=True, pvp_queue_capacity=6, pvp_reinstall=reinstall)
     if gpu_mode is not None:
@@ -56,10 +62,12 @@ def run(storage, static, trace, reinstall, discard_at, gpu_mode=None):
     out = []
     for k, (current, future) in enumerate(replay(trace, WINDOW, num_nodes=storage.num_rows)):
         rows, hit = cache.lookup(current, future=future)
-        out.append((rows.clone(), hit.clone()))
+        parked = [parked_ids(cache.pvp.parked_for(k + 1))]
         if k == discard_at:
             cache.pvp.discard(torch.as_tensor(current[:5]))
         cache.prefetch()
+        parked.append(parked_ids(cache.pvp.parked_for(k + 2)))
+        out.append((rows.clone(), hit.clone(), parked))
     cache.settle()
     return out, cache
 
@@ -82,8 +90,10 @@ def test_every_access_of_the_move_is_ordered_with_the_lookups(tiny_cache, monkey
     with rec.mode():
         got, gpu = run(storage, static, trace, reinstall, discard_at=6, gpu_mode=cache_gpu_mode)
 
-    for k, ((rows, hit), (want_rows, want_hit)) in enumerate(zip(got, expected)):
+    for k, ((rows, hit, parked), (want_rows, want_hit, want_parked)) in enumerate(zip(got, expected)):
         assert torch.equal(rows, want_rows) and torch.equal(hit, want_hit), f"batch {k} differs from the CPU cache"
+        assert all(map(torch.equal, parked, want_parked)), f"batch {k}: other ids parked for the next batches"
+    assert all(sum(len(p[j]) for *_, p in expected) > 0 for j in (0, 1)), "ids must be parked for next batches"
     assert gpu.pvp.stats == cpu.pvp.stats
     # What the check covers: the move wrote the counters, labels and prefetch buffer, a lookup wrote the queues.
     for name in ("count", "queue_iteration", "prefetch_node", "prefetch_data"):

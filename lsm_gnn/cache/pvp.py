@@ -208,6 +208,7 @@ class VictimBuffer:
         self.prefetch_node = torch.empty(cap, dtype=torch.int64, device=self.device)
         self.prefetch_record = torch.empty(cap, dtype=torch.int64, device=self.device)
         self.prefetch_data = torch.empty((cap, dim), dtype=self.data.dtype, device=self.device)
+        self._slots = torch.arange(cap, device=self.device)  # parked_for's slot numbers
         self._stream = torch.cuda.Stream(self.device)
         # Nothing orders two CUDA streams but events: a move (on this buffer's stream) waits for the serving
         # stream's last access (_used), and the serving stream waits for the last move (_moved) before it reads
@@ -301,14 +302,27 @@ class VictimBuffer:
     def parked_for(self, iteration: int) -> torch.Tensor:
         """The ids parked for ``iteration`` (CPU int64; -1 for a discarded line): that batch's victim-buffer
         hits, which the cache's read-ahead leaves out. Only the queue still collecting for it; a queue
-        already moved is the prefetch buffer's."""
+        already moved is the prefetch buffer's.
+
+        A GPU cache's host does not wait here (the loader's thread calls it after every lookup): the queue comes
+        back whole, each slot past its count, or every slot of a queue labelled for another iteration, as -1,
+        through a copy queued on the current stream. It is valid once an event recorded after this call on that
+        stream has passed (the read-ahead's probe records one and its worker waits for it)."""
+        slot = iteration % self.num_queues
         with self._state_lock:
-            self._host_waits()
-            slot = iteration % self.num_queues
-            if int(self.queue_iteration[slot]) != iteration:
-                return torch.empty(0, dtype=torch.int64)
-            n = min(int(self.count[slot]), self.capacity)
-            return self.node[slot, :n].cpu()
+            if self._stream is None:  # counters in host memory: read them
+                if int(self.queue_iteration[slot]) != iteration:
+                    return torch.empty(0, dtype=torch.int64)
+                n = min(int(self.count[slot]), self.capacity)
+                return self.node[slot, :n].cpu()
+            self._after_move()  # a move recycles queues: their labels and counts
+            live = torch.where(self.queue_iteration[slot] == iteration, self.count[slot], 0)
+            node = self.node[slot].to(self.device, non_blocking=True)  # written by the enqueue kernel, this stream
+            parked = torch.where(self._slots < live, node, -1)
+            host = torch.empty(self.capacity, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+            host.copy_(parked, non_blocking=True)
+            self.mark_used()  # the next move, which recycles a queue, waits for these reads
+            return host
 
     # -- prefetch -----------------------------------------------------------------------------------------------
 
