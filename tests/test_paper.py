@@ -103,6 +103,8 @@ def test_igb_medium_quick_plans_and_measures_the_slice_under_its_cap(tmp_path, m
                                                            "igb_medium_metrics.jsonl", "igb_medium_run.log"]
 
 
+@pytest.mark.slow
+@pytest.mark.beside  # 20 s: .ci/run's two jobs come out even with it beside the suite
 def test_igb_medium_whole_epoch_measures_every_iteration_beside_the_one_plan(tmp_path, memory_cap):
     memory_cap(1 << 30).close()
     result = subprocess.run([sys.executable, "-m", "benchmarks.paper.igb_medium", "--quick", "--whole-epoch",

@@ -223,6 +223,7 @@ def test_prepare_hetero_synthetic_writes_a_dataset_and_prints_one_line(tmp_path,
 
 
 @pytest.mark.slow
+@pytest.mark.beside  # half a minute of one core: .ci/run's two jobs come out even with it beside the suite
 def test_a_million_papers_in_bounded_memory(tmp_path):
     """10^6 papers (2.2 M nodes, 1.3 GB written): the generator's resident memory grows by far less than the
     output, since features and edges stream in fixed blocks (most of the growth is their fixed-size temporaries)."""
