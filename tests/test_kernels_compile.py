@@ -42,7 +42,7 @@ def launches(tmp_path_factory):
     kernels = {launch["kernel"].split(":")[1] for launch in recorded}
     # Every kernel the project launches was exercised (a workload that stopped launching one would hide it).
     assert kernels == {"_find_hits", "_serve_hits", "_install_misses", "_scan", "_victim_queues", "_copy_victims",
-                       "_claim_first_line", "_take_claims", "_copy_served_rows", "_draw", "_relabel",
+                       "_advance_counts", "_claim_first_line", "_take_claims", "_copy_served_rows", "_draw", "_relabel",
                        "_gather_rows", "_held", "_count_flags", "_write_distinct", "_write_segments",
                        "_write_misses", "_rows_by_line"}
     return path

@@ -59,7 +59,7 @@ def test_a_triton_run_equals_a_native_run(graph, tmp_path, monkeypatch, pvp):
         raise AssertionError("kernels=triton called the C++ core")
 
     for op in ("cache_assign", "cache_scan", "sample_hops", "victim_enqueue", "pvp_match", "pvp_scatter",
-               "pvp_fill"):
+               "pvp_fill"):  # (pvp_install has no C++ twin: torch's CPU ops)
         monkeypatch.setattr(_C, op, unused)  # every op with a Triton twin
     triton = run(graph, tmp_path / "triton", "triton", *extra)
     assert kernel_mode() == "native"  # train() closes its trainer: the run's kernels= scope ended with it

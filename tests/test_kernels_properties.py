@@ -71,11 +71,13 @@ def assert_same(expected, got, what: str) -> None:
         assert expected == got, f"{what}: {expected!r} != {got!r}"
 
 
-NATIVE = {"cache_assign": ops.native_cache_assign, "cache_scan": _C.cache_scan, "victim_enqueue": _C.victim_enqueue,
-          # PVP serve, scatter and fill take no thread count.
+NATIVE = {"cache_assign": ops.native_cache_assign, "cache_scan": _C.cache_scan,
+          "victim_enqueue": ops.native_victim_enqueue,
+          # PVP serve, scatter, fill and install take no thread count (a check=, by keyword, is the twin's alone).
           "pvp_match": lambda *args: _C.pvp_match(*args[:-1]),
           "pvp_scatter": lambda *args: _C.pvp_scatter(*args[:-1]),
           "pvp_fill": lambda *args: _C.pvp_fill(*args[:-1]),
+          "pvp_install": lambda *args: ops.native_pvp_install(*args[:-1]),  # (torch's CPU ops)
           "rows_by_line": lambda *args: ops.native_rows_by_line(*args[:-1])}
 
 
@@ -255,7 +257,7 @@ def check_enqueue(window, capacity, dim, dtype, lines, period, batches, seed):
         buffer.prefetch(t)  # the queue of t moves out (and earlier ones expire) before t is served
         tag, record, line = victims(rng, n, lines, t, t - t % period, window)
         kernels.victim_enqueue(buffer.count, buffer.queue_iteration, buffer.node, buffer.record, buffer.data,
-                               tag, record, line, cache_data, t, t - t % period)
+                               tag, record, line, cache_data, t, t - t % period, buffer.tallies)
     assert kernels.calls["victim_enqueue"] == len(batches)
 
 

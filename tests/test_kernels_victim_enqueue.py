@@ -46,9 +46,10 @@ def test_triton_enqueue_equals_the_cpp_core(window, capacity, batch, dim):
         tag, record, line = victims(rng, batch, cache_data.shape[0], t, scan_base, window)
         expected = _C.victim_enqueue(native.count, native.queue_iteration, native.node, native.record, native.data,
                                      tag, record, line, cache_data, t, scan_base, 1)
-        got = victim_enqueue(twin.count, twin.queue_iteration, twin.node, twin.record, twin.data, tag, record, line,
-                             cache_data, t, scan_base)
-        assert tuple(got) == tuple(expected), f"iteration {t}: counts differ"
+        before = twin.tallies.clone()
+        victim_enqueue(twin.count, twin.queue_iteration, twin.node, twin.record, twin.data, tag, record, line,
+                       cache_data, t, scan_base, twin.tallies, check=t % 2 == 0)
+        assert (twin.tallies - before).tolist() == list(expected), f"iteration {t}: outcomes differ"
         for name in ("count", "node", "record", "data"):
             assert torch.equal(getattr(native, name), getattr(twin, name)), f"iteration {t}: {name} differs"
         totals += expected
@@ -62,9 +63,10 @@ def test_bad_lines_and_empty_batches():
     buffer = VictimBuffer(2, 4, 3, torch.float32)
     data = torch.zeros(10, 3)
     empty = torch.empty(0, dtype=torch.int64)
-    assert victim_enqueue(buffer.count, buffer.queue_iteration, buffer.node, buffer.record, buffer.data, empty, empty,
-                          empty, data, 0, 0) == (0, 0, 0)
+    victim_enqueue(buffer.count, buffer.queue_iteration, buffer.node, buffer.record, buffer.data, empty, empty,
+                   empty, data, 0, 0, buffer.tallies)
+    assert buffer.tallies.tolist() == [0, 0, 0]
     one = torch.tensor([5])
     with pytest.raises(ValueError, match="outside the cache"):
         victim_enqueue(buffer.count, buffer.queue_iteration, buffer.node, buffer.record, buffer.data, one,
-                       torch.tensor([signed(pack_record(1, 0, 0))]), torch.tensor([10]), data, 0, 0)
+                       torch.tensor([signed(pack_record(1, 0, 0))]), torch.tensor([10]), data, 0, 0, buffer.tallies)

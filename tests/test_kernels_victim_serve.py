@@ -1,4 +1,5 @@
-"""The PVP serve (pvp_match), scatter (pvp_scatter) and reinstalling fill (pvp_fill) kernels, C++ and Triton
+"""The PVP serve (pvp_match), scatter (pvp_scatter), reinstalling fill (pvp_fill) and install (pvp_install) kernels,
+C++ (torch's CPU ops for the install) and Triton
 (run by Triton's interpreter), compute exactly what their torch definitions in lsm_gnn.cache.pvp compute, on
 random and adversarial batches."""
 import os
@@ -22,7 +23,8 @@ def both_modes(op, *args):
     write."""
     definition = {torch.ops.lsm_gnn.pvp_match: pvp.match_prefetched,
                   torch.ops.lsm_gnn.pvp_scatter: pvp.scatter_prefetched,
-                  torch.ops.lsm_gnn.pvp_fill: pvp.fill_prefetched}[op]
+                  torch.ops.lsm_gnn.pvp_fill: pvp.fill_prefetched,
+                  torch.ops.lsm_gnn.pvp_install: pvp.install_prefetched}[op]
     copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     expected = (definition(*copies), copies)
     results = []
@@ -222,6 +224,32 @@ def test_fill_adversarial_cases():
         _C.pvp_fill(ids, inverse, hit, bad_line, node, records, rows, cache.clone())
     with pytest.raises(ValueError, match=r"inverse\[1\] = 3 is not in \[0, 3\)"):
         _C.pvp_fill(ids, torch.tensor([0, 3, 0, 2, 1, 1]), hit, line, node, records, rows, cache.clone())
+
+
+@pytest.mark.parametrize("seed,dim,dtype", [(0, 8, torch.float32), (1, 130, torch.float16)])
+def test_install_equals_the_torch_one_and_unchecked_reads_nothing_back(seed, dim, dtype):
+    """pvp_install (the second half of pvp_fill, which a GPU cache runs after its read back) writes what its
+    definition writes, in both modes; unchecked, the Triton twin reads nothing back and writes the same."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from host_budget import HostWork
+
+    rng = np.random.default_rng(seed)
+    ids, inverse, hit, line, node, records, pf_rows, cache_data = fill_case(rng, 90, 60, 200, dim, dtype)
+    served, entry, _ = pvp.match_prefetched(ids, inverse, hit.numel(), node, records)
+    from_pvp = served & ~hit
+    (_, written), _ = both_modes(torch.ops.lsm_gnn.pvp_install, cache_data, pf_rows, from_pvp, entry, line)
+    assert not torch.equal(written[0], cache_data), "some served id has a line"
+    for check in (True, False):
+        work, lines = HostWork(), cache_data.clone()
+        work.call(lambda *a: victim_serve.pvp_install(*a, check=check), lines, pf_rows, from_pvp, entry, line)
+        assert torch.equal(lines, written[0])
+        assert work.counts.reads_back == int(check), work.what
+    bad = torch.where(from_pvp, line.clamp_min(0) + 1000, line)
+    for install in (victim_serve.pvp_install, torch.ops.lsm_gnn.pvp_install):
+        with pytest.raises(ValueError, match="outside"):
+            install(cache_data.clone(), pf_rows, from_pvp, entry, bad)
 
 
 @pytest.mark.parametrize("reinstall", [False, True])

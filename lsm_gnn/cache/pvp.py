@@ -46,7 +46,9 @@ Invalid lines (an inexact window), repeats of an id, and (reinstalling)
 lines whose id the cache holds anyway are *unused*. Reinstalling, one op
 after the cache's assign does both steps, ``torch.ops.lsm_gnn.pvp_fill``: it
 matches the lines to the ids the cache missed and copies their rows into
-those ids' new lines, so the batch's one gather from the cache serves them
+those ids' new lines (a GPU cache, serving hits first, matches before its one
+read back, so the storage never reads what a line serves, and copies after it,
+``pvp_install``), so the batch's one gather from the cache serves them
 like hits (a batch that evicts lines it uses also scatters them to their
 positions). The paper's mode matches before the assign
 (``torch.ops.lsm_gnn.pvp_match``) and scatters to the positions
@@ -188,7 +190,10 @@ class VictimBuffer:
         self._used = None  # CUDA: recorded on the serving stream after its last access (mark_used)
         self._served_slot = 0  # in place: the queue slot the prefetched lines sit in
         self.row_bytes = dim * self.data.element_size()
-        self.stats = PVPStats()
+        self._stats = PVPStats()
+        # The enqueue's outcomes (enqueued, dropped without a next use, dropped by a full queue), added to on the
+        # device: read when the stats are, not once a batch.
+        self.tallies = torch.zeros(3, dtype=torch.int64, device=self.device)
         self._prefetched_iteration: int | None = None  # the iteration the prefetch buffer holds
         self._prefetched_count = 0
         self._frontier = int(first_iteration)  # iterations before it have been moved or expired
@@ -263,6 +268,13 @@ class VictimBuffer:
                 self._moved.synchronize()
 
     @property
+    def stats(self) -> PVPStats:
+        """The counters (:class:`PVPStats`); on a GPU cache reading them waits for the buffer's device work."""
+        self._host_waits()
+        self._stats.enqueued, self._stats.dropped_no_reuse, self._stats.dropped_full = self.tallies.tolist()
+        return self._stats
+
+    @property
     def memory_bytes(self) -> int:
         """Bytes of host memory reserved for the queues (rows and metadata)."""
         return queue_memory_bytes(self.num_queues, self.capacity, self.row_bytes)
@@ -273,18 +285,18 @@ class VictimBuffer:
         """uint8 per queue: 1 where the queue has a free slot (for the hybrid_pvp_room policy)."""
         return (self.count < self.capacity).to(torch.uint8)
 
-    def enqueue(self, evicted_tag, evicted_record, evicted_line, cache_data, iteration: int, scan_base: int) -> None:
-        """Offers one batch's victims (the cache's assign outputs) to their queues, copying
-        their rows out of ``cache_data`` (call before the batch's fill overwrites them)."""
-        args = (self.count, self.queue_iteration, self.node, self.record, self.data, evicted_tag, evicted_record,
-                evicted_line, cache_data, int(iteration), int(scan_base))
+    def enqueue(self, evicted_tag, evicted_record, evicted_line, cache_data, iteration: int, scan_base: int,
+                check: bool = True) -> None:
+        """Offers one batch's victims (the cache's assign outputs) to their queues, copying their rows out of
+        ``cache_data`` (call before the batch's fill overwrites them). Reads nothing back: the outcomes go to
+        :attr:`tallies`. ``check=False``: the lines come from the cache's own assign (no read back to check
+        them on a GPU)."""
         with self._state_lock:
             self._after_move()  # the queue it fills was recycled by the last move
-            enqueued, no_reuse, full = torch.ops.lsm_gnn.victim_enqueue(*args, self.num_threads)
+            torch.ops.lsm_gnn.victim_enqueue(self.count, self.queue_iteration, self.node, self.record, self.data,
+                                             evicted_tag, evicted_record, evicted_line, cache_data, int(iteration),
+                                             int(scan_base), self.tallies, self.num_threads, check)
             self.mark_used()
-        self.stats.enqueued += enqueued
-        self.stats.dropped_no_reuse += no_reuse
-        self.stats.dropped_full += full
 
     def discard(self, nodes: torch.Tensor) -> None:
         """Drops every parked or prefetched copy of ``nodes``: their rows changed in storage (a write-back
@@ -376,13 +388,13 @@ class VictimBuffer:
             # Every device access below on the buffer's stream, after the last lookup's enqueue and serve.
             with self._on_own_stream():
                 if self._prefetched_iteration is not None:
-                    self.stats.unused += self._prefetched_count  # moved but never served
+                    self._stats.unused += self._prefetched_count  # moved but never served
                     self._prefetched_iteration, self._prefetched_count = None, 0
                 q, cap = self.num_queues, self.capacity
                 labels = self.queue_iteration
                 stale = labels < t
                 if bool(stale.any()):  # never served: their iteration passed (a skipped iteration)
-                    self.stats.unused += int(self.count[stale].clamp(max=cap).sum())
+                    self._stats.unused += int(self.count[stale].clamp(max=cap).sum())
                     self.count[stale] = 0
                     slots = torch.arange(q, dtype=torch.int64, device=labels.device)
                     labels[stale] = t + (slots[stale] - t) % q
@@ -397,7 +409,7 @@ class VictimBuffer:
                 self._served_slot = slot
                 self._prefetched_iteration, self._prefetched_count = t, n
                 self._frontier = t + 1
-                self.stats.prefetched += n
+                self._stats.prefetched += n
 
     # -- serving ------------------------------------------------------------------------------------------------
 
@@ -421,9 +433,9 @@ class VictimBuffer:
             if not served:  # nothing was prefetched for it (a passed iteration): nothing to settle
                 return
             raise RuntimeError(f"the prefetch buffer holds iteration {self._prefetched_iteration}, not {iteration}")
-        self.stats.hits += served
-        self.stats.unused += self._prefetched_count - served
-        self.stats.bytes_saved += served * self.row_bytes
+        self._stats.hits += served
+        self._stats.unused += self._prefetched_count - served
+        self._stats.bytes_saved += served * self.row_bytes
         self._prefetched_iteration, self._prefetched_count = None, 0
         self.mark_used()  # the next move overwrites the buffer only after this serve read it
 
@@ -501,9 +513,18 @@ def fill_prefetched(ids: torch.Tensor, inverse: torch.Tensor, hit: torch.Tensor,
     served, entry, _ = match_prefetched(ids, inverse, hit.numel(), node, record)
     from_pvp = served & ~hit  # a cache hit wins over a queued copy
     entry = torch.where(from_pvp, entry, torch.full_like(entry, -1))
+    install_prefetched(cache_data, pf_rows, from_pvp, entry, line)
+    return from_pvp, entry
+
+
+def install_prefetched(cache_data: torch.Tensor, pf_rows: torch.Tensor, from_pvp: torch.Tensor, entry: torch.Tensor,
+                       line: torch.Tensor) -> None:
+    """The second half of :func:`fill_prefetched`, for a device cache that matched before its read back: the
+    definition of ``torch.ops.lsm_gnn.pvp_install`` in torch ops (the kernels are tested against it; call the op).
+    Each distinct id ``u`` served (``from_pvp[u]``) with a line (``line[u] >= 0``) gets ``pf_rows[entry[u]]``
+    there."""
     filled = torch.nonzero(from_pvp & (line >= 0)).reshape(-1)
     cache_data.index_copy_(0, line[filled], pf_rows[entry[filled]])
-    return from_pvp, entry
 
 
 def scatter_prefetched(rows: torch.Tensor, cache_data: torch.Tensor, pf_rows: torch.Tensor, inverse: torch.Tensor,

@@ -27,6 +27,7 @@ ZEROS = tl.constexpr(1)       # a position whose key is 0 (a miss in a hit mask)
 #: positions per program, and block counts summed at once when a program finds its offset
 BLOCK, CHUNK = 1024, 1024
 #: the head of pack_misses' buffer: the assign's 4 counts, then the distinct ids' number, smallest and largest
+#: (one more with PVP: the ids its lines serve)
 PACKED_HEAD = 7
 
 
@@ -165,16 +166,25 @@ def set_segments(by_set: torch.Tensor, order: torch.Tensor, num_sets: int) -> tu
 def pack_misses(hit: torch.Tensor, unique: torch.Tensor, line: torch.Tensor, counts: torch.Tensor,
                 facts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The misses of an assigned batch (``hit`` a bool mask over the distinct ``unique``) packed for one read
-    back: int64 ``[counts (4), facts (3), the missed ids (n), their lines (n)]``, each list's first entries
-    the misses in order (the rest unwritten), and the misses' positions in ``unique`` (first entries)."""
-    n = hit.numel()
-    packed = torch.empty(PACKED_HEAD + 2 * n, dtype=torch.int64, device=hit.device)
+    back: int64 ``[counts (4), facts (3 or 4), the missed ids (n), their lines (n)]``, each list's first entries
+    the misses in order (the rest unwritten), and the misses' positions in ``unique`` (first entries). (The
+    facts: the distinct ids' number, smallest and largest, and with PVP the ids its lines serve.)"""
+    n, head = hit.numel(), packed_head(counts, facts)
+    packed = torch.empty(head + 2 * n, dtype=torch.int64, device=hit.device)
     position = torch.empty(n, dtype=torch.int64, device=hit.device)
     if n == 0:
-        packed[:PACKED_HEAD] = torch.cat([counts, facts])
+        packed[:head] = torch.cat([counts, facts])
         return packed, position
     hit8 = hit.view(torch.int8)
     block_counts, grid = _block_counts(hit8, hit8, n, 0, 1, False, False)
     _write_misses[(grid,)](hit8, n, unique, line, counts, facts, block_counts, grid, packed, position,
-                           HEAD=PACKED_HEAD, BLOCK=BLOCK, CHUNK=CHUNK)
+                           HEAD=head, BLOCK=BLOCK, CHUNK=CHUNK)
     return packed, position
+
+
+def packed_head(counts: torch.Tensor, facts: torch.Tensor) -> int:
+    """The length of :func:`pack_misses`' head: the assign's 4 counts and 3 or 4 facts."""
+    if counts.numel() != 4 or facts.numel() not in (3, 4):
+        raise ValueError(f"pack_misses takes the assign's 4 counts and 3 or 4 facts, got {counts.numel()} and "
+                         f"{facts.numel()}")
+    return PACKED_HEAD + facts.numel() - 3

@@ -182,7 +182,7 @@ def _(ids, num_rows):
 @custom_op("lsm_gnn::pack_misses", mutates_args=())
 def pack_misses(hit: torch.Tensor, unique: torch.Tensor, line: torch.Tensor, counts: torch.Tensor,
                 facts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """An assigned batch's misses packed for one read back: int64 ``[counts (4), facts (3), the missed ids
+    """An assigned batch's misses packed for one read back: int64 ``[counts (4), facts (3 or 4), the missed ids
     (n), their lines (n)]``, each list's first entries the misses in ascending position (the rest undefined),
     and the misses' positions in ``unique`` first (:func:`lsm_gnn.kernels.compact.pack_misses`)."""
     raise _no_kernel("pack_misses", hit)
@@ -253,56 +253,99 @@ def _(tags, records, flags, first_iteration, first_position, first_rank, front, 
                                                           first_rank, front, limit)
 
 
-@custom_op("lsm_gnn::victim_enqueue", mutates_args=("count", "node", "record", "data"))
+@custom_op("lsm_gnn::victim_enqueue", mutates_args=("count", "node", "record", "data", "tallies"))
 def victim_enqueue(count: torch.Tensor, queue_iteration: torch.Tensor, node: torch.Tensor, record: torch.Tensor,
                    data: torch.Tensor, evicted_tag: torch.Tensor, evicted_record: torch.Tensor,
                    evicted_line: torch.Tensor, cache_data: torch.Tensor, iteration: int, scan_base: int,
-                   num_threads: int) -> tuple[int, int, int]:
-    """PVP: one batch's victims join the queue of their next use: ``(enqueued, dropped_no_reuse, dropped_full)``."""
+                   tallies: torch.Tensor, num_threads: int, check: bool = True) -> None:
+    """PVP: one batch's victims join the queue of their next use; ``tallies`` (int64 on ``count``'s device)
+    gains ``[enqueued, dropped_no_reuse, dropped_full]``, so a GPU cache reads nothing back. ``check``: refuse
+    an evicted line outside the cache (on a GPU a read back; a cache passing its own assign's lines skips it)."""
     raise _no_kernel("victim_enqueue", count)
+
+
+def native_victim_enqueue(count, queue_iteration, node, record, data, evicted_tag, evicted_record, evicted_line,
+                          cache_data, iteration, scan_base, tallies, num_threads, check=True) -> None:
+    """The op on CPU tensors by the C++ core, which always checks (on the host it costs no read back)."""
+    from lsm_gnn import _C
+
+    outcomes = _C.victim_enqueue(count, queue_iteration, node, record, data, evicted_tag, evicted_record,
+                                 evicted_line, cache_data, iteration, scan_base, num_threads)
+    tallies.add_(torch.tensor(outcomes, dtype=torch.int64))
 
 
 @victim_enqueue.register_kernel("cpu")
 def _(count, queue_iteration, node, record, data, evicted_tag, evicted_record, evicted_line, cache_data, iteration,
-      scan_base, num_threads):
+      scan_base, tallies, num_threads, check=True):
     args = (count, queue_iteration, node, record, data, evicted_tag, evicted_record, evicted_line, cache_data,
-            iteration, scan_base)
+            iteration, scan_base, tallies)
     if kernel_mode() == "triton":
-        return triton_module("victim_enqueue", on_cpu=True).victim_enqueue(*args)
-    from lsm_gnn import _C
-
-    return _C.victim_enqueue(*args, num_threads)
+        return triton_module("victim_enqueue", on_cpu=True).victim_enqueue(*args, check=check)
+    native_victim_enqueue(*args, num_threads)
 
 
 @victim_enqueue.register_kernel("cuda")
 def _(count, queue_iteration, node, record, data, evicted_tag, evicted_record, evicted_line, cache_data, iteration,
-      scan_base, num_threads):
-    return triton_module("victim_enqueue", on_cpu=False).victim_enqueue(
+      scan_base, tallies, num_threads, check=True):
+    triton_module("victim_enqueue", on_cpu=False).victim_enqueue(
         count, queue_iteration, node, record, data, evicted_tag, evicted_record, evicted_line, cache_data, iteration,
-        scan_base)
+        scan_base, tallies, check)
 
 
 @custom_op("lsm_gnn::pvp_match", mutates_args=())
-def pvp_match(ids: torch.Tensor, inverse: torch.Tensor, num_unique: int, node: torch.Tensor, record: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pvp_match(ids: torch.Tensor, inverse: torch.Tensor, num_unique: int, node: torch.Tensor, record: torch.Tensor,
+              check: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """PVP serve: which prefetched lines (``node``, ``record``) serve a batch (``ids``, ``inverse`` into its
     ``num_unique`` distinct ids): ``(served, entry, position)`` per distinct id
-    (:func:`lsm_gnn.cache.pvp.match_prefetched`)."""
+    (:func:`lsm_gnn.cache.pvp.match_prefetched`). ``check``: refuse an ``inverse`` outside the distinct ids (on a
+    GPU a read back; the C++ core always checks)."""
     raise _no_kernel("pvp_match", ids)
 
 
 @pvp_match.register_kernel("cpu")
-def _(ids, inverse, num_unique, node, record):
+def _(ids, inverse, num_unique, node, record, check=True):
     if kernel_mode() == "triton":
-        return triton_module("victim_serve", on_cpu=True).pvp_match(ids, inverse, num_unique, node, record)
+        return triton_module("victim_serve", on_cpu=True).pvp_match(ids, inverse, num_unique, node, record,
+                                                                    check=check)
     from lsm_gnn import _C
 
     return _C.pvp_match(ids, inverse, num_unique, node, record)
 
 
 @pvp_match.register_kernel("cuda")
-def _(ids, inverse, num_unique, node, record):
-    return triton_module("victim_serve", on_cpu=False).pvp_match(ids, inverse, num_unique, node, record)
+def _(ids, inverse, num_unique, node, record, check=True):
+    return triton_module("victim_serve", on_cpu=False).pvp_match(ids, inverse, num_unique, node, record, check)
+
+
+@custom_op("lsm_gnn::pvp_install", mutates_args=("cache_data",))
+def pvp_install(cache_data: torch.Tensor, pf_rows: torch.Tensor, from_pvp: torch.Tensor, entry: torch.Tensor,
+                line: torch.Tensor, check: bool = True) -> None:
+    """PVP with reinstall, the matched rows into their new lines: ``cache_data[line[u]] = pf_rows[entry[u]]``
+    for each distinct id ``u`` with ``from_pvp[u]`` and a line (``line[u] >= 0``). ``check``: refuse an entry
+    outside ``pf_rows`` or a line outside the cache (on a GPU a read back)."""
+    raise _no_kernel("pvp_install", cache_data)
+
+
+def native_pvp_install(cache_data, pf_rows, from_pvp, entry, line, check=True) -> None:
+    """The op in torch's CPU ops."""
+    filled = torch.nonzero(from_pvp & (line >= 0)).reshape(-1)
+    source, target = entry[filled], line[filled]
+    if filled.numel() and (source.min() < 0 or source.max() >= pf_rows.shape[0] or target.max() >= cache_data.shape[0]):
+        raise ValueError("a served id names an entry outside the prefetch buffer or a line outside the cache")
+    cache_data.index_copy_(0, target, pf_rows[source])
+
+
+@pvp_install.register_kernel("cpu")
+def _(cache_data, pf_rows, from_pvp, entry, line, check=True):
+    if kernel_mode() == "triton":
+        return triton_module("victim_serve", on_cpu=True).pvp_install(cache_data, pf_rows, from_pvp, entry, line,
+                                                                      check=check)
+    native_pvp_install(cache_data, pf_rows, from_pvp, entry, line)
+
+
+@pvp_install.register_kernel("cuda")
+def _(cache_data, pf_rows, from_pvp, entry, line, check=True):
+    triton_module("victim_serve", on_cpu=False).pvp_install(cache_data, pf_rows, from_pvp, entry, line, check)
 
 
 @custom_op("lsm_gnn::pvp_fill", mutates_args=("cache_data",))
@@ -332,26 +375,27 @@ def _(ids, inverse, hit, line, node, record, pf_rows, cache_data):
 
 @custom_op("lsm_gnn::pvp_scatter", mutates_args=("rows", "cache_data"))
 def pvp_scatter(rows: torch.Tensor, cache_data: torch.Tensor, pf_rows: torch.Tensor, inverse: torch.Tensor,
-                from_pvp: torch.Tensor, entry: torch.Tensor, line: torch.Tensor | None) -> None:
+                from_pvp: torch.Tensor, entry: torch.Tensor, line: torch.Tensor | None, check: bool = True) -> None:
     """PVP scatter: the prefetched rows of the ids served from the victim buffer to all their positions in
     ``rows`` and, with ``line`` (reinstalling), into their new cache lines
-    (:func:`lsm_gnn.cache.pvp.scatter_prefetched`)."""
+    (:func:`lsm_gnn.cache.pvp.scatter_prefetched`). ``check``: refuse a bad index (on a GPU a read back)."""
     raise _no_kernel("pvp_scatter", rows)
 
 
 @pvp_scatter.register_kernel("cpu")
-def _(rows, cache_data, pf_rows, inverse, from_pvp, entry, line):
+def _(rows, cache_data, pf_rows, inverse, from_pvp, entry, line, check=True):
     args = (rows, cache_data, pf_rows, inverse, from_pvp, entry, line)
     if kernel_mode() == "triton":
-        return triton_module("victim_serve", on_cpu=True).pvp_scatter(*args)
+        return triton_module("victim_serve", on_cpu=True).pvp_scatter(*args, check=check)
     from lsm_gnn import _C
 
     _C.pvp_scatter(*args)
 
 
 @pvp_scatter.register_kernel("cuda")
-def _(rows, cache_data, pf_rows, inverse, from_pvp, entry, line):
-    triton_module("victim_serve", on_cpu=False).pvp_scatter(rows, cache_data, pf_rows, inverse, from_pvp, entry, line)
+def _(rows, cache_data, pf_rows, inverse, from_pvp, entry, line, check=True):
+    triton_module("victim_serve", on_cpu=False).pvp_scatter(rows, cache_data, pf_rows, inverse, from_pvp, entry, line,
+                                                            check)
 
 
 @custom_op("lsm_gnn::sample_hops", mutates_args=())

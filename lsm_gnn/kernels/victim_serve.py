@@ -51,8 +51,10 @@ def _take_claims(claim_ptr, record_ptr, served_ptr, entry_ptr, position_ptr, num
     tl.store(position_ptr + u, tl.where(served, position, -1), mask=valid)
 
 
-def pvp_match(ids, inverse, num_unique: int, node, record, block: int = 256):
-    """Triton twin of :func:`lsm_gnn.cache.pvp.match_prefetched`: ``(served, entry, position)`` per distinct id."""
+def pvp_match(ids, inverse, num_unique: int, node, record, check: bool = True, block: int = 256):
+    """Triton twin of :func:`lsm_gnn.cache.pvp.match_prefetched`: ``(served, entry, position)`` per distinct id.
+    ``check``: refuse an ``inverse`` outside ``[0, num_unique)`` (one read back; False where the distinct ids'
+    kernel made it)."""
     device = ids.device
     num_lines, batch = node.numel(), ids.numel()
     claim = torch.full((num_unique,), num_lines, dtype=torch.int64, device=device)  # num_lines: unclaimed
@@ -62,10 +64,10 @@ def pvp_match(ids, inverse, num_unique: int, node, record, block: int = 256):
     if num_unique == 0:
         return served, entry, position
     if num_lines and batch:
-        error = torch.zeros(1, dtype=torch.int8, device=device)
+        error = _error_flag(device, check)
         _claim_first_line[(triton.cdiv(num_lines, block),)](ids, inverse, node, record, claim, error, num_lines,
                                                             batch, num_unique, BLOCK=block)
-        if bool(error.any()):
+        if check and bool(error.any()):
             raise ValueError(f"inverse names a distinct id outside [0, {num_unique})")
     _take_claims[(triton.cdiv(num_unique, block),)](claim, record, served, entry, position, num_lines, num_unique,
                                                     BLOCK=block)
@@ -111,28 +113,42 @@ def _copy_rows(dst, pf_rows, inverse, from_pvp, entry, line, error, by_request: 
             BLOCK=block, DIM_BLOCK=min(triton.next_power_of_2(dim), 128))
 
 
-def _raise_copy_error(error) -> None:
-    if bool(error.any()):
+def _error_flag(device, check: bool) -> torch.Tensor:
+    """Where the kernels flag bad indices: zeroed to be read when checking, else scratch nobody reads."""
+    return torch.zeros(1, dtype=torch.int8, device=device) if check else torch.empty(1, dtype=torch.int8,
+                                                                                     device=device)
+
+
+def _raise_copy_error(error, check: bool) -> None:
+    if check and bool(error.any()):
         raise ValueError("inverse names an id outside from_pvp, or a served id an entry outside the prefetch buffer "
                          "or a line outside the cache")
 
 
-def pvp_scatter(rows, cache_data, pf_rows, inverse, from_pvp, entry, line=None, block: int = 64) -> None:
-    """Triton twin of :func:`lsm_gnn.cache.pvp.scatter_prefetched` (same arguments, same writes)."""
-    error = torch.zeros(1, dtype=torch.int8, device=rows.device)
+def pvp_scatter(rows, cache_data, pf_rows, inverse, from_pvp, entry, line=None, check: bool = True,
+                block: int = 64) -> None:
+    """Triton twin of :func:`lsm_gnn.cache.pvp.scatter_prefetched` (same arguments, same writes); ``check``: read
+    the bad-index flag back and refuse."""
+    error = _error_flag(rows.device, check)
     _copy_rows(rows, pf_rows, inverse, from_pvp, entry, None, error, True, block)
     if line is not None:  # reinstalling: the served rows fill their new cache lines as well
         _copy_rows(cache_data, pf_rows, inverse, from_pvp, entry, line, error, False, block)
-    _raise_copy_error(error)
+    _raise_copy_error(error, check)
+
+
+def pvp_install(cache_data, pf_rows, from_pvp, entry, line, check: bool = True, block: int = 64) -> None:
+    """Triton twin of ``lsm_gnn::pvp_install``: ``cache_data[line[u]] = pf_rows[entry[u]]`` for every distinct id
+    ``u`` with ``from_pvp[u]`` and a line (one launch); ``check`` as :func:`pvp_scatter`."""
+    error = _error_flag(cache_data.device, check)
+    _copy_rows(cache_data, pf_rows, entry, from_pvp, entry, line, error, False, block)
+    _raise_copy_error(error, check)
 
 
 def pvp_fill(ids, inverse, hit, line, node, record, pf_rows, cache_data, block: int = 256):
     """Triton twin of :func:`lsm_gnn.cache.pvp.fill_prefetched`: the match, then the served rows into their
-    lines (two launches; same results, same writes)."""
-    served, entry, _ = pvp_match(ids, inverse, hit.numel(), node, record, block)
+    lines (:func:`pvp_install`; same results, same writes)."""
+    served, entry, _ = pvp_match(ids, inverse, hit.numel(), node, record, True, block)
     from_pvp = served & ~hit  # a cache hit wins over a queued copy
     entry = torch.where(from_pvp, entry, torch.full_like(entry, -1))
-    error = torch.zeros(1, dtype=torch.int8, device=ids.device)
-    _copy_rows(cache_data, pf_rows, inverse, from_pvp, entry, line, error, False, 64)
-    _raise_copy_error(error)
+    pvp_install(cache_data, pf_rows, from_pvp, entry, line)
     return from_pvp, entry
