@@ -50,8 +50,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as monkeypatch, device_mode(monkeypatch):
         table = rows(tiny_dataset(os.path.join(tmp, "ds")))
     lines = [f"{WAYS}-way caches of {CACHE_SETS[0] * WAYS} and {CACHE_SETS[1] * WAYS} lines (bytes to host at both), "
-             "40 ids a lookup; sampler: 10 seeds, fanout 4; (<= n): the budget (the issue's; a lookup with misses' "
-             "launches: ours)",
+             "40 ids a lookup; sampler: 10 seeds, fanout 4; (<= n): the budget (the issue's; the launches of a lookup "
+             "with misses, with or without PVP: ours)",
              "", "| operation | launches | reads back | allocations | bytes to host |", "|---|---|---|---|---|"]
     lines += ["| " + " | ".join(row) + " |" for row in table]
     print("\n".join(lines))

@@ -63,6 +63,21 @@ def serve(cache, batches, window: int = 3):
     return out
 
 
+@contextlib.contextmanager
+def serving_first(storage, device: str, **kwargs):
+    """A cache serving hits first on ``device`` (``cpu``: CPU tensors in device mode, the kernels under the
+    interpreter; ``cuda``: as a GPU cache makes it by default), and the list of each lookup's ``served`` (the
+    batch hit in full and ended at the probe)."""
+    with pytest.MonkeyPatch.context() as monkeypatch, \
+            device_mode(monkeypatch) if device == "cpu" else contextlib.nullcontext():
+        cache = device_cache(storage, **kwargs) if device == "cpu" else SoftwareCache(storage, device="cuda", **kwargs)
+        assert cache._hits_first is not None
+        served = []
+        original = cache._account
+        cache._account = lambda plan, caller=None: (served.append(plan.served), original(plan, caller))[1]
+        yield cache, served
+
+
 CASES = [(device, policy, seed) for device in ("cpu", "cuda") for seed, policy in enumerate(("farthest", "hybrid", "lru"))]
 
 
@@ -76,13 +91,7 @@ def test_serving_hits_first_returns_the_file_and_decides_as_the_cpu_cache(datase
     kwargs = dict(num_sets=8, ways=8, policy=policy, window=3, period=2, read_ahead=0)
     reference = SoftwareCache(storage, **kwargs)
     want = serve(reference, batches)
-    with pytest.MonkeyPatch.context() as monkeypatch, \
-            device_mode(monkeypatch) if device == "cpu" else contextlib.nullcontext():
-        cache = device_cache(storage, **kwargs) if device == "cpu" else SoftwareCache(storage, device="cuda", **kwargs)
-        assert cache._hits_first is not None
-        served = []
-        original = cache._account
-        cache._account = lambda plan, caller=None: (served.append(plan.served), original(plan, caller))[1]
+    with serving_first(storage, device, **kwargs) as (cache, served):
         got = serve(cache, batches)
     assert served.count(True) >= 3 and served.count(False) >= 3, served  # both paths ran
     for k, ((want_rows, want_hit, want_lines, want_state), (rows, hit, lines, state)) in enumerate(zip(want, got)):
@@ -95,14 +104,14 @@ def test_serving_hits_first_returns_the_file_and_decides_as_the_cpu_cache(datase
 
 
 @interpreted
-@pytest.mark.parametrize("probing", [False, True])
-def test_an_id_out_of_range_is_refused_as_the_cpu_cache_refuses_it_and_rows_stay_exact(dataset, probing):
+@pytest.mark.parametrize("probing,pvp", [(False, False), (True, False), (False, True)])
+def test_an_id_out_of_range_is_refused_as_the_cpu_cache_refuses_it_and_rows_stay_exact(dataset, probing, pvp):
     """Refused with the CPU cache's message; where the batch was not probed (the one before missed) nothing in
-    the cache changed, where it was its hits may be marked used (never a byte)."""
+    the cache changed, where it was its hits may be marked used (never a byte). With PVP nothing is parked."""
     ds, features = dataset
     storage = open_storage(ds.path, "pread")
     with pytest.MonkeyPatch.context() as monkeypatch, device_mode(monkeypatch):
-        cache = device_cache(storage, num_sets=4, ways=8, read_ahead=0)
+        cache = device_cache(storage, num_sets=4, ways=8, read_ahead=0, pvp=pvp)
         for _ in range(1 + probing):  # (the second hits in full: the next batch is probed)
             cache.lookup(torch.arange(10))
         before = [t.clone() for t in cache.state.tensors()]
@@ -112,6 +121,8 @@ def test_an_id_out_of_range_is_refused_as_the_cpu_cache_refuses_it_and_rows_stay
             assert cache._hits_first.probing == probing
         if not probing:
             assert all(torch.equal(a, b) for a, b in zip(before, cache.state.tensors()))
+        if pvp:
+            assert cache.pvp.stats.offered == 0
         rows, hit = cache.lookup(torch.tensor([2, 9, 2, 11]))
     assert torch.equal(rows, torch.from_numpy(features[[2, 9, 2, 11]]))
     assert hit.tolist() == [True, True, True, False] and cache.stats.iterations == 2 + probing
@@ -172,12 +183,74 @@ def test_an_all_hit_lookup_after_one_is_one_kernel_and_one_read_back_whatever_it
             assert work.launched == ["zero_", "_serve_hits"] and work.counts.reads_back == 1, work.what
 
 
+def pvp_trace(seed: int, num_batches: int = 13, size: int = 36, num_nodes: int = 300):
+    """Two pools of ids taking turns in a cache too small for both, so each batch evicts lines the one after
+    next uses (parked in the victim buffer and served back), a few new ids in each (read from storage), runs of
+    three equal batches (the second hits in full, found so by the assign; the third by the probe), and an empty
+    batch."""
+    rng = np.random.default_rng(seed)
+    pools = np.split(rng.permutation(num_nodes)[:2 * size], 2)
+    batches = []
+    for k in range(num_batches):
+        if k % 5 in (3, 4):
+            batches.append(batches[-1].clone())
+            continue
+        pool = pools[k % 2]
+        batches.append(torch.from_numpy(np.concatenate([rng.choice(pool, size - 4), rng.integers(0, num_nodes, 4)])))
+    batches.insert(6, torch.empty(0, dtype=torch.int64))
+    return batches
+
+
+@pytest.mark.parametrize("device,policy,seed", [  # (farthest parks little: its victims are the lines not reused)
+    pytest.param(d, p, s, marks=interpreted if d == "cpu" else needs_cuda)
+    for d in ("cpu", "cuda") for p, s in (("lru", 0), ("hybrid", 2), ("rr", 1))])
+def test_serving_hits_first_with_pvp_returns_the_file_and_counts_as_the_cpu_cache(dataset, device, policy, seed):
+    """A device cache with PVP (reinstalling) serves hits first too: victims parked and lines matched on the
+    device before the one read back, whose misses leave out what the victim buffer serves. Rows, hit masks, lines,
+    state, the cache's and the victim buffer's counters: the CPU cache's, batch by batch, with and without the
+    queue moved ahead (the loader's prefetch). On CPU tensors in device mode, and on a GPU by default."""
+    ds, features = dataset
+    storage = open_storage(ds.path, "pread")
+    batches = pvp_trace(seed)
+    kwargs = dict(num_sets=8, ways=8, policy=policy, window=3, period=1, read_ahead=0, pvp=True,
+                  pvp_queue_capacity=16)
+    reference = SoftwareCache(storage, **kwargs)
+    with serving_first(storage, device, **kwargs) as (cache, served):
+        for k, batch in enumerate(batches):
+            future = WindowBuffer(4, storage.num_rows)
+            for ahead in batches[k + 1:k + 4]:
+                future.push(ahead)
+            want_rows, want_hit = reference.lookup(batch, future=future)
+            rows, hit = cache.lookup(batch, future=future)
+            assert torch.equal(rows.cpu(), torch.from_numpy(features[batch.numpy()])), f"batch {k}: rows differ"
+            assert torch.equal(hit.cpu(), want_hit), f"batch {k}: hits differ"
+            for name, a, b in zip(("tags", "records", "flags", "static", "last use", "rr pointer"),
+                                  reference.state.tensors(), cache.state.tensors()):
+                assert torch.equal(a, b.cpu()), f"batch {k}: {name} differs from the CPU cache's"
+            assert vars(cache.stats) == vars(reference.stats), f"batch {k}"
+            assert cache.pvp.stats == reference.pvp.stats, f"batch {k}"
+            if k % 3:  # the loader's move ahead; else the lookup moves its queue itself
+                cache.prefetch()
+                reference.prefetch()
+        cache.settle()
+    assert served.count(True) >= 2 and served.count(False) >= 6, served  # both paths ran
+    assert reference.pvp.stats.hits > 0 and reference.stats.pvp_hits == reference.pvp.stats.hits
+
+
 @interpreted
-def test_hits_first_is_refused_where_it_cannot_run(dataset):
+def test_hits_first_is_refused_where_it_cannot_run(dataset, tmp_path):
     ds, _ = dataset
     storage = open_storage(ds.path, "pread")
-    with pytest.raises(ValueError, match="hits_first=True needs pvp=False"), kernels.using("triton"):
-        SoftwareCache(storage, num_sets=4, ways=8, pvp=True, hits_first=True)
+    with pytest.raises(ValueError, match="needs pvp_reinstall=True over a read-only storage"), \
+            kernels.using("triton"):
+        SoftwareCache(storage, num_sets=4, ways=8, pvp=True, pvp_reinstall=False, hits_first=True)
+    table = open_storage(write_tiny_dataset(tmp_path / "table", num_nodes=50, dim=6)[0].path, "memory")
+    assert table.writable
+    with pytest.raises(ValueError, match="needs pvp_reinstall=True over a read-only storage"), \
+            kernels.using("triton"):
+        SoftwareCache(table, num_sets=4, ways=8, pvp=True, hits_first=True)
+    with kernels.using("triton"):  # (default: off on a CPU cache; on for a GPU one where it can run)
+        assert SoftwareCache(storage, num_sets=4, ways=8, pvp=True, hits_first=True)._hits_first is not None
     with pytest.raises(ValueError, match="under Triton's interpreter"), kernels.using("native"):
         SoftwareCache(storage, num_sets=4, ways=8, hits_first=True)
     assert SoftwareCache(storage, num_sets=4, ways=8)._hits_first is None  # a CPU cache assigns whole batches

@@ -123,6 +123,8 @@ def measured(dataset):
     ("lookup with misses", "reads_back"),
     ("lookup with misses", "launches"),
     ("lookup with read-ahead", "reads_back"),
+    ("PVP lookup with misses", "reads_back"),
+    ("PVP lookup with misses", "launches"),
     ("sampler call", "reads_back"),
 ])
 def test_budget_per_call(measured, op, count):
@@ -183,7 +185,7 @@ EXTRA = {"reads_back": lambda t, cache: bool(t[0]), "launches": lambda t, cache:
 @pytest.mark.slow
 @pytest.mark.parametrize("op,count", [("all-hit lookup", "reads_back"), ("all-hit lookup", "launches"),
                                       ("lookup with misses", "reads_back"), ("lookup with misses", "launches"),
-                                      ("sampler call", "reads_back"),
+                                      ("PVP lookup with misses", "reads_back"), ("sampler call", "reads_back"),
                                       ("sampler call", "launches"), ("lookup with misses", "a full-state copy")])
 def test_one_more_in_the_real_path_fails_its_check(dataset, monkeypatch, op, count):
     """The path as it is passes a check at its own count (the budget it meets); with one more read back, launch

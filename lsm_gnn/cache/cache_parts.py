@@ -78,18 +78,23 @@ class CacheParts(StorageShape):
 
     def _serving_hits_first(self, wanted: bool | None, graphs: bool) -> HitsFirst | None:
         """The constructor's ``hits_first`` (see the class) as the buffers it reuses, or None."""
+        # The victim buffer takes part where it reinstalls (its ids pass through the cache as misses) over a
+        # read-only storage (a dirty victim is written back before it is parked: the host's work).
+        with_victims = self.pvp is None or (self._victims.reinstalls and self._writes.dirty is None)
         if wanted is None:
-            wanted = self.device.type == "cuda" and self.pvp is None
-        if wanted and self.pvp is not None:
-            raise ValueError("hits_first=True needs pvp=False: the victim buffer's part of a lookup needs the "
-                             "batch's distinct ids, which serving hits first avoids computing")
+            wanted = self.device.type == "cuda" and with_victims
+        if wanted and not with_victims:
+            raise ValueError("hits_first=True with pvp=True needs pvp_reinstall=True over a read-only storage: in "
+                             "the paper's mode the ids the victim buffer serves skip the cache, so a hit served "
+                             "first could change its decisions, and a write-back cache parks victims after writing "
+                             "them back on the host")
         if wanted and self.device.type == "cpu" and kernel_mode() != "triton":
             raise ValueError("hits_first=True on a CPU cache runs the device kernel under Triton's interpreter: "
                              "construct the cache under lsm_gnn.kernels.using('triton') (tests), or leave "
                              "hits_first=None (a CPU cache assigns whole batches in the C++ core)")
         if graphs and not wanted:
             raise ValueError("graphs=True captures the serving of hits first: it needs hits_first (a GPU cache "
-                             "without PVP)")
+                             "without PVP, or with PVP reinstalling over a read-only storage)")
         return HitsFirst(self.num_lines, self.device, ServeGraphs(self.device) if graphs else None) \
             if wanted else None
 

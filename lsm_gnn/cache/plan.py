@@ -10,7 +10,9 @@ batch's plan, every later stage takes it, fills in its own fields and ``_account
                  scan when due and every hit's row first: a batch that hit in full is served here
   before_assign  the victim buffer's work before the cache decides: in the paper's PVP mode the ids a
                  prefetched line serves are matched and left out of what the cache sees
-  assign         the window scan when due, then hits, victims and installs of the ids the cache sees
+  assign         the window scan when due, then hits, victims and installs of the ids the cache sees; serving
+                 hits first, the victim buffer's part of evict and after_assign that needs no host (victims
+                 parked, prefetched lines matched to the misses) before the one read back
   evict          dirty victims written back, then victims parked in the victim buffer: both before any
                  new row overwrites their lines
   after_assign   back to every distinct id of the batch; hit rows out where a later miss took their line;
@@ -50,6 +52,8 @@ class LookupPlan:
     num_unique: int = 0          # served: its distinct ids
     num_distinct: torch.Tensor | None = None  # serving hits first: unique is padded, its count on the device
     distinct_at_most: int = 0    # and at most the distinct ids that hit plus the positions that missed
+    # assign, serving hits first with PVP (before its one read back)
+    claimed: bool = False        # victims parked and prefetched lines matched; pvp_hits set by the read back
     # before_assign (the paper's PVP mode)
     keep: torch.Tensor | None = None      # where some ids bypass the cache: the positions of cache_ids in unique
     # assign

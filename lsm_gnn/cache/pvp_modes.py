@@ -18,6 +18,7 @@ class WithoutPVP:
     """A cache without a victim buffer: each hook of a lookup's stages does nothing."""
 
     buffer: VictimBuffer | None = None
+    reinstalls = True  # the ids a parked line serves pass through the cache (serving hits first can run)
 
     def serving(self):
         return nullcontext()
@@ -31,6 +32,14 @@ class WithoutPVP:
 
     def before_assign(self, plan) -> None:
         """Before the cache's assign."""
+
+    def claim(self, plan, assigned, cache_data: torch.Tensor, scan_base: int
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """assign, serving hits first, before the one read back (``assigned``: the assign's outputs on the
+        device): the victim buffer's device work that decides what the storage reads. Returns (a mask over the
+        distinct ids of those the storage need not read, the number of those a parked line serves as a
+        1-element tensor, or None without PVP)."""
+        return assigned.hit, None
 
     def park(self, plan, cache_data: torch.Tensor, scan_base: int) -> None:
         """evict: the batch's victims to their queues."""
@@ -84,14 +93,15 @@ class _FromQueue(WithoutPVP, ABC):
 
     def park(self, plan, cache_data: torch.Tensor, scan_base: int) -> None:
         done = plan.done
-        if done.evictions:  # victims leave for their queue before the fill overwrites their lines
+        # Victims leave for their queue before the fill overwrites their lines (claim parked them already).
+        if done.evictions and not plan.claimed:
             self.buffer.enqueue(done.evicted_tag, done.evicted_record, done.evicted_line, cache_data, plan.t,
                                 scan_base)
 
     def serve(self, plan, cache_data: torch.Tensor) -> None:
         if plan.pvp_hits and self._to_positions(plan):
             torch.ops.lsm_gnn.pvp_scatter(plan.rows, cache_data, plan.prefetched[2], plan.inverse, plan.from_pvp,
-                                          plan.entry, None)
+                                          plan.entry, None, False)  # (indices the lookup's own ops made)
         self.buffer.consumed(plan.t, plan.pvp_hits)
 
     @abstractmethod
@@ -102,6 +112,8 @@ class _FromQueue(WithoutPVP, ABC):
 class BypassFromQueue(_FromQueue):
     """The paper's mode (``pvp_reinstall=False``): the ids a prefetched line serves skip the cache, which
     looks up only the others; their rows are scattered to their positions."""
+
+    reinstalls = False
 
     def before_assign(self, plan) -> None:
         node, record, _ = plan.prefetched
@@ -122,14 +134,32 @@ class ReinstallFromQueue(_FromQueue):
     """``pvp_reinstall=True`` (the default): the ids a prefetched line serves pass through the cache as misses
     whose rows come from that line, so the cache evolves as without PVP; the batch's gather serves them."""
 
+    def claim(self, plan, assigned, cache_data: torch.Tensor, scan_base: int
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # Every entry offered to the queues on the device (one that evicted nothing is not a victim), so no count
+        # is read; the lines come from the assign just run, so the kernels' checks would be reads back for nothing.
+        plan.claimed = True
+        self.buffer.enqueue(assigned.evicted_tag, assigned.evicted_record, assigned.evicted_line, cache_data, plan.t,
+                            scan_base, check=False)
+        node, record, _ = plan.prefetched
+        if not node.numel():
+            return assigned.hit, None
+        served, entry, _ = torch.ops.lsm_gnn.pvp_match(plan.ids, plan.inverse, assigned.hit.numel(), node, record,
+                                                       False)
+        plan.from_pvp, plan.entry = served & ~assigned.hit, entry  # a cache hit wins over a queued copy
+        return assigned.hit | served, plan.from_pvp.sum().reshape(1)
+
     def after_assign(self, plan, cache_data: torch.Tensor) -> None:
         node, record, rows = plan.prefetched
-        if node.numel():  # matched to the ids the cache missed, their rows into those ids' new lines
+        if plan.claimed:  # matched before the read back: their rows into their new lines
+            if plan.pvp_hits:
+                torch.ops.lsm_gnn.pvp_install(cache_data, rows, plan.from_pvp, plan.entry, plan.line, False)
+        elif node.numel():  # matched to the ids the cache missed, their rows into those ids' new lines
             plan.from_pvp, plan.entry = torch.ops.lsm_gnn.pvp_fill(plan.ids, plan.inverse, plan.hit, plan.line,
                                                                    node, record, rows, cache_data)
 
     def serve(self, plan, cache_data: torch.Tensor) -> None:
-        if plan.from_pvp is not None:
+        if plan.from_pvp is not None and not plan.claimed:
             plan.pvp_hits = int(plan.from_pvp.sum())
         super().serve(plan, cache_data)
 

@@ -57,7 +57,8 @@ class SoftwareCache(CacheParts):
 
     ``hits_first``: serve a batch's hits in one kernel before any other work (:mod:`lsm_gnn.cache.hits_first`),
     so a batch that hits in full costs one launch and one read back; only a batch with misses computes its
-    distinct ids and assigns them. ``None``: on for a cache on a GPU without PVP. (``True`` on a CPU cache runs
+    distinct ids and assigns them, with one read back. ``None``: on for a cache on a GPU, unless its PVP runs in the
+    paper's mode (``pvp_reinstall=False``) or over a writable storage. (``True`` on a CPU cache runs
     the kernel under Triton's interpreter, for tests; the C++ core assigns a whole batch faster there.)
     ``graphs``: opt-in, a GPU cache with hits first: a lookup given ``out`` serves its hits by replaying a CUDA
     graph kept per batch size and ``out`` buffer (:class:`~lsm_gnn.cache.hits_first.ServeGraphs`), which skips
@@ -145,8 +146,10 @@ class SoftwareCache(CacheParts):
             probe = self._probe_hits(ids, rows, t, window, out is not None) \
                 if self._hits_first.probing or not ids.numel() else None
             if probe is not None and probe.misses == 0:
-                return LookupPlan(t, ids, None, None, future, out, cache_ids=None, served=True, rows=rows,
+                plan = LookupPlan(t, ids, None, None, future, out, cache_ids=None, served=True, rows=rows,
                                   request_hit=probe.hit, num_unique=probe.distinct_hits)
+                self._victims.take(plan)  # (no line serves a batch that hit in full)
+                return plan
             if probe is not None:
                 distinct_at_most = probe.distinct_hits + probe.misses
             # Padded to the batch's size; their number, smallest and largest left on the device.
@@ -209,24 +212,35 @@ class SoftwareCache(CacheParts):
         assigned = self.state.assign(plan.cache_ids, self.node_static, p, plan.t, self.scan_base,
                                      self._victims.room(p), self.num_threads, plan.window,
                                      has_misses=plan.num_distinct is not None)
-        plan.done = assigned.read() if plan.num_distinct is None else self._read_assigned(plan, assigned)
+        if plan.num_distinct is None:
+            plan.done = assigned.read()
+        else:  # the victim buffer's device work first: what it serves is not read from storage
+            stored, served = self._victims.claim(plan, assigned, self.data, self.scan_base)
+            plan.done = self._read_assigned(plan, assigned, stored, served)
         plan.line, plan.hit = plan.done.line, plan.done.hit
 
-    def _read_assigned(self, plan: LookupPlan, assigned) -> Assignment:
+    def _read_assigned(self, plan: LookupPlan, assigned, stored: torch.Tensor, served: torch.Tensor | None
+                       ) -> Assignment:
         """Serving hits first: the assign's counts, the number of distinct ids, the batch's smallest and largest
-        id, and the ids that missed with their lines, in one read back (of the batch's size); the plan's distinct
-        ids cut to their number. (A batch with an id out of range was assigned as padding: nothing changed.)"""
-        packed, position = torch.ops.lsm_gnn.pack_misses(assigned.hit, plan.cache_ids, assigned.line,
-                                                         assigned.counts, plan.num_distinct)
+        id, and the ids the storage must read (not ``stored``: hit, or with PVP served by a parked line, whose
+        number ``served`` holds) with their lines, in one read back (of the batch's size); the plan's distinct ids
+        cut to their number. (A batch with an id out of range was assigned as padding: nothing changed.)"""
+        facts = plan.num_distinct if served is None else torch.cat([plan.num_distinct, served])
+        packed, position = torch.ops.lsm_gnn.pack_misses(stored, plan.cache_ids, assigned.line, assigned.counts,
+                                                         facts)
         host = packed.cpu()
-        n, counts, (num_unique, low, high) = position.numel(), host[:4].tolist(), host[4:7].tolist()
+        head, n = 4 + facts.numel(), position.numel()
+        counts, (num_unique, low, high, *by_pvp) = host[:4].tolist(), host[4:head].tolist()
         self._check_range(low, high)
-        misses = counts[3]
-        self._hits_first.probing = misses == 0  # a batch that hit in full: the next one may too
+        plan.pvp_hits = by_pvp[0] if by_pvp else 0
+        misses = counts[3] - plan.pvp_hits  # the assign's misses, less those a parked line serves
+        self._hits_first.probing = counts[3] == 0  # a batch that hit in full: the next one may too
         plan.miss = position[:misses]  # (in ascending id order)
-        plan.miss_ids, plan.miss_cached = host[7:7 + misses], host[7 + n:7 + n + misses] >= 0
-        plan.miss_lines = packed[7 + n:7 + n + misses]  # (a view: no launch)
+        plan.miss_ids, plan.miss_cached = host[head:head + misses], host[head + n:head + n + misses] >= 0
+        plan.miss_lines = packed[head + n:head + n + misses]  # (a view: no launch)
         plan.unique = plan.cache_ids = plan.unique[:num_unique]
+        if plan.from_pvp is not None:
+            plan.from_pvp, plan.entry = plan.from_pvp[:num_unique], plan.entry[:num_unique]
         return Assignment(*(t[:num_unique] for t in assigned[:5]), *counts[:3])
 
     def _evict(self, plan: LookupPlan) -> None:
@@ -321,6 +335,7 @@ class SoftwareCache(CacheParts):
             s.unique += plan.num_unique
             s.hits += plan.num_unique
             self._writes.remember(None)
+            self._victims.serve(plan, self.data)  # (none of its prefetched lines served it)
             return self._to_caller(plan.rows, plan.request_hit, caller)
         done, unique, misses = plan.done, plan.unique.numel(), plan.miss.numel()
         s.unique += unique
