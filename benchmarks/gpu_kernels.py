@@ -9,7 +9,8 @@ measured in one run, medians of ``--repeats``:
   lookup all-hit  the same batch through SoftwareCache.lookup, the loader's call (its own fixed cost added)
   lookup misses   SoftwareCache.lookup of batches half of whose ids miss, read by the GPU from the table in
                   page-locked host memory (the ``pinned`` storage: no disk), beside the same rows moved without
-                  a cache: the hit half copied on the device, the miss half gathered over UVA by the same kernel
+                  a cache: the hit half copied on the device, the miss half gathered over UVA by the same kernel;
+                  again with PVP, its victim buffer serving the misses (the host's part of a PVP lookup)
   sampler         torch.ops.lsm_gnn.sample_hops (the Triton sampler) in sampled edges/s on a power-law
                   CSR in device memory, beside the C++ sampler on the host
                   (``--profile-sampler``: its time by op, where the host's launches and reads back show)
@@ -135,34 +136,50 @@ def lookup_all_hit(device, batch: int, row_bytes: int, repeats: int, profile: bo
             "ratio_to_copy": copy_s / lookup_s}
 
 
-def lookup_with_misses(device, batch: int, row_bytes: int, repeats: int, root: str) -> dict:
+def lookup_with_misses(device, batch: int, row_bytes: int, repeats: int, root: str, pvp: bool = False) -> dict:
     """``SoftwareCache.lookup`` (LRU, 4 lines per id of a batch) of batches whose first half is the same every
     time (hits) and whose second half comes back every 10 lookups (misses: LRU holds a cold id about 7), over the
-    ``pinned`` storage; the limit moves the same rows without a cache. Ratio: the limit's time over ours."""
+    ``pinned`` storage; the limit moves the same rows without a cache. Ratio: the limit's time over ours.
+    ``pvp``: with the victim buffer, a window of the next 10 batches (as the loader keeps it) and the next queue
+    moved after each lookup (the loader's ``prefetch``): the cold ids come back from their queue, not the table."""
     from lsm_gnn import open_storage
-    from lsm_gnn.cache import SoftwareCache
+    from lsm_gnn.cache import SoftwareCache, WindowBuffer
     from lsm_gnn.kernels.row_gather import gather_rows
     from lsm_gnn.testing import write_tiny_dataset
 
     half, dim, rounds = batch // 2, row_bytes // 4, 10
-    write_tiny_dataset(os.path.join(root, "misses"), num_nodes=(1 + rounds) * half, dim=dim, avg_degree=1,
-                       chunk=max(half, 1))
-    storage = open_storage(os.path.join(root, "misses"), "pinned", device=device)
-    cache = SoftwareCache(storage, capacity=4 * batch * row_bytes, device=device, policy="lru")
+    path = os.path.join(root, "misses")
+    if not os.path.exists(path):
+        write_tiny_dataset(path, num_nodes=(1 + rounds) * half, dim=dim, avg_degree=1, chunk=max(half, 1))
+    storage = open_storage(path, "pinned", device=device)
+    victims = dict(pvp=True, window=rounds, period=1, pvp_queue_capacity=half) if pvp else {}
+    cache = SoftwareCache(storage, capacity=4 * batch * row_bytes, device=device, policy="lru", **victims)
     hot = torch.arange(half)
     calls = [0]
 
-    def next_ids() -> torch.Tensor:
-        k = calls[0] % rounds
+    def ids_of(k: int) -> torch.Tensor:
+        return torch.cat([hot, half + (k % rounds) * half + torch.arange(half)]).to(cache.device)
+
+    future = WindowBuffer(rounds, storage.num_rows) if pvp else None
+    for k in range(1, rounds + 1 if pvp else 1):
+        future.push(ids_of(k))
+
+    def lookup() -> None:
+        k = calls[0]
         calls[0] += 1
-        return torch.cat([hot, half + k * half + torch.arange(half)]).to(cache.device)
+        cache.lookup(ids_of(k), future=future, out=out)
+        if pvp:  # as the loader keeps its window and moves the next queue while the batch trains
+            future.pop()
+            future.push(ids_of(k + rounds + 1))
+            cache.prefetch()
 
     out = torch.empty(batch, dim, device=cache.device)
     for _ in range(2 * rounds):  # the steady state: every cold id seen and evicted before it comes back
-        cache.lookup(next_ids(), out=out)
-    before = (cache.stats.hits, cache.stats.unique)
-    lookup_s = timed(lambda: cache.lookup(next_ids(), out=out), device, repeats)
-    hit_ratio = (cache.stats.hits - before[0]) / max(cache.stats.unique - before[1], 1)
+        lookup()
+    before = (cache.stats.hits + cache.stats.pvp_hits, cache.stats.unique)
+    lookup_s = timed(lookup, device, repeats)
+    hit_ratio = (cache.stats.hits + cache.stats.pvp_hits - before[0]) / max(cache.stats.unique - before[1], 1)
+    cache.settle()
     rows = torch.randn(half, dim, device=cache.device)
     cold = (half + torch.arange(half)).to(cache.device)
 
@@ -172,7 +189,7 @@ def lookup_with_misses(device, batch: int, row_bytes: int, repeats: int, root: s
 
     limit_s = timed(limit, device, repeats)
     storage.close()
-    return {"batch": batch, "row_bytes": row_bytes, "hit_ratio": hit_ratio, "lookup_ms": lookup_s * 1e3,
+    return {"batch": batch, "row_bytes": row_bytes, "pvp": pvp, "hit_ratio": hit_ratio, "lookup_ms": lookup_s * 1e3,
             "limit_ms": limit_s * 1e3, "ratio_to_limit": limit_s / lookup_s}
 
 
@@ -232,14 +249,15 @@ def main(argv=None) -> int:
     misses = None
     if args.miss_batch > 0:
         with tempfile.TemporaryDirectory() as root:
-            misses = lookup_with_misses(device, batch=args.miss_batch if big else 64, row_bytes=4096 if big else 64,
-                                        repeats=args.repeats, root=root)
+            misses = [lookup_with_misses(device, batch=args.miss_batch if big else 64, row_bytes=4096 if big else 64,
+                                         repeats=args.repeats, root=root, pvp=pvp) for pvp in (False, True)]
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)",
         "cache_all_hit": all_hit[0],  # the first batch size; every size in cache_all_hit_by_batch
         "cache_all_hit_by_batch": all_hit,
         "lookup_all_hit_by_batch": lookups,
-        "lookup_with_misses": misses,
+        "lookup_with_misses": None if misses is None else misses[0],
+        "lookup_with_misses_pvp": None if misses is None else misses[1],  # the victim buffer serving the cold half
     }
     if args.skip_sampler:
         print(json.dumps(result))
@@ -259,10 +277,11 @@ def main(argv=None) -> int:
         label = f"lookup all-hit{' graphed' if c['graphs'] else ''} GB/s, {c['batch']:,}"
         print(f"{label:<28}{c['lookup_gb_per_s']:>14.2f}{c['copy_gb_per_s']:>16.2f}"
               f"{c['ratio_to_copy']:>8.2f}   (SoftwareCache.lookup; hit ratio {c['hit_ratio']:.3f})")
-    if misses is not None:
-        label = f"lookup, half miss, ms, {misses['batch']:,}"
-        print(f"{label:<28}{misses['lookup_ms']:>14.3f}{misses['limit_ms']:>16.3f}{misses['ratio_to_limit']:>8.2f}"
-              f"   (limit: the rows moved without a cache; hit ratio {misses['hit_ratio']:.3f})")
+    for m in misses or ():
+        label = f"lookup, half miss{', PVP' if m['pvp'] else ''}, ms, {m['batch']:,}"
+        print(f"{label:<28}{m['lookup_ms']:>14.3f}{m['limit_ms']:>16.3f}{m['ratio_to_limit']:>8.2f}"
+              f"   (limit: the rows moved without a cache; hit ratio {m['hit_ratio']:.3f}"
+              f"{', cache and victim buffer' if m['pvp'] else ''})")
     ratio = s["triton_edges_per_s"] / s["cpp_cpu_edges_per_s"]
     print(f"{'sampler edges/s':<28}{s['triton_edges_per_s']:>14,.0f}{s['cpp_cpu_edges_per_s']:>16,.0f}"
           f"{ratio:>8.2f}   (peer: C++ sampler on the host)")

@@ -136,6 +136,7 @@ def test_the_gpu_benchmark_script_runs_under_the_interpreter(tmp_path):
     figures = json.loads(out.read_text())
     assert figures["cache_all_hit"]["hit_ratio"] == 1.0  # the hot batch is served from the cache
     assert 0.4 < figures["lookup_with_misses"]["hit_ratio"] < 0.7, "about half the batch misses"
+    assert figures["lookup_with_misses_pvp"]["hit_ratio"] > 0.9, "the victim buffer serves the cold half"
     assert figures["sampler"]["edges_per_batch"] > 0
 
 
