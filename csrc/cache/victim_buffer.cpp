@@ -16,8 +16,8 @@ EnqueueCounts enqueue_victims(const VictimQueues& q, const int64_t* evicted_tag,
   // Claiming: the paper's atomic counter per queue. One thread advances the
   // counters in entry order (ascending node id), so which victims a full
   // queue drops does not depend on the thread count, like every other cache
-  // decision; it is O(victims) integer work. The CUDA op claims with
-  // atomicAdd and may keep a different subset when a queue overflows.
+  // decision; it is O(victims) integer work. The Triton twin claims in the
+  // same order (ranks by a running sum), so a full queue keeps the same ones.
   std::vector<std::pair<int64_t, int64_t>> copies;  // (victim line, destination slot)
   for (int64_t u = 0; u < n; ++u) {
     if (evicted_tag[u] == kInvalidTag) continue;
