@@ -115,6 +115,15 @@ def test_misses_are_packed_in_order_with_their_lines_and_the_counts(blocks, n, s
         assert torch.equal(packed[start:start + count], want[start:start + count])
 
 
+@pytest.mark.launches_no_kernel  # refused before any launch
+@pytest.mark.parametrize("num_facts", [2, 5])
+def test_packing_refuses_a_head_it_has_no_room_for(num_facts):
+    hit, unique, line = torch.zeros(4, dtype=torch.bool), torch.arange(4), torch.arange(4)
+    with pytest.raises(ValueError, match="4 counts and 3 or 4 facts"):
+        compact.pack_misses(hit, unique, line, torch.zeros(4, dtype=torch.int64),
+                            torch.zeros(num_facts, dtype=torch.int64))
+
+
 @pytest.mark.parametrize("ids", [torch.empty(0, dtype=torch.int64), torch.arange(3, dtype=torch.int32),
                                  torch.zeros(2, 2, dtype=torch.int64)], ids=["empty", "int32", "2-d"])
 @pytest.mark.parametrize("mode", ["native", "triton"])

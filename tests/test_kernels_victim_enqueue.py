@@ -70,3 +70,18 @@ def test_bad_lines_and_empty_batches():
     with pytest.raises(ValueError, match="outside the cache"):
         victim_enqueue(buffer.count, buffer.queue_iteration, buffer.node, buffer.record, buffer.data, one,
                        torch.tensor([signed(pack_record(1, 0, 0))]), torch.tensor([10]), data, 0, 0, buffer.tallies)
+
+
+@pytest.mark.launches_no_kernel  # refused before any launch
+@pytest.mark.parametrize("mode", ["native", "triton"])
+@pytest.mark.parametrize("tallies", [torch.zeros(2, dtype=torch.int64), torch.zeros(3, dtype=torch.int32)],
+                         ids=["two counters", "int32"])
+def test_tallies_that_cannot_take_the_outcomes_are_refused(mode, tallies):
+    from lsm_gnn.kernels import using
+
+    buffer = VictimBuffer(2, 4, 3, torch.float32)
+    one = torch.tensor([5])
+    with using(mode), pytest.raises(ValueError, match="tallies must be an int64 tensor of 3 counters"):
+        torch.ops.lsm_gnn.victim_enqueue(buffer.count, buffer.queue_iteration, buffer.node, buffer.record,
+                                         buffer.data, one, torch.tensor([signed(pack_record(1, 0, 0))]),
+                                         torch.tensor([0]), torch.zeros(10, 3), 0, 0, tallies, 1)

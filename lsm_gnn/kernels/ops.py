@@ -264,11 +264,20 @@ def victim_enqueue(count: torch.Tensor, queue_iteration: torch.Tensor, node: tor
     raise _no_kernel("victim_enqueue", count)
 
 
+def check_tallies(tallies: torch.Tensor, count: torch.Tensor) -> None:
+    """``tallies`` must be where the enqueue adds its outcomes: 3 int64 counters on the queue counts' device."""
+    if tallies.dtype != torch.int64 or tuple(tallies.shape) != (3,) or tallies.device != count.device:
+        raise ValueError(f"tallies must be an int64 tensor of 3 counters on {count.device} (enqueued, dropped "
+                         f"without a next use, dropped by a full queue), got {tallies.dtype} "
+                         f"{tuple(tallies.shape)} on {tallies.device}")
+
+
 def native_victim_enqueue(count, queue_iteration, node, record, data, evicted_tag, evicted_record, evicted_line,
                           cache_data, iteration, scan_base, tallies, num_threads, check=True) -> None:
     """The op on CPU tensors by the C++ core, which always checks (on the host it costs no read back)."""
     from lsm_gnn import _C
 
+    check_tallies(tallies, count)
     outcomes = _C.victim_enqueue(count, queue_iteration, node, record, data, evicted_tag, evicted_record,
                                  evicted_line, cache_data, iteration, scan_base, num_threads)
     tallies.add_(torch.tensor(outcomes, dtype=torch.int64))

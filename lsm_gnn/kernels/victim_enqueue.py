@@ -104,6 +104,9 @@ def victim_enqueue(count, queue_iteration, node, record, data, evicted_tag, evic
     """Triton twin of ``lsm_gnn::victim_enqueue`` (same arguments and state changes): ``tallies`` (int64
     ``[enqueued, dropped_no_reuse, dropped_full]``) gains the batch's outcomes. ``check``: refuse an evicted
     line outside the cache (one read back); the cache, whose assign kernel made the lines, passes False."""
+    from lsm_gnn.kernels.ops import check_tallies
+
+    check_tallies(tallies, count)
     n = evicted_tag.numel()
     num_queues, capacity = node.shape
     if n == 0:
