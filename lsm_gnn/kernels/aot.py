@@ -13,8 +13,8 @@ whether it interprets:
    constexprs, options).
 2. ``compile``: with triton's compiler, turn each launch, and edge variants of it (each integer argument equal
    to 1, then past 2**31), into the signature, constants and attributes Triton's own launcher derives; compile
-   each launch to cubin for each architecture and read registers and spills from ``ptxas -v``, and each edge
-   variant through triton's own stages only (EDGE_STAGE).
+   each launch to cubin for each architecture and read registers and spills from the log of triton's own
+   ``ptxas -v`` run, and each edge variant through triton's own stages only (EDGE_STAGE).
 
     python -m lsm_gnn.testing.kernel_launches launches.json
     python -m lsm_gnn.kernels.aot compile launches.json --arch 80,90 --json report.json
@@ -24,12 +24,13 @@ tests/test_kernels_compile.py runs both for sm_80 and sm_90 with every installed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
+import io
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -182,16 +183,18 @@ class Compiler:
 
         start = time.perf_counter()
         source = ASTSource(fn, signature, constexprs, attrs)
+        log = io.StringIO()
         try:
             if through == "cubin":
-                kernel = triton.compile(source, target=self.target, options=options.__dict__)
+                with _ptxas_log_to(log):
+                    kernel = triton.compile(source, target=self.target, options=options.__dict__)
             else:
                 self._run_stages(source, options, through)
         except Exception as exc:  # noqa: BLE001  (every compiler failure is a finding, reported as text)
             return {"error": _short_error(exc), "stage": through, "seconds": time.perf_counter() - start}
         if through != "cubin":
             return {"stage": through, "seconds": time.perf_counter() - start}
-        usage = ptxas_usage(kernel.asm["ptx"], self.arch)
+        usage = ptxas_usage(log.getvalue())
         return dict(usage, stage="cubin", seconds=time.perf_counter() - start, cubin_bytes=len(kernel.asm["cubin"]))
 
     def _run_stages(self, source, options, last: str) -> None:
@@ -225,21 +228,26 @@ def _short_error(exc: BaseException) -> str:
     return "\n".join(lines[:12] + errors[:4])[:3000]
 
 
-def ptxas_usage(ptx: str, arch: int) -> dict:
-    """Registers, spill bytes and stack frame of the one kernel in ``ptx``, from the ptxas bundled with triton."""
-    from triton.backends.nvidia import compiler as nvidia
+@contextlib.contextmanager
+def _ptxas_log_to(stream):
+    """While active, triton compiles every kernel afresh (never from its cache) and prints the log of its own
+    ``ptxas -v`` run into ``stream``: the registers and spills of the cubin it built, with its own flags
+    (``-lineinfo``, and ``--regAllocOptLevel=2`` in 3.9), and no second ptxas run."""
+    from triton import knobs
 
-    ptxas = nvidia.get_ptxas(arch).path  # the one triton itself assembles this arch with
-    with tempfile.TemporaryDirectory() as tmp:
-        source = os.path.join(tmp, "k.ptx")
-        with open(source, "w") as fh:
-            fh.write(ptx)
-        gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
-        result = subprocess.run([ptxas, "-v", f"--gpu-name={gpu}", source, "-o", os.path.join(tmp, "k.cubin")],
-                                capture_output=True, text=True)
-    log = result.stdout + result.stderr
-    if result.returncode != 0:
-        return {"error": "ptxas: " + log[-2000:]}
+    saved = knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log
+    knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log = True, True
+    try:
+        with contextlib.redirect_stdout(stream):
+            yield
+    finally:
+        knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log = saved
+
+
+def ptxas_usage(log: str) -> dict:
+    """Registers, spill bytes and stack frame of the one kernel a ``ptxas -v`` log reports."""
+    if not re.search(r"Used \d+ registers", log):
+        return {"error": "ptxas: its log names no register count:\n" + log[-2000:]}
 
     def number(pattern):
         found = re.search(pattern, log)
