@@ -1,6 +1,7 @@
 """benchmarks/gpu_suite.sh on a bare GPU machine has no package index: its install path (the native core built in
 place against the torch present) must work offline. Here it runs from a copy of the tracked files with pip's index
-disabled; --dry-run stops before the steps that need a GPU."""
+disabled; --dry-run stops before the steps that need a GPU. A lent machine also has a time limit and brings back a
+few files: the options that fit the suite to both are checked here too."""
 import os
 import shutil
 import subprocess
@@ -44,3 +45,47 @@ def test_the_gpu_suite_builds_and_starts_offline(tmp_path):
     assert "dry run: build, imports and test collection fine" in result.stdout
     assert list((copy / "lsm_gnn").glob("_C*.so")), "the suite built lsm_gnn._C in place"
     assert "torch" in (out / "environment.txt").read_text()
+
+
+@pytest.mark.parametrize("option,message", [
+    ("--steps=tests,bogus", "--steps: unknown step 'bogus' (of tests,gds,kernels,e2e,comm)"),
+    ("--steps=", "--steps is empty"),
+    ("--budget=5m", "--budget=5m: give whole seconds"),
+    ("--archive=out.zip", "--archive=out.zip: name a .tgz file"),
+    ("--fast", "unknown option '--fast'"),
+])
+def test_a_bad_option_is_refused_before_any_work(tmp_path, option, message):
+    result = subprocess.run(["bash", "benchmarks/gpu_suite.sh", option], cwd=ROOT, capture_output=True, text=True,
+                            env=dict(os.environ, OUT=str(tmp_path / "out")), timeout=60)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_budget_runs_the_steps_that_fit_and_the_outputs_come_back_in_one_file(tmp_path):
+    """A lent machine's call has a time limit and brings back a few files: --budget cuts the steps to it (the dry
+    run shows which would run, each taking all of its limit) and --archive packs $OUT at exit."""
+    import glob
+    import importlib.machinery
+    import tarfile
+
+    if not any(glob.glob(os.path.join(ROOT, "lsm_gnn", "_C" + s)) for s in importlib.machinery.EXTENSION_SUFFIXES):
+        pytest.skip("needs lsm_gnn._C built in place (scripts/install.sh): this test must not build it")
+    out, archive = tmp_path / "gpu", tmp_path / "gpu" / "gpu.tgz"
+    limits = dict(TESTS_S="100", KERNELS_S="50", E2E_S="1000")
+    result = subprocess.run(["bash", "benchmarks/gpu_suite.sh", "--dry-run", "--steps=tests,kernels,e2e,comm",
+                             "--budget=400", f"--archive={archive}"], cwd=ROOT, capture_output=True, text=True,
+                            env=dict(os.environ, OUT=str(out), **limits), timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    planned = [line for line in result.stdout.splitlines() if line.startswith("== ") and ": " in line]
+    assert [line.split(":")[0] for line in planned] == ["== tests", "== kernels", "== e2e 30%", "== comm"]
+    # 400 s less 15 to pack and the seconds the environment took: tests and kernels whole, e2e cut to what is
+    # left (under its 1000 s), and nothing left for comm
+    assert planned[0].endswith("would run, at most 100 s") and planned[1].endswith("would run, at most 50 s")
+    cut = int(planned[2].split("at most ")[1].split()[0])
+    assert 30 <= cut <= 400 - 15 - 150
+    assert "skipped" in planned[3] and "would run" not in planned[3]
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert {"gpu/environment.txt", "gpu/skipped.txt", "gpu/collect.txt"} <= names and "gpu/gpu.tgz" not in names
+    assert (out / "skipped.txt").read_text().startswith("== comm: skipped")
