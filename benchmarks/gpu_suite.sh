@@ -37,9 +37,16 @@ done
 if [ -n "$ARCHIVE" ]; then
   case $ARCHIVE in *.tgz|*.tar.gz) ;; *) echo "gpu_suite.sh: --archive=$ARCHIVE: name a .tgz file" >&2; exit 2 ;; esac
   ARCHIVE=$(realpath -m "$ARCHIVE")
-  # At any exit, the outputs in one file (a lent machine brings back a few files): the archive itself left out.
-  trap 'tar czf "$ARCHIVE.part" --exclude="$(basename "$ARCHIVE")*" -C "$(dirname "$(realpath -m "$OUT")")" \
-          "$(basename "$(realpath -m "$OUT")")" && mv "$ARCHIVE.part" "$ARCHIVE" && echo "outputs packed in $ARCHIVE"' EXIT
+  # At any exit, the outputs in one file (a lent machine brings back a few files), the archive itself left out.
+  # It is written outside $OUT, then moved: tar fails on a folder that changes while it reads it.
+  pack() {
+    local part out
+    part=$(mktemp "${TMPDIR:-/tmp}/gpu_suite.XXXXXX") && out=$(realpath -m "$OUT") &&
+      tar czf "$part" --exclude="$(basename "$ARCHIVE")" -C "$(dirname "$out")" "$(basename "$out")" &&
+      mv "$part" "$ARCHIVE" && echo "outputs packed in $ARCHIVE" ||
+      { rm -f "$part"; echo "gpu_suite.sh: packing $OUT into $ARCHIVE failed" >&2; }
+  }
+  trap pack EXIT
   trap 'exit 143' TERM INT
 fi
 START_S=$SECONDS
